@@ -1,0 +1,99 @@
+//! Attention of one query-head group over the slots of one KV head.
+//!
+//! Slots may be in any order (eviction overwrites in place); positions come
+//! from slot metadata, and a slot whose position is later than the query's
+//! is masked (causality during prefill). The softmax probabilities are left
+//! in the caller's buffer so an eviction policy can read them.
+
+use crate::dot::{axpy, dot};
+
+/// Computes attention for `g` query heads sharing one KV head.
+///
+/// * `queries`: `g × d` (RoPE already applied)
+/// * `keys`, `values`: `len × d` slot arrays
+/// * `positions`: `len` original positions; slots with `pos > query_pos` get 0
+/// * `probs`: `g × len` output probabilities (row h = query head h of the group)
+/// * `out`: `g × d` attention outputs
+#[allow(clippy::too_many_arguments)]
+pub fn attend_group(
+    queries: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    positions: &[u32],
+    query_pos: u32,
+    d: usize,
+    scale: f32,
+    probs: &mut [f32],
+    out: &mut [f32],
+) {
+    let len = positions.len();
+    let g = queries.len() / d;
+    debug_assert!(keys.len() >= len * d && values.len() >= len * d);
+    debug_assert!(probs.len() >= g * len && out.len() >= g * d);
+    for h in 0..g {
+        let q = &queries[h * d..(h + 1) * d];
+        let p = &mut probs[h * len..(h + 1) * len];
+        let mut max = f32::NEG_INFINITY;
+        for (i, pi) in p.iter_mut().enumerate() {
+            if positions[i] <= query_pos {
+                *pi = dot(q, &keys[i * d..(i + 1) * d]) * scale;
+                max = max.max(*pi);
+            } else {
+                *pi = f32::NEG_INFINITY;
+            }
+        }
+        let mut sum = 0f32;
+        for pi in p.iter_mut() {
+            *pi = if *pi == f32::NEG_INFINITY {
+                0.0
+            } else {
+                (*pi - max).exp()
+            };
+            sum += *pi;
+        }
+        let inv = 1.0 / sum;
+        let o = &mut out[h * d..(h + 1) * d];
+        o.fill(0.0);
+        for (i, pi) in p.iter_mut().enumerate() {
+            *pi *= inv;
+            if *pi != 0.0 {
+                axpy(*pi, &values[i * d..(i + 1) * d], o);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_order_does_not_matter_and_mask_applies() {
+        let d = 4;
+        let k: Vec<f32> = (0..3 * d).map(|i| (i as f32 * 0.37).sin()).collect();
+        let v: Vec<f32> = (0..3 * d).map(|i| (i as f32 * 0.11).cos()).collect();
+        let q = vec![0.3, -0.2, 0.5, 0.1, 0.2, 0.2, -0.4, 0.9];
+        let (mut p1, mut o1) = (vec![0.0; 6], vec![0.0; 8]);
+        attend_group(&q, &k, &v, &[0, 1, 2], 2, d, 0.5, &mut p1, &mut o1);
+        // permute slots: 2,0,1
+        let perm = [2usize, 0, 1];
+        let k2: Vec<f32> = perm
+            .iter()
+            .flat_map(|&s| k[s * d..(s + 1) * d].to_vec())
+            .collect();
+        let v2: Vec<f32> = perm
+            .iter()
+            .flat_map(|&s| v[s * d..(s + 1) * d].to_vec())
+            .collect();
+        let (mut p2, mut o2) = (vec![0.0; 6], vec![0.0; 8]);
+        attend_group(&q, &k2, &v2, &[2, 0, 1], 2, d, 0.5, &mut p2, &mut o2);
+        for (a, b) in o1.iter().zip(&o2) {
+            assert!((a - b).abs() < 1e-6);
+        }
+        assert!((p1[2] - p2[0]).abs() < 1e-7);
+        // causal mask: query at position 1 ignores slot with position 2
+        attend_group(&q, &k, &v, &[0, 1, 2], 1, d, 0.5, &mut p1, &mut o1);
+        assert_eq!(p1[2], 0.0);
+        assert!((p1[0] + p1[1] - 1.0).abs() < 1e-6);
+    }
+}

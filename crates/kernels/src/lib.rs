@@ -1,0 +1,42 @@
+//! Numeric kernels: the only place in kvslim that does arithmetic on raw
+//! buffers. Everything above (models, cache, engine) calls into this crate and
+//! never re-implements a loop over floats.
+//!
+//! * [`dtype`] — weight storage types (f32, f16, bf16, GGML Q8_0/Q4_0/Q4_1)
+//! * [`dot`] — fused dequantize-dot products with runtime SIMD dispatch
+//! * [`matrix`] — a weight matrix kept in its stored type; GEMV (decode) and
+//!   GEMM (prefill), threaded with rayon
+//! * [`ops`] — norms, activations, softmax
+//! * [`rope`] — rotary position embedding, both layouts, partial rotary
+//! * [`attention`] — attention of a query-head group over cache slots
+
+pub mod attention;
+pub mod dot;
+pub mod dtype;
+pub mod f16;
+pub mod matrix;
+pub mod ops;
+pub mod quant;
+pub mod rope;
+
+pub use dtype::DType;
+pub use matrix::Matrix;
+
+/// Errors raised when raw bytes cannot form the requested tensor.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("tensor of {rows}x{cols} {dtype} needs {expected} bytes, got {got}")]
+    ByteLength {
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        got: usize,
+    },
+    #[error("{dtype} rows must be a multiple of {block} elements, got a row of {cols}")]
+    BlockAlignment {
+        dtype: DType,
+        block: usize,
+        cols: usize,
+    },
+}

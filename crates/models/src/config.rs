@@ -1,0 +1,134 @@
+//! One configuration type for every supported checkpoint format and
+//! architecture. Loaders translate their metadata into it; the forward pass
+//! reads only this.
+
+use kvslim_kernels::ops::Activation;
+use kvslim_kernels::rope::RopeLayout;
+use serde::Serialize;
+
+/// The architecture families kvslim runs. They differ only in the flags of
+/// [`ModelConfig`]; there is one forward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Architecture {
+    Llama,
+    Mistral,
+    Qwen2,
+    Gpt2,
+    Opt,
+    GptNeoX,
+}
+
+/// Normalisation used by the blocks and the final norm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum NormKind {
+    Rms,
+    Layer,
+}
+
+/// Rotary embedding parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct RopeConfig {
+    pub theta: f32,
+    /// Dimensions rotated per head (head_dim, or less with partial rotary).
+    pub rotary_dim: usize,
+    #[serde(serialize_with = "ser_layout")]
+    pub layout: RopeLayout,
+}
+
+fn ser_layout<S: serde::Serializer>(l: &RopeLayout, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(match l {
+        RopeLayout::HalfSplit => "half-split",
+        RopeLayout::AdjacentPairs => "adjacent-pairs",
+    })
+}
+
+fn ser_act<S: serde::Serializer>(a: &Activation, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("{a:?}").to_lowercase())
+}
+
+/// Where a model came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum SourceFormat {
+    HfSafetensors,
+    Gguf,
+    Llama2c,
+}
+
+/// The shape and structure of a decoder-only transformer.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub format: SourceFormat,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub hidden_size: usize,
+    pub ffn_size: usize,
+    pub vocab_size: usize,
+    pub context_len: usize,
+    pub norm: NormKind,
+    pub norm_eps: f32,
+    #[serde(serialize_with = "ser_act")]
+    pub activation: Activation,
+    /// SiLU-gated MLP (gate·up → down) instead of up → act → down.
+    pub gated_mlp: bool,
+    pub rope: Option<RopeConfig>,
+    /// Learned absolute positions with this row offset (OPT: 2, GPT-2: 0).
+    pub learned_positions: Option<usize>,
+    /// GPT-NeoX: x + attn(ln1 x) + mlp(ln2 x) instead of sequential residuals.
+    pub parallel_residual: bool,
+    pub tied_embeddings: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelConfig {
+    /// Query heads per KV head.
+    pub fn group_size(&self) -> usize {
+        self.n_heads / self.n_kv_heads
+    }
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Checks the invariants the forward pass relies on.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("n_layers", self.n_layers),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+            ("head_dim", self.head_dim),
+            ("hidden_size", self.hidden_size),
+            ("ffn_size", self.ffn_size),
+            ("vocab_size", self.vocab_size),
+            ("context_len", self.context_len),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(format!("{name} must be positive"));
+            }
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return Err(format!(
+                "n_heads ({}) is not a multiple of n_kv_heads ({})",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if let Some(r) = &self.rope {
+            if r.rotary_dim > self.head_dim || r.rotary_dim % 2 != 0 {
+                return Err(format!(
+                    "rotary_dim {} invalid for head_dim {}",
+                    r.rotary_dim, self.head_dim
+                ));
+            }
+        }
+        if self.n_layers > 4096 || self.hidden_size > 1 << 20 || self.vocab_size > 1 << 24 {
+            return Err("implausible model dimensions".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,1 @@
+//! Tokenizers embedded in GGUF metadata (`tokenizer.ggml.*`).

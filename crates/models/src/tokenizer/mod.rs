@@ -1,0 +1,109 @@
+//! Text ↔ token ids. Three sources of vocabularies:
+//! * Hugging Face `tokenizer.json` via the `tokenizers` crate ([`hf`])
+//! * GGUF-embedded vocabularies ([`gguf`]): `gpt2` byte-level BPE (built as a
+//!   `tokenizers` BPE) and `llama` SentencePiece-style scored vocabularies
+//! * llama2.c `tokenizer.bin` ([`scored`])
+
+pub mod gguf;
+pub mod hf;
+pub mod scored;
+
+use crate::{Error, Result};
+
+/// The concrete vocabulary implementation.
+pub enum TokenizerKind {
+    /// A `tokenizers` pipeline (HF `tokenizer.json`, GGUF `gpt2`).
+    Hf(Box<tokenizers::Tokenizer>),
+    /// Score-ranked merges (llama2.c, GGUF `llama`).
+    Scored(scored::ScoredVocab),
+}
+
+/// A tokenizer plus the special-token facts generation needs.
+pub struct Tokenizer {
+    pub kind: TokenizerKind,
+    /// Prepend `bos` when encoding a prompt (when the pipeline does not
+    /// already do it itself).
+    pub add_bos: bool,
+    pub bos: Option<u32>,
+    pub eos: Vec<u32>,
+    /// Jinja chat template, kept for the server.
+    pub chat_template: Option<String>,
+}
+
+impl Tokenizer {
+    /// Encodes a prompt, adding BOS exactly when the model's tokenizer says so.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        if self.add_bos {
+            if let Some(b) = self.bos {
+                ids.push(b);
+            }
+        }
+        match &self.kind {
+            TokenizerKind::Hf(t) => {
+                let enc = t
+                    .encode(text, true)
+                    .map_err(|e| Error::Tokenizer(e.to_string()))?;
+                ids.extend_from_slice(enc.get_ids());
+            }
+            TokenizerKind::Scored(v) => ids.extend(v.encode(text)),
+        }
+        Ok(ids)
+    }
+
+    /// Decodes ids to text (special tokens skipped).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        match &self.kind {
+            TokenizerKind::Hf(t) => t
+                .decode(ids, true)
+                .map_err(|e| Error::Tokenizer(e.to_string())),
+            TokenizerKind::Scored(v) => Ok(v.decode(ids)),
+        }
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        match &self.kind {
+            TokenizerKind::Hf(t) => t.get_vocab_size(true),
+            TokenizerKind::Scored(v) => v.len(),
+        }
+    }
+
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos.contains(&id)
+    }
+}
+
+/// Turns a growing list of ids into text pieces for a terminal: only
+/// complete UTF-8 is emitted, and decoding context is kept so word-initial
+/// spaces come out right.
+pub struct StreamDecoder {
+    ids: Vec<u32>,
+    emitted: usize,
+}
+
+impl Default for StreamDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StreamDecoder {
+    pub fn new() -> Self {
+        StreamDecoder {
+            ids: Vec::new(),
+            emitted: 0,
+        }
+    }
+
+    /// Adds one id and returns the newly printable text (possibly empty).
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String> {
+        self.ids.push(id);
+        let text = tok.decode(&self.ids)?;
+        if text.ends_with('\u{fffd}') || text.len() < self.emitted {
+            return Ok(String::new());
+        }
+        let new = text[self.emitted..].to_string();
+        self.emitted = text.len();
+        Ok(new)
+    }
+}

@@ -1,0 +1,220 @@
+//! SentencePiece-style tokenization by score-ranked merges, as llama2.c's
+//! `run.c` and llama.cpp's SPM tokenizer do: start from single characters
+//! (unknown ones fall back to `<0xXX>` byte tokens), then repeatedly merge the
+//! adjacent pair whose concatenation is in the vocabulary with the highest
+//! score (leftmost on ties) until no pair merges.
+
+use super::{Tokenizer, TokenizerKind};
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// How spaces are spelled in the vocabulary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpaceStyle {
+    /// Literal ' ' (llama2.c vocabularies).
+    Plain,
+    /// U+2581 '▁' (SentencePiece / GGUF `llama`).
+    Metaspace,
+}
+
+/// A scored vocabulary.
+pub struct ScoredVocab {
+    pieces: Vec<String>,
+    scores: Vec<f32>,
+    lookup: HashMap<String, u32>,
+    /// id of `<0x00>`..`<0xFF>` when the vocabulary has byte tokens
+    byte_ids: Option<[u32; 256]>,
+    space: SpaceStyle,
+    /// Prepend a space before encoding (SentencePiece's dummy prefix).
+    dummy_prefix: bool,
+    /// Ids that decode to nothing (BOS, EOS, unknown, control tokens).
+    special: Vec<bool>,
+}
+
+impl ScoredVocab {
+    /// Builds a vocabulary; `special[i]` marks ids never printed.
+    pub fn new(
+        pieces: Vec<String>,
+        scores: Vec<f32>,
+        special: Vec<bool>,
+        space: SpaceStyle,
+        dummy_prefix: bool,
+    ) -> Self {
+        let mut lookup = HashMap::with_capacity(pieces.len());
+        for (i, p) in pieces.iter().enumerate() {
+            lookup.entry(p.clone()).or_insert(i as u32);
+        }
+        let mut byte_ids = [0u32; 256];
+        let mut all = true;
+        for (b, slot) in byte_ids.iter_mut().enumerate() {
+            match lookup.get(&format!("<0x{b:02X}>")) {
+                Some(&id) => *slot = id,
+                None => all = false,
+            }
+        }
+        ScoredVocab {
+            pieces,
+            scores,
+            lookup,
+            byte_ids: all.then_some(byte_ids),
+            space,
+            dummy_prefix,
+            special,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.pieces.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+    pub fn piece(&self, id: u32) -> Option<&str> {
+        self.pieces.get(id as usize).map(String::as_str)
+    }
+
+    /// Encodes text without BOS/EOS.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        if text.is_empty() {
+            return Vec::new();
+        }
+        let mut s = String::with_capacity(text.len() + 3);
+        if self.dummy_prefix {
+            s.push(' ');
+        }
+        s.push_str(text);
+        if self.space == SpaceStyle::Metaspace {
+            s = s.replace(' ', "\u{2581}");
+        }
+        let mut toks: Vec<u32> = Vec::with_capacity(s.len());
+        let mut buf = [0u8; 4];
+        for ch in s.chars() {
+            let piece = ch.encode_utf8(&mut buf);
+            if let Some(&id) = self.lookup.get(&*piece) {
+                toks.push(id);
+            } else if let Some(bytes) = &self.byte_ids {
+                toks.extend(piece.bytes().map(|b| bytes[b as usize]));
+            } else {
+                toks.push(0); // <unk>
+            }
+        }
+        let mut merged = String::new();
+        loop {
+            let mut best: Option<(f32, usize, u32)> = None;
+            for i in 0..toks.len().saturating_sub(1) {
+                merged.clear();
+                merged.push_str(&self.pieces[toks[i] as usize]);
+                merged.push_str(&self.pieces[toks[i + 1] as usize]);
+                if let Some(&id) = self.lookup.get(&merged) {
+                    let sc = self.scores[id as usize];
+                    if best.is_none_or(|(b, _, _)| sc > b) {
+                        best = Some((sc, i, id));
+                    }
+                }
+            }
+            match best {
+                Some((_, i, id)) => {
+                    toks[i] = id;
+                    toks.remove(i + 1);
+                }
+                None => break,
+            }
+        }
+        toks
+    }
+
+    /// Decodes ids; byte tokens are reassembled into UTF-8, the dummy-prefix
+    /// space at the start is dropped.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            let Some(p) = self.pieces.get(id as usize) else {
+                continue;
+            };
+            if self.special.get(id as usize).copied().unwrap_or(false) {
+                continue;
+            }
+            if p.len() == 6 && p.starts_with("<0x") && p.ends_with('>') {
+                if let Ok(b) = u8::from_str_radix(&p[3..5], 16) {
+                    bytes.push(b);
+                    continue;
+                }
+            }
+            bytes.extend_from_slice(p.as_bytes());
+        }
+        let mut s = String::from_utf8_lossy(&bytes).into_owned();
+        if self.space == SpaceStyle::Metaspace {
+            s = s.replace('\u{2581}', " ");
+        }
+        if self.dummy_prefix && s.starts_with(' ') {
+            s.remove(0);
+        }
+        s
+    }
+}
+
+/// Reads a llama2.c `tokenizer.bin`: i32 max_token_length, then per token
+/// f32 score, i32 byte length, bytes. Ids 0/1/2 are `<unk>`/BOS/EOS.
+pub fn load_llama2c(path: &Path) -> Result<Tokenizer> {
+    let data = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bad = |why: &str| Error::format(path, format!("not a llama2.c tokenizer: {why}"));
+    if data.len() < 4 {
+        return Err(bad("file shorter than its 4-byte header"));
+    }
+    let mut at = 4usize;
+    let (mut pieces, mut scores) = (Vec::new(), Vec::new());
+    while at < data.len() {
+        if at + 8 > data.len() {
+            return Err(bad(&format!("truncated entry header at byte {at}")));
+        }
+        let score = f32::from_le_bytes(data[at..at + 4].try_into().expect("4 bytes"));
+        let len = i32::from_le_bytes(data[at + 4..at + 8].try_into().expect("4 bytes"));
+        at += 8;
+        if len < 0 || at + len as usize > data.len() {
+            return Err(bad(&format!(
+                "token {} claims {len} bytes past the end of the file",
+                pieces.len()
+            )));
+        }
+        pieces.push(String::from_utf8_lossy(&data[at..at + len as usize]).into_owned());
+        scores.push(score);
+        at += len as usize;
+    }
+    if pieces.len() < 3 {
+        return Err(bad("fewer than 3 tokens"));
+    }
+    let special = (0..pieces.len()).map(|i| i < 3).collect();
+    let vocab = ScoredVocab::new(pieces, scores, special, SpaceStyle::Plain, true);
+    Ok(Tokenizer {
+        kind: TokenizerKind::Scored(vocab),
+        add_bos: true,
+        bos: Some(1),
+        eos: vec![2],
+        chat_template: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merges_by_best_score_with_byte_fallback() {
+        let mut pieces: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+        pieces.extend((0..256).map(|b| format!("<0x{b:02X}>")));
+        let base = pieces.len() as u32;
+        pieces.extend(["\u{2581}", "a", "b", "ab", "\u{2581}ab"].map(String::from));
+        let mut scores = vec![0.0; pieces.len()];
+        scores[base as usize + 3] = -1.0; // "ab"
+        scores[base as usize + 4] = -2.0; // "▁ab"
+        let special = (0..pieces.len()).map(|i| i < 3).collect();
+        let v = ScoredVocab::new(pieces, scores, special, SpaceStyle::Metaspace, true);
+        assert_eq!(v.encode("ab"), vec![base + 4]);
+        // 'é' is not in the vocabulary: two byte tokens
+        let ids = v.encode("é");
+        assert_eq!(ids, vec![base, 3 + 0xC3, 3 + 0xA9]);
+        assert_eq!(v.decode(&ids), "é");
+        assert_eq!(v.decode(&v.encode("ab ab")), "ab ab");
+    }
+}

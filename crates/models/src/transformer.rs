@@ -1,0 +1,484 @@
+//! The forward pass shared by every architecture: embeddings → blocks
+//! (norm, attention over the cache's slots, MLP) → final norm → logits.
+//!
+//! One call processes a chunk of tokens: n = 1 is a decode step (GEMV), n > 1
+//! a prefill (GEMM). All scratch memory lives in [`Scratch`], allocated on
+//! the first call and reused, so decode steps do not allocate.
+
+use crate::config::{ModelConfig, NormKind};
+use crate::weights::{NormWeights, Weights};
+use crate::{Error, Result};
+use kvslim_cache::SequenceCache;
+use kvslim_kernels::attention::attend_group;
+use kvslim_kernels::ops::{layer_norm, rms_norm};
+use kvslim_kernels::rope::Rope;
+use rayon::prelude::*;
+
+/// Which logits a forward call should produce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// None (pure prefill of a prompt prefix).
+    None,
+    /// Only the last token's (generation).
+    Last,
+    /// Every token's (teacher forcing, parity tests).
+    All,
+}
+
+/// Optional record of intermediate values for parity tests and diagnostics.
+/// Recording allocates; it is never on in the decode hot loop.
+#[derive(Default, Debug)]
+pub struct Trace {
+    /// Per layer, the input hidden states `[n, hidden]`.
+    pub hidden: Vec<Vec<f32>>,
+    /// Per layer, attention probabilities `[heads, n, ctx]` indexed by
+    /// original position (ctx = last position + 1).
+    pub attn: Vec<Vec<f32>>,
+    /// Width of the `attn` rows.
+    pub ctx: usize,
+}
+
+/// Reusable buffers for one sequence's forward calls.
+#[derive(Default)]
+pub struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    probs: Vec<f32>,
+    logits: Vec<f32>,
+    /// Set to `Some(Trace::default())` to record the next forward call.
+    pub trace: Option<Trace>,
+}
+
+impl Scratch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sizes buffers for `n` tokens and `slots` cache slots. Shrinking keeps
+    /// the capacity, so steady-state decode never allocates.
+    fn ensure(&mut self, c: &ModelConfig, n: usize, slots: usize, logit_rows: usize) {
+        let rot = c.rope.map_or(0, |r| r.rotary_dim / 2);
+        let sizes = [
+            (&mut self.x, n * c.hidden_size),
+            (&mut self.xn, n * c.hidden_size),
+            (&mut self.q, n * c.q_dim()),
+            (&mut self.k, n * c.kv_dim()),
+            (&mut self.v, n * c.kv_dim()),
+            (&mut self.att, n * c.q_dim()),
+            (&mut self.proj, n * c.hidden_size),
+            (&mut self.gate, n * c.ffn_size),
+            (&mut self.up, n * c.ffn_size),
+            (&mut self.cos, n * rot),
+            (&mut self.sin, n * rot),
+            (&mut self.probs, c.group_size() * slots),
+            (&mut self.logits, logit_rows * c.vocab_size),
+        ];
+        for (buf, len) in sizes {
+            buf.resize(len, 0.0);
+        }
+    }
+
+    /// Logits of the last forward call: `[rows, vocab]`.
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+}
+
+/// A loaded model ready to run.
+pub struct Model {
+    pub config: ModelConfig,
+    pub weights: Weights,
+    rope: Option<Rope>,
+}
+
+fn norm(kind: NormKind, w: &NormWeights, eps: f32, x: &[f32], out: &mut [f32]) {
+    match kind {
+        NormKind::Rms => rms_norm(x, &w.weight, eps, out),
+        NormKind::Layer => layer_norm(x, &w.weight, w.bias.as_deref(), eps, out),
+    }
+}
+
+fn norm_rows(kind: NormKind, w: &NormWeights, eps: f32, x: &[f32], out: &mut [f32], dim: usize) {
+    for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        norm(kind, w, eps, xr, or);
+    }
+}
+
+impl Model {
+    /// Checks that weights match the config and precomputes RoPE tables.
+    pub fn new(config: ModelConfig, weights: Weights) -> Result<Self> {
+        config.validate().map_err(|r| Error::Format {
+            path: "<model>".into(),
+            reason: r,
+        })?;
+        let c = &config;
+        let check = |name: &str, got: (usize, usize), want: (usize, usize)| {
+            if got != want {
+                Err(Error::ShapeMismatch {
+                    name: name.into(),
+                    expected: vec![want.0, want.1],
+                    got: vec![got.0, got.1],
+                })
+            } else {
+                Ok(())
+            }
+        };
+        let dims = |m: &kvslim_kernels::Matrix| (m.rows(), m.cols());
+        check(
+            "token_embedding",
+            dims(&weights.token_embedding),
+            (c.vocab_size, c.hidden_size),
+        )?;
+        check(
+            "output",
+            dims(weights.output()),
+            (c.vocab_size, c.hidden_size),
+        )?;
+        if weights.layers.len() != c.n_layers {
+            return Err(Error::ShapeMismatch {
+                name: "layers".into(),
+                expected: vec![c.n_layers],
+                got: vec![weights.layers.len()],
+            });
+        }
+        for (i, l) in weights.layers.iter().enumerate() {
+            check(
+                &format!("layer {i} q"),
+                dims(&l.q.weight),
+                (c.q_dim(), c.hidden_size),
+            )?;
+            check(
+                &format!("layer {i} k"),
+                dims(&l.k.weight),
+                (c.kv_dim(), c.hidden_size),
+            )?;
+            check(
+                &format!("layer {i} v"),
+                dims(&l.v.weight),
+                (c.kv_dim(), c.hidden_size),
+            )?;
+            check(
+                &format!("layer {i} o"),
+                dims(&l.o.weight),
+                (c.hidden_size, c.q_dim()),
+            )?;
+            check(
+                &format!("layer {i} up"),
+                dims(&l.up.weight),
+                (c.ffn_size, c.hidden_size),
+            )?;
+            check(
+                &format!("layer {i} down"),
+                dims(&l.down.weight),
+                (c.hidden_size, c.ffn_size),
+            )?;
+            if let Some(g) = &l.gate {
+                check(
+                    &format!("layer {i} gate"),
+                    dims(&g.weight),
+                    (c.ffn_size, c.hidden_size),
+                )?;
+            }
+        }
+        let bf16 = weights.token_embedding.dtype() == kvslim_kernels::DType::BF16;
+        let rope = config.rope.map(|r| {
+            let rope = Rope::new(r.theta, r.rotary_dim, r.layout);
+            if bf16 {
+                rope.with_bf16_frequencies()
+            } else {
+                rope
+            }
+        });
+        Ok(Model {
+            config,
+            weights,
+            rope,
+        })
+    }
+
+    /// A cache for one sequence of at most `max_len` tokens under `spec`.
+    pub fn new_cache(&self, spec: &kvslim_cache::PolicySpec, max_len: usize) -> SequenceCache {
+        let c = &self.config;
+        SequenceCache::new(
+            spec,
+            c.n_layers,
+            c.n_kv_heads,
+            c.head_dim,
+            max_len.min(c.context_len),
+        )
+    }
+
+    /// Runs `tokens` at positions `cache.next_pos..`, appending their keys and
+    /// values to the cache. Logits land in `scratch.logits()`.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut SequenceCache,
+        s: &mut Scratch,
+        want: Logits,
+    ) -> Result<()> {
+        let c = &self.config;
+        let w = &self.weights;
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let p0 = cache.next_pos;
+        if p0 + n > c.context_len {
+            return Err(Error::ContextOverflow {
+                pos: p0 + n - 1,
+                context: c.context_len,
+            });
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(Error::TokenOutOfRange {
+                id,
+                vocab: c.vocab_size,
+            });
+        }
+        let (d, hd, g) = (c.hidden_size, c.head_dim, c.group_size());
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let logit_rows = match want {
+            Logits::None => 0,
+            Logits::Last => 1,
+            Logits::All => n,
+        };
+        let slots = cache.store.head(0, 0).capacity();
+        s.ensure(c, n, slots, logit_rows);
+        let tracing = s.trace.is_some();
+        if let Some(t) = s.trace.as_mut() {
+            t.ctx = p0 + n;
+            t.hidden.clear();
+            t.attn.clear();
+        }
+
+        // embeddings
+        for (t, &tok) in tokens.iter().enumerate() {
+            let row = &mut s.x[t * d..(t + 1) * d];
+            w.token_embedding.row_into(tok as usize, row);
+            if let (Some(pe), Some(off)) = (&w.position_embedding, c.learned_positions) {
+                let pos_row = &mut s.proj[..d];
+                pe.row_into(p0 + t + off, pos_row);
+                row.iter_mut()
+                    .zip(pos_row.iter())
+                    .for_each(|(a, b)| *a += b);
+            }
+        }
+        if let Some(rope) = &self.rope {
+            let half = rope.rotary_dim / 2;
+            for t in 0..n {
+                rope.tables(
+                    (p0 + t) as u32,
+                    &mut s.cos[t * half..(t + 1) * half],
+                    &mut s.sin[t * half..(t + 1) * half],
+                );
+            }
+        }
+        let scale = 1.0 / (hd as f32).sqrt();
+
+        for (li, lw) in w.layers.iter().enumerate() {
+            if let Some(t) = s.trace.as_mut() {
+                t.hidden.push(s.x[..n * d].to_vec());
+            }
+            norm_rows(c.norm, &lw.attn_norm, c.norm_eps, &s.x, &mut s.xn, d);
+            lw.q.forward(&s.xn, n, &mut s.q);
+            lw.k.forward(&s.xn, n, &mut s.k);
+            lw.v.forward(&s.xn, n, &mut s.v);
+            if let Some(rope) = &self.rope {
+                let half = rope.rotary_dim / 2;
+                for t in 0..n {
+                    let (cs, sn) = (
+                        &s.cos[t * half..(t + 1) * half],
+                        &s.sin[t * half..(t + 1) * half],
+                    );
+                    for h in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                        rope.apply(h, cs, sn);
+                    }
+                    for h in s.k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                        rope.apply(h, cs, sn);
+                    }
+                }
+            }
+            // keys are stored rotated at their original positions
+            for t in 0..n {
+                for kvh in 0..c.n_kv_heads {
+                    let r = t * kvd + kvh * hd;
+                    let head = cache.store.head_mut(li, kvh);
+                    if head
+                        .push((p0 + t) as u32, &s.k[r..r + hd], &s.v[r..r + hd])
+                        .is_none()
+                    {
+                        return Err(cache.store.full_error(li, kvh).into());
+                    }
+                }
+            }
+
+            if n == 1 {
+                // decode: per KV head, one pass over its slots for the whole group
+                for kvh in 0..c.n_kv_heads {
+                    let head = cache.store.head(li, kvh);
+                    let keys = head.keys().ok_or_else(|| missing_keys(li, kvh))?;
+                    let len = head.len();
+                    attend_group(
+                        &s.q[kvh * g * hd..(kvh + 1) * g * hd],
+                        keys,
+                        head.values(),
+                        head.positions(),
+                        p0 as u32,
+                        hd,
+                        scale,
+                        &mut s.probs[..g * len],
+                        &mut s.att[kvh * g * hd..(kvh + 1) * g * hd],
+                    );
+                    if let Some(t) = s.trace.as_mut() {
+                        record_attn(t, c, kvh, 0, 0, head.positions(), &s.probs[..g * len]);
+                    }
+                    if cache.policy.observes_attention() {
+                        let head = cache.store.head_mut(li, kvh);
+                        cache
+                            .policy
+                            .after_decode_step(li, kvh, head, &s.probs[..g * len]);
+                    }
+                }
+            } else {
+                let layer = cache.store.layer(li);
+                for hd_ in layer.iter() {
+                    if hd_.keys().is_none() {
+                        return Err(missing_keys(li, 0));
+                    }
+                }
+                let q = &s.q;
+                let attend_token = |t: usize, att_row: &mut [f32], probs: &mut Vec<f32>| {
+                    for (kvh, head) in layer.iter().enumerate() {
+                        let len = head.len();
+                        probs.resize(g * len, 0.0);
+                        attend_group(
+                            &q[t * qd + kvh * g * hd..t * qd + (kvh + 1) * g * hd],
+                            head.keys().expect("checked above"),
+                            head.values(),
+                            head.positions(),
+                            (p0 + t) as u32,
+                            hd,
+                            scale,
+                            probs,
+                            &mut att_row[kvh * g * hd..(kvh + 1) * g * hd],
+                        );
+                    }
+                };
+                if tracing {
+                    let mut probs = Vec::new();
+                    for t in 0..n {
+                        attend_token(t, &mut s.att[t * qd..(t + 1) * qd], &mut probs);
+                        // recompute per head for the record (tests only)
+                        let tr = s.trace.as_mut().expect("tracing");
+                        for (kvh, head) in layer.iter().enumerate() {
+                            let len = head.len();
+                            let mut p = vec![0f32; g * len];
+                            let mut o = vec![0f32; g * hd];
+                            attend_group(
+                                &q[t * qd + kvh * g * hd..t * qd + (kvh + 1) * g * hd],
+                                head.keys().expect("checked above"),
+                                head.values(),
+                                head.positions(),
+                                (p0 + t) as u32,
+                                hd,
+                                scale,
+                                &mut p,
+                                &mut o,
+                            );
+                            record_attn(tr, c, kvh, t, n, head.positions(), &p);
+                        }
+                    }
+                } else {
+                    s.att[..n * qd]
+                        .par_chunks_mut(qd)
+                        .enumerate()
+                        .for_each_init(Vec::new, |probs, (t, row)| attend_token(t, row, probs));
+                }
+            }
+
+            lw.o.forward(&s.att, n, &mut s.proj);
+            if c.parallel_residual {
+                // x + attn(ln1 x) + mlp(ln2 x): the MLP reads the block input
+                norm_rows(c.norm, &lw.mlp_norm, c.norm_eps, &s.x, &mut s.xn, d);
+                s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
+            } else {
+                s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
+                norm_rows(c.norm, &lw.mlp_norm, c.norm_eps, &s.x, &mut s.xn, d);
+            }
+            if let Some(gate) = &lw.gate {
+                gate.forward(&s.xn, n, &mut s.gate);
+                lw.up.forward(&s.xn, n, &mut s.up);
+                for (gv, uv) in s.gate.iter_mut().zip(&s.up) {
+                    *gv = c.activation.apply(*gv) * uv;
+                }
+                lw.down.forward(&s.gate, n, &mut s.proj);
+            } else {
+                lw.up.forward(&s.xn, n, &mut s.up);
+                s.up.iter_mut().for_each(|v| *v = c.activation.apply(*v));
+                lw.down.forward(&s.up, n, &mut s.proj);
+            }
+            s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
+        }
+        cache.next_pos += n;
+
+        if logit_rows > 0 {
+            let first = n - logit_rows;
+            norm_rows(
+                c.norm,
+                &w.final_norm,
+                c.norm_eps,
+                &s.x[first * d..n * d],
+                &mut s.xn[..logit_rows * d],
+                d,
+            );
+            w.output()
+                .matmul(&s.xn[..logit_rows * d], logit_rows, &mut s.logits);
+        }
+        Ok(())
+    }
+}
+
+fn missing_keys(layer: usize, kv_head: usize) -> Error {
+    Error::Format {
+        path: "<cache>".into(),
+        reason: format!(
+            "layer {layer} KV head {kv_head} has no keys (dropped by a head-sharing policy)"
+        ),
+    }
+}
+
+/// Scatters one group's probabilities into the trace by original position.
+fn record_attn(
+    t: &mut Trace,
+    c: &ModelConfig,
+    kvh: usize,
+    tok: usize,
+    n: usize,
+    positions: &[u32],
+    probs: &[f32],
+) {
+    let (g, ctx) = (c.group_size(), t.ctx);
+    let rows = n.max(1);
+    if t.attn.len() < t.hidden.len() {
+        t.attn.push(vec![0f32; c.n_heads * rows * ctx]);
+    }
+    let layer = t.attn.last_mut().expect("pushed above");
+    let len = positions.len();
+    for h in 0..g {
+        let head = kvh * g + h;
+        let row = &mut layer[(head * rows + tok) * ctx..(head * rows + tok + 1) * ctx];
+        for (i, &p) in positions.iter().enumerate() {
+            row[p as usize] = probs[h * len + i];
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Model weights in a layout-neutral form: every loader fills these
+//! structs, and the forward pass reads nothing else.
+
+use kvslim_kernels::Matrix;
+
+/// A norm's affine parameters (bias only for LayerNorm models).
+#[derive(Debug)]
+pub struct NormWeights {
+    pub weight: Vec<f32>,
+    pub bias: Option<Vec<f32>>,
+}
+
+/// y = W x (+ b).
+#[derive(Debug)]
+pub struct Linear {
+    pub weight: Matrix,
+    pub bias: Option<Vec<f32>>,
+}
+
+impl Linear {
+    pub fn new(weight: Matrix, bias: Option<Vec<f32>>) -> Self {
+        Linear { weight, bias }
+    }
+
+    /// out[t] = W x[t] + b for `n` rows.
+    pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        self.weight.matmul(x, n, out);
+        if let Some(b) = &self.bias {
+            for row in out.chunks_exact_mut(b.len()) {
+                row.iter_mut().zip(b).for_each(|(o, bi)| *o += bi);
+            }
+        }
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.weight.rows()
+    }
+    pub fn in_dim(&self) -> usize {
+        self.weight.cols()
+    }
+}
+
+/// One transformer block.
+#[derive(Debug)]
+pub struct LayerWeights {
+    pub attn_norm: NormWeights,
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub mlp_norm: NormWeights,
+    /// Present for gated MLPs (SiLU-gated Llama family).
+    pub gate: Option<Linear>,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+/// All weights of a model.
+#[derive(Debug)]
+pub struct Weights {
+    pub token_embedding: Matrix,
+    pub position_embedding: Option<Matrix>,
+    pub layers: Vec<LayerWeights>,
+    pub final_norm: NormWeights,
+    /// `None` when the output projection is tied to the token embedding.
+    pub lm_head: Option<Linear>,
+}
+
+impl Weights {
+    /// The output projection (tied or not).
+    pub fn output(&self) -> &Matrix {
+        self.lm_head
+            .as_ref()
+            .map_or(&self.token_embedding, |l| &l.weight)
+    }
+
+    /// Every matrix with a label, for `kvslim info` and byte accounting.
+    pub fn matrices(&self) -> Vec<&Matrix> {
+        let mut v = vec![&self.token_embedding];
+        v.extend(self.position_embedding.as_ref());
+        for l in &self.layers {
+            v.extend([
+                &l.q.weight,
+                &l.k.weight,
+                &l.v.weight,
+                &l.o.weight,
+                &l.up.weight,
+                &l.down.weight,
+            ]);
+            v.extend(l.gate.as_ref().map(|g| &g.weight));
+        }
+        v.extend(self.lm_head.as_ref().map(|l| &l.weight));
+        v
+    }
+
+    /// (parameters, bytes) over matrices, norms and biases.
+    pub fn size(&self) -> (usize, usize) {
+        let (mut params, mut bytes) = (0usize, 0usize);
+        for m in self.matrices() {
+            params += m.rows() * m.cols();
+            bytes += m.nbytes();
+        }
+        let mut vec_params =
+            self.final_norm.weight.len() + self.final_norm.bias.as_ref().map_or(0, Vec::len);
+        for l in &self.layers {
+            for n in [&l.attn_norm, &l.mlp_norm] {
+                vec_params += n.weight.len() + n.bias.as_ref().map_or(0, Vec::len);
+            }
+            for lin in [&l.q, &l.k, &l.v, &l.o, &l.up, &l.down]
+                .into_iter()
+                .chain(l.gate.as_ref())
+            {
+                vec_params += lin.bias.as_ref().map_or(0, Vec::len);
+            }
+        }
+        (params + vec_params, bytes + vec_params * 4)
+    }
+}
