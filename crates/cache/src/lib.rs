@@ -22,20 +22,10 @@ pub struct SequenceCache {
 
 impl SequenceCache {
     /// Builds the cache for a sequence of at most `max_len` tokens.
-    pub fn new(
-        spec: &PolicySpec,
-        layers: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        max_len: usize,
-    ) -> Self {
+    pub fn new(spec: &PolicySpec, layers: usize, kv_heads: usize, head_dim: usize, max_len: usize) -> Self {
         let policy = spec.build();
         let store = KvStore::new(layers, kv_heads, head_dim, policy.capacity(max_len));
-        SequenceCache {
-            store,
-            policy,
-            next_pos: 0,
-        }
+        SequenceCache { store, policy, next_pos: 0 }
     }
 
     /// Tokens currently held in layer 0's first head (all heads hold the same

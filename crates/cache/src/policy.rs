@@ -22,14 +22,7 @@ pub trait CachePolicy: Send {
     /// Called once per decode step, per layer and KV head, after attention
     /// over the candidate set. `probs` is `group × slots.len()`, row h being
     /// query head h of this KV head's group, slot-aligned.
-    fn after_decode_step(
-        &mut self,
-        _layer: usize,
-        _kv_head: usize,
-        _slots: &mut HeadSlots,
-        _probs: &[f32],
-    ) {
-    }
+    fn after_decode_step(&mut self, _layer: usize, _kv_head: usize, _slots: &mut HeadSlots, _probs: &[f32]) {}
 }
 
 /// The `full` policy: keep everything.
@@ -61,19 +54,14 @@ pub struct PolicySpecError {
 impl PolicySpec {
     /// Parses the policy grammar (see README "Policies").
     pub fn parse(spec: &str) -> Result<Self, PolicySpecError> {
-        let err = |reason: String| PolicySpecError {
-            spec: spec.to_string(),
-            reason,
-        };
+        let err = |reason: String| PolicySpecError { spec: spec.to_string(), reason };
         let trimmed = spec.trim();
         let (name, args) = trimmed.split_once(':').unwrap_or((trimmed, ""));
         match name {
             "full" if args.is_empty() => Ok(PolicySpec::Full),
             "full" => Err(err("`full` takes no parameters".into())),
             "" => Err(err("empty policy name; known policies: full".into())),
-            other => Err(err(format!(
-                "unknown policy `{other}`; known policies: full"
-            ))),
+            other => Err(err(format!("unknown policy `{other}`; known policies: full"))),
         }
     }
 

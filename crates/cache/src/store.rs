@@ -4,9 +4,7 @@
 
 /// Error when a write would exceed the capacity chosen at creation.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "KV cache full: layer {layer} KV head {kv_head} holds {capacity} slots (the policy's capacity)"
-)]
+#[error("KV cache full: layer {layer} KV head {kv_head} holds {capacity} slots (the policy's capacity)")]
 pub struct CacheFull {
     pub layer: usize,
     pub kv_head: usize,
@@ -87,8 +85,7 @@ impl HeadSlots {
             if let Some(k) = self.keys.as_mut() {
                 k.copy_within(last * d..(last + 1) * d, victim * d);
             }
-            self.values
-                .copy_within(last * d..(last + 1) * d, victim * d);
+            self.values.copy_within(last * d..(last + 1) * d, victim * d);
             self.positions[victim] = self.positions[last];
             self.scores[victim] = self.scores[last];
         }
@@ -173,14 +170,8 @@ impl KvStore {
     /// Allocates `capacity` slots for every layer and KV head, up front:
     /// the store never grows, so its bytes are known at creation.
     pub fn new(layers: usize, kv_heads: usize, head_dim: usize, capacity: usize) -> Self {
-        let heads = (0..layers * kv_heads)
-            .map(|_| HeadSlots::new(head_dim, capacity))
-            .collect();
-        KvStore {
-            layers,
-            kv_heads,
-            heads,
-        }
+        let heads = (0..layers * kv_heads).map(|_| HeadSlots::new(head_dim, capacity)).collect();
+        KvStore { layers, kv_heads, heads }
     }
 
     pub fn layers(&self) -> usize {
@@ -213,12 +204,10 @@ impl KvStore {
 
     /// Allocated bytes of one layer.
     pub fn layer_bytes(&self, layer: usize) -> KvBytes {
-        self.layer(layer)
-            .iter()
-            .fold(KvBytes::default(), |a, h| KvBytes {
-                kv: a.kv + h.kv_bytes(),
-                metadata: a.metadata + h.metadata_bytes(),
-            })
+        self.layer(layer).iter().fold(KvBytes::default(), |a, h| KvBytes {
+            kv: a.kv + h.kv_bytes(),
+            metadata: a.metadata + h.metadata_bytes(),
+        })
     }
 
     /// Empties every head (a new sequence reusing the allocation).
@@ -228,11 +217,7 @@ impl KvStore {
 
     /// Error value for a full head, for the forward pass to return.
     pub fn full_error(&self, layer: usize, kv_head: usize) -> CacheFull {
-        CacheFull {
-            layer,
-            kv_head,
-            capacity: self.head(layer, kv_head).capacity,
-        }
+        CacheFull { layer, kv_head, capacity: self.head(layer, kv_head).capacity }
     }
 }
 
@@ -247,10 +232,7 @@ mod tests {
             h.push(p, &[p as f32; 2], &[10.0 + p as f32; 2]).unwrap();
             h.scores_mut()[p as usize] = p as f32;
         }
-        assert!(
-            h.push(9, &[0.0; 2], &[0.0; 2]).is_none(),
-            "capacity is a hard limit"
-        );
+        assert!(h.push(9, &[0.0; 2], &[0.0; 2]).is_none(), "capacity is a hard limit");
         h.evict(1);
         assert_eq!(h.positions(), &[0, 3, 2]);
         assert_eq!(h.scores(), &[0.0, 3.0, 2.0]);
@@ -261,13 +243,7 @@ mod tests {
     #[test]
     fn bytes_are_exact_and_drop_keys_shrinks_them() {
         let mut s = KvStore::new(2, 3, 8, 10);
-        assert_eq!(
-            s.bytes(),
-            KvBytes {
-                kv: 2 * 3 * 2 * 10 * 8 * 4,
-                metadata: 2 * 3 * 10 * 8
-            }
-        );
+        assert_eq!(s.bytes(), KvBytes { kv: 2 * 3 * 2 * 10 * 8 * 4, metadata: 2 * 3 * 10 * 8 });
         s.head_mut(1, 2).drop_keys();
         assert_eq!(s.bytes().kv, 2 * 3 * 2 * 10 * 8 * 4 - 10 * 8 * 4);
         assert_eq!(s.layer_bytes(0).kv, 3 * 2 * 10 * 8 * 4);

@@ -1,1 +1,53 @@
-fn main() {}
+//! `kvslim`: run, measure and serve LLMs with a compressed KV cache.
+
+mod bench;
+mod common;
+mod generate;
+mod info;
+mod perplexity;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "kvslim",
+    version,
+    about = "CPU LLM inference with a compressed KV cache (H2O, CHAI) and the tools to measure it",
+    long_about = "CPU LLM inference with a compressed KV cache (H2O, CHAI) and the tools to measure it.\n\n\
+Models: a Hugging Face directory (config.json + safetensors), a .gguf file, a llama2.c .bin, \
+`hf:org/repo[/file]`, or an alias (`smollm2-135m`, the default; `stories260k`)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a model's configuration, parameter count and sizes.
+    Info(info::Args),
+    /// Generate text from a prompt, streaming it to the terminal.
+    Generate(generate::Args),
+    /// Teacher-forced perplexity of a text or token list.
+    Perplexity(perplexity::Args),
+    /// Measure prefill and decode speed against the memory-bandwidth bound.
+    Bench(bench::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info(a) => info::run(a),
+        Command::Generate(a) => generate::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
+        Command::Bench(a) => bench::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

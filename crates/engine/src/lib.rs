@@ -1,1 +1,26 @@
-//! engine
+//! The engine loop on top of a model and a KV cache: a [`session::Session`]
+//! per sequence, token [`sampling`], text [`generate`]-ion, teacher-forced
+//! [`perplexity`], and the [`bench`] harness.
+
+pub mod bench;
+pub mod generate;
+pub mod perplexity;
+pub mod sampling;
+pub mod session;
+pub mod synthetic;
+
+pub use generate::{generate, GenerateOptions, Generation};
+pub use perplexity::{perplexity, PerplexityOptions, PerplexityReport};
+pub use sampling::{Sampler, SamplingParams};
+pub use session::Session;
+
+/// Errors of the engine: model errors plus request validation.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] kvslim_models::Error),
+    #[error("{0}")]
+    Request(String),
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

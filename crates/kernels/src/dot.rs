@@ -42,19 +42,42 @@ impl DotKernels {
 
 static KERNELS: OnceLock<DotKernels> = OnceLock::new();
 
-/// The kernels for this CPU, detected on first use. Setting the environment
-/// variable `KVSLIM_SIMD=scalar` forces the reference kernels.
+/// The kernels for this CPU, detected on first use: the fastest set the CPU
+/// supports. The environment variable `KVSLIM_SIMD` (`scalar`, `avx2`,
+/// `avx512`, `neon`) forces a level; a level the CPU lacks is ignored.
 pub fn kernels() -> &'static DotKernels {
     KERNELS.get_or_init(|| {
-        if std::env::var("KVSLIM_SIMD").as_deref() == Ok("scalar") {
-            return DotKernels::SCALAR;
-        }
-        detect()
+        std::env::var("KVSLIM_SIMD")
+            .ok()
+            .and_then(|name| by_isa(name.trim()))
+            .unwrap_or_else(detect)
     })
 }
 
+/// Every kernel set this CPU can run, slowest (the scalar reference) first.
+pub fn available() -> Vec<DotKernels> {
+    let mut v = vec![DotKernels::SCALAR];
+    #[cfg(target_arch = "x86_64")]
+    {
+        v.extend(crate::simd::avx2::kernels());
+        v.extend(crate::simd::avx512::kernels());
+    }
+    #[cfg(target_arch = "aarch64")]
+    v.extend(crate::simd::neon::kernels());
+    v
+}
+
+/// The kernel set named `isa` (see [`DotKernels::isa`]), if this CPU has it.
+pub fn by_isa(isa: &str) -> Option<DotKernels> {
+    available()
+        .into_iter()
+        .find(|k| k.isa.eq_ignore_ascii_case(isa))
+}
+
+/// The preferred kernel set for this CPU.
 fn detect() -> DotKernels {
-    DotKernels::SCALAR
+    // `available` lists the sets in increasing order of speed
+    *available().last().expect("scalar is always available")
 }
 
 /// Dot product of two f32 slices with the detected kernel.
@@ -185,53 +208,144 @@ mod tests {
     use super::*;
     use crate::quant::{dequantize, quantize};
 
-    /// Every kernel set agrees with dequantize-then-dot in f64.
+    /// xorshift64*: deterministic test data without a dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        /// Uniform in [-1, 1).
+        fn unit(&mut self) -> f32 {
+            (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        }
+        fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+            (0..n).map(|_| self.unit() * scale).collect()
+        }
+    }
+
+    /// Copies `bytes` to offset `off` of a 64-byte aligned buffer (rows of
+    /// a matrix start at any multiple of the block size).
+    fn placed(bytes: &[u8], off: usize) -> (Vec<u64>, std::ops::Range<usize>) {
+        let mut v = vec![0u64; (bytes.len() + off).div_ceil(8) + 1];
+        // SAFETY: v has room for off + bytes.len() bytes
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                (v.as_mut_ptr() as *mut u8).add(off),
+                bytes.len(),
+            )
+        };
+        (v, off..off + bytes.len())
+    }
+
+    fn as_bytes(v: &[u64]) -> &[u8] {
+        // SAFETY: plain integers viewed as bytes
+        unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 8) }
+    }
+
+    /// (Σ w·x, Σ |w·x|) in f64 over the dequantized row.
+    fn reference(dt: DType, bytes: &[u8], x: &[f32]) -> (f64, f64) {
+        let mut deq = vec![0f32; x.len()];
+        dequantize(dt, bytes, &mut deq);
+        deq.iter().zip(x).fold((0.0, 0.0), |(s, a), (w, v)| {
+            let p = *w as f64 * *v as f64;
+            (s + p, a + p.abs())
+        })
+    }
+
+    const DTYPES: [DType; 6] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+    ];
+
+    /// Every kernel set the CPU has agrees with dequantize-then-dot in f64,
+    /// within a tolerance relative to Σ|w·x|, on many lengths (odd tails for
+    /// the float types, 1..n whole blocks for the block formats).
     #[test]
-    fn detected_kernels_match_reference() {
-        let k = kernels();
-        for n in [32usize, 64, 96, 576, 1536] {
-            let w: Vec<f32> = (0..n)
-                .map(|i| ((i * 7919 % 211) as f32 - 105.0) / 50.0)
-                .collect();
-            let x: Vec<f32> = (0..n)
-                .map(|i| ((i * 104729 % 97) as f32 - 48.0) / 30.0)
-                .collect();
-            for dt in [
-                DType::F32,
-                DType::F16,
-                DType::BF16,
-                DType::Q8_0,
-                DType::Q4_0,
-                DType::Q4_1,
-            ] {
+    fn every_kernel_set_matches_reference() {
+        let sets = available();
+        assert_eq!(sets[0].isa, "scalar");
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let float_lens: Vec<usize> = (1..=70)
+            .chain([95, 96, 97, 127, 128, 129, 255, 576, 1000, 1536, 4097])
+            .collect();
+        let block_lens: Vec<usize> = (1..=9).chain([16, 17, 48, 128]).map(|b| b * 32).collect();
+        for dt in DTYPES {
+            let lens = if dt.block_elems() == 1 {
+                &float_lens
+            } else {
+                &block_lens
+            };
+            for &n in lens {
+                // a few magnitudes so the block scales vary
+                let scale = [1.0, 1e-3, 40.0][n % 3];
+                let w = rng.vec(n, scale);
+                let x = rng.vec(n, 1.0);
                 let bytes = quantize(dt, &w);
-                let mut deq = vec![0f32; n];
-                dequantize(dt, &bytes, &mut deq);
-                let want: f64 = deq.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
-                // copy into aligned storage as the matrix does
-                let aligned: Vec<u32> = {
-                    let mut v = vec![0u32; bytes.len().div_ceil(4)];
-                    // SAFETY: v has at least bytes.len() bytes
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            bytes.as_ptr(),
-                            v.as_mut_ptr() as *mut u8,
-                            bytes.len(),
-                        )
-                    };
-                    v
-                };
-                // SAFETY: aligned holds bytes.len() initialised bytes
-                let row = unsafe {
-                    std::slice::from_raw_parts(aligned.as_ptr() as *const u8, bytes.len())
-                };
-                for kset in [&DotKernels::SCALAR, k] {
-                    let got = dot_row(kset, dt, row, &x) as f64;
-                    let tol = 1e-4 * (1.0 + want.abs()) + 1e-5 * n as f64;
+                let (want, mag) = reference(dt, &bytes, &x);
+                let off = if dt.block_elems() == 1 { 0 } else { 2 * (n % 3) };
+                let (buf, range) = placed(&bytes, off);
+                let row = &as_bytes(&buf)[range];
+                for k in &sets {
+                    let got = dot_row(k, dt, row, &x) as f64;
+                    let tol = 2e-6 * mag * (n as f64).sqrt().max(4.0) + 1e-30;
                     assert!(
                         (got - want).abs() <= tol,
-                        "{} {dt} n={n}: {got} vs {want}",
-                        kset.isa
+                        "{} {dt} n={n}: {got} vs {want} (tol {tol})",
+                        k.isa
+                    );
+                }
+            }
+        }
+    }
+
+    /// Half-precision conversion parity on arbitrary bit patterns:
+    /// subnormals, signed zeros, large exponents.
+    #[test]
+    fn half_conversions_match_on_all_bit_patterns() {
+        let mut rng = Rng(12345);
+        for n in [1usize, 7, 16, 33, 65, 300] {
+            let f16: Vec<u16> = (0..n)
+                .map(|_| {
+                    let h = rng.next() as u16;
+                    // no inf/nan: exponent field below 0x1f
+                    if h & 0x7c00 == 0x7c00 {
+                        h & !0x4000
+                    } else {
+                        h
+                    }
+                })
+                .collect();
+            // bf16 with exponents near 1 so products stay finite
+            let bf16: Vec<u16> = (0..n)
+                .map(|_| {
+                    let h = rng.next() as u16;
+                    (h & 0x807f) | ((0x70 + (h >> 8) % 32) << 7)
+                })
+                .collect();
+            let x = rng.vec(n, 1.0);
+            for (w, conv, kind) in [
+                (&f16, f16_to_f32 as fn(u16) -> f32, "f16"),
+                (&bf16, bf16_to_f32 as fn(u16) -> f32, "bf16"),
+            ] {
+                let (want, mag) = w.iter().zip(&x).fold((0f64, 0f64), |(s, a), (h, v)| {
+                    let p = conv(*h) as f64 * *v as f64;
+                    (s + p, a + p.abs())
+                });
+                for k in available() {
+                    let f = if kind == "f16" { k.f16 } else { k.bf16 };
+                    let got = f(w, &x) as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-5 * mag + 1e-30,
+                        "{} {kind} n={n}: {got} vs {want}",
+                        k.isa
                     );
                 }
             }
@@ -239,12 +353,50 @@ mod tests {
     }
 
     #[test]
-    fn axpy_matches() {
+    fn every_axpy_matches_reference() {
+        let mut rng = Rng(777);
+        for n in (0..=70).chain([127, 129, 1000]) {
+            let x = rng.vec(n, 2.0);
+            let y0 = rng.vec(n, 2.0);
+            // a longer y: only the first n elements may change
+            let mut y0_long = y0.clone();
+            y0_long.push(42.0);
+            let a = rng.unit() * 3.0;
+            for k in available() {
+                let mut y = y0_long.clone();
+                (k.axpy)(a, &x, &mut y);
+                for i in 0..n {
+                    let want = y0[i] as f64 + a as f64 * x[i] as f64;
+                    let tol = 2.5e-7 * (y0[i].abs() as f64 + (a * x[i]).abs() as f64);
+                    assert!(
+                        (y[i] as f64 - want).abs() <= tol,
+                        "{} axpy n={n} i={i}",
+                        k.isa
+                    );
+                }
+                assert_eq!(y[n], 42.0, "{} axpy wrote past n", k.isa);
+            }
+        }
         let x: Vec<f32> = (0..37).map(|i| i as f32).collect();
         let mut y = vec![1.0; 37];
         axpy(0.5, &x, &mut y);
         for (i, v) in y.iter().enumerate() {
             assert_eq!(*v, 1.0 + 0.5 * i as f32);
+        }
+    }
+
+    #[test]
+    fn forced_level_and_detection() {
+        let sets = available();
+        assert_eq!(by_isa("scalar").unwrap().isa, "scalar");
+        assert!(by_isa("no-such-isa").is_none());
+        // the detected set is the last (fastest) available one unless forced
+        if std::env::var("KVSLIM_SIMD").is_err() {
+            assert_eq!(kernels().isa, sets.last().unwrap().isa);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            assert!(sets.iter().any(|k| k.isa == "avx2"));
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod matrix;
 pub mod ops;
 pub mod quant;
 pub mod rope;
+mod simd;
 
 pub use dtype::DType;
 pub use matrix::Matrix;

@@ -113,17 +113,11 @@ impl ModelConfig {
             }
         }
         if self.n_heads % self.n_kv_heads != 0 {
-            return Err(format!(
-                "n_heads ({}) is not a multiple of n_kv_heads ({})",
-                self.n_heads, self.n_kv_heads
-            ));
+            return Err(format!("n_heads ({}) is not a multiple of n_kv_heads ({})", self.n_heads, self.n_kv_heads));
         }
         if let Some(r) = &self.rope {
             if r.rotary_dim > self.head_dim || r.rotary_dim % 2 != 0 {
-                return Err(format!(
-                    "rotary_dim {} invalid for head_dim {}",
-                    r.rotary_dim, self.head_dim
-                ));
+                return Err(format!("rotary_dim {} invalid for head_dim {}", r.rotary_dim, self.head_dim));
             }
         }
         if self.n_layers > 4096 || self.hidden_size > 1 << 20 || self.vocab_size > 1 << 24 {

@@ -31,17 +31,9 @@ pub enum Error {
     #[error("unknown architecture `{0}`; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, OPTForCausalLM, GPTNeoXForCausalLM, gguf `llama`, llama2.c")]
     UnknownArchitecture(String),
     #[error("{path}: tensor `{name}` has unsupported type {dtype}")]
-    UnsupportedTensorType {
-        path: PathBuf,
-        name: String,
-        dtype: String,
-    },
+    UnsupportedTensorType { path: PathBuf, name: String, dtype: String },
     #[error("tensor `{name}`: expected shape {expected:?}, found {got:?}")]
-    ShapeMismatch {
-        name: String,
-        expected: Vec<usize>,
-        got: Vec<usize>,
-    },
+    ShapeMismatch { name: String, expected: Vec<usize>, got: Vec<usize> },
     #[error("tensor `{0}` is missing from the checkpoint")]
     MissingTensor(String),
     #[error("tokenizer: {0}")]
@@ -62,15 +54,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub(crate) fn format(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
-        Error::Format {
-            path: path.into(),
-            reason: reason.into(),
-        }
+        Error::Format { path: path.into(), reason: reason.into() }
     }
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            source,
-        }
+        Error::Io { path: path.into(), source }
     }
 }

@@ -116,33 +116,18 @@ fn norm_rows(kind: NormKind, w: &NormWeights, eps: f32, x: &[f32], out: &mut [f3
 impl Model {
     /// Checks that weights match the config and precomputes RoPE tables.
     pub fn new(config: ModelConfig, weights: Weights) -> Result<Self> {
-        config.validate().map_err(|r| Error::Format {
-            path: "<model>".into(),
-            reason: r,
-        })?;
+        config.validate().map_err(|r| Error::Format { path: "<model>".into(), reason: r })?;
         let c = &config;
         let check = |name: &str, got: (usize, usize), want: (usize, usize)| {
             if got != want {
-                Err(Error::ShapeMismatch {
-                    name: name.into(),
-                    expected: vec![want.0, want.1],
-                    got: vec![got.0, got.1],
-                })
+                Err(Error::ShapeMismatch { name: name.into(), expected: vec![want.0, want.1], got: vec![got.0, got.1] })
             } else {
                 Ok(())
             }
         };
         let dims = |m: &kvslim_kernels::Matrix| (m.rows(), m.cols());
-        check(
-            "token_embedding",
-            dims(&weights.token_embedding),
-            (c.vocab_size, c.hidden_size),
-        )?;
-        check(
-            "output",
-            dims(weights.output()),
-            (c.vocab_size, c.hidden_size),
-        )?;
+        check("token_embedding", dims(&weights.token_embedding), (c.vocab_size, c.hidden_size))?;
+        check("output", dims(weights.output()), (c.vocab_size, c.hidden_size))?;
         if weights.layers.len() != c.n_layers {
             return Err(Error::ShapeMismatch {
                 name: "layers".into(),
@@ -151,42 +136,14 @@ impl Model {
             });
         }
         for (i, l) in weights.layers.iter().enumerate() {
-            check(
-                &format!("layer {i} q"),
-                dims(&l.q.weight),
-                (c.q_dim(), c.hidden_size),
-            )?;
-            check(
-                &format!("layer {i} k"),
-                dims(&l.k.weight),
-                (c.kv_dim(), c.hidden_size),
-            )?;
-            check(
-                &format!("layer {i} v"),
-                dims(&l.v.weight),
-                (c.kv_dim(), c.hidden_size),
-            )?;
-            check(
-                &format!("layer {i} o"),
-                dims(&l.o.weight),
-                (c.hidden_size, c.q_dim()),
-            )?;
-            check(
-                &format!("layer {i} up"),
-                dims(&l.up.weight),
-                (c.ffn_size, c.hidden_size),
-            )?;
-            check(
-                &format!("layer {i} down"),
-                dims(&l.down.weight),
-                (c.hidden_size, c.ffn_size),
-            )?;
+            check(&format!("layer {i} q"), dims(&l.q.weight), (c.q_dim(), c.hidden_size))?;
+            check(&format!("layer {i} k"), dims(&l.k.weight), (c.kv_dim(), c.hidden_size))?;
+            check(&format!("layer {i} v"), dims(&l.v.weight), (c.kv_dim(), c.hidden_size))?;
+            check(&format!("layer {i} o"), dims(&l.o.weight), (c.hidden_size, c.q_dim()))?;
+            check(&format!("layer {i} up"), dims(&l.up.weight), (c.ffn_size, c.hidden_size))?;
+            check(&format!("layer {i} down"), dims(&l.down.weight), (c.hidden_size, c.ffn_size))?;
             if let Some(g) = &l.gate {
-                check(
-                    &format!("layer {i} gate"),
-                    dims(&g.weight),
-                    (c.ffn_size, c.hidden_size),
-                )?;
+                check(&format!("layer {i} gate"), dims(&g.weight), (c.ffn_size, c.hidden_size))?;
             }
         }
         let bf16 = weights.token_embedding.dtype() == kvslim_kernels::DType::BF16;
@@ -198,34 +155,18 @@ impl Model {
                 rope
             }
         });
-        Ok(Model {
-            config,
-            weights,
-            rope,
-        })
+        Ok(Model { config, weights, rope })
     }
 
     /// A cache for one sequence of at most `max_len` tokens under `spec`.
     pub fn new_cache(&self, spec: &kvslim_cache::PolicySpec, max_len: usize) -> SequenceCache {
         let c = &self.config;
-        SequenceCache::new(
-            spec,
-            c.n_layers,
-            c.n_kv_heads,
-            c.head_dim,
-            max_len.min(c.context_len),
-        )
+        SequenceCache::new(spec, c.n_layers, c.n_kv_heads, c.head_dim, max_len.min(c.context_len))
     }
 
     /// Runs `tokens` at positions `cache.next_pos..`, appending their keys and
     /// values to the cache. Logits land in `scratch.logits()`.
-    pub fn forward(
-        &self,
-        tokens: &[u32],
-        cache: &mut SequenceCache,
-        s: &mut Scratch,
-        want: Logits,
-    ) -> Result<()> {
+    pub fn forward(&self, tokens: &[u32], cache: &mut SequenceCache, s: &mut Scratch, want: Logits) -> Result<()> {
         let c = &self.config;
         let w = &self.weights;
         let n = tokens.len();
@@ -234,16 +175,10 @@ impl Model {
         }
         let p0 = cache.next_pos;
         if p0 + n > c.context_len {
-            return Err(Error::ContextOverflow {
-                pos: p0 + n - 1,
-                context: c.context_len,
-            });
+            return Err(Error::ContextOverflow { pos: p0 + n - 1, context: c.context_len });
         }
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(Error::TokenOutOfRange {
-                id,
-                vocab: c.vocab_size,
-            });
+            return Err(Error::TokenOutOfRange { id, vocab: c.vocab_size });
         }
         let (d, hd, g) = (c.hidden_size, c.head_dim, c.group_size());
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
@@ -268,9 +203,7 @@ impl Model {
             if let (Some(pe), Some(off)) = (&w.position_embedding, c.learned_positions) {
                 let pos_row = &mut s.proj[..d];
                 pe.row_into(p0 + t + off, pos_row);
-                row.iter_mut()
-                    .zip(pos_row.iter())
-                    .for_each(|(a, b)| *a += b);
+                row.iter_mut().zip(pos_row.iter()).for_each(|(a, b)| *a += b);
             }
         }
         if let Some(rope) = &self.rope {
@@ -296,10 +229,7 @@ impl Model {
             if let Some(rope) = &self.rope {
                 let half = rope.rotary_dim / 2;
                 for t in 0..n {
-                    let (cs, sn) = (
-                        &s.cos[t * half..(t + 1) * half],
-                        &s.sin[t * half..(t + 1) * half],
-                    );
+                    let (cs, sn) = (&s.cos[t * half..(t + 1) * half], &s.sin[t * half..(t + 1) * half]);
                     for h in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
                         rope.apply(h, cs, sn);
                     }
@@ -313,10 +243,7 @@ impl Model {
                 for kvh in 0..c.n_kv_heads {
                     let r = t * kvd + kvh * hd;
                     let head = cache.store.head_mut(li, kvh);
-                    if head
-                        .push((p0 + t) as u32, &s.k[r..r + hd], &s.v[r..r + hd])
-                        .is_none()
-                    {
+                    if head.push((p0 + t) as u32, &s.k[r..r + hd], &s.v[r..r + hd]).is_none() {
                         return Err(cache.store.full_error(li, kvh).into());
                     }
                 }
@@ -344,9 +271,7 @@ impl Model {
                     }
                     if cache.policy.observes_attention() {
                         let head = cache.store.head_mut(li, kvh);
-                        cache
-                            .policy
-                            .after_decode_step(li, kvh, head, &s.probs[..g * len]);
+                        cache.policy.after_decode_step(li, kvh, head, &s.probs[..g * len]);
                     }
                 }
             } else {
@@ -433,16 +358,8 @@ impl Model {
 
         if logit_rows > 0 {
             let first = n - logit_rows;
-            norm_rows(
-                c.norm,
-                &w.final_norm,
-                c.norm_eps,
-                &s.x[first * d..n * d],
-                &mut s.xn[..logit_rows * d],
-                d,
-            );
-            w.output()
-                .matmul(&s.xn[..logit_rows * d], logit_rows, &mut s.logits);
+            norm_rows(c.norm, &w.final_norm, c.norm_eps, &s.x[first * d..n * d], &mut s.xn[..logit_rows * d], d);
+            w.output().matmul(&s.xn[..logit_rows * d], logit_rows, &mut s.logits);
         }
         Ok(())
     }
@@ -451,22 +368,12 @@ impl Model {
 fn missing_keys(layer: usize, kv_head: usize) -> Error {
     Error::Format {
         path: "<cache>".into(),
-        reason: format!(
-            "layer {layer} KV head {kv_head} has no keys (dropped by a head-sharing policy)"
-        ),
+        reason: format!("layer {layer} KV head {kv_head} has no keys (dropped by a head-sharing policy)"),
     }
 }
 
 /// Scatters one group's probabilities into the trace by original position.
-fn record_attn(
-    t: &mut Trace,
-    c: &ModelConfig,
-    kvh: usize,
-    tok: usize,
-    n: usize,
-    positions: &[u32],
-    probs: &[f32],
-) {
+fn record_attn(t: &mut Trace, c: &ModelConfig, kvh: usize, tok: usize, n: usize, positions: &[u32], probs: &[f32]) {
     let (g, ctx) = (c.group_size(), t.ctx);
     let rows = n.max(1);
     if t.attn.len() < t.hidden.len() {

@@ -69,9 +69,7 @@ pub struct Weights {
 impl Weights {
     /// The output projection (tied or not).
     pub fn output(&self) -> &Matrix {
-        self.lm_head
-            .as_ref()
-            .map_or(&self.token_embedding, |l| &l.weight)
+        self.lm_head.as_ref().map_or(&self.token_embedding, |l| &l.weight)
     }
 
     /// Every matrix with a label, for `kvslim info` and byte accounting.
@@ -79,14 +77,7 @@ impl Weights {
         let mut v = vec![&self.token_embedding];
         v.extend(self.position_embedding.as_ref());
         for l in &self.layers {
-            v.extend([
-                &l.q.weight,
-                &l.k.weight,
-                &l.v.weight,
-                &l.o.weight,
-                &l.up.weight,
-                &l.down.weight,
-            ]);
+            v.extend([&l.q.weight, &l.k.weight, &l.v.weight, &l.o.weight, &l.up.weight, &l.down.weight]);
             v.extend(l.gate.as_ref().map(|g| &g.weight));
         }
         v.extend(self.lm_head.as_ref().map(|l| &l.weight));
@@ -100,16 +91,12 @@ impl Weights {
             params += m.rows() * m.cols();
             bytes += m.nbytes();
         }
-        let mut vec_params =
-            self.final_norm.weight.len() + self.final_norm.bias.as_ref().map_or(0, Vec::len);
+        let mut vec_params = self.final_norm.weight.len() + self.final_norm.bias.as_ref().map_or(0, Vec::len);
         for l in &self.layers {
             for n in [&l.attn_norm, &l.mlp_norm] {
                 vec_params += n.weight.len() + n.bias.as_ref().map_or(0, Vec::len);
             }
-            for lin in [&l.q, &l.k, &l.v, &l.o, &l.up, &l.down]
-                .into_iter()
-                .chain(l.gate.as_ref())
-            {
+            for lin in [&l.q, &l.k, &l.v, &l.o, &l.up, &l.down].into_iter().chain(l.gate.as_ref()) {
                 vec_params += lin.bias.as_ref().map_or(0, Vec::len);
             }
         }

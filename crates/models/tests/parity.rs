@@ -8,30 +8,14 @@ use kvslim_cache::PolicySpec;
 use kvslim_models::loader::safetensors::SafetensorsFiles;
 use kvslim_models::{load_model, Logits, Scratch, Trace};
 
-const FIXTURES: [&str; 8] = [
-    "llama-gqa",
-    "llama-gqa-bf16",
-    "llama-mha-tied",
-    "mistral",
-    "qwen2",
-    "gpt2",
-    "opt",
-    "gpt-neox",
-];
+const FIXTURES: [&str; 8] =
+    ["llama-gqa", "llama-gqa-bf16", "llama-mha-tied", "mistral", "qwen2", "gpt2", "opt", "gpt-neox"];
 
 fn check_fixture(name: &str) {
     let dir = shared().join("fixtures/parity").join(name);
-    let m = load_model(&dir)
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
-        .model;
+    let m = load_model(&dir).unwrap_or_else(|e| panic!("{name}: {e}")).model;
     let refs = SafetensorsFiles::open(&dir.join("reference.safetensors")).unwrap();
-    let ids: Vec<u32> = refs
-        .get("input_ids")
-        .unwrap()
-        .to_i64()
-        .iter()
-        .map(|&v| v as u32)
-        .collect();
+    let ids: Vec<u32> = refs.get("input_ids").unwrap().to_i64().iter().map(|&v| v as u32).collect();
     let n = ids.len();
     let want_logits = refs.get("logits").unwrap().to_f32().unwrap();
     let tol: f32 = if name.ends_with("bf16") { 2e-3 } else { 1e-4 };
@@ -63,10 +47,7 @@ fn check_fixture(name: &str) {
         m.forward(&[id], &mut cache, &mut s, Logits::Last).unwrap();
         worst = worst.max(max_abs_diff(s.logits(), &want_logits[t * v..(t + 1) * v]));
     }
-    assert!(
-        worst <= tol,
-        "{name}: incremental decode logits max |Δ| = {worst} > {tol}"
-    );
+    assert!(worst <= tol, "{name}: incremental decode logits max |Δ| = {worst} > {tol}");
     eprintln!("{name}: logits max |Δ| prefill {d:.2e}, decode {worst:.2e}");
 }
 

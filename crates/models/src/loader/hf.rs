@@ -21,8 +21,8 @@ use std::path::Path;
 pub fn load(dir: &Path) -> Result<LoadedModel> {
     let cfg_path = dir.join("config.json");
     let text = std::fs::read(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
-    let json: Value = serde_json::from_slice(&text)
-        .map_err(|e| Error::format(&cfg_path, format!("invalid JSON: {e}")))?;
+    let json: Value =
+        serde_json::from_slice(&text).map_err(|e| Error::format(&cfg_path, format!("invalid JSON: {e}")))?;
     let config = parse_config(&json).map_err(|reason| match reason {
         ConfigError::Unknown(a) => Error::UnknownArchitecture(a),
         ConfigError::Invalid(r) => Error::format(&cfg_path, r),
@@ -31,18 +31,11 @@ pub fn load(dir: &Path) -> Result<LoadedModel> {
     let weights = map_weights(&config, &files)?;
     let tok_path = dir.join("tokenizer.json");
     let tokenizer = if tok_path.exists() {
-        Some(crate::tokenizer::hf::load(
-            &tok_path,
-            config.bos_token_id,
-            config.eos_token_ids.clone(),
-        )?)
+        Some(crate::tokenizer::hf::load(&tok_path, config.bos_token_id, config.eos_token_ids.clone())?)
     } else {
         None
     };
-    Ok(LoadedModel {
-        model: Model::new(config, weights)?,
-        tokenizer,
-    })
+    Ok(LoadedModel { model: Model::new(config, weights)?, tokenizer })
 }
 
 enum ConfigError {
@@ -51,14 +44,10 @@ enum ConfigError {
 }
 
 fn get_usize(j: &Value, keys: &[&str]) -> Option<usize> {
-    keys.iter()
-        .find_map(|k| j.get(*k).and_then(Value::as_u64))
-        .map(|v| v as usize)
+    keys.iter().find_map(|k| j.get(*k).and_then(Value::as_u64)).map(|v| v as usize)
 }
 fn get_f32(j: &Value, keys: &[&str]) -> Option<f32> {
-    keys.iter()
-        .find_map(|k| j.get(*k).and_then(Value::as_f64))
-        .map(|v| v as f32)
+    keys.iter().find_map(|k| j.get(*k).and_then(Value::as_f64)).map(|v| v as f32)
 }
 fn get_bool(j: &Value, key: &str) -> Option<bool> {
     j.get(key).and_then(Value::as_bool)
@@ -66,10 +55,7 @@ fn get_bool(j: &Value, key: &str) -> Option<bool> {
 fn token_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(|x| x.as_u64().map(|x| x as u32))
-            .collect(),
+        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect(),
         _ => Vec::new(),
     }
 }
@@ -81,9 +67,7 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
         .and_then(|a| a.get(0))
         .and_then(Value::as_str)
         .or_else(|| j.get("model_type").and_then(Value::as_str))
-        .ok_or_else(|| {
-            ConfigError::Invalid("config.json has neither `architectures` nor `model_type`".into())
-        })?;
+        .ok_or_else(|| ConfigError::Invalid("config.json has neither `architectures` nor `model_type`".into()))?;
     let architecture = match arch_name {
         "LlamaForCausalLM" | "llama" => Architecture::Llama,
         "MistralForCausalLM" | "mistral" => Architecture::Mistral,
@@ -94,45 +78,26 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
         other => return Err(ConfigError::Unknown(other.to_string())),
     };
     let need = |keys: &[&str]| {
-        get_usize(j, keys)
-            .ok_or_else(|| ConfigError::Invalid(format!("config.json lacks `{}`", keys[0])))
+        get_usize(j, keys).ok_or_else(|| ConfigError::Invalid(format!("config.json lacks `{}`", keys[0])))
     };
     let rope_params = j.get("rope_parameters");
-    let rope_field = |keys: &[&str]| {
-        rope_params
-            .and_then(|r| get_f32(r, keys))
-            .or_else(|| get_f32(j, keys))
-    };
+    let rope_field = |keys: &[&str]| rope_params.and_then(|r| get_f32(r, keys)).or_else(|| get_f32(j, keys));
     if let Some(scaling) = j.get("rope_scaling").filter(|v| !v.is_null()) {
-        let kind = scaling
-            .get("rope_type")
-            .or_else(|| scaling.get("type"))
-            .and_then(Value::as_str);
+        let kind = scaling.get("rope_type").or_else(|| scaling.get("type")).and_then(Value::as_str);
         if kind != Some("default") {
-            return Err(ConfigError::Invalid(format!(
-                "rope_scaling {scaling} is not supported"
-            )));
+            return Err(ConfigError::Invalid(format!("rope_scaling {scaling} is not supported")));
         }
     }
-    if let Some(kind) = rope_params
-        .and_then(|r| r.get("rope_type"))
-        .and_then(Value::as_str)
-    {
+    if let Some(kind) = rope_params.and_then(|r| r.get("rope_type")).and_then(Value::as_str) {
         if kind != "default" {
-            return Err(ConfigError::Invalid(format!(
-                "rope_type `{kind}` is not supported"
-            )));
+            return Err(ConfigError::Invalid(format!("rope_type `{kind}` is not supported")));
         }
     }
     let act = |key: &str, default: &str| {
         let name = j.get(key).and_then(Value::as_str).unwrap_or(default);
-        Activation::from_hf(name)
-            .ok_or_else(|| ConfigError::Invalid(format!("activation `{name}` is not supported")))
+        Activation::from_hf(name).ok_or_else(|| ConfigError::Invalid(format!("activation `{name}` is not supported")))
     };
-    let bos = j
-        .get("bos_token_id")
-        .and_then(Value::as_u64)
-        .map(|v| v as u32);
+    let bos = j.get("bos_token_id").and_then(Value::as_u64).map(|v| v as u32);
     let eos = token_ids(j.get("eos_token_id"));
     let cfg = match architecture {
         Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 => {
@@ -204,8 +169,7 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
             let heads = need(&["num_attention_heads"])?;
             if get_bool(j, "do_layer_norm_before") == Some(false) {
                 return Err(ConfigError::Invalid(
-                    "OPT with do_layer_norm_before=false (post-LN, OPT-350m) is not supported"
-                        .into(),
+                    "OPT with do_layer_norm_before=false (post-LN, OPT-350m) is not supported".into(),
                 ));
             }
             if get_usize(j, &["word_embed_proj_dim"]).is_some_and(|p| p != hidden) {
@@ -283,11 +247,7 @@ impl Reader<'_> {
     fn raw(&self, name: &str, shape: &[usize]) -> Result<RawTensor<'_>> {
         let t = self.files.get(name)?;
         if t.shape != shape {
-            return Err(Error::ShapeMismatch {
-                name: name.into(),
-                expected: shape.to_vec(),
-                got: t.shape.to_vec(),
-            });
+            return Err(Error::ShapeMismatch { name: name.into(), expected: shape.to_vec(), got: t.shape.to_vec() });
         }
         if t.dtype.weight_dtype().is_none() {
             return Err(Error::UnsupportedTensorType {
@@ -361,13 +321,7 @@ impl Reader<'_> {
 
     /// GPT-NeoX fused `query_key_value` [H·3·Dh, D], rows grouped per head
     /// as (q, k, v): regrouped into three [H·Dh, D] projections.
-    fn neox_qkv(
-        &self,
-        prefix: &str,
-        heads: usize,
-        head_dim: usize,
-        hidden: usize,
-    ) -> Result<[Linear; 3]> {
+    fn neox_qkv(&self, prefix: &str, heads: usize, head_dim: usize, hidden: usize) -> Result<[Linear; 3]> {
         let t = self.raw(&format!("{prefix}.weight"), &[3 * heads * head_dim, hidden])?;
         let dt = t.dtype.weight_dtype().expect("checked in raw");
         let row_bytes = dt.bytes_for(hidden);
@@ -382,10 +336,7 @@ impl Reader<'_> {
                     b.extend_from_slice(&src[r0..r0 + head_dim]);
                 }
             }
-            Ok(Linear::new(
-                Matrix::from_bytes(dt, heads * head_dim, hidden, &bytes)?,
-                b,
-            ))
+            Ok(Linear::new(Matrix::from_bytes(dt, heads * head_dim, hidden, &bytes)?, b))
         };
         Ok([part(0)?, part(1)?, part(2)?])
     }
@@ -429,24 +380,14 @@ fn map_weights(c: &ModelConfig, files: &SafetensorsFiles) -> Result<Weights> {
             }
         }
         Architecture::Gpt2 => {
-            let pre = if files.contains("transformer.wte.weight") {
-                "transformer."
-            } else {
-                ""
-            };
+            let pre = if files.contains("transformer.wte.weight") { "transformer." } else { "" };
             for l in 0..c.n_layers {
                 let p = format!("{pre}h.{l}");
-                let mut qkv = r
-                    .conv1d(&format!("{p}.attn.c_attn"), d, 3 * d, 3)?
-                    .into_iter();
+                let mut qkv = r.conv1d(&format!("{p}.attn.c_attn"), d, 3 * d, 3)?.into_iter();
                 let (q, k, vv) = (qkv.next(), qkv.next(), qkv.next());
-                let (Some(q), Some(k), Some(vv)) = (q, k, vv) else {
-                    unreachable!("three parts requested")
-                };
+                let (Some(q), Some(k), Some(vv)) = (q, k, vv) else { unreachable!("three parts requested") };
                 let take1 = |name: &str, i: usize, o: usize| -> Result<Linear> {
-                    r.conv1d(name, i, o, 1)?
-                        .pop()
-                        .ok_or_else(|| Error::MissingTensor(name.into()))
+                    r.conv1d(name, i, o, 1)?.pop().ok_or_else(|| Error::MissingTensor(name.into()))
                 };
                 layers.push(LayerWeights {
                     attn_norm: r.norm(&format!("{p}.ln_1"), d)?,
@@ -462,22 +403,14 @@ fn map_weights(c: &ModelConfig, files: &SafetensorsFiles) -> Result<Weights> {
             }
             Weights {
                 token_embedding: r.matrix(&format!("{pre}wte.weight"), v, d)?,
-                position_embedding: Some(r.matrix(
-                    &format!("{pre}wpe.weight"),
-                    c.context_len,
-                    d,
-                )?),
+                position_embedding: Some(r.matrix(&format!("{pre}wpe.weight"), c.context_len, d)?),
                 layers,
                 final_norm: r.norm(&format!("{pre}ln_f"), d)?,
                 lm_head: None,
             }
         }
         Architecture::Opt => {
-            let pre = if files.contains("model.decoder.embed_tokens.weight") {
-                "model.decoder."
-            } else {
-                "decoder."
-            };
+            let pre = if files.contains("model.decoder.embed_tokens.weight") { "model.decoder." } else { "decoder." };
             for l in 0..c.n_layers {
                 let p = format!("{pre}layers.{l}");
                 layers.push(LayerWeights {
@@ -494,11 +427,7 @@ fn map_weights(c: &ModelConfig, files: &SafetensorsFiles) -> Result<Weights> {
             }
             Weights {
                 token_embedding: r.matrix(&format!("{pre}embed_tokens.weight"), v, d)?,
-                position_embedding: Some(r.matrix(
-                    &format!("{pre}embed_positions.weight"),
-                    c.context_len + 2,
-                    d,
-                )?),
+                position_embedding: Some(r.matrix(&format!("{pre}embed_positions.weight"), c.context_len + 2, d)?),
                 layers,
                 final_norm: r.norm(&format!("{pre}final_layer_norm"), d)?,
                 lm_head: untied_head("lm_head.weight")?,
@@ -507,12 +436,7 @@ fn map_weights(c: &ModelConfig, files: &SafetensorsFiles) -> Result<Weights> {
         Architecture::GptNeoX => {
             for l in 0..c.n_layers {
                 let p = format!("gpt_neox.layers.{l}");
-                let [q, k, vv] = r.neox_qkv(
-                    &format!("{p}.attention.query_key_value"),
-                    c.n_heads,
-                    c.head_dim,
-                    d,
-                )?;
+                let [q, k, vv] = r.neox_qkv(&format!("{p}.attention.query_key_value"), c.n_heads, c.head_dim, d)?;
                 layers.push(LayerWeights {
                     attn_norm: r.norm(&format!("{p}.input_layernorm"), d)?,
                     q,

@@ -23,10 +23,7 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
         Some(p) => Some(crate::tokenizer::scored::load_llama2c(&p)?),
         None => None,
     };
-    Ok(LoadedModel {
-        model: Model::new(config, weights)?,
-        tokenizer,
-    })
+    Ok(LoadedModel { model: Model::new(config, weights)?, tokenizer })
 }
 
 fn find_tokenizer(model: &Path) -> Option<PathBuf> {
@@ -40,9 +37,7 @@ fn find_tokenizer(model: &Path) -> Option<PathBuf> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             p.extension().is_some_and(|e| e == "bin")
-                && p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("tok"))
+                && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("tok"))
         })
         .collect();
     cands.sort();
@@ -53,39 +48,18 @@ fn find_tokenizer(model: &Path) -> Option<PathBuf> {
 pub fn parse(path: &Path, data: &[u8]) -> Result<(ModelConfig, Weights)> {
     let bad = |why: String| Error::format(path, format!("not a llama2.c checkpoint: {why}"));
     if data.len() < 28 {
-        return Err(bad(format!(
-            "{} bytes is shorter than the 28-byte header",
-            data.len()
-        )));
+        return Err(bad(format!("{} bytes is shorter than the 28-byte header", data.len())));
     }
-    let h: Vec<i32> = data[..28]
-        .chunks_exact(4)
-        .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
-        .collect();
-    let (dim, hidden, n_layers, n_heads, n_kv_heads, vocab_raw, seq_len) =
-        (h[0], h[1], h[2], h[3], h[4], h[5], h[6]);
-    if [dim, hidden, n_layers, n_heads, n_kv_heads, seq_len]
-        .iter()
-        .any(|v| *v <= 0)
-        || vocab_raw == 0
-    {
+    let h: Vec<i32> = data[..28].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
+    let (dim, hidden, n_layers, n_heads, n_kv_heads, vocab_raw, seq_len) = (h[0], h[1], h[2], h[3], h[4], h[5], h[6]);
+    if [dim, hidden, n_layers, n_heads, n_kv_heads, seq_len].iter().any(|v| *v <= 0) || vocab_raw == 0 {
         return Err(bad(format!("header has non-positive sizes {h:?}")));
     }
     let shared = vocab_raw > 0;
-    let [dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len] = [
-        dim,
-        hidden,
-        n_layers,
-        n_heads,
-        n_kv_heads,
-        vocab_raw.abs(),
-        seq_len,
-    ]
-    .map(|v| v as usize);
+    let [dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len] =
+        [dim, hidden, n_layers, n_heads, n_kv_heads, vocab_raw.abs(), seq_len].map(|v| v as usize);
     if dim % n_heads != 0 {
-        return Err(bad(format!(
-            "dim {dim} is not divisible by n_heads {n_heads}"
-        )));
+        return Err(bad(format!("dim {dim} is not divisible by n_heads {n_heads}")));
     }
     let head_dim = dim / n_heads;
     let config = ModelConfig {
@@ -103,11 +77,7 @@ pub fn parse(path: &Path, data: &[u8]) -> Result<(ModelConfig, Weights)> {
         norm_eps: 1e-5,
         activation: Activation::Silu,
         gated_mlp: true,
-        rope: Some(RopeConfig {
-            theta: 10000.0,
-            rotary_dim: head_dim,
-            layout: RopeLayout::AdjacentPairs,
-        }),
+        rope: Some(RopeConfig { theta: 10000.0, rotary_dim: head_dim, layout: RopeLayout::AdjacentPairs }),
         learned_positions: None,
         parallel_residual: false,
         tied_embeddings: shared,
@@ -152,22 +122,11 @@ pub fn parse(path: &Path, data: &[u8]) -> Result<(ModelConfig, Weights)> {
     let w3 = take(n_layers * hidden * dim);
     let rms_final = take(dim);
     let _freq_cis = take(seq_len * head_dim); // real and imaginary halves, unused
-    let wcls = if shared {
-        None
-    } else {
-        Some(take(vocab * dim))
-    };
+    let wcls = if shared { None } else { Some(take(vocab * dim)) };
     let mat = |src: &[f32], l: usize, rows: usize, cols: usize| -> Result<Matrix> {
-        Ok(Matrix::from_f32(
-            rows,
-            cols,
-            &src[l * rows * cols..(l + 1) * rows * cols],
-        )?)
+        Ok(Matrix::from_f32(rows, cols, &src[l * rows * cols..(l + 1) * rows * cols])?)
     };
-    let norm = |src: &[f32], l: usize| NormWeights {
-        weight: src[l * dim..(l + 1) * dim].to_vec(),
-        bias: None,
-    };
+    let norm = |src: &[f32], l: usize| NormWeights { weight: src[l * dim..(l + 1) * dim].to_vec(), bias: None };
     let mut layers = Vec::with_capacity(n_layers);
     for l in 0..n_layers {
         layers.push(LayerWeights {
@@ -186,13 +145,8 @@ pub fn parse(path: &Path, data: &[u8]) -> Result<(ModelConfig, Weights)> {
         token_embedding: Matrix::from_f32(vocab, dim, &embed)?,
         position_embedding: None,
         layers,
-        final_norm: NormWeights {
-            weight: rms_final,
-            bias: None,
-        },
-        lm_head: wcls
-            .map(|w| Matrix::from_f32(vocab, dim, &w).map(|m| Linear::new(m, None)))
-            .transpose()?,
+        final_norm: NormWeights { weight: rms_final, bias: None },
+        lm_head: wcls.map(|w| Matrix::from_f32(vocab, dim, &w).map(|m| Linear::new(m, None))).transpose()?,
     };
     Ok((config, weights))
 }

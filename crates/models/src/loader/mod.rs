@@ -25,10 +25,7 @@ pub fn load_model(path: &Path) -> Result<LoadedModel> {
         return hf::load(path);
     }
     if !path.exists() {
-        return Err(Error::io(
-            path,
-            std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
-        ));
+        return Err(Error::io(path, std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory")));
     }
     let mut magic = [0u8; 4];
     {
@@ -41,10 +38,9 @@ pub fn load_model(path: &Path) -> Result<LoadedModel> {
     }
     match path.extension().and_then(|e| e.to_str()) {
         Some("bin") => llama2c::load(path),
-        Some("safetensors") => path
-            .parent()
-            .map(hf::load)
-            .unwrap_or_else(|| Err(Error::format(path, "a .safetensors file must sit in a model directory with config.json"))),
+        Some("safetensors") => path.parent().map(hf::load).unwrap_or_else(|| {
+            Err(Error::format(path, "a .safetensors file must sit in a model directory with config.json"))
+        }),
         Some("gguf") => Err(Error::format(path, "not a GGUF file (bad magic)")),
         _ => Err(Error::format(
             path,

@@ -102,16 +102,12 @@ impl RawTensor<'_> {
     /// Converts an integer tensor to i64.
     pub fn to_i64(&self) -> Vec<i64> {
         match self.dtype {
-            StDtype::I64 => self
-                .bytes
-                .chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect(),
-            StDtype::I32 => self
-                .bytes
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64)
-                .collect(),
+            StDtype::I64 => {
+                self.bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
+            }
+            StDtype::I32 => {
+                self.bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64).collect()
+            }
             _ => Vec::new(),
         }
     }
@@ -127,11 +123,7 @@ pub struct SafetensorsFiles {
 impl SafetensorsFiles {
     /// Opens one file.
     pub fn open(path: &Path) -> Result<Self> {
-        let mut s = SafetensorsFiles {
-            paths: Vec::new(),
-            maps: Vec::new(),
-            tensors: HashMap::new(),
-        };
+        let mut s = SafetensorsFiles { paths: Vec::new(), maps: Vec::new(), tensors: HashMap::new() };
         s.add_file(path)?;
         Ok(s)
     }
@@ -145,14 +137,11 @@ impl SafetensorsFiles {
         }
         let index = dir.join("model.safetensors.index.json");
         if !index.exists() {
-            return Err(Error::format(
-                dir,
-                "no model.safetensors or model.safetensors.index.json",
-            ));
+            return Err(Error::format(dir, "no model.safetensors or model.safetensors.index.json"));
         }
         let text = std::fs::read(&index).map_err(|e| Error::io(&index, e))?;
-        let v: serde_json::Value = serde_json::from_slice(&text)
-            .map_err(|e| Error::format(&index, format!("invalid JSON: {e}")))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|e| Error::format(&index, format!("invalid JSON: {e}")))?;
         let map = v
             .get("weight_map")
             .and_then(|m| m.as_object())
@@ -160,17 +149,10 @@ impl SafetensorsFiles {
         let mut shards: Vec<&str> = map.values().filter_map(|f| f.as_str()).collect();
         shards.sort_unstable();
         shards.dedup();
-        let mut s = SafetensorsFiles {
-            paths: Vec::new(),
-            maps: Vec::new(),
-            tensors: HashMap::new(),
-        };
+        let mut s = SafetensorsFiles { paths: Vec::new(), maps: Vec::new(), tensors: HashMap::new() };
         for shard in shards {
             if shard.contains('/') || shard.contains("..") {
-                return Err(Error::format(
-                    &index,
-                    format!("shard name `{shard}` is not a plain file name"),
-                ));
+                return Err(Error::format(&index, format!("shard name `{shard}` is not a plain file name")));
             }
             s.add_file(&dir.join(shard))?;
         }
@@ -183,24 +165,16 @@ impl SafetensorsFiles {
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         let bad = |why: String| Error::format(path, format!("invalid safetensors: {why}"));
         if map.len() < 8 {
-            return Err(bad(format!(
-                "file is {} bytes, shorter than the 8-byte header length",
-                map.len()
-            )));
+            return Err(bad(format!("file is {} bytes, shorter than the 8-byte header length", map.len())));
         }
         let hlen = u64::from_le_bytes(map[..8].try_into().expect("8 bytes"));
         if hlen > (map.len() - 8) as u64 {
-            return Err(bad(format!(
-                "header claims {hlen} bytes but the file has {}",
-                map.len() - 8
-            )));
+            return Err(bad(format!("header claims {hlen} bytes but the file has {}", map.len() - 8)));
         }
         let data_start = 8 + hlen as usize;
-        let header: serde_json::Value = serde_json::from_slice(&map[8..data_start])
-            .map_err(|e| bad(format!("header is not JSON: {e}")))?;
-        let obj = header
-            .as_object()
-            .ok_or_else(|| bad("header is not a JSON object".into()))?;
+        let header: serde_json::Value =
+            serde_json::from_slice(&map[8..data_start]).map_err(|e| bad(format!("header is not JSON: {e}")))?;
+        let obj = header.as_object().ok_or_else(|| bad("header is not a JSON object".into()))?;
         let fidx = self.maps.len();
         for (name, info) in obj {
             if name == "__metadata__" {
@@ -215,11 +189,7 @@ impl SafetensorsFiles {
             let shape: Vec<usize> = info
                 .get("shape")
                 .and_then(|s| s.as_array())
-                .map(|a| {
-                    a.iter()
-                        .map(|d| d.as_u64().map(|v| v as usize))
-                        .collect::<Option<Vec<_>>>()
-                })
+                .map(|a| a.iter().map(|d| d.as_u64().map(|v| v as usize)).collect::<Option<Vec<_>>>())
                 .and_then(|s| s)
                 .ok_or_else(|| bad(format!("tensor `{name}` has no valid shape")))?;
             let offs = info
@@ -243,16 +213,7 @@ impl SafetensorsFiles {
                     map.len()
                 )));
             }
-            self.tensors.insert(
-                name.clone(),
-                TensorInfo {
-                    dtype,
-                    shape,
-                    file: fidx,
-                    start,
-                    end,
-                },
-            );
+            self.tensors.insert(name.clone(), TensorInfo { dtype, shape, file: fidx, start, end });
         }
         self.paths.push(path.to_path_buf());
         self.maps.push(map);
@@ -270,10 +231,7 @@ impl SafetensorsFiles {
 
     /// A tensor by name.
     pub fn get(&self, name: &str) -> Result<RawTensor<'_>> {
-        let (k, info) = self
-            .tensors
-            .get_key_value(name)
-            .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
+        let (k, info) = self.tensors.get_key_value(name).ok_or_else(|| Error::MissingTensor(name.to_string()))?;
         Ok(RawTensor {
             name: k,
             dtype: info.dtype,

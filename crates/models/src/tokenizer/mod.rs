@@ -41,9 +41,7 @@ impl Tokenizer {
         }
         match &self.kind {
             TokenizerKind::Hf(t) => {
-                let enc = t
-                    .encode(text, true)
-                    .map_err(|e| Error::Tokenizer(e.to_string()))?;
+                let enc = t.encode(text, true).map_err(|e| Error::Tokenizer(e.to_string()))?;
                 ids.extend_from_slice(enc.get_ids());
             }
             TokenizerKind::Scored(v) => ids.extend(v.encode(text)),
@@ -54,9 +52,7 @@ impl Tokenizer {
     /// Decodes ids to text (special tokens skipped).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         match &self.kind {
-            TokenizerKind::Hf(t) => t
-                .decode(ids, true)
-                .map_err(|e| Error::Tokenizer(e.to_string())),
+            TokenizerKind::Hf(t) => t.decode(ids, true).map_err(|e| Error::Tokenizer(e.to_string())),
             TokenizerKind::Scored(v) => Ok(v.decode(ids)),
         }
     }
@@ -89,10 +85,7 @@ impl Default for StreamDecoder {
 
 impl StreamDecoder {
     pub fn new() -> Self {
-        StreamDecoder {
-            ids: Vec::new(),
-            emitted: 0,
-        }
+        StreamDecoder { ids: Vec::new(), emitted: 0 }
     }
 
     /// Adds one id and returns the newly printable text (possibly empty).

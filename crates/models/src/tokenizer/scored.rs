@@ -53,15 +53,7 @@ impl ScoredVocab {
                 None => all = false,
             }
         }
-        ScoredVocab {
-            pieces,
-            scores,
-            lookup,
-            byte_ids: all.then_some(byte_ids),
-            space,
-            dummy_prefix,
-            special,
-        }
+        ScoredVocab { pieces, scores, lookup, byte_ids: all.then_some(byte_ids), space, dummy_prefix, special }
     }
 
     pub fn len(&self) -> usize {
@@ -99,29 +91,78 @@ impl ScoredVocab {
                 toks.push(0); // <unk>
             }
         }
-        let mut merged = String::new();
-        loop {
-            let mut best: Option<(f32, usize, u32)> = None;
-            for i in 0..toks.len().saturating_sub(1) {
-                merged.clear();
-                merged.push_str(&self.pieces[toks[i] as usize]);
-                merged.push_str(&self.pieces[toks[i + 1] as usize]);
-                if let Some(&id) = self.lookup.get(&merged) {
-                    let sc = self.scores[id as usize];
-                    if best.is_none_or(|(b, _, _)| sc > b) {
-                        best = Some((sc, i, id));
-                    }
-                }
-            }
-            match best {
-                Some((_, i, id)) => {
-                    toks[i] = id;
-                    toks.remove(i + 1);
-                }
-                None => break,
+        self.merge(toks)
+    }
+
+    /// Applies merges best-score-first (leftmost on ties) with a heap over
+    /// adjacent pairs and a linked list of symbols: O(n log n), same result
+    /// as rescanning all pairs after every merge.
+    fn merge(&self, toks: Vec<u32>) -> Vec<u32> {
+        use std::cmp::Ordering;
+        use std::collections::BinaryHeap;
+        #[derive(PartialEq)]
+        struct Cand {
+            score: f32,
+            left: usize,
+            left_id: u32,
+            right_id: u32,
+            merged: u32,
+        }
+        impl Eq for Cand {}
+        impl Ord for Cand {
+            fn cmp(&self, o: &Self) -> Ordering {
+                self.score.total_cmp(&o.score).then(o.left.cmp(&self.left))
             }
         }
-        toks
+        impl PartialOrd for Cand {
+            fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+                Some(self.cmp(o))
+            }
+        }
+        let n = toks.len();
+        let mut ids = toks;
+        let mut alive = vec![true; n];
+        let mut next: Vec<usize> = (1..=n).collect();
+        let mut prev: Vec<usize> = (0..n).map(|i| i.wrapping_sub(1)).collect();
+        let mut heap = BinaryHeap::new();
+        let mut buf = String::new();
+        let mut push = |heap: &mut BinaryHeap<Cand>, l: usize, r: usize, ids: &[u32]| {
+            buf.clear();
+            buf.push_str(&self.pieces[ids[l] as usize]);
+            buf.push_str(&self.pieces[ids[r] as usize]);
+            if let Some(&m) = self.lookup.get(&buf) {
+                heap.push(Cand {
+                    score: self.scores[m as usize],
+                    left: l,
+                    left_id: ids[l],
+                    right_id: ids[r],
+                    merged: m,
+                });
+            }
+        };
+        for i in 0..n.saturating_sub(1) {
+            push(&mut heap, i, i + 1, &ids);
+        }
+        while let Some(c) = heap.pop() {
+            let l = c.left;
+            let r = next[l];
+            if !alive[l] || r >= n || ids[l] != c.left_id || ids[r] != c.right_id {
+                continue; // stale: one side was merged since this pair was queued
+            }
+            ids[l] = c.merged;
+            alive[r] = false;
+            next[l] = next[r];
+            if next[r] < n {
+                prev[next[r]] = l;
+            }
+            if prev[l] < n {
+                push(&mut heap, prev[l], l, &ids);
+            }
+            if next[l] < n {
+                push(&mut heap, l, next[l], &ids);
+            }
+        }
+        (0..n).filter(|&i| alive[i]).map(|i| ids[i]).collect()
     }
 
     /// Decodes ids; byte tokens are reassembled into UTF-8, the dummy-prefix
@@ -172,10 +213,7 @@ pub fn load_llama2c(path: &Path) -> Result<Tokenizer> {
         let len = i32::from_le_bytes(data[at + 4..at + 8].try_into().expect("4 bytes"));
         at += 8;
         if len < 0 || at + len as usize > data.len() {
-            return Err(bad(&format!(
-                "token {} claims {len} bytes past the end of the file",
-                pieces.len()
-            )));
+            return Err(bad(&format!("token {} claims {len} bytes past the end of the file", pieces.len())));
         }
         pieces.push(String::from_utf8_lossy(&data[at..at + len as usize]).into_owned());
         scores.push(score);
@@ -186,13 +224,7 @@ pub fn load_llama2c(path: &Path) -> Result<Tokenizer> {
     }
     let special = (0..pieces.len()).map(|i| i < 3).collect();
     let vocab = ScoredVocab::new(pieces, scores, special, SpaceStyle::Plain, true);
-    Ok(Tokenizer {
-        kind: TokenizerKind::Scored(vocab),
-        add_bos: true,
-        bos: Some(1),
-        eos: vec![2],
-        chat_template: None,
-    })
+    Ok(Tokenizer { kind: TokenizerKind::Scored(vocab), add_bos: true, bos: Some(1), eos: vec![2], chat_template: None })
 }
 
 #[cfg(test)]
@@ -216,5 +248,47 @@ mod tests {
         assert_eq!(ids, vec![base, 3 + 0xC3, 3 + 0xA9]);
         assert_eq!(v.decode(&ids), "é");
         assert_eq!(v.decode(&v.encode("ab ab")), "ab ab");
+    }
+
+    /// The heap-based merge equals the obvious rescan-everything loop.
+    #[test]
+    fn heap_merge_equals_naive_rescan() {
+        let mut pieces: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+        let alphabet = ["a", "b", "c", "ab", "bc", "ca", "abc", "bca", "aa", "cc", "aab", "\u{2581}a"];
+        pieces.extend(alphabet.iter().map(|s| s.to_string()));
+        pieces.push("\u{2581}".into());
+        let scores: Vec<f32> = (0..pieces.len()).map(|i| ((i * 7) % 5) as f32).collect();
+        let special = (0..pieces.len()).map(|i| i < 3).collect();
+        let v = ScoredVocab::new(pieces.clone(), scores.clone(), special, SpaceStyle::Metaspace, false);
+        let naive = |mut toks: Vec<u32>| loop {
+            let mut best: Option<(f32, usize, u32)> = None;
+            for i in 0..toks.len().saturating_sub(1) {
+                let m = format!("{}{}", pieces[toks[i] as usize], pieces[toks[i + 1] as usize]);
+                if let Some(id) = pieces.iter().position(|p| *p == m) {
+                    if best.is_none_or(|(b, _, _)| scores[id] > b) {
+                        best = Some((scores[id], i, id as u32));
+                    }
+                }
+            }
+            let Some((_, i, id)) = best else { return toks };
+            toks[i] = id;
+            toks.remove(i + 1);
+        };
+        let mut seed = 12345u64;
+        for _ in 0..300 {
+            let len = (seed % 13) as usize + 1;
+            let text: String = (0..len)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ["a", "b", "c", " "][(seed >> 60) as usize % 4]
+                })
+                .collect();
+            let chars: Vec<u32> = text
+                .replace(' ', "\u{2581}")
+                .chars()
+                .map(|ch| pieces.iter().position(|p| *p == ch.to_string()).unwrap() as u32)
+                .collect();
+            assert_eq!(v.encode(&text), naive(chars), "text {text:?}");
+        }
     }
 }

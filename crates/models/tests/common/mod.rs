@@ -10,11 +10,7 @@ pub fn shared() -> PathBuf {
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let p = root.join("../shared");
-    assert!(
-        p.exists(),
-        "../shared not found beside the repository ({}); set KVSLIM_SHARED",
-        p.display()
-    );
+    assert!(p.exists(), "../shared not found beside the repository ({}); set KVSLIM_SHARED", p.display());
     p
 }
 

@@ -1,0 +1,93 @@
+//! Pieces every subcommand shares: model/tokenizer loading, thread setup,
+//! progress display.
+
+use clap::Args;
+use kvslim_models::{LoadedModel, Tokenizer};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// `--model`, `--tokenizer`, `--threads`.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model: a path (HF directory, .gguf, llama2.c .bin), `hf:org/repo[/file]`,
+    /// or an alias (`smollm2-135m`, `stories260k`).
+    #[arg(long, short = 'm', default_value = "smollm2-135m")]
+    pub model: String,
+    /// Tokenizer file (tokenizer.json or llama2.c tokenizer.bin) when the
+    /// model does not carry one.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+impl ModelArgs {
+    /// Sets up threads, resolves the spec and loads model + tokenizer.
+    pub fn load(&self) -> CliResult<LoadedModel> {
+        init_threads(self.threads)?;
+        let path = kvslim_models::resolve::resolve_model(&self.model)?;
+        let mut loaded = kvslim_models::load_model(&path)?;
+        if let Some(t) = &self.tokenizer {
+            let c = &loaded.model.config;
+            loaded.tokenizer = Some(kvslim_models::loader::load_tokenizer(t, c.bos_token_id, c.eos_token_ids.clone())?);
+        }
+        Ok(loaded)
+    }
+}
+
+/// The loaded tokenizer, or an error telling the user how to supply one.
+pub fn require_tokenizer(t: &Option<Tokenizer>) -> CliResult<&Tokenizer> {
+    t.as_ref().ok_or_else(|| "this model has no tokenizer; pass --tokenizer PATH".into())
+}
+
+/// Configures rayon's global pool once.
+pub fn init_threads(threads: Option<usize>) -> CliResult {
+    if let Some(n) = threads {
+        if n == 0 {
+            return Err("--threads must be at least 1".into());
+        }
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
+    }
+    Ok(())
+}
+
+/// A one-line progress display on stderr (only when stderr is a terminal).
+pub struct Progress {
+    label: &'static str,
+    start: std::time::Instant,
+    enabled: bool,
+    last: std::time::Instant,
+}
+
+impl Progress {
+    pub fn new(label: &'static str) -> Self {
+        let now = std::time::Instant::now();
+        Progress { label, start: now, enabled: std::io::stderr().is_terminal(), last: now }
+    }
+
+    /// Shows `done/total` with rate and ETA, at most 10 times per second.
+    pub fn update(&mut self, done: usize, total: usize) {
+        if !self.enabled || (self.last.elapsed().as_millis() < 100 && done < total) {
+            return;
+        }
+        self.last = std::time::Instant::now();
+        let secs = self.start.elapsed().as_secs_f64();
+        let rate = done as f64 / secs.max(1e-9);
+        let eta = (total - done) as f64 / rate.max(1e-9);
+        let width = 30;
+        let filled = (done * width) / total.max(1);
+        eprint!(
+            "\r{} [{}{}] {done}/{total} {rate:.1} tok/s ETA {eta:.0}s ",
+            self.label,
+            "#".repeat(filled),
+            " ".repeat(width - filled)
+        );
+        if done >= total {
+            eprintln!();
+        }
+        let _ = std::io::stderr().flush();
+    }
+}

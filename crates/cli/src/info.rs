@@ -1,0 +1,77 @@
+//! `kvslim info`: what a checkpoint is.
+
+use crate::common::{CliResult, ModelArgs};
+use std::collections::BTreeMap;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> CliResult {
+    let loaded = a.model.load()?;
+    let m = &loaded.model;
+    let c = &m.config;
+    let (params, bytes) = m.weights.size();
+    let mut dtypes: BTreeMap<String, usize> = BTreeMap::new();
+    for mat in m.weights.matrices() {
+        *dtypes.entry(mat.dtype().to_string()).or_default() += 1;
+    }
+    if a.json {
+        let v = serde_json::json!({
+            "config": c,
+            "parameters": params,
+            "weight_bytes": bytes,
+            "matrix_dtypes": dtypes,
+            "tokenizer": loaded.tokenizer.as_ref().map(|t| serde_json::json!({
+                "vocab_size": t.vocab_size(), "add_bos": t.add_bos, "bos": t.bos, "eos": t.eos,
+                "chat_template": t.chat_template.is_some(),
+            })),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let rows: Vec<(&str, String)> = vec![
+        ("architecture", format!("{:?}", c.architecture)),
+        ("format", format!("{:?}", c.format)),
+        ("layers", c.n_layers.to_string()),
+        ("heads", c.n_heads.to_string()),
+        ("kv heads", format!("{} (group of {})", c.n_kv_heads, c.group_size())),
+        ("head dim", c.head_dim.to_string()),
+        ("hidden", c.hidden_size.to_string()),
+        ("ffn", format!("{} ({})", c.ffn_size, if c.gated_mlp { "gated" } else { "plain" })),
+        ("activation", format!("{:?}", c.activation)),
+        ("norm", format!("{:?} eps={}", c.norm, c.norm_eps)),
+        (
+            "positions",
+            match (&c.rope, c.learned_positions) {
+                (Some(r), _) => format!("RoPE θ={} rotary_dim={} {:?}", r.theta, r.rotary_dim, r.layout),
+                (None, Some(off)) => format!("learned (offset {off})"),
+                _ => "none".into(),
+            },
+        ),
+        ("vocab", c.vocab_size.to_string()),
+        ("context", c.context_len.to_string()),
+        ("tied embeddings", c.tied_embeddings.to_string()),
+        ("parallel residual", c.parallel_residual.to_string()),
+        ("matrix dtypes", dtypes.iter().map(|(k, v)| format!("{k}×{v}")).collect::<Vec<_>>().join(" ")),
+        ("parameters", format!("{params} ({:.1} M)", params as f64 / 1e6)),
+        ("weight bytes", format!("{bytes} ({:.1} MiB)", bytes as f64 / 1048576.0)),
+        ("kv bytes/token", format!("{} (f32 K+V, all layers)", 2 * c.n_layers * c.kv_dim() * 4)),
+        (
+            "tokenizer",
+            match &loaded.tokenizer {
+                Some(t) => format!("{} tokens, add_bos={} bos={:?} eos={:?}", t.vocab_size(), t.add_bos, t.bos, t.eos),
+                None => "none (pass --tokenizer)".into(),
+            },
+        ),
+    ];
+    for (k, v) in rows {
+        println!("{k:>18}  {v}");
+    }
+    Ok(())
+}

@@ -1,0 +1,109 @@
+//! The `kvslim` binary's contract: flags, JSON fields, errors.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn shared() -> PathBuf {
+    std::env::var("KVSLIM_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+}
+
+fn stories() -> String {
+    shared().join("models/stories260K/stories260K.bin").display().to_string()
+}
+
+fn kvslim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvslim")).args(args).output().expect("run kvslim")
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    assert!(o.status.success(), "kvslim failed: {}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+#[test]
+fn generate_json_has_text_and_generated_ids() {
+    let m = stories();
+    let o = kvslim(&["generate", "--model", &m, "--prompt", "Once upon a time", "--max-tokens", "12", "--json"]);
+    let v = json(&o);
+    let ids = v["token_ids"].as_array().unwrap();
+    assert_eq!(ids.len(), 12);
+    assert!(!v["text"].as_str().unwrap().is_empty());
+    assert_eq!(v["prompt_tokens"], 5);
+    assert!(v["kv_bytes_allocated"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn perplexity_prefill_and_decode_agree_and_per_token_fields() {
+    let m = stories();
+    let toks = "1,403,407,261,378,432,383,286,261,376,298,315,421,395,317";
+    let a = json(&kvslim(&["perplexity", "--model", &m, "--tokens", toks, "--json", "--per-token"]));
+    let b = json(&kvslim(&["perplexity", "--model", &m, "--tokens", toks, "--prefill", "9", "--json"]));
+    assert_eq!(a["tokens"], 15);
+    assert_eq!(a["token_ids"].as_array().unwrap().len(), 15);
+    let lp = a["logprobs"].as_array().unwrap();
+    assert_eq!(lp.len(), 14);
+    let mean = -lp.iter().map(|v| v.as_f64().unwrap()).sum::<f64>() / 14.0;
+    assert!((mean - a["nll"].as_f64().unwrap()).abs() < 1e-9);
+    assert!((a["nll"].as_f64().unwrap() - b["nll"].as_f64().unwrap()).abs() < 1e-5);
+    assert!((a["ppl"].as_f64().unwrap() - a["nll"].as_f64().unwrap().exp()).abs() < 1e-9);
+    assert!(a["kv_bytes_allocated"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn perplexity_text_with_max_tokens() {
+    let m = stories();
+    let text = shared().join("data/tinystories/tinystories_val.txt").display().to_string();
+    let v = json(&kvslim(&["perplexity", "--model", &m, "--text", &text, "--max-tokens", "64", "--json"]));
+    assert_eq!(v["tokens"], 64);
+    let nll = v["nll"].as_f64().unwrap();
+    assert!(nll > 0.5 && nll < 3.0, "{nll}");
+}
+
+#[test]
+fn info_prints_config() {
+    let o = kvslim(&["info", "--model", &stories()]);
+    assert!(o.status.success());
+    let s = String::from_utf8_lossy(&o.stdout);
+    for want in ["Llama", "layers", "kv heads", "4 (group of 2)", "parameters", "weight bytes"] {
+        assert!(s.contains(want), "missing {want:?} in:\n{s}");
+    }
+    let v = json(&kvslim(&["info", "--model", &stories(), "--json"]));
+    assert_eq!(v["config"]["n_layers"], 5);
+    assert_eq!(v["config"]["vocab_size"], 512);
+}
+
+#[test]
+fn bad_inputs_give_clear_errors() {
+    let m = stories();
+    let cases: &[(&[&str], &str)] = &[
+        (&["generate", "--model", &m, "--prompt", "x", "--policy", "nonsense:x=1"], "unknown policy"),
+        (&["generate", "--model", "/no/such/model.gguf", "--prompt", "x"], "/no/such/model.gguf"),
+        (&["perplexity", "--model", &m, "--tokens", "1,99999"], "outside the vocabulary"),
+        (&["perplexity", "--model", &m, "--tokens", "1"], "at least 2 tokens"),
+        (&["generate", "--model", &m, "--prompt", "x", "--top-p", "0"], "top_p"),
+    ];
+    for (args, want) in cases {
+        let o = kvslim(args);
+        assert!(!o.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "{args:?}: stderr lacks {want:?}:\n{err}");
+        assert!(!err.contains("panicked"), "{args:?} panicked:\n{err}");
+    }
+    // a prompt longer than the context (512 for stories260K)
+    let long = "Once upon a time ".repeat(200);
+    let o = kvslim(&["generate", "--model", &m, "--prompt", &long]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("context"), "{err}");
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for sub in ["info", "generate", "perplexity", "bench"] {
+        let o = kvslim(&[sub, "--help"]);
+        assert!(o.status.success(), "{sub} --help");
+        assert!(String::from_utf8_lossy(&o.stdout).contains("--model"));
+    }
+}

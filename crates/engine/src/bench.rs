@@ -1,0 +1,130 @@
+//! Throughput benchmark: prefill and decode tokens per second (medians of
+//! repeats), measured beside the machine's read bandwidth so decode speed
+//! can be stated as a fraction of the memory-bandwidth bound.
+
+use crate::sampling::Rng;
+use crate::session::Session;
+use crate::Result;
+use kvslim_cache::PolicySpec;
+use kvslim_models::{Logits, Model};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::time::Instant;
+
+/// Benchmark parameters.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub prompt_len: usize,
+    pub gen_len: usize,
+    pub repeats: usize,
+    pub policy: PolicySpec,
+}
+
+/// One benchmark row (one model × thread count).
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    pub model: String,
+    pub threads: usize,
+    pub isa: String,
+    pub weight_bytes: usize,
+    pub params: usize,
+    pub prompt_len: usize,
+    pub gen_len: usize,
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+    pub decode_ms_per_token: f64,
+    pub kv_bytes_allocated: usize,
+    /// Measured read bandwidth with the same thread count (GB/s, 1e9 bytes).
+    pub bandwidth_gb_s: f64,
+    /// Bytes streamed per decode token (weights + KV at mid-generation).
+    pub bytes_per_token: usize,
+    /// bandwidth / bytes_per_token.
+    pub bound_tok_s: f64,
+    /// decode_tok_s / bound_tok_s.
+    pub fraction_of_bound: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Best-of-3 read bandwidth over a buffer much larger than the caches, using
+/// the current rayon pool's threads.
+pub fn measure_read_bandwidth(bytes: usize) -> f64 {
+    let n = bytes / 4;
+    let buf: Vec<f32> = (0..n).into_par_iter().map(|i| (i & 1023) as f32).collect();
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let chunk = n / (rayon::current_num_threads() * 8);
+        let s: f32 = buf
+            .par_chunks(chunk.max(1024))
+            .map(|c| {
+                // 8 independent accumulators so the loop is load-bound, not add-latency-bound
+                let mut acc = [0f32; 8];
+                for w in c.chunks_exact(8) {
+                    for i in 0..8 {
+                        acc[i] += w[i];
+                    }
+                }
+                acc.iter().sum::<f32>()
+            })
+            .sum();
+        let dt = t.elapsed().as_secs_f64();
+        std::hint::black_box(s);
+        best = best.max(bytes as f64 / dt / 1e9);
+    }
+    best
+}
+
+/// Runs the benchmark in the current rayon pool.
+pub fn run(model: &Model, name: &str, opts: &BenchOptions, bandwidth_gb_s: f64) -> Result<BenchReport> {
+    let c = &model.config;
+    let mut rng = Rng::new(7);
+    let prompt: Vec<u32> = (0..opts.prompt_len).map(|_| (rng.next_u64() % c.vocab_size as u64) as u32).collect();
+    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    let mut kv = 0;
+    for _ in 0..opts.repeats.max(1) {
+        let mut s = Session::new(model, &opts.policy, opts.prompt_len + opts.gen_len + 1);
+        let t = Instant::now();
+        s.feed(&prompt, Logits::Last)?;
+        prefill.push(opts.prompt_len as f64 / t.elapsed().as_secs_f64());
+        let mut tok = crate::sampling::argmax(s.scratch.logits());
+        let t = Instant::now();
+        for _ in 0..opts.gen_len {
+            tok = crate::sampling::argmax(s.feed(&[tok], Logits::Last)?);
+        }
+        decode.push(opts.gen_len as f64 / t.elapsed().as_secs_f64());
+        kv = s.kv_bytes().kv;
+    }
+    let (params, weight_bytes) = model.weights.size();
+    // K and V read per step at the middle of generation
+    let mid_ctx = opts.prompt_len + opts.gen_len / 2;
+    let kv_read = 2 * c.n_layers * c.kv_dim() * 4 * mid_ctx;
+    let bytes_per_token = weight_bytes + kv_read;
+    let decode_tok_s = median(decode);
+    let bound = bandwidth_gb_s * 1e9 / bytes_per_token as f64;
+    Ok(BenchReport {
+        model: name.to_string(),
+        threads: rayon::current_num_threads(),
+        isa: kvslim_kernels::dot::kernels().isa.to_string(),
+        weight_bytes,
+        params,
+        prompt_len: opts.prompt_len,
+        gen_len: opts.gen_len,
+        prefill_tok_s: median(prefill),
+        decode_tok_s,
+        decode_ms_per_token: 1000.0 / decode_tok_s,
+        kv_bytes_allocated: kv,
+        bandwidth_gb_s,
+        bytes_per_token,
+        bound_tok_s: bound,
+        fraction_of_bound: decode_tok_s / bound,
+    })
+}

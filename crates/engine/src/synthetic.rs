@@ -1,0 +1,83 @@
+//! Random-weight models of named shapes, so speed can be measured on
+//! models larger than the CPU caches without downloading anything.
+
+use crate::sampling::Rng;
+use crate::{EngineError, Result};
+use kvslim_kernels::rope::RopeLayout;
+use kvslim_kernels::{ops::Activation, DType, Matrix};
+use kvslim_models::config::{Architecture, ModelConfig, NormKind, RopeConfig, SourceFormat};
+use kvslim_models::weights::{LayerWeights, Linear, NormWeights, Weights};
+use kvslim_models::Model;
+use rayon::prelude::*;
+
+/// Named shapes: (name, layers, hidden, ffn, heads, kv heads, vocab, description).
+pub const SHAPES: &[(&str, usize, usize, usize, usize, usize, usize, &str)] = &[
+    ("llama-350m", 24, 1024, 2816, 16, 16, 32000, "Llama-style, ~370M parameters"),
+    ("llama-1b", 22, 2048, 5632, 32, 4, 32000, "TinyLlama-1.1B shape, GQA 32/4"),
+    ("smollm2-135m", 30, 576, 1536, 9, 3, 49152, "SmolLM2-135M shape, GQA 9/3, tied"),
+];
+
+/// Builds a model of shape `name` with random weights stored as `dtype`.
+pub fn build(name: &str, dtype: DType, seed: u64) -> Result<Model> {
+    let &(_, layers, d, ffn, heads, kv_heads, vocab, _) = SHAPES.iter().find(|s| s.0 == name).ok_or_else(|| {
+        let known: Vec<_> = SHAPES.iter().map(|s| s.0).collect();
+        EngineError::Request(format!("unknown synthetic shape `{name}`; known: {}", known.join(", ")))
+    })?;
+    let head_dim = d / heads;
+    let tied = name.starts_with("smollm2");
+    let config = ModelConfig {
+        architecture: Architecture::Llama,
+        format: SourceFormat::HfSafetensors,
+        n_layers: layers,
+        n_heads: heads,
+        n_kv_heads: kv_heads,
+        head_dim,
+        hidden_size: d,
+        ffn_size: ffn,
+        vocab_size: vocab,
+        context_len: 4096,
+        norm: NormKind::Rms,
+        norm_eps: 1e-5,
+        activation: Activation::Silu,
+        gated_mlp: true,
+        rope: Some(RopeConfig { theta: 10000.0, rotary_dim: head_dim, layout: RopeLayout::HalfSplit }),
+        learned_positions: None,
+        parallel_residual: false,
+        tied_embeddings: tied,
+        bos_token_id: Some(1),
+        eos_token_ids: vec![2],
+    };
+    let matrix = |rows: usize, cols: usize, salt: u64| -> Result<Matrix> {
+        let mut rng = Rng::new(seed ^ salt.wrapping_mul(0x2545_f491_4f6c_dd1d));
+        let scale = 1.0 / (cols as f32).sqrt();
+        let data: Vec<f32> = (0..rows * cols).map(|_| (rng.next_f32() * 2.0 - 1.0) * scale).collect();
+        Matrix::quantized(dtype, rows, cols, &data).map_err(|e| EngineError::Model(e.into()))
+    };
+    let lin = |rows, cols, salt| matrix(rows, cols, salt).map(|m| Linear::new(m, None));
+    let ones = || NormWeights { weight: vec![1.0; d], bias: None };
+    let layer_weights: Result<Vec<LayerWeights>> = (0..layers)
+        .into_par_iter()
+        .map(|l| {
+            let s = 100 + l as u64 * 10;
+            Ok(LayerWeights {
+                attn_norm: ones(),
+                q: lin(heads * head_dim, d, s)?,
+                k: lin(kv_heads * head_dim, d, s + 1)?,
+                v: lin(kv_heads * head_dim, d, s + 2)?,
+                o: lin(d, heads * head_dim, s + 3)?,
+                mlp_norm: ones(),
+                gate: Some(lin(ffn, d, s + 4)?),
+                up: lin(ffn, d, s + 5)?,
+                down: lin(d, ffn, s + 6)?,
+            })
+        })
+        .collect();
+    let weights = Weights {
+        token_embedding: matrix(vocab, d, 1)?,
+        position_embedding: None,
+        layers: layer_weights?,
+        final_norm: ones(),
+        lm_head: if tied { None } else { Some(lin(vocab, d, 2)?) },
+    };
+    Ok(Model::new(config, weights)?)
+}

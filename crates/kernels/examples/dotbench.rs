@@ -1,0 +1,165 @@
+//! GEMV throughput per weight type and kernel set, next to a plain memory
+//! bandwidth measurement.
+//!
+//! ```text
+//! cargo run --release -p kvslim-kernels --example dotbench [-- --secs 0.3]
+//! ```
+//!
+//! Reports GB/s of weight bytes streamed by `Matrix::matvec` on a 4096×4096
+//! matrix. "cold": the product rotates over copies of the matrix totalling
+//! at least 256 MiB, so weights come from DRAM as in real decoding; "hot":
+//! the same matrix again and again (it may sit in the last-level cache,
+//! which shows the kernel's compute limit). Each kernel set runs in a child
+//! process with `KVSLIM_SIMD` set, since the set is chosen once per process.
+
+use kvslim_kernels::dot::available;
+use kvslim_kernels::{DType, Matrix};
+use rayon::prelude::*;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const N: usize = 4096;
+const COLD_BYTES: usize = 256 << 20;
+const DTYPES: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+const THREADS: [usize; 2] = [1, 2];
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let secs = args
+        .iter()
+        .position(|a| a == "--secs")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or(0.3);
+    if args.iter().any(|a| a == "--child") {
+        return child(secs);
+    }
+
+    println!("memory bandwidth (sum over a 1 GiB f32 array):");
+    let bw: Vec<f64> = THREADS.iter().map(|&t| mem_bandwidth(t, secs)).collect();
+    for (t, g) in THREADS.iter().zip(&bw) {
+        println!("  {t} thread(s): {g:.1} GB/s");
+    }
+
+    let exe = std::env::current_exe().expect("current exe");
+    // results[isa] = lines "dtype threads cold hot"
+    let mut results = Vec::new();
+    for k in available() {
+        eprintln!("running {} ...", k.isa);
+        let out = Command::new(&exe)
+            .args(["--child", "--secs", &secs.to_string()])
+            .env("KVSLIM_SIMD", k.isa)
+            .output()
+            .expect("spawn child");
+        assert!(out.status.success(), "child {} failed", k.isa);
+        results.push((k.isa, String::from_utf8(out.stdout).unwrap()));
+    }
+
+    for (label, col) in [("cold (DRAM)", 2usize), ("hot (single matrix)", 3)] {
+        println!("\nmatvec {N}x{N}, GB/s of weights, {label}:");
+        let mut header = String::from("| dtype |");
+        let mut rule = String::from("|---|");
+        for (isa, _) in &results {
+            for t in THREADS {
+                header += &format!(" {isa} {t}T |");
+                rule += "---:|";
+            }
+        }
+        println!("{header}\n{rule}");
+        for dt in DTYPES {
+            let mut line = format!("| {dt} |");
+            for (_, out) in &results {
+                for t in THREADS {
+                    let v = out
+                        .lines()
+                        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                        .find(|f| f[0] == dt.to_string() && f[1] == t.to_string())
+                        .map(|f| f[col].to_string())
+                        .unwrap_or_else(|| "-".into());
+                    line += &format!(" {v} |");
+                }
+            }
+            println!("{line}");
+        }
+    }
+    println!(
+        "\nmemory bandwidth: {}",
+        THREADS.iter().zip(&bw).map(|(t, g)| format!("{t}T {g:.1} GB/s")).collect::<Vec<_>>().join(", ")
+    );
+}
+
+/// Runs `f` repeatedly for about `secs` seconds; returns calls per second.
+fn rate(secs: f64, mut f: impl FnMut()) -> f64 {
+    f(); // warm up
+    let budget = Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let mut calls = 0u64;
+    while start.elapsed() < budget {
+        f();
+        calls += 1;
+    }
+    calls as f64 / start.elapsed().as_secs_f64()
+}
+
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool")
+}
+
+fn mem_bandwidth(threads: usize, secs: f64) -> f64 {
+    let n = (1usize << 30) / 4;
+    let data: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    let mut sink = 0f32;
+    let per_sec = pool(threads).install(|| {
+        rate(secs.max(1.0), || {
+            sink += data
+                .par_chunks(1 << 20)
+                .map(|c| {
+                    // 8 partial sums so the loop vectorises
+                    let mut acc = [0f32; 8];
+                    for v in c.chunks_exact(8) {
+                        for i in 0..8 {
+                            acc[i] += v[i];
+                        }
+                    }
+                    acc.iter().sum::<f32>()
+                })
+                .sum::<f32>();
+        })
+    });
+    std::hint::black_box(sink);
+    per_sec * (n * 4) as f64 / 1e9
+}
+
+fn child(secs: f64) {
+    let isa = kvslim_kernels::dot::kernels().isa;
+    eprintln!("  child: kernels {isa}");
+    let mut seed = 0x1234_5678_9abc_def0u64;
+    let data: Vec<f32> = (0..N * N)
+        .map(|_| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+        })
+        .collect();
+    let x: Vec<f32> = data[..N].iter().map(|v| v * 10.0).collect();
+    let mut out = vec![0f32; N];
+    for dt in DTYPES {
+        let bytes = kvslim_kernels::quant::quantize(dt, &data);
+        let base = Matrix::from_bytes(dt, N, N, &bytes).unwrap();
+        let copies: Vec<Matrix> =
+            (0..COLD_BYTES.div_ceil(bytes.len())).map(|_| Matrix::from_bytes(dt, N, N, &bytes).unwrap()).collect();
+        let nbytes = base.nbytes() as f64;
+        for t in THREADS {
+            let p = pool(t);
+            let mut i = 0;
+            let cold = p.install(|| {
+                rate(secs, || {
+                    copies[i % copies.len()].matvec(&x, &mut out);
+                    i += 1;
+                })
+            });
+            let hot = p.install(|| rate(secs, || base.matvec(&x, &mut out)));
+            println!("{dt} {t} {:.1} {:.1}", cold * nbytes / 1e9, hot * nbytes / 1e9);
+        }
+    }
+    std::hint::black_box(&out);
+}

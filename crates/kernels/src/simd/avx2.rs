@@ -1,0 +1,401 @@
+//! AVX2 + FMA + F16C kernels (x86_64, 8 × f32 lanes).
+//!
+//! Float rows run four independent accumulators over 32 elements per step;
+//! the remaining `n % 8` elements are copied into a zero-padded stack buffer
+//! and finished with one more vector step. Block formats process two blocks
+//! per step into two accumulators so the per-block `acc += d·Σ` FMAs do not
+//! form a single latency chain.
+
+use crate::dot::DotKernels;
+use crate::simd::whole_blocks;
+use std::arch::x86_64::*;
+use std::ptr;
+
+/// The AVX2 kernel set, when the CPU has AVX2, FMA and F16C.
+pub(crate) fn kernels() -> Option<DotKernels> {
+    if is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+    {
+        Some(KERNELS)
+    } else {
+        None
+    }
+}
+
+/// Only reachable through [`kernels`], i.e. after feature detection.
+const KERNELS: DotKernels = DotKernels {
+    isa: "avx2",
+    f32: dot_f32,
+    f16: dot_f16,
+    bf16: dot_bf16,
+    q8_0: dot_q8_0,
+    q4_0: dot_q4_0,
+    q4_1: dot_q4_1,
+    axpy,
+};
+
+// ---- safe wrappers (installed only after detection) ----------------------
+
+// SAFETY (all wrappers below): these functions are only reachable through
+// `kernels()`, which checks avx2+fma+f16c; lengths passed to the unsafe
+// implementations never exceed either slice.
+
+pub(super) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    unsafe { dot_f32_impl(a.as_ptr(), b.as_ptr(), n) }
+}
+
+pub(super) fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { dot_f16_impl(w.as_ptr(), x.as_ptr(), n) }
+}
+
+pub(super) fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { dot_bf16_impl(w.as_ptr(), x.as_ptr(), n) }
+}
+
+pub(super) fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
+    let nb = whole_blocks(w.len(), 34, x.len());
+    unsafe { dot_q8_0_impl(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+pub(super) fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
+    let nb = whole_blocks(w.len(), 18, x.len());
+    unsafe { dot_q4_0_impl(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+pub(super) fn dot_q4_1(w: &[u8], x: &[f32]) -> f32 {
+    let nb = whole_blocks(w.len(), 20, x.len());
+    unsafe { dot_q4_1_impl(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+pub(super) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    unsafe { axpy_impl(a, x.as_ptr(), y.as_mut_ptr(), n) }
+}
+
+// ---- helpers --------------------------------------------------------------
+
+/// Sum of the 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Reads a little-endian u16 at any alignment.
+#[inline(always)]
+pub(super) unsafe fn rd16(p: *const u8) -> u16 {
+    u16::from_le(ptr::read_unaligned(p as *const u16))
+}
+
+/// The f16 values at `p0` and `p1` converted and broadcast to all lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales2(p0: *const u8, p1: *const u8) -> (__m256, __m256) {
+    let h = rd16(p0) as u32 | (rd16(p1) as u32) << 16;
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32));
+    (
+        _mm256_broadcastss_ps(v),
+        _mm256_broadcastss_ps(_mm_movehdup_ps(v)),
+    )
+}
+
+/// The f16 value at `p` converted and broadcast to all lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale1(p: *const u8) -> __m256 {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(rd16(p) as i32));
+    _mm256_broadcastss_ps(v)
+}
+
+/// Loads 8 i8 at `p` widened to f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn i8x8(p: *const u8) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+}
+
+// ---- float rows -------------------------------------------------------------
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
+    let mut s0 = _mm256_setzero_ps();
+    let mut s1 = _mm256_setzero_ps();
+    let mut s2 = _mm256_setzero_ps();
+    let mut s3 = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 32 <= n {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), s0);
+        s1 = _mm256_fmadd_ps(
+            _mm256_loadu_ps(a.add(i + 8)),
+            _mm256_loadu_ps(b.add(i + 8)),
+            s1,
+        );
+        s2 = _mm256_fmadd_ps(
+            _mm256_loadu_ps(a.add(i + 16)),
+            _mm256_loadu_ps(b.add(i + 16)),
+            s2,
+        );
+        s3 = _mm256_fmadd_ps(
+            _mm256_loadu_ps(a.add(i + 24)),
+            _mm256_loadu_ps(b.add(i + 24)),
+            s3,
+        );
+        i += 32;
+    }
+    while i + 8 <= n {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), s0);
+        i += 8;
+    }
+    if i < n {
+        let (mut ta, mut tb) = ([0f32; 8], [0f32; 8]);
+        ptr::copy_nonoverlapping(a.add(i), ta.as_mut_ptr(), n - i);
+        ptr::copy_nonoverlapping(b.add(i), tb.as_mut_ptr(), n - i);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(ta.as_ptr()), _mm256_loadu_ps(tb.as_ptr()), s1);
+    }
+    hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)))
+}
+
+/// 8 f16 at `p` as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16x8(p: *const u16) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16_impl(w: *const u16, x: *const f32, n: usize) -> f32 {
+    let mut s0 = _mm256_setzero_ps();
+    let mut s1 = _mm256_setzero_ps();
+    let mut s2 = _mm256_setzero_ps();
+    let mut s3 = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 32 <= n {
+        s0 = _mm256_fmadd_ps(f16x8(w.add(i)), _mm256_loadu_ps(x.add(i)), s0);
+        s1 = _mm256_fmadd_ps(f16x8(w.add(i + 8)), _mm256_loadu_ps(x.add(i + 8)), s1);
+        s2 = _mm256_fmadd_ps(f16x8(w.add(i + 16)), _mm256_loadu_ps(x.add(i + 16)), s2);
+        s3 = _mm256_fmadd_ps(f16x8(w.add(i + 24)), _mm256_loadu_ps(x.add(i + 24)), s3);
+        i += 32;
+    }
+    while i + 8 <= n {
+        s0 = _mm256_fmadd_ps(f16x8(w.add(i)), _mm256_loadu_ps(x.add(i)), s0);
+        i += 8;
+    }
+    if i < n {
+        let (mut tw, mut tx) = ([0u16; 8], [0f32; 8]);
+        ptr::copy_nonoverlapping(w.add(i), tw.as_mut_ptr(), n - i);
+        ptr::copy_nonoverlapping(x.add(i), tx.as_mut_ptr(), n - i);
+        s1 = _mm256_fmadd_ps(f16x8(tw.as_ptr()), _mm256_loadu_ps(tx.as_ptr()), s1);
+    }
+    hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)))
+}
+
+/// 8 bf16 at `p` as f32 (bf16 is the top half of an f32).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bf16x8(p: *const u16) -> __m256 {
+    let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_bf16_impl(w: *const u16, x: *const f32, n: usize) -> f32 {
+    let mut s0 = _mm256_setzero_ps();
+    let mut s1 = _mm256_setzero_ps();
+    let mut s2 = _mm256_setzero_ps();
+    let mut s3 = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 32 <= n {
+        s0 = _mm256_fmadd_ps(bf16x8(w.add(i)), _mm256_loadu_ps(x.add(i)), s0);
+        s1 = _mm256_fmadd_ps(bf16x8(w.add(i + 8)), _mm256_loadu_ps(x.add(i + 8)), s1);
+        s2 = _mm256_fmadd_ps(bf16x8(w.add(i + 16)), _mm256_loadu_ps(x.add(i + 16)), s2);
+        s3 = _mm256_fmadd_ps(bf16x8(w.add(i + 24)), _mm256_loadu_ps(x.add(i + 24)), s3);
+        i += 32;
+    }
+    while i + 8 <= n {
+        s0 = _mm256_fmadd_ps(bf16x8(w.add(i)), _mm256_loadu_ps(x.add(i)), s0);
+        i += 8;
+    }
+    if i < n {
+        let (mut tw, mut tx) = ([0u16; 8], [0f32; 8]);
+        ptr::copy_nonoverlapping(w.add(i), tw.as_mut_ptr(), n - i);
+        ptr::copy_nonoverlapping(x.add(i), tx.as_mut_ptr(), n - i);
+        s1 = _mm256_fmadd_ps(bf16x8(tw.as_ptr()), _mm256_loadu_ps(tx.as_ptr()), s1);
+    }
+    hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
+    let va = _mm256_set1_ps(a);
+    let mut i = 0;
+    while i + 32 <= n {
+        for k in [0, 8, 16, 24] {
+            let v = _mm256_fmadd_ps(va, _mm256_loadu_ps(x.add(i + k)), _mm256_loadu_ps(y.add(i + k)));
+            _mm256_storeu_ps(y.add(i + k), v);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        let v = _mm256_fmadd_ps(va, _mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(y.add(i)));
+        _mm256_storeu_ps(y.add(i), v);
+        i += 8;
+    }
+    if i < n {
+        let (mut tx, mut ty) = ([0f32; 8], [0f32; 8]);
+        ptr::copy_nonoverlapping(x.add(i), tx.as_mut_ptr(), n - i);
+        ptr::copy_nonoverlapping(y.add(i), ty.as_mut_ptr(), n - i);
+        let v = _mm256_fmadd_ps(va, _mm256_loadu_ps(tx.as_ptr()), _mm256_loadu_ps(ty.as_ptr()));
+        _mm256_storeu_ps(ty.as_mut_ptr(), v);
+        ptr::copy_nonoverlapping(ty.as_ptr(), y.add(i), n - i);
+    }
+}
+
+// ---- block formats ------------------------------------------------------------
+
+/// Σ q·x over one Q8_0 block (quants at `q`, 32 activations at `x`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_block(q: *const u8, x: *const f32) -> __m256 {
+    let a = _mm256_mul_ps(i8x8(q), _mm256_loadu_ps(x));
+    let a = _mm256_fmadd_ps(i8x8(q.add(8)), _mm256_loadu_ps(x.add(8)), a);
+    let b = _mm256_mul_ps(i8x8(q.add(16)), _mm256_loadu_ps(x.add(16)));
+    let b = _mm256_fmadd_ps(i8x8(q.add(24)), _mm256_loadu_ps(x.add(24)), b);
+    _mm256_add_ps(a, b)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    const BB: usize = 34;
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut b = 0;
+    while b + 2 <= nb {
+        let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
+        let (d0, d1) = scales2(p0, p1);
+        acc0 = _mm256_fmadd_ps(d0, q8_block(p0.add(2), x.add(b * 32)), acc0);
+        acc1 = _mm256_fmadd_ps(d1, q8_block(p1.add(2), x.add(b * 32 + 32)), acc1);
+        b += 2;
+    }
+    if b < nb {
+        let p = w.add(b * BB);
+        acc0 = _mm256_fmadd_ps(scale1(p), q8_block(p.add(2), x.add(b * 32)), acc0);
+    }
+    hsum(_mm256_add_ps(acc0, acc1))
+}
+
+/// The 32 nibbles of a Q4 block at `q` as four vectors of i32 lanes:
+/// elements 0–7, 8–15 (low nibbles) and 16–23, 24–31 (high nibbles).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles(q: *const u8) -> [__m256i; 4] {
+    let m = _mm256_set1_epi32(0x0f);
+    let r0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q as *const __m128i));
+    let r1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.add(8) as *const __m128i));
+    [
+        _mm256_and_si256(r0, m),
+        _mm256_and_si256(r1, m),
+        _mm256_srli_epi32::<4>(r0),
+        _mm256_srli_epi32::<4>(r1),
+    ]
+}
+
+/// Σ (q−8)·x over one Q4_0 block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0_block(q: *const u8, x: *const f32) -> __m256 {
+    let [n0, n1, n2, n3] = nibbles(q);
+    let e = _mm256_set1_epi32(8);
+    let f0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(n0, e));
+    let f1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(n1, e));
+    let f2 = _mm256_cvtepi32_ps(_mm256_sub_epi32(n2, e));
+    let f3 = _mm256_cvtepi32_ps(_mm256_sub_epi32(n3, e));
+    let a = _mm256_mul_ps(f0, _mm256_loadu_ps(x));
+    let a = _mm256_fmadd_ps(f1, _mm256_loadu_ps(x.add(8)), a);
+    let b = _mm256_mul_ps(f2, _mm256_loadu_ps(x.add(16)));
+    let b = _mm256_fmadd_ps(f3, _mm256_loadu_ps(x.add(24)), b);
+    _mm256_add_ps(a, b)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    const BB: usize = 18;
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut b = 0;
+    while b + 2 <= nb {
+        let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
+        let (d0, d1) = scales2(p0, p1);
+        acc0 = _mm256_fmadd_ps(d0, q4_0_block(p0.add(2), x.add(b * 32)), acc0);
+        acc1 = _mm256_fmadd_ps(d1, q4_0_block(p1.add(2), x.add(b * 32 + 32)), acc1);
+        b += 2;
+    }
+    if b < nb {
+        let p = w.add(b * BB);
+        acc0 = _mm256_fmadd_ps(scale1(p), q4_0_block(p.add(2), x.add(b * 32)), acc0);
+    }
+    hsum(_mm256_add_ps(acc0, acc1))
+}
+
+/// (Σ q·x, Σ x) over one Q4_1 block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_1_block(q: *const u8, x: *const f32) -> (__m256, __m256) {
+    let [n0, n1, n2, n3] = nibbles(q);
+    let (x0, x1) = (_mm256_loadu_ps(x), _mm256_loadu_ps(x.add(8)));
+    let (x2, x3) = (_mm256_loadu_ps(x.add(16)), _mm256_loadu_ps(x.add(24)));
+    let a = _mm256_mul_ps(_mm256_cvtepi32_ps(n0), x0);
+    let a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n1), x1, a);
+    let b = _mm256_mul_ps(_mm256_cvtepi32_ps(n2), x2);
+    let b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n3), x3, b);
+    let xs = _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3));
+    (_mm256_add_ps(a, b), xs)
+}
+
+/// d and m of the Q4_1 block at `p`, broadcast.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_min(p: *const u8) -> (__m256, __m256) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(ptr::read_unaligned(p as *const i32)));
+    (
+        _mm256_broadcastss_ps(v),
+        _mm256_broadcastss_ps(_mm_movehdup_ps(v)),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    const BB: usize = 20;
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut accm0 = _mm256_setzero_ps();
+    let mut accm1 = _mm256_setzero_ps();
+    let mut b = 0;
+    while b + 2 <= nb {
+        let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
+        let (d0, m0) = scale_min(p0);
+        let (d1, m1) = scale_min(p1);
+        let (s0, x0) = q4_1_block(p0.add(4), x.add(b * 32));
+        let (s1, x1) = q4_1_block(p1.add(4), x.add(b * 32 + 32));
+        acc0 = _mm256_fmadd_ps(d0, s0, acc0);
+        acc1 = _mm256_fmadd_ps(d1, s1, acc1);
+        accm0 = _mm256_fmadd_ps(m0, x0, accm0);
+        accm1 = _mm256_fmadd_ps(m1, x1, accm1);
+        b += 2;
+    }
+    if b < nb {
+        let p = w.add(b * BB);
+        let (d, m) = scale_min(p);
+        let (s, xs) = q4_1_block(p.add(4), x.add(b * 32));
+        acc0 = _mm256_fmadd_ps(d, s, acc0);
+        accm0 = _mm256_fmadd_ps(m, xs, accm0);
+    }
+    let acc = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(accm0, accm1));
+    hsum(acc)
+}

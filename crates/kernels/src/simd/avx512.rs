@@ -1,0 +1,386 @@
+//! AVX-512 kernels (x86_64, 16 × f32 lanes), with masked loads for tails.
+//!
+//! Needs AVX-512F/BW/VL (masked 16-bit loads) plus the AVX2, FMA and F16C
+//! features every AVX-512 CPU also has. Where the 256-bit kernels measured
+//! faster on the development machine the set reuses them (see [`KERNELS`]).
+
+use crate::dot::DotKernels;
+use crate::simd::avx2;
+use crate::simd::whole_blocks;
+use std::arch::x86_64::*;
+use std::ptr;
+
+/// The AVX-512 kernel set, when the CPU has AVX-512F/BW/VL, AVX2, FMA, F16C.
+pub(crate) fn kernels() -> Option<DotKernels> {
+    if is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && avx2::kernels().is_some()
+    {
+        Some(KERNELS)
+    } else {
+        None
+    }
+}
+
+/// Only reachable through [`kernels`], i.e. after feature detection.
+const KERNELS: DotKernels = DotKernels {
+    isa: "avx512",
+    f32: dot_f32,
+    f16: dot_f16,
+    bf16: dot_bf16,
+    q8_0: dot_q8_0,
+    q4_0: dot_q4_0,
+    q4_1: dot_q4_1,
+    axpy,
+};
+
+// SAFETY (all wrappers below): only reachable through `kernels()`, which
+// checks every feature the implementations enable; lengths passed never
+// exceed either slice.
+
+fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    unsafe { dot_f32_impl(a.as_ptr(), b.as_ptr(), n) }
+}
+
+fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { dot_f16_impl(w.as_ptr(), x.as_ptr(), n) }
+}
+
+fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { dot_bf16_impl(w.as_ptr(), x.as_ptr(), n) }
+}
+
+fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
+    let nb = whole_blocks(w.len(), 34, x.len());
+    unsafe { dot_q8_0_impl(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
+    let nb = whole_blocks(w.len(), 18, x.len());
+    unsafe { dot_q4_0_impl(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+fn dot_q4_1(w: &[u8], x: &[f32]) -> f32 {
+    let nb = whole_blocks(w.len(), 20, x.len());
+    unsafe { dot_q4_1_impl(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    unsafe { axpy_impl(a, x.as_ptr(), y.as_mut_ptr(), n) }
+}
+
+// ---- helpers --------------------------------------------------------------
+
+/// Mask of the low `n` lanes (`n < 16`).
+#[inline(always)]
+fn tail_mask(n: usize) -> __mmask16 {
+    ((1u32 << n) - 1) as __mmask16
+}
+
+/// The f16 values at `p0` and `p1` converted and broadcast to all lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn scales2(p0: *const u8, p1: *const u8) -> (__m512, __m512) {
+    let h = avx2::rd16(p0) as u32 | (avx2::rd16(p1) as u32) << 16;
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32));
+    (
+        _mm512_broadcastss_ps(v),
+        _mm512_broadcastss_ps(_mm_movehdup_ps(v)),
+    )
+}
+
+/// The f16 value at `p` converted and broadcast to all lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn scale1(p: *const u8) -> __m512 {
+    _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(avx2::rd16(p) as i32)))
+}
+
+// ---- float rows -------------------------------------------------------------
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
+    let mut s0 = _mm512_setzero_ps();
+    let mut s1 = _mm512_setzero_ps();
+    let mut s2 = _mm512_setzero_ps();
+    let mut s3 = _mm512_setzero_ps();
+    let mut i = 0;
+    while i + 64 <= n {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)), s0);
+        s1 = _mm512_fmadd_ps(
+            _mm512_loadu_ps(a.add(i + 16)),
+            _mm512_loadu_ps(b.add(i + 16)),
+            s1,
+        );
+        s2 = _mm512_fmadd_ps(
+            _mm512_loadu_ps(a.add(i + 32)),
+            _mm512_loadu_ps(b.add(i + 32)),
+            s2,
+        );
+        s3 = _mm512_fmadd_ps(
+            _mm512_loadu_ps(a.add(i + 48)),
+            _mm512_loadu_ps(b.add(i + 48)),
+            s3,
+        );
+        i += 64;
+    }
+    while i + 16 <= n {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)), s0);
+        i += 16;
+    }
+    if i < n {
+        let k = tail_mask(n - i);
+        s1 = _mm512_fmadd_ps(
+            _mm512_maskz_loadu_ps(k, a.add(i)),
+            _mm512_maskz_loadu_ps(k, b.add(i)),
+            s1,
+        );
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)))
+}
+
+/// 16 f16 from a 256-bit integer vector as f32.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn f16x16(v: __m256i) -> __m512 {
+    _mm512_cvtph_ps(v)
+}
+
+/// 16 bf16 from a 256-bit integer vector as f32.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn bf16x16(v: __m256i) -> __m512 {
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn ld16(p: *const u16) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// Shared body of the two half-precision dots; `BF` selects bf16.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn dot_half<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f32 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn cvt<const BF: bool>(v: __m256i) -> __m512 {
+        if BF {
+            bf16x16(v)
+        } else {
+            f16x16(v)
+        }
+    }
+    let mut s0 = _mm512_setzero_ps();
+    let mut s1 = _mm512_setzero_ps();
+    let mut s2 = _mm512_setzero_ps();
+    let mut s3 = _mm512_setzero_ps();
+    let mut i = 0;
+    while i + 64 <= n {
+        s0 = _mm512_fmadd_ps(cvt::<BF>(ld16(w.add(i))), _mm512_loadu_ps(x.add(i)), s0);
+        s1 = _mm512_fmadd_ps(
+            cvt::<BF>(ld16(w.add(i + 16))),
+            _mm512_loadu_ps(x.add(i + 16)),
+            s1,
+        );
+        s2 = _mm512_fmadd_ps(
+            cvt::<BF>(ld16(w.add(i + 32))),
+            _mm512_loadu_ps(x.add(i + 32)),
+            s2,
+        );
+        s3 = _mm512_fmadd_ps(
+            cvt::<BF>(ld16(w.add(i + 48))),
+            _mm512_loadu_ps(x.add(i + 48)),
+            s3,
+        );
+        i += 64;
+    }
+    while i + 16 <= n {
+        s0 = _mm512_fmadd_ps(cvt::<BF>(ld16(w.add(i))), _mm512_loadu_ps(x.add(i)), s0);
+        i += 16;
+    }
+    if i < n {
+        let k = tail_mask(n - i);
+        let wv = _mm256_maskz_loadu_epi16(k, w.add(i) as *const i16);
+        s1 = _mm512_fmadd_ps(cvt::<BF>(wv), _mm512_maskz_loadu_ps(k, x.add(i)), s1);
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn dot_f16_impl(w: *const u16, x: *const f32, n: usize) -> f32 {
+    dot_half::<false>(w, x, n)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn dot_bf16_impl(w: *const u16, x: *const f32, n: usize) -> f32 {
+    dot_half::<true>(w, x, n)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
+    let va = _mm512_set1_ps(a);
+    let mut i = 0;
+    while i + 64 <= n {
+        for k in [0, 16, 32, 48] {
+            let v = _mm512_fmadd_ps(
+                va,
+                _mm512_loadu_ps(x.add(i + k)),
+                _mm512_loadu_ps(y.add(i + k)),
+            );
+            _mm512_storeu_ps(y.add(i + k), v);
+        }
+        i += 64;
+    }
+    while i + 16 <= n {
+        let v = _mm512_fmadd_ps(va, _mm512_loadu_ps(x.add(i)), _mm512_loadu_ps(y.add(i)));
+        _mm512_storeu_ps(y.add(i), v);
+        i += 16;
+    }
+    if i < n {
+        let k = tail_mask(n - i);
+        let v = _mm512_fmadd_ps(
+            va,
+            _mm512_maskz_loadu_ps(k, x.add(i)),
+            _mm512_maskz_loadu_ps(k, y.add(i)),
+        );
+        _mm512_mask_storeu_ps(y.add(i), k, v);
+    }
+}
+
+// ---- block formats ------------------------------------------------------------
+
+/// Σ q·x over one Q8_0 block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn q8_block(q: *const u8, x: *const f32) -> __m512 {
+    let q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q as *const __m128i)));
+    let q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+        q.add(16) as *const __m128i
+    )));
+    let a = _mm512_mul_ps(q0, _mm512_loadu_ps(x));
+    _mm512_fmadd_ps(q1, _mm512_loadu_ps(x.add(16)), a)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn dot_q8_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    const BB: usize = 34;
+    let mut acc0 = _mm512_setzero_ps();
+    let mut acc1 = _mm512_setzero_ps();
+    let mut b = 0;
+    while b + 2 <= nb {
+        let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
+        let (d0, d1) = scales2(p0, p1);
+        acc0 = _mm512_fmadd_ps(d0, q8_block(p0.add(2), x.add(b * 32)), acc0);
+        acc1 = _mm512_fmadd_ps(d1, q8_block(p1.add(2), x.add(b * 32 + 32)), acc1);
+        b += 2;
+    }
+    if b < nb {
+        let p = w.add(b * BB);
+        acc0 = _mm512_fmadd_ps(scale1(p), q8_block(p.add(2), x.add(b * 32)), acc0);
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+}
+
+/// The 32 nibbles of a Q4 block as two vectors of i32 lanes: elements 0–15
+/// (low nibbles) and 16–31 (high nibbles).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn nibbles(q: *const u8) -> (__m512i, __m512i) {
+    let r = _mm512_cvtepu8_epi32(_mm_loadu_si128(q as *const __m128i));
+    (
+        _mm512_and_si512(r, _mm512_set1_epi32(0x0f)),
+        _mm512_srli_epi32::<4>(r),
+    )
+}
+
+/// Σ (q−8)·x over one Q4_0 block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn q4_0_block(q: *const u8, x: *const f32) -> __m512 {
+    let (lo, hi) = nibbles(q);
+    let e = _mm512_set1_epi32(8);
+    let f0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, e));
+    let f1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, e));
+    let a = _mm512_mul_ps(f0, _mm512_loadu_ps(x));
+    _mm512_fmadd_ps(f1, _mm512_loadu_ps(x.add(16)), a)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn dot_q4_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    const BB: usize = 18;
+    let mut acc0 = _mm512_setzero_ps();
+    let mut acc1 = _mm512_setzero_ps();
+    let mut b = 0;
+    while b + 2 <= nb {
+        let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
+        let (d0, d1) = scales2(p0, p1);
+        acc0 = _mm512_fmadd_ps(d0, q4_0_block(p0.add(2), x.add(b * 32)), acc0);
+        acc1 = _mm512_fmadd_ps(d1, q4_0_block(p1.add(2), x.add(b * 32 + 32)), acc1);
+        b += 2;
+    }
+    if b < nb {
+        let p = w.add(b * BB);
+        acc0 = _mm512_fmadd_ps(scale1(p), q4_0_block(p.add(2), x.add(b * 32)), acc0);
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+}
+
+/// d and m of the Q4_1 block at `p`, broadcast.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn scale_min(p: *const u8) -> (__m512, __m512) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(ptr::read_unaligned(p as *const i32)));
+    (
+        _mm512_broadcastss_ps(v),
+        _mm512_broadcastss_ps(_mm_movehdup_ps(v)),
+    )
+}
+
+/// (Σ q·x, Σ x) over one Q4_1 block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn q4_1_block(q: *const u8, x: *const f32) -> (__m512, __m512) {
+    let (lo, hi) = nibbles(q);
+    let (x0, x1) = (_mm512_loadu_ps(x), _mm512_loadu_ps(x.add(16)));
+    let a = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), x0);
+    let a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), x1, a);
+    (a, _mm512_add_ps(x0, x1))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn dot_q4_1_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    const BB: usize = 20;
+    let mut acc0 = _mm512_setzero_ps();
+    let mut acc1 = _mm512_setzero_ps();
+    let mut accm0 = _mm512_setzero_ps();
+    let mut accm1 = _mm512_setzero_ps();
+    let mut b = 0;
+    while b + 2 <= nb {
+        let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
+        let (d0, m0) = scale_min(p0);
+        let (d1, m1) = scale_min(p1);
+        let (s0, x0) = q4_1_block(p0.add(4), x.add(b * 32));
+        let (s1, x1) = q4_1_block(p1.add(4), x.add(b * 32 + 32));
+        acc0 = _mm512_fmadd_ps(d0, s0, acc0);
+        acc1 = _mm512_fmadd_ps(d1, s1, acc1);
+        accm0 = _mm512_fmadd_ps(m0, x0, accm0);
+        accm1 = _mm512_fmadd_ps(m1, x1, accm1);
+        b += 2;
+    }
+    if b < nb {
+        let p = w.add(b * BB);
+        let (d, m) = scale_min(p);
+        let (s, xs) = q4_1_block(p.add(4), x.add(b * 32));
+        acc0 = _mm512_fmadd_ps(d, s, acc0);
+        accm0 = _mm512_fmadd_ps(m, xs, accm0);
+    }
+    let acc = _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(accm0, accm1));
+    _mm512_reduce_add_ps(acc)
+}
