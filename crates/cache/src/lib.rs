@@ -7,7 +7,7 @@
 pub mod policy;
 pub mod store;
 
-pub use policy::{CachePolicy, PolicySpec, PolicySpecError};
+pub use policy::{CachePolicy, PolicySpec, PolicySpecError, ScoreAgg};
 pub use store::{HeadSlots, KvBytes, KvStore};
 
 /// A sequence's KV store together with its policy state: the one object the
@@ -22,8 +22,17 @@ pub struct SequenceCache {
 
 impl SequenceCache {
     /// Builds the cache for a sequence of at most `max_len` tokens.
-    pub fn new(spec: &PolicySpec, layers: usize, kv_heads: usize, head_dim: usize, max_len: usize) -> Self {
-        let policy = spec.build();
+    /// Budgets given as percentages resolve against `base_len` (the prompt
+    /// for generation, the whole sequence for perplexity).
+    pub fn new(
+        spec: &PolicySpec,
+        layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        max_len: usize,
+        base_len: usize,
+    ) -> Self {
+        let policy = spec.build(base_len);
         let store = KvStore::new(layers, kv_heads, head_dim, policy.capacity(max_len));
         SequenceCache { store, policy, next_pos: 0 }
     }
@@ -39,9 +48,9 @@ impl SequenceCache {
     }
 
     /// Forgets the sequence but keeps the allocation.
-    pub fn reset(&mut self, spec: &PolicySpec) {
+    pub fn reset(&mut self, spec: &PolicySpec, base_len: usize) {
         self.store.clear();
-        self.policy = spec.build();
+        self.policy = spec.build(base_len);
         self.next_pos = 0;
     }
 }

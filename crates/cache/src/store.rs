@@ -27,7 +27,8 @@ pub struct HeadSlots {
 }
 
 impl HeadSlots {
-    fn new(head_dim: usize, capacity: usize) -> Self {
+    /// Allocates `capacity` slots of `head_dim` floats for K and V.
+    pub fn new(head_dim: usize, capacity: usize) -> Self {
         HeadSlots {
             head_dim,
             capacity,
@@ -74,6 +75,41 @@ impl HeadSlots {
         self.scores[slot] = 0.0;
     }
 
+    /// After a prefill chunk: keeps the candidates listed in `keep`, where
+    /// indices below `len()` are current slots and the rest index the
+    /// chunk's tokens (`chunk_*`, `head_dim` floats each). `scores` holds
+    /// every candidate's new score. Returns false (and changes nothing) when
+    /// the kept set would not fit the capacity.
+    pub fn absorb_chunk(
+        &mut self,
+        keep: &[usize],
+        scores: &[f32],
+        chunk_keys: &[f32],
+        chunk_values: &[f32],
+        chunk_positions: &[u32],
+    ) -> bool {
+        let old = self.len;
+        let kept_old: Vec<usize> = keep.iter().copied().filter(|&i| i < old).collect();
+        if keep.len() > self.capacity {
+            return false;
+        }
+        let mut sorted_old = kept_old;
+        sorted_old.sort_unstable();
+        self.retain_slots(&sorted_old);
+        for (j, &i) in sorted_old.iter().enumerate() {
+            self.scores[j] = scores[i];
+        }
+        let d = self.head_dim;
+        for &i in keep.iter().filter(|&&i| i >= old) {
+            let c = i - old;
+            let s = self.len;
+            self.write(s, chunk_positions[c], &chunk_keys[c * d..(c + 1) * d], &chunk_values[c * d..(c + 1) * d]);
+            self.scores[s] = scores[i];
+            self.len += 1;
+        }
+        true
+    }
+
     /// Evicts `victim`: the most recently pushed slot (the candidate) moves
     /// into the victim's slot with its K, V, position and score, and the
     /// occupied count shrinks by one. No other slot moves.
@@ -92,11 +128,10 @@ impl HeadSlots {
         self.len -= 1;
     }
 
-    /// Keeps exactly the slots listed (in any order), compacting them to the
-    /// front. Used after a full prefill when many tokens leave at once.
+    /// Keeps exactly the slots listed (ascending), compacting them to the
+    /// front. Used after a prefill chunk when many tokens leave at once.
     pub fn retain_slots(&mut self, keep: &[usize]) {
-        let mut keep = keep.to_vec();
-        keep.sort_unstable();
+        debug_assert!(keep.windows(2).all(|w| w[0] < w[1]), "retain_slots needs ascending indices");
         let d = self.head_dim;
         for (dst, &src) in keep.iter().enumerate() {
             if dst != src {
@@ -210,6 +245,23 @@ impl KvStore {
         })
     }
 
+    /// Retained original positions per layer and KV head, ascending
+    /// (`--kept-out`).
+    pub fn kept_positions(&self) -> Vec<Vec<Vec<u32>>> {
+        (0..self.layers)
+            .map(|l| {
+                self.layer(l)
+                    .iter()
+                    .map(|h| {
+                        let mut p = h.positions().to_vec();
+                        p.sort_unstable();
+                        p
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
     /// Empties every head (a new sequence reusing the allocation).
     pub fn clear(&mut self) {
         self.heads.iter_mut().for_each(|h| h.len = 0);
@@ -255,7 +307,7 @@ mod tests {
         for p in 0..5u32 {
             h.push(p * 10, &[p as f32], &[p as f32]).unwrap();
         }
-        h.retain_slots(&[4, 1]);
+        h.retain_slots(&[1, 4]);
         assert_eq!(h.positions(), &[10, 40]);
         assert_eq!(h.values(), &[1.0, 4.0]);
     }

@@ -62,7 +62,7 @@ pub fn generate(
         )));
     }
     let max_new = opts.max_tokens.min(ctx - prompt.len());
-    let mut session = Session::new(model, &opts.policy, prompt.len() + max_new);
+    let mut session = Session::new(model, &opts.policy, prompt.len() + max_new, prompt.len());
     let mut sampler = Sampler::new(opts.sampling.clone());
     let start = Instant::now();
     let mut next = sampler.sample(session.feed(prompt, Logits::Last)?);

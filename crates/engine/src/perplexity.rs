@@ -58,7 +58,7 @@ pub fn perplexity(
     if let Some(&id) = ids.iter().find(|&&id| id as usize >= v) {
         return Err(kvslim_models::Error::TokenOutOfRange { id, vocab: v }.into());
     }
-    let mut s = Session::new(model, &opts.policy, n);
+    let mut s = Session::new(model, &opts.policy, n, n);
     let mut logprobs = Vec::with_capacity(n - 1);
     let mut fed = 0;
     if opts.prefill > 1 {

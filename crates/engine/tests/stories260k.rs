@@ -36,7 +36,7 @@ fn greedy_and_position_zero_logits_match_reference() {
         .map(|s| s.parse().unwrap())
         .collect();
     // position-0 logits
-    let mut s = kvslim_engine::Session::new(&m.model, &PolicySpec::Full, 8);
+    let mut s = kvslim_engine::Session::new(&m.model, &PolicySpec::full(), 8, 8);
     let logits = s.feed(&[1], Logits::Last).unwrap().to_vec();
     let first5 = [-6.22292f32, 8.40434, -6.22374, -6.22254, -6.22195];
     for (a, b) in logits.iter().zip(first5) {
@@ -45,7 +45,7 @@ fn greedy_and_position_zero_logits_match_reference() {
     assert_eq!(argmax(&logits), 403);
     // greedy from BOS alone
     let opts =
-        GenerateOptions { max_tokens: 40, sampling: SamplingParams::default(), policy: PolicySpec::Full, eos: vec![] };
+        GenerateOptions { max_tokens: 40, sampling: SamplingParams::default(), policy: PolicySpec::full(), eos: vec![] };
     let g = generate(&m.model, &[1], &opts, |_| true).unwrap();
     assert_eq!(g.token_ids, want);
     let text = m.tokenizer.as_ref().unwrap().decode(&g.token_ids).unwrap();
@@ -59,10 +59,10 @@ fn tinystories_nll_in_published_range_and_prefill_equals_decode() {
     let mut ids = m.tokenizer.as_ref().unwrap().encode(&text[..20_000]).unwrap();
     ids.truncate(512);
     let decode =
-        perplexity(&m.model, &ids, &PerplexityOptions { prefill: 0, policy: PolicySpec::Full }, |_, _| {}).unwrap();
+        perplexity(&m.model, &ids, &PerplexityOptions { prefill: 0, policy: PolicySpec::full() }, |_, _| {}).unwrap();
     assert!((1.2..=1.45).contains(&decode.nll), "mean NLL {} outside [1.2, 1.45]", decode.nll);
     let prefill =
-        perplexity(&m.model, &ids, &PerplexityOptions { prefill: 300, policy: PolicySpec::Full }, |_, _| {}).unwrap();
+        perplexity(&m.model, &ids, &PerplexityOptions { prefill: 300, policy: PolicySpec::full() }, |_, _| {}).unwrap();
     assert!((prefill.nll - decode.nll).abs() < 1e-5, "prefill {} vs decode {}", prefill.nll, decode.nll);
     for (a, b) in prefill.logprobs.iter().zip(&decode.logprobs) {
         assert!((a - b).abs() < 1e-4);

@@ -34,6 +34,9 @@ fn main() {
     if args.iter().any(|a| a == "--child") {
         return child(secs);
     }
+    if args.iter().any(|a| a == "--kernels") {
+        return kernel_only(secs);
+    }
 
     println!("memory bandwidth (sum over a 1 GiB f32 array):");
     let bw: Vec<f64> = THREADS.iter().map(|&t| mem_bandwidth(t, secs)).collect();
@@ -162,4 +165,70 @@ fn child(secs: f64) {
         }
     }
     std::hint::black_box(&out);
+}
+
+/// Single-thread kernel speed on rows that stay in L2 (no DRAM traffic):
+/// GB/s of weight bytes per kernel set and type.
+fn kernel_only(secs: f64) {
+    const ROWS: usize = 64;
+    let mut seed = 99u64;
+    let data: Vec<f32> = (0..ROWS * N)
+        .map(|_| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect();
+    let x = &data[..N];
+    let sets = available();
+    print!("| dtype |");
+    for k in &sets {
+        print!(" {} |", k.isa);
+    }
+    println!();
+    for dt in DTYPES {
+        let m = Matrix::quantized(dt, ROWS, N, &data).unwrap();
+        print!("| {dt} |");
+        for k in &sets {
+            let mut sink = 0f32;
+            let per_sec = rate(secs, || {
+                for r in 0..ROWS {
+                    sink += kvslim_kernels::dot::dot_row(k, dt, m.row_bytes(r), x);
+                }
+            });
+            std::hint::black_box(sink);
+            print!(" {:.1} |", per_sec * m.nbytes() as f64 / 1e9);
+        }
+        println!();
+    }
+    // attention-sized vectors (one head), where call overhead and tails matter
+    for d in [64usize, 80, 128] {
+        let keys = &data[..ROWS * d];
+        let q = &data[ROWS * d..ROWS * d + d];
+        print!("| dot f32 n={d} (Gdot/s) |");
+        for k in &sets {
+            let mut sink = 0f32;
+            let per_sec = rate(secs, || {
+                for r in 0..ROWS {
+                    sink += (k.f32)(q, &keys[r * d..(r + 1) * d]);
+                }
+            });
+            std::hint::black_box(sink);
+            print!(" {:.3} |", per_sec * ROWS as f64 / 1e9);
+        }
+        println!();
+        let mut out = vec![0f32; d];
+        print!("| axpy n={d} (G/s) |");
+        for k in &sets {
+            let per_sec = rate(secs, || {
+                for r in 0..ROWS {
+                    (k.axpy)(0.01, &keys[r * d..(r + 1) * d], &mut out);
+                }
+            });
+            print!(" {:.3} |", per_sec * ROWS as f64 / 1e9);
+        }
+        std::hint::black_box(&out);
+        println!();
+    }
 }

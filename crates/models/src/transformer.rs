@@ -54,6 +54,12 @@ pub struct Scratch {
     sin: Vec<f32>,
     probs: Vec<f32>,
     logits: Vec<f32>,
+    // prefill candidates of one KV head: held slots, then the chunk
+    cand_keys: Vec<f32>,
+    cand_values: Vec<f32>,
+    cand_scores: Vec<f32>,
+    cand_positions: Vec<u32>,
+    keep: Vec<usize>,
     /// Set to `Some(Trace::default())` to record the next forward call.
     pub trace: Option<Trace>,
 }
@@ -159,9 +165,11 @@ impl Model {
     }
 
     /// A cache for one sequence of at most `max_len` tokens under `spec`.
-    pub fn new_cache(&self, spec: &kvslim_cache::PolicySpec, max_len: usize) -> SequenceCache {
+    /// Percentage budgets resolve against `base_len` (prompt length for
+    /// generation, sequence length for perplexity).
+    pub fn new_cache(&self, spec: &kvslim_cache::PolicySpec, max_len: usize, base_len: usize) -> SequenceCache {
         let c = &self.config;
-        SequenceCache::new(spec, c.n_layers, c.n_kv_heads, c.head_dim, max_len.min(c.context_len))
+        SequenceCache::new(spec, c.n_layers, c.n_kv_heads, c.head_dim, max_len.min(c.context_len), base_len)
     }
 
     /// Runs `tokens` at positions `cache.next_pos..`, appending their keys and
@@ -180,7 +188,7 @@ impl Model {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(Error::TokenOutOfRange { id, vocab: c.vocab_size });
         }
-        let (d, hd, g) = (c.hidden_size, c.head_dim, c.group_size());
+        let (d, hd) = (c.hidden_size, c.head_dim);
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
         let logit_rows = match want {
             Logits::None => 0,
@@ -189,7 +197,6 @@ impl Model {
         };
         let slots = cache.store.head(0, 0).capacity();
         s.ensure(c, n, slots, logit_rows);
-        let tracing = s.trace.is_some();
         if let Some(t) = s.trace.as_mut() {
             t.ctx = p0 + n;
             t.hidden.clear();
@@ -238,97 +245,10 @@ impl Model {
                     }
                 }
             }
-            // keys are stored rotated at their original positions
-            for t in 0..n {
-                for kvh in 0..c.n_kv_heads {
-                    let r = t * kvd + kvh * hd;
-                    let head = cache.store.head_mut(li, kvh);
-                    if head.push((p0 + t) as u32, &s.k[r..r + hd], &s.v[r..r + hd]).is_none() {
-                        return Err(cache.store.full_error(li, kvh).into());
-                    }
-                }
-            }
-
             if n == 1 {
-                // decode: per KV head, one pass over its slots for the whole group
-                for kvh in 0..c.n_kv_heads {
-                    let head = cache.store.head(li, kvh);
-                    let keys = head.keys().ok_or_else(|| missing_keys(li, kvh))?;
-                    let len = head.len();
-                    attend_group(
-                        &s.q[kvh * g * hd..(kvh + 1) * g * hd],
-                        keys,
-                        head.values(),
-                        head.positions(),
-                        p0 as u32,
-                        hd,
-                        scale,
-                        &mut s.probs[..g * len],
-                        &mut s.att[kvh * g * hd..(kvh + 1) * g * hd],
-                    );
-                    if let Some(t) = s.trace.as_mut() {
-                        record_attn(t, c, kvh, 0, 0, head.positions(), &s.probs[..g * len]);
-                    }
-                    if cache.policy.observes_attention() {
-                        let head = cache.store.head_mut(li, kvh);
-                        cache.policy.after_decode_step(li, kvh, head, &s.probs[..g * len]);
-                    }
-                }
+                self.decode_attention(li, cache, s, p0, scale)?;
             } else {
-                let layer = cache.store.layer(li);
-                for hd_ in layer.iter() {
-                    if hd_.keys().is_none() {
-                        return Err(missing_keys(li, 0));
-                    }
-                }
-                let q = &s.q;
-                let attend_token = |t: usize, att_row: &mut [f32], probs: &mut Vec<f32>| {
-                    for (kvh, head) in layer.iter().enumerate() {
-                        let len = head.len();
-                        probs.resize(g * len, 0.0);
-                        attend_group(
-                            &q[t * qd + kvh * g * hd..t * qd + (kvh + 1) * g * hd],
-                            head.keys().expect("checked above"),
-                            head.values(),
-                            head.positions(),
-                            (p0 + t) as u32,
-                            hd,
-                            scale,
-                            probs,
-                            &mut att_row[kvh * g * hd..(kvh + 1) * g * hd],
-                        );
-                    }
-                };
-                if tracing {
-                    let mut probs = Vec::new();
-                    for t in 0..n {
-                        attend_token(t, &mut s.att[t * qd..(t + 1) * qd], &mut probs);
-                        // recompute per head for the record (tests only)
-                        let tr = s.trace.as_mut().expect("tracing");
-                        for (kvh, head) in layer.iter().enumerate() {
-                            let len = head.len();
-                            let mut p = vec![0f32; g * len];
-                            let mut o = vec![0f32; g * hd];
-                            attend_group(
-                                &q[t * qd + kvh * g * hd..t * qd + (kvh + 1) * g * hd],
-                                head.keys().expect("checked above"),
-                                head.values(),
-                                head.positions(),
-                                (p0 + t) as u32,
-                                hd,
-                                scale,
-                                &mut p,
-                                &mut o,
-                            );
-                            record_attn(tr, c, kvh, t, n, head.positions(), &p);
-                        }
-                    }
-                } else {
-                    s.att[..n * qd]
-                        .par_chunks_mut(qd)
-                        .enumerate()
-                        .for_each_init(Vec::new, |probs, (t, row)| attend_token(t, row, probs));
-                }
+                self.prefill_attention(li, cache, s, p0, n, scale)?;
             }
 
             lw.o.forward(&s.att, n, &mut s.proj);
@@ -362,6 +282,161 @@ impl Model {
             w.output().matmul(&s.xn[..logit_rows * d], logit_rows, &mut s.logits);
         }
         Ok(())
+    }
+}
+
+impl Model {
+    /// Decode step of one layer: the new token becomes the candidate slot of
+    /// every KV head, the group attends over D_t, and the policy updates
+    /// scores and evicts (SPEC §1 steps 1–5).
+    fn decode_attention(&self, li: usize, cache: &mut SequenceCache, s: &mut Scratch, p0: usize, scale: f32) -> Result<()> {
+        let c = &self.config;
+        let (hd, g, kvd) = (c.head_dim, c.group_size(), c.kv_dim());
+        for kvh in 0..c.n_kv_heads {
+            let r = kvh * hd;
+            if cache.store.head_mut(li, kvh).push(p0 as u32, &s.k[r..r + hd], &s.v[r..r + hd]).is_none() {
+                return Err(cache.store.full_error(li, kvh).into());
+            }
+            debug_assert!(r + hd <= kvd);
+            let head = cache.store.head(li, kvh);
+            let keys = head.keys().ok_or_else(|| missing_keys(li, kvh))?;
+            let len = head.len();
+            attend_group(
+                &s.q[kvh * g * hd..(kvh + 1) * g * hd],
+                keys,
+                head.values(),
+                head.positions(),
+                p0 as u32,
+                hd,
+                scale,
+                &mut s.probs[..g * len],
+                &mut s.att[kvh * g * hd..(kvh + 1) * g * hd],
+            );
+            if let Some(t) = s.trace.as_mut() {
+                record_attn(t, c, kvh, 0, 0, head.positions(), &s.probs[..g * len]);
+            }
+            let head = cache.store.head_mut(li, kvh);
+            cache.policy.after_decode_step(li, kvh, head, &s.probs[..g * len]);
+        }
+        Ok(())
+    }
+
+    /// Prefill of one layer: per KV head, the candidates are the slots
+    /// already held plus the chunk's tokens; every chunk token attends
+    /// causally over them; column scores are summed when the policy wants
+    /// them; the policy picks what stays and the store absorbs it. The
+    /// store never holds more than the policy's capacity.
+    fn prefill_attention(
+        &self,
+        li: usize,
+        cache: &mut SequenceCache,
+        s: &mut Scratch,
+        p0: usize,
+        n: usize,
+        scale: f32,
+    ) -> Result<()> {
+        /// Tokens per parallel task; fixed so column sums add up in the
+        /// same order whatever the thread count.
+        const TOKEN_BLOCK: usize = 16;
+        let c = &self.config;
+        let (hd, g, qd, kvd) = (c.head_dim, c.group_size(), c.q_dim(), c.kv_dim());
+        let agg = cache.policy.score_aggregation();
+        for kvh in 0..c.n_kv_heads {
+            let head = cache.store.head(li, kvh);
+            let old = head.len();
+            let total = old + n;
+            s.cand_keys.clear();
+            s.cand_keys.extend_from_slice(head.keys().ok_or_else(|| missing_keys(li, kvh))?);
+            s.cand_values.clear();
+            s.cand_values.extend_from_slice(head.values());
+            s.cand_positions.clear();
+            s.cand_positions.extend_from_slice(head.positions());
+            s.cand_scores.clear();
+            s.cand_scores.extend_from_slice(head.scores());
+            for t in 0..n {
+                let r = t * kvd + kvh * hd;
+                s.cand_keys.extend_from_slice(&s.k[r..r + hd]);
+                s.cand_values.extend_from_slice(&s.v[r..r + hd]);
+                s.cand_positions.push((p0 + t) as u32);
+                s.cand_scores.push(0.0);
+            }
+            let (keys, values, positions, q) = (&s.cand_keys, &s.cand_values, &s.cand_positions, &s.q);
+            let partial_columns: Vec<Vec<f32>> = s.att[..n * qd]
+                .par_chunks_mut(TOKEN_BLOCK * qd)
+                .enumerate()
+                .map(|(b, rows)| {
+                    let mut probs = vec![0f32; g * total];
+                    let mut columns = if agg.is_some() { vec![0f32; total] } else { Vec::new() };
+                    for (i, row) in rows.chunks_exact_mut(qd).enumerate() {
+                        let t = b * TOKEN_BLOCK + i;
+                        // only candidates up to this token's own slot can be visible
+                        let visible = old + t + 1;
+                        attend_group(
+                            &q[t * qd + kvh * g * hd..t * qd + (kvh + 1) * g * hd],
+                            &keys[..visible * hd],
+                            &values[..visible * hd],
+                            &positions[..visible],
+                            (p0 + t) as u32,
+                            hd,
+                            scale,
+                            &mut probs[..g * visible],
+                            &mut row[kvh * g * hd..(kvh + 1) * g * hd],
+                        );
+                        if let Some(a) = agg {
+                            a.accumulate(&probs[..g * visible], g, &mut columns[..visible]);
+                        }
+                    }
+                    columns
+                })
+                .collect();
+            if agg.is_some() {
+                for part in &partial_columns {
+                    s.cand_scores.iter_mut().zip(part).for_each(|(sc, p)| *sc += p);
+                }
+            }
+            if s.trace.is_some() {
+                self.trace_prefill_head(kvh, s, old, n, p0, scale);
+            }
+            cache.policy.select_after_prefill(li, kvh, &s.cand_positions, &s.cand_scores, &mut s.keep);
+            let head = cache.store.head_mut(li, kvh);
+            let chunk = old * hd..;
+            let ok = head.absorb_chunk(
+                &s.keep,
+                &s.cand_scores,
+                &s.cand_keys[chunk.clone()],
+                &s.cand_values[chunk],
+                &s.cand_positions[old..],
+            );
+            if !ok {
+                return Err(cache.store.full_error(li, kvh).into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Recomputes one KV head's prefill attention serially into the trace
+    /// (parity tests and diagnostics only).
+    fn trace_prefill_head(&self, kvh: usize, s: &mut Scratch, old: usize, n: usize, p0: usize, scale: f32) {
+        let c = &self.config;
+        let (hd, g, qd) = (c.head_dim, c.group_size(), c.q_dim());
+        let Some(trace) = s.trace.as_mut() else { return };
+        for t in 0..n {
+            let visible = old + t + 1;
+            let mut probs = vec![0f32; g * visible];
+            let mut out = vec![0f32; g * hd];
+            attend_group(
+                &s.q[t * qd + kvh * g * hd..t * qd + (kvh + 1) * g * hd],
+                &s.cand_keys[..visible * hd],
+                &s.cand_values[..visible * hd],
+                &s.cand_positions[..visible],
+                (p0 + t) as u32,
+                hd,
+                scale,
+                &mut probs,
+                &mut out,
+            );
+            record_attn(trace, c, kvh, t, n, &s.cand_positions[..visible], &probs);
+        }
     }
 }
 

@@ -288,48 +288,64 @@ unsafe fn dot_q8_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
     _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
 }
 
-/// The 32 nibbles of a Q4 block as two vectors of i32 lanes: elements 0–15
-/// (low nibbles) and 16–31 (high nibbles).
+/// The 32 nibbles of a Q4 block at `q` looked up in `table` (16 f32, one
+/// per nibble value): elements 0–15 (low nibbles) and 16–31 (high nibbles).
+/// `vpermps` reads only the low 4 bits of each index, so the low nibbles
+/// need no mask.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn nibbles(q: *const u8) -> (__m512i, __m512i) {
+unsafe fn nibbles(q: *const u8, table: __m512) -> (__m512, __m512) {
     let r = _mm512_cvtepu8_epi32(_mm_loadu_si128(q as *const __m128i));
     (
-        _mm512_and_si512(r, _mm512_set1_epi32(0x0f)),
-        _mm512_srli_epi32::<4>(r),
+        _mm512_permutexvar_ps(r, table),
+        _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(r), table),
     )
 }
 
-/// Σ (q−8)·x over one Q4_0 block.
+/// f32 values `base`, `base`+1, …, `base`+15.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn q4_0_block(q: *const u8, x: *const f32) -> __m512 {
-    let (lo, hi) = nibbles(q);
-    let e = _mm512_set1_epi32(8);
-    let f0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, e));
-    let f1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, e));
-    let a = _mm512_mul_ps(f0, _mm512_loadu_ps(x));
-    _mm512_fmadd_ps(f1, _mm512_loadu_ps(x.add(16)), a)
+fn ramp(base: f32) -> __m512 {
+    _mm512_add_ps(
+        _mm512_set1_ps(base),
+        _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        ),
+    )
 }
 
+/// Q4_0 as a table lookup: the block's 16 possible values d·(q−8) are built
+/// once (one multiply), then each nibble selects its dequantized weight.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn dot_q4_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
     const BB: usize = 18;
+    let q = ramp(-8.0);
     let mut acc0 = _mm512_setzero_ps();
     let mut acc1 = _mm512_setzero_ps();
+    let mut acc2 = _mm512_setzero_ps();
+    let mut acc3 = _mm512_setzero_ps();
     let mut b = 0;
     while b + 2 <= nb {
         let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
         let (d0, d1) = scales2(p0, p1);
-        acc0 = _mm512_fmadd_ps(d0, q4_0_block(p0.add(2), x.add(b * 32)), acc0);
-        acc1 = _mm512_fmadd_ps(d1, q4_0_block(p1.add(2), x.add(b * 32 + 32)), acc1);
+        let (lo0, hi0) = nibbles(p0.add(2), _mm512_mul_ps(d0, q));
+        let (lo1, hi1) = nibbles(p1.add(2), _mm512_mul_ps(d1, q));
+        let xb = x.add(b * 32);
+        acc0 = _mm512_fmadd_ps(lo0, _mm512_loadu_ps(xb), acc0);
+        acc1 = _mm512_fmadd_ps(hi0, _mm512_loadu_ps(xb.add(16)), acc1);
+        acc2 = _mm512_fmadd_ps(lo1, _mm512_loadu_ps(xb.add(32)), acc2);
+        acc3 = _mm512_fmadd_ps(hi1, _mm512_loadu_ps(xb.add(48)), acc3);
         b += 2;
     }
     if b < nb {
         let p = w.add(b * BB);
-        acc0 = _mm512_fmadd_ps(scale1(p), q4_0_block(p.add(2), x.add(b * 32)), acc0);
+        let (lo, hi) = nibbles(p.add(2), _mm512_mul_ps(scale1(p), q));
+        let xb = x.add(b * 32);
+        acc0 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), acc0);
+        acc1 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb.add(16)), acc1);
     }
-    _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+    let acc = _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3));
+    _mm512_reduce_add_ps(acc)
 }
 
 /// d and m of the Q4_1 block at `p`, broadcast.
@@ -343,44 +359,39 @@ unsafe fn scale_min(p: *const u8) -> (__m512, __m512) {
     )
 }
 
-/// (Σ q·x, Σ x) over one Q4_1 block.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn q4_1_block(q: *const u8, x: *const f32) -> (__m512, __m512) {
-    let (lo, hi) = nibbles(q);
-    let (x0, x1) = (_mm512_loadu_ps(x), _mm512_loadu_ps(x.add(16)));
-    let a = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), x0);
-    let a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), x1, a);
-    (a, _mm512_add_ps(x0, x1))
-}
-
+/// Q4_1 as a table lookup: the block's 16 possible values d·q + m are built
+/// once (one FMA), then each nibble selects its dequantized weight, so the
+/// product is exactly dequantize-then-dot.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn dot_q4_1_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
     const BB: usize = 20;
+    let q = ramp(0.0);
     let mut acc0 = _mm512_setzero_ps();
     let mut acc1 = _mm512_setzero_ps();
-    let mut accm0 = _mm512_setzero_ps();
-    let mut accm1 = _mm512_setzero_ps();
+    let mut acc2 = _mm512_setzero_ps();
+    let mut acc3 = _mm512_setzero_ps();
     let mut b = 0;
     while b + 2 <= nb {
         let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
         let (d0, m0) = scale_min(p0);
         let (d1, m1) = scale_min(p1);
-        let (s0, x0) = q4_1_block(p0.add(4), x.add(b * 32));
-        let (s1, x1) = q4_1_block(p1.add(4), x.add(b * 32 + 32));
-        acc0 = _mm512_fmadd_ps(d0, s0, acc0);
-        acc1 = _mm512_fmadd_ps(d1, s1, acc1);
-        accm0 = _mm512_fmadd_ps(m0, x0, accm0);
-        accm1 = _mm512_fmadd_ps(m1, x1, accm1);
+        let (lo0, hi0) = nibbles(p0.add(4), _mm512_fmadd_ps(d0, q, m0));
+        let (lo1, hi1) = nibbles(p1.add(4), _mm512_fmadd_ps(d1, q, m1));
+        let xb = x.add(b * 32);
+        acc0 = _mm512_fmadd_ps(lo0, _mm512_loadu_ps(xb), acc0);
+        acc1 = _mm512_fmadd_ps(hi0, _mm512_loadu_ps(xb.add(16)), acc1);
+        acc2 = _mm512_fmadd_ps(lo1, _mm512_loadu_ps(xb.add(32)), acc2);
+        acc3 = _mm512_fmadd_ps(hi1, _mm512_loadu_ps(xb.add(48)), acc3);
         b += 2;
     }
     if b < nb {
         let p = w.add(b * BB);
         let (d, m) = scale_min(p);
-        let (s, xs) = q4_1_block(p.add(4), x.add(b * 32));
-        acc0 = _mm512_fmadd_ps(d, s, acc0);
-        accm0 = _mm512_fmadd_ps(m, xs, accm0);
+        let (lo, hi) = nibbles(p.add(4), _mm512_fmadd_ps(d, q, m));
+        let xb = x.add(b * 32);
+        acc0 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), acc0);
+        acc1 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb.add(16)), acc1);
     }
-    let acc = _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(accm0, accm1));
+    let acc = _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3));
     _mm512_reduce_add_ps(acc)
 }

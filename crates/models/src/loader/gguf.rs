@@ -585,7 +585,8 @@ fn parse(path: &Path, data: &[u8]) -> Result<Header> {
             // a dimension can never exceed the file's size in elements
             if d > data.len() as u64 * 2 {
                 return Err(r.err(format!(
-                    "tensor `{name}` claims a dimension of {d}, more than the {}-byte file can hold",
+                    "tensor `{name}` claims a dimension of {d}, more than the {}-byte file can \
+                     hold (truncated or corrupt file)",
                     data.len()
                 )));
             }
@@ -609,7 +610,7 @@ fn parse(path: &Path, data: &[u8]) -> Result<Header> {
     for raw in raws {
         let name = raw.name;
         let block = raw.dtype.block_elems();
-        if raw.dims[0] % block != 0 {
+        if !raw.dims[0].is_multiple_of(block) {
             return Err(r.err(format!(
                 "tensor `{name}`: row length {} is not a multiple of the {} block size {block}",
                 raw.dims[0], raw.dtype
@@ -619,13 +620,14 @@ fn parse(path: &Path, data: &[u8]) -> Result<Header> {
         let nbytes = numel.and_then(|n| (n / block).checked_mul(raw.dtype.block_bytes())).filter(|&b| b <= data.len());
         let Some(nbytes) = nbytes else {
             return Err(r.err(format!(
-                "tensor `{name}` of dims {:?} {} is larger than the {}-byte file",
+                "tensor `{name}` of dims {:?} {} is larger than the whole {}-byte file \
+                 (truncated or corrupt file)",
                 raw.dims,
                 raw.dtype,
                 data.len()
             )));
         };
-        if raw.offset % alignment as u64 != 0 {
+        if !raw.offset.is_multiple_of(alignment as u64) {
             return Err(r.err(format!(
                 "tensor `{name}` data offset {} is not a multiple of the alignment {alignment}",
                 raw.offset
@@ -697,7 +699,7 @@ pub fn build(f: &GgufFile) -> Result<(ModelConfig, Weights)> {
     let head_dim = match md.usize("llama.attention.key_length")? {
         Some(k) => k,
         None => {
-            if hidden % n_heads != 0 {
+            if !hidden.is_multiple_of(n_heads) {
                 return Err(Error::format(
                     path,
                     format!("embedding_length {hidden} is not a multiple of head_count {n_heads}"),

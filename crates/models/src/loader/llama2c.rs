@@ -20,7 +20,21 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
     let data = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let (config, weights) = parse(path, &data)?;
     let tokenizer = match find_tokenizer(path) {
-        Some(p) => Some(crate::tokenizer::scored::load_llama2c(&p)?),
+        Some(p) => {
+            let t = crate::tokenizer::scored::load_llama2c(&p)?;
+            if t.vocab_size() != config.vocab_size {
+                return Err(Error::format(
+                    &p,
+                    format!(
+                        "llama2.c tokenizer has {} tokens but the vocabulary of {} has {} (truncated file, or the wrong tokenizer)",
+                        t.vocab_size(),
+                        path.display(),
+                        config.vocab_size
+                    ),
+                ));
+            }
+            Some(t)
+        }
         None => None,
     };
     Ok(LoadedModel { model: Model::new(config, weights)?, tokenizer })
@@ -57,7 +71,7 @@ pub fn parse(path: &Path, data: &[u8]) -> Result<(ModelConfig, Weights)> {
     }
     let shared = vocab_raw > 0;
     let [dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len] =
-        [dim, hidden, n_layers, n_heads, n_kv_heads, vocab_raw.abs(), seq_len].map(|v| v as usize);
+        [dim, hidden, n_layers, n_heads, n_kv_heads, vocab_raw, seq_len].map(|v| v.unsigned_abs() as usize);
     if dim % n_heads != 0 {
         return Err(bad(format!("dim {dim} is not divisible by n_heads {n_heads}")));
     }
@@ -87,13 +101,20 @@ pub fn parse(path: &Path, data: &[u8]) -> Result<(ModelConfig, Weights)> {
     config.validate().map_err(bad)?;
     let kv_dim = config.kv_dim();
     // total floats, checked before reading anything
-    let per_layer = dim + dim * dim + 2 * kv_dim * dim + dim * dim + dim + 3 * hidden * dim;
-    let mut need = vocab * dim + n_layers * per_layer + dim + seq_len * head_dim;
-    if !shared {
-        need += vocab * dim;
-    }
+    // (checked: a lying header must not overflow into a small count)
+    let need = (|| {
+        let mul = |a: usize, b: usize| a.checked_mul(b);
+        let per_layer = [dim, mul(dim, dim)?, mul(2 * kv_dim, dim)?, mul(dim, dim)?, dim, mul(3, mul(hidden, dim)?)?]
+            .into_iter()
+            .try_fold(0usize, usize::checked_add)?;
+        let embed = mul(vocab, dim)?;
+        [embed, mul(n_layers, per_layer)?, dim, mul(seq_len, head_dim)?, if shared { 0 } else { embed }]
+            .into_iter()
+            .try_fold(0usize, usize::checked_add)
+    })();
     let have = (data.len() - 28) / 4;
-    if have < need {
+    if need.is_none_or(|need| have < need) {
+        let need = need.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string());
         return Err(bad(format!(
             "header describes {need} floats of weights but the file holds {have} (truncated, or the header lies)"
         )));

@@ -180,7 +180,12 @@ impl SafetensorsFiles {
             if name == "__metadata__" {
                 continue;
             }
-            let dt = info.get("dtype").and_then(|d| d.as_str()).unwrap_or("?");
+            if !info.is_object() {
+                return Err(bad(format!("tensor `{name}`: entry is not a JSON object")));
+            }
+            let Some(dt) = info.get("dtype").and_then(|d| d.as_str()) else {
+                return Err(bad(format!("tensor `{name}` has no dtype")));
+            };
             let dtype = StDtype::parse(dt).ok_or_else(|| Error::UnsupportedTensorType {
                 path: path.into(),
                 name: name.clone(),
@@ -206,13 +211,16 @@ impl SafetensorsFiles {
                     offs.0, offs.1
                 )));
             }
-            let (start, end) = (data_start + offs.0, data_start + offs.1);
-            if end > map.len() {
-                return Err(bad(format!(
-                    "tensor `{name}` ends at byte {end} but the file has {} bytes (truncated?)",
-                    map.len()
-                )));
-            }
+            let (start, end) = match (data_start.checked_add(offs.0), data_start.checked_add(offs.1)) {
+                (Some(s), Some(e)) if e <= map.len() => (s, e),
+                _ => {
+                    return Err(bad(format!(
+                        "tensor `{name}` ends at byte {} but the file has {} bytes (truncated?)",
+                        data_start as u128 + offs.1 as u128,
+                        map.len()
+                    )))
+                }
+            };
             self.tensors.insert(name.clone(), TensorInfo { dtype, shape, file: fidx, start, end });
         }
         self.paths.push(path.to_path_buf());

@@ -1,0 +1,109 @@
+//! Cache policies: which tokens stay in a sequence's KV store.
+//!
+//! A policy never touches K/V arrays directly: it reads attention
+//! probabilities and slot metadata, and picks victims through
+//! [`HeadSlots`]' small API (`evict`, `scores_mut`). The policy-spec grammar
+//! in [`spec`] is the one parser shared by the CLI, server, evaluation and
+//! config files.
+
+pub mod spec;
+pub mod token;
+
+pub use spec::{Budget, PolicySpec, PolicySpecError, TokenPolicySpec};
+pub use token::{EvictionEvent, TokenEviction, VictimRule};
+
+use crate::store::HeadSlots;
+
+/// How the attention of a KV head's query-head group is folded into one
+/// score per slot (SPEC §1 step 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScoreAgg {
+    /// Σ over the group's query heads (the default).
+    Sum,
+    /// max over the group's query heads.
+    Max,
+}
+
+impl ScoreAgg {
+    /// `scores[i] += agg_h probs[h * len + i]` for a `group × len` block.
+    #[inline]
+    pub fn accumulate(self, probs: &[f32], group: usize, scores: &mut [f32]) {
+        let len = scores.len();
+        match self {
+            ScoreAgg::Sum => {
+                for h in 0..group {
+                    let row = &probs[h * len..(h + 1) * len];
+                    scores.iter_mut().zip(row).for_each(|(s, p)| *s += p);
+                }
+            }
+            ScoreAgg::Max => {
+                for (i, s) in scores.iter_mut().enumerate() {
+                    let mut m = 0f32;
+                    for h in 0..group {
+                        m = m.max(probs[h * len + i]);
+                    }
+                    *s += m;
+                }
+            }
+        }
+    }
+}
+
+/// What the forward pass tells a policy, and what it lets a policy do.
+pub trait CachePolicy: Send {
+    /// Short name for reports (`full`, `h2o`, …).
+    fn name(&self) -> &str;
+
+    /// Slots to allocate per (layer, KV head) for a sequence of at most
+    /// `max_len` tokens. Budgeted policies return budget + 1 (one candidate).
+    fn capacity(&self, max_len: usize) -> usize;
+
+    /// The score aggregation when the policy needs attention probabilities;
+    /// `None` lets the forward pass skip handing them over.
+    fn score_aggregation(&self) -> Option<ScoreAgg> {
+        None
+    }
+
+    /// Streaming prefill: the prompt is fed in chunks of this many tokens.
+    fn prefill_chunk(&self) -> Option<usize> {
+        None
+    }
+
+    /// Called once per decode step, per layer and KV head, after attention
+    /// over the candidate set D_t (the new token is the last occupied slot).
+    /// `probs` is `group × slots.len()`, row h = query head h of the group.
+    fn after_decode_step(&mut self, _layer: usize, _kv_head: usize, _slots: &mut HeadSlots, _probs: &[f32]) {}
+
+    /// Called after a prefill chunk, per layer and KV head, with every
+    /// candidate (the slots held before the chunk, then the chunk's tokens):
+    /// their positions and scores (column sums of the chunk's attention
+    /// added). Fills `keep` with the candidate indices to retain.
+    fn select_after_prefill(
+        &mut self,
+        _layer: usize,
+        _kv_head: usize,
+        positions: &[u32],
+        _scores: &[f32],
+        keep: &mut Vec<usize>,
+    ) {
+        keep.clear();
+        keep.extend(0..positions.len());
+    }
+
+    /// Eviction events recorded so far (diagnostics; empty unless enabled).
+    fn take_events(&mut self) -> Vec<EvictionEvent> {
+        Vec::new()
+    }
+}
+
+/// The `full` policy: keep everything.
+pub struct FullCache;
+
+impl CachePolicy for FullCache {
+    fn name(&self) -> &str {
+        "full"
+    }
+    fn capacity(&self, max_len: usize) -> usize {
+        max_len
+    }
+}

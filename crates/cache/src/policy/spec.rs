@@ -1,0 +1,396 @@
+//! The policy-spec grammar, shared by the CLI, the server, evaluation and
+//! config files:
+//!
+//! ```text
+//! full
+//! window:recent=N                      recent tokens only ("local")
+//! sink:sink=S,recent=N                 StreamingLLM: first S positions + window
+//! heavy:heavy=N                        heavy hitters only, no window
+//! random:budget=N[,recent=R][,seed=S]  seeded random victims, window protected
+//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C]
+//! ```
+//!
+//! Every budget is a slot count or `P%` of the evaluated sequence length
+//! (the prompt for generation, the whole sequence for perplexity), turned
+//! into slots once by [`PolicySpec::build`].
+
+use super::token::{TokenEviction, VictimRule};
+use super::{CachePolicy, FullCache, ScoreAgg};
+use std::fmt;
+
+/// A budget: absolute slots or a fraction of the evaluated sequence length.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Budget {
+    Slots(usize),
+    /// Percent in (0, 100].
+    Percent(f64),
+}
+
+impl Budget {
+    /// Slots for a sequence of `base_len` tokens: ⌊P% · len⌋, at least 1 for
+    /// a non-zero percentage.
+    pub fn resolve(self, base_len: usize) -> usize {
+        match self {
+            Budget::Slots(n) => n,
+            Budget::Percent(p) => ((p / 100.0 * base_len as f64).floor() as usize).max(1),
+        }
+    }
+
+    fn parse(v: &str) -> Result<Budget, String> {
+        if let Some(p) = v.strip_suffix('%') {
+            let p: f64 = p.trim().parse().map_err(|_| format!("`{v}` is not a percentage"))?;
+            if !(p > 0.0 && p <= 100.0) {
+                return Err(format!("percentage `{v}` must be in (0, 100]"));
+            }
+            Ok(Budget::Percent(p))
+        } else {
+            v.trim().parse().map(Budget::Slots).map_err(|_| format!("`{v}` is not a slot count or a percentage like 10%"))
+        }
+    }
+
+    fn is_zero(self) -> bool {
+        self == Budget::Slots(0)
+    }
+}
+
+impl fmt::Display for Budget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Budget::Slots(n) => write!(f, "{n}"),
+            Budget::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
+/// How H2O treats a prompt longer than its budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillMode {
+    /// Full causal attention over the prompt, then keep recent + top heavy.
+    Full,
+    /// Chunks of C tokens, eviction after each chunk.
+    Stream(usize),
+}
+
+/// Token-eviction part of a policy.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TokenPolicySpec {
+    Full,
+    Window { recent: Budget },
+    Sink { sink: Budget, recent: Budget },
+    Heavy { heavy: Budget },
+    Random { budget: Budget, recent: Budget, seed: u64 },
+    H2o { heavy: Budget, recent: Budget, agg: ScoreAgg, prefill: PrefillMode },
+}
+
+/// A parsed policy specification.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicySpec {
+    pub token: TokenPolicySpec,
+}
+
+/// A policy string that could not be parsed; the message names the problem.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid policy spec '{spec}': {reason}")]
+pub struct PolicySpecError {
+    pub spec: String,
+    pub reason: String,
+}
+
+const KNOWN: &str = "full, window, sink, heavy, random, h2o";
+
+/// `k=v` pairs of one policy, consumed as they are read so leftovers can be
+/// reported as unknown parameters.
+struct Params<'a> {
+    policy: &'a str,
+    pairs: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Params<'a> {
+    fn parse(policy: &'a str, args: &'a str) -> Result<Self, String> {
+        let mut pairs: Vec<(&str, &str)> = Vec::new();
+        for part in args.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = part.split_once('=').ok_or_else(|| format!("`{part}` is not key=value"))?;
+            let (k, v) = (k.trim(), v.trim());
+            if pairs.iter().any(|(pk, _)| *pk == k) {
+                return Err(format!("parameter `{k}` given twice"));
+            }
+            pairs.push((k, v));
+        }
+        Ok(Params { policy, pairs })
+    }
+
+    fn take(&mut self, key: &str) -> Option<&'a str> {
+        let i = self.pairs.iter().position(|(k, _)| *k == key)?;
+        Some(self.pairs.remove(i).1)
+    }
+
+    fn budget(&mut self, key: &str) -> Result<Option<Budget>, String> {
+        self.take(key).map(|v| Budget::parse(v).map_err(|e| format!("{key}: {e}"))).transpose()
+    }
+
+    fn required_budget(&mut self, key: &str) -> Result<Budget, String> {
+        self.budget(key)?.ok_or_else(|| format!("`{}` needs `{key}=`", self.policy))
+    }
+
+    fn finish(self, allowed: &str) -> Result<(), String> {
+        match self.pairs.first() {
+            Some((k, _)) => Err(format!("unknown parameter `{k}` for `{}` (allowed: {allowed})", self.policy)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn parse_token_policy(text: &str) -> Result<TokenPolicySpec, String> {
+    let (name, args) = text.split_once(':').unwrap_or((text, ""));
+    let name = name.trim();
+    let mut p = Params::parse(name, args)?;
+    let spec = match name {
+        "full" => {
+            p.finish("none")?;
+            TokenPolicySpec::Full
+        }
+        "window" | "local" => {
+            let recent = p.required_budget("recent")?;
+            p.finish("recent")?;
+            if recent.is_zero() {
+                return Err("window needs recent ≥ 1".into());
+            }
+            TokenPolicySpec::Window { recent }
+        }
+        "sink" => {
+            let sink = p.required_budget("sink")?;
+            let recent = p.required_budget("recent")?;
+            p.finish("sink, recent")?;
+            if recent.is_zero() {
+                return Err("sink needs recent ≥ 1 (the new token must have a place)".into());
+            }
+            TokenPolicySpec::Sink { sink, recent }
+        }
+        "heavy" => {
+            let heavy = p.required_budget("heavy")?;
+            p.finish("heavy")?;
+            if heavy.is_zero() {
+                return Err("heavy needs heavy ≥ 1".into());
+            }
+            TokenPolicySpec::Heavy { heavy }
+        }
+        "random" => {
+            let budget = p.required_budget("budget")?;
+            let recent = p.budget("recent")?.unwrap_or(Budget::Slots(0));
+            let seed = match p.take("seed") {
+                Some(s) => s.parse().map_err(|_| format!("seed: `{s}` is not an unsigned integer"))?,
+                None => 0,
+            };
+            p.finish("budget, recent, seed")?;
+            if budget.is_zero() {
+                return Err("random needs budget ≥ 1".into());
+            }
+            if let (Budget::Slots(b), Budget::Slots(r)) = (budget, recent) {
+                if r >= b {
+                    return Err(format!("random: recent ({r}) must be smaller than budget ({b})"));
+                }
+            }
+            TokenPolicySpec::Random { budget, recent, seed }
+        }
+        "h2o" => {
+            let heavy = p.required_budget("heavy")?;
+            let recent = p.required_budget("recent")?;
+            let agg = match p.take("agg") {
+                None | Some("sum") => ScoreAgg::Sum,
+                Some("max") => ScoreAgg::Max,
+                Some(o) => return Err(format!("agg: `{o}` is not `sum` or `max`")),
+            };
+            let prefill = match p.take("prefill") {
+                None | Some("full") => PrefillMode::Full,
+                Some(s) => match s.strip_prefix("stream:").map(str::parse::<usize>) {
+                    Some(Ok(c)) if c > 0 => PrefillMode::Stream(c),
+                    _ => return Err(format!("prefill: `{s}` is not `full` or `stream:C` with C ≥ 1")),
+                },
+            };
+            p.finish("heavy, recent, agg, prefill")?;
+            if heavy.is_zero() && recent.is_zero() {
+                return Err("h2o needs heavy + recent ≥ 1".into());
+            }
+            TokenPolicySpec::H2o { heavy, recent, agg, prefill }
+        }
+        "" => return Err(format!("empty policy name; known policies: {KNOWN}")),
+        "chai" | "chai-static" => {
+            return Err("CHAI head sharing is not available in this build yet; use a token policy".into())
+        }
+        other => return Err(format!("unknown policy `{other}`; known policies: {KNOWN}")),
+    };
+    Ok(spec)
+}
+
+impl PolicySpec {
+    /// The default: keep every token.
+    pub fn full() -> Self {
+        PolicySpec { token: TokenPolicySpec::Full }
+    }
+
+    /// Parses the grammar above.
+    pub fn parse(spec: &str) -> Result<Self, PolicySpecError> {
+        let err = |reason: String| PolicySpecError { spec: spec.to_string(), reason };
+        let mut parts = spec.split('+');
+        let token = parse_token_policy(parts.next().unwrap_or("").trim()).map_err(err)?;
+        if let Some(extra) = parts.next() {
+            let extra = extra.trim();
+            let name = extra.split(':').next().unwrap_or("");
+            let reason = if name.starts_with("chai") {
+                "CHAI head sharing is not available in this build yet".to_string()
+            } else {
+                format!("`+{extra}`: only a head policy (chai) can follow `+`")
+            };
+            return Err(err(reason));
+        }
+        Ok(PolicySpec { token })
+    }
+
+    /// Whether the policy ever evicts.
+    pub fn is_full(&self) -> bool {
+        self.token == TokenPolicySpec::Full
+    }
+
+    /// Total slot budget B for a sequence of `base_len` tokens (`None` for full).
+    pub fn budget(&self, base_len: usize) -> Option<usize> {
+        use TokenPolicySpec::*;
+        Some(match self.token {
+            Full => return None,
+            Window { recent } => recent.resolve(base_len),
+            Sink { sink, recent } => sink.resolve(base_len) + recent.resolve(base_len),
+            Heavy { heavy } => heavy.resolve(base_len),
+            Random { budget, .. } => budget.resolve(base_len),
+            H2o { heavy, recent, .. } => heavy.resolve(base_len) + recent.resolve(base_len),
+        })
+    }
+
+    /// Instantiates the per-sequence policy state; percentages are resolved
+    /// against `base_len` here, once.
+    pub fn build(&self, base_len: usize) -> Box<dyn CachePolicy> {
+        use TokenPolicySpec::*;
+        let r = |b: Budget| b.resolve(base_len);
+        match self.token {
+            Full => Box::new(FullCache),
+            Window { recent } => {
+                Box::new(TokenEviction::new("window", r(recent), r(recent), 0, VictimRule::Oldest, None, None))
+            }
+            Sink { sink, recent } => Box::new(TokenEviction::new(
+                "sink",
+                r(sink) + r(recent),
+                r(recent),
+                r(sink),
+                VictimRule::Oldest,
+                None,
+                None,
+            )),
+            Heavy { heavy } => Box::new(TokenEviction::new(
+                "heavy",
+                r(heavy),
+                0,
+                0,
+                VictimRule::LowestScore,
+                Some(ScoreAgg::Sum),
+                None,
+            )),
+            Random { budget, recent, seed } => {
+                let (b, rr) = (r(budget), r(recent).min(r(budget).saturating_sub(1)));
+                Box::new(TokenEviction::new("random", b, rr, 0, VictimRule::Random { seed }, None, None))
+            }
+            H2o { heavy, recent, agg, prefill } => Box::new(TokenEviction::new(
+                "h2o",
+                r(heavy) + r(recent),
+                r(recent),
+                0,
+                VictimRule::LowestScore,
+                Some(agg),
+                match prefill {
+                    PrefillMode::Full => None,
+                    PrefillMode::Stream(c) => Some(c),
+                },
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for PolicySpec {
+    type Err = PolicySpecError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PolicySpec::parse(s)
+    }
+}
+
+impl fmt::Display for PolicySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use TokenPolicySpec::*;
+        match &self.token {
+            Full => f.write_str("full"),
+            Window { recent } => write!(f, "window:recent={recent}"),
+            Sink { sink, recent } => write!(f, "sink:sink={sink},recent={recent}"),
+            Heavy { heavy } => write!(f, "heavy:heavy={heavy}"),
+            Random { budget, recent, seed } => write!(f, "random:budget={budget},recent={recent},seed={seed}"),
+            H2o { heavy, recent, agg, prefill } => {
+                write!(f, "h2o:heavy={heavy},recent={recent}")?;
+                if *agg == ScoreAgg::Max {
+                    f.write_str(",agg=max")?;
+                }
+                if let PrefillMode::Stream(c) = prefill {
+                    write!(f, ",prefill=stream:{c}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_policy_and_round_trips() {
+        for s in [
+            "full",
+            "window:recent=64",
+            "sink:sink=4,recent=60",
+            "heavy:heavy=32",
+            "random:budget=64,recent=16,seed=7",
+            "h2o:heavy=32,recent=32",
+            "h2o:heavy=10%,recent=10%,agg=max,prefill=stream:16",
+        ] {
+            let p = PolicySpec::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
+            assert_eq!(PolicySpec::parse(&p.to_string()).unwrap(), p, "{s}");
+        }
+        assert_eq!(PolicySpec::parse(" full ").unwrap(), PolicySpec::full());
+    }
+
+    #[test]
+    fn percentages_resolve_once_against_the_base_length() {
+        let p = PolicySpec::parse("h2o:heavy=10%,recent=10%").unwrap();
+        assert_eq!(p.budget(1000), Some(200)); // 20% total, not 20% extra heavy
+        assert_eq!(p.build(1000).capacity(5000), 201);
+        assert_eq!(PolicySpec::parse("window:recent=1%").unwrap().budget(10), Some(1));
+    }
+
+    #[test]
+    fn bad_specs_name_the_problem() {
+        let cases = [
+            ("fancy:x=1", "unknown policy `fancy`"),
+            ("full:x=1", "unknown parameter `x`"),
+            ("h2o:heavy=32", "needs `recent=`"),
+            ("h2o:heavy=32,recent=x", "not a slot count"),
+            ("h2o:heavy=32,recent=0%", "must be in (0, 100]"),
+            ("h2o:heavy=1,recent=1,agg=mean", "agg"),
+            ("h2o:heavy=1,recent=1,prefill=stream:0", "prefill"),
+            ("h2o:heavy=1,heavy=2,recent=1", "given twice"),
+            ("h2o:heavy=0,recent=0", "≥ 1"),
+            ("random:budget=8,recent=8", "smaller than budget"),
+            ("window:recent", "not key=value"),
+            ("", "empty policy name"),
+            ("h2o:heavy=1,recent=1+foo", "only a head policy"),
+        ];
+        for (spec, want) in cases {
+            let e = PolicySpec::parse(spec).unwrap_err().to_string();
+            assert!(e.contains(want), "{spec:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! Token eviction with a fixed slot budget per (layer, KV head): H2O and the
+//! baselines (window, sink, heavy-only, random) share one mechanism and
+//! differ only in which slots are protected and how the victim is chosen.
+//!
+//! Decode step (SPEC §1): the new token is already in the store as the
+//! last occupied slot (the B+1-th, the candidate); attention over D_t has
+//! run; scores are updated; if |D_t| > B exactly one victim outside the
+//! protected set leaves, and the candidate moves into its slot.
+
+use super::{CachePolicy, ScoreAgg};
+use crate::store::HeadSlots;
+use std::collections::HashMap;
+
+/// How the victim is chosen among unprotected slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VictimRule {
+    /// Lowest accumulated score; ties → smaller original position (H2O, heavy).
+    LowestScore,
+    /// Smallest original position (window, sink).
+    Oldest,
+    /// Uniformly random, reproducible from the seed (per layer and KV head).
+    Random { seed: u64 },
+}
+
+/// One eviction, for `--trace-out`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct EvictionEvent {
+    /// Position of the token being decoded when the eviction happened.
+    pub step: u32,
+    pub layer: usize,
+    pub kv_head: usize,
+    pub victim_pos: u32,
+    pub victim_score: f32,
+    /// step − victim_pos.
+    pub victim_age: u32,
+    /// Lowest score still eligible for eviction after the step minus the
+    /// victim's score (≥ 0; how close the decision was).
+    pub margin: f32,
+}
+
+/// H2O and the token-eviction baselines.
+pub struct TokenEviction {
+    name: &'static str,
+    budget: usize,
+    recent: usize,
+    sinks: usize,
+    rule: VictimRule,
+    agg: Option<ScoreAgg>,
+    prefill_chunk: Option<usize>,
+    rngs: HashMap<(usize, usize), u64>,
+    /// Record events for steps that are multiples of this (0 = off).
+    trace_every: u32,
+    events: Vec<EvictionEvent>,
+    eligible: Vec<(u32, usize)>,
+}
+
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The random stream of one (layer, KV head): reproducible and independent
+/// of the order in which heads are visited.
+pub fn head_rng_seed(seed: u64, layer: usize, kv_head: usize) -> u64 {
+    let mut s = seed ^ ((layer as u64) << 32 | kv_head as u64).wrapping_mul(0xd6e8_feb8_6659_fd93);
+    splitmix(&mut s)
+}
+
+impl TokenEviction {
+    /// `budget` = B total slots, `recent` = B_r protected most recent
+    /// positions, `sinks` = positions below this are protected.
+    pub fn new(
+        name: &'static str,
+        budget: usize,
+        recent: usize,
+        sinks: usize,
+        rule: VictimRule,
+        agg: Option<ScoreAgg>,
+        prefill_chunk: Option<usize>,
+    ) -> Self {
+        assert!(budget >= 1, "budget must be at least one slot");
+        TokenEviction {
+            name,
+            budget,
+            recent: recent.min(budget),
+            sinks,
+            rule,
+            agg,
+            prefill_chunk,
+            rngs: HashMap::new(),
+            trace_every: 0,
+            events: Vec::new(),
+            eligible: Vec::new(),
+        }
+    }
+
+    /// Starts recording eviction events for steps divisible by `every`.
+    pub fn trace(&mut self, every: u32) {
+        self.trace_every = every;
+    }
+
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Protected: sinks, and the B_r largest positions (with every recent
+    /// token resident, those are the positions ≥ newest + 1 − B_r).
+    #[inline]
+    fn eligible(&self, pos: u32, recent_from: u32) -> bool {
+        (pos as usize) >= self.sinks && pos < recent_from
+    }
+
+    fn recent_from(&self, newest: u32) -> u32 {
+        (newest + 1).saturating_sub(self.recent as u32)
+    }
+
+    /// Picks one victim among `positions`/`scores` (None if nothing is eligible).
+    fn victim(&mut self, layer: usize, kv_head: usize, positions: &[u32], scores: &[f32], newest: u32) -> Option<usize> {
+        let from = self.recent_from(newest);
+        match self.rule {
+            VictimRule::LowestScore => {
+                let mut best: Option<usize> = None;
+                for (i, &p) in positions.iter().enumerate() {
+                    if !self.eligible(p, from) {
+                        continue;
+                    }
+                    best = match best {
+                        Some(b) if (scores[b], positions[b]) <= (scores[i], p) => Some(b),
+                        _ => Some(i),
+                    };
+                }
+                best
+            }
+            VictimRule::Oldest => positions
+                .iter()
+                .enumerate()
+                .filter(|(_, &p)| self.eligible(p, from))
+                .min_by_key(|(_, &p)| p)
+                .map(|(i, _)| i),
+            VictimRule::Random { seed } => {
+                self.eligible.clear();
+                for (i, &p) in positions.iter().enumerate() {
+                    if self.eligible(p, from) {
+                        self.eligible.push((p, i));
+                    }
+                }
+                if self.eligible.is_empty() {
+                    return None;
+                }
+                self.eligible.sort_unstable();
+                let state = self.rngs.entry((layer, kv_head)).or_insert_with(|| head_rng_seed(seed, layer, kv_head));
+                let r = (splitmix(state) % self.eligible.len() as u64) as usize;
+                Some(self.eligible[r].1)
+            }
+        }
+    }
+}
+
+impl CachePolicy for TokenEviction {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn capacity(&self, _max_len: usize) -> usize {
+        self.budget + 1
+    }
+
+    fn score_aggregation(&self) -> Option<ScoreAgg> {
+        self.agg
+    }
+
+    fn prefill_chunk(&self) -> Option<usize> {
+        self.prefill_chunk
+    }
+
+    fn after_decode_step(&mut self, layer: usize, kv_head: usize, slots: &mut HeadSlots, probs: &[f32]) {
+        let len = slots.len();
+        if let Some(agg) = self.agg {
+            agg.accumulate(probs, probs.len() / len, slots.scores_mut());
+        }
+        if len <= self.budget {
+            return;
+        }
+        let newest = slots.positions()[len - 1];
+        let Some(v) = self.victim(layer, kv_head, slots.positions(), slots.scores(), newest) else {
+            return;
+        };
+        let (victim_pos, victim_score) = (slots.positions()[v], slots.scores()[v]);
+        slots.evict(v);
+        if self.trace_every > 0 && newest % self.trace_every == 0 {
+            let from = self.recent_from(newest);
+            let lowest = slots
+                .positions()
+                .iter()
+                .zip(slots.scores())
+                .filter(|(&p, _)| self.eligible(p, from))
+                .map(|(_, &s)| s)
+                .fold(f32::INFINITY, f32::min);
+            self.events.push(EvictionEvent {
+                step: newest,
+                layer,
+                kv_head,
+                victim_pos,
+                victim_score,
+                victim_age: newest - victim_pos,
+                margin: if lowest.is_finite() { lowest - victim_score } else { 0.0 },
+            });
+        }
+    }
+
+    fn select_after_prefill(
+        &mut self,
+        layer: usize,
+        kv_head: usize,
+        positions: &[u32],
+        scores: &[f32],
+        keep: &mut Vec<usize>,
+    ) {
+        keep.clear();
+        keep.extend(0..positions.len());
+        if positions.len() <= self.budget {
+            return;
+        }
+        let newest = positions.iter().copied().max().unwrap_or(0);
+        // evict one at a time among the survivors: the same rule as decode
+        let mut pos: Vec<u32> = positions.to_vec();
+        let mut sc: Vec<f32> = scores.to_vec();
+        while keep.len() > self.budget {
+            let Some(v) = self.victim(layer, kv_head, &pos, &sc, newest) else { break };
+            keep.remove(v);
+            pos.remove(v);
+            sc.remove(v);
+        }
+    }
+
+    fn take_events(&mut self) -> Vec<EvictionEvent> {
+        std::mem::take(&mut self.events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SPEC §1 worked example: B = 6 (3 heavy + 3 recent).
+    #[test]
+    fn spec_worked_example() {
+        let mut h2o = TokenEviction::new("h2o", 6, 3, 0, VictimRule::LowestScore, Some(ScoreAgg::Sum), None);
+        let mut slots = HeadSlots::new(1, 7);
+        for (p, s) in [(1, 2.4), (3, 1.7), (5, 1.2), (8, 0.3), (9, 0.2), (10, 0.0)] {
+            let i = slots.push(p, &[0.0], &[0.0]).unwrap();
+            slots.scores_mut()[i] = s;
+        }
+        slots.push(11, &[0.0], &[0.0]).unwrap();
+        let probs = [0.20, 0.05, 0.02, 0.08, 0.15, 0.30, 0.20];
+        h2o.trace(1);
+        h2o.after_decode_step(0, 0, &mut slots, &probs);
+        let mut kept: Vec<(u32, f32)> = slots.positions().iter().copied().zip(slots.scores().iter().copied()).collect();
+        kept.sort_by_key(|k| k.0);
+        let want = [(1, 2.60), (3, 1.75), (5, 1.22), (9, 0.35), (10, 0.30), (11, 0.20)];
+        assert_eq!(kept.len(), 6);
+        for ((p, s), (wp, ws)) in kept.iter().zip(want) {
+            assert_eq!(*p, wp);
+            assert!((s - ws).abs() < 1e-6, "pos {p}: {s} vs {ws}");
+        }
+        // the new token took the victim's slot (position 8 was in slot 3)
+        assert_eq!(slots.positions()[3], 11);
+        let ev = h2o.take_events();
+        assert_eq!(ev.len(), 1);
+        assert_eq!((ev[0].victim_pos, ev[0].victim_age), (8, 3));
+        assert!((ev[0].victim_score - 0.38).abs() < 1e-6);
+        assert!((ev[0].margin - (1.22 - 0.38)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn ties_evict_the_smaller_position() {
+        let mut h2o = TokenEviction::new("h2o", 2, 1, 0, VictimRule::LowestScore, Some(ScoreAgg::Sum), None);
+        let mut slots = HeadSlots::new(1, 3);
+        for p in [4, 2, 7] {
+            slots.push(p, &[0.0], &[0.0]).unwrap();
+        }
+        h2o.after_decode_step(0, 0, &mut slots, &[0.25, 0.25, 0.5]);
+        let mut kept = slots.positions().to_vec();
+        kept.sort();
+        assert_eq!(kept, vec![4, 7]);
+    }
+
+    #[test]
+    fn sink_keeps_first_positions_and_window() {
+        let mut sink = TokenEviction::new("sink", 4, 2, 2, VictimRule::Oldest, None, None);
+        let mut slots = HeadSlots::new(1, 5);
+        for t in 0..20u32 {
+            slots.push(t, &[0.0], &[0.0]).unwrap();
+            let n = slots.len();
+            sink.after_decode_step(0, 0, &mut slots, &vec![1.0 / n as f32; n]);
+        }
+        let mut kept = slots.positions().to_vec();
+        kept.sort();
+        assert_eq!(kept, vec![0, 1, 18, 19]);
+    }
+}
