@@ -61,8 +61,13 @@ pub fn generate(
             prompt.len()
         )));
     }
-    let max_new = opts.max_tokens.min(ctx - prompt.len());
-    let mut session = Session::new(model, &opts.policy, prompt.len() + max_new, prompt.len());
+    let mut session = Session::new(model, &opts.policy, prompt.len() + opts.max_tokens, prompt.len());
+    // a bounded cache may continue past the trained context (RoPE models only)
+    let max_new = if session.cache.policy.bounded() && model.config.learned_positions.is_none() {
+        opts.max_tokens
+    } else {
+        opts.max_tokens.min(ctx - prompt.len())
+    };
     let mut sampler = Sampler::new(opts.sampling.clone());
     let start = Instant::now();
     let mut next = sampler.sample(session.feed(prompt, Logits::Last)?);

@@ -45,9 +45,10 @@ pub fn perplexity(
     if n < 2 {
         return Err(EngineError::Request(format!("perplexity needs at least 2 tokens, got {n}")));
     }
-    if n > model.config.context_len {
+    let bounded = opts.policy.build(n).bounded() && model.config.learned_positions.is_none();
+    if n > model.config.context_len && !bounded {
         return Err(EngineError::Request(format!(
-            "{n} tokens exceed the model's context of {}; use --max-tokens",
+            "{n} tokens exceed the model's context of {} (only a bounded policy on a RoPE model may go past it); use --max-tokens",
             model.config.context_len
         )));
     }

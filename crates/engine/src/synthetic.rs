@@ -47,13 +47,26 @@ pub fn build(name: &str, dtype: DType, seed: u64) -> Result<Model> {
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
     };
-    let matrix = |rows: usize, cols: usize, salt: u64| -> Result<Matrix> {
+    random_model(config, dtype, seed, 1.0)
+}
+
+/// A model of any Llama-style `config` with random weights stored as
+/// `dtype`; `qk_gain` scales Q and K projections (larger = peakier
+/// attention, useful for policy tests).
+pub fn random_model(config: ModelConfig, dtype: DType, seed: u64, qk_gain: f32) -> Result<Model> {
+    let (layers, d, ffn, heads, kv_heads, vocab) =
+        (config.n_layers, config.hidden_size, config.ffn_size, config.n_heads, config.n_kv_heads, config.vocab_size);
+    let head_dim = config.head_dim;
+    let tied = config.tied_embeddings;
+    let matrix_scaled = |rows: usize, cols: usize, salt: u64, gain: f32| -> Result<Matrix> {
         let mut rng = Rng::new(seed ^ salt.wrapping_mul(0x2545_f491_4f6c_dd1d));
-        let scale = 1.0 / (cols as f32).sqrt();
+        let scale = gain / (cols as f32).sqrt();
         let data: Vec<f32> = (0..rows * cols).map(|_| (rng.next_f32() * 2.0 - 1.0) * scale).collect();
         Matrix::quantized(dtype, rows, cols, &data).map_err(|e| EngineError::Model(e.into()))
     };
+    let matrix = |rows, cols, salt| matrix_scaled(rows, cols, salt, 1.0);
     let lin = |rows, cols, salt| matrix(rows, cols, salt).map(|m| Linear::new(m, None));
+    let lin_qk = |rows, cols, salt| matrix_scaled(rows, cols, salt, qk_gain).map(|m| Linear::new(m, None));
     let ones = || NormWeights { weight: vec![1.0; d], bias: None };
     let layer_weights: Result<Vec<LayerWeights>> = (0..layers)
         .into_par_iter()
@@ -61,8 +74,8 @@ pub fn build(name: &str, dtype: DType, seed: u64) -> Result<Model> {
             let s = 100 + l as u64 * 10;
             Ok(LayerWeights {
                 attn_norm: ones(),
-                q: lin(heads * head_dim, d, s)?,
-                k: lin(kv_heads * head_dim, d, s + 1)?,
+                q: lin_qk(heads * head_dim, d, s)?,
+                k: lin_qk(kv_heads * head_dim, d, s + 1)?,
                 v: lin(kv_heads * head_dim, d, s + 2)?,
                 o: lin(d, heads * head_dim, s + 3)?,
                 mlp_norm: ones(),

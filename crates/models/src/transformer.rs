@@ -36,6 +36,9 @@ pub struct Trace {
     pub attn: Vec<Vec<f32>>,
     /// Width of the `attn` rows.
     pub ctx: usize,
+    /// Per layer, the queries `[n, q_dim]`, keys and values `[n, kv_dim]`
+    /// after RoPE: the streams a policy reference is driven with.
+    pub qkv: Vec<[Vec<f32>; 3]>,
 }
 
 /// Reusable buffers for one sequence's forward calls.
@@ -182,7 +185,10 @@ impl Model {
             return Ok(());
         }
         let p0 = cache.next_pos;
-        if p0 + n > c.context_len {
+        // RoPE models may run past their trained context when the cache is
+        // bounded (StreamingLLM-style); learned position tables cannot.
+        let past_context_ok = c.learned_positions.is_none() && cache.policy.bounded();
+        if p0 + n > c.context_len && !past_context_ok {
             return Err(Error::ContextOverflow { pos: p0 + n - 1, context: c.context_len });
         }
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
@@ -201,6 +207,7 @@ impl Model {
             t.ctx = p0 + n;
             t.hidden.clear();
             t.attn.clear();
+            t.qkv.clear();
         }
 
         // embeddings
@@ -244,6 +251,9 @@ impl Model {
                         rope.apply(h, cs, sn);
                     }
                 }
+            }
+            if let Some(t) = s.trace.as_mut() {
+                t.qkv.push([s.q[..n * qd].to_vec(), s.k[..n * kvd].to_vec(), s.v[..n * kvd].to_vec()]);
             }
             if n == 1 {
                 self.decode_attention(li, cache, s, p0, scale)?;

@@ -58,6 +58,12 @@ pub trait CachePolicy: Send {
     /// `max_len` tokens. Budgeted policies return budget + 1 (one candidate).
     fn capacity(&self, max_len: usize) -> usize;
 
+    /// True when the policy keeps a fixed number of slots whatever the
+    /// sequence length.
+    fn bounded(&self) -> bool {
+        false
+    }
+
     /// The score aggregation when the policy needs attention probabilities;
     /// `None` lets the forward pass skip handing them over.
     fn score_aggregation(&self) -> Option<ScoreAgg> {

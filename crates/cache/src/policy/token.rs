@@ -172,6 +172,10 @@ impl CachePolicy for TokenEviction {
         self.agg
     }
 
+    fn bounded(&self) -> bool {
+        true
+    }
+
     fn prefill_chunk(&self) -> Option<usize> {
         self.prefill_chunk
     }

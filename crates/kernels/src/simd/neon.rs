@@ -1,0 +1,298 @@
+//! NEON kernels (aarch64, 4 × f32 lanes).
+//!
+//! Uses only intrinsics stable since Rust 1.59. Half-precision weights are
+//! widened with integer operations (no `float16x4_t`), exactly like the
+//! scalar conversion: subnormals, infinities and NaNs included.
+
+use crate::dot::DotKernels;
+use crate::f16::f16_to_f32;
+use crate::simd::whole_blocks;
+use std::arch::aarch64::*;
+use std::ptr;
+
+/// The NEON kernel set (NEON is part of the aarch64 baseline).
+pub(crate) fn kernels() -> Option<DotKernels> {
+    if std::arch::is_aarch64_feature_detected!("neon") {
+        Some(KERNELS)
+    } else {
+        None
+    }
+}
+
+/// Only reachable through [`kernels`], i.e. after feature detection.
+const KERNELS: DotKernels = DotKernels {
+    isa: "neon",
+    f32: dot_f32,
+    f16: dot_f16,
+    bf16: dot_bf16,
+    q8_0: dot_q8_0,
+    q4_0: dot_q4_0,
+    q4_1: dot_q4_1,
+    axpy,
+};
+
+// SAFETY (all wrappers below): only reachable through `kernels()`, which
+// checks NEON; lengths passed never exceed either slice.
+
+fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    unsafe { dot_f32_impl(a.as_ptr(), b.as_ptr(), n) }
+}
+
+fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { dot_half_impl::<false>(w.as_ptr(), x.as_ptr(), n) }
+}
+
+fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { dot_half_impl::<true>(w.as_ptr(), x.as_ptr(), n) }
+}
+
+fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
+    let nb = whole_blocks(w.len(), 34, x.len());
+    unsafe { dot_q8_0_impl(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
+    let nb = whole_blocks(w.len(), 18, x.len());
+    unsafe { dot_q4_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+fn dot_q4_1(w: &[u8], x: &[f32]) -> f32 {
+    let nb = whole_blocks(w.len(), 20, x.len());
+    unsafe { dot_q4_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    unsafe { axpy_impl(a, x.as_ptr(), y.as_mut_ptr(), n) }
+}
+
+// ---- helpers --------------------------------------------------------------
+
+/// Reads the little-endian f16 at `p` (any alignment) as f32.
+#[inline(always)]
+unsafe fn half_at(p: *const u8) -> f32 {
+    f16_to_f32(u16::from_le(ptr::read_unaligned(p as *const u16)))
+}
+
+/// Four binary16 values (zero-extended to u32 lanes) as f32, exactly.
+#[inline]
+#[target_feature(enable = "neon")]
+fn f16x4(h: uint32x4_t) -> float32x4_t {
+    let sign = vshlq_n_u32::<16>(vandq_u32(h, vdupq_n_u32(0x8000)));
+    let em = vandq_u32(h, vdupq_n_u32(0x7fff));
+    let shifted = vshlq_n_u32::<13>(em);
+    // finite values (subnormals too): rebias the exponent by multiplying
+    // with 2^112; the product is exact
+    let finite = vreinterpretq_u32_f32(vmulq_f32(
+        vreinterpretq_f32_u32(shifted),
+        vreinterpretq_f32_u32(vdupq_n_u32(0x7780_0000)),
+    ));
+    // infinities and NaNs: maximal exponent, mantissa kept
+    let special = vorrq_u32(shifted, vdupq_n_u32(0x7f80_0000));
+    let is_special = vcgeq_u32(em, vdupq_n_u32(0x7c00));
+    vreinterpretq_f32_u32(vorrq_u32(sign, vbslq_u32(is_special, special, finite)))
+}
+
+/// Four bfloat16 values (zero-extended to u32 lanes) as f32.
+#[inline]
+#[target_feature(enable = "neon")]
+fn bf16x4(h: uint32x4_t) -> float32x4_t {
+    vreinterpretq_f32_u32(vshlq_n_u32::<16>(h))
+}
+
+/// Eight half-precision values at `p` as two f32 vectors.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn half8<const BF: bool>(p: *const u16) -> (float32x4_t, float32x4_t) {
+    let v = vld1q_u16(p);
+    let (lo, hi) = (vmovl_u16(vget_low_u16(v)), vmovl_high_u16(v));
+    if BF {
+        (bf16x4(lo), bf16x4(hi))
+    } else {
+        (f16x4(lo), f16x4(hi))
+    }
+}
+
+// ---- float rows -------------------------------------------------------------
+
+#[target_feature(enable = "neon")]
+unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
+    let mut s0 = vdupq_n_f32(0.0);
+    let mut s1 = vdupq_n_f32(0.0);
+    let mut s2 = vdupq_n_f32(0.0);
+    let mut s3 = vdupq_n_f32(0.0);
+    let mut i = 0;
+    while i + 16 <= n {
+        s0 = vfmaq_f32(s0, vld1q_f32(a.add(i)), vld1q_f32(b.add(i)));
+        s1 = vfmaq_f32(s1, vld1q_f32(a.add(i + 4)), vld1q_f32(b.add(i + 4)));
+        s2 = vfmaq_f32(s2, vld1q_f32(a.add(i + 8)), vld1q_f32(b.add(i + 8)));
+        s3 = vfmaq_f32(s3, vld1q_f32(a.add(i + 12)), vld1q_f32(b.add(i + 12)));
+        i += 16;
+    }
+    while i + 4 <= n {
+        s0 = vfmaq_f32(s0, vld1q_f32(a.add(i)), vld1q_f32(b.add(i)));
+        i += 4;
+    }
+    if i < n {
+        let (mut ta, mut tb) = ([0f32; 4], [0f32; 4]);
+        ptr::copy_nonoverlapping(a.add(i), ta.as_mut_ptr(), n - i);
+        ptr::copy_nonoverlapping(b.add(i), tb.as_mut_ptr(), n - i);
+        s1 = vfmaq_f32(s1, vld1q_f32(ta.as_ptr()), vld1q_f32(tb.as_ptr()));
+    }
+    vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)))
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn dot_half_impl<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f32 {
+    let mut s0 = vdupq_n_f32(0.0);
+    let mut s1 = vdupq_n_f32(0.0);
+    let mut s2 = vdupq_n_f32(0.0);
+    let mut s3 = vdupq_n_f32(0.0);
+    let mut i = 0;
+    while i + 16 <= n {
+        let (w0, w1) = half8::<BF>(w.add(i));
+        let (w2, w3) = half8::<BF>(w.add(i + 8));
+        s0 = vfmaq_f32(s0, w0, vld1q_f32(x.add(i)));
+        s1 = vfmaq_f32(s1, w1, vld1q_f32(x.add(i + 4)));
+        s2 = vfmaq_f32(s2, w2, vld1q_f32(x.add(i + 8)));
+        s3 = vfmaq_f32(s3, w3, vld1q_f32(x.add(i + 12)));
+        i += 16;
+    }
+    if i < n {
+        // up to 15 left: two passes over a zero-padded copy of 8
+        while i < n {
+            let k = (n - i).min(8);
+            let (mut tw, mut tx) = ([0u16; 8], [0f32; 8]);
+            ptr::copy_nonoverlapping(w.add(i), tw.as_mut_ptr(), k);
+            ptr::copy_nonoverlapping(x.add(i), tx.as_mut_ptr(), k);
+            let (w0, w1) = half8::<BF>(tw.as_ptr());
+            s0 = vfmaq_f32(s0, w0, vld1q_f32(tx.as_ptr()));
+            s1 = vfmaq_f32(s1, w1, vld1q_f32(tx.as_ptr().add(4)));
+            i += k;
+        }
+    }
+    vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)))
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
+    let va = vdupq_n_f32(a);
+    let mut i = 0;
+    while i + 4 <= n {
+        vst1q_f32(y.add(i), vfmaq_f32(vld1q_f32(y.add(i)), va, vld1q_f32(x.add(i))));
+        i += 4;
+    }
+    if i < n {
+        let (mut tx, mut ty) = ([0f32; 4], [0f32; 4]);
+        ptr::copy_nonoverlapping(x.add(i), tx.as_mut_ptr(), n - i);
+        ptr::copy_nonoverlapping(y.add(i), ty.as_mut_ptr(), n - i);
+        let v = vfmaq_f32(vld1q_f32(ty.as_ptr()), va, vld1q_f32(tx.as_ptr()));
+        vst1q_f32(ty.as_mut_ptr(), v);
+        ptr::copy_nonoverlapping(ty.as_ptr(), y.add(i), n - i);
+    }
+}
+
+// ---- block formats ------------------------------------------------------------
+
+/// Σ q·x over 16 signed bytes `q` and 16 activations at `x`.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn dot_i8x16(q: int8x16_t, x: *const f32) -> float32x4_t {
+    let lo = vmovl_s8(vget_low_s8(q));
+    let hi = vmovl_high_s8(q);
+    let f0 = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
+    let f1 = vcvtq_f32_s32(vmovl_high_s16(lo));
+    let f2 = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
+    let f3 = vcvtq_f32_s32(vmovl_high_s16(hi));
+    let a = vfmaq_f32(vmulq_f32(f0, vld1q_f32(x)), f1, vld1q_f32(x.add(4)));
+    let b = vfmaq_f32(vmulq_f32(f2, vld1q_f32(x.add(8))), f3, vld1q_f32(x.add(12)));
+    vaddq_f32(a, b)
+}
+
+/// Σ q·x over 16 unsigned bytes `q` and 16 activations at `x`.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn dot_u8x16(q: uint8x16_t, x: *const f32) -> float32x4_t {
+    let lo = vmovl_u8(vget_low_u8(q));
+    let hi = vmovl_high_u8(q);
+    let f0 = vcvtq_f32_u32(vmovl_u16(vget_low_u16(lo)));
+    let f1 = vcvtq_f32_u32(vmovl_high_u16(lo));
+    let f2 = vcvtq_f32_u32(vmovl_u16(vget_low_u16(hi)));
+    let f3 = vcvtq_f32_u32(vmovl_high_u16(hi));
+    let a = vfmaq_f32(vmulq_f32(f0, vld1q_f32(x)), f1, vld1q_f32(x.add(4)));
+    let b = vfmaq_f32(vmulq_f32(f2, vld1q_f32(x.add(8))), f3, vld1q_f32(x.add(12)));
+    vaddq_f32(a, b)
+}
+
+/// Σ of 16 activations at `x`, as a vector of partial sums.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn sum16(x: *const f32) -> float32x4_t {
+    vaddq_f32(
+        vaddq_f32(vld1q_f32(x), vld1q_f32(x.add(4))),
+        vaddq_f32(vld1q_f32(x.add(8)), vld1q_f32(x.add(12))),
+    )
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn dot_q8_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    const BB: usize = 34;
+    let mut acc0 = vdupq_n_f32(0.0);
+    let mut acc1 = vdupq_n_f32(0.0);
+    for b in 0..nb {
+        let p = w.add(b * BB);
+        let xb = x.add(b * 32);
+        let s = vaddq_f32(
+            dot_i8x16(vld1q_s8(p.add(2) as *const i8), xb),
+            dot_i8x16(vld1q_s8(p.add(18) as *const i8), xb.add(16)),
+        );
+        // alternate accumulators: two independent FMA chains
+        if b % 2 == 0 {
+            acc0 = vfmaq_n_f32(acc0, s, half_at(p));
+        } else {
+            acc1 = vfmaq_n_f32(acc1, s, half_at(p));
+        }
+    }
+    vaddvq_f32(vaddq_f32(acc0, acc1))
+}
+
+/// Q4_0 (`MIN` false: value d·(q−8)) and Q4_1 (`MIN` true: d·q + m).
+#[target_feature(enable = "neon")]
+unsafe fn dot_q4_impl<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    let bb: usize = if MIN { 20 } else { 18 };
+    let qoff: usize = if MIN { 4 } else { 2 };
+    let mask = vdupq_n_u8(0x0f);
+    let mut acc0 = vdupq_n_f32(0.0);
+    let mut acc1 = vdupq_n_f32(0.0);
+    let mut accm = vdupq_n_f32(0.0);
+    for b in 0..nb {
+        let p = w.add(b * bb);
+        let xb = x.add(b * 32);
+        let v = vld1q_u8(p.add(qoff));
+        // element j: low nibble of byte j; element j+16: high nibble
+        let lo = vandq_u8(v, mask);
+        let hi = vshrq_n_u8::<4>(v);
+        let s = if MIN {
+            vaddq_f32(dot_u8x16(lo, xb), dot_u8x16(hi, xb.add(16)))
+        } else {
+            let eight = vdupq_n_s8(8);
+            vaddq_f32(
+                dot_i8x16(vsubq_s8(vreinterpretq_s8_u8(lo), eight), xb),
+                dot_i8x16(vsubq_s8(vreinterpretq_s8_u8(hi), eight), xb.add(16)),
+            )
+        };
+        if b % 2 == 0 {
+            acc0 = vfmaq_n_f32(acc0, s, half_at(p));
+        } else {
+            acc1 = vfmaq_n_f32(acc1, s, half_at(p));
+        }
+        if MIN {
+            let xs = vaddq_f32(sum16(xb), sum16(xb.add(16)));
+            accm = vfmaq_n_f32(accm, xs, half_at(p.add(2)));
+        }
+    }
+    vaddvq_f32(vaddq_f32(vaddq_f32(acc0, acc1), accm))
+}
