@@ -10,7 +10,7 @@ pub mod session;
 pub mod synthetic;
 
 pub use generate::{generate, GenerateOptions, Generation};
-pub use perplexity::{perplexity, PerplexityOptions, PerplexityReport};
+pub use perplexity::{perplexity, FullComparison, PerplexityOptions, PerplexityReport, Summary};
 pub use sampling::{Sampler, SamplingParams};
 pub use session::Session;
 

@@ -59,10 +59,10 @@ fn tinystories_nll_in_published_range_and_prefill_equals_decode() {
     let mut ids = m.tokenizer.as_ref().unwrap().encode(&text[..20_000]).unwrap();
     ids.truncate(512);
     let decode =
-        perplexity(&m.model, &ids, &PerplexityOptions { prefill: 0, policy: PolicySpec::full() }, |_, _| {}).unwrap();
+        perplexity(&m.model, &ids, &PerplexityOptions::new(PolicySpec::full()), |_, _| {}).unwrap();
     assert!((1.2..=1.45).contains(&decode.nll), "mean NLL {} outside [1.2, 1.45]", decode.nll);
     let prefill =
-        perplexity(&m.model, &ids, &PerplexityOptions { prefill: 300, policy: PolicySpec::full() }, |_, _| {}).unwrap();
+        perplexity(&m.model, &ids, &PerplexityOptions { prefill: 300, ..PerplexityOptions::new(PolicySpec::full()) }, |_, _| {}).unwrap();
     assert!((prefill.nll - decode.nll).abs() < 1e-5, "prefill {} vs decode {}", prefill.nll, decode.nll);
     for (a, b) in prefill.logprobs.iter().zip(&decode.logprobs) {
         assert!((a - b).abs() < 1e-4);

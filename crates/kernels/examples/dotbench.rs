@@ -37,6 +37,9 @@ fn main() {
     if args.iter().any(|a| a == "--kernels") {
         return kernel_only(secs);
     }
+    if args.iter().any(|a| a == "--gemm") {
+        return gemm(secs);
+    }
 
     println!("memory bandwidth (sum over a 1 GiB f32 array):");
     let bw: Vec<f64> = THREADS.iter().map(|&t| mem_bandwidth(t, secs)).collect();
@@ -174,9 +177,7 @@ fn kernel_only(secs: f64) {
     let mut seed = 99u64;
     let data: Vec<f32> = (0..ROWS * N)
         .map(|_| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
         })
         .collect();
@@ -199,6 +200,19 @@ fn kernel_only(secs: f64) {
             });
             std::hint::black_box(sink);
             print!(" {:.1} |", per_sec * m.nbytes() as f64 / 1e9);
+        }
+        println!();
+    }
+    // GEMM micro-tile on L1-resident rows
+    for len in [512usize, 4096] {
+        let r: Vec<&[f32]> = (0..8).map(|i| &data[i * len..(i + 1) * len]).collect();
+        let (w4, x4) = ([r[0], r[1], r[2], r[3]], [r[4], r[5], r[6], r[7]]);
+        print!("| dot4x4 len={len} (GFLOP/s) |");
+        for k in &sets {
+            let mut tile = [[0f32; 4]; 4];
+            let per_sec = rate(secs, || (k.dot4x4)(&w4, &x4, &mut tile));
+            std::hint::black_box(tile);
+            print!(" {:.1} |", per_sec * 32.0 * len as f64 / 1e9);
         }
         println!();
     }
@@ -230,5 +244,49 @@ fn kernel_only(secs: f64) {
         }
         std::hint::black_box(&out);
         println!();
+    }
+}
+
+/// Prefill GEMM: `Matrix::matmul` against the simplest alternative
+/// (dequantize each row, then one dot per token), in GFLOP/s.
+fn gemm(secs: f64) {
+    let k = kvslim_kernels::dot::kernels();
+    println!("matmul {N}x{N}, kernels {}, GFLOP/s (2·rows·cols·n / time)", k.isa);
+    println!("| dtype | n | row dots 1T | matmul 1T | row dots 2T | matmul 2T |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    let mut seed = 5u64;
+    let data: Vec<f32> = (0..N * N)
+        .map(|_| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect();
+    for dt in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0] {
+        let m = Matrix::quantized(dt, N, N, &data).unwrap();
+        for n in [16usize, 64] {
+            let x = &data[..n * N];
+            let mut out = vec![0f32; n * N];
+            let flops = 2.0 * (N * N * n) as f64;
+            let mut line = format!("| {dt} | {n} |");
+            for t in THREADS {
+                let p = pool(t);
+                let naive = p.install(|| {
+                    rate(secs, || {
+                        out.par_chunks_mut(n).enumerate().for_each(|(r, o)| {
+                            let mut w = vec![0f32; N];
+                            m.row_into(r, &mut w);
+                            for (t, v) in o.iter_mut().enumerate() {
+                                *v = (k.f32)(&w, &x[t * N..(t + 1) * N]);
+                            }
+                        })
+                    })
+                });
+                let tiled = p.install(|| rate(secs, || m.matmul(x, n, &mut out)));
+                line += &format!(" {:.1} | {:.1} |", naive * flops / 1e9, tiled * flops / 1e9);
+            }
+            println!("{line}");
+        }
     }
 }

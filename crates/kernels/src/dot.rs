@@ -24,6 +24,10 @@ pub struct DotKernels {
     pub q4_1: fn(&[u8], &[f32]) -> f32,
     /// y += a·x
     pub axpy: fn(f32, &[f32], &mut [f32]),
+    /// GEMM micro-tile: `out[i][j] = w[i]·x[j]` for four f32 weight rows and
+    /// four activation rows (prefill). All eight slices cover the same
+    /// elements; pass a row twice to compute fewer than four.
+    pub dot4x4: fn(&[&[f32]; 4], &[&[f32]; 4], &mut [[f32; 4]; 4]),
 }
 
 impl DotKernels {
@@ -37,6 +41,7 @@ impl DotKernels {
         q4_0: scalar::dot_q4_0,
         q4_1: scalar::dot_q4_1,
         axpy: scalar::axpy,
+        dot4x4: scalar::dot4x4,
     };
 }
 
@@ -46,12 +51,8 @@ static KERNELS: OnceLock<DotKernels> = OnceLock::new();
 /// supports. The environment variable `KVSLIM_SIMD` (`scalar`, `avx2`,
 /// `avx512`, `neon`) forces a level; a level the CPU lacks is ignored.
 pub fn kernels() -> &'static DotKernels {
-    KERNELS.get_or_init(|| {
-        std::env::var("KVSLIM_SIMD")
-            .ok()
-            .and_then(|name| by_isa(name.trim()))
-            .unwrap_or_else(detect)
-    })
+    KERNELS
+        .get_or_init(|| std::env::var("KVSLIM_SIMD").ok().and_then(|name| by_isa(name.trim())).unwrap_or_else(detect))
 }
 
 /// Every kernel set this CPU can run, slowest (the scalar reference) first.
@@ -69,9 +70,7 @@ pub fn available() -> Vec<DotKernels> {
 
 /// The kernel set named `isa` (see [`DotKernels::isa`]), if this CPU has it.
 pub fn by_isa(isa: &str) -> Option<DotKernels> {
-    available()
-        .into_iter()
-        .find(|k| k.isa.eq_ignore_ascii_case(isa))
+    available().into_iter().find(|k| k.isa.eq_ignore_ascii_case(isa))
 }
 
 /// The preferred kernel set for this CPU.
@@ -108,7 +107,7 @@ pub fn dot_row(k: &DotKernels, dtype: DType, row: &[u8], x: &[f32]) -> f32 {
 /// Reinterprets aligned bytes as f32 (the matrix storage guarantees alignment).
 #[inline]
 pub(crate) fn bytemuck_f32(b: &[u8]) -> &[f32] {
-    assert!(b.as_ptr() as usize % 4 == 0 && b.len() % 4 == 0);
+    assert!((b.as_ptr() as usize).is_multiple_of(4) && b.len().is_multiple_of(4));
     // SAFETY: alignment and length checked above; every bit pattern is a valid f32.
     unsafe { std::slice::from_raw_parts(b.as_ptr() as *const f32, b.len() / 4) }
 }
@@ -116,7 +115,7 @@ pub(crate) fn bytemuck_f32(b: &[u8]) -> &[f32] {
 /// Reinterprets aligned bytes as u16.
 #[inline]
 pub(crate) fn bytemuck_u16(b: &[u8]) -> &[u16] {
-    assert!(b.as_ptr() as usize % 2 == 0 && b.len() % 2 == 0);
+    assert!((b.as_ptr() as usize).is_multiple_of(2) && b.len().is_multiple_of(2));
     // SAFETY: alignment and length checked above; every bit pattern is a valid u16.
     unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u16, b.len() / 2) }
 }
@@ -201,6 +200,14 @@ pub mod scalar {
             *yi += a * xi;
         }
     }
+
+    pub fn dot4x4(w: &[&[f32]; 4], x: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
+        for (o, wi) in out.iter_mut().zip(w) {
+            for (oj, xj) in o.iter_mut().zip(x) {
+                *oj = dot_f32(wi, xj);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -231,13 +238,7 @@ mod tests {
     fn placed(bytes: &[u8], off: usize) -> (Vec<u64>, std::ops::Range<usize>) {
         let mut v = vec![0u64; (bytes.len() + off).div_ceil(8) + 1];
         // SAFETY: v has room for off + bytes.len() bytes
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                (v.as_mut_ptr() as *mut u8).add(off),
-                bytes.len(),
-            )
-        };
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (v.as_mut_ptr() as *mut u8).add(off), bytes.len()) };
         (v, off..off + bytes.len())
     }
 
@@ -256,14 +257,7 @@ mod tests {
         })
     }
 
-    const DTYPES: [DType; 6] = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-    ];
+    const DTYPES: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
 
     /// Every kernel set the CPU has agrees with dequantize-then-dot in f64,
     /// within a tolerance relative to Σ|w·x|, on many lengths (odd tails for
@@ -273,16 +267,10 @@ mod tests {
         let sets = available();
         assert_eq!(sets[0].isa, "scalar");
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-        let float_lens: Vec<usize> = (1..=70)
-            .chain([95, 96, 97, 127, 128, 129, 255, 576, 1000, 1536, 4097])
-            .collect();
+        let float_lens: Vec<usize> = (1..=70).chain([95, 96, 97, 127, 128, 129, 255, 576, 1000, 1536, 4097]).collect();
         let block_lens: Vec<usize> = (1..=9).chain([16, 17, 48, 128]).map(|b| b * 32).collect();
         for dt in DTYPES {
-            let lens = if dt.block_elems() == 1 {
-                &float_lens
-            } else {
-                &block_lens
-            };
+            let lens = if dt.block_elems() == 1 { &float_lens } else { &block_lens };
             for &n in lens {
                 // a few magnitudes so the block scales vary
                 let scale = [1.0, 1e-3, 40.0][n % 3];
@@ -296,11 +284,7 @@ mod tests {
                 for k in &sets {
                     let got = dot_row(k, dt, row, &x) as f64;
                     let tol = 2e-6 * mag * (n as f64).sqrt().max(4.0) + 1e-30;
-                    assert!(
-                        (got - want).abs() <= tol,
-                        "{} {dt} n={n}: {got} vs {want} (tol {tol})",
-                        k.isa
-                    );
+                    assert!((got - want).abs() <= tol, "{} {dt} n={n}: {got} vs {want} (tol {tol})", k.isa);
                 }
             }
         }
@@ -331,10 +315,9 @@ mod tests {
                 })
                 .collect();
             let x = rng.vec(n, 1.0);
-            for (w, conv, kind) in [
-                (&f16, f16_to_f32 as fn(u16) -> f32, "f16"),
-                (&bf16, bf16_to_f32 as fn(u16) -> f32, "bf16"),
-            ] {
+            for (w, conv, kind) in
+                [(&f16, f16_to_f32 as fn(u16) -> f32, "f16"), (&bf16, bf16_to_f32 as fn(u16) -> f32, "bf16")]
+            {
                 let (want, mag) = w.iter().zip(&x).fold((0f64, 0f64), |(s, a), (h, v)| {
                     let p = conv(*h) as f64 * *v as f64;
                     (s + p, a + p.abs())
@@ -342,11 +325,7 @@ mod tests {
                 for k in available() {
                     let f = if kind == "f16" { k.f16 } else { k.bf16 };
                     let got = f(w, &x) as f64;
-                    assert!(
-                        (got - want).abs() <= 1e-5 * mag + 1e-30,
-                        "{} {kind} n={n}: {got} vs {want}",
-                        k.isa
-                    );
+                    assert!((got - want).abs() <= 1e-5 * mag + 1e-30, "{} {kind} n={n}: {got} vs {want}", k.isa);
                 }
             }
         }
@@ -368,11 +347,7 @@ mod tests {
                 for i in 0..n {
                     let want = y0[i] as f64 + a as f64 * x[i] as f64;
                     let tol = 2.5e-7 * (y0[i].abs() as f64 + (a * x[i]).abs() as f64);
-                    assert!(
-                        (y[i] as f64 - want).abs() <= tol,
-                        "{} axpy n={n} i={i}",
-                        k.isa
-                    );
+                    assert!((y[i] as f64 - want).abs() <= tol, "{} axpy n={n} i={i}", k.isa);
                 }
                 assert_eq!(y[n], 42.0, "{} axpy wrote past n", k.isa);
             }
@@ -382,6 +357,36 @@ mod tests {
         axpy(0.5, &x, &mut y);
         for (i, v) in y.iter().enumerate() {
             assert_eq!(*v, 1.0 + 0.5 * i as f32);
+        }
+    }
+
+    #[test]
+    fn every_gemm_tile_matches_reference() {
+        let mut rng = Rng(4242);
+        for n in (0..=40).chain([63, 64, 65, 100, 257, 1024]) {
+            let w: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(n, 1.0)).collect();
+            let x: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(n, 3.0)).collect();
+            let wr = [&w[0][..], &w[1][..], &w[2][..], &w[3][..]];
+            // a repeated activation row, as matmul passes at the edges
+            let xr = [&x[0][..], &x[1][..], &x[2][..], &x[2][..]];
+            for k in available() {
+                let mut out = [[f32::NAN; 4]; 4];
+                (k.dot4x4)(&wr, &xr, &mut out);
+                for i in 0..4 {
+                    for j in 0..4 {
+                        let (want, mag) = wr[i].iter().zip(xr[j]).fold((0f64, 0f64), |(s, a), (p, q)| {
+                            let v = *p as f64 * *q as f64;
+                            (s + v, a + v.abs())
+                        });
+                        let got = out[i][j] as f64;
+                        assert!(
+                            (got - want).abs() <= 2e-6 * mag * (n as f64).sqrt().max(4.0),
+                            "{} dot4x4 n={n} [{i}][{j}]: {got} vs {want}",
+                            k.isa
+                        );
+                    }
+                }
+            }
         }
     }
 

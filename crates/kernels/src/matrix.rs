@@ -38,7 +38,7 @@ impl Matrix {
         cols: usize,
         bytes: &[u8],
     ) -> Result<Self, KernelError> {
-        if cols % dtype.block_elems() != 0 {
+        if !cols.is_multiple_of(dtype.block_elems()) {
             return Err(KernelError::BlockAlignment {
                 dtype,
                 block: dtype.block_elems(),
@@ -148,32 +148,49 @@ impl Matrix {
         }
     }
 
-    /// out[t, r] = W[r,:]·x[t,:] for `n` input rows (prefill). Each weight
-    /// row is dequantized once and reused for every token.
+    /// out[t, r] = W[r,:]·x[t,:] for `n` input rows (prefill). Weight rows
+    /// are dequantized once per block of rows and reused for every token;
+    /// the products run as 4-row × 4-token register tiles.
     pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
         assert_eq!(x.len(), n * self.cols, "matmul input length");
         assert_eq!(out.len(), n * self.rows, "matmul output length");
         if n == 1 {
             return self.matvec(x, out);
         }
+        // rows per task: their f32 copy (16 × cols × 4 bytes) and four token
+        // rows stay in L2 while every token group passes over them
         const ROW_BLOCK: usize = 16;
         let (rows, cols) = (self.rows, self.cols);
         let mut transposed = vec![0f32; rows * n];
         let k = kernels();
+        let bytes = self.bytes();
+        let rb = self.row_bytes;
         let work = |(b, tb): (usize, &mut [f32])| {
             let r0 = b * ROW_BLOCK;
             let nr = tb.len() / n;
-            let mut deq = Vec::new();
-            for i in 0..nr {
-                let w: &[f32] = if self.dtype == DType::F32 {
-                    bytemuck_f32(self.row_bytes(r0 + i))
-                } else {
-                    deq.resize(cols, 0.0);
-                    self.row_into(r0 + i, &mut deq);
-                    &deq
-                };
-                for t in 0..n {
-                    tb[i * n + t] = (k.f32)(w, &x[t * cols..(t + 1) * cols]);
+            let raw = &bytes[r0 * rb..(r0 + nr) * rb];
+            let deq;
+            let w: &[f32] = if self.dtype == DType::F32 {
+                bytemuck_f32(raw)
+            } else {
+                let mut v = vec![0f32; nr * cols];
+                dequantize(self.dtype, raw, &mut v);
+                deq = v;
+                &deq
+            };
+            let row = |i: usize| &w[i.min(nr - 1) * cols..][..cols];
+            let tok = |t: usize| &x[t.min(n - 1) * cols..][..cols];
+            let mut tile = [[0f32; 4]; 4];
+            for t in (0..n).step_by(4) {
+                let xs = [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)];
+                for i in (0..nr).step_by(4) {
+                    let ws = [row(i), row(i + 1), row(i + 2), row(i + 3)];
+                    (k.dot4x4)(&ws, &xs, &mut tile);
+                    for (a, tr) in tile.iter().enumerate().take(nr - i) {
+                        let o = &mut tb[(i + a) * n + t..];
+                        let m = (n - t).min(4);
+                        o[..m].copy_from_slice(&tr[..m]);
+                    }
                 }
             }
         };
@@ -188,9 +205,9 @@ impl Matrix {
                 .enumerate()
                 .for_each(work);
         }
-        for r in 0..rows {
-            for t in 0..n {
-                out[t * rows + r] = transposed[r * n + t];
+        for (t, o) in out.chunks_exact_mut(rows).enumerate() {
+            for (r, v) in o.iter_mut().enumerate() {
+                *v = transposed[r * n + t];
             }
         }
     }

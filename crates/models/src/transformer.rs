@@ -39,6 +39,9 @@ pub struct Trace {
     /// Per layer, the queries `[n, q_dim]`, keys and values `[n, kv_dim]`
     /// after RoPE: the streams a policy reference is driven with.
     pub qkv: Vec<[Vec<f32>; 3]>,
+    /// Decode steps only: per layer, per KV head, the original positions of
+    /// the candidate set D_t the new token attended over.
+    pub candidates: Vec<Vec<Vec<u32>>>,
 }
 
 /// Reusable buffers for one sequence's forward calls.
@@ -208,6 +211,7 @@ impl Model {
             t.hidden.clear();
             t.attn.clear();
             t.qkv.clear();
+            t.candidates.clear();
         }
 
         // embeddings
@@ -324,6 +328,10 @@ impl Model {
             );
             if let Some(t) = s.trace.as_mut() {
                 record_attn(t, c, kvh, 0, 0, head.positions(), &s.probs[..g * len]);
+                if kvh == 0 {
+                    t.candidates.push(Vec::new());
+                }
+                t.candidates.last_mut().expect("pushed above").push(head.positions().to_vec());
             }
             let head = cache.store.head_mut(li, kvh);
             cache.policy.after_decode_step(li, kvh, head, &s.probs[..g * len]);

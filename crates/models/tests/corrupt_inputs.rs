@@ -359,21 +359,22 @@ fn hf_config_missing_required_field() {
 #[test]
 fn hf_config_implausible_sizes() {
     // sizes that would overflow the loader's arithmetic or ask for absurd
-    // buffers must be refused up front
-    let cases: [(&str, &str, Value); 4] = [
-        ("llama-gqa", "head_dim", json!(1u64 << 62)),
-        ("llama-gqa", "num_key_value_heads", json!(0)),
-        ("gpt2", "n_embd", json!(u64::MAX)),
-        ("opt", "max_position_embeddings", json!(u64::MAX)),
+    // buffers are refused while reading config.json
+    let cases: [(&str, &str, Value, &str); 6] = [
+        ("llama-gqa", "head_dim", json!(1u64 << 62), "implausible head_dim"),
+        ("llama-gqa", "intermediate_size", json!(u64::MAX), "implausible ffn_size"),
+        ("llama-gqa", "num_key_value_heads", json!(0), "n_kv_heads must be positive"),
+        ("llama-gqa", "num_hidden_layers", json!(1u64 << 40), "implausible model dimensions"),
+        ("gpt2", "n_embd", json!(u64::MAX), "implausible model dimensions"),
+        ("opt", "max_position_embeddings", json!(u64::MAX), "implausible context_len"),
     ];
-    for (fixture, field, value) in cases {
+    for (fixture, field, value, needle) in cases {
         let dir = parity(fixture);
         let mut cfg: Value = serde_json::from_slice(&read(&dir.join("config.json"))).unwrap();
         cfg[field] = value.clone();
         let case = format!("{fixture} with {field} = {value}");
         let s = hf_dir(&case, &read(&dir.join("model.safetensors")), Some(&cfg));
-        let msg = error_of(&case, || load_model(&s.0));
-        assert!(msg.contains("config.json") || msg.contains("expected shape"), "{case}: unclear error: {msg}");
+        expect_load_error(&case, &s.0, &["config.json", needle]);
     }
 }
 

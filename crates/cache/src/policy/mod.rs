@@ -96,6 +96,10 @@ pub trait CachePolicy: Send {
         keep.extend(0..positions.len());
     }
 
+    /// Starts recording eviction events for steps divisible by `every`
+    /// (policies that never evict ignore it).
+    fn enable_trace(&mut self, _every: u32) {}
+
     /// Eviction events recorded so far (diagnostics; empty unless enabled).
     fn take_events(&mut self) -> Vec<EvictionEvent> {
         Vec::new()

@@ -97,11 +97,6 @@ impl TokenEviction {
         }
     }
 
-    /// Starts recording eviction events for steps divisible by `every`.
-    pub fn trace(&mut self, every: u32) {
-        self.trace_every = every;
-    }
-
     pub fn budget(&self) -> usize {
         self.budget
     }
@@ -240,6 +235,10 @@ impl CachePolicy for TokenEviction {
         }
     }
 
+    fn enable_trace(&mut self, every: u32) {
+        self.trace_every = every.max(1);
+    }
+
     fn take_events(&mut self) -> Vec<EvictionEvent> {
         std::mem::take(&mut self.events)
     }
@@ -260,7 +259,7 @@ mod tests {
         }
         slots.push(11, &[0.0], &[0.0]).unwrap();
         let probs = [0.20, 0.05, 0.02, 0.08, 0.15, 0.30, 0.20];
-        h2o.trace(1);
+        h2o.enable_trace(1);
         h2o.after_decode_step(0, 0, &mut slots, &probs);
         let mut kept: Vec<(u32, f32)> = slots.positions().iter().copied().zip(slots.scores().iter().copied()).collect();
         kept.sort_by_key(|k| k.0);

@@ -13,10 +13,7 @@ use std::ptr;
 
 /// The AVX2 kernel set, when the CPU has AVX2, FMA and F16C.
 pub(crate) fn kernels() -> Option<DotKernels> {
-    if is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-    {
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
         Some(KERNELS)
     } else {
         None
@@ -33,6 +30,7 @@ const KERNELS: DotKernels = DotKernels {
     q4_0: dot_q4_0,
     q4_1: dot_q4_1,
     axpy,
+    dot4x4,
 };
 
 // ---- safe wrappers (installed only after detection) ----------------------
@@ -76,6 +74,16 @@ pub(super) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     unsafe { axpy_impl(a, x.as_ptr(), y.as_mut_ptr(), n) }
 }
 
+/// Shortest length of the eight slices.
+pub(super) fn tile_len(w: &[&[f32]; 4], x: &[&[f32]; 4]) -> usize {
+    w.iter().chain(x).map(|s| s.len()).min().unwrap_or(0)
+}
+
+pub(super) fn dot4x4(w: &[&[f32]; 4], x: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
+    let n = tile_len(w, x);
+    unsafe { dot4x4_impl(&w.map(|s| s.as_ptr()), &x.map(|s| s.as_ptr()), n, out) }
+}
+
 // ---- helpers --------------------------------------------------------------
 
 /// Sum of the 8 lanes.
@@ -100,10 +108,7 @@ pub(super) unsafe fn rd16(p: *const u8) -> u16 {
 unsafe fn scales2(p0: *const u8, p1: *const u8) -> (__m256, __m256) {
     let h = rd16(p0) as u32 | (rd16(p1) as u32) << 16;
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32));
-    (
-        _mm256_broadcastss_ps(v),
-        _mm256_broadcastss_ps(_mm_movehdup_ps(v)),
-    )
+    (_mm256_broadcastss_ps(v), _mm256_broadcastss_ps(_mm_movehdup_ps(v)))
 }
 
 /// The f16 value at `p` converted and broadcast to all lanes.
@@ -132,21 +137,9 @@ unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
     let mut i = 0;
     while i + 32 <= n {
         s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), s0);
-        s1 = _mm256_fmadd_ps(
-            _mm256_loadu_ps(a.add(i + 8)),
-            _mm256_loadu_ps(b.add(i + 8)),
-            s1,
-        );
-        s2 = _mm256_fmadd_ps(
-            _mm256_loadu_ps(a.add(i + 16)),
-            _mm256_loadu_ps(b.add(i + 16)),
-            s2,
-        );
-        s3 = _mm256_fmadd_ps(
-            _mm256_loadu_ps(a.add(i + 24)),
-            _mm256_loadu_ps(b.add(i + 24)),
-            s3,
-        );
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i + 8)), _mm256_loadu_ps(b.add(i + 8)), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i + 16)), _mm256_loadu_ps(b.add(i + 16)), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i + 24)), _mm256_loadu_ps(b.add(i + 24)), s3);
         i += 32;
     }
     while i + 8 <= n {
@@ -298,12 +291,7 @@ unsafe fn nibbles(q: *const u8) -> [__m256i; 4] {
     let m = _mm256_set1_epi32(0x0f);
     let r0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q as *const __m128i));
     let r1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.add(8) as *const __m128i));
-    [
-        _mm256_and_si256(r0, m),
-        _mm256_and_si256(r1, m),
-        _mm256_srli_epi32::<4>(r0),
-        _mm256_srli_epi32::<4>(r1),
-    ]
+    [_mm256_and_si256(r0, m), _mm256_and_si256(r1, m), _mm256_srli_epi32::<4>(r0), _mm256_srli_epi32::<4>(r1)]
 }
 
 /// Σ (q−8)·x over one Q4_0 block.
@@ -363,10 +351,7 @@ unsafe fn q4_1_block(q: *const u8, x: *const f32) -> (__m256, __m256) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scale_min(p: *const u8) -> (__m256, __m256) {
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128(ptr::read_unaligned(p as *const i32)));
-    (
-        _mm256_broadcastss_ps(v),
-        _mm256_broadcastss_ps(_mm_movehdup_ps(v)),
-    )
+    (_mm256_broadcastss_ps(v), _mm256_broadcastss_ps(_mm_movehdup_ps(v)))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -398,4 +383,42 @@ unsafe fn dot_q4_1_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
     }
     let acc = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(accm0, accm1));
     hsum(acc)
+}
+
+// ---- GEMM micro-tile ----------------------------------------------------------
+
+/// 4 weight rows × 4 activation rows as two passes of 4 × 2: eight
+/// accumulators plus four weight and two activation registers fit the 16
+/// ymm registers, and each weight load feeds two FMAs.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot4x4_impl(
+    w: &[*const f32; 4],
+    x: &[*const f32; 4],
+    n: usize,
+    out: &mut [[f32; 4]; 4],
+) {
+    for jp in [0, 2] {
+        let (xa, xb) = (x[jp], x[jp + 1]);
+        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+        let mut i = 0;
+        while i + 8 <= n {
+            let va = _mm256_loadu_ps(xa.add(i));
+            let vb = _mm256_loadu_ps(xb.add(i));
+            for r in 0..4 {
+                let wv = _mm256_loadu_ps(w[r].add(i));
+                acc[r][0] = _mm256_fmadd_ps(wv, va, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(wv, vb, acc[r][1]);
+            }
+            i += 8;
+        }
+        for r in 0..4 {
+            for c in 0..2 {
+                let mut s = hsum(acc[r][c]);
+                for k in i..n {
+                    s += *w[r].add(k) * *x[jp + c].add(k);
+                }
+                out[r][jp + c] = s;
+            }
+        }
+    }
 }

@@ -33,6 +33,7 @@ const KERNELS: DotKernels = DotKernels {
     q4_0: dot_q4_0,
     q4_1: dot_q4_1,
     axpy,
+    dot4x4,
 };
 
 // SAFETY (all wrappers below): only reachable through `kernels()`, which
@@ -74,6 +75,11 @@ fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     unsafe { axpy_impl(a, x.as_ptr(), y.as_mut_ptr(), n) }
 }
 
+fn dot4x4(w: &[&[f32]; 4], x: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
+    let n = avx2::tile_len(w, x);
+    unsafe { dot4x4_impl(&w.map(|s| s.as_ptr()), &x.map(|s| s.as_ptr()), n, out) }
+}
+
 // ---- helpers --------------------------------------------------------------
 
 /// Mask of the low `n` lanes (`n < 16`).
@@ -88,10 +94,7 @@ fn tail_mask(n: usize) -> __mmask16 {
 unsafe fn scales2(p0: *const u8, p1: *const u8) -> (__m512, __m512) {
     let h = avx2::rd16(p0) as u32 | (avx2::rd16(p1) as u32) << 16;
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32));
-    (
-        _mm512_broadcastss_ps(v),
-        _mm512_broadcastss_ps(_mm_movehdup_ps(v)),
-    )
+    (_mm512_broadcastss_ps(v), _mm512_broadcastss_ps(_mm_movehdup_ps(v)))
 }
 
 /// The f16 value at `p` converted and broadcast to all lanes.
@@ -112,21 +115,9 @@ unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
     let mut i = 0;
     while i + 64 <= n {
         s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)), s0);
-        s1 = _mm512_fmadd_ps(
-            _mm512_loadu_ps(a.add(i + 16)),
-            _mm512_loadu_ps(b.add(i + 16)),
-            s1,
-        );
-        s2 = _mm512_fmadd_ps(
-            _mm512_loadu_ps(a.add(i + 32)),
-            _mm512_loadu_ps(b.add(i + 32)),
-            s2,
-        );
-        s3 = _mm512_fmadd_ps(
-            _mm512_loadu_ps(a.add(i + 48)),
-            _mm512_loadu_ps(b.add(i + 48)),
-            s3,
-        );
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i + 16)), _mm512_loadu_ps(b.add(i + 16)), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i + 32)), _mm512_loadu_ps(b.add(i + 32)), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i + 48)), _mm512_loadu_ps(b.add(i + 48)), s3);
         i += 64;
     }
     while i + 16 <= n {
@@ -135,11 +126,7 @@ unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
     }
     if i < n {
         let k = tail_mask(n - i);
-        s1 = _mm512_fmadd_ps(
-            _mm512_maskz_loadu_ps(k, a.add(i)),
-            _mm512_maskz_loadu_ps(k, b.add(i)),
-            s1,
-        );
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a.add(i)), _mm512_maskz_loadu_ps(k, b.add(i)), s1);
     }
     _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)))
 }
@@ -184,21 +171,9 @@ unsafe fn dot_half<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f3
     let mut i = 0;
     while i + 64 <= n {
         s0 = _mm512_fmadd_ps(cvt::<BF>(ld16(w.add(i))), _mm512_loadu_ps(x.add(i)), s0);
-        s1 = _mm512_fmadd_ps(
-            cvt::<BF>(ld16(w.add(i + 16))),
-            _mm512_loadu_ps(x.add(i + 16)),
-            s1,
-        );
-        s2 = _mm512_fmadd_ps(
-            cvt::<BF>(ld16(w.add(i + 32))),
-            _mm512_loadu_ps(x.add(i + 32)),
-            s2,
-        );
-        s3 = _mm512_fmadd_ps(
-            cvt::<BF>(ld16(w.add(i + 48))),
-            _mm512_loadu_ps(x.add(i + 48)),
-            s3,
-        );
+        s1 = _mm512_fmadd_ps(cvt::<BF>(ld16(w.add(i + 16))), _mm512_loadu_ps(x.add(i + 16)), s1);
+        s2 = _mm512_fmadd_ps(cvt::<BF>(ld16(w.add(i + 32))), _mm512_loadu_ps(x.add(i + 32)), s2);
+        s3 = _mm512_fmadd_ps(cvt::<BF>(ld16(w.add(i + 48))), _mm512_loadu_ps(x.add(i + 48)), s3);
         i += 64;
     }
     while i + 16 <= n {
@@ -229,11 +204,7 @@ unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
     let mut i = 0;
     while i + 64 <= n {
         for k in [0, 16, 32, 48] {
-            let v = _mm512_fmadd_ps(
-                va,
-                _mm512_loadu_ps(x.add(i + k)),
-                _mm512_loadu_ps(y.add(i + k)),
-            );
+            let v = _mm512_fmadd_ps(va, _mm512_loadu_ps(x.add(i + k)), _mm512_loadu_ps(y.add(i + k)));
             _mm512_storeu_ps(y.add(i + k), v);
         }
         i += 64;
@@ -245,11 +216,7 @@ unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
     }
     if i < n {
         let k = tail_mask(n - i);
-        let v = _mm512_fmadd_ps(
-            va,
-            _mm512_maskz_loadu_ps(k, x.add(i)),
-            _mm512_maskz_loadu_ps(k, y.add(i)),
-        );
+        let v = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(k, x.add(i)), _mm512_maskz_loadu_ps(k, y.add(i)));
         _mm512_mask_storeu_ps(y.add(i), k, v);
     }
 }
@@ -261,9 +228,7 @@ unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn q8_block(q: *const u8, x: *const f32) -> __m512 {
     let q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q as *const __m128i)));
-    let q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-        q.add(16) as *const __m128i
-    )));
+    let q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q.add(16) as *const __m128i)));
     let a = _mm512_mul_ps(q0, _mm512_loadu_ps(x));
     _mm512_fmadd_ps(q1, _mm512_loadu_ps(x.add(16)), a)
 }
@@ -296,10 +261,7 @@ unsafe fn dot_q8_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn nibbles(q: *const u8, table: __m512) -> (__m512, __m512) {
     let r = _mm512_cvtepu8_epi32(_mm_loadu_si128(q as *const __m128i));
-    (
-        _mm512_permutexvar_ps(r, table),
-        _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(r), table),
-    )
+    (_mm512_permutexvar_ps(r, table), _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(r), table))
 }
 
 /// f32 values `base`, `base`+1, …, `base`+15.
@@ -308,9 +270,7 @@ unsafe fn nibbles(q: *const u8, table: __m512) -> (__m512, __m512) {
 fn ramp(base: f32) -> __m512 {
     _mm512_add_ps(
         _mm512_set1_ps(base),
-        _mm512_setr_ps(
-            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
-        ),
+        _mm512_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0),
     )
 }
 
@@ -353,10 +313,7 @@ unsafe fn dot_q4_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn scale_min(p: *const u8) -> (__m512, __m512) {
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128(ptr::read_unaligned(p as *const i32)));
-    (
-        _mm512_broadcastss_ps(v),
-        _mm512_broadcastss_ps(_mm_movehdup_ps(v)),
-    )
+    (_mm512_broadcastss_ps(v), _mm512_broadcastss_ps(_mm_movehdup_ps(v)))
 }
 
 /// Q4_1 as a table lookup: the block's 16 possible values d·q + m are built
@@ -394,4 +351,40 @@ unsafe fn dot_q4_1_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
     }
     let acc = _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3));
     _mm512_reduce_add_ps(acc)
+}
+
+// ---- GEMM micro-tile ----------------------------------------------------------
+
+/// 4 weight rows × 4 activation rows in one pass: 16 zmm accumulators, and
+/// each load feeds four FMAs.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn dot4x4_impl(
+    w: &[*const f32; 4],
+    x: &[*const f32; 4],
+    n: usize,
+    out: &mut [[f32; 4]; 4],
+) {
+    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+    let mut i = 0;
+    while i < n {
+        let k = if i + 16 <= n { 0xffff } else { tail_mask(n - i) };
+        let xv = [
+            _mm512_maskz_loadu_ps(k, x[0].add(i)),
+            _mm512_maskz_loadu_ps(k, x[1].add(i)),
+            _mm512_maskz_loadu_ps(k, x[2].add(i)),
+            _mm512_maskz_loadu_ps(k, x[3].add(i)),
+        ];
+        for r in 0..4 {
+            let wv = _mm512_maskz_loadu_ps(k, w[r].add(i));
+            for c in 0..4 {
+                acc[r][c] = _mm512_fmadd_ps(wv, xv[c], acc[r][c]);
+            }
+        }
+        i += 16;
+    }
+    for r in 0..4 {
+        for c in 0..4 {
+            out[r][c] = _mm512_reduce_add_ps(acc[r][c]);
+        }
+    }
 }

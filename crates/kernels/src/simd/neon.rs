@@ -29,6 +29,7 @@ const KERNELS: DotKernels = DotKernels {
     q4_0: dot_q4_0,
     q4_1: dot_q4_1,
     axpy,
+    dot4x4,
 };
 
 // SAFETY (all wrappers below): only reachable through `kernels()`, which
@@ -67,6 +68,11 @@ fn dot_q4_1(w: &[u8], x: &[f32]) -> f32 {
 fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     let n = x.len().min(y.len());
     unsafe { axpy_impl(a, x.as_ptr(), y.as_mut_ptr(), n) }
+}
+
+fn dot4x4(w: &[&[f32]; 4], x: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
+    let n = w.iter().chain(x).map(|s| s.len()).min().unwrap_or(0);
+    unsafe { dot4x4_impl(&w.map(|s| s.as_ptr()), &x.map(|s| s.as_ptr()), n, out) }
 }
 
 // ---- helpers --------------------------------------------------------------
@@ -231,10 +237,7 @@ unsafe fn dot_u8x16(q: uint8x16_t, x: *const f32) -> float32x4_t {
 #[inline]
 #[target_feature(enable = "neon")]
 unsafe fn sum16(x: *const f32) -> float32x4_t {
-    vaddq_f32(
-        vaddq_f32(vld1q_f32(x), vld1q_f32(x.add(4))),
-        vaddq_f32(vld1q_f32(x.add(8)), vld1q_f32(x.add(12))),
-    )
+    vaddq_f32(vaddq_f32(vld1q_f32(x), vld1q_f32(x.add(4))), vaddq_f32(vld1q_f32(x.add(8)), vld1q_f32(x.add(12))))
 }
 
 #[target_feature(enable = "neon")]
@@ -295,4 +298,43 @@ unsafe fn dot_q4_impl<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -
         }
     }
     vaddvq_f32(vaddq_f32(vaddq_f32(acc0, acc1), accm))
+}
+
+// ---- GEMM micro-tile ----------------------------------------------------------
+
+/// 4 weight rows × 4 activation rows in one pass: 16 accumulators of the 32
+/// vector registers; each load feeds four FMAs.
+#[target_feature(enable = "neon")]
+unsafe fn dot4x4_impl(
+    w: &[*const f32; 4],
+    x: &[*const f32; 4],
+    n: usize,
+    out: &mut [[f32; 4]; 4],
+) {
+    let mut acc = [[vdupq_n_f32(0.0); 4]; 4];
+    let mut i = 0;
+    while i + 4 <= n {
+        let xv = [
+            vld1q_f32(x[0].add(i)),
+            vld1q_f32(x[1].add(i)),
+            vld1q_f32(x[2].add(i)),
+            vld1q_f32(x[3].add(i)),
+        ];
+        for r in 0..4 {
+            let wv = vld1q_f32(w[r].add(i));
+            for c in 0..4 {
+                acc[r][c] = vfmaq_f32(acc[r][c], wv, xv[c]);
+            }
+        }
+        i += 4;
+    }
+    for r in 0..4 {
+        for c in 0..4 {
+            let mut s = vaddvq_f32(acc[r][c]);
+            for k in i..n {
+                s += *w[r].add(k) * *x[c].add(k);
+            }
+            out[r][c] = s;
+        }
+    }
 }

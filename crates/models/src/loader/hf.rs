@@ -149,7 +149,7 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
                 n_kv_heads: heads,
                 head_dim: hidden / heads.max(1),
                 hidden_size: hidden,
-                ffn_size: get_usize(j, &["n_inner"]).unwrap_or(4 * hidden),
+                ffn_size: get_usize(j, &["n_inner"]).unwrap_or(hidden.saturating_mul(4)),
                 vocab_size: need(&["vocab_size"])?,
                 context_len: need(&["n_positions", "max_position_embeddings"])?,
                 norm: NormKind::Layer,
@@ -235,6 +235,16 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
         }
     };
     cfg.validate().map_err(ConfigError::Invalid)?;
+    // bounds that keep the loader's size arithmetic (q_dim, 3·q_dim, context + 2) far from overflow
+    let caps = [
+        ("head_dim", cfg.head_dim, 1 << 20),
+        ("n_heads", cfg.n_heads, 1 << 20),
+        ("ffn_size", cfg.ffn_size, 1 << 32),
+        ("context_len", cfg.context_len, 1 << 40),
+    ];
+    if let Some((name, v, _)) = caps.iter().find(|(_, v, cap)| v > cap) {
+        return Err(ConfigError::Invalid(format!("implausible {name} {v}")));
+    }
     Ok(cfg)
 }
 

@@ -60,7 +60,7 @@ pub fn from_metadata(md: &Metadata, bos: Option<u32>, eos: Vec<u32>) -> Result<O
     let (kind, add_bos) = match model {
         "gpt2" => {
             let pre = md.str("tokenizer.ggml.pre")?;
-            let t = byte_level_bpe(md, &tokens, &types, pre).map_err(|e| bad(e))?;
+            let t = byte_level_bpe(md, &tokens, &types, pre).map_err(&bad)?;
             (TokenizerKind::Hf(Box::new(t)), add_bos_key.unwrap_or(false))
         }
         "llama" => {
