@@ -2,7 +2,7 @@
 
 use crate::common::{CliResult, ModelArgs};
 use kvslim_cache::PolicySpec;
-use kvslim_engine::bench::{measure_read_bandwidth, run as run_bench, BenchOptions, BenchReport};
+use kvslim_engine::bench::{measure_read_bandwidth, run as run_bench, step_time, BenchOptions, BenchReport, StepTimePoint};
 use kvslim_kernels::DType;
 use std::path::PathBuf;
 
@@ -27,9 +27,17 @@ pub struct Args {
     /// Repeats per measurement (medians are reported).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
-    /// KV cache policy.
-    #[arg(long, default_value = "full", value_parser = PolicySpec::parse)]
-    policy: PolicySpec,
+    /// KV cache policy; repeat to compare several in a context sweep.
+    #[arg(long = "policy", default_value = "full", value_parser = PolicySpec::parse)]
+    policies: Vec<PolicySpec>,
+    /// Instead of prefill/decode throughput, time one decode step at each of
+    /// these context lengths (e.g. 512,1024,2048,4096,8192) for every
+    /// --policy: the crossover where eviction pays.
+    #[arg(long, value_delimiter = ',')]
+    context_sweep: Option<Vec<usize>>,
+    /// Decode steps timed per sweep point.
+    #[arg(long, default_value_t = 16)]
+    sweep_steps: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -55,8 +63,15 @@ pub fn run(a: Args) -> CliResult {
             (loaded.model, a.model.model.clone())
         }
     };
-    let opts =
-        BenchOptions { prompt_len: a.prompt_len, gen_len: a.gen_len, repeats: a.repeats, policy: a.policy.clone() };
+    if let Some(contexts) = &a.context_sweep {
+        return sweep(&model, &name, &a, contexts, &counts);
+    }
+    let opts = BenchOptions {
+        prompt_len: a.prompt_len,
+        gen_len: a.gen_len,
+        repeats: a.repeats,
+        policy: a.policies.first().cloned().unwrap_or_else(PolicySpec::full),
+    };
     let mut rows: Vec<BenchReport> = Vec::new();
     for &t in &counts {
         if t == 0 {
@@ -97,6 +112,46 @@ pub fn run(a: Args) -> CliResult {
             r.bandwidth_gb_s,
             r.bound_tok_s,
             r.fraction_of_bound * 100.0
+        );
+    }
+    Ok(())
+}
+
+fn sweep(model: &kvslim_models::Model, name: &str, a: &Args, contexts: &[usize], counts: &[usize]) -> CliResult {
+    let mut rows: Vec<StepTimePoint> = Vec::new();
+    for &t in counts {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(t.max(1)).build()?;
+        for policy in &a.policies {
+            for &ctx in contexts {
+                if ctx == 0 {
+                    return Err("context lengths must be ≥ 1".into());
+                }
+                let p = pool.install(|| step_time(model, name, policy, ctx, a.sweep_steps.max(1)))?;
+                eprintln!("{} threads {} context {}: {:.2} ms/step", p.policy, t, ctx, p.step_ms_median);
+                rows.push(p);
+            }
+        }
+    }
+    let json = serde_json::to_string_pretty(&rows)?;
+    if let Some(p) = &a.out {
+        std::fs::write(p, &json).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+    }
+    if a.json {
+        println!("{json}");
+        return Ok(());
+    }
+    println!("| model | policy | threads | context | slots | step ms (median) | KV MiB allocated |");
+    println!("|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {:.2} | {:.1} |",
+            r.model,
+            r.policy,
+            r.threads,
+            r.context,
+            r.slots,
+            r.step_ms_median,
+            r.kv_bytes_allocated as f64 / 1048576.0
         );
     }
     Ok(())

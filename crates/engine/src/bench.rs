@@ -128,3 +128,57 @@ pub fn run(model: &Model, name: &str, opts: &BenchOptions, bandwidth_gb_s: f64) 
         fraction_of_bound: decode_tok_s / bound,
     })
 }
+
+/// One point of the decode-step-time sweep.
+#[derive(Clone, Debug, Serialize)]
+pub struct StepTimePoint {
+    pub model: String,
+    pub policy: String,
+    pub threads: usize,
+    /// Original position of the decoded token (tokens seen so far).
+    pub context: usize,
+    /// Slots actually attended per (layer, KV head).
+    pub slots: usize,
+    pub step_ms_median: f64,
+    pub kv_bytes_allocated: usize,
+}
+
+/// Decode step time at a given context length: the cache is filled with
+/// random keys and values up to `context` tokens (or the policy's budget),
+/// then `steps` decode steps are timed. Step time depends on the number of
+/// slots, not on their content, so this avoids an O(n²) prefill per point.
+pub fn step_time(model: &Model, name: &str, policy: &PolicySpec, context: usize, steps: usize) -> Result<StepTimePoint> {
+    let c = &model.config;
+    let mut s = Session::new(model, policy, context + steps + 1, context);
+    let mut rng = Rng::new(context as u64);
+    let hd = c.head_dim;
+    let mut k = vec![0f32; hd];
+    let mut v = vec![0f32; hd];
+    let held = context.min(s.cache.store.head(0, 0).capacity().saturating_sub(1));
+    for l in 0..c.n_layers {
+        for h in 0..c.n_kv_heads {
+            let head = s.cache.store.head_mut(l, h);
+            for p in context - held..context {
+                k.iter_mut().chain(v.iter_mut()).for_each(|x| *x = rng.next_f32() - 0.5);
+                head.push(p as u32, &k, &v).expect("within capacity");
+            }
+        }
+    }
+    s.cache.next_pos = context;
+    let mut times = Vec::with_capacity(steps);
+    let mut tok = 1u32;
+    for _ in 0..steps {
+        let t = Instant::now();
+        tok = crate::sampling::argmax(s.feed(&[tok], Logits::Last)?);
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(StepTimePoint {
+        model: name.to_string(),
+        policy: policy.to_string(),
+        threads: rayon::current_num_threads(),
+        context,
+        slots: s.cache.store.head(0, 0).len(),
+        step_ms_median: median(times),
+        kv_bytes_allocated: s.kv_bytes().kv,
+    })
+}
