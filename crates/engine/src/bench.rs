@@ -144,12 +144,15 @@ pub struct StepTimePoint {
 }
 
 /// Decode step time at a given context length: the cache is filled with
-/// random keys and values up to `context` tokens (or the policy's budget),
-/// then `steps` decode steps are timed. Step time depends on the number of
+/// random keys and values for `context − steps` tokens (or the policy's
+/// budget), then `steps` decode steps are timed, the last at position
+/// `context − 1`. Step time depends on the number of
 /// slots, not on their content, so this avoids an O(n²) prefill per point.
 pub fn step_time(model: &Model, name: &str, policy: &PolicySpec, context: usize, steps: usize) -> Result<StepTimePoint> {
     let c = &model.config;
-    let mut s = Session::new(model, policy, context + steps + 1, context);
+    let steps = steps.min(context.saturating_sub(1)).max(1);
+    let context = context - steps;
+    let mut s = Session::new(model, policy, context + steps, context + steps);
     let mut rng = Rng::new(context as u64);
     let hd = c.head_dim;
     let mut k = vec![0f32; hd];
@@ -176,7 +179,7 @@ pub fn step_time(model: &Model, name: &str, policy: &PolicySpec, context: usize,
         model: name.to_string(),
         policy: policy.to_string(),
         threads: rayon::current_num_threads(),
-        context,
+        context: context + steps,
         slots: s.cache.store.head(0, 0).len(),
         step_ms_median: median(times),
         kv_bytes_allocated: s.kv_bytes().kv,

@@ -106,9 +106,9 @@ fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, 
         session.feed(part, Logits::Last).unwrap();
         let trace = session.scratch.trace.take().unwrap();
         let n = part.len();
-        for l in 0..c.n_layers {
+        for (l, layer_refs) in refs.iter_mut().enumerate() {
             let [q, k, v] = &trace.qkv[l];
-            for (kvh, r) in refs[l].iter_mut().enumerate() {
+            for (kvh, r) in layer_refs.iter_mut().enumerate() {
                 let tok = |t: usize| {
                     let qs = f64s(&q[t * c.q_dim() + kvh * g * hd..t * c.q_dim() + (kvh + 1) * g * hd]);
                     let ks = f64s(&k[t * c.kv_dim() + kvh * hd..t * c.kv_dim() + (kvh + 1) * hd]);

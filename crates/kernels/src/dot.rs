@@ -28,6 +28,9 @@ pub struct DotKernels {
     /// four activation rows (prefill). All eight slices cover the same
     /// elements; pass a row twice to compute fewer than four.
     pub dot4x4: fn(&[&[f32]; 4], &[&[f32]; 4], &mut [[f32; 4]; 4]),
+    /// Dequantizes `out.len()` elements stored as the given type; the
+    /// result is bit-identical to [`crate::quant::dequantize`].
+    pub dequantize: fn(DType, &[u8], &mut [f32]),
 }
 
 impl DotKernels {
@@ -42,6 +45,7 @@ impl DotKernels {
         q4_1: scalar::dot_q4_1,
         axpy: scalar::axpy,
         dot4x4: scalar::dot4x4,
+        dequantize: crate::quant::dequantize,
     };
 }
 
@@ -281,7 +285,17 @@ mod tests {
                 let off = if dt.block_elems() == 1 { 0 } else { 2 * (n % 3) };
                 let (buf, range) = placed(&bytes, off);
                 let row = &as_bytes(&buf)[range];
+                let mut deq = vec![0f32; n];
+                dequantize(dt, &bytes, &mut deq);
                 for k in &sets {
+                    let mut got = vec![f32::NAN; n + 1];
+                    (k.dequantize)(dt, row, &mut got[..n]);
+                    assert!(
+                        got[..n].iter().zip(&deq).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{} dequantize {dt} n={n}",
+                        k.isa
+                    );
+                    assert!(got[n].is_nan(), "{} dequantize wrote past the end", k.isa);
                     let got = dot_row(k, dt, row, &x) as f64;
                     let tol = 2e-6 * mag * (n as f64).sqrt().max(4.0) + 1e-30;
                     assert!((got - want).abs() <= tol, "{} {dt} n={n}: {got} vs {want} (tol {tol})", k.isa);
@@ -384,6 +398,51 @@ mod tests {
                             "{} dot4x4 n={n} [{i}][{j}]: {got} vs {want}",
                             k.isa
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// matmul (tiles, row blocks, column blocks) and matvec against an f64
+    /// product of the dequantized matrix, on shapes that leave every kind of
+    /// edge: rows not a multiple of 4 or 16, token counts 2..9, long rows.
+    #[test]
+    fn matmul_and_matvec_match_reference_on_ragged_shapes() {
+        use crate::matrix::Matrix;
+        let mut rng = Rng(31337);
+        for (dt, rows, cols) in [
+            (DType::F32, 19, 37),
+            (DType::F32, 33, 1100),
+            (DType::F16, 5, 71),
+            (DType::BF16, 18, 64),
+            (DType::Q8_0, 21, 1088),
+            (DType::Q4_0, 35, 96),
+            (DType::Q4_1, 17, 160),
+        ] {
+            let m = Matrix::quantized(dt, rows, cols, &rng.vec(rows * cols, 1.0)).unwrap();
+            let w = m.to_f32();
+            for n in [1usize, 2, 3, 4, 5, 9] {
+                let x = rng.vec(n * cols, 1.0);
+                let mut out = vec![f32::NAN; n * rows];
+                m.matmul(&x, n, &mut out);
+                let mut mv = vec![f32::NAN; rows];
+                for t in 0..n {
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    m.matvec(xt, &mut mv);
+                    for r in 0..rows {
+                        let (want, mag) = w[r * cols..(r + 1) * cols].iter().zip(xt).fold(
+                            (0f64, 0f64),
+                            |(s, a), (p, q)| {
+                                let v = *p as f64 * *q as f64;
+                                (s + v, a + v.abs())
+                            },
+                        );
+                        let tol = 2e-6 * mag * (cols as f64).sqrt();
+                        let got = out[t * rows + r] as f64;
+                        assert!((got - want).abs() <= tol, "{dt} {rows}x{cols} n={n} gemm t={t} r={r}: {got} vs {want}");
+                        let got = mv[r] as f64;
+                        assert!((got - want).abs() <= tol, "{dt} {rows}x{cols} gemv r={r}: {got} vs {want}");
                     }
                 }
             }

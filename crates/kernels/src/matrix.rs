@@ -160,6 +160,7 @@ impl Matrix {
         // rows per task: their f32 copy (16 × cols × 4 bytes) and four token
         // rows stay in L2 while every token group passes over them
         const ROW_BLOCK: usize = 16;
+        const COL_BLOCK: usize = 512;
         let (rows, cols) = (self.rows, self.cols);
         let mut transposed = vec![0f32; rows * n];
         let k = kernels();
@@ -174,22 +175,30 @@ impl Matrix {
                 bytemuck_f32(raw)
             } else {
                 let mut v = vec![0f32; nr * cols];
-                dequantize(self.dtype, raw, &mut v);
+                (k.dequantize)(self.dtype, raw, &mut v);
                 deq = v;
                 &deq
             };
-            let row = |i: usize| &w[i.min(nr - 1) * cols..][..cols];
-            let tok = |t: usize| &x[t.min(n - 1) * cols..][..cols];
+            let kc = std::env::var("KC").ok().and_then(|v| v.parse().ok()).unwrap_or(COL_BLOCK);
             let mut tile = [[0f32; 4]; 4];
-            for t in (0..n).step_by(4) {
-                let xs = [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)];
-                for i in (0..nr).step_by(4) {
-                    let ws = [row(i), row(i + 1), row(i + 2), row(i + 3)];
-                    (k.dot4x4)(&ws, &xs, &mut tile);
-                    for (a, tr) in tile.iter().enumerate().take(nr - i) {
-                        let o = &mut tb[(i + a) * n + t..];
+            for c0 in (0..cols).step_by(kc) {
+                let c1 = (c0 + kc).min(cols);
+                let row = |i: usize| &w[i.min(nr - 1) * cols..][c0..c1];
+                let tok = |t: usize| &x[t.min(n - 1) * cols..][c0..c1];
+                for t in (0..n).step_by(4) {
+                    let xs = [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)];
+                    for i in (0..nr).step_by(4) {
+                        let ws = [row(i), row(i + 1), row(i + 2), row(i + 3)];
+                        (k.dot4x4)(&ws, &xs, &mut tile);
                         let m = (n - t).min(4);
-                        o[..m].copy_from_slice(&tr[..m]);
+                        for (a, tr) in tile.iter().enumerate().take(nr - i) {
+                            let o = &mut tb[(i + a) * n + t..][..m];
+                            if c0 == 0 {
+                                o.copy_from_slice(&tr[..m]);
+                            } else {
+                                o.iter_mut().zip(tr).for_each(|(o, v)| *o += v);
+                            }
+                        }
                     }
                 }
             }

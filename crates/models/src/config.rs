@@ -112,7 +112,7 @@ impl ModelConfig {
                 return Err(format!("{name} must be positive"));
             }
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(format!("n_heads ({}) is not a multiple of n_kv_heads ({})", self.n_heads, self.n_kv_heads));
         }
         if let Some(r) = &self.rope {

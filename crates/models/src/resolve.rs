@@ -1,6 +1,7 @@
 //! Model specs: a local path, `hf:org/repo/file`, or a built-in alias.
 //!
-//! - A local path (file or directory) is used as is.
+//! - A local path (file or directory) is used as is; an existing path wins
+//!   over an alias of the same name.
 //! - `hf:org/repo/path/to/file` names one file of a Hugging Face repository
 //!   and `hf:org/repo` a whole safetensors checkpoint (`config.json`,
 //!   weights, `tokenizer.json`). Both are looked up offline first in the

@@ -500,10 +500,13 @@ fn llama2c_truncated() {
     }
 }
 
+/// Case name, header fields to overwrite, expected message.
+type HeaderCase = (&'static str, Vec<(usize, i32)>, &'static str);
+
 #[test]
 fn llama2c_header_lies_about_sizes() {
     // fields: 0 dim, 1 hidden_dim, 2 n_layers, 3 n_heads, 4 n_kv_heads, 5 vocab, 6 seq_len
-    let cases: [(&str, Vec<(usize, i32)>, &str); 9] = [
+    let cases: [HeaderCase; 9] = [
         ("n_layers 4000", vec![(2, 4000)], "header describes"),
         ("n_layers i32::MAX", vec![(2, i32::MAX)], "implausible"),
         ("dim 2^28", vec![(0, 1 << 28)], "implausible"),

@@ -189,7 +189,7 @@ impl CachePolicy for TokenEviction {
         };
         let (victim_pos, victim_score) = (slots.positions()[v], slots.scores()[v]);
         slots.evict(v);
-        if self.trace_every > 0 && newest % self.trace_every == 0 {
+        if self.trace_every > 0 && newest.is_multiple_of(self.trace_every) {
             let from = self.recent_from(newest);
             let lowest = slots
                 .positions()

@@ -7,6 +7,8 @@
 //! form a single latency chain.
 
 use crate::dot::DotKernels;
+use crate::dtype::DType;
+use crate::f16::{bf16_to_f32, f16_to_f32};
 use crate::simd::whole_blocks;
 use std::arch::x86_64::*;
 use std::ptr;
@@ -31,6 +33,7 @@ const KERNELS: DotKernels = DotKernels {
     q4_1: dot_q4_1,
     axpy,
     dot4x4,
+    dequantize,
 };
 
 // ---- safe wrappers (installed only after detection) ----------------------
@@ -82,6 +85,20 @@ pub(super) fn tile_len(w: &[&[f32]; 4], x: &[&[f32]; 4]) -> usize {
 pub(super) fn dot4x4(w: &[&[f32]; 4], x: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
     let n = tile_len(w, x);
     unsafe { dot4x4_impl(&w.map(|s| s.as_ptr()), &x.map(|s| s.as_ptr()), n, out) }
+}
+
+pub(super) fn dequantize(dt: DType, src: &[u8], out: &mut [f32]) {
+    let (s, o) = (src.as_ptr(), out.as_mut_ptr());
+    unsafe {
+        match dt {
+            DType::F32 => return crate::quant::dequantize(dt, src, out),
+            DType::F16 => deq_half::<false>(s, o, (src.len() / 2).min(out.len())),
+            DType::BF16 => deq_half::<true>(s, o, (src.len() / 2).min(out.len())),
+            DType::Q8_0 => deq_q8_0(s, o, whole_blocks(src.len(), 34, out.len())),
+            DType::Q4_0 => deq_q4::<false>(s, o, whole_blocks(src.len(), 18, out.len())),
+            DType::Q4_1 => deq_q4::<true>(s, o, whole_blocks(src.len(), 20, out.len())),
+        }
+    }
 }
 
 // ---- helpers --------------------------------------------------------------
@@ -418,6 +435,67 @@ unsafe fn dot4x4_impl(
                     s += *w[r].add(k) * *x[jp + c].add(k);
                 }
                 out[r][jp + c] = s;
+            }
+        }
+    }
+}
+
+// ---- dequantization -------------------------------------------------------------
+
+/// f16 (`BF` false) or bf16 (`BF` true) bytes at `s` to `n` f32 at `o`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn deq_half<const BF: bool>(s: *const u8, o: *mut f32, n: usize) {
+    let w = s as *const u16;
+    let mut i = 0;
+    while i + 8 <= n {
+        let v = if BF {
+            bf16x8(w.add(i))
+        } else {
+            f16x8(w.add(i))
+        };
+        _mm256_storeu_ps(o.add(i), v);
+        i += 8;
+    }
+    while i < n {
+        let h = rd16(s.add(2 * i));
+        *o.add(i) = if BF { bf16_to_f32(h) } else { f16_to_f32(h) };
+        i += 1;
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn deq_q8_0(s: *const u8, o: *mut f32, nb: usize) {
+    for b in 0..nb {
+        let p = s.add(b * 34);
+        let d = scale1(p);
+        for k in 0..4 {
+            _mm256_storeu_ps(o.add(b * 32 + k * 8), _mm256_mul_ps(d, i8x8(p.add(2 + k * 8))));
+        }
+    }
+}
+
+/// Q4_0 (`MIN` false: d·(q−8)) or Q4_1 (`MIN` true: d·q + m, rounded as
+/// the scalar code: product, then sum).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn deq_q4<const MIN: bool>(s: *const u8, o: *mut f32, nb: usize) {
+    let bb = if MIN { 20 } else { 18 };
+    let eight = _mm256_set1_epi32(8);
+    for b in 0..nb {
+        let p = s.add(b * bb);
+        let ob = o.add(b * 32);
+        if MIN {
+            let (d, m) = scale_min(p);
+            let q = nibbles(p.add(4));
+            for (k, v) in q.iter().enumerate() {
+                let f = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(*v)), m);
+                _mm256_storeu_ps(ob.add(k * 8), f);
+            }
+        } else {
+            let d = scale1(p);
+            let q = nibbles(p.add(2));
+            for (k, v) in q.iter().enumerate() {
+                let f = _mm256_cvtepi32_ps(_mm256_sub_epi32(*v, eight));
+                _mm256_storeu_ps(ob.add(k * 8), _mm256_mul_ps(d, f));
             }
         }
     }

@@ -34,6 +34,7 @@ const KERNELS: DotKernels = DotKernels {
     q4_1: dot_q4_1,
     axpy,
     dot4x4,
+    dequantize: avx2::dequantize,
 };
 
 // SAFETY (all wrappers below): only reachable through `kernels()`, which

@@ -5,7 +5,8 @@
 //! scalar conversion: subnormals, infinities and NaNs included.
 
 use crate::dot::DotKernels;
-use crate::f16::f16_to_f32;
+use crate::dtype::DType;
+use crate::f16::{bf16_to_f32, f16_to_f32};
 use crate::simd::whole_blocks;
 use std::arch::aarch64::*;
 use std::ptr;
@@ -30,6 +31,7 @@ const KERNELS: DotKernels = DotKernels {
     q4_1: dot_q4_1,
     axpy,
     dot4x4,
+    dequantize,
 };
 
 // SAFETY (all wrappers below): only reachable through `kernels()`, which
@@ -73,6 +75,20 @@ fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 fn dot4x4(w: &[&[f32]; 4], x: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
     let n = w.iter().chain(x).map(|s| s.len()).min().unwrap_or(0);
     unsafe { dot4x4_impl(&w.map(|s| s.as_ptr()), &x.map(|s| s.as_ptr()), n, out) }
+}
+
+fn dequantize(dt: DType, src: &[u8], out: &mut [f32]) {
+    let (s, o) = (src.as_ptr(), out.as_mut_ptr());
+    unsafe {
+        match dt {
+            DType::F32 => crate::quant::dequantize(dt, src, out),
+            DType::F16 => deq_half::<false>(s, o, (src.len() / 2).min(out.len())),
+            DType::BF16 => deq_half::<true>(s, o, (src.len() / 2).min(out.len())),
+            DType::Q8_0 => deq_q8_0(s, o, whole_blocks(src.len(), 34, out.len())),
+            DType::Q4_0 => deq_q4::<false>(s, o, whole_blocks(src.len(), 18, out.len())),
+            DType::Q4_1 => deq_q4::<true>(s, o, whole_blocks(src.len(), 20, out.len())),
+        }
+    }
 }
 
 // ---- helpers --------------------------------------------------------------
@@ -203,34 +219,55 @@ unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
 
 // ---- block formats ------------------------------------------------------------
 
+/// 16 signed bytes as four f32 vectors.
+#[inline]
+#[target_feature(enable = "neon")]
+fn i8x16_f32(q: int8x16_t) -> [float32x4_t; 4] {
+    let lo = vmovl_s8(vget_low_s8(q));
+    let hi = vmovl_high_s8(q);
+    [
+        vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))),
+        vcvtq_f32_s32(vmovl_high_s16(lo)),
+        vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))),
+        vcvtq_f32_s32(vmovl_high_s16(hi)),
+    ]
+}
+
+/// 16 unsigned bytes as four f32 vectors.
+#[inline]
+#[target_feature(enable = "neon")]
+fn u8x16_f32(q: uint8x16_t) -> [float32x4_t; 4] {
+    let lo = vmovl_u8(vget_low_u8(q));
+    let hi = vmovl_high_u8(q);
+    [
+        vcvtq_f32_u32(vmovl_u16(vget_low_u16(lo))),
+        vcvtq_f32_u32(vmovl_high_u16(lo)),
+        vcvtq_f32_u32(vmovl_u16(vget_low_u16(hi))),
+        vcvtq_f32_u32(vmovl_high_u16(hi)),
+    ]
+}
+
+/// Σ f·x over four vectors `f` and 16 activations at `x`.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn dot16(f: [float32x4_t; 4], x: *const f32) -> float32x4_t {
+    let a = vfmaq_f32(vmulq_f32(f[0], vld1q_f32(x)), f[1], vld1q_f32(x.add(4)));
+    let b = vfmaq_f32(vmulq_f32(f[2], vld1q_f32(x.add(8))), f[3], vld1q_f32(x.add(12)));
+    vaddq_f32(a, b)
+}
+
 /// Σ q·x over 16 signed bytes `q` and 16 activations at `x`.
 #[inline]
 #[target_feature(enable = "neon")]
 unsafe fn dot_i8x16(q: int8x16_t, x: *const f32) -> float32x4_t {
-    let lo = vmovl_s8(vget_low_s8(q));
-    let hi = vmovl_high_s8(q);
-    let f0 = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
-    let f1 = vcvtq_f32_s32(vmovl_high_s16(lo));
-    let f2 = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
-    let f3 = vcvtq_f32_s32(vmovl_high_s16(hi));
-    let a = vfmaq_f32(vmulq_f32(f0, vld1q_f32(x)), f1, vld1q_f32(x.add(4)));
-    let b = vfmaq_f32(vmulq_f32(f2, vld1q_f32(x.add(8))), f3, vld1q_f32(x.add(12)));
-    vaddq_f32(a, b)
+    dot16(i8x16_f32(q), x)
 }
 
 /// Σ q·x over 16 unsigned bytes `q` and 16 activations at `x`.
 #[inline]
 #[target_feature(enable = "neon")]
 unsafe fn dot_u8x16(q: uint8x16_t, x: *const f32) -> float32x4_t {
-    let lo = vmovl_u8(vget_low_u8(q));
-    let hi = vmovl_high_u8(q);
-    let f0 = vcvtq_f32_u32(vmovl_u16(vget_low_u16(lo)));
-    let f1 = vcvtq_f32_u32(vmovl_high_u16(lo));
-    let f2 = vcvtq_f32_u32(vmovl_u16(vget_low_u16(hi)));
-    let f3 = vcvtq_f32_u32(vmovl_high_u16(hi));
-    let a = vfmaq_f32(vmulq_f32(f0, vld1q_f32(x)), f1, vld1q_f32(x.add(4)));
-    let b = vfmaq_f32(vmulq_f32(f2, vld1q_f32(x.add(8))), f3, vld1q_f32(x.add(12)));
-    vaddq_f32(a, b)
+    dot16(u8x16_f32(q), x)
 }
 
 /// Σ of 16 activations at `x`, as a vector of partial sums.
@@ -335,6 +372,85 @@ unsafe fn dot4x4_impl(
                 s += *w[r].add(k) * *x[c].add(k);
             }
             out[r][c] = s;
+        }
+    }
+}
+
+// ---- dequantization -------------------------------------------------------------
+
+/// Stores four f32 vectors at `o`.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn store16(o: *mut f32, f: [float32x4_t; 4]) {
+    vst1q_f32(o, f[0]);
+    vst1q_f32(o.add(4), f[1]);
+    vst1q_f32(o.add(8), f[2]);
+    vst1q_f32(o.add(12), f[3]);
+}
+
+/// f16 (`BF` false) or bf16 (`BF` true) bytes at `s` to `n` f32 at `o`.
+#[target_feature(enable = "neon")]
+unsafe fn deq_half<const BF: bool>(s: *const u8, o: *mut f32, n: usize) {
+    let mut i = 0;
+    while i + 8 <= n {
+        let mut t = [0u16; 8];
+        ptr::copy_nonoverlapping(s.add(2 * i), t.as_mut_ptr() as *mut u8, 16);
+        let (a, b) = half8::<BF>(t.as_ptr());
+        vst1q_f32(o.add(i), a);
+        vst1q_f32(o.add(i + 4), b);
+        i += 8;
+    }
+    while i < n {
+        let h = u16::from_le(ptr::read_unaligned(s.add(2 * i) as *const u16));
+        *o.add(i) = if BF { bf16_to_f32(h) } else { f16_to_f32(h) };
+        i += 1;
+    }
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn deq_q8_0(s: *const u8, o: *mut f32, nb: usize) {
+    for b in 0..nb {
+        let p = s.add(b * 34);
+        let d = half_at(p);
+        for h in 0..2 {
+            let f = i8x16_f32(vld1q_s8(p.add(2 + 16 * h) as *const i8));
+            store16(o.add(b * 32 + 16 * h), f.map(|v| vmulq_n_f32(v, d)));
+        }
+    }
+}
+
+/// Q4_0 (`MIN` false: d·(q−8)) or Q4_1 (`MIN` true: d·q + m, rounded as
+/// the scalar code: product, then sum).
+#[target_feature(enable = "neon")]
+unsafe fn deq_q4<const MIN: bool>(s: *const u8, o: *mut f32, nb: usize) {
+    let bb: usize = if MIN { 20 } else { 18 };
+    let qoff: usize = if MIN { 4 } else { 2 };
+    let mask = vdupq_n_u8(0x0f);
+    for b in 0..nb {
+        let p = s.add(b * bb);
+        let d = half_at(p);
+        let v = vld1q_u8(p.add(qoff));
+        let halves = [vandq_u8(v, mask), vshrq_n_u8::<4>(v)];
+        for (h, q) in halves.into_iter().enumerate() {
+            let f = if MIN {
+                let m = vdupq_n_f32(half_at(p.add(2)));
+                let f = u8x16_f32(q);
+                [
+                    vaddq_f32(vmulq_n_f32(f[0], d), m),
+                    vaddq_f32(vmulq_n_f32(f[1], d), m),
+                    vaddq_f32(vmulq_n_f32(f[2], d), m),
+                    vaddq_f32(vmulq_n_f32(f[3], d), m),
+                ]
+            } else {
+                let f = i8x16_f32(vsubq_s8(vreinterpretq_s8_u8(q), vdupq_n_s8(8)));
+                [
+                    vmulq_n_f32(f[0], d),
+                    vmulq_n_f32(f[1], d),
+                    vmulq_n_f32(f[2], d),
+                    vmulq_n_f32(f[3], d),
+                ]
+            };
+            store16(o.add(b * 32 + 16 * h), f);
         }
     }
 }

@@ -79,7 +79,7 @@ pub fn from_metadata(md: &Metadata, bos: Option<u32>, eos: Vec<u32>) -> Result<O
             let dummy_prefix = md.bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
             let pieces = tokens.iter().map(|s| s.to_string()).collect();
             let vocab = ScoredVocab::new(pieces, scores, special, SpaceStyle::Metaspace, dummy_prefix);
-            (TokenizerKind::Scored(vocab), add_bos_key.unwrap_or(true))
+            (TokenizerKind::Scored(Box::new(vocab)), add_bos_key.unwrap_or(true))
         }
         other => return Err(bad(format!("tokenizer model `{other}` is not supported (supported: gpt2, llama)"))),
     };

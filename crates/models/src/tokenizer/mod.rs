@@ -15,7 +15,7 @@ pub enum TokenizerKind {
     /// A `tokenizers` pipeline (HF `tokenizer.json`, GGUF `gpt2`).
     Hf(Box<tokenizers::Tokenizer>),
     /// Score-ranked merges (llama2.c, GGUF `llama`).
-    Scored(scored::ScoredVocab),
+    Scored(Box<scored::ScoredVocab>),
 }
 
 /// A tokenizer plus the special-token facts generation needs.
