@@ -107,3 +107,87 @@ fn every_subcommand_has_help() {
         assert!(String::from_utf8_lossy(&o.stdout).contains("--model"));
     }
 }
+
+#[test]
+fn perplexity_diagnostics_files_and_compare_full() {
+    let m = stories();
+    let dir = std::env::temp_dir().join(format!("kvslim-cli-diag-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (kept, trace) = (dir.join("kept.json"), dir.join("trace.jsonl"));
+    let text = shared().join("data/tinystories/tinystories_val.txt").display().to_string();
+    let v = json(&kvslim(&[
+        "perplexity",
+        "--model",
+        &m,
+        "--text",
+        &text,
+        "--max-tokens",
+        "200",
+        "--policy",
+        "h2o:heavy=16,recent=16",
+        "--compare-full",
+        "--kept-out",
+        kept.to_str().unwrap(),
+        "--trace-out",
+        trace.to_str().unwrap(),
+        "--trace-every",
+        "5",
+        "--json",
+    ]));
+    assert_eq!(v["budget_slots"], 32);
+    let c = &v["compare_full"];
+    assert!(c["kl_mean"].as_f64().unwrap() > 0.0);
+    let agree = c["top1_agreement"].as_f64().unwrap();
+    assert!(agree > 0.3 && agree < 1.0, "{agree}");
+    let mass = c["retained_mass"]["mean"].as_f64().unwrap();
+    assert!(mass > 0.0 && mass < 1.0);
+    assert_eq!(c["retained_mass_per_layer"].as_array().unwrap().len(), 5);
+
+    let k: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&kept).unwrap()).unwrap();
+    let layers = k["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 5);
+    for l in layers {
+        let heads = l["kv_heads"].as_array().unwrap();
+        assert_eq!(heads.len(), 4);
+        for h in heads {
+            let p: Vec<u64> = h.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+            assert_eq!(p.len(), 32);
+            assert!(p.windows(2).all(|w| w[0] < w[1]), "sorted ascending");
+            assert_eq!(*p.last().unwrap(), 198, "the last fed token (position 198) is kept");
+        }
+    }
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let events: Vec<_> = lines.iter().filter(|l| l.get("victim_pos").is_some()).collect();
+    assert!(!events.is_empty());
+    for e in &events {
+        assert_eq!(e["step"].as_u64().unwrap() % 5, 0, "sampled every 5 steps");
+        assert_eq!(e["victim_age"].as_u64().unwrap(), e["step"].as_u64().unwrap() - e["victim_pos"].as_u64().unwrap());
+        assert!(e["margin"].as_f64().unwrap() >= 0.0);
+    }
+    assert_eq!(lines.iter().filter(|l| l["summary"] == "layer").count(), 5);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn generate_under_h2o_reports_bounded_kv() {
+    let m = stories();
+    let v = json(&kvslim(&[
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "Once upon a time",
+        "--max-tokens",
+        "100",
+        "--policy",
+        "h2o:heavy=8,recent=8",
+        "--json",
+    ]));
+    assert_eq!(v["token_ids"].as_array().unwrap().len(), 100);
+    // 5 layers × 4 KV heads × 17 slots × 8 dims × 4 bytes × (K + V)
+    assert_eq!(v["kv_bytes_allocated"], 5 * 4 * 17 * 8 * 4 * 2);
+}
