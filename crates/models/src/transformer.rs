@@ -91,7 +91,7 @@ impl Scratch {
             (&mut self.up, n * c.ffn_size),
             (&mut self.cos, n * rot),
             (&mut self.sin, n * rot),
-            (&mut self.probs, c.group_size() * slots),
+            (&mut self.probs, c.n_kv_heads * c.group_size() * slots),
             (&mut self.logits, logit_rows * c.vocab_size),
         ];
         for (buf, len) in sizes {
@@ -304,37 +304,59 @@ impl Model {
     /// every KV head, the group attends over D_t, and the policy updates
     /// scores and evicts (SPEC §1 steps 1–5).
     fn decode_attention(&self, li: usize, cache: &mut SequenceCache, s: &mut Scratch, p0: usize, scale: f32) -> Result<()> {
+        /// Attention work (slots × dims × heads) above which KV heads run in parallel.
+        const PARALLEL_MIN_WORK: usize = 1 << 16;
         let c = &self.config;
-        let (hd, g, kvd) = (c.head_dim, c.group_size(), c.kv_dim());
+        let (hd, g) = (c.head_dim, c.group_size());
         for kvh in 0..c.n_kv_heads {
             let r = kvh * hd;
             if cache.store.head_mut(li, kvh).push(p0 as u32, &s.k[r..r + hd], &s.v[r..r + hd]).is_none() {
                 return Err(cache.store.full_error(li, kvh).into());
             }
-            debug_assert!(r + hd <= kvd);
-            let head = cache.store.head(li, kvh);
-            let keys = head.keys().ok_or_else(|| missing_keys(li, kvh))?;
+        }
+        let layer = cache.store.layer(li);
+        if let Some(kvh) = layer.iter().position(|h| h.keys().is_none()) {
+            return Err(missing_keys(li, kvh));
+        }
+        // probs of KV head h live at [h * g * slots ..]; slots = capacity
+        let stride = g * layer[0].capacity();
+        let q = &s.q;
+        let attend = |(kvh, (att, probs)): (usize, (&mut [f32], &mut [f32]))| {
+            let head = &layer[kvh];
             let len = head.len();
             attend_group(
-                &s.q[kvh * g * hd..(kvh + 1) * g * hd],
-                keys,
+                &q[kvh * g * hd..(kvh + 1) * g * hd],
+                head.keys().expect("checked above"),
                 head.values(),
                 head.positions(),
                 p0 as u32,
                 hd,
                 scale,
-                &mut s.probs[..g * len],
-                &mut s.att[kvh * g * hd..(kvh + 1) * g * hd],
+                &mut probs[..g * len],
+                att,
             );
+        };
+        let att = s.att[..c.q_dim()].chunks_mut(g * hd);
+        let probs = s.probs[..c.n_kv_heads * stride].chunks_mut(stride);
+        if layer[0].len() * hd * c.n_heads >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1 {
+            let att = s.att[..c.q_dim()].par_chunks_mut(g * hd);
+            let probs = s.probs[..c.n_kv_heads * stride].par_chunks_mut(stride);
+            att.zip(probs).enumerate().for_each(attend);
+        } else {
+            att.zip(probs).enumerate().for_each(attend);
+        }
+        for kvh in 0..c.n_kv_heads {
+            let len = cache.store.head(li, kvh).len();
+            let probs = &s.probs[kvh * stride..kvh * stride + g * len];
             if let Some(t) = s.trace.as_mut() {
-                record_attn(t, c, kvh, 0, 0, head.positions(), &s.probs[..g * len]);
+                let positions = cache.store.head(li, kvh).positions();
+                record_attn(t, c, kvh, 0, 0, positions, probs);
                 if kvh == 0 {
                     t.candidates.push(Vec::new());
                 }
-                t.candidates.last_mut().expect("pushed above").push(head.positions().to_vec());
+                t.candidates.last_mut().expect("pushed above").push(positions.to_vec());
             }
-            let head = cache.store.head_mut(li, kvh);
-            cache.policy.after_decode_step(li, kvh, head, &s.probs[..g * len]);
+            cache.policy.after_decode_step(li, kvh, cache.store.head_mut(li, kvh), probs);
         }
         Ok(())
     }

@@ -6,6 +6,7 @@
 //! in [`spec`] is the one parser shared by the CLI, server, evaluation and
 //! config files.
 
+pub mod chai;
 pub mod spec;
 pub mod token;
 
