@@ -10,11 +10,22 @@ pub mod store;
 pub use policy::{CachePolicy, PolicySpec, PolicySpecError, ScoreAgg};
 pub use store::{HeadSlots, KvBytes, KvStore};
 
+/// The model dimensions a cache is laid out for.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheShape {
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
 /// A sequence's KV store together with its policy state: the one object the
 /// forward pass writes keys into and reports attention to.
 pub struct SequenceCache {
     pub store: KvStore,
     pub policy: Box<dyn CachePolicy>,
+    /// CHAI head sharing, when the spec composes it.
+    pub heads: Option<policy::chai::HeadSharing>,
     /// Original position of the next token (tokens seen so far; unlike the
     /// slot count, it keeps growing when tokens are evicted).
     pub next_pos: usize,
@@ -23,18 +34,22 @@ pub struct SequenceCache {
 impl SequenceCache {
     /// Builds the cache for a sequence of at most `max_len` tokens.
     /// Budgets given as percentages resolve against `base_len` (the prompt
-    /// for generation, the whole sequence for perplexity).
-    pub fn new(
-        spec: &PolicySpec,
-        layers: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        max_len: usize,
-        base_len: usize,
-    ) -> Self {
+    /// for generation, the whole sequence for perplexity). Fails when a
+    /// CHAI plan does not fit the model.
+    pub fn new(spec: &PolicySpec, shape: CacheShape, max_len: usize, base_len: usize) -> Result<Self, String> {
         let policy = spec.build(base_len);
-        let store = KvStore::new(layers, kv_heads, head_dim, policy.capacity(max_len));
-        SequenceCache { store, policy, next_pos: 0 }
+        let mut store = KvStore::new(shape.layers, shape.kv_heads, shape.head_dim, policy.capacity(max_len));
+        let heads = match &spec.head {
+            None => None,
+            Some(h) => {
+                let mut sharing = policy::chai::HeadSharing::new(h.clone(), shape.layers, shape.heads, shape.kv_heads)?;
+                if h.fixed {
+                    sharing.finish(&mut store);
+                }
+                Some(sharing)
+            }
+        };
+        Ok(SequenceCache { store, policy, heads, next_pos: 0 })
     }
 
     /// Tokens currently held in layer 0's first head (all heads hold the same
@@ -47,10 +62,4 @@ impl SequenceCache {
         self.len() == 0
     }
 
-    /// Forgets the sequence but keeps the allocation.
-    pub fn reset(&mut self, spec: &PolicySpec, base_len: usize) {
-        self.store.clear();
-        self.policy = spec.build(base_len);
-        self.next_pos = 0;
-    }
 }

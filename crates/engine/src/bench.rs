@@ -91,7 +91,7 @@ pub fn run(model: &Model, name: &str, opts: &BenchOptions, bandwidth_gb_s: f64) 
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     let mut kv = 0;
     for _ in 0..opts.repeats.max(1) {
-        let mut s = Session::new(model, &opts.policy, opts.prompt_len + opts.gen_len + 1, opts.prompt_len);
+        let mut s = Session::new(model, &opts.policy, opts.prompt_len + opts.gen_len + 1, opts.prompt_len)?;
         let t = Instant::now();
         s.feed(&prompt, Logits::Last)?;
         prefill.push(opts.prompt_len as f64 / t.elapsed().as_secs_f64());
@@ -152,7 +152,7 @@ pub fn step_time(model: &Model, name: &str, policy: &PolicySpec, context: usize,
     let c = &model.config;
     let steps = steps.min(context.saturating_sub(1)).max(1);
     let context = context - steps;
-    let mut s = Session::new(model, policy, context + steps, context + steps);
+    let mut s = Session::new(model, policy, context + steps, context + steps)?;
     let mut rng = Rng::new(context as u64);
     let hd = c.head_dim;
     let mut k = vec![0f32; hd];

@@ -61,7 +61,7 @@ pub fn generate(
             prompt.len()
         )));
     }
-    let mut session = Session::new(model, &opts.policy, prompt.len() + opts.max_tokens, prompt.len());
+    let mut session = Session::new(model, &opts.policy, prompt.len() + opts.max_tokens, prompt.len())?;
     // a bounded cache may continue past the trained context (RoPE models only)
     let max_new = if session.cache.policy.bounded() && model.config.learned_positions.is_none() {
         opts.max_tokens

@@ -139,11 +139,11 @@ pub fn perplexity(
     if let Some(&id) = ids.iter().find(|&&id| id as usize >= v) {
         return Err(kvslim_models::Error::TokenOutOfRange { id, vocab: v }.into());
     }
-    let mut s = Session::new(model, &opts.policy, n, n);
+    let mut s = Session::new(model, &opts.policy, n, n)?;
     if let Some(every) = opts.trace_every {
         s.cache.policy.enable_trace(every);
     }
-    let mut full = opts.compare_full.then(|| Session::new(model, &PolicySpec::full(), n, n));
+    let mut full = if opts.compare_full { Some(Session::new(model, &PolicySpec::full(), n, n)?) } else { None };
     let mut cmp = CompareAcc::new(model.config.n_layers);
     let mut logprobs = Vec::with_capacity(n - 1);
     let mut fed = 0;

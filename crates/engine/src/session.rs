@@ -17,26 +17,38 @@ impl<'m> Session<'m> {
     /// A session able to hold `max_len` tokens under `policy`; percentage
     /// budgets resolve against `base_len` (the prompt for generation, the
     /// whole sequence for perplexity).
-    pub fn new(model: &'m Model, policy: &PolicySpec, max_len: usize, base_len: usize) -> Self {
-        Session {
+    /// Fails when the policy does not fit the model (a CHAI plan for
+    /// another model).
+    pub fn new(model: &'m Model, policy: &PolicySpec, max_len: usize, base_len: usize) -> kvslim_models::Result<Self> {
+        Ok(Session {
             model,
-            cache: model.new_cache(policy, max_len, base_len),
+            cache: model.new_cache(policy, max_len, base_len)?,
             scratch: Scratch::new(),
             chunked_logits: Vec::new(),
-        }
+        })
     }
 
     /// Runs a chunk of tokens (prefill when longer than one). A policy with
-    /// streaming prefill gets the prompt in its own chunk size.
+    /// streaming prefill gets the prompt in its own chunk size, and online
+    /// CHAI gets its probe as a chunk of its own so clustering happens right
+    /// after the probe's last token.
     pub fn feed(&mut self, tokens: &[u32], want: Logits) -> kvslim_models::Result<&[f32]> {
         let chunk = self.cache.policy.prefill_chunk().unwrap_or(usize::MAX).max(1);
-        if tokens.len() <= chunk {
+        let probe_cut = match &self.cache.heads {
+            Some(h) if h.collecting_probe() && self.cache.next_pos < h.probe_len() => h.probe_len() - self.cache.next_pos,
+            _ => usize::MAX,
+        };
+        if tokens.len() <= chunk && tokens.len() <= probe_cut {
             self.model.forward(tokens, &mut self.cache, &mut self.scratch, want)?;
             return Ok(self.scratch.logits());
         }
+        let mut parts: Vec<&[u32]> = Vec::new();
+        let (head, rest) = tokens.split_at(probe_cut.min(tokens.len()));
+        parts.extend(head.chunks(chunk));
+        parts.extend(rest.chunks(chunk));
         self.chunked_logits.clear();
-        let pieces = tokens.len().div_ceil(chunk);
-        for (i, part) in tokens.chunks(chunk).enumerate() {
+        let pieces = parts.len();
+        for (i, part) in parts.into_iter().enumerate() {
             let last = i + 1 == pieces;
             let w = match want {
                 Logits::All => Logits::All,

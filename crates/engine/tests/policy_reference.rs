@@ -90,7 +90,7 @@ fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, 
     let c = &model.config;
     let (hd, g) = (c.head_dim, c.group_size());
     let policy = ref_policy(spec, tokens.len());
-    let mut session = Session::new(model, spec, tokens.len(), tokens.len());
+    let mut session = Session::new(model, spec, tokens.len(), tokens.len()).unwrap();
     let mut refs: Vec<Vec<RefHead>> =
         (0..c.n_layers).map(|l| (0..c.n_kv_heads).map(|h| RefHead::new(hd, g, &policy, l, h)).collect()).collect();
     let chunk = match spec.token {

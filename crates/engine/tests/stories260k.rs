@@ -36,7 +36,7 @@ fn greedy_and_position_zero_logits_match_reference() {
         .map(|s| s.parse().unwrap())
         .collect();
     // position-0 logits
-    let mut s = kvslim_engine::Session::new(&m.model, &PolicySpec::full(), 8, 8);
+    let mut s = kvslim_engine::Session::new(&m.model, &PolicySpec::full(), 8, 8).unwrap();
     let logits = s.feed(&[1], Logits::Last).unwrap().to_vec();
     let first5 = [-6.22292f32, 8.40434, -6.22374, -6.22254, -6.22195];
     for (a, b) in logits.iter().zip(first5) {

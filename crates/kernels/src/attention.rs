@@ -63,6 +63,17 @@ pub fn attend_group(
     }
 }
 
+/// out = Σ_i probs[i] · values[i] (a head applying another head's
+/// attention probabilities to its own values: CHAI members).
+pub fn weighted_values(probs: &[f32], values: &[f32], d: usize, out: &mut [f32]) {
+    out.fill(0.0);
+    for (i, &p) in probs.iter().enumerate() {
+        if p != 0.0 {
+            axpy(p, &values[i * d..(i + 1) * d], out);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,8 +8,9 @@
 use crate::config::{ModelConfig, NormKind};
 use crate::weights::{NormWeights, Weights};
 use crate::{Error, Result};
-use kvslim_cache::SequenceCache;
-use kvslim_kernels::attention::attend_group;
+use kvslim_cache::policy::chai::LayerHeads;
+use kvslim_cache::{CacheShape, SequenceCache};
+use kvslim_kernels::attention::{attend_group, weighted_values};
 use kvslim_kernels::ops::{layer_norm, rms_norm};
 use kvslim_kernels::rope::Rope;
 use rayon::prelude::*;
@@ -61,8 +62,9 @@ pub struct Scratch {
     probs: Vec<f32>,
     logits: Vec<f32>,
     // prefill candidates of one KV head: held slots, then the chunk
-    cand_keys: Vec<f32>,
-    cand_values: Vec<f32>,
+    cand_keys: Vec<Vec<f32>>,
+    cand_values: Vec<Vec<f32>>,
+    comp_probs: Vec<f32>,
     cand_scores: Vec<f32>,
     cand_positions: Vec<u32>,
     keep: Vec<usize>,
@@ -91,12 +93,15 @@ impl Scratch {
             (&mut self.up, n * c.ffn_size),
             (&mut self.cos, n * rot),
             (&mut self.sin, n * rot),
-            (&mut self.probs, c.n_kv_heads * c.group_size() * slots),
+            (&mut self.probs, c.n_heads * slots),
+            (&mut self.comp_probs, c.n_heads * slots),
             (&mut self.logits, logit_rows * c.vocab_size),
         ];
         for (buf, len) in sizes {
             buf.resize(len, 0.0);
         }
+        self.cand_keys.resize(c.n_kv_heads, Vec::new());
+        self.cand_values.resize(c.n_kv_heads, Vec::new());
     }
 
     /// Logits of the last forward call: `[rows, vocab]`.
@@ -110,6 +115,8 @@ pub struct Model {
     pub config: ModelConfig,
     pub weights: Weights,
     rope: Option<Rope>,
+    /// Head structure of a layer without head sharing.
+    dense_heads: LayerHeads,
 }
 
 fn norm(kind: NormKind, w: &NormWeights, eps: f32, x: &[f32], out: &mut [f32]) {
@@ -167,15 +174,19 @@ impl Model {
                 rope
             }
         });
-        Ok(Model { config, weights, rope })
+        let dense_heads = LayerHeads::dense(config.n_heads, config.n_kv_heads);
+        Ok(Model { config, weights, rope, dense_heads })
     }
 
     /// A cache for one sequence of at most `max_len` tokens under `spec`.
     /// Percentage budgets resolve against `base_len` (prompt length for
     /// generation, sequence length for perplexity).
-    pub fn new_cache(&self, spec: &kvslim_cache::PolicySpec, max_len: usize, base_len: usize) -> SequenceCache {
+    /// Fails when a CHAI plan does not match this model.
+    pub fn new_cache(&self, spec: &kvslim_cache::PolicySpec, max_len: usize, base_len: usize) -> Result<SequenceCache> {
         let c = &self.config;
-        SequenceCache::new(spec, c.n_layers, c.n_kv_heads, c.head_dim, max_len.min(c.context_len), base_len)
+        let shape = CacheShape { layers: c.n_layers, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: c.head_dim };
+        SequenceCache::new(spec, shape, max_len.min(c.context_len), base_len)
+            .map_err(|reason| Error::Format { path: "<policy>".into(), reason })
     }
 
     /// Runs `tokens` at positions `cache.next_pos..`, appending their keys and
@@ -289,6 +300,11 @@ impl Model {
             s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
         }
         cache.next_pos += n;
+        if let Some(h) = cache.heads.as_mut() {
+            if h.collecting_probe() && cache.next_pos >= h.probe_len() {
+                h.finish(&mut cache.store);
+            }
+        }
 
         if logit_rows > 0 {
             let first = n - logit_rows;
@@ -300,11 +316,14 @@ impl Model {
 }
 
 impl Model {
-    /// Decode step of one layer: the new token becomes the candidate slot of
-    /// every KV head, the group attends over D_t, and the policy updates
-    /// scores and evicts (SPEC §1 steps 1–5).
+    /// Decode step of one layer (SPEC §1 steps 1–5, §2 after the probe):
+    /// the new token becomes the candidate slot of every KV head; each
+    /// representative head attends over its KV head's candidates; every
+    /// other head applies its representative's probabilities to its own V;
+    /// the token policy updates scores and evicts once per component of
+    /// KV heads that must stay aligned (one per KV head when dense).
     fn decode_attention(&self, li: usize, cache: &mut SequenceCache, s: &mut Scratch, p0: usize, scale: f32) -> Result<()> {
-        /// Attention work (slots × dims × heads) above which KV heads run in parallel.
+        /// Attention work (slots × dims × heads) above which heads run in parallel.
         const PARALLEL_MIN_WORK: usize = 1 << 16;
         let c = &self.config;
         let (hd, g) = (c.head_dim, c.group_size());
@@ -314,58 +333,103 @@ impl Model {
                 return Err(cache.store.full_error(li, kvh).into());
             }
         }
+        let lh = cache.heads.as_ref().and_then(|h| h.layer(li)).unwrap_or(&self.dense_heads);
         let layer = cache.store.layer(li);
-        if let Some(kvh) = layer.iter().position(|h| h.keys().is_none()) {
-            return Err(missing_keys(li, kvh));
+        if let Some(&r) = lh.reps.iter().find(|&&r| layer[r / g].keys().is_none()) {
+            return Err(missing_keys(li, r / g));
         }
-        // probs of KV head h live at [h * g * slots ..]; slots = capacity
-        let stride = g * layer[0].capacity();
+        let slots = layer[0].capacity();
+        let len = layer[0].len();
         let q = &s.q;
-        let attend = |(kvh, (att, probs)): (usize, (&mut [f32], &mut [f32]))| {
-            let head = &layer[kvh];
-            let len = head.len();
-            attend_group(
-                &q[kvh * g * hd..(kvh + 1) * g * hd],
-                head.keys().expect("checked above"),
-                head.values(),
-                head.positions(),
-                p0 as u32,
-                hd,
-                scale,
-                &mut probs[..g * len],
-                att,
-            );
-        };
-        let att = s.att[..c.q_dim()].chunks_mut(g * hd);
-        let probs = s.probs[..c.n_kv_heads * stride].chunks_mut(stride);
-        if layer[0].len() * hd * c.n_heads >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1 {
-            let att = s.att[..c.q_dim()].par_chunks_mut(g * hd);
-            let probs = s.probs[..c.n_kv_heads * stride].par_chunks_mut(stride);
-            att.zip(probs).enumerate().for_each(attend);
-        } else {
-            att.zip(probs).enumerate().for_each(attend);
-        }
-        for kvh in 0..c.n_kv_heads {
-            let len = cache.store.head(li, kvh).len();
-            let probs = &s.probs[kvh * stride..kvh * stride + g * len];
-            if let Some(t) = s.trace.as_mut() {
-                let positions = cache.store.head(li, kvh).positions();
-                record_attn(t, c, kvh, 0, 0, positions, probs);
-                if kvh == 0 {
-                    t.candidates.push(Vec::new());
-                }
-                t.candidates.last_mut().expect("pushed above").push(positions.to_vec());
+        let parallel = len * hd * c.n_heads >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1;
+        // representatives: q·k over their KV head's slots
+        let attend = |(h, (att, probs)): (usize, (&mut [f32], &mut [f32]))| {
+            if lh.representative_of[h] == h {
+                let head = &layer[h / g];
+                attend_group(
+                    &q[h * hd..(h + 1) * hd],
+                    head.keys().expect("checked above"),
+                    head.values(),
+                    head.positions(),
+                    p0 as u32,
+                    hd,
+                    scale,
+                    &mut probs[..len],
+                    att,
+                );
             }
-            cache.policy.after_decode_step(li, kvh, cache.store.head_mut(li, kvh), probs);
+        };
+        let att = &mut s.att[..c.q_dim()];
+        let probs = &mut s.probs[..c.n_heads * slots];
+        if parallel {
+            att.par_chunks_mut(hd).zip(probs.par_chunks_mut(slots)).enumerate().for_each(attend);
+        } else {
+            att.chunks_mut(hd).zip(probs.chunks_mut(slots)).enumerate().for_each(attend);
+        }
+        // members: their representative's probabilities, their own V
+        if lh.reps.len() < c.n_heads {
+            let probs = &s.probs;
+            let share = |(h, out): (usize, &mut [f32])| {
+                let r = lh.representative_of[h];
+                if r != h {
+                    weighted_values(&probs[r * slots..r * slots + len], layer[h / g].values(), hd, out);
+                }
+            };
+            if parallel {
+                s.att[..c.q_dim()].par_chunks_mut(hd).enumerate().for_each(share);
+            } else {
+                s.att[..c.q_dim()].chunks_mut(hd).enumerate().for_each(share);
+            }
+        }
+        if s.trace.is_some() || cache.heads.as_ref().is_some_and(|h| h.collecting_probe()) {
+            self.observe_decode(li, cache, s, p0, slots, len);
+        }
+        // token policy, once per aligned component
+        let lh = cache.heads.as_ref().and_then(|h| h.layer(li)).unwrap_or(&self.dense_heads);
+        for comp in &lh.components {
+            let rows = &mut s.comp_probs[..comp.reps.len() * len];
+            for (i, &r) in comp.reps.iter().enumerate() {
+                rows[i * len..(i + 1) * len].copy_from_slice(&s.probs[r * slots..r * slots + len]);
+            }
+            let victim = cache.policy.after_decode_step(li, comp.leader, cache.store.head_mut(li, comp.leader), rows);
+            if let Some(v) = victim {
+                for &kv in comp.kv_heads.iter().filter(|&&kv| kv != comp.leader) {
+                    cache.store.head_mut(li, kv).evict(v);
+                }
+            }
         }
         Ok(())
     }
 
-    /// Prefill of one layer: per KV head, the candidates are the slots
-    /// already held plus the chunk's tokens; every chunk token attends
-    /// causally over them; column scores are summed when the policy wants
-    /// them; the policy picks what stays and the store absorbs it. The
-    /// store never holds more than the policy's capacity.
+    /// Trace and probe bookkeeping of a decode step (before eviction).
+    fn observe_decode(&self, li: usize, cache: &mut SequenceCache, s: &mut Scratch, p0: usize, slots: usize, len: usize) {
+        let c = &self.config;
+        let g = c.group_size();
+        let dense = &self.dense_heads;
+        let lh = cache.heads.as_ref().and_then(|h| h.layer(li)).unwrap_or(dense).clone();
+        for h in 0..c.n_heads {
+            let r = lh.representative_of[h];
+            let positions = cache.store.head(li, r / g).positions();
+            let row = &s.probs[r * slots..r * slots + len];
+            if let Some(t) = s.trace.as_mut() {
+                record_head_attn(t, c, h, 0, 1, positions, row);
+            }
+            if let Some(sharing) = cache.heads.as_mut() {
+                sharing.record_probe(li, h, p0, positions, row);
+            }
+        }
+        if let Some(t) = s.trace.as_mut() {
+            t.candidates.push((0..c.n_kv_heads).map(|kv| cache.store.head(li, kv).positions().to_vec()).collect());
+        }
+    }
+
+    /// Prefill of one layer: per component of aligned KV heads, the
+    /// candidates are the slots already held plus the chunk's tokens; every
+    /// chunk token attends causally over them (representatives compute
+    /// q·k, members reuse their probabilities with their own V); column
+    /// scores are summed when the policy wants them; the policy picks what
+    /// stays and every KV head of the component absorbs the same choice.
+    /// The store never holds more than the policy's capacity.
     fn prefill_attention(
         &self,
         li: usize,
@@ -381,102 +445,130 @@ impl Model {
         let c = &self.config;
         let (hd, g, qd, kvd) = (c.head_dim, c.group_size(), c.q_dim(), c.kv_dim());
         let agg = cache.policy.score_aggregation();
-        for kvh in 0..c.n_kv_heads {
-            let head = cache.store.head(li, kvh);
-            let old = head.len();
+        let lh = cache.heads.as_ref().and_then(|h| h.layer(li)).unwrap_or(&self.dense_heads).clone();
+        let observe = s.trace.is_some() || cache.heads.as_ref().is_some_and(|h| h.collecting_probe() && p0 < h.probe_len());
+        for comp in &lh.components {
+            let leader = cache.store.head(li, comp.leader);
+            let old = leader.len();
             let total = old + n;
-            s.cand_keys.clear();
-            s.cand_keys.extend_from_slice(head.keys().ok_or_else(|| missing_keys(li, kvh))?);
-            s.cand_values.clear();
-            s.cand_values.extend_from_slice(head.values());
             s.cand_positions.clear();
-            s.cand_positions.extend_from_slice(head.positions());
+            s.cand_positions.extend_from_slice(leader.positions());
+            s.cand_positions.extend((0..n).map(|t| (p0 + t) as u32));
             s.cand_scores.clear();
-            s.cand_scores.extend_from_slice(head.scores());
-            for t in 0..n {
-                let r = t * kvd + kvh * hd;
-                s.cand_keys.extend_from_slice(&s.k[r..r + hd]);
-                s.cand_values.extend_from_slice(&s.v[r..r + hd]);
-                s.cand_positions.push((p0 + t) as u32);
-                s.cand_scores.push(0.0);
+            s.cand_scores.extend_from_slice(leader.scores());
+            s.cand_scores.resize(total, 0.0);
+            for &kv in &comp.kv_heads {
+                let head = cache.store.head(li, kv);
+                let (ck, cv) = (&mut s.cand_keys[kv], &mut s.cand_values[kv]);
+                ck.clear();
+                if let Some(keys) = head.keys() {
+                    ck.extend_from_slice(keys);
+                    for t in 0..n {
+                        ck.extend_from_slice(&s.k[t * kvd + kv * hd..t * kvd + (kv + 1) * hd]);
+                    }
+                }
+                cv.clear();
+                cv.extend_from_slice(head.values());
+                for t in 0..n {
+                    cv.extend_from_slice(&s.v[t * kvd + kv * hd..t * kvd + (kv + 1) * hd]);
+                }
+            }
+            if let Some(&r) = comp.reps.iter().find(|&&r| s.cand_keys[r / g].is_empty()) {
+                return Err(missing_keys(li, r / g));
             }
             let (keys, values, positions, q) = (&s.cand_keys, &s.cand_values, &s.cand_positions, &s.q);
-            let partial_columns: Vec<Vec<f32>> = s.att[..n * qd]
-                .par_chunks_mut(TOKEN_BLOCK * qd)
-                .enumerate()
-                .map(|(b, rows)| {
-                    let mut probs = vec![0f32; g * total];
-                    let mut columns = if agg.is_some() { vec![0f32; total] } else { Vec::new() };
-                    for (i, row) in rows.chunks_exact_mut(qd).enumerate() {
-                        let t = b * TOKEN_BLOCK + i;
-                        // only candidates up to this token's own slot can be visible
-                        let visible = old + t + 1;
-                        attend_group(
-                            &q[t * qd + kvh * g * hd..t * qd + (kvh + 1) * g * hd],
-                            &keys[..visible * hd],
-                            &values[..visible * hd],
-                            &positions[..visible],
-                            (p0 + t) as u32,
-                            hd,
-                            scale,
-                            &mut probs[..g * visible],
-                            &mut row[kvh * g * hd..(kvh + 1) * g * hd],
-                        );
-                        if let Some(a) = agg {
-                            a.accumulate(&probs[..g * visible], g, &mut columns[..visible]);
+            let nreps = comp.reps.len();
+            // one token: reps' probabilities land in `probs` (nreps × visible)
+            let attend_token = |t: usize, row: &mut [f32], probs: &mut Vec<f32>, columns: &mut [f32]| {
+                let visible = old + t + 1;
+                probs.resize(nreps * visible, 0.0);
+                for (i, &r) in comp.reps.iter().enumerate() {
+                    let kv = r / g;
+                    attend_group(
+                        &q[t * qd + r * hd..t * qd + (r + 1) * hd],
+                        &keys[kv][..visible * hd],
+                        &values[kv][..visible * hd],
+                        &positions[..visible],
+                        (p0 + t) as u32,
+                        hd,
+                        scale,
+                        &mut probs[i * visible..(i + 1) * visible],
+                        &mut row[r * hd..(r + 1) * hd],
+                    );
+                }
+                for &kv in &comp.kv_heads {
+                    for h in kv * g..(kv + 1) * g {
+                        let r = lh.representative_of[h];
+                        if r != h {
+                            let i = comp.reps.iter().position(|&x| x == r).expect("members share their rep's component");
+                            weighted_values(
+                                &probs[i * visible..(i + 1) * visible],
+                                &values[kv][..visible * hd],
+                                hd,
+                                &mut row[h * hd..(h + 1) * hd],
+                            );
                         }
                     }
-                    columns
-                })
-                .collect();
-            if agg.is_some() {
+                }
+                if let Some(a) = agg {
+                    a.accumulate(&probs[..nreps * visible], nreps, &mut columns[..visible]);
+                }
+            };
+            let col_len = if agg.is_some() { total } else { 0 };
+            if observe {
+                let mut probs = Vec::new();
+                let mut columns = vec![0f32; col_len];
+                for t in 0..n {
+                    attend_token(t, &mut s.att[t * qd..(t + 1) * qd], &mut probs, &mut columns);
+                    let visible = old + t + 1;
+                    for &kv in &comp.kv_heads {
+                        for h in kv * g..(kv + 1) * g {
+                            let i = comp.reps.iter().position(|&x| x == lh.representative_of[h]).expect("same component");
+                            let row = &probs[i * visible..(i + 1) * visible];
+                            if let Some(tr) = s.trace.as_mut() {
+                                record_head_attn(tr, c, h, t, n, &positions[..visible], row);
+                            }
+                            if let Some(sharing) = cache.heads.as_mut() {
+                                sharing.record_probe(li, h, p0 + t, &positions[..visible], row);
+                            }
+                        }
+                    }
+                }
+                s.cand_scores.iter_mut().zip(&columns).for_each(|(sc, p)| *sc += p);
+            } else {
+                let partial_columns: Vec<Vec<f32>> = s.att[..n * qd]
+                    .par_chunks_mut(TOKEN_BLOCK * qd)
+                    .enumerate()
+                    .map(|(b, rows)| {
+                        let mut probs = Vec::with_capacity(nreps * total);
+                        let mut columns = vec![0f32; col_len];
+                        for (i, row) in rows.chunks_exact_mut(qd).enumerate() {
+                            attend_token(b * TOKEN_BLOCK + i, row, &mut probs, &mut columns);
+                        }
+                        columns
+                    })
+                    .collect();
                 for part in &partial_columns {
                     s.cand_scores.iter_mut().zip(part).for_each(|(sc, p)| *sc += p);
                 }
             }
-            if s.trace.is_some() {
-                self.trace_prefill_head(kvh, s, old, n, p0, scale);
-            }
-            cache.policy.select_after_prefill(li, kvh, &s.cand_positions, &s.cand_scores, &mut s.keep);
-            let head = cache.store.head_mut(li, kvh);
-            let chunk = old * hd..;
-            let ok = head.absorb_chunk(
-                &s.keep,
-                &s.cand_scores,
-                &s.cand_keys[chunk.clone()],
-                &s.cand_values[chunk],
-                &s.cand_positions[old..],
-            );
-            if !ok {
-                return Err(cache.store.full_error(li, kvh).into());
+            cache.policy.select_after_prefill(li, comp.leader, &s.cand_positions, &s.cand_scores, &mut s.keep);
+            for &kv in &comp.kv_heads {
+                let head = cache.store.head_mut(li, kv);
+                let chunk_keys = if s.cand_keys[kv].is_empty() { &[][..] } else { &s.cand_keys[kv][old * hd..] };
+                let ok = head.absorb_chunk(
+                    &s.keep,
+                    &s.cand_scores,
+                    chunk_keys,
+                    &s.cand_values[kv][old * hd..],
+                    &s.cand_positions[old..],
+                );
+                if !ok {
+                    return Err(cache.store.full_error(li, kv).into());
+                }
             }
         }
         Ok(())
-    }
-
-    /// Recomputes one KV head's prefill attention serially into the trace
-    /// (parity tests and diagnostics only).
-    fn trace_prefill_head(&self, kvh: usize, s: &mut Scratch, old: usize, n: usize, p0: usize, scale: f32) {
-        let c = &self.config;
-        let (hd, g, qd) = (c.head_dim, c.group_size(), c.q_dim());
-        let Some(trace) = s.trace.as_mut() else { return };
-        for t in 0..n {
-            let visible = old + t + 1;
-            let mut probs = vec![0f32; g * visible];
-            let mut out = vec![0f32; g * hd];
-            attend_group(
-                &s.q[t * qd + kvh * g * hd..t * qd + (kvh + 1) * g * hd],
-                &s.cand_keys[..visible * hd],
-                &s.cand_values[..visible * hd],
-                &s.cand_positions[..visible],
-                (p0 + t) as u32,
-                hd,
-                scale,
-                &mut probs,
-                &mut out,
-            );
-            record_attn(trace, c, kvh, t, n, &s.cand_positions[..visible], &probs);
-        }
     }
 }
 
@@ -487,20 +579,15 @@ fn missing_keys(layer: usize, kv_head: usize) -> Error {
     }
 }
 
-/// Scatters one group's probabilities into the trace by original position.
-fn record_attn(t: &mut Trace, c: &ModelConfig, kvh: usize, tok: usize, n: usize, positions: &[u32], probs: &[f32]) {
-    let (g, ctx) = (c.group_size(), t.ctx);
-    let rows = n.max(1);
+/// Scatters one head's probabilities into the trace by original position.
+fn record_head_attn(t: &mut Trace, c: &ModelConfig, head: usize, tok: usize, rows: usize, positions: &[u32], probs: &[f32]) {
+    let ctx = t.ctx;
     if t.attn.len() < t.hidden.len() {
         t.attn.push(vec![0f32; c.n_heads * rows * ctx]);
     }
     let layer = t.attn.last_mut().expect("pushed above");
-    let len = positions.len();
-    for h in 0..g {
-        let head = kvh * g + h;
-        let row = &mut layer[(head * rows + tok) * ctx..(head * rows + tok + 1) * ctx];
-        for (i, &p) in positions.iter().enumerate() {
-            row[p as usize] = probs[h * len + i];
-        }
+    let row = &mut layer[(head * rows + tok) * ctx..(head * rows + tok + 1) * ctx];
+    for (&p, &w) in positions.iter().zip(probs) {
+        row[p as usize] = w;
     }
 }

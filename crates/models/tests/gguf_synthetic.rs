@@ -446,7 +446,7 @@ fn memory_model(raw: &Raw, dt: Option<DType>) -> Model {
 }
 
 fn logits(m: &Model, tokens: &[u32]) -> Vec<f32> {
-    let mut cache = m.new_cache(&PolicySpec::full(), tokens.len(), tokens.len());
+    let mut cache = m.new_cache(&PolicySpec::full(), tokens.len(), tokens.len()).unwrap();
     let mut s = Scratch::new();
     m.forward(tokens, &mut cache, &mut s, Logits::All).unwrap();
     s.logits().to_vec()

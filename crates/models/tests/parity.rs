@@ -21,7 +21,7 @@ fn check_fixture(name: &str) {
     let tol: f32 = if name.ends_with("bf16") { 2e-3 } else { 1e-4 };
 
     // one prefill chunk, traced
-    let mut cache = m.new_cache(&PolicySpec::full(), n, n);
+    let mut cache = m.new_cache(&PolicySpec::full(), n, n).unwrap();
     let mut s = Scratch::new();
     s.trace = Some(Trace::default());
     m.forward(&ids, &mut cache, &mut s, Logits::All).unwrap();
@@ -39,7 +39,7 @@ fn check_fixture(name: &str) {
     assert!(d <= tol, "{name}: prefill logits max |Δ| = {d} > {tol}");
 
     // token-by-token decode gives the same logits
-    let mut cache = m.new_cache(&PolicySpec::full(), n, n);
+    let mut cache = m.new_cache(&PolicySpec::full(), n, n).unwrap();
     let mut s = Scratch::new();
     let v = m.config.vocab_size;
     let mut worst = 0f32;

@@ -121,7 +121,7 @@ fn greedy_continuation_matches_reference() {
     let prompt = ids(&r, "prompt_ids");
     let want = ids(&r, "greedy_ids");
     let new = want.len() - prompt.len();
-    let mut cache = m.new_cache(&PolicySpec::full(), want.len(), want.len());
+    let mut cache = m.new_cache(&PolicySpec::full(), want.len(), want.len()).unwrap();
     let mut s = Scratch::new();
     m.forward(&prompt, &mut cache, &mut s, Logits::Last).unwrap();
     let mut out = prompt.clone();
@@ -148,7 +148,7 @@ fn teacher_forced_logprobs_logits_and_attention() {
     let input = ids(&r, "input_ids");
     let n = input.len();
     let v = m.config.vocab_size;
-    let mut cache = m.new_cache(&PolicySpec::full(), n, n);
+    let mut cache = m.new_cache(&PolicySpec::full(), n, n).unwrap();
     let mut s = Scratch::new();
     s.trace = Some(Trace::default());
     m.forward(&input, &mut cache, &mut s, Logits::All).unwrap();

@@ -78,8 +78,12 @@ pub trait CachePolicy: Send {
 
     /// Called once per decode step, per layer and KV head, after attention
     /// over the candidate set D_t (the new token is the last occupied slot).
-    /// `probs` is `group × slots.len()`, row h = query head h of the group.
-    fn after_decode_step(&mut self, _layer: usize, _kv_head: usize, _slots: &mut HeadSlots, _probs: &[f32]) {}
+    /// `probs` is `rows × slots.len()`: the group's query heads (or, under
+    /// CHAI, the representatives reading these slots). Returns the evicted
+    /// slot, so KV heads that must stay aligned can evict the same one.
+    fn after_decode_step(&mut self, _layer: usize, _kv_head: usize, _slots: &mut HeadSlots, _probs: &[f32]) -> Option<usize> {
+        None
+    }
 
     /// Called after a prefill chunk, per layer and KV head, with every
     /// candidate (the slots held before the chunk, then the chunk's tokens):

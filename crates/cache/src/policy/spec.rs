@@ -8,13 +8,18 @@
 //! heavy:heavy=N                        heavy hitters only, no window
 //! random:budget=N[,recent=R][,seed=S]  seeded random victims, window protected
 //! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C]
+//! chai:plan=FILE[,probe=5][,rep=first|medoid]   CHAI head sharing (online clusters)
+//! chai-static:plan=FILE                          CHAI with the plan's fixed membership
+//! TOKEN+chai:…                                   token eviction composed with head sharing
 //! ```
 //!
 //! Every budget is a slot count or `P%` of the evaluated sequence length
 //! (the prompt for generation, the whole sequence for perplexity), turned
 //! into slots once by [`PolicySpec::build`].
 
+use super::chai::{ChaiPlan, HeadSharingSpec, RepRule};
 use super::token::{TokenEviction, VictimRule};
+use std::sync::Arc;
 use super::{CachePolicy, FullCache, ScoreAgg};
 use std::fmt;
 
@@ -82,10 +87,12 @@ pub enum TokenPolicySpec {
     H2o { heavy: Budget, recent: Budget, agg: ScoreAgg, prefill: PrefillMode },
 }
 
-/// A parsed policy specification.
+/// A parsed policy specification: token eviction, optionally composed with
+/// CHAI head sharing.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PolicySpec {
     pub token: TokenPolicySpec,
+    pub head: Option<HeadSharingSpec>,
 }
 
 /// A policy string that could not be parsed; the message names the problem.
@@ -96,7 +103,34 @@ pub struct PolicySpecError {
     pub reason: String,
 }
 
-const KNOWN: &str = "full, window, sink, heavy, random, h2o";
+const KNOWN: &str = "full, window, sink, heavy, random, h2o, chai, chai-static";
+
+/// Parses `chai:…` / `chai-static:…`; `None` when `text` is not a head policy.
+fn parse_head_policy(text: &str) -> Option<Result<HeadSharingSpec, String>> {
+    let (name, args) = text.split_once(':').unwrap_or((text, ""));
+    let fixed = match name.trim() {
+        "chai" => false,
+        "chai-static" => true,
+        _ => return None,
+    };
+    Some((|| {
+        let mut p = Params::parse(name.trim(), args)?;
+        let path = p.take("plan").ok_or_else(|| format!("`{name}` needs `plan=FILE` (made by `kvslim calibrate`)"))?;
+        let probe = match p.take("probe") {
+            None => 5,
+            Some(_) if fixed => return Err("chai-static has no probe".into()),
+            Some(v) => v.parse().ok().filter(|&n: &usize| n >= 2).ok_or_else(|| format!("probe: `{v}` is not an integer ≥ 2"))?,
+        };
+        let rep = match p.take("rep") {
+            None => RepRule::First,
+            Some(_) if fixed => return Err("chai-static always uses the first head of each cluster".into()),
+            Some(v) => v.parse().map_err(|_| format!("rep: `{v}` is not `first` or `medoid`"))?,
+        };
+        p.finish(if fixed { "plan" } else { "plan, probe, rep" })?;
+        let plan = ChaiPlan::load(std::path::Path::new(path)).map_err(|e| e.to_string())?;
+        Ok(HeadSharingSpec { plan_path: path.to_string(), plan: Arc::new(plan), probe, rep, fixed })
+    })())
+}
 
 /// `k=v` pairs of one policy, consumed as they are read so leftovers can be
 /// reported as unknown parameters.
@@ -214,9 +248,6 @@ fn parse_token_policy(text: &str) -> Result<TokenPolicySpec, String> {
             TokenPolicySpec::H2o { heavy, recent, agg, prefill }
         }
         "" => return Err(format!("empty policy name; known policies: {KNOWN}")),
-        "chai" | "chai-static" => {
-            return Err("CHAI head sharing is not available in this build yet; use a token policy".into())
-        }
         other => return Err(format!("unknown policy `{other}`; known policies: {KNOWN}")),
     };
     Ok(spec)
@@ -225,30 +256,36 @@ fn parse_token_policy(text: &str) -> Result<TokenPolicySpec, String> {
 impl PolicySpec {
     /// The default: keep every token.
     pub fn full() -> Self {
-        PolicySpec { token: TokenPolicySpec::Full }
+        PolicySpec { token: TokenPolicySpec::Full, head: None }
     }
 
     /// Parses the grammar above.
     pub fn parse(spec: &str) -> Result<Self, PolicySpecError> {
         let err = |reason: String| PolicySpecError { spec: spec.to_string(), reason };
-        let mut parts = spec.split('+');
-        let token = parse_token_policy(parts.next().unwrap_or("").trim()).map_err(err)?;
-        if let Some(extra) = parts.next() {
-            let extra = extra.trim();
-            let name = extra.split(':').next().unwrap_or("");
-            let reason = if name.starts_with("chai") {
-                "CHAI head sharing is not available in this build yet".to_string()
-            } else {
-                format!("`+{extra}`: only a head policy (chai) can follow `+`")
-            };
-            return Err(err(reason));
+        let parts: Vec<&str> = spec.split('+').map(str::trim).collect();
+        if parts.len() > 2 {
+            return Err(err("at most one `+` (token policy + head policy)".into()));
         }
-        Ok(PolicySpec { token })
+        if let Some(head) = parse_head_policy(parts[0]) {
+            if parts.len() > 1 {
+                return Err(err("write the token policy first: `h2o:…+chai:…`".into()));
+            }
+            return Ok(PolicySpec { token: TokenPolicySpec::Full, head: Some(head.map_err(err)?) });
+        }
+        let token = parse_token_policy(parts[0]).map_err(err)?;
+        let head = match parts.get(1) {
+            None => None,
+            Some(extra) => match parse_head_policy(extra) {
+                Some(h) => Some(h.map_err(err)?),
+                None => return Err(err(format!("`+{extra}`: only a head policy (chai, chai-static) can follow `+`"))),
+            },
+        };
+        Ok(PolicySpec { token, head })
     }
 
-    /// Whether the policy ever evicts.
+    /// Whether the policy keeps every token and every head's keys.
     pub fn is_full(&self) -> bool {
-        self.token == TokenPolicySpec::Full
+        self.token == TokenPolicySpec::Full && self.head.is_none()
     }
 
     /// Total slot budget B for a sequence of `base_len` tokens (`None` for full).
@@ -319,10 +356,30 @@ impl std::str::FromStr for PolicySpec {
     }
 }
 
+impl fmt::Display for HeadSharingSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.fixed {
+            write!(f, "chai-static:plan={}", self.plan_path)
+        } else {
+            write!(f, "chai:plan={},probe={},rep={}", self.plan_path, self.probe, self.rep)
+        }
+    }
+}
+
 impl fmt::Display for PolicySpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.token, &self.head) {
+            (TokenPolicySpec::Full, Some(h)) => write!(f, "{h}"),
+            (t, Some(h)) => write!(f, "{t}+{h}"),
+            (t, None) => write!(f, "{t}"),
+        }
+    }
+}
+
+impl fmt::Display for TokenPolicySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use TokenPolicySpec::*;
-        match &self.token {
+        match self {
             Full => f.write_str("full"),
             Window { recent } => write!(f, "window:recent={recent}"),
             Sink { sink, recent } => write!(f, "sink:sink={sink},recent={recent}"),
@@ -387,6 +444,10 @@ mod tests {
             ("window:recent", "not key=value"),
             ("", "empty policy name"),
             ("h2o:heavy=1,recent=1+foo", "only a head policy"),
+            ("chai:probe=5", "needs `plan=FILE`"),
+            ("chai:plan=/no/such/plan.json", "/no/such/plan.json"),
+            ("chai-static:plan=x.json,probe=5", "no probe"),
+            ("chai:plan=x.json+h2o:heavy=1,recent=1", "token policy first"),
         ];
         for (spec, want) in cases {
             let e = PolicySpec::parse(spec).unwrap_err().to_string();

@@ -175,18 +175,16 @@ impl CachePolicy for TokenEviction {
         self.prefill_chunk
     }
 
-    fn after_decode_step(&mut self, layer: usize, kv_head: usize, slots: &mut HeadSlots, probs: &[f32]) {
+    fn after_decode_step(&mut self, layer: usize, kv_head: usize, slots: &mut HeadSlots, probs: &[f32]) -> Option<usize> {
         let len = slots.len();
         if let Some(agg) = self.agg {
             agg.accumulate(probs, probs.len() / len, slots.scores_mut());
         }
         if len <= self.budget {
-            return;
+            return None;
         }
         let newest = slots.positions()[len - 1];
-        let Some(v) = self.victim(layer, kv_head, slots.positions(), slots.scores(), newest) else {
-            return;
-        };
+        let v = self.victim(layer, kv_head, slots.positions(), slots.scores(), newest)?;
         let (victim_pos, victim_score) = (slots.positions()[v], slots.scores()[v]);
         slots.evict(v);
         if self.trace_every > 0 && newest.is_multiple_of(self.trace_every) {
@@ -208,6 +206,7 @@ impl CachePolicy for TokenEviction {
                 margin: if lowest.is_finite() { lowest - victim_score } else { 0.0 },
             });
         }
+        Some(v)
     }
 
     fn select_after_prefill(

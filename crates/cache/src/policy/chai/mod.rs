@@ -16,6 +16,7 @@ pub mod kmeans;
 pub mod linkage;
 pub mod online;
 pub mod plan;
+pub mod sharing;
 
 pub use calibrate::{CalibrationConfig, Calibrator, LayerAccumulator, PlanMeta};
 pub use elbow::{choose_elbow, elbow_scores, ELBOW_RULE};
@@ -26,3 +27,4 @@ pub use linkage::{
 };
 pub use online::{cluster_heads, probe_feature, probe_feature_len, probe_feature_strided, HeadClusters};
 pub use plan::{ChaiPlan, LayerPlan, PlanError};
+pub use sharing::{Component, HeadSharing, HeadSharingSpec, LayerClustersReport, LayerHeads};
