@@ -78,7 +78,8 @@ impl HeadSlots {
     /// After a prefill chunk: keeps the candidates listed in `keep`, where
     /// indices below `len()` are current slots and the rest index the
     /// chunk's tokens (`chunk_*`, `head_dim` floats each). `scores` holds
-    /// every candidate's new score. Returns false (and changes nothing) when
+    /// every candidate's new score; `chunk_keys` is empty for a head whose
+    /// keys were dropped. Returns false (and changes nothing) when
     /// the kept set would not fit the capacity.
     pub fn absorb_chunk(
         &mut self,
@@ -103,7 +104,9 @@ impl HeadSlots {
         for &i in keep.iter().filter(|&&i| i >= old) {
             let c = i - old;
             let s = self.len;
-            self.write(s, chunk_positions[c], &chunk_keys[c * d..(c + 1) * d], &chunk_values[c * d..(c + 1) * d]);
+            // a head without keys (CHAI) receives an empty `chunk_keys`
+            let key = chunk_keys.get(c * d..(c + 1) * d).unwrap_or(&[]);
+            self.write(s, chunk_positions[c], key, &chunk_values[c * d..(c + 1) * d]);
             self.scores[s] = scores[i];
             self.len += 1;
         }

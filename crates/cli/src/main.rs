@@ -1,6 +1,7 @@
 //! `kvslim`: run, measure and serve LLMs with a compressed KV cache.
 
 mod bench;
+mod calibrate;
 mod common;
 mod generate;
 mod info;
@@ -33,6 +34,8 @@ enum Command {
     Perplexity(perplexity::Args),
     /// Measure prefill and decode speed against the memory-bandwidth bound.
     Bench(bench::Args),
+    /// CHAI offline calibration: per-layer error curves, elbow k, static membership → plan.json.
+    Calibrate(calibrate::Args),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Calibrate(a) => calibrate::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,6 +3,7 @@
 //! [`perplexity`], and the [`bench`] harness.
 
 pub mod bench;
+pub mod calibrate;
 pub mod generate;
 pub mod perplexity;
 pub mod sampling;

@@ -80,6 +80,10 @@ pub struct PerplexityReport {
     pub budget_slots: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compare_full: Option<FullComparison>,
+    /// CHAI policies: per layer, the clusters (sorted query-head lists,
+    /// ordered by first head) and their representatives.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chai_clusters: Option<Vec<kvslim_cache::policy::chai::LayerClustersReport>>,
     /// `logprobs[i] = ln p(ids[i+1] | ids[..=i])`.
     #[serde(skip)]
     pub logprobs: Vec<f64>,
@@ -193,6 +197,7 @@ pub fn perplexity(
         policy: opts.policy.to_string(),
         budget_slots: opts.policy.budget(n),
         compare_full: full.is_some().then(|| cmp.finish()),
+        chai_clusters: s.cache.heads.as_ref().map(|h| h.report()),
         logprobs,
         kept: s.cache.store.kept_positions(),
         events: s.cache.policy.take_events(),

@@ -43,6 +43,8 @@ pub struct Trace {
     /// Decode steps only: per layer, per KV head, the original positions of
     /// the candidate set D_t the new token attended over.
     pub candidates: Vec<Vec<Vec<u32>>>,
+    /// Per layer, every query head's attention output `[n, q_dim]` (before W_O).
+    pub att_out: Vec<Vec<f32>>,
 }
 
 /// Reusable buffers for one sequence's forward calls.
@@ -223,6 +225,7 @@ impl Model {
             t.attn.clear();
             t.qkv.clear();
             t.candidates.clear();
+            t.att_out.clear();
         }
 
         // embeddings
@@ -274,6 +277,9 @@ impl Model {
                 self.decode_attention(li, cache, s, p0, scale)?;
             } else {
                 self.prefill_attention(li, cache, s, p0, n, scale)?;
+            }
+            if let Some(t) = s.trace.as_mut() {
+                t.att_out.push(s.att[..n * qd].to_vec());
             }
 
             lw.o.forward(&s.att, n, &mut s.proj);

@@ -1,0 +1,86 @@
+//! `kvslim calibrate`: the offline half of CHAI.
+
+use crate::common::{require_tokenizer, CliResult, ModelArgs, Progress};
+use kvslim_cache::policy::chai::CalibrationConfig;
+use kvslim_engine::calibrate::{calibrate, CalibrateOptions};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Calibration text (tokenized with the model's tokenizer).
+    #[arg(long)]
+    text: PathBuf,
+    /// Number of calibration windows.
+    #[arg(long, default_value_t = 64)]
+    samples: usize,
+    /// The text is cut into consecutive windows of this many tokens; each
+    /// window is a fresh sequence (BOS as the tokenizer says) whose first
+    /// --probe tokens give every head's feature.
+    #[arg(long, default_value_t = 128)]
+    seq_len: usize,
+    /// Probe length: tokens whose causal attention is a head's feature
+    /// (must match the online `probe=` of the policy; the paper uses 5).
+    #[arg(long, default_value_t = 5)]
+    probe: usize,
+    /// Largest cluster count searched per layer (default: all heads).
+    #[arg(long, default_value_t = 0)]
+    max_k: usize,
+    /// Keep the first N layers dense (k = heads), as the paper does for LLaMA-7B.
+    #[arg(long, default_value_t = 0)]
+    dense_layers: usize,
+    /// K-means restarts per k.
+    #[arg(long, default_value_t = 10)]
+    restarts: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Where to write the plan (JSON).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+pub fn run(a: Args) -> CliResult {
+    let loaded = a.model.load()?;
+    let tok = require_tokenizer(&loaded.tokenizer)?;
+    let text = std::fs::read_to_string(&a.text).map_err(|e| format!("cannot read {}: {e}", a.text.display()))?;
+    let ids = tok.encode(&text)?;
+    let bos: Vec<u32> = if tok.add_bos { tok.bos.into_iter().collect() } else { Vec::new() };
+    let body = &ids[bos.len().min(ids.len())..];
+    if a.seq_len < a.probe {
+        return Err(format!("--seq-len {} is shorter than the probe ({})", a.seq_len, a.probe).into());
+    }
+    let available = body.len() / a.seq_len;
+    if available == 0 {
+        return Err(format!("the text has {} tokens, fewer than one window of {}", body.len(), a.seq_len).into());
+    }
+    let n = a.samples.min(available).max(1);
+    if n < a.samples {
+        eprintln!("note: the text holds {available} windows of {} tokens; using {n}", a.seq_len);
+    }
+    let windows: Vec<Vec<u32>> = (0..n)
+        .map(|i| {
+            let start = i * available / n * a.seq_len;
+            bos.iter().chain(&body[start..start + a.seq_len]).copied().collect()
+        })
+        .collect();
+    let opts = CalibrateOptions {
+        probe: a.probe,
+        config: CalibrationConfig { max_k: a.max_k, dense_layers: a.dense_layers, restarts: a.restarts, seed: a.seed },
+        model_name: a.model.model.clone(),
+        seq_len: a.seq_len,
+    };
+    let start = std::time::Instant::now();
+    let mut progress = Progress::new("calibrate");
+    let plan = calibrate(&loaded.model, &windows, &opts, |d, t| progress.update(d, t))?;
+    plan.save(&a.out)?;
+    let ks: Vec<String> = plan.layers.iter().map(|l| l.k.to_string()).collect();
+    eprintln!(
+        "calibrated {} windows in {:.1} s; k per layer: [{}]; plan written to {}",
+        n,
+        start.elapsed().as_secs_f64(),
+        ks.join(", "),
+        a.out.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,58 @@
+//! Offline CHAI calibration: run calibration windows dense, collect every
+//! head's probe attention feature per layer, and let the clustering module
+//! turn them into a plan (error curves, elbow k per layer, static
+//! membership).
+
+use crate::session::Session;
+use crate::{EngineError, Result};
+use kvslim_cache::policy::chai::{CalibrationConfig, Calibrator, ChaiPlan, PlanMeta};
+use kvslim_cache::PolicySpec;
+use kvslim_models::{Logits, Model, Trace};
+
+/// Calibration settings.
+#[derive(Clone, Debug)]
+pub struct CalibrateOptions {
+    /// Tokens per window whose attention is the head feature (the online
+    /// probe length; 5 in the paper).
+    pub probe: usize,
+    pub config: CalibrationConfig,
+    pub model_name: String,
+    pub seq_len: usize,
+}
+
+/// Runs the first `probe` tokens of every window dense and builds the plan.
+/// The feature of a head is its causal attention over the probe (the
+/// lower triangle), exactly what online CHAI clusters on.
+pub fn calibrate(
+    model: &Model,
+    windows: &[Vec<u32>],
+    opts: &CalibrateOptions,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<ChaiPlan> {
+    let c = &model.config;
+    let p = opts.probe;
+    if p < 2 {
+        return Err(EngineError::Request("the probe needs at least 2 tokens".into()));
+    }
+    let usable: Vec<&Vec<u32>> = windows.iter().filter(|w| w.len() >= p).collect();
+    if usable.is_empty() {
+        return Err(EngineError::Request(format!("no calibration window has the {p} tokens the probe needs")));
+    }
+    let mut cal = Calibrator::new(c.n_layers, c.n_heads, opts.config.clone());
+    for (i, w) in usable.iter().enumerate() {
+        let mut s = Session::new(model, &PolicySpec::full(), p, p)?;
+        s.scratch.trace = Some(Trace::default());
+        s.feed(&w[..p], Logits::None)?;
+        let trace = s.scratch.trace.take().expect("set above");
+        for (l, attn) in trace.attn.iter().enumerate() {
+            // attn is [heads, p, ctx = p]
+            let feats: Vec<Vec<f32>> = (0..c.n_heads)
+                .map(|h| kvslim_cache::policy::chai::probe_feature_strided(&attn[h * p * p..(h + 1) * p * p], p, p))
+                .collect();
+            cal.add_window(l, &feats).map_err(EngineError::Request)?;
+        }
+        progress(i + 1, usable.len());
+    }
+    cal.finish(PlanMeta { model: opts.model_name.clone(), probe: p, samples: usable.len(), seq_len: opts.seq_len })
+        .map_err(EngineError::Request)
+}

@@ -1,0 +1,197 @@
+//! CHAI through the engine: dense equivalence, shared probabilities with
+//! own values, the K cache that really shrinks, probe handling,
+//! determinism and composition with H2O.
+
+use kvslim_cache::PolicySpec;
+use kvslim_engine::{perplexity, PerplexityOptions, Session};
+use kvslim_kernels::Matrix;
+use kvslim_models::weights::Linear;
+use kvslim_models::{load_model, Logits, Model, Trace};
+use std::path::PathBuf;
+
+fn shared() -> PathBuf {
+    std::env::var("KVSLIM_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+}
+
+/// Writes a plan with the given k per layer for a model with `heads` heads.
+fn plan(name: &str, heads: usize, ks: &[usize]) -> String {
+    let layers: Vec<_> = ks
+        .iter()
+        .map(|&k| serde_json::json!({ "k": k, "errors": (0..heads).map(|i| (heads - i) as f64).collect::<Vec<_>>() }))
+        .collect();
+    let path = std::env::temp_dir().join(format!("kvslim-chai-{}-{name}.json", std::process::id()));
+    std::fs::write(&path, serde_json::json!({ "layers": layers }).to_string()).unwrap();
+    path.display().to_string()
+}
+
+fn mha() -> Model {
+    load_model(&shared().join("fixtures/parity/llama-mha-tied")).unwrap().model
+}
+
+fn stories() -> Model {
+    load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap().model
+}
+
+fn ids(n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 37 + 11) % vocab) as u32).collect()
+}
+
+fn logprobs(m: &Model, spec: &str, tokens: &[u32], prefill: usize) -> Vec<f64> {
+    let opts = PerplexityOptions { prefill, ..PerplexityOptions::new(PolicySpec::parse(spec).unwrap()) };
+    perplexity(m, tokens, &opts, |_, _| {}).unwrap().logprobs
+}
+
+#[test]
+fn k_equal_heads_is_bit_identical_to_dense() {
+    let m = stories();
+    let t = ids(120, 512);
+    let p = plan("kH", 8, &[8; 5]);
+    for prefill in [0, 40] {
+        assert_eq!(logprobs(&m, &format!("chai:plan={p}"), &t, prefill), logprobs(&m, "full", &t, prefill));
+    }
+}
+
+#[test]
+fn members_share_probabilities_but_use_their_own_values() {
+    let m = mha();
+    let p = plan("k2", 4, &[4, 2]);
+    let spec = PolicySpec::parse(&format!("chai:plan={p}")).unwrap();
+    let mut s = Session::new(&m, &spec, 64, 64).unwrap();
+    s.feed(&ids(20, 320), Logits::Last).unwrap();
+    s.scratch.trace = Some(Trace::default());
+    s.feed(&[7], Logits::Last).unwrap();
+    let tr = s.scratch.trace.take().unwrap();
+    let report = s.cache.heads.as_ref().unwrap().report();
+    assert_eq!(report[1].clusters.len(), 2);
+    let hd = m.config.head_dim;
+    let ctx = tr.ctx;
+    for (cl, &rep) in report[1].clusters.iter().zip(&report[1].representatives) {
+        for &h in cl {
+            let (a, b) = (&tr.attn[1][h * ctx..(h + 1) * ctx], &tr.attn[1][rep * ctx..(rep + 1) * ctx]);
+            assert_eq!(a, b, "head {h} uses representative {rep}'s probabilities");
+            if h != rep {
+                let out = &tr.att_out[1];
+                assert_ne!(&out[h * hd..(h + 1) * hd], &out[rep * hd..(rep + 1) * hd], "own V, own output");
+            }
+        }
+    }
+}
+
+#[test]
+fn one_cluster_of_identical_heads_equals_dense() {
+    let mut m = mha();
+    let (hd, d) = (m.config.head_dim, m.config.hidden_size);
+    // every head of layer 1 gets head 0's query and key projection
+    let layer = &mut m.weights.layers[1];
+    for lin in [&mut layer.q, &mut layer.k] {
+        let w = lin.weight.to_f32();
+        let rows = lin.weight.rows();
+        let copied: Vec<f32> = (0..rows).flat_map(|r| w[(r % hd) * d..(r % hd + 1) * d].to_vec()).collect();
+        *lin = Linear::new(Matrix::from_f32(rows, d, &copied).unwrap(), None);
+    }
+    let p = plan("k1", 4, &[4, 1]);
+    let t = ids(40, 320);
+    assert_eq!(logprobs(&m, &format!("chai:plan={p}"), &t, 0), logprobs(&m, "full", &t, 0));
+}
+
+#[test]
+fn k_cache_shrinks_to_the_predicted_fraction() {
+    // MHA: layer 1 keeps K for k = 2 of 4 heads: (H + k) / 2H of its bytes
+    let m = mha();
+    let p = plan("bytes", 4, &[4, 2]);
+    let spec = PolicySpec::parse(&format!("chai:plan={p}")).unwrap();
+    let mut s = Session::new(&m, &spec, 64, 64).unwrap();
+    let dense_layer = s.cache.store.layer_bytes(1).kv;
+    s.feed(&ids(30, 320), Logits::Last).unwrap();
+    assert_eq!(s.cache.store.layer_bytes(0).kv, dense_layer, "k = H stays dense");
+    assert_eq!(s.cache.store.layer_bytes(1).kv * 8, dense_layer * 6, "(4 + 2) / 8 of the dense bytes");
+
+    // GQA (stories260K, 8 query / 4 KV heads): a KV head loses K only when no representative reads it
+    let m = stories();
+    let p = plan("gqa", 8, &[2; 5]);
+    let spec = PolicySpec::parse(&format!("chai:plan={p}")).unwrap();
+    let mut s = Session::new(&m, &spec, 64, 64).unwrap();
+    let per_head_k = s.cache.store.head(0, 0).kv_bytes() / 2;
+    let dense = s.cache.store.bytes().kv;
+    s.feed(&ids(30, 512), Logits::Last).unwrap();
+    let report = s.cache.heads.as_ref().unwrap().report();
+    let mut predicted = dense;
+    for layer in &report {
+        let mut used: Vec<usize> = layer.representatives.iter().map(|r| r / 2).collect();
+        used.sort_unstable();
+        used.dedup();
+        predicted -= (4 - used.len()) * per_head_k;
+    }
+    assert_eq!(s.cache.store.bytes().kv, predicted);
+    assert!(predicted < dense, "two representatives of eight heads leave at least two KV heads without K");
+}
+
+#[test]
+fn short_prompts_stay_dense_until_the_probe_completes_and_clustering_is_deterministic() {
+    let m = stories();
+    let p = plan("probe", 8, &[3; 5]);
+    let spec = PolicySpec::parse(&format!("chai:plan={p},probe=5")).unwrap();
+    let run = || {
+        let mut s = Session::new(&m, &spec, 64, 64).unwrap();
+        s.feed(&[1, 403, 407], Logits::Last).unwrap();
+        assert!(s.cache.heads.as_ref().unwrap().report().is_empty(), "3 < probe tokens: still dense");
+        s.feed(&[261], Logits::Last).unwrap();
+        s.feed(&[378], Logits::Last).unwrap();
+        let r = s.cache.heads.as_ref().unwrap().report();
+        assert_eq!(r.len(), 5, "clustered right after the 5th token");
+        r.iter().map(|l| l.clusters.clone()).collect::<Vec<_>>()
+    };
+    let a = run();
+    assert_eq!(a, run(), "same input, same clusters");
+    // a prompt spanning the probe gives the same clusters as token-by-token feeding
+    let mut s = Session::new(&m, &spec, 64, 64).unwrap();
+    s.feed(&[1, 403, 407, 261, 378, 432, 383], Logits::Last).unwrap();
+    let b: Vec<_> = s.cache.heads.as_ref().unwrap().report().iter().map(|l| l.clusters.clone()).collect();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn h2o_composed_with_chai_keeps_aligned_slot_sets_and_bounded_memory() {
+    let m = stories();
+    let p = plan("compose", 8, &[3; 5]);
+    let spec = PolicySpec::parse(&format!("h2o:heavy=12,recent=12+chai:plan={p}")).unwrap();
+    let t = ids(300, 512);
+    let mut s = Session::new(&m, &spec, t.len(), t.len()).unwrap();
+    let bytes_after_probe = {
+        s.feed(&t[..40], Logits::Last).unwrap();
+        s.cache.store.bytes().kv
+    };
+    for &id in &t[40..] {
+        s.feed(&[id], Logits::Last).unwrap();
+    }
+    assert_eq!(s.cache.store.bytes().kv, bytes_after_probe, "bounded: nothing grows");
+    let heads = s.cache.heads.as_ref().unwrap();
+    for l in 0..5 {
+        let lh = heads.layer(l).unwrap();
+        for comp in &lh.components {
+            let lead = s.cache.store.head(l, comp.leader).positions().to_vec();
+            assert_eq!(lead.len(), 24);
+            for &kv in &comp.kv_heads {
+                assert_eq!(s.cache.store.head(l, kv).positions(), &lead[..], "layer {l}: KV heads of a component stay aligned");
+            }
+        }
+    }
+    // perplexity reports the clusters
+    let opts = PerplexityOptions::new(spec.clone());
+    let r = perplexity(&m, &t, &opts, |_, _| {}).unwrap();
+    let cl = r.chai_clusters.as_ref().unwrap();
+    assert_eq!(cl.len(), 5);
+    assert!(cl.iter().all(|l| l.clusters.len() == 3 && l.representatives.len() == 3));
+    assert!(r.nll.is_finite());
+}
+
+#[test]
+fn plan_for_another_model_is_a_clear_error() {
+    let m = stories();
+    let p = plan("wrong", 4, &[2, 2]);
+    let spec = PolicySpec::parse(&format!("chai:plan={p}")).unwrap();
+    let e = Session::new(&m, &spec, 10, 10).err().expect("5 layers × 8 heads vs a 2-layer 4-head plan").to_string();
+    assert!(e.contains("layer") || e.contains("head"), "{e}");
+}
