@@ -191,3 +191,49 @@ fn generate_under_h2o_reports_bounded_kv() {
     // 5 layers × 4 KV heads × 17 slots × 8 dims × 4 bytes × (K + V)
     assert_eq!(v["kv_bytes_allocated"], 5 * 4 * 17 * 8 * 4 * 2);
 }
+
+#[test]
+fn calibrate_then_chai_perplexity_reports_clusters_and_shrunk_k() {
+    let m = stories();
+    let dir = std::env::temp_dir().join(format!("kvslim-cli-chai-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan = dir.join("plan.json");
+    let text = shared().join("data/tinystories/tinystories_val.txt").display().to_string();
+    let o = kvslim(&[
+        "calibrate",
+        "--model",
+        &m,
+        "--text",
+        &text,
+        "--samples",
+        "16",
+        "--seq-len",
+        "32",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let layers = p["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 5);
+    for l in layers {
+        let k = l["k"].as_u64().unwrap();
+        assert!((1..=8).contains(&k));
+        assert_eq!(l["errors"].as_array().unwrap().len(), 8);
+    }
+    let spec = format!("chai:plan={}", plan.display());
+    let chai = json(&kvslim(&["perplexity", "--model", &m, "--text", &text, "--max-tokens", "64", "--policy", &spec, "--json"]));
+    let full = json(&kvslim(&["perplexity", "--model", &m, "--text", &text, "--max-tokens", "64", "--json"]));
+    let clusters = chai["chai_clusters"].as_array().unwrap();
+    assert_eq!(clusters.len(), 5);
+    for (l, layer) in clusters.iter().enumerate() {
+        let cl = layer["clusters"].as_array().unwrap();
+        assert_eq!(cl.len() as u64, layers[l]["k"].as_u64().unwrap());
+        let mut heads: Vec<u64> = cl.iter().flat_map(|c| c.as_array().unwrap().iter().map(|h| h.as_u64().unwrap())).collect();
+        heads.sort();
+        assert_eq!(heads, (0..8).collect::<Vec<_>>(), "a partition of the 8 heads");
+        assert_eq!(layer["representatives"].as_array().unwrap().len(), cl.len());
+    }
+    assert!(chai["kv_bytes_allocated"].as_u64().unwrap() <= full["kv_bytes_allocated"].as_u64().unwrap());
+    std::fs::remove_dir_all(&dir).ok();
+}
