@@ -1,0 +1,80 @@
+//! Building blocks of the evaluation harness:
+//!
+//! * [`tasks`]: loaders for multiple-choice jsonl, HellaSwag's 6-line format
+//!   (plain or `.bz2`), perplexity text, generation prompts and synthetic
+//!   passkey retrieval, plus the task-spec parser ([`tasks::TaskSpec`]);
+//! * [`score`]: log-likelihood of continuations under a cache policy
+//!   ([`score::score_choices`]) and accuracy / length-normalised accuracy;
+//! * [`metrics`]: KL(full‖policy), top-1 agreement, generation divergence,
+//!   passkey hits;
+//! * [`budget`]: one budget (`20%`, `64`) turned into each policy family's
+//!   spec at equal slots ([`budget::BudgetedPolicy`]);
+//! * [`results`]: one JSON line per finished cell in `results.jsonl`,
+//!   resume, and `results.csv` / `results.md`;
+//! * [`matrix`]: [`matrix::run_matrix`], the models × policies × budgets ×
+//!   tasks loop with a progress callback;
+//! * [`plots`]: quality-vs-budget charts (PNG + SVG) from result rows.
+
+pub mod budget;
+pub mod matrix;
+pub mod metrics;
+pub mod plots;
+pub mod results;
+pub mod score;
+pub mod tasks;
+
+pub use budget::{BudgetedPolicy, PolicySource};
+pub use matrix::{run_matrix, MatrixConfig, MatrixEvent};
+pub use results::{CellKey, ResultRow, ResultsLog};
+pub use score::{score_choices, Choice, ChoiceScore, McTally, ScoreMode};
+pub use tasks::{TaskData, TaskSpec};
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in evaluation. Input errors name the file
+/// and, for line-based formats, the 1-based line.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}:{line}: {reason}", path.display())]
+    Parse { path: PathBuf, line: usize, reason: String },
+    #[error("{}: {reason}", path.display())]
+    File { path: PathBuf, reason: String },
+    #[error("task spec `{spec}`: {reason}")]
+    TaskSpec { spec: String, reason: String },
+    #[error("budget `{budget}` for `{family}`: {reason}")]
+    Budget { family: String, budget: String, reason: String },
+    #[error(transparent)]
+    Policy(#[from] kvslim_cache::PolicySpecError),
+    #[error(transparent)]
+    Engine(#[from] kvslim_engine::EngineError),
+    #[error(transparent)]
+    Model(#[from] kvslim_models::Error),
+    #[error("{0}")]
+    Request(String),
+}
+
+impl EvalError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        EvalError::Io { path: path.into(), source }
+    }
+    pub(crate) fn parse(path: impl Into<PathBuf>, line: usize, reason: impl Into<String>) -> Self {
+        EvalError::Parse { path: path.into(), line, reason: reason.into() }
+    }
+}
+
+pub type Result<T, E = EvalError> = std::result::Result<T, E>;
+
+/// `../shared` next to the project root (or `$KVSLIM_SHARED`), where tests
+/// find models and data.
+pub fn shared_dir() -> PathBuf {
+    match std::env::var_os("KVSLIM_SHARED") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
+    }
+}

@@ -1,0 +1,425 @@
+//! The evaluation matrix: for one model, every task × policy family ×
+//! budget, one [`ResultRow`] per cell, appended to `results.jsonl` as soon
+//! as the cell finishes (see [`crate::results`]).
+//!
+//! What each task kind measures (metric names as in the rows):
+//!
+//! * `mc` / `hellaswag` — `acc`, `acc_norm` (log-likelihood per character),
+//!   `acc_stderr`, `gold_logprob` (mean); [`score_choices`] in the
+//!   configured [`ScoreMode`], percentage budgets against each choice's
+//!   whole sequence.
+//! * `ppl` — token-weighted `nll` and `ppl` over BOS-led windows, every
+//!   token a decode step (or one prefill in [`ScoreMode::Prefill`]); with
+//!   `compare_full`, `kl` = mean KL(full‖policy), `top1` = top-1
+//!   agreement and `retained_mass` = mean attention mass the full cache
+//!   puts on the kept tokens (the `full` policy gets kl 0, top1 1).
+//!   Budgets resolve against each window.
+//! * `gen` — greedy generation from each prompt under the policy, compared
+//!   with the full cache's greedy output: `first_div` (mean first step
+//!   where they differ, capped at the token limit), `prefix_frac` (mean
+//!   identical-prefix fraction of the limit), `agree_frac` (positional
+//!   agreement), `identical` (share of prompts with the same output).
+//!   Budgets resolve against each prompt.
+//! * `passkey` — greedy answer after each prompt; `acc` = share containing
+//!   the key, plus `acc_len{L}` and `acc_depth{D}` breakdowns.
+//!
+//! Timings: `wall` seconds for the cell and `per_item`.
+
+use crate::budget::{BudgetedPolicy, PolicySource};
+use crate::metrics::{first_divergence, identical_prefix_fraction, passkey_hit, positional_agreement};
+use crate::results::{write_summaries, CellKey, ResultRow, ResultsLog};
+use crate::score::{encode_item, score_choices, Choice, McTally, ScoreMode};
+use crate::tasks::{passkey_items, TaskData, TaskKind, TaskSpec};
+use crate::{EvalError, Result};
+use kvslim_engine::{generate, perplexity, GenerateOptions, PerplexityOptions, SamplingParams};
+use kvslim_models::{Model, Tokenizer};
+use rayon::prelude::*;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct MatrixConfig {
+    /// The model column of the results.
+    pub model_label: String,
+    /// Policy families, optionally with extras (`h2o:agg=max`); see
+    /// [`BudgetedPolicy`]. `full` runs once per task with budget `-`.
+    pub policies: Vec<String>,
+    /// Budgets (`100%`, `20%`, `64`).
+    pub budgets: Vec<String>,
+    pub tasks: Vec<TaskSpec>,
+    pub mode: ScoreMode,
+    /// Perplexity: also run the full cache and report KL / top-1.
+    pub compare_full: bool,
+    /// Where `results.jsonl`, `.csv` and `.md` go; `None` keeps rows in memory.
+    pub out_dir: Option<PathBuf>,
+    /// Continue an existing `results.jsonl`, skipping finished cells.
+    pub resume: bool,
+    /// With `out_dir`, draw quality-vs-budget charts into `out_dir/plots`
+    /// at the end ([`crate::plots::write_charts`]).
+    pub charts: bool,
+}
+
+impl MatrixConfig {
+    /// The paper's grid: all six families at 100/40/20/10/5 %.
+    pub fn new(model_label: &str, tasks: Vec<TaskSpec>) -> Self {
+        MatrixConfig {
+            model_label: model_label.into(),
+            policies: ["full", "window", "sink", "heavy", "random", "h2o"].map(String::from).to_vec(),
+            budgets: ["100%", "40%", "20%", "10%", "5%"].map(String::from).to_vec(),
+            tasks,
+            mode: ScoreMode::Decode,
+            compare_full: true,
+            out_dir: None,
+            resume: false,
+            charts: true,
+        }
+    }
+}
+
+/// Progress of [`run_matrix`].
+#[derive(Debug)]
+pub enum MatrixEvent<'a> {
+    /// A task's data is being loaded and tokenized.
+    TaskLoading { task: &'a str },
+    /// Cell `index` of `total` starts.
+    CellStart { key: &'a CellKey, index: usize, total: usize },
+    /// Already in `results.jsonl` (resume).
+    CellSkipped { key: &'a CellKey, index: usize, total: usize },
+    /// `done` of `total` items of the running cell are finished.
+    Items { key: &'a CellKey, done: usize, total: usize },
+    /// The cell's row, already written.
+    CellDone { row: &'a ResultRow },
+}
+
+/// A task's items, tokenized once for all its cells.
+enum Prepared {
+    Mc(Vec<(Vec<u32>, Vec<Choice>, usize)>),
+    Ppl(Vec<Vec<u32>>),
+    Gen { prompts: Vec<(Vec<u32>, usize)>, reference: Option<Vec<Vec<u32>>> },
+    Passkey(Vec<(Vec<u32>, String, usize, f64)>, usize),
+}
+
+impl Prepared {
+    fn len(&self) -> usize {
+        match self {
+            Prepared::Mc(v) => v.len(),
+            Prepared::Ppl(v) => v.len(),
+            Prepared::Gen { prompts, .. } => prompts.len(),
+            Prepared::Passkey(v, _) => v.len(),
+        }
+    }
+}
+
+fn prepare(model: &Model, tok: &Tokenizer, task: &TaskSpec) -> Result<Prepared> {
+    let data = task.load()?;
+    let limit = task.limit.unwrap_or(usize::MAX);
+    let ctx = model.config.context_len;
+    Ok(match (data, &task.kind) {
+        (TaskData::Mc(items), _) => Prepared::Mc(
+            items
+                .par_iter()
+                .map(|it| encode_item(tok, it).map(|(c, ch)| (c, ch, it.gold)))
+                .collect::<Result<Vec<_>>>()?,
+        ),
+        (TaskData::Ppl(text), TaskKind::Ppl { seq_len, .. }) => {
+            let w = text.windows(tok, (*seq_len).min(ctx), task.limit)?;
+            if w.is_empty() {
+                return Err(EvalError::File { path: text.path.clone(), reason: "too short for one window".into() });
+            }
+            Prepared::Ppl(w)
+        }
+        (TaskData::Gen(prompts), TaskKind::Gen { max_tokens, .. }) => {
+            let mut out = Vec::with_capacity(prompts.len());
+            for p in prompts {
+                let ids = tok.encode(&p.prompt)?;
+                if ids.is_empty() || ids.len() >= ctx {
+                    return Err(EvalError::Request(format!(
+                        "gen prompt `{}` has {} tokens; the model's context is {ctx}",
+                        p.prompt.chars().take(40).collect::<String>(),
+                        ids.len()
+                    )));
+                }
+                out.push((ids, p.max_tokens.unwrap_or(*max_tokens)));
+            }
+            Prepared::Gen { prompts: out, reference: None }
+        }
+        (TaskData::Passkey(cfg), TaskKind::Passkey { max_tokens, .. }) => {
+            if let Some(&l) = cfg.lengths.iter().find(|&&l| l >= ctx) {
+                return Err(EvalError::Request(format!(
+                    "passkey length {l} does not fit the model's context of {ctx} tokens"
+                )));
+            }
+            let count = |s: &str| tok.encode(s).map_or(usize::MAX, |v| v.len());
+            let items = passkey_items(&cfg, &count);
+            let mut out = Vec::new();
+            for it in items.into_iter().take(limit) {
+                out.push((tok.encode(&it.prompt)?, it.key, it.target_len, it.depth));
+            }
+            Prepared::Passkey(out, *max_tokens)
+        }
+        (d, k) => unreachable!("task data {d:?} for {k:?}"),
+    })
+}
+
+/// Items are run in parallel blocks of this many, reporting after each.
+fn block_size() -> usize {
+    (rayon::current_num_threads() * 2).max(4)
+}
+
+/// Runs blocks of items in parallel, calling `report(done)` between blocks.
+fn par_blocks<T: Send>(
+    n: usize,
+    f: impl Fn(usize) -> Result<T> + Sync,
+    mut report: impl FnMut(usize),
+) -> Result<Vec<T>> {
+    let mut out = Vec::with_capacity(n);
+    let b = block_size();
+    let mut start = 0;
+    while start < n {
+        let end = (start + b).min(n);
+        let part: Vec<T> = (start..end).into_par_iter().map(&f).collect::<Result<_>>()?;
+        out.extend(part);
+        start = end;
+        report(start);
+    }
+    Ok(out)
+}
+
+fn greedy(policy: kvslim_cache::PolicySpec, max_tokens: usize, tok: &Tokenizer) -> GenerateOptions {
+    GenerateOptions { max_tokens, sampling: SamplingParams::default(), policy, eos: tok.eos.clone() }
+}
+
+/// Runs one cell and fills the row's metrics, items and memory.
+#[allow(clippy::too_many_arguments)]
+fn run_cell(
+    model: &Model,
+    tok: &Tokenizer,
+    policy: &BudgetedPolicy,
+    prepared: &mut Prepared,
+    cfg: &MatrixConfig,
+    row: &mut ResultRow,
+    report: &mut dyn FnMut(usize, usize),
+) -> Result<()> {
+    let total = prepared.len();
+    let mut m = BTreeMap::new();
+    let (mut kv, mut meta) = (0usize, 0usize);
+    match prepared {
+        Prepared::Mc(items) => {
+            let scored = par_blocks(
+                items.len(),
+                |i| score_choices(model, policy, &items[i].0, &items[i].1, cfg.mode),
+                |d| report(d, total),
+            )?;
+            let mut t = McTally::default();
+            for (s, it) in scored.iter().zip(items.iter()) {
+                t.add(it.2, s);
+                for c in s {
+                    kv = kv.max(c.kv_bytes);
+                    meta = meta.max(c.kv_metadata_bytes);
+                }
+            }
+            m.insert("acc".into(), t.acc());
+            m.insert("acc_norm".into(), t.acc_norm());
+            m.insert("acc_stderr".into(), t.acc_stderr());
+            m.insert("gold_logprob".into(), t.gold_logprob / t.items.max(1) as f64);
+        }
+        Prepared::Ppl(windows) => {
+            let is_full = policy.budget.is_none();
+            let prefill = |n: usize| if cfg.mode == ScoreMode::Prefill { n } else { 0 };
+            let reps = par_blocks(
+                windows.len(),
+                |i| {
+                    let w = &windows[i];
+                    let mut o = PerplexityOptions::new(policy.spec_for(w.len())?);
+                    o.prefill = prefill(w.len());
+                    o.compare_full = cfg.compare_full && !is_full;
+                    Ok(perplexity(model, w, &o, |_, _| {})?)
+                },
+                |d| report(d, total),
+            )?;
+            let (mut nll, mut toks, mut kl, mut top1, mut mass, mut cmp_toks) = (0.0, 0usize, 0.0, 0.0, 0.0, 0usize);
+            for r in &reps {
+                let n = r.tokens - 1;
+                nll += r.nll * n as f64;
+                toks += n;
+                kv = kv.max(r.kv_bytes_allocated);
+                meta = meta.max(r.kv_metadata_bytes);
+                if let Some(c) = &r.compare_full {
+                    kl += c.kl_mean * n as f64;
+                    top1 += c.top1_agreement * n as f64;
+                    mass += c.retained_mass.mean * n as f64;
+                    cmp_toks += n;
+                }
+            }
+            let nll = nll / toks.max(1) as f64;
+            m.insert("nll".into(), nll);
+            m.insert("ppl".into(), nll.exp());
+            m.insert("tokens".into(), toks as f64);
+            if is_full && cfg.compare_full {
+                m.insert("kl".into(), 0.0);
+                m.insert("top1".into(), 1.0);
+                m.insert("retained_mass".into(), 1.0);
+            } else if cmp_toks > 0 {
+                let c = cmp_toks as f64;
+                m.insert("kl".into(), kl / c);
+                m.insert("top1".into(), top1 / c);
+                m.insert("retained_mass".into(), mass / c);
+            }
+        }
+        Prepared::Gen { prompts, reference } => {
+            if reference.is_none() {
+                let full = kvslim_cache::PolicySpec::full();
+                let refs = par_blocks(
+                    prompts.len(),
+                    |i| {
+                        Ok(generate(model, &prompts[i].0, &greedy(full.clone(), prompts[i].1, tok), |_| true)?
+                            .token_ids)
+                    },
+                    |_| {},
+                )?;
+                *reference = Some(refs);
+            }
+            let refs = reference.as_ref().expect("set above");
+            let gens = par_blocks(
+                prompts.len(),
+                |i| {
+                    let (ids, n) = &prompts[i];
+                    Ok(generate(model, ids, &greedy(policy.spec_for(ids.len())?, *n, tok), |_| true)?)
+                },
+                |d| report(d, total),
+            )?;
+            let (mut div, mut pre, mut agree, mut same) = (0.0, 0.0, 0.0, 0usize);
+            for ((g, r), (_, n)) in gens.iter().zip(refs).zip(prompts.iter()) {
+                let d = first_divergence(r, &g.token_ids);
+                div += d.unwrap_or(*n).min(*n) as f64;
+                pre += identical_prefix_fraction(r, &g.token_ids, *n);
+                agree += positional_agreement(r, &g.token_ids, *n);
+                same += usize::from(d.is_none());
+                kv = kv.max(g.kv_bytes.kv);
+                meta = meta.max(g.kv_bytes.metadata);
+            }
+            let k = gens.len().max(1) as f64;
+            m.insert("first_div".into(), div / k);
+            m.insert("prefix_frac".into(), pre / k);
+            m.insert("agree_frac".into(), agree / k);
+            m.insert("identical".into(), same as f64 / k);
+        }
+        Prepared::Passkey(items, max_tokens) => {
+            let hits = par_blocks(
+                items.len(),
+                |i| {
+                    let (ids, key, _, _) = &items[i];
+                    let g = generate(model, ids, &greedy(policy.spec_for(ids.len())?, *max_tokens, tok), |_| true)?;
+                    Ok((passkey_hit(&tok.decode(&g.token_ids)?, key), g.kv_bytes))
+                },
+                |d| report(d, total),
+            )?;
+            let mut by: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+            for ((hit, b), (_, _, len, depth)) in hits.iter().zip(items.iter()) {
+                kv = kv.max(b.kv);
+                meta = meta.max(b.metadata);
+                for k in ["acc".to_string(), format!("acc_len{len}"), format!("acc_depth{depth}")] {
+                    let e = by.entry(k).or_default();
+                    e.0 += usize::from(*hit);
+                    e.1 += 1;
+                }
+            }
+            for (k, (h, n)) in by {
+                m.insert(k, h as f64 / n.max(1) as f64);
+            }
+        }
+    }
+    row.items = total;
+    row.metrics = m;
+    row.kv_bytes = kv as u64;
+    row.kv_metadata_bytes = meta as u64;
+    Ok(())
+}
+
+/// Runs every cell of `cfg` on one model. Returns all rows, those of a
+/// resumed log included. With `out_dir`, each row is appended to
+/// `results.jsonl` as its cell ends, `results.csv` / `results.md` are
+/// rewritten after every cell, and charts go to `plots/` at the end. Policies and budgets are checked before
+/// anything runs.
+pub fn run_matrix(
+    model: &Model,
+    tok: &Tokenizer,
+    cfg: &MatrixConfig,
+    mut progress: impl FnMut(MatrixEvent),
+) -> Result<Vec<ResultRow>> {
+    // every (policy, budget) pair, validated up front
+    let mut cells: Vec<BudgetedPolicy> = Vec::new();
+    for fam in &cfg.policies {
+        if BudgetedPolicy::new(fam, "100%")?.budget.is_none() {
+            cells.push(BudgetedPolicy::new(fam, "-")?);
+            continue;
+        }
+        if cfg.budgets.is_empty() {
+            return Err(EvalError::Request(format!("policy `{fam}` needs at least one budget")));
+        }
+        for b in &cfg.budgets {
+            cells.push(BudgetedPolicy::new(fam, b)?);
+        }
+    }
+    let (mut log, mut rows) = match &cfg.out_dir {
+        Some(dir) => {
+            let (l, r) = ResultsLog::open(dir, cfg.resume)?;
+            (Some(l), r)
+        }
+        None => (None, Vec::new()),
+    };
+    let done = crate::results::finished_keys(&rows);
+    let total = cfg.tasks.len() * cells.len();
+    let mut index = 0;
+    for task in &cfg.tasks {
+        let label = task.label();
+        let keys: Vec<CellKey> = cells
+            .iter()
+            .map(|p| CellKey {
+                model: cfg.model_label.clone(),
+                policy: p.family_label(),
+                budget: p.budget_label(),
+                task: label.clone(),
+            })
+            .collect();
+        let mut prepared = None;
+        for (p, key) in cells.iter().zip(&keys) {
+            index += 1;
+            if done.contains(key) {
+                progress(MatrixEvent::CellSkipped { key, index, total });
+                continue;
+            }
+            if prepared.is_none() {
+                progress(MatrixEvent::TaskLoading { task: &label });
+                prepared = Some(prepare(model, tok, task)?);
+            }
+            let prep = prepared.as_mut().expect("set above");
+            progress(MatrixEvent::CellStart { key, index, total });
+            let mut row = ResultRow::new(&key.model, &key.policy, &key.budget, &key.task);
+            let start = Instant::now();
+            run_cell(model, tok, p, prep, cfg, &mut row, &mut |d, t| {
+                progress(MatrixEvent::Items { key, done: d, total: t })
+            })?;
+            let wall = start.elapsed().as_secs_f64();
+            row.timings.insert("wall".into(), wall);
+            row.timings.insert("per_item".into(), wall / row.items.max(1) as f64);
+            if let Some(l) = log.as_mut() {
+                l.append(&row)?;
+            }
+            rows.push(row);
+            if let Some(dir) = &cfg.out_dir {
+                write_summaries(dir, &rows)?;
+            }
+            progress(MatrixEvent::CellDone { row: rows.last().expect("pushed") });
+        }
+    }
+    if let Some(dir) = &cfg.out_dir {
+        write_summaries(dir, &rows)?;
+        if cfg.charts {
+            crate::plots::write_charts(&dir.join("plots"), &rows)?;
+        }
+    }
+    Ok(rows)
+}

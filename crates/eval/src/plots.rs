@@ -1,0 +1,130 @@
+//! Quality-vs-budget charts from result rows: per task, model and headline
+//! metric, one line per policy over the budget (log x axis); a policy run
+//! without a budget (`full`) is drawn flat across the budget range.
+
+use crate::results::{ResultRow, HEADLINE_METRICS};
+use crate::{EvalError, Result};
+use kvslim_plot::Chart;
+use std::path::{Path, PathBuf};
+
+/// A budget label as a number on the x axis: `20%` → 20 (percent axis),
+/// `64` → 64 (slot axis).
+fn budget_x(b: &str) -> Option<(f64, bool)> {
+    match b.strip_suffix('%') {
+        Some(p) => p.parse().ok().map(|v| (v, true)),
+        None => b.parse().ok().map(|v| (v, false)),
+    }
+}
+
+/// A file-name-safe version of `s`.
+fn slug(s: &str) -> String {
+    let mut out: String =
+        s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
+    out.truncate(80);
+    out
+}
+
+/// Charts for every (task, model, headline metric) with at least one
+/// budgeted point, named `TASK__MODEL__METRIC` (file-name safe). When a
+/// group mixes percentage and slot budgets, only the percentages are drawn.
+pub fn charts(rows: &[ResultRow]) -> Vec<(String, Chart)> {
+    let mut groups: Vec<(&str, &str)> = Vec::new();
+    for r in rows {
+        if !groups.contains(&(r.task.as_str(), r.model.as_str())) {
+            groups.push((&r.task, &r.model));
+        }
+    }
+    let mut out = Vec::new();
+    for (task, model) in groups {
+        let g: Vec<&ResultRow> = rows.iter().filter(|r| r.task == task && r.model == model).collect();
+        let percent = g.iter().any(|r| budget_x(&r.budget).is_some_and(|(_, p)| p));
+        let xs: Vec<f64> =
+            g.iter().filter_map(|r| budget_x(&r.budget)).filter(|&(_, p)| p == percent).map(|(x, _)| x).collect();
+        if xs.is_empty() {
+            continue;
+        }
+        let (lo, hi) = xs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+        let mut policies: Vec<&str> = Vec::new();
+        for r in &g {
+            if !policies.contains(&r.policy.as_str()) {
+                policies.push(&r.policy);
+            }
+        }
+        for &metric in HEADLINE_METRICS {
+            if !g.iter().any(|r| r.metrics.contains_key(metric)) {
+                continue;
+            }
+            let mut chart = Chart::new(format!("{task} - {metric}"))
+                .x_label(if percent { "KV budget (% of sequence)" } else { "KV budget (slots)" })
+                .y_label(format!("{metric} ({model})"))
+                .log_x(true);
+            for p in &policies {
+                let mut pts: Vec<(f64, f64)> = Vec::new();
+                for r in g.iter().filter(|r| r.policy == *p) {
+                    let Some(&v) = r.metrics.get(metric) else { continue };
+                    match budget_x(&r.budget) {
+                        Some((x, is_pct)) if is_pct == percent => pts.push((x, v)),
+                        Some(_) => {}
+                        None if r.budget == "-" => pts.extend([(lo, v), (hi, v)]),
+                        None => {}
+                    }
+                }
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                pts.dedup_by(|a, b| a.0 == b.0);
+                if !pts.is_empty() {
+                    chart = chart.series(*p, pts);
+                }
+            }
+            out.push((format!("{}__{}__{}", slug(task), slug(model), slug(metric)), chart));
+        }
+    }
+    out
+}
+
+/// Writes every chart of [`charts`] as `DIR/NAME.png` and `DIR/NAME.svg`;
+/// returns the PNG paths.
+pub fn write_charts(dir: &Path, rows: &[ResultRow]) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|e| EvalError::io(dir, e))?;
+    let mut written = Vec::new();
+    for (name, chart) in charts(rows) {
+        for ext in ["png", "svg"] {
+            let p = dir.join(format!("{name}.{ext}"));
+            chart.save(&p).map_err(|e| EvalError::io(&p, e))?;
+            if ext == "png" {
+                written.push(p);
+            }
+        }
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(policy: &str, budget: &str, acc: f64) -> ResultRow {
+        ResultRow::new("m", policy, budget, "mc:copa.jsonl").metric("acc", acc)
+    }
+
+    #[test]
+    fn one_chart_per_metric_with_full_drawn_flat() {
+        let rows = vec![
+            row("full", "-", 0.6),
+            row("h2o", "100%", 0.6),
+            row("h2o", "20%", 0.5),
+            row("h2o", "5%", 0.4),
+            row("window", "20%", 0.3),
+            row("window", "64", 0.1), // slot budget in a percent group: left out
+        ];
+        let c = charts(&rows);
+        assert_eq!(c.len(), 1);
+        let (name, chart) = &c[0];
+        assert_eq!(name, "mc_copa.jsonl__m__acc");
+        assert!(chart.log_x);
+        let s: Vec<(&str, &Vec<(f64, f64)>)> = chart.series.iter().map(|s| (s.name.as_str(), &s.points)).collect();
+        assert_eq!(s[0], ("full", &vec![(5.0, 0.6), (100.0, 0.6)]));
+        assert_eq!(s[1], ("h2o", &vec![(5.0, 0.4), (20.0, 0.5), (100.0, 0.6)]));
+        assert_eq!(s[2], ("window", &vec![(20.0, 0.3)]));
+        assert!(charts(&[row("full", "-", 0.6)]).is_empty());
+    }
+}

@@ -1,0 +1,452 @@
+//! Result files of an evaluation run, all in one directory:
+//!
+//! * `results.jsonl` — one [`ResultRow`] per finished cell (model × policy
+//!   × budget × task), appended and flushed as soon as the cell ends, so a
+//!   crash loses at most the cell in flight. A resumed run
+//!   ([`ResultsLog::resume`]) reads it back, tolerating a truncated last
+//!   line, and skips the cells it holds ([`CellKey`]).
+//! * `results.csv` — every row, one metric per column ([`to_csv`]).
+//! * `results.md` — per task and model, one table per headline metric:
+//!   rows are policies, columns budgets ([`to_markdown`]).
+
+use crate::{EvalError, Result};
+use serde::{Deserialize, Deserializer, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Identifies a cell of the evaluation matrix.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CellKey {
+    pub model: String,
+    pub policy: String,
+    pub budget: String,
+    pub task: String,
+}
+
+/// Non-finite metrics are written as `null` by serde_json; read them back
+/// as NaN.
+fn nan_map<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<BTreeMap<String, f64>, D::Error> {
+    let m: BTreeMap<String, Option<f64>> = BTreeMap::deserialize(d)?;
+    Ok(m.into_iter().map(|(k, v)| (k, v.unwrap_or(f64::NAN))).collect())
+}
+
+/// One finished cell.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ResultRow {
+    pub model: String,
+    /// Policy family (with extras), e.g. `h2o`, `h2o:agg=max`, `full`.
+    pub policy: String,
+    /// `20%`, `64`, or `-` when the policy ignores budgets.
+    pub budget: String,
+    /// [`crate::TaskSpec::label`].
+    pub task: String,
+    /// Items evaluated (windows for perplexity).
+    pub items: usize,
+    #[serde(deserialize_with = "nan_map")]
+    pub metrics: BTreeMap<String, f64>,
+    /// Largest allocated KV bytes of one sequence in the cell.
+    #[serde(default)]
+    pub kv_bytes: u64,
+    /// Largest metadata bytes (scores, positions) of one sequence.
+    #[serde(default)]
+    pub kv_metadata_bytes: u64,
+    /// Seconds: `wall` for the whole cell, others per kind.
+    #[serde(default, deserialize_with = "nan_map")]
+    pub timings: BTreeMap<String, f64>,
+    pub kvslim_version: String,
+    pub git_commit: String,
+    /// Seconds since the Unix epoch when the row was made.
+    #[serde(default)]
+    pub unix_time: u64,
+}
+
+impl PartialEq for ResultRow {
+    /// Equal when every field is, NaN metrics counting as equal.
+    fn eq(&self, o: &Self) -> bool {
+        let same = |a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>| {
+            a.len() == b.len()
+                && a.iter().zip(b).all(|((ka, va), (kb, vb))| ka == kb && (va == vb || (va.is_nan() && vb.is_nan())))
+        };
+        self.key() == o.key()
+            && self.items == o.items
+            && same(&self.metrics, &o.metrics)
+            && same(&self.timings, &o.timings)
+            && (self.kv_bytes, self.kv_metadata_bytes, self.unix_time) == (o.kv_bytes, o.kv_metadata_bytes, o.unix_time)
+            && (&self.kvslim_version, &self.git_commit) == (&o.kvslim_version, &o.git_commit)
+    }
+}
+
+/// The commit of the source tree, from `git rev-parse HEAD` (run once, in
+/// this crate's source directory, then in the working directory), else
+/// `unknown`.
+pub fn git_commit() -> String {
+    static COMMIT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    COMMIT
+        .get_or_init(|| {
+            let run = |dir: Option<&Path>| {
+                let mut c = std::process::Command::new("git");
+                c.args(["rev-parse", "HEAD"]).stderr(std::process::Stdio::null());
+                if let Some(d) = dir {
+                    c.current_dir(d);
+                }
+                let out = c.output().ok().filter(|o| o.status.success())?;
+                let s = String::from_utf8(out.stdout).ok()?.trim().to_string();
+                (s.len() >= 7 && s.bytes().all(|b| b.is_ascii_hexdigit())).then_some(s)
+            };
+            let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+            run(here.is_dir().then_some(here)).or_else(|| run(None)).unwrap_or_else(|| "unknown".into())
+        })
+        .clone()
+}
+
+impl ResultRow {
+    /// A row for a cell with version, commit and time filled in.
+    pub fn new(model: &str, policy: &str, budget: &str, task: &str) -> Self {
+        ResultRow {
+            model: model.into(),
+            policy: policy.into(),
+            budget: budget.into(),
+            task: task.into(),
+            items: 0,
+            metrics: BTreeMap::new(),
+            kv_bytes: 0,
+            kv_metadata_bytes: 0,
+            timings: BTreeMap::new(),
+            kvslim_version: env!("CARGO_PKG_VERSION").into(),
+            git_commit: git_commit(),
+            unix_time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        }
+    }
+
+    pub fn key(&self) -> CellKey {
+        CellKey {
+            model: self.model.clone(),
+            policy: self.policy.clone(),
+            budget: self.budget.clone(),
+            task: self.task.clone(),
+        }
+    }
+
+    /// Sets a metric (builder style).
+    pub fn metric(mut self, name: &str, value: f64) -> Self {
+        self.metrics.insert(name.into(), value);
+        self
+    }
+}
+
+/// Rows read back from a results file.
+#[derive(Debug, Default)]
+pub struct ReadRows {
+    pub rows: Vec<ResultRow>,
+    /// Bytes of an unfinished last line that was ignored (0 if none).
+    pub truncated_bytes: usize,
+    /// The last line was complete JSON but had no newline.
+    pub missing_newline: bool,
+}
+
+/// Parses `results.jsonl` content. Every newline-terminated line must be a
+/// row (an error names the line); a last line without a newline is taken
+/// when it parses and ignored (as a write cut short) when it does not.
+pub fn parse_rows(path: &Path, bytes: &[u8]) -> Result<ReadRows> {
+    let mut out = ReadRows::default();
+    let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let text = std::str::from_utf8(&bytes[..complete]).map_err(|e| {
+        let line = bytes[..e.valid_up_to()].iter().filter(|&&b| b == b'\n').count() + 1;
+        EvalError::parse(path, line, "not UTF-8")
+    })?;
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row =
+            serde_json::from_str(line).map_err(|e| EvalError::parse(path, i + 1, format!("not a result row: {e}")))?;
+        out.rows.push(row);
+    }
+    // a crash can cut the last line anywhere, even inside a character
+    let tail = &bytes[complete..];
+    match serde_json::from_slice::<ResultRow>(tail) {
+        Ok(row) => {
+            out.rows.push(row);
+            out.missing_newline = true;
+        }
+        Err(_) => out.truncated_bytes = tail.len(),
+    }
+    Ok(out)
+}
+
+/// Reads a results file (missing file: no rows).
+pub fn read_rows(path: &Path) -> Result<ReadRows> {
+    match std::fs::read(path) {
+        Ok(b) => parse_rows(path, &b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ReadRows::default()),
+        Err(e) => Err(EvalError::io(path, e)),
+    }
+}
+
+/// The cells a set of rows has finished.
+pub fn finished_keys(rows: &[ResultRow]) -> HashSet<CellKey> {
+    rows.iter().map(ResultRow::key).collect()
+}
+
+/// The cells finished in `DIR/results.jsonl` (tolerating a truncated last line).
+pub fn finished_cells(dir: &Path) -> Result<HashSet<CellKey>> {
+    Ok(finished_keys(&read_rows(&dir.join(ResultsLog::FILE))?.rows))
+}
+
+/// The append-only `results.jsonl` of a run.
+pub struct ResultsLog {
+    path: PathBuf,
+    file: File,
+}
+
+impl ResultsLog {
+    pub const FILE: &'static str = "results.jsonl";
+
+    /// Starts a new log in `dir` (created if needed). Refuses to touch a
+    /// log that already holds rows: resume it or remove it.
+    pub fn create(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| EvalError::io(dir, e))?;
+        let path = dir.join(Self::FILE);
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() > 0) {
+            return Err(EvalError::File {
+                path,
+                reason: "already holds results; resume the run or remove the file".into(),
+            });
+        }
+        let file = File::create(&path).map_err(|e| EvalError::io(&path, e))?;
+        Ok(ResultsLog { path, file })
+    }
+
+    /// Continues the log in `dir` (created when absent): returns the rows
+    /// already there. A truncated last line is cut off the file, and a
+    /// missing final newline added, so new rows start on a line of their own.
+    pub fn resume(dir: &Path) -> Result<(Self, Vec<ResultRow>)> {
+        std::fs::create_dir_all(dir).map_err(|e| EvalError::io(dir, e))?;
+        let path = dir.join(Self::FILE);
+        let read = read_rows(&path)?;
+        let mut file = OpenOptions::new().create(true).append(true).open(&path).map_err(|e| EvalError::io(&path, e))?;
+        if read.truncated_bytes > 0 {
+            let len = file.metadata().map_err(|e| EvalError::io(&path, e))?.len();
+            file.set_len(len - read.truncated_bytes as u64).map_err(|e| EvalError::io(&path, e))?;
+        }
+        if read.missing_newline {
+            file.write_all(b"\n").map_err(|e| EvalError::io(&path, e))?;
+        }
+        Ok((ResultsLog { path, file }, read.rows))
+    }
+
+    /// [`create`](Self::create) or [`resume`](Self::resume).
+    pub fn open(dir: &Path, resume: bool) -> Result<(Self, Vec<ResultRow>)> {
+        if resume {
+            Self::resume(dir)
+        } else {
+            Ok((Self::create(dir)?, Vec::new()))
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one row as a JSON line and flushes it to the file system.
+    pub fn append(&mut self, row: &ResultRow) -> Result<()> {
+        let mut line = serde_json::to_string(row).map_err(|e| EvalError::Request(format!("result row: {e}")))?;
+        line.push('\n');
+        let io = |e| EvalError::io(&self.path, e);
+        self.file.write_all(line.as_bytes()).map_err(io)?;
+        self.file.flush().map_err(io)?;
+        self.file.sync_data().map_err(io)
+    }
+}
+
+/// Keeps the last row of each cell, in first-appearance order.
+fn dedup(rows: &[ResultRow]) -> Vec<&ResultRow> {
+    let mut order: Vec<CellKey> = Vec::new();
+    let mut last: BTreeMap<CellKey, &ResultRow> = BTreeMap::new();
+    for r in rows {
+        let k = r.key();
+        if last.insert(k.clone(), r).is_none() {
+            order.push(k);
+        }
+    }
+    order.iter().map(|k| last[k]).collect()
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) || s.starts_with(' ') || s.ends_with(' ') {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+fn num(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v}")
+    } else {
+        String::new()
+    }
+}
+
+/// Every row (the last one per cell) as CSV: identity columns, `items`,
+/// one column per metric (sorted union; empty when absent or not finite),
+/// `kv_bytes`, `kv_metadata_bytes`, one `time_*` column per timing,
+/// version and commit.
+pub fn to_csv(rows: &[ResultRow]) -> String {
+    let rows = dedup(rows);
+    let metrics: BTreeSet<&str> = rows.iter().flat_map(|r| r.metrics.keys().map(String::as_str)).collect();
+    let timings: BTreeSet<&str> = rows.iter().flat_map(|r| r.timings.keys().map(String::as_str)).collect();
+    let mut head: Vec<String> = ["model", "policy", "budget", "task", "items"].iter().map(|s| s.to_string()).collect();
+    head.extend(metrics.iter().map(|m| m.to_string()));
+    head.extend(["kv_bytes".to_string(), "kv_metadata_bytes".to_string()]);
+    head.extend(timings.iter().map(|t| format!("time_{t}")));
+    head.extend(["kvslim_version".to_string(), "git_commit".to_string()]);
+    let mut out = head.iter().map(|h| csv_field(h)).collect::<Vec<_>>().join(",");
+    out.push('\n');
+    for r in rows {
+        let mut f = vec![csv_field(&r.model), csv_field(&r.policy), csv_field(&r.budget), csv_field(&r.task)];
+        f.push(r.items.to_string());
+        f.extend(metrics.iter().map(|m| r.metrics.get(*m).map_or(String::new(), |v| num(*v))));
+        f.push(r.kv_bytes.to_string());
+        f.push(r.kv_metadata_bytes.to_string());
+        f.extend(timings.iter().map(|t| r.timings.get(*t).map_or(String::new(), |v| num(*v))));
+        f.push(csv_field(&r.kvslim_version));
+        f.push(csv_field(&r.git_commit));
+        out.push_str(&f.join(","));
+        out.push('\n');
+    }
+    out
+}
+
+/// Metrics that get a markdown table, in this order, when present.
+pub const HEADLINE_METRICS: &[&str] =
+    &["acc", "acc_norm", "ppl", "nll", "kl", "top1", "first_div", "prefix_frac", "agree_frac"];
+
+/// Budget columns: percentages from large to small, then slot counts from
+/// large to small, then anything else in first-appearance order. `-` (a
+/// policy that ignores budgets) is not a column.
+fn budget_order(budgets: &[&str]) -> Vec<String> {
+    let mut pct: Vec<(f64, &str)> = Vec::new();
+    let mut slots: Vec<(u64, &str)> = Vec::new();
+    let mut other: Vec<&str> = Vec::new();
+    for &b in budgets {
+        if b == "-" || pct.iter().any(|p| p.1 == b) || slots.iter().any(|s| s.1 == b) || other.contains(&b) {
+            continue;
+        }
+        if let Some(p) = b.strip_suffix('%').and_then(|p| p.parse::<f64>().ok()) {
+            pct.push((p, b));
+        } else if let Ok(n) = b.parse::<u64>() {
+            slots.push((n, b));
+        } else {
+            other.push(b);
+        }
+    }
+    pct.sort_by(|a, b| b.0.total_cmp(&a.0));
+    slots.sort_by_key(|s| std::cmp::Reverse(s.0));
+    pct.iter().map(|p| p.1).chain(slots.iter().map(|s| s.1)).chain(other).map(String::from).collect()
+}
+
+fn cell(v: f64) -> String {
+    if !v.is_finite() {
+        return "–".into();
+    }
+    let a = v.abs();
+    if a >= 1000.0 {
+        format!("{v:.0}")
+    } else if a >= 100.0 {
+        format!("{v:.1}")
+    } else if a >= 10.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+fn md_escape(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+/// Markdown: per (task, model) in first-appearance order, a table for each
+/// [`HEADLINE_METRICS`] entry present; rows are policies (first-appearance
+/// order), columns budgets (percentages large to small, then slot counts); a policy run without a
+/// budget (`-`, e.g. `full`) shows its one value in every column.
+pub fn to_markdown(rows: &[ResultRow]) -> String {
+    let rows = dedup(rows);
+    let mut groups: Vec<(&str, &str)> = Vec::new();
+    for r in &rows {
+        if !groups.contains(&(r.task.as_str(), r.model.as_str())) {
+            groups.push((&r.task, &r.model));
+        }
+    }
+    let mut out = String::from("# Results\n");
+    for (task, model) in groups {
+        let g: Vec<&&ResultRow> = rows.iter().filter(|r| r.task == task && r.model == model).collect();
+        let budgets = budget_order(&g.iter().map(|r| r.budget.as_str()).collect::<Vec<_>>());
+        let budgets = if budgets.is_empty() { vec!["-".to_string()] } else { budgets };
+        let mut policies: Vec<&str> = Vec::new();
+        for r in &g {
+            if !policies.contains(&r.policy.as_str()) {
+                policies.push(&r.policy);
+            }
+        }
+        let items = g.iter().map(|r| r.items).max().unwrap_or(0);
+        for &metric in HEADLINE_METRICS {
+            if !g.iter().any(|r| r.metrics.contains_key(metric)) {
+                continue;
+            }
+            out.push_str(&format!("\n## {} — {} ({}, {} items)\n\n", md_escape(task), metric, md_escape(model), items));
+            out.push_str("| policy |");
+            for b in &budgets {
+                out.push_str(&format!(" {} |", md_escape(b)));
+            }
+            out.push_str("\n|---|");
+            out.push_str(&"---:|".repeat(budgets.len()));
+            out.push('\n');
+            for p in &policies {
+                out.push_str(&format!("| {} |", md_escape(p)));
+                let unbudgeted = g.iter().find(|r| r.policy == *p && r.budget == "-");
+                for b in &budgets {
+                    let r = g.iter().find(|r| r.policy == *p && r.budget == *b).or(unbudgeted);
+                    let v = r.and_then(|r| r.metrics.get(metric)).map_or(String::new(), |v| cell(*v));
+                    out.push_str(&format!(" {v} |"));
+                }
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// Writes `results.csv` and `results.md` into `dir`.
+pub fn write_summaries(dir: &Path, rows: &[ResultRow]) -> Result<()> {
+    for (name, text) in [("results.csv", to_csv(rows)), ("results.md", to_markdown(rows))] {
+        let p = dir.join(name);
+        std::fs::write(&p, text).map_err(|e| EvalError::io(&p, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_sort_large_to_small() {
+        assert_eq!(
+            budget_order(&["20%", "-", "5%", "100%", "64", "128", "20%", "x"]),
+            ["100%", "20%", "5%", "128", "64", "x"]
+        );
+    }
+
+    #[test]
+    fn csv_quotes_when_needed() {
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+        assert_eq!(csv_field("plain"), "plain");
+        assert_eq!(num(f64::NAN), "");
+        assert_eq!(cell(0.51234), "0.5123");
+        assert_eq!(cell(12.345), "12.35");
+    }
+}

@@ -1,0 +1,475 @@
+//! Task loaders and the task-spec grammar.
+//!
+//! ```text
+//! ppl:FILE[,seq_len=N]              text → BOS + N−1 token windows (default N = 512)
+//! mc:FILE[,delim=TEXT]              {"query","choices","gold"} jsonl
+//! hellaswag:FILE                    llama.cpp's 6-line HellaSwag, plain or .bz2
+//! gen:FILE[,max_tokens=N]           prompts, one per line or jsonl {"prompt"} (default N = 128)
+//! passkey[:lengths=A,B,..][,depths=X,Y,..][,per_cell=N][,seed=S][,max_tokens=N]
+//! FILE                              kind from the extension: .jsonl → mc,
+//!                                   .bz2 → hellaswag, .raw/.txt/.tokens → ppl
+//! ```
+//!
+//! Every kind also takes `limit=N`: only the first N items (windows for
+//! `ppl`). Options follow the file after commas (so a path cannot contain a
+//! comma); a list value continues over the following comma-separated
+//! numbers (`lengths=256,512,depths=0,0.5,1`). In `delim=`, `\n`, `\t` and
+//! `\\` are escapes and `\s` is a space (`delim=\nAnswer:\s`).
+
+pub mod mc;
+pub mod passkey;
+pub mod text;
+
+pub use mc::{load_hellaswag, load_mc_jsonl, McItem};
+pub use passkey::{passkey_items, PasskeyConfig, PasskeyItem};
+pub use text::{load_gen_prompts, load_ppl_text, token_windows, GenPrompt, PplText};
+
+use crate::{EvalError, Result};
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// Reads a UTF-8 text file, decompressing it when it is bzip2 (by the
+/// `BZh` magic, whatever the name).
+pub fn read_text(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| EvalError::io(path, e))?;
+    let bytes = if bytes.starts_with(b"BZh") {
+        let mut out = Vec::with_capacity(bytes.len() * 5);
+        bzip2_rs::DecoderReader::new(&bytes[..])
+            .read_to_end(&mut out)
+            .map_err(|e| EvalError::File { path: path.into(), reason: format!("bzip2: {e}") })?;
+        out
+    } else {
+        bytes
+    };
+    String::from_utf8(bytes).map_err(|e| EvalError::File {
+        path: path.into(),
+        reason: format!("not UTF-8 text (byte {} of the decoded data)", e.utf8_error().valid_up_to()),
+    })
+}
+
+/// What a task is and where its data lives.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TaskKind {
+    Ppl { path: PathBuf, seq_len: usize },
+    Mc { path: PathBuf, delimiter: Option<String> },
+    HellaSwag { path: PathBuf },
+    Gen { path: PathBuf, max_tokens: usize },
+    Passkey { config: PasskeyConfig, max_tokens: usize },
+}
+
+/// A parsed task spec (see the module docs for the grammar).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskSpec {
+    pub kind: TaskKind,
+    /// Only the first N items.
+    pub limit: Option<usize>,
+}
+
+/// A task's loaded data.
+#[derive(Clone, Debug)]
+pub enum TaskData {
+    /// Cut into windows with the model's tokenizer ([`PplText::windows`]).
+    Ppl(PplText),
+    Mc(Vec<McItem>),
+    Gen(Vec<GenPrompt>),
+    /// Items are made with the model's tokenizer ([`passkey_items`]).
+    Passkey(PasskeyConfig),
+}
+
+pub const DEFAULT_SEQ_LEN: usize = 512;
+pub const DEFAULT_GEN_TOKENS: usize = 128;
+/// Enough for a 5-digit key even when every digit is its own token.
+pub const DEFAULT_PASSKEY_TOKENS: usize = 10;
+
+const KINDS: &str = "ppl, mc, hellaswag, gen, passkey";
+
+/// Splits `k=v` options, folding bare values into the previous key's list.
+fn options<'a>(parts: impl Iterator<Item = &'a str>) -> std::result::Result<Vec<(&'a str, Vec<&'a str>)>, String> {
+    let mut out: Vec<(&str, Vec<&str>)> = Vec::new();
+    for part in parts.map(str::trim).filter(|p| !p.is_empty()) {
+        match part.split_once('=') {
+            Some((k, v)) => {
+                let k = k.trim();
+                if out.iter().any(|(pk, _)| *pk == k) {
+                    return Err(format!("option `{k}` given twice"));
+                }
+                out.push((k, vec![v.trim()]));
+            }
+            None => match out.last_mut() {
+                Some((_, vals)) => vals.push(part),
+                None => return Err(format!("`{part}` is not key=value")),
+            },
+        }
+    }
+    Ok(out)
+}
+
+fn single<'a>(key: &str, vals: &[&'a str]) -> std::result::Result<&'a str, String> {
+    match vals {
+        [v] => Ok(v),
+        _ => Err(format!("`{key}` takes one value, got {}", vals.len())),
+    }
+}
+
+fn number<T: std::str::FromStr>(key: &str, vals: &[&str]) -> std::result::Result<T, String> {
+    let v = single(key, vals)?;
+    v.parse().map_err(|_| format!("`{key}={v}` is not a valid number"))
+}
+
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('s') => out.push(' '),
+            Some('\\') => out.push('\\'),
+            Some(o) => {
+                out.push('\\');
+                out.push(o);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\n', "\\n").replace('\t', "\\t").replace(' ', "\\s")
+}
+
+impl TaskSpec {
+    /// Parses a task spec.
+    pub fn parse(spec: &str) -> Result<TaskSpec> {
+        Self::parse_inner(spec.trim()).map_err(|reason| EvalError::TaskSpec { spec: spec.to_string(), reason })
+    }
+
+    fn parse_inner(spec: &str) -> std::result::Result<TaskSpec, String> {
+        if spec.is_empty() {
+            return Err(format!("empty task; known kinds: {KINDS}, or a file path"));
+        }
+        let (kind, rest) = match spec.split_once(':') {
+            Some((k, r)) if ["ppl", "mc", "hellaswag", "gen", "passkey"].contains(&k.trim()) => (k.trim(), r),
+            _ if spec == "passkey" || spec.starts_with("passkey,") => {
+                ("passkey", spec["passkey".len()..].trim_start_matches(','))
+            }
+            _ => ("", spec),
+        };
+        let mut parts = rest.split(',');
+        let path = if kind == "passkey" { None } else { parts.next().map(str::trim).filter(|p| !p.is_empty()) };
+        if kind != "passkey" && path.is_none() {
+            return Err(format!("`{}` needs a file: {kind}:FILE", if kind.is_empty() { "task" } else { kind }));
+        }
+        let kind = if kind.is_empty() {
+            let p = path.unwrap_or_default();
+            if let Some(bad) = ["ppl", "mc", "hellaswag", "gen"].iter().find(|k| p == **k) {
+                return Err(format!("`{bad}` needs a file: {bad}:FILE"));
+            }
+            if p.ends_with(".jsonl") {
+                "mc"
+            } else if p.ends_with(".bz2") {
+                "hellaswag"
+            } else if [".raw", ".txt", ".tokens"].iter().any(|e| p.ends_with(e)) {
+                "ppl"
+            } else {
+                return Err(format!(
+                    "cannot tell the task kind of `{p}`; write KIND:FILE with KIND one of {KINDS} \
+                     (by extension: .jsonl → mc, .bz2 → hellaswag, .raw/.txt/.tokens → ppl)"
+                ));
+            }
+        } else {
+            kind
+        };
+        let mut limit = None;
+        let path = PathBuf::from(path.unwrap_or_default());
+        let mut seq_len = DEFAULT_SEQ_LEN;
+        let mut delimiter = None;
+        let mut max_tokens = if kind == "passkey" { DEFAULT_PASSKEY_TOKENS } else { DEFAULT_GEN_TOKENS };
+        let mut pk = PasskeyConfig::default();
+        for (k, vals) in options(parts)? {
+            match (kind, k) {
+                (_, "limit") => {
+                    let n: usize = number(k, &vals)?;
+                    if n == 0 {
+                        return Err("limit must be ≥ 1".into());
+                    }
+                    limit = Some(n);
+                }
+                ("ppl", "seq_len") => {
+                    seq_len = number(k, &vals)?;
+                    if seq_len < 2 {
+                        return Err("seq_len must be ≥ 2".into());
+                    }
+                }
+                ("mc", "delim") => delimiter = Some(unescape(single(k, &vals)?)),
+                ("gen" | "passkey", "max_tokens") => {
+                    max_tokens = number(k, &vals)?;
+                    if max_tokens == 0 {
+                        return Err("max_tokens must be ≥ 1".into());
+                    }
+                }
+                ("passkey", "lengths") => {
+                    pk.lengths = vals.iter().map(|v| number("lengths", &[v])).collect::<std::result::Result<_, _>>()?;
+                    if pk.lengths.contains(&0) {
+                        return Err("lengths must be ≥ 1".into());
+                    }
+                }
+                ("passkey", "depths") => {
+                    pk.depths = vals.iter().map(|v| number("depths", &[v])).collect::<std::result::Result<_, _>>()?;
+                    if let Some(d) = pk.depths.iter().find(|d: &&f64| !(0.0..=1.0).contains(*d)) {
+                        return Err(format!("depth {d} is outside [0, 1]"));
+                    }
+                }
+                ("passkey", "per_cell") => {
+                    pk.per_cell = number(k, &vals)?;
+                    if pk.per_cell == 0 {
+                        return Err("per_cell must be ≥ 1".into());
+                    }
+                }
+                ("passkey", "seed") => pk.seed = number(k, &vals)?,
+                _ => {
+                    let allowed = match kind {
+                        "ppl" => "seq_len, limit",
+                        "mc" => "delim, limit",
+                        "hellaswag" => "limit",
+                        "gen" => "max_tokens, limit",
+                        _ => "lengths, depths, per_cell, seed, max_tokens, limit",
+                    };
+                    return Err(format!("unknown option `{k}` for `{kind}` (allowed: {allowed})"));
+                }
+            }
+        }
+        let kind = match kind {
+            "ppl" => TaskKind::Ppl { path, seq_len },
+            "mc" => TaskKind::Mc { path, delimiter },
+            "hellaswag" => TaskKind::HellaSwag { path },
+            "gen" => TaskKind::Gen { path, max_tokens },
+            _ => TaskKind::Passkey { config: pk, max_tokens },
+        };
+        Ok(TaskSpec { kind, limit })
+    }
+
+    /// The data file, if the task has one.
+    pub fn path(&self) -> Option<&Path> {
+        match &self.kind {
+            TaskKind::Ppl { path, .. }
+            | TaskKind::Mc { path, .. }
+            | TaskKind::HellaSwag { path }
+            | TaskKind::Gen { path, .. } => Some(path),
+            TaskKind::Passkey { .. } => None,
+        }
+    }
+
+    /// A short kind name: `ppl`, `mc`, `hellaswag`, `gen`, `passkey`.
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            TaskKind::Ppl { .. } => "ppl",
+            TaskKind::Mc { .. } => "mc",
+            TaskKind::HellaSwag { .. } => "hellaswag",
+            TaskKind::Gen { .. } => "gen",
+            TaskKind::Passkey { .. } => "passkey",
+        }
+    }
+
+    /// The canonical spec with the file name only (no directories): the
+    /// task column of result files. Options at their defaults are left out.
+    pub fn label(&self) -> String {
+        self.render(true)
+    }
+
+    fn render(&self, short: bool) -> String {
+        let file = |p: &Path| {
+            if short {
+                p.file_name().map_or_else(|| p.display().to_string(), |f| f.to_string_lossy().into_owned())
+            } else {
+                p.display().to_string()
+            }
+        };
+        let mut s = match &self.kind {
+            TaskKind::Ppl { path, seq_len } => {
+                let mut s = format!("ppl:{}", file(path));
+                if *seq_len != DEFAULT_SEQ_LEN {
+                    s += &format!(",seq_len={seq_len}");
+                }
+                s
+            }
+            TaskKind::Mc { path, delimiter } => {
+                let mut s = format!("mc:{}", file(path));
+                if let Some(d) = delimiter {
+                    s += &format!(",delim={}", escape(d));
+                }
+                s
+            }
+            TaskKind::HellaSwag { path } => format!("hellaswag:{}", file(path)),
+            TaskKind::Gen { path, max_tokens } => {
+                let mut s = format!("gen:{}", file(path));
+                if *max_tokens != DEFAULT_GEN_TOKENS {
+                    s += &format!(",max_tokens={max_tokens}");
+                }
+                s
+            }
+            TaskKind::Passkey { config, max_tokens } => {
+                let d = PasskeyConfig::default();
+                let mut opts = Vec::new();
+                if config.lengths != d.lengths {
+                    let v: Vec<String> = config.lengths.iter().map(|l| l.to_string()).collect();
+                    opts.push(format!("lengths={}", v.join(",")));
+                }
+                if config.depths != d.depths {
+                    let v: Vec<String> = config.depths.iter().map(|l| l.to_string()).collect();
+                    opts.push(format!("depths={}", v.join(",")));
+                }
+                if config.per_cell != d.per_cell {
+                    opts.push(format!("per_cell={}", config.per_cell));
+                }
+                if config.seed != d.seed {
+                    opts.push(format!("seed={}", config.seed));
+                }
+                if *max_tokens != DEFAULT_PASSKEY_TOKENS {
+                    opts.push(format!("max_tokens={max_tokens}"));
+                }
+                if opts.is_empty() {
+                    "passkey".to_string()
+                } else {
+                    format!("passkey:{}", opts.join(","))
+                }
+            }
+        };
+        if let Some(n) = self.limit {
+            s += &format!(",limit={n}");
+        }
+        s
+    }
+
+    /// Reads the task's file (nothing for `passkey`) and applies `limit`
+    /// where items are known without a tokenizer.
+    pub fn load(&self) -> Result<TaskData> {
+        let lim = |n: usize| self.limit.unwrap_or(usize::MAX).min(n);
+        Ok(match &self.kind {
+            TaskKind::Ppl { path, .. } => TaskData::Ppl(load_ppl_text(path)?),
+            TaskKind::Mc { path, delimiter } => {
+                let mut v = load_mc_jsonl(path, delimiter.as_deref())?;
+                v.truncate(lim(v.len()));
+                TaskData::Mc(v)
+            }
+            TaskKind::HellaSwag { path } => {
+                let mut v = load_hellaswag(path)?;
+                v.truncate(lim(v.len()));
+                TaskData::Mc(v)
+            }
+            TaskKind::Gen { path, .. } => {
+                let mut v = load_gen_prompts(path)?;
+                v.truncate(lim(v.len()));
+                TaskData::Gen(v)
+            }
+            TaskKind::Passkey { config, .. } => TaskData::Passkey(config.clone()),
+        })
+    }
+}
+
+impl fmt::Display for TaskSpec {
+    /// The canonical spec, full path included; parses back to `self`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.render(false))
+    }
+}
+
+impl std::str::FromStr for TaskSpec {
+    type Err = EvalError;
+    fn from_str(s: &str) -> Result<Self> {
+        TaskSpec::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_kind_and_round_trips() {
+        for s in [
+            "ppl:../shared/data/wikitext2/wiki.test.raw",
+            "ppl:data/t.txt,seq_len=128,limit=4",
+            "mc:../shared/data/piqa/piqa_llmfoundry.jsonl",
+            "mc:a.jsonl,delim=\\nAnswer:\\s",
+            "hellaswag:../shared/data/hellaswag/hellaswag_val_full.txt.bz2,limit=100",
+            "gen:prompts.txt,max_tokens=64",
+            "passkey",
+            "passkey:lengths=128,256,depths=0,0.5,1,per_cell=3,seed=9,max_tokens=12",
+        ] {
+            let t = TaskSpec::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
+            assert_eq!(TaskSpec::parse(&t.to_string()).unwrap(), t, "{s} → {t}");
+        }
+        let t = TaskSpec::parse("passkey:lengths=128,256,depths=0,0.5,1").unwrap();
+        match &t.kind {
+            TaskKind::Passkey { config, .. } => {
+                assert_eq!(config.lengths, [128, 256]);
+                assert_eq!(config.depths, [0.0, 0.5, 1.0]);
+            }
+            k => panic!("{k:?}"),
+        }
+        let t = TaskSpec::parse("mc:a.jsonl,delim=\\nAnswer:\\s").unwrap();
+        assert_eq!(t.kind, TaskKind::Mc { path: "a.jsonl".into(), delimiter: Some("\nAnswer: ".into()) });
+        assert_eq!(TaskSpec::parse("ppl:/x/y/wiki.test.raw,limit=3").unwrap().label(), "ppl:wiki.test.raw,limit=3");
+    }
+
+    #[test]
+    fn kind_from_extension() {
+        let k = |s: &str| TaskSpec::parse(s).unwrap().kind_name();
+        assert_eq!(k("../shared/data/copa/copa.jsonl"), "mc");
+        assert_eq!(k("../shared/data/hellaswag/hellaswag_val_full.txt.bz2"), "hellaswag");
+        assert_eq!(k("../shared/data/wikitext2/wiki.test.raw"), "ppl");
+        assert_eq!(k("story.txt,limit=2"), "ppl");
+    }
+
+    #[test]
+    fn bad_specs_name_the_problem() {
+        let cases = [
+            ("", "empty task"),
+            ("ppl", "needs a file"),
+            ("ppl:", "needs a file"),
+            ("data.csv", "cannot tell the task kind"),
+            ("ppl:a.txt,seq_len=x", "`seq_len=x` is not a valid number"),
+            ("ppl:a.txt,seq_len=1", "seq_len must be ≥ 2"),
+            ("ppl:a.txt,delim=x", "unknown option `delim` for `ppl` (allowed: seq_len, limit)"),
+            ("mc:a.jsonl,limit=0", "limit must be ≥ 1"),
+            ("mc:a.jsonl,limit=1,limit=2", "given twice"),
+            ("passkey:depths=0,1.5", "depth 1.5 is outside [0, 1]"),
+            ("passkey:lengths=0", "lengths must be ≥ 1"),
+            ("passkey:foo", "`foo` is not key=value"),
+            ("gen:p.txt,max_tokens=1,2", "takes one value"),
+        ];
+        for (spec, want) in cases {
+            let e = TaskSpec::parse(spec).unwrap_err().to_string();
+            assert!(e.contains(want), "{spec:?}: {e}");
+            assert!(e.starts_with(&format!("task spec `{spec}`")), "{e}");
+        }
+    }
+
+    #[test]
+    fn bz2_is_detected_by_magic() {
+        // "hello\n" compressed with bzip2 -9
+        let bz: [u8; 42] = [
+            0x42, 0x5a, 0x68, 0x39, 0x31, 0x41, 0x59, 0x26, 0x53, 0x59, 0xc1, 0xc0, 0x80, 0xe2, 0x00, 0x00, 0x01, 0x41,
+            0x00, 0x00, 0x10, 0x02, 0x44, 0xa0, 0x00, 0x30, 0xcd, 0x00, 0xc3, 0x46, 0x29, 0x97, 0x17, 0x72, 0x45, 0x38,
+            0x50, 0x90, 0xc1, 0xc0, 0x80, 0xe2,
+        ];
+        let dir = std::env::temp_dir().join(format!("kvslim-eval-bz-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("h.txt.bz2");
+        std::fs::write(&p, &bz[..]).unwrap();
+        assert_eq!(read_text(&p).unwrap(), "hello\n");
+        std::fs::write(&p, &bz[..20]).unwrap();
+        let e = read_text(&p).unwrap_err().to_string();
+        assert!(e.contains("h.txt.bz2") && e.contains("bzip2"), "{e}");
+        std::fs::write(&p, [0xffu8, 0xfe]).unwrap();
+        assert!(read_text(&p).unwrap_err().to_string().contains("not UTF-8"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,78 @@
+//! The loaders on the real task files in `../shared/data` (skipped with a
+//! message when that folder is absent).
+
+use kvslim_eval::shared_dir;
+use kvslim_eval::tasks::{load_hellaswag, load_mc_jsonl, load_ppl_text, TaskData, TaskSpec};
+use std::path::PathBuf;
+
+fn data(rel: &str) -> Option<PathBuf> {
+    let p = shared_dir().join("data").join(rel);
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("skipping: {} is absent", p.display());
+        None
+    }
+}
+
+#[test]
+fn multiple_choice_files_load_with_their_item_counts() {
+    for (rel, n, k) in [
+        ("piqa/piqa_llmfoundry.jsonl", 1838, 2),
+        ("copa/copa.jsonl", 100, 2),
+        ("arc/arc_easy.jsonl", 2376, 4),
+        ("arc/arc_challenge.jsonl", 1172, 0),
+        ("boolq/boolq.jsonl", 3270, 2),
+        ("hellaswag/hellaswag_small_llmfoundry.jsonl", 0, 4),
+    ] {
+        let Some(p) = data(rel) else { return };
+        let items = load_mc_jsonl(&p, None).unwrap();
+        if n > 0 {
+            assert_eq!(items.len(), n, "{rel}");
+        }
+        for it in &items {
+            assert!(it.gold < it.continuations.len(), "{rel}");
+            assert!(!it.context.ends_with(' '), "{rel}: {:?}", it.context);
+            if k > 0 {
+                assert_eq!(it.continuations.len(), k, "{rel}");
+            }
+        }
+    }
+    let Some(p) = data("piqa/piqa_llmfoundry.jsonl") else { return };
+    let piqa = load_mc_jsonl(&p, None).unwrap();
+    assert_eq!(piqa[0].context, "Question: How do I ready a guinea pig cage for it's new occupants?\nAnswer:");
+    assert!(piqa[0].continuations[0].starts_with(" Provide the guinea pig"));
+    let Some(p) = data("boolq/boolq.jsonl") else { return };
+    let boolq = load_mc_jsonl(&p, None).unwrap();
+    assert!(boolq[0].context.ends_with("?\nAnswer:"), "{:?}", &boolq[0].context);
+    assert_eq!(boolq[0].continuations, [" no", " yes"]);
+    let Some(p) = data("copa/copa.jsonl") else { return };
+    let copa = load_mc_jsonl(&p, None).unwrap();
+    assert_eq!(copa[0].context, "The man turned on the faucet, therefore");
+    assert_eq!(copa[0].continuations[1], " water flowed from the spout.");
+}
+
+#[test]
+fn hellaswag_bz2_has_10042_items() {
+    let Some(p) = data("hellaswag/hellaswag_val_full.txt.bz2") else { return };
+    let items = load_hellaswag(&p).unwrap();
+    assert_eq!(items.len(), 10042);
+    assert_eq!(items[0].context, "Roof shingle removal: A man is sitting on a roof. he");
+    assert_eq!(items[0].gold, 3);
+    assert_eq!(items[0].continuations[3], " starts pulling up roofing on a roof.");
+    assert!(items.iter().all(|i| i.continuations.len() == 4 && i.gold < 4));
+    // through the task spec, with a limit
+    let spec = TaskSpec::parse(&format!("{},limit=5", p.display())).unwrap();
+    match spec.load().unwrap() {
+        TaskData::Mc(v) => assert_eq!(v.len(), 5),
+        d => panic!("{d:?}"),
+    }
+}
+
+#[test]
+fn wikitext_crlf_is_normalised() {
+    let Some(p) = data("wikitext2/wiki.test.raw") else { return };
+    let t = load_ppl_text(&p).unwrap();
+    assert!(!t.text.contains('\r'));
+    assert!(t.text.starts_with(" = Robert Boulter = \n"));
+}

@@ -1,0 +1,211 @@
+//! Scoring and the matrix on the real 260K-parameter TinyStories model
+//! (skipped with a message when `../shared` is absent). Kept small: the
+//! whole file runs in a few seconds.
+
+use kvslim_cache::PolicySpec;
+use kvslim_engine::{perplexity, PerplexityOptions};
+use kvslim_eval::results::read_rows;
+use kvslim_eval::score::{encode_item, predict, predict_norm};
+use kvslim_eval::tasks::{load_mc_jsonl, McItem};
+use kvslim_eval::{
+    run_matrix, score_choices, shared_dir, BudgetedPolicy, MatrixConfig, MatrixEvent, McTally, ResultsLog, ScoreMode,
+    TaskSpec,
+};
+use kvslim_models::{load_model, LoadedModel};
+use std::path::PathBuf;
+
+fn stories() -> Option<LoadedModel> {
+    let p = shared_dir().join("models/stories260K/stories260K.bin");
+    if !p.exists() {
+        eprintln!("skipping: {} is absent", p.display());
+        return None;
+    }
+    Some(load_model(&p).unwrap())
+}
+
+fn story_item() -> McItem {
+    let ctx = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. \
+One day, she saw a big dog. The dog was very friendly and wanted to play with Lily. Lily was happy and";
+    McItem::from_parts(
+        ctx,
+        " ",
+        &["they played together all day.".into(), "quantum spreadsheets exploded vertically.".into()],
+        0,
+    )
+}
+
+#[test]
+fn modes_agree_under_the_full_cache_and_match_perplexity() {
+    let Some(m) = stories() else { return };
+    let tok = m.tokenizer.as_ref().unwrap();
+    let item = story_item();
+    let (ctx, choices) = encode_item(tok, &item).unwrap();
+    assert_eq!(ctx[0], 1, "BOS");
+    let full = PolicySpec::full();
+    let dec = score_choices(&m.model, &full, &ctx, &choices, ScoreMode::Decode).unwrap();
+    let pre = score_choices(&m.model, &full, &ctx, &choices, ScoreMode::Prefill).unwrap();
+    let pc = score_choices(&m.model, &full, &ctx, &choices, ScoreMode::PrefillContext).unwrap();
+    for i in 0..2 {
+        assert_eq!(dec[i].n_tokens, choices[i].ids.len());
+        assert_eq!(dec[i].n_chars, item.continuations[i].chars().count());
+        assert!((dec[i].logprob_sum - pre[i].logprob_sum).abs() < 1e-3, "{dec:?} {pre:?}");
+        assert!((dec[i].logprob_sum - pc[i].logprob_sum).abs() < 1e-3, "{dec:?} {pc:?}");
+        // the engine's teacher forcing gives the same per-token log-probs
+        let seq: Vec<u32> = ctx.iter().chain(&choices[i].ids).copied().collect();
+        let r = perplexity(&m.model, &seq, &PerplexityOptions::new(full.clone()), |_, _| {}).unwrap();
+        let want: f64 = r.logprobs[ctx.len() - 1..].iter().sum();
+        assert!((dec[i].logprob_sum - want).abs() < 1e-6, "{} vs {want}", dec[i].logprob_sum);
+    }
+    // the sensible ending is the likelier one, raw and per character
+    assert!(dec[0].logprob_sum > dec[1].logprob_sum, "{dec:?}");
+    assert_eq!((predict(&dec), predict_norm(&dec)), (0, 0));
+    assert!(score_choices(&m.model, &full, &[], &choices, ScoreMode::Decode).is_err());
+}
+
+#[test]
+fn full_budget_matches_full_and_small_budgets_change_scores() {
+    let Some(m) = stories() else { return };
+    let tok = m.tokenizer.as_ref().unwrap();
+    let item = story_item();
+    let (ctx, choices) = encode_item(tok, &item).unwrap();
+    let full = score_choices(&m.model, &PolicySpec::full(), &ctx, &choices, ScoreMode::Decode).unwrap();
+    for fam in ["window", "sink", "heavy", "random", "h2o"] {
+        let p = BudgetedPolicy::new(fam, "100%").unwrap();
+        let s = score_choices(&m.model, &p, &ctx, &choices, ScoreMode::Decode).unwrap();
+        for (a, b) in s.iter().zip(&full) {
+            assert!((a.logprob_sum - b.logprob_sum).abs() < 1e-9, "{fam} 100%: {} vs {}", a.logprob_sum, b.logprob_sum);
+        }
+        let small = BudgetedPolicy::new(fam, "10%").unwrap();
+        let s = score_choices(&m.model, &small, &ctx, &choices, ScoreMode::Decode).unwrap();
+        assert!(s[0].logprob_sum != full[0].logprob_sum, "{fam} 10% should differ from full");
+        assert!(s[0].kv_bytes < full[0].kv_bytes, "{fam} 10% holds fewer slots");
+    }
+}
+
+#[test]
+fn smoke_accuracy_on_real_items() {
+    let Some(m) = stories() else { return };
+    let tok = m.tokenizer.as_ref().unwrap();
+    let dir = shared_dir().join("data");
+    let copa = load_mc_jsonl(&dir.join("copa/copa.jsonl"), None).unwrap();
+    let hs = load_mc_jsonl(&dir.join("hellaswag/hellaswag_small_llmfoundry.jsonl"), None).unwrap();
+    for (name, items) in [("copa", &copa[..40]), ("hellaswag_small", &hs[..])] {
+        for policy in ["full", "h2o"] {
+            let p = BudgetedPolicy::new(policy, "20%").unwrap();
+            let mut t = McTally::default();
+            for it in items {
+                let (ctx, ch) = encode_item(tok, it).unwrap();
+                t.add(it.gold, &score_choices(&m.model, &p, &ctx, &ch, ScoreMode::Decode).unwrap());
+            }
+            eprintln!(
+                "stories260K {name} ({} items) {policy}: acc {:.3} acc_norm {:.3}",
+                t.items,
+                t.acc(),
+                t.acc_norm()
+            );
+            assert!((0.0..=1.0).contains(&t.acc()) && t.items == items.len());
+        }
+    }
+}
+
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn matrix_end_to_end_and_resume() {
+    let Some(m) = stories() else { return };
+    let tok = m.tokenizer.as_ref().unwrap();
+    let tmp = TempDir(std::env::temp_dir().join(format!("kvslim-eval-matrix-{}", std::process::id())));
+    std::fs::create_dir_all(&tmp.0).unwrap();
+    let prompts = tmp.0.join("prompts.txt");
+    std::fs::write(&prompts, "Once upon a time\nTom and Sue went to the park. They saw\n").unwrap();
+    // the 6-line format (the real file is checked in tests/data.rs; decoding it takes a while)
+    let hellaswag = tmp.0.join("hs.txt");
+    std::fs::write(
+        &hellaswag,
+        "Lily went to the park. she\n1\nate a car.\nplayed on the swing.\nflew to the moon.\nwas a spoon.\n\
+         Tom had a red ball. He\n0\nthrew it to his dog.\nmelted into soup.\nsang to the sun.\nis a tree.\n",
+    )
+    .unwrap();
+    let data = shared_dir().join("data");
+    let specs = [
+        format!("ppl:{},seq_len=64,limit=2", data.join("tinystories/tinystories_val.txt").display()),
+        format!("mc:{},limit=6", data.join("copa/copa.jsonl").display()),
+        format!("hellaswag:{}", hellaswag.display()),
+        format!("gen:{},max_tokens=24", prompts.display()),
+        "passkey:lengths=96,depths=0,1,per_cell=1".to_string(),
+    ];
+    let tasks: Vec<TaskSpec> = specs.iter().map(|s| TaskSpec::parse(s).unwrap()).collect();
+    let out = tmp.0.join("run");
+    let mut cfg = MatrixConfig::new("stories260K", tasks);
+    cfg.policies = ["full", "window", "h2o"].map(String::from).to_vec();
+    cfg.budgets = ["100%", "50%"].map(String::from).to_vec();
+    cfg.out_dir = Some(out.clone());
+    let mut events = (0, 0, 0);
+    let rows = run_matrix(&m.model, tok, &cfg, |e| match e {
+        MatrixEvent::CellStart { .. } => events.0 += 1,
+        MatrixEvent::CellDone { .. } => events.1 += 1,
+        MatrixEvent::CellSkipped { .. } => events.2 += 1,
+        _ => {}
+    })
+    .unwrap();
+    assert_eq!(rows.len(), 5 * 5);
+    assert_eq!(events, (25, 25, 0));
+    let get = |task: &str, policy: &str, budget: &str| {
+        rows.iter()
+            .find(|r| r.task.starts_with(task) && r.policy == policy && r.budget == budget)
+            .unwrap_or_else(|| panic!("{task} {policy} {budget}"))
+    };
+    for r in &rows {
+        eprintln!("{:<45} {:<7} {:>5} {:?}", r.task, r.policy, r.budget, r.metrics);
+    }
+    // at 100% nothing is evicted where the budget is relative to the whole
+    // scored sequence: every metric equals the full cache's. (Generation
+    // resolves budgets against the prompt, so its new tokens do evict.)
+    for task in ["ppl:", "mc:", "hellaswag:"] {
+        let f = get(task, "full", "-");
+        for p in ["window", "h2o"] {
+            let r = get(task, p, "100%");
+            for (k, v) in &f.metrics {
+                if k != "kl" && k != "retained_mass" {
+                    assert!((r.metrics[k] - v).abs() < 1e-6, "{task} {p} 100% {k}: {} vs {v}", r.metrics[k]);
+                }
+            }
+        }
+    }
+    let ppl = get("ppl:", "h2o", "50%");
+    assert!(ppl.metrics["kl"] >= 0.0 && ppl.metrics["top1"] <= 1.0 && ppl.metrics["ppl"] > 1.0);
+    assert_eq!(get("gen:", "full", "-").metrics["identical"], 1.0);
+    assert!(get("mc:", "window", "50%").kv_bytes < get("mc:", "full", "-").kv_bytes);
+    for f in ["results.jsonl", "results.csv", "results.md", "plots/mc_copa.jsonl_limit_6__stories260K__acc.png"] {
+        assert!(out.join(f).exists(), "{f}");
+    }
+    let md = std::fs::read_to_string(out.join("results.md")).unwrap();
+    assert!(
+        md.contains("— acc_norm (stories260K, 6 items)")
+            && md.contains("hs.txt — acc (stories260K, 2 items)")
+            && md.contains("— ppl (stories260K, 2 items)"),
+        "{md}"
+    );
+
+    // resume: every cell is skipped and nothing is appended
+    let before = std::fs::read(out.join(ResultsLog::FILE)).unwrap();
+    cfg.resume = true;
+    let mut skipped = 0;
+    let again = run_matrix(&m.model, tok, &cfg, |e| {
+        if let MatrixEvent::CellSkipped { .. } = e {
+            skipped += 1
+        }
+    })
+    .unwrap();
+    assert_eq!((skipped, again.len()), (25, 25));
+    assert_eq!(std::fs::read(out.join(ResultsLog::FILE)).unwrap(), before);
+    assert_eq!(read_rows(&out.join(ResultsLog::FILE)).unwrap().rows.len(), 25);
+    // without resume the existing log is refused
+    cfg.resume = false;
+    assert!(run_matrix(&m.model, tok, &cfg, |_| {}).is_err());
+}
