@@ -3,6 +3,7 @@
 mod bench;
 mod calibrate;
 mod common;
+mod eval;
 mod generate;
 mod info;
 mod perplexity;
@@ -34,6 +35,8 @@ enum Command {
     Perplexity(perplexity::Args),
     /// Measure prefill and decode speed against the memory-bandwidth bound.
     Bench(bench::Args),
+    /// Evaluate policies × budgets × tasks; results.jsonl/csv/md and plots.
+    Eval(eval::Args),
     /// CHAI offline calibration: per-layer error curves, elbow k, static membership → plan.json.
     Calibrate(calibrate::Args),
 }
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => perplexity::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Calibrate(a) => calibrate::run(a),
+        Command::Eval(a) => eval::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,82 @@
+//! `kvslim eval`: the policy × budget × task matrix on one model.
+
+use crate::common::{require_tokenizer, CliResult, ModelArgs, Progress};
+use kvslim_eval::{run_matrix, MatrixConfig, MatrixEvent, ScoreMode, TaskSpec};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Policy families separated by `;` (full, window, sink, heavy, random,
+    /// h2o; extras such as `h2o:agg=max`; `h2o+chai:plan=F`). Each budget is
+    /// substituted into each family at equal slots (README "Evaluation").
+    #[arg(long, default_value = "full;window;sink;heavy;random;h2o")]
+    policies: String,
+    /// Budgets: percentages of each sequence or slot counts.
+    #[arg(long, value_delimiter = ',', default_value = "100%,40%,20%,10%,5%")]
+    budgets: Vec<String>,
+    /// Tasks separated by `;`: `ppl:FILE[,seq_len=N]`, `mc:FILE`,
+    /// `hellaswag:FILE`, `gen:FILE[,max_tokens=N]`, `passkey[:lengths=…,depths=…]`,
+    /// each with optional `,limit=N`.
+    #[arg(long)]
+    tasks: String,
+    /// Items per task (windows for ppl) when the task spec sets no limit.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// How sequences are fed: `decode` (policy active at every token), `prefill-context`, `prefill`.
+    #[arg(long, default_value = "decode")]
+    mode: String,
+    /// Skip the full-cache comparison (KL, top-1, retained mass) of ppl tasks.
+    #[arg(long)]
+    no_compare_full: bool,
+    /// Output directory: results.jsonl (one line per finished cell), results.csv, results.md, plots/.
+    #[arg(long, default_value = "eval-out")]
+    out: PathBuf,
+    /// Continue an interrupted run in --out, skipping finished cells.
+    #[arg(long)]
+    resume: bool,
+}
+
+pub fn run(a: Args) -> CliResult {
+    let loaded = a.model.load()?;
+    let tok = require_tokenizer(&loaded.tokenizer)?;
+    let mut tasks = Vec::new();
+    for t in a.tasks.split(';').map(str::trim).filter(|t| !t.is_empty()) {
+        let mut spec = TaskSpec::parse(t)?;
+        if spec.limit.is_none() {
+            spec.limit = a.limit;
+        }
+        tasks.push(spec);
+    }
+    if tasks.is_empty() {
+        return Err("--tasks names no task".into());
+    }
+    let mode = match a.mode.as_str() {
+        "decode" => ScoreMode::Decode,
+        "prefill-context" => ScoreMode::PrefillContext,
+        "prefill" => ScoreMode::Prefill,
+        m => return Err(format!("--mode `{m}`: expected decode, prefill-context or prefill").into()),
+    };
+    let mut cfg = MatrixConfig::new(&a.model.model, tasks);
+    cfg.policies = a.policies.split(';').map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect();
+    cfg.budgets = a.budgets.clone();
+    cfg.mode = mode;
+    cfg.compare_full = !a.no_compare_full;
+    cfg.out_dir = Some(a.out.clone());
+    cfg.resume = a.resume;
+    let mut progress = Progress::new("eval");
+    let rows = run_matrix(&loaded.model, tok, &cfg, |ev| match ev {
+        MatrixEvent::TaskLoading { task } => eprintln!("loading {task} …"),
+        MatrixEvent::CellStart { key, index, total } => {
+            eprintln!("[{index}/{total}] {} {} {}", key.task, key.policy, key.budget)
+        }
+        MatrixEvent::CellSkipped { key, index, total } => {
+            eprintln!("[{index}/{total}] {} {} {} (done, skipped)", key.task, key.policy, key.budget)
+        }
+        MatrixEvent::Items { done, total, .. } => progress.update(done, total),
+        MatrixEvent::CellDone { .. } => {}
+    })?;
+    eprintln!("{} cells; results in {}/results.jsonl, .csv, .md and plots/", rows.len(), a.out.display());
+    Ok(())
+}
