@@ -38,6 +38,10 @@ pub struct Args {
     /// Where to write the plan (JSON).
     #[arg(long)]
     out: PathBuf,
+    /// Also draw every layer's error curve with the chosen k marked
+    /// (`layer_NN.png` and `.svg` in this directory).
+    #[arg(long, value_name = "DIR")]
+    plot: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -74,6 +78,23 @@ pub fn run(a: Args) -> CliResult {
     let mut progress = Progress::new("calibrate");
     let plan = calibrate(&loaded.model, &windows, &opts, |d, t| progress.update(d, t))?;
     plan.save(&a.out)?;
+    if let Some(dir) = &a.plot {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        for (l, lp) in plan.layers.iter().enumerate() {
+            let curve: Vec<(f64, f64)> = lp.errors.iter().enumerate().map(|(i, e)| ((i + 1) as f64, *e)).collect();
+            let chosen = curve.get(lp.k - 1).copied().into_iter().collect();
+            let chart = kvslim_plot::Chart::new(format!("layer {l}: K-means error, chosen k = {}", lp.k))
+                .x_label("k (clusters)")
+                .y_label("mean inertia")
+                .series("E(k)", curve)
+                .series(format!("chosen k={}", lp.k), chosen);
+            for ext in ["png", "svg"] {
+                let path = dir.join(format!("layer_{l:02}.{ext}"));
+                chart.save(&path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            }
+        }
+        eprintln!("elbow plots written to {}", dir.display());
+    }
     let ks: Vec<String> = plan.layers.iter().map(|l| l.k.to_string()).collect();
     eprintln!(
         "calibrated {} windows in {:.1} s; k per layer: [{}]; plan written to {}",
