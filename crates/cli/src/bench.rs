@@ -2,7 +2,9 @@
 
 use crate::common::{CliResult, ModelArgs};
 use kvslim_cache::PolicySpec;
-use kvslim_engine::bench::{measure_read_bandwidth, run as run_bench, step_time, BenchOptions, BenchReport, StepTimePoint};
+use kvslim_engine::bench::{
+    measure_read_bandwidth, run as run_bench, step_time, BenchOptions, BenchReport, StepTimePoint,
+};
 use kvslim_kernels::DType;
 use std::path::PathBuf;
 

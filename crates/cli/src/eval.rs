@@ -36,6 +36,17 @@ pub struct Args {
     /// Continue an interrupted run in --out, skipping finished cells.
     #[arg(long)]
     resume: bool,
+    /// Also time decode steps at these context lengths for every policy and
+    /// budget (speed.jsonl, speed.md, plots/step_time_vs_context.*).
+    #[arg(long, value_delimiter = ',')]
+    contexts: Option<Vec<usize>>,
+    /// KV memory limit (e.g. 2GiB): report how many sequences of each
+    /// context length fit it under each policy.
+    #[arg(long)]
+    mem_limit: Option<String>,
+    /// Decode steps timed per speed point.
+    #[arg(long, default_value_t = 8)]
+    speed_steps: usize,
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -58,6 +69,10 @@ pub fn run(a: Args) -> CliResult {
         "prefill" => ScoreMode::Prefill,
         m => return Err(format!("--mode `{m}`: expected decode, prefill-context or prefill").into()),
     };
+    let mem_limit = a.mem_limit.as_deref().map(kvslim_eval::speed::parse_bytes).transpose()?;
+    if mem_limit.is_some() && a.contexts.is_none() {
+        return Err("--mem-limit needs --contexts (the sequence lengths to size batches for)".into());
+    }
     let mut cfg = MatrixConfig::new(&a.model.model, tasks);
     cfg.policies = a.policies.split(';').map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect();
     cfg.budgets = a.budgets.clone();
@@ -77,6 +92,24 @@ pub fn run(a: Args) -> CliResult {
         MatrixEvent::Items { done, total, .. } => progress.update(done, total),
         MatrixEvent::CellDone { .. } => {}
     })?;
+    if let Some(contexts) = &a.contexts {
+        let rows = kvslim_eval::speed::measure(
+            &loaded.model,
+            &a.model.model,
+            &cfg.policies,
+            &cfg.budgets,
+            contexts,
+            mem_limit,
+            a.speed_steps.max(1),
+            |r| {
+                eprintln!(
+                    "speed {} {} context {}: {:.2} ms/step, {} bytes/sequence",
+                    r.policy, r.budget, r.context, r.step_ms, r.bytes_per_sequence
+                )
+            },
+        )?;
+        kvslim_eval::speed::write_outputs(&a.out, &rows)?;
+    }
     eprintln!("{} cells; results in {}/results.jsonl, .csv, .md and plots/", rows.len(), a.out.display());
     Ok(())
 }

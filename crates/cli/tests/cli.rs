@@ -156,11 +156,8 @@ fn perplexity_diagnostics_files_and_compare_full() {
             assert_eq!(*p.last().unwrap(), 198, "the last fed token (position 198) is kept");
         }
     }
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&trace)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&trace).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let events: Vec<_> = lines.iter().filter(|l| l.get("victim_pos").is_some()).collect();
     assert!(!events.is_empty());
     for e in &events {
@@ -222,14 +219,26 @@ fn calibrate_then_chai_perplexity_reports_clusters_and_shrunk_k() {
         assert_eq!(l["errors"].as_array().unwrap().len(), 8);
     }
     let spec = format!("chai:plan={}", plan.display());
-    let chai = json(&kvslim(&["perplexity", "--model", &m, "--text", &text, "--max-tokens", "64", "--policy", &spec, "--json"]));
+    let chai = json(&kvslim(&[
+        "perplexity",
+        "--model",
+        &m,
+        "--text",
+        &text,
+        "--max-tokens",
+        "64",
+        "--policy",
+        &spec,
+        "--json",
+    ]));
     let full = json(&kvslim(&["perplexity", "--model", &m, "--text", &text, "--max-tokens", "64", "--json"]));
     let clusters = chai["chai_clusters"].as_array().unwrap();
     assert_eq!(clusters.len(), 5);
     for (l, layer) in clusters.iter().enumerate() {
         let cl = layer["clusters"].as_array().unwrap();
         assert_eq!(cl.len() as u64, layers[l]["k"].as_u64().unwrap());
-        let mut heads: Vec<u64> = cl.iter().flat_map(|c| c.as_array().unwrap().iter().map(|h| h.as_u64().unwrap())).collect();
+        let mut heads: Vec<u64> =
+            cl.iter().flat_map(|c| c.as_array().unwrap().iter().map(|h| h.as_u64().unwrap())).collect();
         heads.sort();
         assert_eq!(heads, (0..8).collect::<Vec<_>>(), "a partition of the 8 heads");
         assert_eq!(layer["representatives"].as_array().unwrap().len(), cl.len());

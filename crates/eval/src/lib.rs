@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod plots;
 pub mod results;
 pub mod score;
+pub mod speed;
 pub mod tasks;
 
 pub use budget::{BudgetedPolicy, PolicySource};

@@ -1,0 +1,178 @@
+//! Memory and speed beside quality: for every policy family × budget, the
+//! decode step time at several context lengths (the crossover where
+//! eviction pays), the allocated KV bytes of one sequence, and how many
+//! such sequences fit a KV memory limit.
+
+use crate::budget::{BudgetedPolicy, PolicySource};
+use crate::{EvalError, Result};
+use kvslim_engine::bench::step_time;
+use kvslim_models::Model;
+use kvslim_plot::Chart;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// One (policy, budget, context) measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpeedRow {
+    pub model: String,
+    pub policy: String,
+    pub budget: String,
+    pub spec: String,
+    pub context: usize,
+    /// Slots attended per (layer, KV head) at the step.
+    pub slots: usize,
+    /// Median decode step time (ms) = time per output token at this context.
+    pub step_ms: f64,
+    /// Allocated K/V plus metadata bytes of one sequence of `context` tokens.
+    pub bytes_per_sequence: usize,
+    /// Sequences of this length that fit `--mem-limit` (None without a limit).
+    pub max_batch: Option<usize>,
+}
+
+/// Parses `2GiB`, `512MiB`, `1.5GB`, `1000000` (bytes).
+pub fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.trim().parse().map_err(|_| EvalError::Request(format!("`{s}` is not a byte size like 2GiB")))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "kib" | "k" => 1024.0,
+        "mib" | "m" => 1048576.0,
+        "gib" | "g" => 1073741824.0,
+        u => return Err(EvalError::Request(format!("unknown size unit `{u}` in `{s}`"))),
+    };
+    if !(v >= 0.0) {
+        return Err(EvalError::Request(format!("`{s}` is negative")));
+    }
+    Ok((v * mult) as u64)
+}
+
+/// Measures every family × budget at every context length.
+pub fn measure(
+    model: &Model,
+    model_label: &str,
+    families: &[String],
+    budgets: &[String],
+    contexts: &[usize],
+    mem_limit: Option<u64>,
+    steps: usize,
+    mut progress: impl FnMut(&SpeedRow),
+) -> Result<Vec<SpeedRow>> {
+    let mut rows = Vec::new();
+    for fam in families {
+        let fam_budgets: Vec<&str> =
+            if fam.trim() == "full" { vec!["-"] } else { budgets.iter().map(String::as_str).collect() };
+        for b in fam_budgets {
+            let policy = BudgetedPolicy::new(fam, b)?;
+            for &ctx in contexts {
+                let spec = policy.spec_for(ctx)?;
+                let p = step_time(model, model_label, &spec, ctx, steps)?;
+                let per_seq = {
+                    let s = kvslim_engine::Session::new(model, &spec, ctx, ctx)?;
+                    let b = s.kv_bytes();
+                    b.kv + b.metadata
+                };
+                let row = SpeedRow {
+                    model: model_label.to_string(),
+                    policy: policy.family_label(),
+                    budget: policy.budget_label(),
+                    spec: spec.to_string(),
+                    context: ctx,
+                    slots: p.slots,
+                    step_ms: p.step_ms_median,
+                    bytes_per_sequence: per_seq,
+                    max_batch: mem_limit.map(|m| (m / per_seq.max(1) as u64) as usize),
+                };
+                progress(&row);
+                rows.push(row);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Writes `speed.jsonl`, `speed.md` and two charts (step time vs context,
+/// bytes per sequence vs context) into `dir`.
+pub fn write_outputs(dir: &Path, rows: &[SpeedRow]) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir.join("plots")).map_err(|e| EvalError::io(dir, e))?;
+    let mut jsonl = String::new();
+    for r in rows {
+        jsonl.push_str(&serde_json::to_string(r).map_err(|e| EvalError::Request(e.to_string()))?);
+        jsonl.push('\n');
+    }
+    let p = dir.join("speed.jsonl");
+    std::fs::write(&p, jsonl).map_err(|e| EvalError::io(&p, e))?;
+    let mut md = String::from(
+        "# Memory and speed\n\n| policy | budget | context | slots | step ms | KV+metadata bytes / sequence | max batch |\n|---|---|---:|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {:.2} | {} | {} |\n",
+            r.policy,
+            r.budget,
+            r.context,
+            r.slots,
+            r.step_ms,
+            r.bytes_per_sequence,
+            r.max_batch.map_or("-".to_string(), |b| b.to_string())
+        ));
+    }
+    let p = dir.join("speed.md");
+    std::fs::write(&p, md).map_err(|e| EvalError::io(&p, e))?;
+    let mut keys: Vec<(String, String)> = Vec::new();
+    for r in rows {
+        let k = (r.policy.clone(), r.budget.clone());
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    let series = |f: &dyn Fn(&SpeedRow) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {
+        keys.iter()
+            .map(|(p, b)| {
+                let name = if b == "-" { p.clone() } else { format!("{p} {b}") };
+                let pts = rows
+                    .iter()
+                    .filter(|r| &r.policy == p && &r.budget == b)
+                    .map(|r| (r.context as f64, f(r)))
+                    .collect();
+                (name, pts)
+            })
+            .collect()
+    };
+    let mut written = Vec::new();
+    let charts = [
+        ("step_time_vs_context", "decode step time (ms)", series(&|r| r.step_ms)),
+        ("kv_bytes_vs_context", "KV + metadata MiB per sequence", series(&|r| r.bytes_per_sequence as f64 / 1048576.0)),
+    ];
+    for (name, ylabel, ser) in charts {
+        let mut chart = Chart::new(name.replace('_', " ")).x_label("context (tokens)").y_label(ylabel).log_x(true);
+        for (n, pts) in ser {
+            chart = chart.series(n, pts);
+        }
+        for ext in ["png", "svg"] {
+            let p = dir.join("plots").join(format!("{name}.{ext}"));
+            chart.save(&p).map_err(|e| EvalError::io(&p, e))?;
+            written.push(p);
+        }
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1.5GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_bytes("1000").unwrap(), 1000);
+        assert!(parse_bytes("2 parsecs").is_err());
+        assert!(parse_bytes("lots").is_err());
+    }
+}
