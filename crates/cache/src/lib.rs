@@ -61,5 +61,4 @@ impl SequenceCache {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
 }

@@ -76,13 +76,8 @@ fn a_single_distant_hot_spot_is_kept() {
 #[test]
 fn a_hot_spot_switch_leaves_the_old_hot_spot_resident() {
     let mut p = h2o(3, 16, ScoreAgg::Sum);
-    let (_, hist) = run(&mut p, 1, 300, |t, pos| {
-        if t < 100 {
-            row_with(pos, &[(10, 0.6)])
-        } else {
-            row_with(pos, &[(120, 0.6)])
-        }
-    });
+    let (_, hist) =
+        run(&mut p, 1, 300, |t, pos| if t < 100 { row_with(pos, &[(10, 0.6)]) } else { row_with(pos, &[(120, 0.6)]) });
     let last = hist.last().unwrap();
     assert!(last.contains(&120), "new hot spot kept: {last:?}");
     assert!(last.contains(&10), "old hot spot still resident (accumulated score never decays): {last:?}");

@@ -148,7 +148,13 @@ pub struct StepTimePoint {
 /// budget), then `steps` decode steps are timed, the last at position
 /// `context − 1`. Step time depends on the number of
 /// slots, not on their content, so this avoids an O(n²) prefill per point.
-pub fn step_time(model: &Model, name: &str, policy: &PolicySpec, context: usize, steps: usize) -> Result<StepTimePoint> {
+pub fn step_time(
+    model: &Model,
+    name: &str,
+    policy: &PolicySpec,
+    context: usize,
+    steps: usize,
+) -> Result<StepTimePoint> {
     let c = &model.config;
     let steps = steps.min(context.saturating_sub(1)).max(1);
     let context = context - steps;

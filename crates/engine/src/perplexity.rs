@@ -47,7 +47,12 @@ impl Summary {
         }
         values.sort_by(f64::total_cmp);
         let pct = |p: f64| values[((values.len() - 1) as f64 * p).round() as usize];
-        Summary { mean: values.iter().sum::<f64>() / values.len() as f64, p1: pct(0.01), p5: pct(0.05), count: values.len() }
+        Summary {
+            mean: values.iter().sum::<f64>() / values.len() as f64,
+            p1: pct(0.01),
+            p5: pct(0.05),
+            count: values.len(),
+        }
     }
 }
 

@@ -35,7 +35,9 @@ impl<'m> Session<'m> {
     pub fn feed(&mut self, tokens: &[u32], want: Logits) -> kvslim_models::Result<&[f32]> {
         let chunk = self.cache.policy.prefill_chunk().unwrap_or(usize::MAX).max(1);
         let probe_cut = match &self.cache.heads {
-            Some(h) if h.collecting_probe() && self.cache.next_pos < h.probe_len() => h.probe_len() - self.cache.next_pos,
+            Some(h) if h.collecting_probe() && self.cache.next_pos < h.probe_len() => {
+                h.probe_len() - self.cache.next_pos
+            }
             _ => usize::MAX,
         };
         if tokens.len() <= chunk && tokens.len() <= probe_cut {

@@ -174,7 +174,11 @@ fn h2o_composed_with_chai_keeps_aligned_slot_sets_and_bounded_memory() {
             let lead = s.cache.store.head(l, comp.leader).positions().to_vec();
             assert_eq!(lead.len(), 24);
             for &kv in &comp.kv_heads {
-                assert_eq!(s.cache.store.head(l, kv).positions(), &lead[..], "layer {l}: KV heads of a component stay aligned");
+                assert_eq!(
+                    s.cache.store.head(l, kv).positions(),
+                    &lead[..],
+                    "layer {l}: KV heads of a component stay aligned"
+                );
             }
         }
     }

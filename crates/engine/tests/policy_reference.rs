@@ -133,7 +133,10 @@ fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, 
                 if policy.agg_max.is_some() {
                     for ((p, a), (_, b)) in got.iter().zip(&want) {
                         let tol = 1e-5 * b.abs() + 1e-6;
-                        assert!(((*a as f64) - b).abs() <= tol, "{label}: call {step} layer {l} kvh {kvh} pos {p}: score {a} vs {b}");
+                        assert!(
+                            ((*a as f64) - b).abs() <= tol,
+                            "{label}: call {step} layer {l} kvh {kvh} pos {p}: score {a} vs {b}"
+                        );
                     }
                 }
             }
@@ -179,7 +182,12 @@ fn optimized_equals_reference_on_stories260k() {
     let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
     let mut ids = tok.encode(&text[..4000]).unwrap();
     ids.truncate(260);
-    for spec in ["h2o:heavy=16,recent=16", "h2o:heavy=8,recent=24,agg=max,prefill=stream:7", "sink:sink=4,recent=28", "heavy:heavy=24"] {
+    for spec in [
+        "h2o:heavy=16,recent=16",
+        "h2o:heavy=8,recent=24,agg=max,prefill=stream:7",
+        "sink:sink=4,recent=28",
+        "heavy:heavy=24",
+    ] {
         let spec = PolicySpec::parse(spec).unwrap();
         compare(&m.model, &spec, &ids, 60, &format!("stories260K {spec}"));
     }

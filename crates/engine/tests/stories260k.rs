@@ -44,8 +44,12 @@ fn greedy_and_position_zero_logits_match_reference() {
     }
     assert_eq!(argmax(&logits), 403);
     // greedy from BOS alone
-    let opts =
-        GenerateOptions { max_tokens: 40, sampling: SamplingParams::default(), policy: PolicySpec::full(), eos: vec![] };
+    let opts = GenerateOptions {
+        max_tokens: 40,
+        sampling: SamplingParams::default(),
+        policy: PolicySpec::full(),
+        eos: vec![],
+    };
     let g = generate(&m.model, &[1], &opts, |_| true).unwrap();
     assert_eq!(g.token_ids, want);
     let text = m.tokenizer.as_ref().unwrap().decode(&g.token_ids).unwrap();
@@ -58,11 +62,15 @@ fn tinystories_nll_in_published_range_and_prefill_equals_decode() {
     let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
     let mut ids = m.tokenizer.as_ref().unwrap().encode(&text[..20_000]).unwrap();
     ids.truncate(512);
-    let decode =
-        perplexity(&m.model, &ids, &PerplexityOptions::new(PolicySpec::full()), |_, _| {}).unwrap();
+    let decode = perplexity(&m.model, &ids, &PerplexityOptions::new(PolicySpec::full()), |_, _| {}).unwrap();
     assert!((1.2..=1.45).contains(&decode.nll), "mean NLL {} outside [1.2, 1.45]", decode.nll);
-    let prefill =
-        perplexity(&m.model, &ids, &PerplexityOptions { prefill: 300, ..PerplexityOptions::new(PolicySpec::full()) }, |_, _| {}).unwrap();
+    let prefill = perplexity(
+        &m.model,
+        &ids,
+        &PerplexityOptions { prefill: 300, ..PerplexityOptions::new(PolicySpec::full()) },
+        |_, _| {},
+    )
+    .unwrap();
     assert!((prefill.nll - decode.nll).abs() < 1e-5, "prefill {} vs decode {}", prefill.nll, decode.nll);
     for (a, b) in prefill.logprobs.iter().zip(&decode.logprobs) {
         assert!((a - b).abs() < 1e-4);

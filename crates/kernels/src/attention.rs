@@ -44,11 +44,7 @@ pub fn attend_group(
         }
         let mut sum = 0f32;
         for pi in p.iter_mut() {
-            *pi = if *pi == f32::NEG_INFINITY {
-                0.0
-            } else {
-                (*pi - max).exp()
-            };
+            *pi = if *pi == f32::NEG_INFINITY { 0.0 } else { (*pi - max).exp() };
             sum += *pi;
         }
         let inv = 1.0 / sum;
@@ -88,14 +84,8 @@ mod tests {
         attend_group(&q, &k, &v, &[0, 1, 2], 2, d, 0.5, &mut p1, &mut o1);
         // permute slots: 2,0,1
         let perm = [2usize, 0, 1];
-        let k2: Vec<f32> = perm
-            .iter()
-            .flat_map(|&s| k[s * d..(s + 1) * d].to_vec())
-            .collect();
-        let v2: Vec<f32> = perm
-            .iter()
-            .flat_map(|&s| v[s * d..(s + 1) * d].to_vec())
-            .collect();
+        let k2: Vec<f32> = perm.iter().flat_map(|&s| k[s * d..(s + 1) * d].to_vec()).collect();
+        let v2: Vec<f32> = perm.iter().flat_map(|&s| v[s * d..(s + 1) * d].to_vec()).collect();
         let (mut p2, mut o2) = (vec![0.0; 6], vec![0.0; 8]);
         attend_group(&q, &k2, &v2, &[2, 0, 1], 2, d, 0.5, &mut p2, &mut o2);
         for (a, b) in o1.iter().zip(&o2) {

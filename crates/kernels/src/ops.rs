@@ -37,12 +37,7 @@ pub fn softmax(x: &mut [f32]) -> f32 {
 /// log-softmax value of one entry, computed stably in f64.
 pub fn log_softmax_at(logits: &[f32], i: usize) -> f64 {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = logits
-        .iter()
-        .map(|v| (*v as f64 - max).exp())
-        .sum::<f64>()
-        .ln()
-        + max;
+    let lse = logits.iter().map(|v| (*v as f64 - max).exp()).sum::<f64>().ln() + max;
     logits[i] as f64 - lse
 }
 
@@ -99,8 +94,7 @@ pub fn erf(x: f64) -> f64 {
                         + t * (-0.186_288_06
                             + t * (0.278_868_07
                                 + t * (-1.135_203_98
-                                    + t * (1.488_515_87
-                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+                                    + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
             .exp();
     if x >= 0.0 {
         1.0 - ans
@@ -115,12 +109,7 @@ mod tests {
 
     #[test]
     fn erf_known_values() {
-        for (x, want) in [
-            (0.0, 0.0),
-            (0.5, 0.520_499_877_8),
-            (1.0, 0.842_700_792_9),
-            (-2.0, -0.995_322_265_0),
-        ] {
+        for (x, want) in [(0.0, 0.0), (0.5, 0.520_499_877_8), (1.0, 0.842_700_792_9), (-2.0, -0.995_322_265_0)] {
             assert!((erf(x) - want).abs() < 2e-7, "erf({x})");
         }
     }

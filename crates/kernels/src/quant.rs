@@ -69,15 +69,9 @@ pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
 pub fn quantize(dtype: DType, x: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(dtype.bytes_for(x.len()));
     match dtype {
-        DType::F32 => x
-            .iter()
-            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-        DType::F16 => x
-            .iter()
-            .for_each(|v| out.extend_from_slice(&f32_to_f16(*v).to_le_bytes())),
-        DType::BF16 => x
-            .iter()
-            .for_each(|v| out.extend_from_slice(&f32_to_bf16(*v).to_le_bytes())),
+        DType::F32 => x.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DType::F16 => x.iter().for_each(|v| out.extend_from_slice(&f32_to_f16(*v).to_le_bytes())),
+        DType::BF16 => x.iter().for_each(|v| out.extend_from_slice(&f32_to_bf16(*v).to_le_bytes())),
         DType::Q8_0 => {
             for blk in x.chunks_exact(QK) {
                 let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
@@ -90,9 +84,7 @@ pub fn quantize(dtype: DType, x: &[f32]) -> Vec<u8> {
         DType::Q4_0 => {
             for blk in x.chunks_exact(QK) {
                 // signed value of largest magnitude maps to -8
-                let max = blk
-                    .iter()
-                    .fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+                let max = blk.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
                 let d = max / -8.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 out.extend_from_slice(&f32_to_f16(d).to_le_bytes());
@@ -127,9 +119,7 @@ mod tests {
     use super::*;
 
     fn ramp(n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
-            .collect()
+        (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect()
     }
 
     #[test]
@@ -147,10 +137,7 @@ mod tests {
             assert_eq!(q.len(), dt.bytes_for(x.len()));
             let mut y = vec![0.0; x.len()];
             dequantize(dt, &q, &mut y);
-            let err = x
-                .iter()
-                .zip(&y)
-                .fold(0f32, |a, (p, q)| a.max((p - q).abs()));
+            let err = x.iter().zip(&y).fold(0f32, |a, (p, q)| a.max((p - q).abs()));
             assert!(err <= tol, "{dt}: max error {err} > {tol}");
         }
     }

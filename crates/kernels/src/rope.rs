@@ -22,14 +22,8 @@ pub struct Rope {
 impl Rope {
     pub fn new(theta: f32, rotary_dim: usize, layout: RopeLayout) -> Self {
         // as transformers: 1 / theta^(2i / dim), computed in f32
-        let inv_freq = (0..rotary_dim / 2)
-            .map(|i| 1.0 / theta.powf((2 * i) as f32 / rotary_dim as f32))
-            .collect();
-        Rope {
-            layout,
-            rotary_dim,
-            inv_freq,
-        }
+        let inv_freq = (0..rotary_dim / 2).map(|i| 1.0 / theta.powf((2 * i) as f32 / rotary_dim as f32)).collect();
+        Rope { layout, rotary_dim, inv_freq }
     }
 
     /// Rounds the inverse frequencies to bfloat16, as transformers does when
@@ -37,9 +31,7 @@ impl Rope {
     /// weights), so bf16 checkpoints reproduce its positions exactly.
     pub fn with_bf16_frequencies(mut self) -> Self {
         use crate::f16::{bf16_to_f32, f32_to_bf16};
-        self.inv_freq
-            .iter_mut()
-            .for_each(|f| *f = bf16_to_f32(f32_to_bf16(*f)));
+        self.inv_freq.iter_mut().for_each(|f| *f = bf16_to_f32(f32_to_bf16(*f)));
         self
     }
 
@@ -87,10 +79,7 @@ mod tests {
         let mut adj: Vec<f32> = (0..d / 2).flat_map(|i| [x[i], x[i + d / 2]]).collect();
         let mut half = x.clone();
         let (mut c, mut s) = (vec![0.0; d / 2], vec![0.0; d / 2]);
-        for (rope_layout, v) in [
-            (RopeLayout::HalfSplit, &mut half),
-            (RopeLayout::AdjacentPairs, &mut adj),
-        ] {
+        for (rope_layout, v) in [(RopeLayout::HalfSplit, &mut half), (RopeLayout::AdjacentPairs, &mut adj)] {
             let r = Rope::new(10000.0, d, rope_layout);
             r.tables(7, &mut c, &mut s);
             r.apply(v, &c, &s);

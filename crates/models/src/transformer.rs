@@ -328,7 +328,14 @@ impl Model {
     /// other head applies its representative's probabilities to its own V;
     /// the token policy updates scores and evicts once per component of
     /// KV heads that must stay aligned (one per KV head when dense).
-    fn decode_attention(&self, li: usize, cache: &mut SequenceCache, s: &mut Scratch, p0: usize, scale: f32) -> Result<()> {
+    fn decode_attention(
+        &self,
+        li: usize,
+        cache: &mut SequenceCache,
+        s: &mut Scratch,
+        p0: usize,
+        scale: f32,
+    ) -> Result<()> {
         /// Attention work (slots × dims × heads) above which heads run in parallel.
         const PARALLEL_MIN_WORK: usize = 1 << 16;
         let c = &self.config;
@@ -408,7 +415,15 @@ impl Model {
     }
 
     /// Trace and probe bookkeeping of a decode step (before eviction).
-    fn observe_decode(&self, li: usize, cache: &mut SequenceCache, s: &mut Scratch, p0: usize, slots: usize, len: usize) {
+    fn observe_decode(
+        &self,
+        li: usize,
+        cache: &mut SequenceCache,
+        s: &mut Scratch,
+        p0: usize,
+        slots: usize,
+        len: usize,
+    ) {
         let c = &self.config;
         let g = c.group_size();
         let dense = &self.dense_heads;
@@ -452,7 +467,8 @@ impl Model {
         let (hd, g, qd, kvd) = (c.head_dim, c.group_size(), c.q_dim(), c.kv_dim());
         let agg = cache.policy.score_aggregation();
         let lh = cache.heads.as_ref().and_then(|h| h.layer(li)).unwrap_or(&self.dense_heads).clone();
-        let observe = s.trace.is_some() || cache.heads.as_ref().is_some_and(|h| h.collecting_probe() && p0 < h.probe_len());
+        let observe =
+            s.trace.is_some() || cache.heads.as_ref().is_some_and(|h| h.collecting_probe() && p0 < h.probe_len());
         for comp in &lh.components {
             let leader = cache.store.head(li, comp.leader);
             let old = leader.len();
@@ -506,7 +522,8 @@ impl Model {
                     for h in kv * g..(kv + 1) * g {
                         let r = lh.representative_of[h];
                         if r != h {
-                            let i = comp.reps.iter().position(|&x| x == r).expect("members share their rep's component");
+                            let i =
+                                comp.reps.iter().position(|&x| x == r).expect("members share their rep's component");
                             weighted_values(
                                 &probs[i * visible..(i + 1) * visible],
                                 &values[kv][..visible * hd],
@@ -529,7 +546,8 @@ impl Model {
                     let visible = old + t + 1;
                     for &kv in &comp.kv_heads {
                         for h in kv * g..(kv + 1) * g {
-                            let i = comp.reps.iter().position(|&x| x == lh.representative_of[h]).expect("same component");
+                            let i =
+                                comp.reps.iter().position(|&x| x == lh.representative_of[h]).expect("same component");
                             let row = &probs[i * visible..(i + 1) * visible];
                             if let Some(tr) = s.trace.as_mut() {
                                 record_head_attn(tr, c, h, t, n, &positions[..visible], row);
@@ -586,7 +604,15 @@ fn missing_keys(layer: usize, kv_head: usize) -> Error {
 }
 
 /// Scatters one head's probabilities into the trace by original position.
-fn record_head_attn(t: &mut Trace, c: &ModelConfig, head: usize, tok: usize, rows: usize, positions: &[u32], probs: &[f32]) {
+fn record_head_attn(
+    t: &mut Trace,
+    c: &ModelConfig,
+    head: usize,
+    tok: usize,
+    rows: usize,
+    positions: &[u32],
+    probs: &[f32],
+) {
     let ctx = t.ctx;
     if t.attn.len() < t.hidden.len() {
         t.attn.push(vec![0f32; c.n_heads * rows * ctx]);

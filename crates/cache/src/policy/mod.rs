@@ -81,7 +81,13 @@ pub trait CachePolicy: Send {
     /// `probs` is `rows × slots.len()`: the group's query heads (or, under
     /// CHAI, the representatives reading these slots). Returns the evicted
     /// slot, so KV heads that must stay aligned can evict the same one.
-    fn after_decode_step(&mut self, _layer: usize, _kv_head: usize, _slots: &mut HeadSlots, _probs: &[f32]) -> Option<usize> {
+    fn after_decode_step(
+        &mut self,
+        _layer: usize,
+        _kv_head: usize,
+        _slots: &mut HeadSlots,
+        _probs: &[f32],
+    ) -> Option<usize> {
         None
     }
 

@@ -19,9 +19,9 @@
 
 use super::chai::{ChaiPlan, HeadSharingSpec, RepRule};
 use super::token::{TokenEviction, VictimRule};
-use std::sync::Arc;
 use super::{CachePolicy, FullCache, ScoreAgg};
 use std::fmt;
+use std::sync::Arc;
 
 /// A budget: absolute slots or a fraction of the evaluated sequence length.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -49,7 +49,10 @@ impl Budget {
             }
             Ok(Budget::Percent(p))
         } else {
-            v.trim().parse().map(Budget::Slots).map_err(|_| format!("`{v}` is not a slot count or a percentage like 10%"))
+            v.trim()
+                .parse()
+                .map(Budget::Slots)
+                .map_err(|_| format!("`{v}` is not a slot count or a percentage like 10%"))
         }
     }
 
@@ -119,7 +122,11 @@ fn parse_head_policy(text: &str) -> Option<Result<HeadSharingSpec, String>> {
         let probe = match p.take("probe") {
             None => 5,
             Some(_) if fixed => return Err("chai-static has no probe".into()),
-            Some(v) => v.parse().ok().filter(|&n: &usize| n >= 2).ok_or_else(|| format!("probe: `{v}` is not an integer ≥ 2"))?,
+            Some(v) => v
+                .parse()
+                .ok()
+                .filter(|&n: &usize| n >= 2)
+                .ok_or_else(|| format!("probe: `{v}` is not an integer ≥ 2"))?,
         };
         let rep = match p.take("rep") {
             None => RepRule::First,

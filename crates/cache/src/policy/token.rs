@@ -113,7 +113,14 @@ impl TokenEviction {
     }
 
     /// Picks one victim among `positions`/`scores` (None if nothing is eligible).
-    fn victim(&mut self, layer: usize, kv_head: usize, positions: &[u32], scores: &[f32], newest: u32) -> Option<usize> {
+    fn victim(
+        &mut self,
+        layer: usize,
+        kv_head: usize,
+        positions: &[u32],
+        scores: &[f32],
+        newest: u32,
+    ) -> Option<usize> {
         let from = self.recent_from(newest);
         match self.rule {
             VictimRule::LowestScore => {
@@ -175,7 +182,13 @@ impl CachePolicy for TokenEviction {
         self.prefill_chunk
     }
 
-    fn after_decode_step(&mut self, layer: usize, kv_head: usize, slots: &mut HeadSlots, probs: &[f32]) -> Option<usize> {
+    fn after_decode_step(
+        &mut self,
+        layer: usize,
+        kv_head: usize,
+        slots: &mut HeadSlots,
+        probs: &[f32],
+    ) -> Option<usize> {
         let len = slots.len();
         if let Some(agg) = self.agg {
             agg.accumulate(probs, probs.len() / len, slots.scores_mut());

@@ -89,8 +89,9 @@ impl RefHead {
         let mut by_pos: Vec<u32> = cands.iter().map(|c| c.pos).collect();
         by_pos.sort_unstable_by(|a, b| b.cmp(a));
         let recent: Vec<u32> = by_pos.iter().take(policy.recent).copied().collect();
-        let mut eligible: Vec<usize> =
-            (0..cands.len()).filter(|&i| !recent.contains(&cands[i].pos) && cands[i].pos as usize >= policy.sinks).collect();
+        let mut eligible: Vec<usize> = (0..cands.len())
+            .filter(|&i| !recent.contains(&cands[i].pos) && cands[i].pos as usize >= policy.sinks)
+            .collect();
         if eligible.is_empty() {
             return None;
         }

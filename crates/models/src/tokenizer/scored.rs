@@ -224,7 +224,13 @@ pub fn load_llama2c(path: &Path) -> Result<Tokenizer> {
     }
     let special = (0..pieces.len()).map(|i| i < 3).collect();
     let vocab = ScoredVocab::new(pieces, scores, special, SpaceStyle::Plain, true);
-    Ok(Tokenizer { kind: TokenizerKind::Scored(Box::new(vocab)), add_bos: true, bos: Some(1), eos: vec![2], chat_template: None })
+    Ok(Tokenizer {
+        kind: TokenizerKind::Scored(Box::new(vocab)),
+        add_bos: true,
+        bos: Some(1),
+        eos: vec![2],
+        chat_template: None,
+    })
 }
 
 #[cfg(test)]
