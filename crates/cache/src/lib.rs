@@ -5,6 +5,7 @@
 //! `kvslim-kernels`.
 
 pub mod policy;
+pub mod rng;
 pub mod store;
 
 pub use policy::{CachePolicy, PolicySpec, PolicySpecError, ScoreAgg};

@@ -33,26 +33,8 @@ impl SamplingParams {
     }
 }
 
-/// SplitMix64: small, fast, reproducible across platforms.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    pub fn next_f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
+/// The project-wide SplitMix64 generator.
+pub use kvslim_cache::rng::SplitMix64 as Rng;
 
 /// A sampler with its own RNG stream and reusable candidate buffer.
 pub struct Sampler {

@@ -8,6 +8,7 @@
 //! protected set leaves, and the candidate moves into its slot.
 
 use super::{CachePolicy, ScoreAgg};
+use crate::rng::SplitMix64;
 use crate::store::HeadSlots;
 use std::collections::HashMap;
 
@@ -47,26 +48,17 @@ pub struct TokenEviction {
     rule: VictimRule,
     agg: Option<ScoreAgg>,
     prefill_chunk: Option<usize>,
-    rngs: HashMap<(usize, usize), u64>,
+    rngs: HashMap<(usize, usize), SplitMix64>,
     /// Record events for steps that are multiples of this (0 = off).
     trace_every: u32,
     events: Vec<EvictionEvent>,
     eligible: Vec<(u32, usize)>,
 }
 
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// The random stream of one (layer, KV head): reproducible and independent
 /// of the order in which heads are visited.
 pub fn head_rng_seed(seed: u64, layer: usize, kv_head: usize) -> u64 {
-    let mut s = seed ^ ((layer as u64) << 32 | kv_head as u64).wrapping_mul(0xd6e8_feb8_6659_fd93);
-    splitmix(&mut s)
+    SplitMix64::new(seed ^ ((layer as u64) << 32 | kv_head as u64).wrapping_mul(0xd6e8_feb8_6659_fd93)).next_u64()
 }
 
 impl TokenEviction {
@@ -153,8 +145,11 @@ impl TokenEviction {
                     return None;
                 }
                 self.eligible.sort_unstable();
-                let state = self.rngs.entry((layer, kv_head)).or_insert_with(|| head_rng_seed(seed, layer, kv_head));
-                let r = (splitmix(state) % self.eligible.len() as u64) as usize;
+                let rng = self
+                    .rngs
+                    .entry((layer, kv_head))
+                    .or_insert_with(|| SplitMix64::new(head_rng_seed(seed, layer, kv_head)));
+                let r = (rng.next_u64() % self.eligible.len() as u64) as usize;
                 Some(self.eligible[r].1)
             }
         }

@@ -40,16 +40,6 @@ const FILLER: [&str; 5] =
 /// The prompt's last words; the answer should follow.
 pub const QUESTION: &str = "What is the pass key? The pass key is";
 
-/// splitmix64: a tiny, well-mixed generator so items never depend on
-/// another crate's RNG.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// The prompt with `n` filler sentences and the needle after
 /// `round(depth · n)` of them.
 pub fn passkey_prompt(key: &str, n: usize, depth: f64) -> String {
@@ -107,12 +97,14 @@ pub fn passkey_items(cfg: &PasskeyConfig, count_tokens: &dyn Fn(&str) -> usize) 
     for &len in &cfg.lengths {
         for &depth in &cfg.depths {
             for rep in 0..cfg.per_cell {
-                let mut st = cfg.seed
-                    ^ (len as u64).wrapping_mul(0x1000_0000_01B3)
-                    ^ depth.to_bits().rotate_left(17)
-                    ^ rep as u64;
-                let _ = splitmix(&mut st);
-                let key = (10_000 + splitmix(&mut st) % 90_000).to_string();
+                let mut rng = kvslim_cache::rng::SplitMix64::new(
+                    cfg.seed
+                        ^ (len as u64).wrapping_mul(0x1000_0000_01B3)
+                        ^ depth.to_bits().rotate_left(17)
+                        ^ rep as u64,
+                );
+                let _ = rng.next_u64();
+                let key = (10_000 + rng.next_u64() % 90_000).to_string();
                 let n = fit(&key, depth, len, count_tokens);
                 out.push(PasskeyItem {
                     prompt: passkey_prompt(&key, n, depth),
