@@ -93,21 +93,20 @@ pub fn run(a: Args) -> CliResult {
         MatrixEvent::CellDone { .. } => {}
     })?;
     if let Some(contexts) = &a.contexts {
-        let rows = kvslim_eval::speed::measure(
-            &loaded.model,
-            &a.model.model,
-            &cfg.policies,
-            &cfg.budgets,
+        let grid = kvslim_eval::speed::SpeedGrid {
+            model_label: &a.model.model,
+            families: &cfg.policies,
+            budgets: &cfg.budgets,
             contexts,
             mem_limit,
-            a.speed_steps.max(1),
-            |r| {
-                eprintln!(
-                    "speed {} {} context {}: {:.2} ms/step, {} bytes/sequence",
-                    r.policy, r.budget, r.context, r.step_ms, r.bytes_per_sequence
-                )
-            },
-        )?;
+            steps: a.speed_steps.max(1),
+        };
+        let rows = kvslim_eval::speed::measure(&loaded.model, &grid, |r| {
+            eprintln!(
+                "speed {} {} context {}: {:.2} ms/step, {} bytes/sequence",
+                r.policy, r.budget, r.context, r.step_ms, r.bytes_per_sequence
+            )
+        })?;
         kvslim_eval::speed::write_outputs(&a.out, &rows)?;
     }
     eprintln!("{} cells; results in {}/results.jsonl, .csv, .md and plots/", rows.len(), a.out.display());

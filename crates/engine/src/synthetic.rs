@@ -10,19 +10,59 @@ use kvslim_models::weights::{LayerWeights, Linear, NormWeights, Weights};
 use kvslim_models::Model;
 use rayon::prelude::*;
 
-/// Named shapes: (name, layers, hidden, ffn, heads, kv heads, vocab, description).
-pub const SHAPES: &[(&str, usize, usize, usize, usize, usize, usize, &str)] = &[
-    ("llama-350m", 24, 1024, 2816, 16, 16, 32000, "Llama-style, ~370M parameters"),
-    ("llama-1b", 22, 2048, 5632, 32, 4, 32000, "TinyLlama-1.1B shape, GQA 32/4"),
-    ("smollm2-135m", 30, 576, 1536, 9, 3, 49152, "SmolLM2-135M shape, GQA 9/3, tied"),
+/// A named model shape for synthetic benchmarks.
+pub struct Shape {
+    pub name: &'static str,
+    pub layers: usize,
+    pub hidden: usize,
+    pub ffn: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub vocab: usize,
+    pub description: &'static str,
+}
+
+/// The shapes `kvslim bench --synthetic` knows.
+pub const SHAPES: &[Shape] = &[
+    Shape {
+        name: "llama-350m",
+        layers: 24,
+        hidden: 1024,
+        ffn: 2816,
+        heads: 16,
+        kv_heads: 16,
+        vocab: 32000,
+        description: "Llama-style, ~370M parameters",
+    },
+    Shape {
+        name: "llama-1b",
+        layers: 22,
+        hidden: 2048,
+        ffn: 5632,
+        heads: 32,
+        kv_heads: 4,
+        vocab: 32000,
+        description: "TinyLlama-1.1B shape, GQA 32/4",
+    },
+    Shape {
+        name: "smollm2-135m",
+        layers: 30,
+        hidden: 576,
+        ffn: 1536,
+        heads: 9,
+        kv_heads: 3,
+        vocab: 49152,
+        description: "SmolLM2-135M shape, GQA 9/3, tied",
+    },
 ];
 
 /// Builds a model of shape `name` with random weights stored as `dtype`.
 pub fn build(name: &str, dtype: DType, seed: u64) -> Result<Model> {
-    let &(_, layers, d, ffn, heads, kv_heads, vocab, _) = SHAPES.iter().find(|s| s.0 == name).ok_or_else(|| {
-        let known: Vec<_> = SHAPES.iter().map(|s| s.0).collect();
+    let sh = SHAPES.iter().find(|s| s.name == name).ok_or_else(|| {
+        let known: Vec<_> = SHAPES.iter().map(|s| format!("{} ({})", s.name, s.description)).collect();
         EngineError::Request(format!("unknown synthetic shape `{name}`; known: {}", known.join(", ")))
     })?;
+    let (layers, d, ffn, heads, kv_heads, vocab) = (sh.layers, sh.hidden, sh.ffn, sh.heads, sh.kv_heads, sh.vocab);
     let head_dim = d / heads;
     let tied = name.starts_with("smollm2");
     let config = ModelConfig {

@@ -45,30 +45,34 @@ pub fn parse_bytes(s: &str) -> Result<u64> {
         "gib" | "g" => 1073741824.0,
         u => return Err(EvalError::Request(format!("unknown size unit `{u}` in `{s}`"))),
     };
-    if !(v >= 0.0) {
+    if v.is_nan() || v < 0.0 {
         return Err(EvalError::Request(format!("`{s}` is negative")));
     }
     Ok((v * mult) as u64)
 }
 
+/// What [`measure`] sweeps.
+pub struct SpeedGrid<'a> {
+    pub model_label: &'a str,
+    pub families: &'a [String],
+    pub budgets: &'a [String],
+    pub contexts: &'a [usize],
+    /// KV memory limit for the max-batch column.
+    pub mem_limit: Option<u64>,
+    /// Decode steps timed per point.
+    pub steps: usize,
+}
+
 /// Measures every family × budget at every context length.
-pub fn measure(
-    model: &Model,
-    model_label: &str,
-    families: &[String],
-    budgets: &[String],
-    contexts: &[usize],
-    mem_limit: Option<u64>,
-    steps: usize,
-    mut progress: impl FnMut(&SpeedRow),
-) -> Result<Vec<SpeedRow>> {
+pub fn measure(model: &Model, grid: &SpeedGrid, mut progress: impl FnMut(&SpeedRow)) -> Result<Vec<SpeedRow>> {
+    let SpeedGrid { model_label, families, budgets, contexts, mem_limit, steps } = *grid;
     let mut rows = Vec::new();
     for fam in families {
         let fam_budgets: Vec<&str> =
             if fam.trim() == "full" { vec!["-"] } else { budgets.iter().map(String::as_str).collect() };
         for b in fam_budgets {
             let policy = BudgetedPolicy::new(fam, b)?;
-            for &ctx in contexts {
+            for &ctx in contexts.iter() {
                 let spec = policy.spec_for(ctx)?;
                 let p = step_time(model, model_label, &spec, ctx, steps)?;
                 let per_seq = {

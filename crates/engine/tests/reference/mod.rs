@@ -33,6 +33,9 @@ pub struct Slot {
 }
 
 /// One (layer, KV head) under a policy.
+/// One chunk token for the reference: (position, queries `g × d`, key, value).
+pub type RefToken = (u32, Vec<f64>, Vec<f64>, Vec<f64>);
+
 pub struct RefHead {
     pub d: usize,
     pub g: usize,
@@ -110,7 +113,7 @@ impl RefHead {
 
     /// A prefill chunk: tokens `(pos, q, k, v)`, all attending causally over
     /// the held slots and the chunk, then evictions down to the budget.
-    pub fn prefill(&mut self, policy: &RefPolicy, chunk: &[(u32, Vec<f64>, Vec<f64>, Vec<f64>)]) {
+    pub fn prefill(&mut self, policy: &RefPolicy, chunk: &[RefToken]) {
         let mut cands = self.slots.clone();
         cands.extend(chunk.iter().map(|(p, _, k, v)| Slot { pos: *p, k: k.clone(), v: v.clone(), score: 0.0 }));
         for (p, q, _, _) in chunk {
