@@ -6,7 +6,9 @@ mod common;
 mod eval;
 mod generate;
 mod info;
+mod loadtest;
 mod perplexity;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -39,6 +41,10 @@ enum Command {
     Eval(eval::Args),
     /// CHAI offline calibration: per-layer error curves, elbow k, static membership → plan.json.
     Calibrate(calibrate::Args),
+    /// OpenAI-compatible HTTP server with continuous batching and per-request KV policies.
+    Serve(serve::Args),
+    /// Load-test a running server with concurrent streaming clients.
+    Loadtest(loadtest::Args),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +56,8 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a),
         Command::Calibrate(a) => calibrate::run(a),
         Command::Eval(a) => eval::run(a),
+        Command::Serve(a) => serve::run(a),
+        Command::Loadtest(a) => loadtest::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -596,6 +596,184 @@ impl Model {
     }
 }
 
+/// One sequence's next token in a batched decode step ([`Model::forward_batch`]).
+pub struct BatchItem<'a> {
+    /// The token to run at `cache.next_pos`.
+    pub token: u32,
+    /// The sequence's own cache and policy state.
+    pub cache: &'a mut SequenceCache,
+}
+
+/// Reusable buffers for batched decode steps: the batch's activations
+/// (`[n, …]`, one row per sequence) and one attention scratch per sequence.
+#[derive(Default)]
+pub struct BatchScratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    logits: Vec<f32>,
+    vocab: usize,
+    seqs: Vec<Scratch>,
+}
+
+impl BatchScratch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Logits of item `i` of the last [`Model::forward_batch`] call.
+    pub fn logits(&self, i: usize) -> &[f32] {
+        &self.logits[i * self.vocab..(i + 1) * self.vocab]
+    }
+}
+
+impl Model {
+    /// One decode step for several independent sequences at once. Every
+    /// weight matrix is read once for the whole batch (a GEMM with one row
+    /// per sequence); RoPE, attention and the cache policy run per sequence
+    /// at its own position, through the same per-sequence code as a solo
+    /// decode step ([`Model::forward`] with one token), so each sequence's
+    /// slots, scores and evictions are its own. Logits of item `i` land in
+    /// `scratch.logits(i)`.
+    ///
+    /// Every item is checked (position, token id) before any state changes.
+    pub fn forward_batch(&self, items: &mut [BatchItem<'_>], s: &mut BatchScratch) -> Result<()> {
+        let c = &self.config;
+        let w = &self.weights;
+        let n = items.len();
+        if n == 0 {
+            return Ok(());
+        }
+        for it in items.iter() {
+            let past_context_ok = c.learned_positions.is_none() && it.cache.policy.bounded();
+            if it.cache.next_pos + 1 > c.context_len && !past_context_ok {
+                return Err(Error::ContextOverflow { pos: it.cache.next_pos, context: c.context_len });
+            }
+            if it.token as usize >= c.vocab_size {
+                return Err(Error::TokenOutOfRange { id: it.token, vocab: c.vocab_size });
+            }
+        }
+        let (d, hd) = (c.hidden_size, c.head_dim);
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let sizes = [
+            (&mut s.x, n * d),
+            (&mut s.xn, n * d),
+            (&mut s.q, n * qd),
+            (&mut s.k, n * kvd),
+            (&mut s.v, n * kvd),
+            (&mut s.att, n * qd),
+            (&mut s.proj, n * d),
+            (&mut s.gate, n * c.ffn_size),
+            (&mut s.up, n * c.ffn_size),
+            (&mut s.logits, n * c.vocab_size),
+        ];
+        for (buf, len) in sizes {
+            buf.resize(len, 0.0);
+        }
+        s.vocab = c.vocab_size;
+        if s.seqs.len() < n {
+            s.seqs.resize_with(n, Scratch::new);
+        }
+        for (i, it) in items.iter().enumerate() {
+            let p0 = it.cache.next_pos;
+            let seq = &mut s.seqs[i];
+            seq.ensure(c, 1, it.cache.store.head(0, 0).capacity(), 0);
+            seq.trace = None;
+            if let Some(rope) = &self.rope {
+                let half = rope.rotary_dim / 2;
+                rope.tables(p0 as u32, &mut seq.cos[..half], &mut seq.sin[..half]);
+            }
+            let row = &mut s.x[i * d..(i + 1) * d];
+            w.token_embedding.row_into(it.token as usize, row);
+            if let (Some(pe), Some(off)) = (&w.position_embedding, c.learned_positions) {
+                let pos_row = &mut s.proj[..d];
+                pe.row_into(p0 + off, pos_row);
+                row.iter_mut().zip(pos_row.iter()).for_each(|(a, b)| *a += b);
+            }
+        }
+        let scale = 1.0 / (hd as f32).sqrt();
+        let parallel = n > 1 && rayon::current_num_threads() > 1;
+
+        for (li, lw) in w.layers.iter().enumerate() {
+            norm_rows(c.norm, &lw.attn_norm, c.norm_eps, &s.x, &mut s.xn, d);
+            lw.q.forward(&s.xn, n, &mut s.q);
+            lw.k.forward(&s.xn, n, &mut s.k);
+            lw.v.forward(&s.xn, n, &mut s.v);
+            let (q, k, v) = (&s.q, &s.k, &s.v);
+            // per sequence: RoPE at its position, then the solo decode attention
+            let attend = |((i, it), (seq, out)): ((usize, &mut BatchItem<'_>), (&mut Scratch, &mut [f32]))| {
+                seq.q[..qd].copy_from_slice(&q[i * qd..(i + 1) * qd]);
+                seq.k[..kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
+                seq.v[..kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
+                if let Some(rope) = &self.rope {
+                    let half = rope.rotary_dim / 2;
+                    let (cs, sn) = (&seq.cos[..half], &seq.sin[..half]);
+                    for h in seq.q[..qd].chunks_exact_mut(hd) {
+                        rope.apply(h, cs, sn);
+                    }
+                    for h in seq.k[..kvd].chunks_exact_mut(hd) {
+                        rope.apply(h, cs, sn);
+                    }
+                }
+                let p0 = it.cache.next_pos;
+                self.decode_attention(li, it.cache, seq, p0, scale)?;
+                out.copy_from_slice(&seq.att[..qd]);
+                Ok::<(), Error>(())
+            };
+            let seqs = &mut s.seqs[..n];
+            if parallel {
+                items
+                    .par_iter_mut()
+                    .enumerate()
+                    .zip(seqs.par_iter_mut().zip(s.att.par_chunks_mut(qd)))
+                    .try_for_each(attend)?;
+            } else {
+                items.iter_mut().enumerate().zip(seqs.iter_mut().zip(s.att.chunks_mut(qd))).try_for_each(attend)?;
+            }
+
+            lw.o.forward(&s.att, n, &mut s.proj);
+            if c.parallel_residual {
+                norm_rows(c.norm, &lw.mlp_norm, c.norm_eps, &s.x, &mut s.xn, d);
+                s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
+            } else {
+                s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
+                norm_rows(c.norm, &lw.mlp_norm, c.norm_eps, &s.x, &mut s.xn, d);
+            }
+            if let Some(gate) = &lw.gate {
+                gate.forward(&s.xn, n, &mut s.gate);
+                lw.up.forward(&s.xn, n, &mut s.up);
+                for (gv, uv) in s.gate.iter_mut().zip(&s.up) {
+                    *gv = c.activation.apply(*gv) * uv;
+                }
+                lw.down.forward(&s.gate, n, &mut s.proj);
+            } else {
+                lw.up.forward(&s.xn, n, &mut s.up);
+                s.up.iter_mut().for_each(|v| *v = c.activation.apply(*v));
+                lw.down.forward(&s.up, n, &mut s.proj);
+            }
+            s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
+        }
+        for it in items.iter_mut() {
+            let cache = &mut *it.cache;
+            cache.next_pos += 1;
+            if let Some(h) = cache.heads.as_mut() {
+                if h.collecting_probe() && cache.next_pos >= h.probe_len() {
+                    h.finish(&mut cache.store);
+                }
+            }
+        }
+        norm_rows(c.norm, &w.final_norm, c.norm_eps, &s.x, &mut s.xn, d);
+        w.output().matmul(&s.xn, n, &mut s.logits);
+        Ok(())
+    }
+}
+
 fn missing_keys(layer: usize, kv_head: usize) -> Error {
     Error::Format {
         path: "<cache>".into(),

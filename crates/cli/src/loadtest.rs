@@ -1,0 +1,163 @@
+//! `kvslim loadtest`: concurrent streaming clients against a running
+//! `kvslim serve`, over plain TCP; reports throughput and latency
+//! percentiles.
+
+use crate::common::CliResult;
+use kvslim_server::http_client;
+use serde_json::json;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Base URL of the server.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// Total requests over all clients.
+    #[arg(long, default_value_t = 256)]
+    requests: usize,
+    /// Tokens per request.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// Prompt text.
+    #[arg(long, default_value = "Once upon a time")]
+    prompt: String,
+    /// `kv_policy` sent with each request (default: the server's).
+    #[arg(long)]
+    kv_policy: Option<String>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+struct Sample {
+    latency: f64,
+    ttft: f64,
+    tokens: usize,
+}
+
+fn one(addr: &str, path: &str, body: &str) -> Result<Sample, String> {
+    let start = Instant::now();
+    let mut s =
+        http_client::open(addr, "POST", path, Some(body), Duration::from_secs(300)).map_err(|e| e.to_string())?;
+    if s.status != 200 {
+        let mut b = String::new();
+        let _ = std::io::Read::read_to_string(&mut s.body, &mut b);
+        return Err(format!("HTTP {}: {b}", s.status));
+    }
+    let mut ttft = None;
+    let mut tokens = 0;
+    let mut done = false;
+    while let Some(data) = s.next_event().map_err(|e| e.to_string())? {
+        if data == "[DONE]" {
+            done = true;
+            break;
+        }
+        ttft.get_or_insert_with(|| start.elapsed().as_secs_f64());
+        let v: serde_json::Value = serde_json::from_str(&data).map_err(|e| format!("bad chunk {data}: {e}"))?;
+        if let Some(e) = v.get("error") {
+            return Err(format!("stream error: {e}"));
+        }
+        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+            tokens = n as usize;
+        }
+    }
+    if !done {
+        return Err("stream ended without [DONE]".into());
+    }
+    Ok(Sample { latency: start.elapsed().as_secs_f64(), ttft: ttft.unwrap_or(0.0), tokens })
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+pub fn run(a: Args) -> CliResult {
+    if a.clients == 0 || a.requests == 0 {
+        return Err("--clients and --requests must be at least 1".into());
+    }
+    let (addr, prefix) = http_client::split_url(&a.url)?;
+    let path = format!("{prefix}/v1/completions");
+    let mut body =
+        json!({"prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0.8, "seed": 1, "stream": true});
+    if let Some(p) = &a.kv_policy {
+        body["kv_policy"] = json!(p);
+    }
+    let body = body.to_string();
+    let next = Arc::new(AtomicUsize::new(0));
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..a.clients.min(a.requests))
+        .map(|_| {
+            let (next, samples, errors) = (next.clone(), samples.clone(), errors.clone());
+            let (addr, path, body, total) = (addr.clone(), path.clone(), body.clone(), a.requests);
+            std::thread::spawn(move || {
+                while next.fetch_add(1, Ordering::Relaxed) < total {
+                    match one(&addr, &path, &body) {
+                        Ok(s) => samples.lock().expect("no panics hold it").push(s),
+                        Err(e) => errors.lock().expect("no panics hold it").push(e),
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let samples = samples.lock().expect("threads joined");
+    let errors = errors.lock().expect("threads joined");
+    let mut lat: Vec<f64> = samples.iter().map(|s| s.latency).collect();
+    let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft).collect();
+    lat.sort_by(f64::total_cmp);
+    ttft.sort_by(f64::total_cmp);
+    let tokens: usize = samples.iter().map(|s| s.tokens).sum();
+    let report = json!({
+        "clients": a.clients,
+        "requests": a.requests,
+        "ok": samples.len(),
+        "errors": errors.len(),
+        "wall_s": wall,
+        "requests_per_s": samples.len() as f64 / wall,
+        "tokens": tokens,
+        "tokens_per_s": tokens as f64 / wall,
+        "latency_p50_s": pct(&lat, 50.0),
+        "latency_p99_s": pct(&lat, 99.0),
+        "ttft_p50_s": pct(&ttft, 50.0),
+        "ttft_p99_s": pct(&ttft, 99.0),
+    });
+    if a.json {
+        println!("{report}");
+    } else {
+        println!(
+            "{} clients, {} requests: {} ok, {} errors in {:.2} s — {:.1} req/s, {:.0} tok/s; latency p50 {:.0} ms p99 {:.0} ms; TTFT p50 {:.0} ms p99 {:.0} ms",
+            a.clients,
+            a.requests,
+            samples.len(),
+            errors.len(),
+            wall,
+            samples.len() as f64 / wall,
+            tokens as f64 / wall,
+            pct(&lat, 50.0) * 1e3,
+            pct(&lat, 99.0) * 1e3,
+            pct(&ttft, 50.0) * 1e3,
+            pct(&ttft, 99.0) * 1e3
+        );
+    }
+    for e in errors.iter().take(5) {
+        eprintln!("error: {e}");
+    }
+    if !errors.is_empty() {
+        return Err(format!("{} of {} requests failed", errors.len(), a.requests).into());
+    }
+    Ok(())
+}

@@ -1,0 +1,58 @@
+//! `kvslim serve`: the OpenAI-compatible HTTP server.
+
+use crate::common::{require_tokenizer, CliResult, ModelArgs};
+use kvslim_cache::PolicySpec;
+use kvslim_server::{parse_bytes, AppState, Limits, ServerConfig};
+use std::sync::Arc;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Default KV cache policy for requests without `kv_policy`.
+    #[arg(long, default_value = "full", value_parser = PolicySpec::parse)]
+    policy: PolicySpec,
+    /// KV memory pool shared by running requests (e.g. 2GiB, 512MiB).
+    #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
+    kv_memory: usize,
+    /// Most sequences in one decode batch.
+    #[arg(long, default_value_t = 16)]
+    max_batch: usize,
+    /// Most requests waiting for admission; more get 429.
+    #[arg(long, default_value_t = 64)]
+    queue_limit: usize,
+    /// Model name reported by the API (default: the --model value).
+    #[arg(long)]
+    served_model_name: Option<String>,
+}
+
+pub fn run(a: Args) -> CliResult {
+    if a.max_batch == 0 {
+        return Err("--max-batch must be at least 1".into());
+    }
+    let loaded = a.model.load()?;
+    require_tokenizer(&loaded.tokenizer)?;
+    let tokenizer = loaded.tokenizer.expect("checked above");
+    let config = ServerConfig {
+        policy: a.policy.clone(),
+        limits: Limits { kv_memory: a.kv_memory, max_batch: a.max_batch, queue_limit: a.queue_limit },
+        model_name: a.served_model_name.unwrap_or_else(|| a.model.model.clone()),
+    };
+    let state = AppState::new(Arc::new(loaded.model), Arc::new(tokenizer), config);
+    let listener = std::net::TcpListener::bind((a.host.as_str(), a.port))?;
+    eprintln!(
+        "kvslim serve: http://{} (policy {}, KV pool {} bytes, max batch {}, queue limit {})",
+        listener.local_addr()?,
+        a.policy,
+        a.kv_memory,
+        a.max_batch,
+        a.queue_limit
+    );
+    kvslim_server::serve_blocking(listener, state, 2)?;
+    Ok(())
+}

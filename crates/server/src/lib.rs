@@ -1,0 +1,119 @@
+//! `kvslim serve`: an OpenAI-compatible HTTP server (axum + tokio) in front
+//! of a continuous-batching scheduler that runs on its own thread.
+//!
+//! * [`scheduler`]: admission by KV memory, batched decode, per-request
+//!   policy, sampling, stop strings and cancellation.
+//! * [`api`]: `/v1/completions`, `/v1/chat/completions` (SSE streaming),
+//!   `/v1/models`, `/health`, `/metrics`.
+//! * [`http_client`]: a tiny blocking HTTP/1.1 client for tests and
+//!   `kvslim loadtest`.
+
+pub mod api;
+pub mod chat;
+pub mod http_client;
+pub mod metrics;
+pub mod scheduler;
+
+use axum::routing::{get, post};
+use axum::Router;
+use kvslim_cache::PolicySpec;
+use kvslim_models::{Model, Tokenizer};
+use std::sync::Arc;
+
+pub use scheduler::{Limits, SchedulerHandle};
+
+/// Server settings.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Policy for requests without `kv_policy`.
+    pub policy: PolicySpec,
+    pub limits: Limits,
+    /// Name reported by `/v1/models` and in responses.
+    pub model_name: String,
+}
+
+/// What every handler sees.
+#[derive(Clone)]
+pub struct AppState {
+    pub model: Arc<Model>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub scheduler: SchedulerHandle,
+    pub default_policy: PolicySpec,
+    pub model_name: String,
+    pub chat: chat::ChatFormat,
+    pub started: u64,
+}
+
+impl AppState {
+    /// Starts the scheduler thread for `model`.
+    pub fn new(model: Arc<Model>, tokenizer: Arc<Tokenizer>, config: ServerConfig) -> Self {
+        let scheduler = scheduler::spawn(model.clone(), tokenizer.clone(), config.limits.clone());
+        let chat = chat::ChatFormat::detect(tokenizer.chat_template.as_deref());
+        let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        AppState {
+            model,
+            tokenizer,
+            scheduler,
+            default_policy: config.policy,
+            model_name: config.model_name,
+            chat,
+            started,
+        }
+    }
+}
+
+/// The HTTP routes.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/completions", post(api::completions))
+        .route("/v1/chat/completions", post(api::chat_completions))
+        .route("/v1/models", get(api::models))
+        .route("/health", get(api::health))
+        .route("/metrics", get(api::metrics))
+        .fallback(api::not_found)
+        .with_state(state)
+}
+
+/// Serves on an already bound listener until the process ends (blocking;
+/// builds its own tokio runtime with `workers` threads).
+pub fn serve_blocking(listener: std::net::TcpListener, state: AppState, workers: usize) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(workers.max(1)).enable_all().build()?;
+    rt.block_on(async move {
+        let l = tokio::net::TcpListener::from_std(listener)?;
+        axum::serve(l, router(state)).await
+    })
+}
+
+/// Parses a byte size: `2GiB`, `512MiB`, `64KiB`, `1GB`, `1000` (bytes).
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.parse().map_err(|_| format!("`{s}`: expected a size like 2GiB, 512MiB or 1000000"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "kib" => 1024.0,
+        "mib" => 1048576.0,
+        "gib" => 1073741824.0,
+        "tib" => 1099511627776.0,
+        u => return Err(format!("`{s}`: unknown unit `{u}` (use B, KiB, MiB, GiB, KB, MB, GB)")),
+    };
+    Ok((v * mult) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(super::parse_bytes("2GiB").unwrap(), 2 << 30);
+        assert_eq!(super::parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(super::parse_bytes("1000").unwrap(), 1000);
+        assert_eq!(super::parse_bytes("1.5KiB").unwrap(), 1536);
+        assert!(super::parse_bytes("lots").is_err());
+        assert!(super::parse_bytes("3XB").is_err());
+    }
+}

@@ -1,0 +1,105 @@
+//! Counters and gauges shared by the scheduler and the HTTP layer, rendered
+//! as Prometheus text by `GET /metrics`.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+#[derive(Default)]
+pub struct Metrics {
+    /// Requests waiting for admission (in the channel or the queue).
+    pub queued: AtomicUsize,
+    /// Sequences in the running batch.
+    pub running: AtomicUsize,
+    /// KV bytes reserved by running sequences.
+    pub kv_bytes_in_use: AtomicUsize,
+    pub kv_bytes_limit: AtomicUsize,
+    pub requests_total: AtomicU64,
+    pub requests_rejected_total: AtomicU64,
+    pub requests_cancelled_total: AtomicU64,
+    pub prompt_tokens_total: AtomicU64,
+    pub generated_tokens_total: AtomicU64,
+    /// Token slots evicted by policies (summed over layers and KV heads).
+    pub evicted_slots_total: AtomicU64,
+    pub decode_steps_total: AtomicU64,
+    /// Generated tokens per second over the last measurement window (f64 bits).
+    pub tokens_per_second: AtomicU64,
+    /// Size of the last decode batch.
+    pub last_batch_size: AtomicUsize,
+}
+
+impl Metrics {
+    pub fn set_tokens_per_second(&self, v: f64) {
+        self.tokens_per_second.store(v.to_bits(), Relaxed);
+    }
+
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let mut put = |name: &str, kind: &str, help: &str, value: String| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+        };
+        put("kvslim_queue_length", "gauge", "Requests waiting for admission.", self.queued.load(Relaxed).to_string());
+        put(
+            "kvslim_running_requests",
+            "gauge",
+            "Sequences in the running batch.",
+            self.running.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_kv_bytes_in_use",
+            "gauge",
+            "KV cache bytes reserved by running sequences.",
+            self.kv_bytes_in_use.load(Relaxed).to_string(),
+        );
+        put("kvslim_kv_bytes_limit", "gauge", "KV memory pool size.", self.kv_bytes_limit.load(Relaxed).to_string());
+        put("kvslim_requests_total", "counter", "Requests accepted.", self.requests_total.load(Relaxed).to_string());
+        put(
+            "kvslim_requests_rejected_total",
+            "counter",
+            "Requests refused (queue full).",
+            self.requests_rejected_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_requests_cancelled_total",
+            "counter",
+            "Requests whose client went away.",
+            self.requests_cancelled_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_prompt_tokens_total",
+            "counter",
+            "Prompt tokens prefilled.",
+            self.prompt_tokens_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_generated_tokens_total",
+            "counter",
+            "Tokens generated.",
+            self.generated_tokens_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_evicted_slots_total",
+            "counter",
+            "KV slots evicted by the cache policies (per layer and KV head).",
+            self.evicted_slots_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_decode_steps_total",
+            "counter",
+            "Batched decode steps run.",
+            self.decode_steps_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_tokens_per_second",
+            "gauge",
+            "Generated tokens per second (last window of about a second).",
+            format!("{:.3}", f64::from_bits(self.tokens_per_second.load(Relaxed))),
+        );
+        put(
+            "kvslim_batch_size",
+            "gauge",
+            "Size of the last decode batch.",
+            self.last_batch_size.load(Relaxed).to_string(),
+        );
+        s
+    }
+}

@@ -1,0 +1,96 @@
+//! Batched decode equals solo decode: 8 sequences with different policies
+//! joining the batch at different steps (continuous batching), greedy.
+
+use kvslim_cache::PolicySpec;
+use kvslim_engine::sampling::argmax;
+use kvslim_engine::{generate, GenerateOptions, SamplingParams, Session};
+use kvslim_models::transformer::{BatchItem, BatchScratch};
+use kvslim_models::{load_model, LoadedModel, Logits};
+use std::path::PathBuf;
+
+fn shared() -> PathBuf {
+    std::env::var("KVSLIM_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+}
+
+const POLICIES: [&str; 4] = ["full", "window:recent=16", "h2o:heavy=8,recent=8", "sink:sink=4,recent=12"];
+const PROMPTS: [&str; 8] = [
+    "Once upon a time",
+    "Lily and Ben went to the park",
+    "The little dog was sad because",
+    "One day, a big bird",
+    "Tom had a red ball. He",
+    "Mom said, \"Let's go home",
+    "The sun was hot and the",
+    "There was a girl who loved to",
+];
+
+fn check_model(m: &LoadedModel, steps: usize) {
+    let tok = m.tokenizer.as_ref().expect("tokenizer");
+    let model = &m.model;
+    let specs: Vec<PolicySpec> = (0..8).map(|i| PolicySpec::parse(POLICIES[i % 4]).unwrap()).collect();
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| tok.encode(p).unwrap()).collect();
+    let solo: Vec<Vec<u32>> = (0..8)
+        .map(|i| {
+            let opts = GenerateOptions {
+                max_tokens: steps,
+                sampling: SamplingParams::default(),
+                policy: specs[i].clone(),
+                eos: Vec::new(),
+            };
+            generate(model, &prompts[i], &opts, |_| true).unwrap().token_ids
+        })
+        .collect();
+    // sequence i joins at step 3 * i
+    let mut sessions: Vec<Option<Session<'_>>> = (0..8).map(|_| None).collect();
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); 8];
+    let mut scratch = BatchScratch::new();
+    let mut step = 0;
+    while out.iter().any(|o| o.len() < steps) {
+        for i in 0..8 {
+            if sessions[i].is_none() && step >= 3 * i {
+                let n = prompts[i].len();
+                let mut s = Session::new(model, &specs[i], n + steps, n).unwrap();
+                out[i].push(argmax(s.feed(&prompts[i], Logits::Last).unwrap()));
+                sessions[i] = Some(s);
+            }
+        }
+        let live: Vec<usize> = (0..8).filter(|&i| sessions[i].is_some() && out[i].len() < steps).collect();
+        let mut items: Vec<BatchItem<'_>> = sessions
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| live.contains(i))
+            .map(|(i, s)| BatchItem { token: *out[i].last().unwrap(), cache: &mut s.as_mut().unwrap().cache })
+            .collect();
+        model.forward_batch(&mut items, &mut scratch).unwrap();
+        drop(items);
+        for (k, &i) in live.iter().enumerate() {
+            out[i].push(argmax(scratch.logits(k)));
+        }
+        step += 1;
+    }
+    for i in 0..8 {
+        assert_eq!(out[i], solo[i], "sequence {i} (policy {}) differs from its solo run", POLICIES[i % 4]);
+    }
+    // the bounded policies really evicted
+    let s = sessions[2].as_ref().unwrap();
+    assert!(s.cache.len() <= 17, "h2o holds at most B+1 slots, got {}", s.cache.len());
+}
+
+#[test]
+fn batched_greedy_equals_solo_stories260k() {
+    let m = load_model(&shared().join("models/stories260K/stories260K.bin")).expect("load stories260K");
+    check_model(&m, 48);
+}
+
+#[test]
+fn batched_greedy_equals_solo_smollm2() {
+    let path = shared().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !path.exists() {
+        eprintln!("skipping: {} not found", path.display());
+        return;
+    }
+    let m = load_model(&path).expect("load SmolLM2");
+    check_model(&m, 12);
+}
