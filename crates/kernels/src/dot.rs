@@ -2,13 +2,23 @@
 //! an f32 activation vector. These are the inner loops of GEMV and GEMM.
 //!
 //! The best implementation for the running CPU is chosen once
-//! ([`kernels`]); the scalar versions are the reference every SIMD version
-//! is tested against.
+//! ([`kernels`]): AVX-512 or AVX2+FMA+F16C on x86_64, NEON on aarch64
+//! (`crate::simd`), else the scalar versions here, which are the reference
+//! every SIMD version is tested against. `KVSLIM_SIMD=scalar|avx2|avx512|neon`
+//! forces a level the CPU has. Activations always stay f32: the SIMD kernels
+//! only reorder the f32 sums, so results agree with the reference to rounding.
+//!
+//! Measured throughput (`cargo run --release -p kvslim-kernels --example
+//! dotbench`) is recorded in the README.
 
 use crate::dtype::DType;
 use crate::f16::{bf16_to_f32, f16_to_f32};
 use crate::quant::QK;
 use std::sync::OnceLock;
+
+/// `out[i][j] = w[i]·x[j]` over four weight rows `w` and four activation
+/// rows `x` (see [`DotKernels::dot4x4`]).
+pub type Dot4x4Fn = fn(&[&[f32]; 4], &[&[f32]; 4], &mut [[f32; 4]; 4]);
 
 /// Row-times-vector kernels for each storage type. `w` is the raw row (bytes
 /// for the block formats); `x` the activations; both cover the same elements.
@@ -27,7 +37,7 @@ pub struct DotKernels {
     /// GEMM micro-tile: `out[i][j] = w[i]·x[j]` for four f32 weight rows and
     /// four activation rows (prefill). All eight slices cover the same
     /// elements; pass a row twice to compute fewer than four.
-    pub dot4x4: fn(&[&[f32]; 4], &[&[f32]; 4], &mut [[f32; 4]; 4]),
+    pub dot4x4: Dot4x4Fn,
     /// Dequantizes `out.len()` elements stored as the given type; the
     /// result is bit-identical to [`crate::quant::dequantize`].
     pub dequantize: fn(DType, &[u8], &mut [f32]),
@@ -61,6 +71,7 @@ pub fn kernels() -> &'static DotKernels {
 
 /// Every kernel set this CPU can run, slowest (the scalar reference) first.
 pub fn available() -> Vec<DotKernels> {
+    #[allow(unused_mut)]
     let mut v = vec![DotKernels::SCALAR];
     #[cfg(target_arch = "x86_64")]
     {
@@ -219,6 +230,15 @@ mod tests {
     use super::*;
     use crate::quant::{dequantize, quantize};
 
+    /// Every kernel set to check: those this CPU runs, plus, off aarch64, the
+    /// NEON kernels over scalar stand-ins of the intrinsics.
+    fn test_sets() -> Vec<DotKernels> {
+        let mut v = available();
+        #[cfg(not(target_arch = "aarch64"))]
+        v.extend(crate::simd::neon::kernels());
+        v
+    }
+
     /// xorshift64*: deterministic test data without a dependency.
     struct Rng(u64);
     impl Rng {
@@ -268,7 +288,7 @@ mod tests {
     /// the float types, 1..n whole blocks for the block formats).
     #[test]
     fn every_kernel_set_matches_reference() {
-        let sets = available();
+        let sets = test_sets();
         assert_eq!(sets[0].isa, "scalar");
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let float_lens: Vec<usize> = (1..=70).chain([95, 96, 97, 127, 128, 129, 255, 576, 1000, 1536, 4097]).collect();
@@ -308,6 +328,27 @@ mod tests {
     /// subnormals, signed zeros, large exponents.
     #[test]
     fn half_conversions_match_on_all_bit_patterns() {
+        // every f16 and bf16 value, one element at a time (the tail paths)
+        // and as 16-element rows (the vector paths)
+        let one = [1f32; 16];
+        for k in test_sets() {
+            for h in 0..=u16::MAX {
+                for (f, conv, kind) in
+                    [(k.f16, f16_to_f32 as fn(u16) -> f32, "f16"), (k.bf16, bf16_to_f32 as fn(u16) -> f32, "bf16")]
+                {
+                    let (got, want) = (f(&[h], &one[..1]), conv(h));
+                    assert!(
+                        got == want || (got.is_nan() && want.is_nan()),
+                        "{} {kind} {h:#06x}: {got} vs {want}",
+                        k.isa
+                    );
+                    let mut row = [0u16; 16];
+                    row[h as usize % 16] = h;
+                    let got = f(&row, &one);
+                    assert!(got == want || (got.is_nan() && want.is_nan()), "{} {kind} {h:#06x} in a row", k.isa);
+                }
+            }
+        }
         let mut rng = Rng(12345);
         for n in [1usize, 7, 16, 33, 65, 300] {
             let f16: Vec<u16> = (0..n)
@@ -336,7 +377,7 @@ mod tests {
                     let p = conv(*h) as f64 * *v as f64;
                     (s + p, a + p.abs())
                 });
-                for k in available() {
+                for k in test_sets() {
                     let f = if kind == "f16" { k.f16 } else { k.bf16 };
                     let got = f(w, &x) as f64;
                     assert!((got - want).abs() <= 1e-5 * mag + 1e-30, "{} {kind} n={n}: {got} vs {want}", k.isa);
@@ -355,7 +396,7 @@ mod tests {
             let mut y0_long = y0.clone();
             y0_long.push(42.0);
             let a = rng.unit() * 3.0;
-            for k in available() {
+            for k in test_sets() {
                 let mut y = y0_long.clone();
                 (k.axpy)(a, &x, &mut y);
                 for i in 0..n {
@@ -383,7 +424,7 @@ mod tests {
             let wr = [&w[0][..], &w[1][..], &w[2][..], &w[3][..]];
             // a repeated activation row, as matmul passes at the edges
             let xr = [&x[0][..], &x[1][..], &x[2][..], &x[2][..]];
-            for k in available() {
+            for k in test_sets() {
                 let mut out = [[f32::NAN; 4]; 4];
                 (k.dot4x4)(&wr, &xr, &mut out);
                 for i in 0..4 {
@@ -431,16 +472,17 @@ mod tests {
                     let xt = &x[t * cols..(t + 1) * cols];
                     m.matvec(xt, &mut mv);
                     for r in 0..rows {
-                        let (want, mag) = w[r * cols..(r + 1) * cols].iter().zip(xt).fold(
-                            (0f64, 0f64),
-                            |(s, a), (p, q)| {
+                        let (want, mag) =
+                            w[r * cols..(r + 1) * cols].iter().zip(xt).fold((0f64, 0f64), |(s, a), (p, q)| {
                                 let v = *p as f64 * *q as f64;
                                 (s + v, a + v.abs())
-                            },
-                        );
+                            });
                         let tol = 2e-6 * mag * (cols as f64).sqrt();
                         let got = out[t * rows + r] as f64;
-                        assert!((got - want).abs() <= tol, "{dt} {rows}x{cols} n={n} gemm t={t} r={r}: {got} vs {want}");
+                        assert!(
+                            (got - want).abs() <= tol,
+                            "{dt} {rows}x{cols} n={n} gemm t={t} r={r}: {got} vs {want}"
+                        );
                         let got = mv[r] as f64;
                         assert!((got - want).abs() <= tol, "{dt} {rows}x{cols} gemv r={r}: {got} vs {want}");
                     }

@@ -32,59 +32,31 @@ impl std::fmt::Debug for Matrix {
 
 impl Matrix {
     /// Builds a matrix from raw little-endian bytes in `dtype`'s layout.
-    pub fn from_bytes(
-        dtype: DType,
-        rows: usize,
-        cols: usize,
-        bytes: &[u8],
-    ) -> Result<Self, KernelError> {
+    pub fn from_bytes(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Self, KernelError> {
         if !cols.is_multiple_of(dtype.block_elems()) {
-            return Err(KernelError::BlockAlignment {
-                dtype,
-                block: dtype.block_elems(),
-                cols,
-            });
+            return Err(KernelError::BlockAlignment { dtype, block: dtype.block_elems(), cols });
         }
         let row_bytes = dtype.bytes_for(cols);
         let expected = row_bytes * rows;
         if bytes.len() != expected {
-            return Err(KernelError::ByteLength {
-                dtype,
-                rows,
-                cols,
-                expected,
-                got: bytes.len(),
-            });
+            return Err(KernelError::ByteLength { dtype, rows, cols, expected, got: bytes.len() });
         }
         let mut lines = vec![CacheLine([0; 64]); expected.div_ceil(64)];
         // SAFETY: `lines` owns at least `expected` bytes; CacheLine is plain bytes.
-        let dst =
-            unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, expected) };
+        let dst = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, expected) };
         dst.copy_from_slice(bytes);
-        Ok(Matrix {
-            rows,
-            cols,
-            dtype,
-            row_bytes,
-            lines,
-        })
+        Ok(Matrix { rows, cols, dtype, row_bytes, lines })
     }
 
     /// Builds an f32 matrix.
     pub fn from_f32(rows: usize, cols: usize, data: &[f32]) -> Result<Self, KernelError> {
         // SAFETY: viewing f32s as their bytes is always valid.
-        let bytes =
-            unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, data.len() * 4) };
+        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, data.len() * 4) };
         Self::from_bytes(DType::F32, rows, cols, bytes)
     }
 
     /// Quantizes f32 data into `dtype` (synthetic models, tests).
-    pub fn quantized(
-        dtype: DType,
-        rows: usize,
-        cols: usize,
-        data: &[f32],
-    ) -> Result<Self, KernelError> {
+    pub fn quantized(dtype: DType, rows: usize, cols: usize, data: &[f32]) -> Result<Self, KernelError> {
         Self::from_bytes(dtype, rows, cols, &crate::quant::quantize(dtype, data))
     }
 
@@ -104,9 +76,7 @@ impl Matrix {
 
     fn bytes(&self) -> &[u8] {
         // SAFETY: `lines` holds at least row_bytes*rows initialised bytes.
-        unsafe {
-            std::slice::from_raw_parts(self.lines.as_ptr() as *const u8, self.row_bytes * self.rows)
-        }
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const u8, self.row_bytes * self.rows) }
     }
 
     /// Raw bytes of row `r`.
@@ -133,8 +103,7 @@ impl Matrix {
         let k = kernels();
         let (dt, rb) = (self.dtype, self.row_bytes);
         let bytes = self.bytes();
-        let row_fn =
-            |(r, o): (usize, &mut f32)| *o = dot_row(k, dt, &bytes[r * rb..(r + 1) * rb], x);
+        let row_fn = |(r, o): (usize, &mut f32)| *o = dot_row(k, dt, &bytes[r * rb..(r + 1) * rb], x);
         if self.rows * self.cols < PARALLEL_MIN_WORK || rayon::current_num_threads() == 1 {
             out.iter_mut().enumerate().for_each(row_fn);
         } else {
@@ -157,10 +126,9 @@ impl Matrix {
         if n == 1 {
             return self.matvec(x, out);
         }
-        // rows per task: their f32 copy (16 × cols × 4 bytes) and four token
-        // rows stay in L2 while every token group passes over them
+        // rows per task: their f32 copy (16 × cols × 4 bytes) and a group of
+        // four token rows stay in L2 while the tiles pass over them
         const ROW_BLOCK: usize = 16;
-        const COL_BLOCK: usize = 512;
         let (rows, cols) = (self.rows, self.cols);
         let mut transposed = vec![0f32; rows * n];
         let k = kernels();
@@ -179,40 +147,25 @@ impl Matrix {
                 deq = v;
                 &deq
             };
-            let kc = std::env::var("KC").ok().and_then(|v| v.parse().ok()).unwrap_or(COL_BLOCK);
+            let row = |i: usize| &w[i.min(nr - 1) * cols..][..cols];
+            let tok = |t: usize| &x[t.min(n - 1) * cols..][..cols];
             let mut tile = [[0f32; 4]; 4];
-            for c0 in (0..cols).step_by(kc) {
-                let c1 = (c0 + kc).min(cols);
-                let row = |i: usize| &w[i.min(nr - 1) * cols..][c0..c1];
-                let tok = |t: usize| &x[t.min(n - 1) * cols..][c0..c1];
-                for t in (0..n).step_by(4) {
-                    let xs = [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)];
-                    for i in (0..nr).step_by(4) {
-                        let ws = [row(i), row(i + 1), row(i + 2), row(i + 3)];
-                        (k.dot4x4)(&ws, &xs, &mut tile);
-                        let m = (n - t).min(4);
-                        for (a, tr) in tile.iter().enumerate().take(nr - i) {
-                            let o = &mut tb[(i + a) * n + t..][..m];
-                            if c0 == 0 {
-                                o.copy_from_slice(&tr[..m]);
-                            } else {
-                                o.iter_mut().zip(tr).for_each(|(o, v)| *o += v);
-                            }
-                        }
+            for t in (0..n).step_by(4) {
+                let xs = [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)];
+                let m = (n - t).min(4);
+                for i in (0..nr).step_by(4) {
+                    let ws = [row(i), row(i + 1), row(i + 2), row(i + 3)];
+                    (k.dot4x4)(&ws, &xs, &mut tile);
+                    for (a, tr) in tile.iter().enumerate().take(nr - i) {
+                        tb[(i + a) * n + t..][..m].copy_from_slice(&tr[..m]);
                     }
                 }
             }
         };
         if rows * cols * n < PARALLEL_MIN_WORK {
-            transposed
-                .chunks_mut(ROW_BLOCK * n)
-                .enumerate()
-                .for_each(work);
+            transposed.chunks_mut(ROW_BLOCK * n).enumerate().for_each(work);
         } else {
-            transposed
-                .par_chunks_mut(ROW_BLOCK * n)
-                .enumerate()
-                .for_each(work);
+            transposed.par_chunks_mut(ROW_BLOCK * n).enumerate().for_each(work);
         }
         for (t, o) in out.chunks_exact_mut(rows).enumerate() {
             for (r, v) in o.iter_mut().enumerate() {
@@ -227,9 +180,7 @@ mod tests {
     use super::*;
 
     fn data(rows: usize, cols: usize) -> Vec<f32> {
-        (0..rows * cols)
-            .map(|i| ((i * 31 % 113) as f32 - 56.0) / 40.0)
-            .collect()
+        (0..rows * cols).map(|i| ((i * 31 % 113) as f32 - 56.0) / 40.0).collect()
     }
 
     #[test]
@@ -238,9 +189,7 @@ mod tests {
             let (rows, cols, n) = (300, 128, 5);
             let m = Matrix::quantized(dt, rows, cols, &data(rows, cols)).unwrap();
             let w = m.to_f32();
-            let x: Vec<f32> = (0..n * cols)
-                .map(|i| ((i % 17) as f32 - 8.0) / 9.0)
-                .collect();
+            let x: Vec<f32> = (0..n * cols).map(|i| ((i % 17) as f32 - 8.0) / 9.0).collect();
             let mut out = vec![0f32; n * rows];
             m.matmul(&x, n, &mut out);
             for t in 0..n {

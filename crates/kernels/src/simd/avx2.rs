@@ -4,7 +4,11 @@
 //! the remaining `n % 8` elements are copied into a zero-padded stack buffer
 //! and finished with one more vector step. Block formats process two blocks
 //! per step into two accumulators so the per-block `acc += d·Σ` FMAs do not
-//! form a single latency chain.
+//! form a single latency chain. Also here: the 4×4 GEMM tile (two 4×2
+//! passes, to fit 16 registers) and bit-exact row dequantization.
+//!
+//! Some functions are `pub(super)` so the AVX-512 set can reuse them; it
+//! only does so after checking that AVX2, FMA and F16C are present too.
 
 use crate::dot::DotKernels;
 use crate::dtype::DType;
@@ -91,7 +95,7 @@ pub(super) fn dequantize(dt: DType, src: &[u8], out: &mut [f32]) {
     let (s, o) = (src.as_ptr(), out.as_mut_ptr());
     unsafe {
         match dt {
-            DType::F32 => return crate::quant::dequantize(dt, src, out),
+            DType::F32 => crate::quant::dequantize(dt, src, out),
             DType::F16 => deq_half::<false>(s, o, (src.len() / 2).min(out.len())),
             DType::BF16 => deq_half::<true>(s, o, (src.len() / 2).min(out.len())),
             DType::Q8_0 => deq_q8_0(s, o, whole_blocks(src.len(), 34, out.len())),
@@ -102,6 +106,22 @@ pub(super) fn dequantize(dt: DType, src: &[u8], out: &mut [f32]) {
 }
 
 // ---- helpers --------------------------------------------------------------
+
+/// How far ahead, in bytes, the Q4 kernels (both sets) and the AVX-512 Q8_0
+/// kernel prefetch their weight row. Measured on Zen 4 with weights from
+/// DRAM: 2 KiB ahead raised the AVX-512 block kernels by 15–30 % (the
+/// hardware prefetchers alone leave them short), was neutral to slightly
+/// positive for the AVX2 Q4 kernels, and cost the AVX2 Q8_0 and every float
+/// kernel, which therefore do not prefetch. Prefetches never fault, so
+/// running past the end of the row or matrix is harmless.
+pub(super) const PREFETCH_AHEAD: usize = 2048;
+
+/// Prefetches the weight byte `PREFETCH_AHEAD` after `p` into L1.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn prefetch(p: *const u8) {
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD) as *const i8);
+}
 
 /// Sum of the 8 lanes.
 #[inline]
@@ -336,6 +356,7 @@ unsafe fn dot_q4_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
     let mut b = 0;
     while b + 2 <= nb {
         let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
+        prefetch(p0);
         let (d0, d1) = scales2(p0, p1);
         acc0 = _mm256_fmadd_ps(d0, q4_0_block(p0.add(2), x.add(b * 32)), acc0);
         acc1 = _mm256_fmadd_ps(d1, q4_0_block(p1.add(2), x.add(b * 32 + 32)), acc1);
@@ -381,6 +402,7 @@ unsafe fn dot_q4_1_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
     let mut b = 0;
     while b + 2 <= nb {
         let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
+        prefetch(p0);
         let (d0, m0) = scale_min(p0);
         let (d1, m1) = scale_min(p1);
         let (s0, x0) = q4_1_block(p0.add(4), x.add(b * 32));
@@ -408,12 +430,7 @@ unsafe fn dot_q4_1_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
 /// accumulators plus four weight and two activation registers fit the 16
 /// ymm registers, and each weight load feeds two FMAs.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot4x4_impl(
-    w: &[*const f32; 4],
-    x: &[*const f32; 4],
-    n: usize,
-    out: &mut [[f32; 4]; 4],
-) {
+unsafe fn dot4x4_impl(w: &[*const f32; 4], x: &[*const f32; 4], n: usize, out: &mut [[f32; 4]; 4]) {
     for jp in [0, 2] {
         let (xa, xb) = (x[jp], x[jp + 1]);
         let mut acc = [[_mm256_setzero_ps(); 2]; 4];
@@ -448,11 +465,7 @@ unsafe fn deq_half<const BF: bool>(s: *const u8, o: *mut f32, n: usize) {
     let w = s as *const u16;
     let mut i = 0;
     while i + 8 <= n {
-        let v = if BF {
-            bf16x8(w.add(i))
-        } else {
-            f16x8(w.add(i))
-        };
+        let v = if BF { bf16x8(w.add(i)) } else { f16x8(w.add(i)) };
         _mm256_storeu_ps(o.add(i), v);
         i += 8;
     }

@@ -1,8 +1,12 @@
 //! AVX-512 kernels (x86_64, 16 × f32 lanes), with masked loads for tails.
 //!
 //! Needs AVX-512F/BW/VL (masked 16-bit loads) plus the AVX2, FMA and F16C
-//! features every AVX-512 CPU also has. Where the 256-bit kernels measured
-//! faster on the development machine the set reuses them (see [`KERNELS`]).
+//! features every AVX-512 CPU also has. Measured on Zen 4 (which executes
+//! 512-bit operations on 256-bit units) the wider kernels win where they
+//! save instructions: the Q4 formats (a 16-entry `vpermps` lookup replaces
+//! mask/subtract/convert), Q8_0, f16, short f32 dots (attention) and the
+//! 4×4 GEMM tile (32 registers hold 16 accumulators). bf16 rows and
+//! dequantization keep the AVX2 code, which measured as fast or faster.
 
 use crate::dot::DotKernels;
 use crate::simd::avx2;
@@ -28,7 +32,8 @@ const KERNELS: DotKernels = DotKernels {
     isa: "avx512",
     f32: dot_f32,
     f16: dot_f16,
-    bf16: dot_bf16,
+    // measured slower than the 256-bit kernel on Zen 4 (extra widening work)
+    bf16: avx2::dot_bf16,
     q8_0: dot_q8_0,
     q4_0: dot_q4_0,
     q4_1: dot_q4_1,
@@ -49,11 +54,6 @@ fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     unsafe { dot_f16_impl(w.as_ptr(), x.as_ptr(), n) }
-}
-
-fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    unsafe { dot_bf16_impl(w.as_ptr(), x.as_ptr(), n) }
 }
 
 fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
@@ -139,64 +139,36 @@ fn f16x16(v: __m256i) -> __m512 {
     _mm512_cvtph_ps(v)
 }
 
-/// 16 bf16 from a 256-bit integer vector as f32.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn bf16x16(v: __m256i) -> __m512 {
-    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
-}
-
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn ld16(p: *const u16) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
-/// Shared body of the two half-precision dots; `BF` selects bf16.
-#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dot_half<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f32 {
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    fn cvt<const BF: bool>(v: __m256i) -> __m512 {
-        if BF {
-            bf16x16(v)
-        } else {
-            f16x16(v)
-        }
-    }
+unsafe fn dot_f16_impl(w: *const u16, x: *const f32, n: usize) -> f32 {
     let mut s0 = _mm512_setzero_ps();
     let mut s1 = _mm512_setzero_ps();
     let mut s2 = _mm512_setzero_ps();
     let mut s3 = _mm512_setzero_ps();
     let mut i = 0;
     while i + 64 <= n {
-        s0 = _mm512_fmadd_ps(cvt::<BF>(ld16(w.add(i))), _mm512_loadu_ps(x.add(i)), s0);
-        s1 = _mm512_fmadd_ps(cvt::<BF>(ld16(w.add(i + 16))), _mm512_loadu_ps(x.add(i + 16)), s1);
-        s2 = _mm512_fmadd_ps(cvt::<BF>(ld16(w.add(i + 32))), _mm512_loadu_ps(x.add(i + 32)), s2);
-        s3 = _mm512_fmadd_ps(cvt::<BF>(ld16(w.add(i + 48))), _mm512_loadu_ps(x.add(i + 48)), s3);
+        s0 = _mm512_fmadd_ps(f16x16(ld16(w.add(i))), _mm512_loadu_ps(x.add(i)), s0);
+        s1 = _mm512_fmadd_ps(f16x16(ld16(w.add(i + 16))), _mm512_loadu_ps(x.add(i + 16)), s1);
+        s2 = _mm512_fmadd_ps(f16x16(ld16(w.add(i + 32))), _mm512_loadu_ps(x.add(i + 32)), s2);
+        s3 = _mm512_fmadd_ps(f16x16(ld16(w.add(i + 48))), _mm512_loadu_ps(x.add(i + 48)), s3);
         i += 64;
     }
     while i + 16 <= n {
-        s0 = _mm512_fmadd_ps(cvt::<BF>(ld16(w.add(i))), _mm512_loadu_ps(x.add(i)), s0);
+        s0 = _mm512_fmadd_ps(f16x16(ld16(w.add(i))), _mm512_loadu_ps(x.add(i)), s0);
         i += 16;
     }
     if i < n {
         let k = tail_mask(n - i);
         let wv = _mm256_maskz_loadu_epi16(k, w.add(i) as *const i16);
-        s1 = _mm512_fmadd_ps(cvt::<BF>(wv), _mm512_maskz_loadu_ps(k, x.add(i)), s1);
+        s1 = _mm512_fmadd_ps(f16x16(wv), _mm512_maskz_loadu_ps(k, x.add(i)), s1);
     }
     _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)))
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dot_f16_impl(w: *const u16, x: *const f32, n: usize) -> f32 {
-    dot_half::<false>(w, x, n)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dot_bf16_impl(w: *const u16, x: *const f32, n: usize) -> f32 {
-    dot_half::<true>(w, x, n)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -242,6 +214,8 @@ unsafe fn dot_q8_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
     let mut b = 0;
     while b + 2 <= nb {
         let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
+        avx2::prefetch(p0);
+        avx2::prefetch(p1);
         let (d0, d1) = scales2(p0, p1);
         acc0 = _mm512_fmadd_ps(d0, q8_block(p0.add(2), x.add(b * 32)), acc0);
         acc1 = _mm512_fmadd_ps(d1, q8_block(p1.add(2), x.add(b * 32 + 32)), acc1);
@@ -288,6 +262,7 @@ unsafe fn dot_q4_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
     let mut b = 0;
     while b + 2 <= nb {
         let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
+        avx2::prefetch(p0);
         let (d0, d1) = scales2(p0, p1);
         let (lo0, hi0) = nibbles(p0.add(2), _mm512_mul_ps(d0, q));
         let (lo1, hi1) = nibbles(p1.add(2), _mm512_mul_ps(d1, q));
@@ -331,6 +306,7 @@ unsafe fn dot_q4_1_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
     let mut b = 0;
     while b + 2 <= nb {
         let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
+        avx2::prefetch(p0);
         let (d0, m0) = scale_min(p0);
         let (d1, m1) = scale_min(p1);
         let (lo0, hi0) = nibbles(p0.add(4), _mm512_fmadd_ps(d0, q, m0));
@@ -359,12 +335,7 @@ unsafe fn dot_q4_1_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
 /// 4 weight rows × 4 activation rows in one pass: 16 zmm accumulators, and
 /// each load feeds four FMAs.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dot4x4_impl(
-    w: &[*const f32; 4],
-    x: &[*const f32; 4],
-    n: usize,
-    out: &mut [[f32; 4]; 4],
-) {
+unsafe fn dot4x4_impl(w: &[*const f32; 4], x: &[*const f32; 4], n: usize, out: &mut [[f32; 4]; 4]) {
     let mut acc = [[_mm512_setzero_ps(); 4]; 4];
     let mut i = 0;
     while i < n {

@@ -10,8 +10,10 @@
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
-#[cfg(target_arch = "aarch64")]
+#[cfg(any(target_arch = "aarch64", test))]
 pub(crate) mod neon;
+#[cfg(all(test, not(target_arch = "aarch64")))]
+mod neon_mock;
 
 /// Number of whole 32-element blocks covered by both a block-format row of
 /// `block_bytes`-byte blocks and the activations.

@@ -3,21 +3,29 @@
 //! Uses only intrinsics stable since Rust 1.59. Half-precision weights are
 //! widened with integer operations (no `float16x4_t`), exactly like the
 //! scalar conversion: subnormals, infinities and NaNs included.
+//!
+//! On other architectures the module is compiled for tests only, over the
+//! scalar stand-ins of `neon_mock`, so the kernels' logic (lane order,
+//! nibble layout, tails) is checked by the x86 test suite too.
 
+#[cfg(not(target_arch = "aarch64"))]
+use super::neon_mock::*;
 use crate::dot::DotKernels;
 use crate::dtype::DType;
 use crate::f16::{bf16_to_f32, f16_to_f32};
 use crate::simd::whole_blocks;
+#[cfg(target_arch = "aarch64")]
 use std::arch::aarch64::*;
 use std::ptr;
 
 /// The NEON kernel set (NEON is part of the aarch64 baseline).
 pub(crate) fn kernels() -> Option<DotKernels> {
-    if std::arch::is_aarch64_feature_detected!("neon") {
-        Some(KERNELS)
-    } else {
-        None
-    }
+    #[cfg(target_arch = "aarch64")]
+    let ok = std::arch::is_aarch64_feature_detected!("neon");
+    // elsewhere this module is only built for tests, on scalar stand-ins
+    #[cfg(not(target_arch = "aarch64"))]
+    let ok = true;
+    ok.then_some(KERNELS)
 }
 
 /// Only reachable through [`kernels`], i.e. after feature detection.
@@ -101,7 +109,7 @@ unsafe fn half_at(p: *const u8) -> f32 {
 
 /// Four binary16 values (zero-extended to u32 lanes) as f32, exactly.
 #[inline]
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 fn f16x4(h: uint32x4_t) -> float32x4_t {
     let sign = vshlq_n_u32::<16>(vandq_u32(h, vdupq_n_u32(0x8000)));
     let em = vandq_u32(h, vdupq_n_u32(0x7fff));
@@ -120,14 +128,14 @@ fn f16x4(h: uint32x4_t) -> float32x4_t {
 
 /// Four bfloat16 values (zero-extended to u32 lanes) as f32.
 #[inline]
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 fn bf16x4(h: uint32x4_t) -> float32x4_t {
     vreinterpretq_f32_u32(vshlq_n_u32::<16>(h))
 }
 
 /// Eight half-precision values at `p` as two f32 vectors.
 #[inline]
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn half8<const BF: bool>(p: *const u16) -> (float32x4_t, float32x4_t) {
     let v = vld1q_u16(p);
     let (lo, hi) = (vmovl_u16(vget_low_u16(v)), vmovl_high_u16(v));
@@ -140,7 +148,7 @@ unsafe fn half8<const BF: bool>(p: *const u16) -> (float32x4_t, float32x4_t) {
 
 // ---- float rows -------------------------------------------------------------
 
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
     let mut s0 = vdupq_n_f32(0.0);
     let mut s1 = vdupq_n_f32(0.0);
@@ -167,7 +175,7 @@ unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
     vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)))
 }
 
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn dot_half_impl<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f32 {
     let mut s0 = vdupq_n_f32(0.0);
     let mut s1 = vdupq_n_f32(0.0);
@@ -199,7 +207,7 @@ unsafe fn dot_half_impl<const BF: bool>(w: *const u16, x: *const f32, n: usize) 
     vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)))
 }
 
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
     let va = vdupq_n_f32(a);
     let mut i = 0;
@@ -221,7 +229,7 @@ unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
 
 /// 16 signed bytes as four f32 vectors.
 #[inline]
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 fn i8x16_f32(q: int8x16_t) -> [float32x4_t; 4] {
     let lo = vmovl_s8(vget_low_s8(q));
     let hi = vmovl_high_s8(q);
@@ -235,7 +243,7 @@ fn i8x16_f32(q: int8x16_t) -> [float32x4_t; 4] {
 
 /// 16 unsigned bytes as four f32 vectors.
 #[inline]
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 fn u8x16_f32(q: uint8x16_t) -> [float32x4_t; 4] {
     let lo = vmovl_u8(vget_low_u8(q));
     let hi = vmovl_high_u8(q);
@@ -249,7 +257,7 @@ fn u8x16_f32(q: uint8x16_t) -> [float32x4_t; 4] {
 
 /// Σ f·x over four vectors `f` and 16 activations at `x`.
 #[inline]
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn dot16(f: [float32x4_t; 4], x: *const f32) -> float32x4_t {
     let a = vfmaq_f32(vmulq_f32(f[0], vld1q_f32(x)), f[1], vld1q_f32(x.add(4)));
     let b = vfmaq_f32(vmulq_f32(f[2], vld1q_f32(x.add(8))), f[3], vld1q_f32(x.add(12)));
@@ -258,26 +266,26 @@ unsafe fn dot16(f: [float32x4_t; 4], x: *const f32) -> float32x4_t {
 
 /// Σ q·x over 16 signed bytes `q` and 16 activations at `x`.
 #[inline]
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn dot_i8x16(q: int8x16_t, x: *const f32) -> float32x4_t {
     dot16(i8x16_f32(q), x)
 }
 
 /// Σ q·x over 16 unsigned bytes `q` and 16 activations at `x`.
 #[inline]
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn dot_u8x16(q: uint8x16_t, x: *const f32) -> float32x4_t {
     dot16(u8x16_f32(q), x)
 }
 
 /// Σ of 16 activations at `x`, as a vector of partial sums.
 #[inline]
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn sum16(x: *const f32) -> float32x4_t {
     vaddq_f32(vaddq_f32(vld1q_f32(x), vld1q_f32(x.add(4))), vaddq_f32(vld1q_f32(x.add(8)), vld1q_f32(x.add(12))))
 }
 
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn dot_q8_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
     const BB: usize = 34;
     let mut acc0 = vdupq_n_f32(0.0);
@@ -300,7 +308,7 @@ unsafe fn dot_q8_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
 }
 
 /// Q4_0 (`MIN` false: value d·(q−8)) and Q4_1 (`MIN` true: d·q + m).
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn dot_q4_impl<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
     let bb: usize = if MIN { 20 } else { 18 };
     let qoff: usize = if MIN { 4 } else { 2 };
@@ -341,22 +349,12 @@ unsafe fn dot_q4_impl<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -
 
 /// 4 weight rows × 4 activation rows in one pass: 16 accumulators of the 32
 /// vector registers; each load feeds four FMAs.
-#[target_feature(enable = "neon")]
-unsafe fn dot4x4_impl(
-    w: &[*const f32; 4],
-    x: &[*const f32; 4],
-    n: usize,
-    out: &mut [[f32; 4]; 4],
-) {
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
+unsafe fn dot4x4_impl(w: &[*const f32; 4], x: &[*const f32; 4], n: usize, out: &mut [[f32; 4]; 4]) {
     let mut acc = [[vdupq_n_f32(0.0); 4]; 4];
     let mut i = 0;
     while i + 4 <= n {
-        let xv = [
-            vld1q_f32(x[0].add(i)),
-            vld1q_f32(x[1].add(i)),
-            vld1q_f32(x[2].add(i)),
-            vld1q_f32(x[3].add(i)),
-        ];
+        let xv = [vld1q_f32(x[0].add(i)), vld1q_f32(x[1].add(i)), vld1q_f32(x[2].add(i)), vld1q_f32(x[3].add(i))];
         for r in 0..4 {
             let wv = vld1q_f32(w[r].add(i));
             for c in 0..4 {
@@ -380,7 +378,7 @@ unsafe fn dot4x4_impl(
 
 /// Stores four f32 vectors at `o`.
 #[inline]
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn store16(o: *mut f32, f: [float32x4_t; 4]) {
     vst1q_f32(o, f[0]);
     vst1q_f32(o.add(4), f[1]);
@@ -389,7 +387,7 @@ unsafe fn store16(o: *mut f32, f: [float32x4_t; 4]) {
 }
 
 /// f16 (`BF` false) or bf16 (`BF` true) bytes at `s` to `n` f32 at `o`.
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn deq_half<const BF: bool>(s: *const u8, o: *mut f32, n: usize) {
     let mut i = 0;
     while i + 8 <= n {
@@ -407,7 +405,7 @@ unsafe fn deq_half<const BF: bool>(s: *const u8, o: *mut f32, n: usize) {
     }
 }
 
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn deq_q8_0(s: *const u8, o: *mut f32, nb: usize) {
     for b in 0..nb {
         let p = s.add(b * 34);
@@ -421,7 +419,7 @@ unsafe fn deq_q8_0(s: *const u8, o: *mut f32, nb: usize) {
 
 /// Q4_0 (`MIN` false: d·(q−8)) or Q4_1 (`MIN` true: d·q + m, rounded as
 /// the scalar code: product, then sum).
-#[target_feature(enable = "neon")]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn deq_q4<const MIN: bool>(s: *const u8, o: *mut f32, nb: usize) {
     let bb: usize = if MIN { 20 } else { 18 };
     let qoff: usize = if MIN { 4 } else { 2 };
@@ -443,12 +441,7 @@ unsafe fn deq_q4<const MIN: bool>(s: *const u8, o: *mut f32, nb: usize) {
                 ]
             } else {
                 let f = i8x16_f32(vsubq_s8(vreinterpretq_s8_u8(q), vdupq_n_s8(8)));
-                [
-                    vmulq_n_f32(f[0], d),
-                    vmulq_n_f32(f[1], d),
-                    vmulq_n_f32(f[2], d),
-                    vmulq_n_f32(f[3], d),
-                ]
+                [vmulq_n_f32(f[0], d), vmulq_n_f32(f[1], d), vmulq_n_f32(f[2], d), vmulq_n_f32(f[3], d)]
             };
             store16(o.add(b * 32 + 16 * h), f);
         }
