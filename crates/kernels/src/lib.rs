@@ -27,17 +27,7 @@ pub use matrix::Matrix;
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
     #[error("tensor of {rows}x{cols} {dtype} needs {expected} bytes, got {got}")]
-    ByteLength {
-        dtype: DType,
-        rows: usize,
-        cols: usize,
-        expected: usize,
-        got: usize,
-    },
+    ByteLength { dtype: DType, rows: usize, cols: usize, expected: usize, got: usize },
     #[error("{dtype} rows must be a multiple of {block} elements, got a row of {cols}")]
-    BlockAlignment {
-        dtype: DType,
-        block: usize,
-        cols: usize,
-    },
+    BlockAlignment { dtype: DType, block: usize, cols: usize },
 }
