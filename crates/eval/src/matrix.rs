@@ -23,7 +23,9 @@
 //! * `passkey` — greedy answer after each prompt; `acc` = share containing
 //!   the key, plus `acc_len{L}` and `acc_depth{D}` breakdowns.
 //!
-//! Timings: `wall` seconds for the cell and `per_item`.
+//! Timings: `wall` seconds for the cell and `per_item`; `gen` cells add
+//! `ttft` (prompt prefill and first token) and `tpot` (seconds per later
+//! token), means over prompts.
 
 use crate::budget::{BudgetedPolicy, PolicySource};
 use crate::metrics::{first_divergence, identical_prefix_fraction, passkey_hit, positional_agreement};
@@ -301,6 +303,14 @@ fn run_cell(
                 meta = meta.max(g.kv_bytes.metadata);
             }
             let k = gens.len().max(1) as f64;
+            // latency: prompt prefill + first token, then per later token
+            let ttft = gens.iter().map(|g| g.time_to_first_token_s).sum::<f64>() / k;
+            let (dec_s, dec_n) =
+                gens.iter().fold((0.0, 0usize), |(s, n), g| (s + g.decode_s, n + g.token_ids.len().saturating_sub(1)));
+            row.timings.insert("ttft".into(), ttft);
+            if dec_n > 0 {
+                row.timings.insert("tpot".into(), dec_s / dec_n as f64);
+            }
             m.insert("first_div".into(), div / k);
             m.insert("prefix_frac".into(), pre / k);
             m.insert("agree_frac".into(), agree / k);

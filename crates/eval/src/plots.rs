@@ -77,6 +77,32 @@ pub fn charts(rows: &[ResultRow]) -> Vec<(String, Chart)> {
             }
             out.push((format!("{}__{}__{}", slug(task), slug(model), slug(metric)), chart));
         }
+        // allocated KV bytes of one sequence against the budget
+        let mut chart = Chart::new(format!("{task} - allocated KV"))
+            .x_label(if percent { "KV budget (% of sequence)" } else { "KV budget (slots)" })
+            .y_label(format!("KV MiB per sequence ({model})"))
+            .log_x(true);
+        let mut any = false;
+        for p in &policies {
+            let mut pts: Vec<(f64, f64)> = Vec::new();
+            for r in g.iter().filter(|r| r.policy == *p && r.kv_bytes > 0) {
+                let v = r.kv_bytes as f64 / 1048576.0;
+                match budget_x(&r.budget) {
+                    Some((x, is_pct)) if is_pct == percent => pts.push((x, v)),
+                    None if r.budget == "-" => pts.extend([(lo, v), (hi, v)]),
+                    _ => {}
+                }
+            }
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            pts.dedup_by(|a, b| a.0 == b.0);
+            if !pts.is_empty() {
+                any = true;
+                chart = chart.series(*p, pts);
+            }
+        }
+        if any {
+            out.push((format!("{}__{}__kv_bytes", slug(task), slug(model)), chart));
+        }
     }
     out
 }

@@ -180,8 +180,16 @@ fn matrix_end_to_end_and_resume() {
     let ppl = get("ppl:", "h2o", "50%");
     assert!(ppl.metrics["kl"] >= 0.0 && ppl.metrics["top1"] <= 1.0 && ppl.metrics["ppl"] > 1.0);
     assert_eq!(get("gen:", "full", "-").metrics["identical"], 1.0);
+    let gen = get("gen:", "full", "-");
+    assert!(gen.timings["ttft"] > 0.0 && gen.timings["tpot"] > 0.0, "{:?}", gen.timings);
     assert!(get("mc:", "window", "50%").kv_bytes < get("mc:", "full", "-").kv_bytes);
-    for f in ["results.jsonl", "results.csv", "results.md", "plots/mc_copa.jsonl_limit_6__stories260K__acc.png"] {
+    for f in [
+        "results.jsonl",
+        "results.csv",
+        "results.md",
+        "plots/mc_copa.jsonl_limit_6__stories260K__acc.png",
+        "plots/mc_copa.jsonl_limit_6__stories260K__kv_bytes.svg",
+    ] {
         assert!(out.join(f).exists(), "{f}");
     }
     let md = std::fs::read_to_string(out.join("results.md")).unwrap();
