@@ -10,7 +10,7 @@ pub struct Args {
     model: ModelArgs,
     /// Policy families separated by `;` (full, window, sink, heavy, random,
     /// h2o; extras such as `h2o:agg=max`; `h2o+chai:plan=F`). Each budget is
-    /// substituted into each family at equal slots (README "Evaluation").
+    /// substituted into each family at equal slots (README "Policies").
     #[arg(long, default_value = "full;window;sink;heavy;random;h2o")]
     policies: String,
     /// Budgets: percentages of each sequence or slot counts.
