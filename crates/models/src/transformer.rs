@@ -282,28 +282,19 @@ impl Model {
                 t.att_out.push(s.att[..n * qd].to_vec());
             }
 
-            lw.o.forward(&s.att, n, &mut s.proj);
-            if c.parallel_residual {
-                // x + attn(ln1 x) + mlp(ln2 x): the MLP reads the block input
-                norm_rows(c.norm, &lw.mlp_norm, c.norm_eps, &s.x, &mut s.xn, d);
-                s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
-            } else {
-                s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
-                norm_rows(c.norm, &lw.mlp_norm, c.norm_eps, &s.x, &mut s.xn, d);
-            }
-            if let Some(gate) = &lw.gate {
-                gate.forward(&s.xn, n, &mut s.gate);
-                lw.up.forward(&s.xn, n, &mut s.up);
-                for (gv, uv) in s.gate.iter_mut().zip(&s.up) {
-                    *gv = c.activation.apply(*gv) * uv;
-                }
-                lw.down.forward(&s.gate, n, &mut s.proj);
-            } else {
-                lw.up.forward(&s.xn, n, &mut s.up);
-                s.up.iter_mut().for_each(|v| *v = c.activation.apply(*v));
-                lw.down.forward(&s.up, n, &mut s.proj);
-            }
-            s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
+            output_and_mlp(
+                c,
+                lw,
+                n,
+                BlockBuffers {
+                    x: &mut s.x,
+                    xn: &mut s.xn,
+                    att: &s.att,
+                    proj: &mut s.proj,
+                    gate: &mut s.gate,
+                    up: &mut s.up,
+                },
+            );
         }
         cache.next_pos += n;
         if let Some(h) = cache.heads.as_mut() {
@@ -737,27 +728,19 @@ impl Model {
                 items.iter_mut().enumerate().zip(seqs.iter_mut().zip(s.att.chunks_mut(qd))).try_for_each(attend)?;
             }
 
-            lw.o.forward(&s.att, n, &mut s.proj);
-            if c.parallel_residual {
-                norm_rows(c.norm, &lw.mlp_norm, c.norm_eps, &s.x, &mut s.xn, d);
-                s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
-            } else {
-                s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
-                norm_rows(c.norm, &lw.mlp_norm, c.norm_eps, &s.x, &mut s.xn, d);
-            }
-            if let Some(gate) = &lw.gate {
-                gate.forward(&s.xn, n, &mut s.gate);
-                lw.up.forward(&s.xn, n, &mut s.up);
-                for (gv, uv) in s.gate.iter_mut().zip(&s.up) {
-                    *gv = c.activation.apply(*gv) * uv;
-                }
-                lw.down.forward(&s.gate, n, &mut s.proj);
-            } else {
-                lw.up.forward(&s.xn, n, &mut s.up);
-                s.up.iter_mut().for_each(|v| *v = c.activation.apply(*v));
-                lw.down.forward(&s.up, n, &mut s.proj);
-            }
-            s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
+            output_and_mlp(
+                c,
+                lw,
+                n,
+                BlockBuffers {
+                    x: &mut s.x,
+                    xn: &mut s.xn,
+                    att: &s.att,
+                    proj: &mut s.proj,
+                    gate: &mut s.gate,
+                    up: &mut s.up,
+                },
+            );
         }
         for it in items.iter_mut() {
             let cache = &mut *it.cache;
@@ -772,6 +755,44 @@ impl Model {
         w.output().matmul(&s.xn, n, &mut s.logits);
         Ok(())
     }
+}
+
+/// The activations a block's second half works on.
+struct BlockBuffers<'a> {
+    x: &'a mut [f32],
+    xn: &'a mut [f32],
+    att: &'a [f32],
+    proj: &'a mut [f32],
+    gate: &'a mut [f32],
+    up: &'a mut [f32],
+}
+
+/// The rest of a block after attention, for `n` rows: W_O, the residual(s)
+/// and the MLP (sequential or GPT-NeoX's parallel residual).
+fn output_and_mlp(c: &ModelConfig, lw: &crate::weights::LayerWeights, n: usize, b: BlockBuffers) {
+    let d = c.hidden_size;
+    lw.o.forward(b.att, n, b.proj);
+    if c.parallel_residual {
+        // x + attn(ln1 x) + mlp(ln2 x): the MLP reads the block input
+        norm_rows(c.norm, &lw.mlp_norm, c.norm_eps, b.x, b.xn, d);
+        b.x.iter_mut().zip(b.proj.iter()).for_each(|(a, p)| *a += p);
+    } else {
+        b.x.iter_mut().zip(b.proj.iter()).for_each(|(a, p)| *a += p);
+        norm_rows(c.norm, &lw.mlp_norm, c.norm_eps, b.x, b.xn, d);
+    }
+    if let Some(gate) = &lw.gate {
+        gate.forward(b.xn, n, b.gate);
+        lw.up.forward(b.xn, n, b.up);
+        for (gv, uv) in b.gate.iter_mut().zip(b.up.iter()) {
+            *gv = c.activation.apply(*gv) * uv;
+        }
+        lw.down.forward(b.gate, n, b.proj);
+    } else {
+        lw.up.forward(b.xn, n, b.up);
+        b.up.iter_mut().for_each(|v| *v = c.activation.apply(*v));
+        lw.down.forward(b.up, n, b.proj);
+    }
+    b.x.iter_mut().zip(b.proj.iter()).for_each(|(a, p)| *a += p);
 }
 
 fn missing_keys(layer: usize, kv_head: usize) -> Error {
