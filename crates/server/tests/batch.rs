@@ -14,7 +14,34 @@ fn shared() -> PathBuf {
         .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
 }
 
-const POLICIES: [&str; 4] = ["full", "window:recent=16", "h2o:heavy=8,recent=8", "sink:sink=4,recent=12"];
+/// Per sequence: full, window, h2o, sink, CHAI, H2O+CHAI, CHAI-static, full.
+fn policies(m: &LoadedModel) -> Vec<String> {
+    let c = &m.model.config;
+    let k = (c.n_heads / 3).max(1);
+    // a plan with k clusters in every layer; static membership: consecutive heads
+    let per = c.n_heads.div_ceil(k);
+    let static_clusters: Vec<Vec<usize>> =
+        (0..c.n_heads).collect::<Vec<_>>().chunks(per).map(|ch| ch.to_vec()).collect();
+    let layer = serde_json::json!({
+        "k": static_clusters.len(),
+        "errors": (0..c.n_heads).map(|i| (c.n_heads - i) as f64).collect::<Vec<_>>(),
+        "static_clusters": static_clusters,
+    });
+    let plan = serde_json::json!({ "layers": vec![layer; c.n_layers] });
+    let path = std::env::temp_dir().join(format!("kvslim-batch-plan-{}-{}.json", std::process::id(), c.n_layers));
+    std::fs::write(&path, plan.to_string()).unwrap();
+    let p = path.display();
+    vec![
+        "full".into(),
+        "window:recent=16".into(),
+        "h2o:heavy=8,recent=8".into(),
+        "sink:sink=4,recent=12".into(),
+        format!("chai:plan={p}"),
+        format!("h2o:heavy=8,recent=8+chai:plan={p}"),
+        format!("chai-static:plan={p}"),
+        "full".into(),
+    ]
+}
 const PROMPTS: [&str; 8] = [
     "Once upon a time",
     "Lily and Ben went to the park",
@@ -29,7 +56,8 @@ const PROMPTS: [&str; 8] = [
 fn check_model(m: &LoadedModel, steps: usize) {
     let tok = m.tokenizer.as_ref().expect("tokenizer");
     let model = &m.model;
-    let specs: Vec<PolicySpec> = (0..8).map(|i| PolicySpec::parse(POLICIES[i % 4]).unwrap()).collect();
+    let names = policies(m);
+    let specs: Vec<PolicySpec> = names.iter().map(|p| PolicySpec::parse(p).unwrap()).collect();
     let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| tok.encode(p).unwrap()).collect();
     let solo: Vec<Vec<u32>> = (0..8)
         .map(|i| {
@@ -71,7 +99,7 @@ fn check_model(m: &LoadedModel, steps: usize) {
         step += 1;
     }
     for i in 0..8 {
-        assert_eq!(out[i], solo[i], "sequence {i} (policy {}) differs from its solo run", POLICIES[i % 4]);
+        assert_eq!(out[i], solo[i], "sequence {i} (policy {}) differs from its solo run", names[i]);
     }
     // the bounded policies really evicted
     let s = sessions[2].as_ref().unwrap();
