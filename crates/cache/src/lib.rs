@@ -32,6 +32,20 @@ pub struct SequenceCache {
     pub next_pos: usize,
 }
 
+impl Clone for SequenceCache {
+    /// A full copy: KV slots, positions, scores, policy state (RNG streams
+    /// included) and CHAI state travel together, so the clone continues
+    /// exactly as the original would.
+    fn clone(&self) -> Self {
+        SequenceCache {
+            store: self.store.clone(),
+            policy: self.policy.clone_box(),
+            heads: self.heads.clone(),
+            next_pos: self.next_pos,
+        }
+    }
+}
+
 impl SequenceCache {
     /// Builds the cache for a sequence of at most `max_len` tokens.
     /// Budgets given as percentages resolve against `base_len` (the prompt

@@ -16,6 +16,7 @@ pub struct CacheFull {
 /// Invariant: slots `0..len` are occupied; `keys`/`values` hold
 /// `capacity × head_dim` floats (keys may be absent when a head-sharing
 /// policy dropped them); `positions`/`scores` hold `capacity` entries.
+#[derive(Clone)]
 pub struct HeadSlots {
     head_dim: usize,
     capacity: usize,
@@ -198,6 +199,7 @@ pub struct KvBytes {
 }
 
 /// All slots of one sequence: `layers × kv_heads` [`HeadSlots`].
+#[derive(Clone)]
 pub struct KvStore {
     layers: usize,
     kv_heads: usize,

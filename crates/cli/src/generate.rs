@@ -2,7 +2,7 @@
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs};
 use kvslim_cache::PolicySpec;
-use kvslim_engine::{generate, GenerateOptions, SamplingParams};
+use kvslim_engine::{beam_search, generate, BeamOptions, GenerateOptions, SamplingParams};
 use kvslim_models::tokenizer::StreamDecoder;
 use std::io::Write;
 
@@ -34,12 +34,28 @@ pub struct Args {
     /// Print one JSON object (`text`, `token_ids`, timings, KV bytes) instead of streaming.
     #[arg(long)]
     json: bool,
+    /// Beam search with N beams (N > 1; greedy only): prints the best
+    /// hypothesis, and `--json` lists all of them with their scores.
+    #[arg(long, default_value_t = 1)]
+    beams: usize,
+    /// Beam search length penalty α: score = logprob / len^α.
+    #[arg(long, default_value_t = 1.0)]
+    length_penalty: f32,
 }
 
 pub fn run(a: Args) -> CliResult {
+    if a.beams == 0 {
+        return Err("--beams must be at least 1".into());
+    }
+    if a.beams > 1 && a.temperature != 0.0 {
+        return Err("--beams > 1 is greedy beam search: drop --temperature".into());
+    }
     let loaded = a.model.load()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
     let prompt = tok.encode(&a.prompt)?;
+    if a.beams > 1 {
+        return run_beams(&a, &loaded.model, tok, &prompt);
+    }
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
         sampling: SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
@@ -87,6 +103,68 @@ pub fn run(a: Args) -> CliResult {
             g.time_to_first_token_s * 1e3,
             tps,
             g.kv_bytes.kv as f64 / 1048576.0,
+            a.policy
+        );
+    }
+    Ok(())
+}
+
+fn run_beams(
+    a: &Args,
+    model: &kvslim_models::Model,
+    tok: &kvslim_models::tokenizer::Tokenizer,
+    prompt: &[u32],
+) -> CliResult {
+    let opts = BeamOptions {
+        beams: a.beams,
+        max_tokens: a.max_tokens,
+        length_penalty: a.length_penalty,
+        early_stopping: true,
+        policy: a.policy.clone(),
+        eos: tok.eos.clone(),
+        keep_caches: false,
+    };
+    let start = std::time::Instant::now();
+    let hyps = beam_search(model, prompt, &opts)?;
+    let elapsed = start.elapsed().as_secs_f64();
+    let best = hyps.first().ok_or("beam search found no hypothesis")?;
+    let text = tok.decode(&best.token_ids)?;
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let mut all = Vec::with_capacity(hyps.len());
+        for h in &hyps {
+            all.push(serde_json::json!({
+                "text": tok.decode(&h.token_ids)?,
+                "token_ids": h.token_ids,
+                "logprob": h.logprob,
+                "score": h.score,
+                "stop_reason": if h.eos { "eos" } else { "max_tokens" },
+            }));
+        }
+        let v = serde_json::json!({
+            "text": text,
+            "token_ids": best.token_ids,
+            "prompt_token_ids": prompt,
+            "prompt_tokens": prompt.len(),
+            "completion_tokens": best.token_ids.len(),
+            "stop_reason": if best.eos { "eos" } else { "max_tokens" },
+            "policy": a.policy.to_string(),
+            "beams": a.beams,
+            "length_penalty": a.length_penalty,
+            "hypotheses": all,
+            "elapsed_s": elapsed,
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        writeln!(out, "{}{text}", a.prompt)?;
+        eprintln!(
+            "[{} prompt + {} generated tokens, {} beams, logprob {:.3}, score {:.3}, {:.2} s, policy {}]",
+            prompt.len(),
+            best.token_ids.len(),
+            a.beams,
+            best.logprob,
+            best.score,
+            elapsed,
             a.policy
         );
     }

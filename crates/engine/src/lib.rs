@@ -2,6 +2,7 @@
 //! per sequence, token [`sampling`], text [`generate`]-ion, teacher-forced
 //! [`perplexity`], and the [`bench`] harness.
 
+pub mod beam;
 pub mod bench;
 pub mod calibrate;
 pub mod generate;
@@ -10,6 +11,7 @@ pub mod sampling;
 pub mod session;
 pub mod synthetic;
 
+pub use beam::{beam_search, BeamOptions, Hypothesis};
 pub use generate::{generate, GenerateOptions, Generation};
 pub use perplexity::{perplexity, FullComparison, PerplexityOptions, PerplexityReport, Summary};
 pub use sampling::{Sampler, SamplingParams};

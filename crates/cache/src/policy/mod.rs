@@ -55,6 +55,11 @@ pub trait CachePolicy: Send {
     /// Short name for reports (`full`, `h2o`, …).
     fn name(&self) -> &str;
 
+    /// A copy of the policy's whole per-sequence state (RNG streams, trace,
+    /// everything), so a forked sequence (a beam) evolves exactly as the
+    /// original would have from this point.
+    fn clone_box(&self) -> Box<dyn CachePolicy>;
+
     /// Slots to allocate per (layer, KV head) for a sequence of at most
     /// `max_len` tokens. Budgeted policies return budget + 1 (one candidate).
     fn capacity(&self, max_len: usize) -> usize;
@@ -118,11 +123,15 @@ pub trait CachePolicy: Send {
 }
 
 /// The `full` policy: keep everything.
+#[derive(Clone, Copy)]
 pub struct FullCache;
 
 impl CachePolicy for FullCache {
     fn name(&self) -> &str {
         "full"
+    }
+    fn clone_box(&self) -> Box<dyn CachePolicy> {
+        Box::new(*self)
     }
     fn capacity(&self, max_len: usize) -> usize {
         max_len

@@ -40,6 +40,7 @@ pub struct EvictionEvent {
 }
 
 /// H2O and the token-eviction baselines.
+#[derive(Clone)]
 pub struct TokenEviction {
     name: &'static str,
     budget: usize,
@@ -159,6 +160,10 @@ impl TokenEviction {
 impl CachePolicy for TokenEviction {
     fn name(&self) -> &str {
         self.name
+    }
+
+    fn clone_box(&self) -> Box<dyn CachePolicy> {
+        Box::new(self.clone())
     }
 
     fn capacity(&self, _max_len: usize) -> usize {

@@ -117,7 +117,9 @@ pub struct LayerClustersReport {
     pub representatives: Vec<usize>,
 }
 
-/// Per-request CHAI state.
+/// Per-request CHAI state. Cloning it (beam search) gives a beam the
+/// request's clusters, or the probe collected so far.
+#[derive(Clone)]
 pub struct HeadSharing {
     pub spec: HeadSharingSpec,
     n_heads: usize,
