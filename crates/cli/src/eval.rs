@@ -24,6 +24,9 @@ pub struct Args {
     /// Items per task (windows for ppl) when the task spec sets no limit.
     #[arg(long)]
     limit: Option<usize>,
+    /// Window length of `ppl:` tasks whose spec sets no `seq_len=`.
+    #[arg(long)]
+    seq_len: Option<usize>,
     /// How sequences are fed: `decode` (policy active at every token), `prefill-context`, `prefill`.
     #[arg(long, default_value = "decode")]
     mode: String,
@@ -57,6 +60,14 @@ pub fn run(a: Args) -> CliResult {
         let mut spec = TaskSpec::parse(t)?;
         if spec.limit.is_none() {
             spec.limit = a.limit;
+        }
+        if let (Some(n), kvslim_eval::tasks::TaskKind::Ppl { seq_len, .. }) = (a.seq_len, &mut spec.kind) {
+            if !t.contains("seq_len=") {
+                if n < 2 {
+                    return Err("--seq-len must be at least 2".into());
+                }
+                *seq_len = n;
+            }
         }
         tasks.push(spec);
     }

@@ -66,6 +66,9 @@ pub struct FullComparison {
     /// Retained attention mass 1 − m_t over decode steps and query heads.
     pub retained_mass: Summary,
     pub retained_mass_per_layer: Vec<Summary>,
+    /// Every (step, layer, query head) retained mass, for pooling across runs.
+    #[serde(skip)]
+    pub retained_mass_samples: Vec<f64>,
     /// Mean NLL of the full cache on the same tokens.
     pub full_nll: f64,
 }
@@ -252,6 +255,7 @@ impl CompareAcc {
             kl_mean: self.kl.iter().sum::<f64>() / n,
             top1_agreement: self.agree as f64 / n,
             retained_mass: Summary::of(&mut all),
+            retained_mass_samples: all,
             retained_mass_per_layer: self.mass.iter_mut().map(|m| Summary::of(m)).collect(),
             full_nll: self.full_nll.iter().sum::<f64>() / self.full_nll.len().max(1) as f64,
         }

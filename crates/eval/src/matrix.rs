@@ -12,7 +12,9 @@
 //!   token a decode step (or one prefill in [`ScoreMode::Prefill`]); with
 //!   `compare_full`, `kl` = mean KL(full‖policy), `top1` = top-1
 //!   agreement and `retained_mass` = mean attention mass the full cache
-//!   puts on the kept tokens (the `full` policy gets kl 0, top1 1).
+//!   puts on the kept tokens, `retained_mass_p1` / `_p5` its 1st and 5th
+//!   percentiles over steps, layers and query heads (the `full` policy
+//!   gets kl 0, top1 1, mass 1).
 //!   Budgets resolve against each window.
 //! * `gen` — greedy generation from each prompt under the policy, compared
 //!   with the full cache's greedy output: `first_div` (mean first step
@@ -242,6 +244,7 @@ fn run_cell(
                 |d| report(d, total),
             )?;
             let (mut nll, mut toks, mut kl, mut top1, mut mass, mut cmp_toks) = (0.0, 0usize, 0.0, 0.0, 0.0, 0usize);
+            let mut mass_samples: Vec<f64> = Vec::new();
             for r in &reps {
                 let n = r.tokens - 1;
                 nll += r.nll * n as f64;
@@ -252,6 +255,7 @@ fn run_cell(
                     kl += c.kl_mean * n as f64;
                     top1 += c.top1_agreement * n as f64;
                     mass += c.retained_mass.mean * n as f64;
+                    mass_samples.extend_from_slice(&c.retained_mass_samples);
                     cmp_toks += n;
                 }
             }
@@ -263,11 +267,16 @@ fn run_cell(
                 m.insert("kl".into(), 0.0);
                 m.insert("top1".into(), 1.0);
                 m.insert("retained_mass".into(), 1.0);
+                m.insert("retained_mass_p1".into(), 1.0);
+                m.insert("retained_mass_p5".into(), 1.0);
             } else if cmp_toks > 0 {
                 let c = cmp_toks as f64;
                 m.insert("kl".into(), kl / c);
                 m.insert("top1".into(), top1 / c);
                 m.insert("retained_mass".into(), mass / c);
+                let pooled = kvslim_engine::Summary::of(&mut mass_samples);
+                m.insert("retained_mass_p1".into(), pooled.p1);
+                m.insert("retained_mass_p5".into(), pooled.p5);
             }
         }
         Prepared::Gen { prompts, reference } => {

@@ -179,6 +179,9 @@ fn matrix_end_to_end_and_resume() {
     }
     let ppl = get("ppl:", "h2o", "50%");
     assert!(ppl.metrics["kl"] >= 0.0 && ppl.metrics["top1"] <= 1.0 && ppl.metrics["ppl"] > 1.0);
+    let (p1, p5, mean) =
+        (ppl.metrics["retained_mass_p1"], ppl.metrics["retained_mass_p5"], ppl.metrics["retained_mass"]);
+    assert!(0.0 <= p1 && p1 <= p5 && p5 <= mean && mean <= 1.0, "{p1} {p5} {mean}");
     assert_eq!(get("gen:", "full", "-").metrics["identical"], 1.0);
     let gen = get("gen:", "full", "-");
     assert!(gen.timings["ttft"] > 0.0 && gen.timings["tpot"] > 0.0, "{:?}", gen.timings);
