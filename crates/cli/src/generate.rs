@@ -2,7 +2,10 @@
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs};
 use kvslim_cache::PolicySpec;
-use kvslim_engine::{beam_search, generate, BeamOptions, GenerateOptions, SamplingParams};
+use kvslim_engine::{
+    beam_search, generate, speculative_generate, BeamOptions, Drafter, GenerateOptions, ModelDrafter, NgramDrafter,
+    SamplingParams,
+};
 use kvslim_models::tokenizer::StreamDecoder;
 use std::io::Write;
 
@@ -41,6 +44,14 @@ pub struct Args {
     /// Beam search length penalty α: score = logprob / len^α.
     #[arg(long, default_value_t = 1.0)]
     length_penalty: f32,
+    /// Greedy speculative decoding with an `ngram` (prompt-lookup) or
+    /// `self` (the model drafting for itself) draft; the output equals
+    /// plain greedy decoding's.
+    #[arg(long, value_parser = ["ngram", "self"])]
+    speculative: Option<String>,
+    /// Draft tokens verified per target pass (with --speculative).
+    #[arg(long, default_value_t = 4)]
+    draft_len: usize,
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -49,6 +60,9 @@ pub fn run(a: Args) -> CliResult {
     }
     if a.beams > 1 && a.temperature != 0.0 {
         return Err("--beams > 1 is greedy beam search: drop --temperature".into());
+    }
+    if a.speculative.is_some() && a.beams > 1 {
+        return Err("--speculative and --beams do not combine".into());
     }
     let loaded = a.model.load()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
@@ -62,13 +76,19 @@ pub fn run(a: Args) -> CliResult {
         policy: a.policy.clone(),
         eos: tok.eos.clone(),
     };
+    if a.speculative.is_some() && a.temperature != 0.0 {
+        return Err("--speculative is greedy only: drop --temperature".into());
+    }
+    if a.speculative.is_some() && a.draft_len == 0 {
+        return Err("--draft-len must be at least 1".into());
+    }
     let mut stream = StreamDecoder::new();
     let mut out = std::io::stdout().lock();
     if !a.json {
         write!(out, "{}", a.prompt)?;
         out.flush()?;
     }
-    let g = generate(&loaded.model, &prompt, &opts, |id| {
+    let mut on_token = |id| {
         if !a.json {
             if let Ok(piece) = stream.push(tok, id) {
                 let _ = write!(out, "{piece}");
@@ -76,7 +96,17 @@ pub fn run(a: Args) -> CliResult {
             }
         }
         true
-    })?;
+    };
+    let (g, spec_stats) = match a.speculative.as_deref() {
+        None => (generate(&loaded.model, &prompt, &opts, on_token)?, None),
+        Some(kind) => {
+            let mut ngram = NgramDrafter::default();
+            let mut model_draft = ModelDrafter::new(&loaded.model, a.policy.clone(), prompt.len() + a.max_tokens);
+            let drafter: &mut dyn Drafter = if kind == "self" { &mut model_draft } else { &mut ngram };
+            let (g, st) = speculative_generate(&loaded.model, &prompt, &opts, drafter, a.draft_len, &mut on_token)?;
+            (g, Some(st))
+        }
+    };
     let text = tok.decode(&g.token_ids)?;
     let tps = if g.decode_s > 0.0 { (g.token_ids.len().saturating_sub(1)) as f64 / g.decode_s } else { 0.0 };
     if a.json {
@@ -92,6 +122,14 @@ pub fn run(a: Args) -> CliResult {
             "decode_tok_s": tps,
             "kv_bytes_allocated": g.kv_bytes.kv,
             "kv_metadata_bytes": g.kv_bytes.metadata,
+            "speculative": spec_stats.map(|st| serde_json::json!({
+                "drafter": a.speculative,
+                "draft_len": a.draft_len,
+                "target_passes": st.target_passes,
+                "drafted": st.drafted,
+                "accepted": st.accepted,
+                "tokens_per_pass": st.tokens_per_pass(),
+            })),
         });
         writeln!(out, "{v}")?;
     } else {
@@ -104,6 +142,17 @@ pub fn run(a: Args) -> CliResult {
             tps,
             g.kv_bytes.kv as f64 / 1048576.0,
             a.policy
+        );
+    }
+    if let Some(st) = spec_stats {
+        eprintln!(
+            "[speculative {}: {} target passes, {} drafted, {} accepted ({:.1}%), {:.2} tokens per pass]",
+            a.speculative.as_deref().unwrap_or(""),
+            st.target_passes,
+            st.drafted,
+            st.accepted,
+            if st.drafted > 0 { 100.0 * st.accepted as f64 / st.drafted as f64 } else { 0.0 },
+            st.tokens_per_pass()
         );
     }
     Ok(())

@@ -9,6 +9,7 @@ pub mod generate;
 pub mod perplexity;
 pub mod sampling;
 pub mod session;
+pub mod speculative;
 pub mod synthetic;
 
 pub use beam::{beam_search, BeamOptions, Hypothesis};
@@ -16,6 +17,7 @@ pub use generate::{generate, GenerateOptions, Generation};
 pub use perplexity::{perplexity, FullComparison, PerplexityOptions, PerplexityReport, Summary};
 pub use sampling::{Sampler, SamplingParams};
 pub use session::Session;
+pub use speculative::{speculative_generate, speculative_run, Drafter, ModelDrafter, NgramDrafter, SpecStats};
 
 /// Errors of the engine: model errors plus request validation.
 #[derive(Debug, thiserror::Error)]

@@ -117,6 +117,45 @@ impl Matrix {
         }
     }
 
+    /// out[t, r] = W[r,:]·x[t,:] for `n` input rows, each product computed
+    /// by exactly the arithmetic of [`Matrix::matvec`], so the result equals
+    /// `n` separate `matvec` calls bit for bit, while each weight row is
+    /// read from memory once (rows outer, tokens inner). Used to verify
+    /// speculative drafts with the numerics of single-token decode.
+    pub fn matvec_many(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        assert_eq!(x.len(), n * self.cols, "matvec_many input length");
+        assert_eq!(out.len(), n * self.rows, "matvec_many output length");
+        if n == 1 {
+            return self.matvec(x, out);
+        }
+        let k = kernels();
+        let (dt, rb, cols, rows) = (self.dtype, self.row_bytes, self.cols, self.rows);
+        let bytes = self.bytes();
+        // [rows, n]: one contiguous run per weight row
+        let mut transposed = vec![0f32; rows * n];
+        let per_row = |r: usize, o: &mut [f32]| {
+            let row = &bytes[r * rb..(r + 1) * rb];
+            for (t, v) in o.iter_mut().enumerate() {
+                *v = dot_row(k, dt, row, &x[t * cols..(t + 1) * cols]);
+            }
+        };
+        if rows * cols < PARALLEL_MIN_WORK || rayon::current_num_threads() == 1 {
+            transposed.chunks_mut(n).enumerate().for_each(|(r, o)| per_row(r, o));
+        } else {
+            let chunk = (rows / (rayon::current_num_threads() * 4)).max(16);
+            transposed.par_chunks_mut(chunk * n).enumerate().for_each(|(c, o)| {
+                for (i, orow) in o.chunks_mut(n).enumerate() {
+                    per_row(c * chunk + i, orow);
+                }
+            });
+        }
+        for (r, tr) in transposed.chunks_exact(n).enumerate() {
+            for (t, &v) in tr.iter().enumerate() {
+                out[t * rows + r] = v;
+            }
+        }
+    }
+
     /// out[t, r] = W[r,:]·x[t,:] for `n` input rows (prefill). Weight rows
     /// are dequantized once per block of rows and reused for every token;
     /// the products run as 4-row × 4-token register tiles.
@@ -181,6 +220,26 @@ mod tests {
 
     fn data(rows: usize, cols: usize) -> Vec<f32> {
         (0..rows * cols).map(|i| ((i * 31 % 113) as f32 - 56.0) / 40.0).collect()
+    }
+
+    #[test]
+    fn matvec_many_equals_separate_matvecs_bit_for_bit() {
+        for dt in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_1] {
+            // the large shape takes the threaded path
+            for (rows, cols) in [(300, 128), (1024, 256)] {
+                let m = Matrix::quantized(dt, rows, cols, &data(rows, cols)).unwrap();
+                let n = 5;
+                let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7 % 29) as f32 - 14.0) / 9.0).collect();
+                let mut many = vec![0f32; n * rows];
+                m.matvec_many(&x, n, &mut many);
+                for t in 0..n {
+                    let mut one = vec![0f32; rows];
+                    m.matvec(&x[t * cols..(t + 1) * cols], &mut one);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&many[t * rows..(t + 1) * rows]), bits(&one), "{dt} token {t}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -294,6 +294,7 @@ impl Model {
                     gate: &mut s.gate,
                     up: &mut s.up,
                 },
+                false,
             );
         }
         cache.next_pos += n;
@@ -308,6 +309,110 @@ impl Model {
             norm_rows(c.norm, &w.final_norm, c.norm_eps, &s.x[first * d..n * d], &mut s.xn[..logit_rows * d], d);
             w.output().matmul(&s.xn[..logit_rows * d], logit_rows, &mut s.logits);
         }
+        Ok(())
+    }
+}
+
+impl Model {
+    /// Runs `tokens` as consecutive decode steps, with logits for every
+    /// token in `scratch.logits()` (`[n, vocab]`). The result — logits and
+    /// cache state (slots, positions, scores, evictions) — is bit-identical
+    /// to calling [`Model::forward`] with `&[t]` and [`Logits::Last`] once per
+    /// token: every matrix product uses the GEMV arithmetic
+    /// ([`kvslim_kernels::Matrix::matvec_many`]), and per layer each token
+    /// runs RoPE, the decode attention and the policy's scoring/eviction in
+    /// order, exactly as a decode step does. Only the weight reads are
+    /// shared across the chunk (layer-major order is equivalent because
+    /// policy state is per layer and KV head). Speculative decoding
+    /// verifies drafts with it.
+    ///
+    /// While online CHAI is still collecting its probe (clustering happens
+    /// between two tokens) or a trace is recorded, it runs token by token.
+    pub fn forward_sequential(&self, tokens: &[u32], cache: &mut SequenceCache, s: &mut Scratch) -> Result<()> {
+        let c = &self.config;
+        let w = &self.weights;
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let probing = cache.heads.as_ref().is_some_and(|h| h.collecting_probe());
+        if n == 1 || probing || s.trace.is_some() {
+            let mut all = Vec::with_capacity(n * c.vocab_size);
+            for &t in tokens {
+                self.forward(&[t], cache, s, Logits::Last)?;
+                all.extend_from_slice(&s.logits[..c.vocab_size]);
+            }
+            s.logits.clear();
+            s.logits.extend_from_slice(&all);
+            return Ok(());
+        }
+        let p0 = cache.next_pos;
+        let past_context_ok = c.learned_positions.is_none() && cache.policy.bounded();
+        if p0 + n > c.context_len && !past_context_ok {
+            return Err(Error::ContextOverflow { pos: p0 + n - 1, context: c.context_len });
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(Error::TokenOutOfRange { id, vocab: c.vocab_size });
+        }
+        let (d, hd) = (c.hidden_size, c.head_dim);
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let slots = cache.store.head(0, 0).capacity();
+        s.ensure(c, n, slots, n);
+        for (t, &tok) in tokens.iter().enumerate() {
+            let row = &mut s.x[t * d..(t + 1) * d];
+            w.token_embedding.row_into(tok as usize, row);
+            if let (Some(pe), Some(off)) = (&w.position_embedding, c.learned_positions) {
+                let pos_row = &mut s.proj[..d];
+                pe.row_into(p0 + t + off, pos_row);
+                row.iter_mut().zip(pos_row.iter()).for_each(|(a, b)| *a += b);
+            }
+        }
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (mut qa, mut ka, mut va, mut atta) =
+            (vec![0f32; n * qd], vec![0f32; n * kvd], vec![0f32; n * kvd], vec![0f32; n * qd]);
+        for (li, lw) in w.layers.iter().enumerate() {
+            norm_rows(c.norm, &lw.attn_norm, c.norm_eps, &s.x, &mut s.xn, d);
+            lw.q.forward_rows(&s.xn, n, &mut qa);
+            lw.k.forward_rows(&s.xn, n, &mut ka);
+            lw.v.forward_rows(&s.xn, n, &mut va);
+            for t in 0..n {
+                let pos = p0 + t;
+                s.q[..qd].copy_from_slice(&qa[t * qd..(t + 1) * qd]);
+                s.k[..kvd].copy_from_slice(&ka[t * kvd..(t + 1) * kvd]);
+                s.v[..kvd].copy_from_slice(&va[t * kvd..(t + 1) * kvd]);
+                if let Some(rope) = &self.rope {
+                    let half = rope.rotary_dim / 2;
+                    let (cs, sn) = (&mut s.cos[..half], &mut s.sin[..half]);
+                    rope.tables(pos as u32, cs, sn);
+                    let (cs, sn) = (&s.cos[..half], &s.sin[..half]);
+                    for h in s.q[..qd].chunks_exact_mut(hd) {
+                        rope.apply(h, cs, sn);
+                    }
+                    for h in s.k[..kvd].chunks_exact_mut(hd) {
+                        rope.apply(h, cs, sn);
+                    }
+                }
+                self.decode_attention(li, cache, s, pos, scale)?;
+                atta[t * qd..(t + 1) * qd].copy_from_slice(&s.att[..qd]);
+            }
+            output_and_mlp(
+                c,
+                lw,
+                n,
+                BlockBuffers {
+                    x: &mut s.x,
+                    xn: &mut s.xn,
+                    att: &atta,
+                    proj: &mut s.proj,
+                    gate: &mut s.gate,
+                    up: &mut s.up,
+                },
+                true,
+            );
+        }
+        cache.next_pos += n;
+        norm_rows(c.norm, &w.final_norm, c.norm_eps, &s.x[..n * d], &mut s.xn[..n * d], d);
+        w.output().matvec_many(&s.xn[..n * d], n, &mut s.logits);
         Ok(())
     }
 }
@@ -740,6 +845,7 @@ impl Model {
                     gate: &mut s.gate,
                     up: &mut s.up,
                 },
+                false,
             );
         }
         for it in items.iter_mut() {
@@ -769,9 +875,18 @@ struct BlockBuffers<'a> {
 
 /// The rest of a block after attention, for `n` rows: W_O, the residual(s)
 /// and the MLP (sequential or GPT-NeoX's parallel residual).
-fn output_and_mlp(c: &ModelConfig, lw: &crate::weights::LayerWeights, n: usize, b: BlockBuffers) {
+/// `rows_exact` computes every product with the single-row arithmetic
+/// ([`Linear::forward_rows`](crate::weights::Linear::forward_rows)).
+fn output_and_mlp(c: &ModelConfig, lw: &crate::weights::LayerWeights, n: usize, b: BlockBuffers, rows_exact: bool) {
     let d = c.hidden_size;
-    lw.o.forward(b.att, n, b.proj);
+    let lin = |l: &crate::weights::Linear, x: &[f32], out: &mut [f32]| {
+        if rows_exact {
+            l.forward_rows(x, n, out)
+        } else {
+            l.forward(x, n, out)
+        }
+    };
+    lin(&lw.o, b.att, b.proj);
     if c.parallel_residual {
         // x + attn(ln1 x) + mlp(ln2 x): the MLP reads the block input
         norm_rows(c.norm, &lw.mlp_norm, c.norm_eps, b.x, b.xn, d);
@@ -781,16 +896,16 @@ fn output_and_mlp(c: &ModelConfig, lw: &crate::weights::LayerWeights, n: usize, 
         norm_rows(c.norm, &lw.mlp_norm, c.norm_eps, b.x, b.xn, d);
     }
     if let Some(gate) = &lw.gate {
-        gate.forward(b.xn, n, b.gate);
-        lw.up.forward(b.xn, n, b.up);
+        lin(gate, b.xn, b.gate);
+        lin(&lw.up, b.xn, b.up);
         for (gv, uv) in b.gate.iter_mut().zip(b.up.iter()) {
             *gv = c.activation.apply(*gv) * uv;
         }
-        lw.down.forward(b.gate, n, b.proj);
+        lin(&lw.down, b.gate, b.proj);
     } else {
-        lw.up.forward(b.xn, n, b.up);
+        lin(&lw.up, b.xn, b.up);
         b.up.iter_mut().for_each(|v| *v = c.activation.apply(*v));
-        lw.down.forward(b.up, n, b.proj);
+        lin(&lw.down, b.up, b.proj);
     }
     b.x.iter_mut().zip(b.proj.iter()).for_each(|(a, p)| *a += p);
 }

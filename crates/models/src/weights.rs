@@ -32,6 +32,17 @@ impl Linear {
         }
     }
 
+    /// Like [`Linear::forward`], but every row is computed with the
+    /// single-row (GEMV) arithmetic, bit-identical to `n` one-row calls.
+    pub fn forward_rows(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        self.weight.matvec_many(x, n, out);
+        if let Some(b) = &self.bias {
+            for row in out.chunks_exact_mut(b.len()) {
+                row.iter_mut().zip(b).for_each(|(o, bi)| *o += bi);
+            }
+        }
+    }
+
     pub fn out_dim(&self) -> usize {
         self.weight.rows()
     }

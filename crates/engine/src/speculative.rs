@@ -1,0 +1,267 @@
+//! Greedy speculative decoding: a [`Drafter`] proposes up to `k` tokens,
+//! the target verifies them in one chunk, and the longest agreeing prefix
+//! plus the target's own next token is committed.
+//!
+//! # Equivalence guarantee
+//!
+//! With greedy sampling, [`speculative_generate`] yields exactly the tokens
+//! of plain greedy [`generate`](crate::generate()) under the same policy,
+//! whatever the drafter proposes, and the committed cache state (kept
+//! slots, positions, scores, `next_pos`) is bit-identical to plain
+//! decoding's. Verification runs [`Model::forward_sequential`], which
+//! reproduces one decode step per token bit for bit — including each
+//! token's score increments and evictions — so the target's logits for an
+//! accepted prefix are the ones plain decoding would see.
+//!
+//! # Rollback: snapshot and replay
+//!
+//! Rejected drafts must leave no trace (no score increments, no evicted
+//! victims). Before verification the sequence cache is snapshotted
+//! (`SequenceCache::clone`): the temporary capacity is one extra copy of
+//! the sequence cache (for a bounded policy of budget B that is B + 1
+//! slots per layer and KV head, plus scores and positions). If every draft
+//! is accepted the verified state is kept as is; otherwise the snapshot is
+//! restored and `forward_sequential` replays exactly the accepted tokens
+//! (the pending token plus the accepted drafts), so scoring and eviction
+//! happen only for committed tokens. The cost is re-running the accepted
+//! prefix (a + 1 tokens) on partial acceptance and one cache copy per
+//! round; journaling score deltas and overwritten victim slots would avoid
+//! both and is future work.
+
+use crate::generate::{GenerateOptions, Generation, StopReason};
+use crate::sampling::Sampler;
+use crate::session::Session;
+use crate::{EngineError, Result};
+use kvslim_cache::{PolicySpec, SequenceCache};
+use kvslim_models::{Logits, Model};
+use std::time::Instant;
+
+/// Proposes draft continuations of a token sequence.
+pub trait Drafter {
+    /// Up to `k` tokens expected to follow `context` (prompt and every
+    /// committed token, the last one not yet run by the target).
+    fn draft(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>>;
+}
+
+/// Prompt-lookup draft: finds the latest earlier occurrence of the last
+/// n-gram (n = `max_ngram`..=1) of the context and proposes what followed it.
+pub struct NgramDrafter {
+    pub max_ngram: usize,
+}
+
+impl Default for NgramDrafter {
+    fn default() -> Self {
+        NgramDrafter { max_ngram: 3 }
+    }
+}
+
+impl Drafter for NgramDrafter {
+    fn draft(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>> {
+        let len = context.len();
+        for n in (1..=self.max_ngram.min(len.saturating_sub(1))).rev() {
+            let suffix = &context[len - n..];
+            if let Some(i) = (0..len - n).rev().find(|&i| &context[i..i + n] == suffix) {
+                let from = i + n;
+                return Ok(context[from..(from + k).min(len)].to_vec());
+            }
+        }
+        Ok(Vec::new())
+    }
+}
+
+/// Draft model (any model with the target's tokenizer, e.g. a model
+/// drafting for itself): greedy decoding in its own session under its own
+/// policy; its cache is snapshotted before drafting and restored after, so
+/// it only ever holds committed tokens.
+pub struct ModelDrafter<'m> {
+    model: &'m Model,
+    policy: PolicySpec,
+    max_len: usize,
+    session: Option<Session<'m>>,
+    fed: Vec<u32>,
+}
+
+impl<'m> ModelDrafter<'m> {
+    /// `max_len`: the longest context it will see (prompt + max tokens).
+    pub fn new(model: &'m Model, policy: PolicySpec, max_len: usize) -> Self {
+        ModelDrafter { model, policy, max_len, session: None, fed: Vec::new() }
+    }
+}
+
+impl Drafter for ModelDrafter<'_> {
+    fn draft(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>> {
+        if self.session.is_none() || !context.starts_with(&self.fed) || context.len() == self.fed.len() {
+            self.session = Some(Session::new(self.model, &self.policy, self.max_len, context.len())?);
+            self.fed.clear();
+        }
+        let s = self.session.as_mut().expect("created above");
+        let ctx_len = self.model.config.context_len;
+        let k = k.min((self.max_len.min(ctx_len)).saturating_sub(context.len()));
+        let mut next = crate::sampling::argmax(s.feed(&context[self.fed.len()..], Logits::Last)?);
+        self.fed = context.to_vec();
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        let snapshot = s.cache.clone();
+        let mut out = vec![next];
+        while out.len() < k {
+            next = crate::sampling::argmax(s.feed(&[next], Logits::Last)?);
+            out.push(next);
+        }
+        s.cache = snapshot;
+        Ok(out)
+    }
+}
+
+/// Acceptance counters of a speculative run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SpecStats {
+    /// Target forward passes after the prompt (verifications and plain steps).
+    pub target_passes: usize,
+    /// Draft tokens proposed.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+}
+
+impl SpecStats {
+    /// Tokens committed per target pass (1 = no speed-up from drafting).
+    pub fn tokens_per_pass(&self) -> f64 {
+        if self.target_passes == 0 {
+            0.0
+        } else {
+            (self.accepted + self.target_passes) as f64 / self.target_passes as f64
+        }
+    }
+}
+
+/// A speculative run with its final target cache (for state checks).
+pub struct SpecOutcome {
+    pub generation: Generation,
+    pub stats: SpecStats,
+    pub cache: SequenceCache,
+}
+
+/// Greedy speculative generation with drafts of up to `k` tokens; returns
+/// the same tokens as greedy [`generate`](crate::generate()) (see the module docs).
+pub fn speculative_generate(
+    model: &Model,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    draft: &mut dyn Drafter,
+    k: usize,
+    on_token: impl FnMut(u32) -> bool,
+) -> Result<(Generation, SpecStats)> {
+    let o = speculative_run(model, prompt, opts, draft, k, on_token)?;
+    Ok((o.generation, o.stats))
+}
+
+/// [`speculative_generate`], also returning the target's cache.
+pub fn speculative_run(
+    model: &Model,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    draft: &mut dyn Drafter,
+    k: usize,
+    mut on_token: impl FnMut(u32) -> bool,
+) -> Result<SpecOutcome> {
+    opts.sampling.validate().map_err(EngineError::Request)?;
+    if opts.sampling.temperature != 0.0 {
+        return Err(EngineError::Request("speculative decoding is greedy only: drop --temperature".into()));
+    }
+    if prompt.is_empty() {
+        return Err(EngineError::Request("the prompt is empty (and the tokenizer adds no BOS)".into()));
+    }
+    let ctx = model.config.context_len;
+    if prompt.len() >= ctx {
+        return Err(EngineError::Request(format!(
+            "the prompt has {} tokens but the model's context is {ctx}; shorten it",
+            prompt.len()
+        )));
+    }
+    let mut session = Session::new(model, &opts.policy, prompt.len() + opts.max_tokens, prompt.len())?;
+    let max_new = if session.cache.policy.bounded() && model.config.learned_positions.is_none() {
+        opts.max_tokens
+    } else {
+        opts.max_tokens.min(ctx - prompt.len())
+    };
+    let mut sampler = Sampler::new(opts.sampling.clone());
+    let mut stats = SpecStats::default();
+    let start = Instant::now();
+    let mut next = sampler.sample(session.feed(prompt, Logits::Last)?);
+    let ttft = start.elapsed().as_secs_f64();
+    let decode_start = Instant::now();
+    let mut out: Vec<u32> = Vec::with_capacity(max_new);
+    let mut context: Vec<u32> = prompt.to_vec();
+    let mut stop = StopReason::MaxTokens;
+    let vocab = model.config.vocab_size;
+    'outer: while out.len() < max_new {
+        if opts.eos.contains(&next) {
+            stop = StopReason::Eos;
+            break;
+        }
+        out.push(next);
+        context.push(next);
+        if !on_token(next) {
+            stop = StopReason::Cancelled;
+            break;
+        }
+        if out.len() == max_new {
+            break;
+        }
+        // drafts never run past the last token that will be output
+        let room = (max_new - out.len() - 1).min(k);
+        let mut drafts = if room > 0 { draft.draft(&context, room)? } else { Vec::new() };
+        drafts.truncate(room);
+        drafts.retain(|&t| (t as usize) < vocab);
+        stats.target_passes += 1;
+        stats.drafted += drafts.len();
+        if drafts.is_empty() {
+            next = sampler.sample(session.feed(&[next], Logits::Last)?);
+            continue;
+        }
+        let mut chunk = Vec::with_capacity(drafts.len() + 1);
+        chunk.push(next);
+        chunk.extend_from_slice(&drafts);
+        let snapshot = session.cache.clone();
+        model.forward_sequential(&chunk, &mut session.cache, &mut session.scratch)?;
+        let logits = session.scratch.logits();
+        let mut accepted = 0;
+        let mut target = sampler.sample(&logits[..vocab]);
+        while accepted < drafts.len() && drafts[accepted] == target {
+            accepted += 1;
+            target = sampler.sample(&logits[accepted * vocab..(accepted + 1) * vocab]);
+        }
+        stats.accepted += accepted;
+        if accepted < drafts.len() {
+            session.cache = snapshot;
+            model.forward_sequential(&chunk[..accepted + 1], &mut session.cache, &mut session.scratch)?;
+        }
+        for &d in &drafts[..accepted] {
+            if opts.eos.contains(&d) {
+                stop = StopReason::Eos;
+                break 'outer;
+            }
+            out.push(d);
+            context.push(d);
+            if !on_token(d) {
+                stop = StopReason::Cancelled;
+                break 'outer;
+            }
+        }
+        next = target;
+    }
+    let kv_bytes = session.kv_bytes();
+    Ok(SpecOutcome {
+        generation: Generation {
+            token_ids: out,
+            prompt_tokens: prompt.len(),
+            stop,
+            time_to_first_token_s: ttft,
+            decode_s: decode_start.elapsed().as_secs_f64(),
+            kv_bytes,
+        },
+        stats,
+        cache: session.cache,
+    })
+}

@@ -1,0 +1,189 @@
+//! Speculative decoding: greedy equivalence with plain decoding under every
+//! policy, bit-exact verification, and no trace of rejected drafts.
+
+use kvslim_cache::{PolicySpec, SequenceCache};
+use kvslim_engine::speculative::{speculative_run, Drafter, ModelDrafter, NgramDrafter};
+use kvslim_engine::{generate, GenerateOptions, SamplingParams, Session};
+use kvslim_models::{load_model, Logits, Model, Scratch};
+use std::path::PathBuf;
+
+fn shared() -> PathBuf {
+    std::env::var("KVSLIM_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+}
+
+struct Loaded {
+    model: Model,
+    tok: kvslim_models::tokenizer::Tokenizer,
+}
+
+fn stories() -> Loaded {
+    let l = load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
+    Loaded { model: l.model, tok: l.tokenizer.expect("stories260K ships a tokenizer") }
+}
+
+fn chai_plan(heads: usize, ks: &[usize]) -> String {
+    let layers: Vec<_> = ks
+        .iter()
+        .map(|&k| serde_json::json!({ "k": k, "errors": (0..heads).map(|i| (heads - i) as f64).collect::<Vec<_>>() }))
+        .collect();
+    let path = std::env::temp_dir().join(format!("kvslim-spec-chai-{}.json", std::process::id()));
+    std::fs::write(&path, serde_json::json!({ "layers": layers }).to_string()).unwrap();
+    path.display().to_string()
+}
+
+fn assert_same_cache(a: &SequenceCache, b: &SequenceCache, what: &str) {
+    assert_eq!(a.next_pos, b.next_pos, "{what}: next_pos");
+    assert_eq!(a.store.bytes(), b.store.bytes(), "{what}: kv bytes");
+    for l in 0..a.store.layers() {
+        for h in 0..a.store.kv_heads() {
+            let (x, y) = (a.store.head(l, h), b.store.head(l, h));
+            assert_eq!(x.positions(), y.positions(), "{what}: positions layer {l} head {h}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(x.scores()), bits(y.scores()), "{what}: scores layer {l} head {h}");
+            assert_eq!(x.keys().map(bits), y.keys().map(bits), "{what}: keys layer {l} head {h}");
+            assert_eq!(bits(x.values()), bits(y.values()), "{what}: values layer {l} head {h}");
+        }
+    }
+}
+
+const SNIPPETS: [&str; 10] = [
+    "Once upon a time, there was a little girl named Lily.",
+    "One day, a boy named Tom went to the park with his mom.",
+    "The cat sat on the mat. The cat was happy. The cat",
+    "Lily and Ben were friends. They liked to play with the ball.",
+    "There was a big red ball in the garden.",
+    "Tim had a toy car. He loved his toy car very much.",
+    "The sun was shining and the birds were singing.",
+    "Mom said, \"Do not touch the hot stove.\"",
+    "A little dog named Max found a bone under the tree.",
+    "Sue wanted to bake a cake for her friend.",
+];
+
+fn opts(policy: &str, max_tokens: usize, eos: Vec<u32>) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        sampling: SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 },
+        policy: PolicySpec::parse(policy).unwrap(),
+        eos,
+    }
+}
+
+#[test]
+fn forward_sequential_is_bit_identical_to_decode_steps() {
+    let l = stories();
+    let m = &l.model;
+    let plan = chai_plan(m.config.n_heads, &vec![3; m.config.n_layers]);
+    let prompt = l.tok.encode(SNIPPETS[0]).unwrap();
+    let more: Vec<u32> = (0..20).map(|i| ((i * 37 + 11) % m.config.vocab_size) as u32).collect();
+    for spec in
+        ["full", "h2o:heavy=4,recent=4", "sink:sink=2,recent=6", &format!("h2o:heavy=4,recent=4+chai:plan={plan}")]
+    {
+        let policy = PolicySpec::parse(spec).unwrap();
+        let mut a = Session::new(m, &policy, 64, prompt.len()).unwrap();
+        a.feed(&prompt, Logits::Last).unwrap();
+        let mut b_cache = a.cache.clone();
+        let mut b_scratch = Scratch::new();
+        let mut want = Vec::new();
+        for &t in &more {
+            want.extend_from_slice(a.feed(&[t], Logits::Last).unwrap());
+        }
+        m.forward_sequential(&more, &mut b_cache, &mut b_scratch).unwrap();
+        let got = b_scratch.logits();
+        assert_eq!(got.len(), want.len(), "{spec}");
+        assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "{spec}: logits differ");
+        assert_same_cache(&a.cache, &b_cache, spec);
+    }
+}
+
+#[test]
+fn speculative_greedy_equals_plain_greedy() {
+    let l = stories();
+    let m = &l.model;
+    let plan = chai_plan(m.config.n_heads, &vec![3; m.config.n_layers]);
+    let specs = [
+        "full".to_string(),
+        "h2o:heavy=8,recent=8".into(),
+        "sink:sink=4,recent=12".into(),
+        format!("h2o:heavy=8,recent=8+chai:plan={plan}"),
+    ];
+    let max_tokens = 40;
+    for spec in &specs {
+        for (pi, text) in SNIPPETS.iter().enumerate() {
+            let prompt = l.tok.encode(text).unwrap();
+            let o = opts(spec, max_tokens, l.tok.eos.clone());
+            let plain = generate(m, &prompt, &o, |_| true).unwrap();
+            for k in 1..=5 {
+                let mut drafters: Vec<(&str, Box<dyn Drafter>)> = vec![
+                    ("ngram", Box::new(NgramDrafter::default())),
+                    ("self", Box::new(ModelDrafter::new(m, o.policy.clone(), prompt.len() + max_tokens))),
+                ];
+                if (pi + k) % 2 == 1 {
+                    drafters.pop();
+                }
+                for (name, d) in drafters.iter_mut() {
+                    let s = speculative_run(m, &prompt, &o, d.as_mut(), k, |_| true).unwrap();
+                    assert_eq!(s.generation.token_ids, plain.token_ids, "{spec} prompt {pi} k {k} {name}");
+                    assert_eq!(s.generation.stop, plain.stop, "{spec} prompt {pi} k {k} {name}");
+                    if *name == "self" {
+                        assert!(s.stats.accepted > 0, "self-draft should accept: {spec} {pi} {k}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Proposes the token after the true greedy one: every draft is rejected.
+struct WrongDrafter {
+    prompt_len: usize,
+    truth: Vec<u32>,
+    vocab: u32,
+}
+
+impl Drafter for WrongDrafter {
+    fn draft(&mut self, context: &[u32], k: usize) -> kvslim_engine::Result<Vec<u32>> {
+        let i = context.len() - self.prompt_len;
+        let bad = (self.truth[i] + 1) % self.vocab;
+        Ok(vec![bad; k])
+    }
+}
+
+#[test]
+fn rejected_drafts_leave_no_trace() {
+    let l = stories();
+    let m = &l.model;
+    let plan = chai_plan(m.config.n_heads, &vec![3; m.config.n_layers]);
+    let n = 30;
+    for spec in [
+        "full".to_string(),
+        "h2o:heavy=8,recent=8".into(),
+        "sink:sink=4,recent=12".into(),
+        format!("h2o:heavy=8,recent=8+chai:plan={plan}"),
+    ] {
+        let prompt = l.tok.encode(SNIPPETS[2]).unwrap();
+        let o = opts(&spec, n, Vec::new());
+        let plain = generate(m, &prompt, &o, |_| true).unwrap();
+        assert_eq!(plain.token_ids.len(), n);
+        // plain decoding's cache: the prompt, then every token but the last
+        let mut s = Session::new(m, &o.policy, prompt.len() + n, prompt.len()).unwrap();
+        s.feed(&prompt, Logits::Last).unwrap();
+        for &t in &plain.token_ids[..n - 1] {
+            s.feed(&[t], Logits::Last).unwrap();
+        }
+        for k in [1, 3, 5] {
+            let mut d = WrongDrafter {
+                prompt_len: prompt.len(),
+                truth: plain.token_ids.clone(),
+                vocab: m.config.vocab_size as u32,
+            };
+            let r = speculative_run(m, &prompt, &o, &mut d, k, |_| true).unwrap();
+            assert_eq!(r.generation.token_ids, plain.token_ids, "{spec} k {k}");
+            assert_eq!(r.stats.accepted, 0);
+            assert!(r.stats.drafted > 0);
+            assert_same_cache(&s.cache, &r.cache, &format!("{spec} k {k}"));
+            assert_eq!(r.generation.kv_bytes, plain.kv_bytes);
+        }
+    }
+}
