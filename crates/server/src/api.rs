@@ -92,6 +92,10 @@ struct Common {
     stream: Option<bool>,
     n: Option<i64>,
     kv_policy: Option<String>,
+    /// Extension: beam search with this many beams (greedy, not streamed).
+    beams: Option<i64>,
+    /// Extension: α in score = logprob / len^α for beam search (default 1).
+    length_penalty: Option<f32>,
 }
 
 #[derive(Deserialize)]
@@ -196,7 +200,21 @@ fn submit(
     };
     stop.retain(|s| !s.is_empty());
     stop.extend(extra_stops);
-    let kv_bytes = kv_bytes_for(model, &policy, prompt.len(), max_tokens);
+    let beams = match c.beams {
+        None => 1,
+        Some(b) if (1..=16).contains(&b) => b as usize,
+        Some(b) => return Err(ApiError::bad(format!("beams must be between 1 and 16, got {b}"), Some("beams"))),
+    };
+    if beams > 1 && c.stream == Some(true) {
+        return Err(ApiError::bad("beam search results are not streamed; drop `stream` or `beams`", Some("stream")));
+    }
+    let length_penalty = c.length_penalty.unwrap_or(1.0);
+    if !length_penalty.is_finite() {
+        return Err(ApiError::bad("length_penalty must be a finite number", Some("length_penalty")));
+    }
+    // beam search holds every live beam's cache plus the children forked at a reorder
+    let copies = if beams > 1 { 2 * beams } else { 1 };
+    let kv_bytes = copies * kv_bytes_for(model, &policy, prompt.len(), max_tokens);
     let limit = st.scheduler.limits.kv_memory;
     if kv_bytes > limit {
         return Err(ApiError::bad(
@@ -210,7 +228,7 @@ fn submit(
     }
     let (tx, rx) = unbounded_channel();
     let prompt_len = prompt.len();
-    let req = Request { prompt, max_tokens, sampling, policy, stop, kv_bytes, events: tx };
+    let req = Request { prompt, max_tokens, sampling, policy, stop, kv_bytes, beams, length_penalty, events: tx };
     match st.scheduler.submit(req) {
         Ok(()) => Ok((rx, prompt_len, kv_bytes)),
         Err(SubmitError::QueueFull) => Err(ApiError {

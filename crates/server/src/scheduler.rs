@@ -51,6 +51,9 @@ pub struct Request {
     pub stop: Vec<String>,
     /// KV bytes the request will allocate (known before admission).
     pub kv_bytes: usize,
+    /// Beam search when > 1 (greedy; run to completion at admission).
+    pub beams: usize,
+    pub length_penalty: f32,
     pub events: UnboundedSender<Event>,
 }
 
@@ -249,6 +252,11 @@ fn admit<'m>(model: &'m Model, tok: &Tokenizer, m: &Metrics, req: Request) -> Op
         cancelled: false,
     };
     m.prompt_tokens_total.fetch_add(n as u64, Relaxed);
+    if r.req.beams > 1 {
+        run_beams(model, tok, m, &mut r);
+        release(m, &mut r);
+        return None;
+    }
     let prompt = std::mem::take(&mut r.req.prompt);
     let first = match r.session.feed(&prompt, Logits::Last) {
         Ok(logits) => r.sampler.sample(logits),
@@ -266,6 +274,41 @@ fn admit<'m>(model: &'m Model, tok: &Tokenizer, m: &Metrics, req: Request) -> Op
         return None;
     }
     Some(r)
+}
+
+/// Beam search for one request, run to completion on the scheduler thread
+/// (other sequences wait meanwhile): the best hypothesis goes through the
+/// same stop-string and length handling as sampled tokens.
+fn run_beams(model: &Model, tok: &Tokenizer, m: &Metrics, r: &mut Running<'_>) {
+    let opts = kvslim_engine::BeamOptions {
+        beams: r.req.beams,
+        max_tokens: r.req.max_tokens,
+        length_penalty: r.req.length_penalty,
+        early_stopping: true,
+        policy: r.req.policy.clone(),
+        eos: tok.eos.clone(),
+        keep_caches: false,
+    };
+    match kvslim_engine::beam_search(model, &r.req.prompt, &opts) {
+        Ok(hyps) => {
+            let Some(best) = hyps.into_iter().next() else {
+                r.finished = Some("length");
+                return;
+            };
+            for &id in &best.token_ids {
+                on_token(tok, m, r, id);
+                if r.finished.is_some() {
+                    return;
+                }
+            }
+            r.finished = Some(if best.eos { "stop" } else { "length" });
+            flush(tok, r, None);
+        }
+        Err(e) => {
+            let _ = r.req.events.send(Event::Error(format!("beam search failed: {e}")));
+            r.cancelled = true;
+        }
+    }
 }
 
 /// Frees a sequence's KV reservation and reports its end.

@@ -345,3 +345,34 @@ fn burst_beyond_queue_limit_gets_429_and_server_keeps_serving() {
     assert_eq!(metric(&addr, "kvslim_kv_bytes_in_use"), 0.0);
     assert_eq!(metric(&addr, "kvslim_queue_length"), 0.0);
 }
+
+#[test]
+fn beam_search_extension_equals_engine_beam_search() {
+    let m = stories();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let prompt = "Once upon a time";
+    let opts = kvslim_engine::BeamOptions {
+        beams: 3,
+        max_tokens: 20,
+        length_penalty: 1.0,
+        early_stopping: true,
+        policy: PolicySpec::parse("h2o:heavy=8,recent=8").unwrap(),
+        eos: tok.eos.clone(),
+        keep_caches: false,
+    };
+    let best = kvslim_engine::beam_search(&m.model, &tok.encode(prompt).unwrap(), &opts).unwrap().remove(0);
+    let want = tok.decode(&best.token_ids).unwrap();
+    let addr = start(default_limits());
+    let body = json!({"prompt": prompt, "max_tokens": 20, "beams": 3, "kv_policy": "h2o:heavy=8,recent=8"});
+    let r = post(&addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["choices"][0]["text"].as_str().unwrap(), want);
+    assert_eq!(v["usage"]["completion_tokens"].as_u64().unwrap() as usize, best.token_ids.len());
+    // streaming beams and out-of-range beam counts are refused; the server keeps serving
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    assert_error(&post(&addr, "/v1/completions", &streamed), 400, "not streamed");
+    assert_error(&post(&addr, "/v1/completions", &json!({"prompt": prompt, "beams": 0})), 400, "beams");
+    still_serves(&addr);
+}
