@@ -23,7 +23,7 @@
 //! tokens can at best score `lp / max_new^α` when `α > 0` (growing longer
 //! shrinks the penalty) and `lp / max(L,1)^α` when `α ≤ 0`.
 
-use crate::session::Session;
+use crate::generate::start_session;
 use crate::{EngineError, Result};
 use kvslim_cache::{PolicySpec, SequenceCache};
 use kvslim_models::{Logits, Model, Scratch};
@@ -112,22 +112,7 @@ pub fn beam_search_with(
     if opts.beams == 0 {
         return Err(EngineError::Request("beams must be at least 1".into()));
     }
-    if prompt.is_empty() {
-        return Err(EngineError::Request("the prompt is empty (and the tokenizer adds no BOS)".into()));
-    }
-    let ctx = model.config.context_len;
-    if prompt.len() >= ctx {
-        return Err(EngineError::Request(format!(
-            "the prompt has {} tokens but the model's context is {ctx}; shorten it",
-            prompt.len()
-        )));
-    }
-    let mut session = Session::new(model, &opts.policy, prompt.len() + opts.max_tokens, prompt.len())?;
-    let max_new = if session.cache.policy.bounded() && model.config.learned_positions.is_none() {
-        opts.max_tokens
-    } else {
-        opts.max_tokens.min(ctx - prompt.len())
-    };
+    let (mut session, max_new) = start_session(model, prompt, &opts.policy, opts.max_tokens)?;
     let alpha = opts.length_penalty as f64;
     let score_of = |lp: f64, len: usize| lp / (len.max(1) as f64).powf(alpha);
     let first = log_softmax(session.feed(prompt, Logits::Last)?);

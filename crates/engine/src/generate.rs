@@ -42,15 +42,16 @@ pub struct Generation {
     pub kv_bytes: KvBytes,
 }
 
-/// Generates from `prompt`; `on_token` sees each new id as it is produced
-/// and returns `false` to stop early.
-pub fn generate(
-    model: &Model,
+/// Checks the prompt against the context and opens its session; returns
+/// the session and how many new tokens may follow (a bounded cache may
+/// continue past the trained context on RoPE models). Shared by plain,
+/// beam and speculative generation.
+pub(crate) fn start_session<'m>(
+    model: &'m Model,
     prompt: &[u32],
-    opts: &GenerateOptions,
-    mut on_token: impl FnMut(u32) -> bool,
-) -> Result<Generation> {
-    opts.sampling.validate().map_err(EngineError::Request)?;
+    policy: &PolicySpec,
+    max_tokens: usize,
+) -> Result<(Session<'m>, usize)> {
     if prompt.is_empty() {
         return Err(EngineError::Request("the prompt is empty (and the tokenizer adds no BOS)".into()));
     }
@@ -61,13 +62,25 @@ pub fn generate(
             prompt.len()
         )));
     }
-    let mut session = Session::new(model, &opts.policy, prompt.len() + opts.max_tokens, prompt.len())?;
-    // a bounded cache may continue past the trained context (RoPE models only)
+    let session = Session::new(model, policy, prompt.len() + max_tokens, prompt.len())?;
     let max_new = if session.cache.policy.bounded() && model.config.learned_positions.is_none() {
-        opts.max_tokens
+        max_tokens
     } else {
-        opts.max_tokens.min(ctx - prompt.len())
+        max_tokens.min(ctx - prompt.len())
     };
+    Ok((session, max_new))
+}
+
+/// Generates from `prompt`; `on_token` sees each new id as it is produced
+/// and returns `false` to stop early.
+pub fn generate(
+    model: &Model,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut on_token: impl FnMut(u32) -> bool,
+) -> Result<Generation> {
+    opts.sampling.validate().map_err(EngineError::Request)?;
+    let (mut session, max_new) = start_session(model, prompt, &opts.policy, opts.max_tokens)?;
     let mut sampler = Sampler::new(opts.sampling.clone());
     let start = Instant::now();
     let mut next = sampler.sample(session.feed(prompt, Logits::Last)?);

@@ -28,6 +28,7 @@
 //! round; journaling score deltas and overwritten victim slots would avoid
 //! both and is future work.
 
+use crate::generate::start_session;
 use crate::generate::{GenerateOptions, Generation, StopReason};
 use crate::sampling::Sampler;
 use crate::session::Session;
@@ -169,22 +170,7 @@ pub fn speculative_run(
     if opts.sampling.temperature != 0.0 {
         return Err(EngineError::Request("speculative decoding is greedy only: drop --temperature".into()));
     }
-    if prompt.is_empty() {
-        return Err(EngineError::Request("the prompt is empty (and the tokenizer adds no BOS)".into()));
-    }
-    let ctx = model.config.context_len;
-    if prompt.len() >= ctx {
-        return Err(EngineError::Request(format!(
-            "the prompt has {} tokens but the model's context is {ctx}; shorten it",
-            prompt.len()
-        )));
-    }
-    let mut session = Session::new(model, &opts.policy, prompt.len() + opts.max_tokens, prompt.len())?;
-    let max_new = if session.cache.policy.bounded() && model.config.learned_positions.is_none() {
-        opts.max_tokens
-    } else {
-        opts.max_tokens.min(ctx - prompt.len())
-    };
+    let (mut session, max_new) = start_session(model, prompt, &opts.policy, opts.max_tokens)?;
     let mut sampler = Sampler::new(opts.sampling.clone());
     let mut stats = SpecStats::default();
     let start = Instant::now();
