@@ -66,13 +66,34 @@ pub fn build(name: &str, dtype: DType, seed: u64) -> Result<Model> {
     let head_dim = d / heads;
     let tied = name.starts_with("smollm2");
     let config = ModelConfig {
+        tied_embeddings: tied,
+        bos_token_id: Some(1),
+        eos_token_ids: vec![2],
+        ..llama_config(layers, d, ffn, heads, kv_heads, head_dim, vocab)
+    };
+    random_model(config, dtype, seed, 1.0)
+}
+
+/// A Llama-style configuration (RMSNorm, SiLU-gated MLP, half-split RoPE,
+/// 4,096 positions, untied, no special tokens) for synthetic and test
+/// models; adjust fields with struct update syntax.
+pub fn llama_config(
+    layers: usize,
+    hidden: usize,
+    ffn: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    vocab: usize,
+) -> ModelConfig {
+    ModelConfig {
         architecture: Architecture::Llama,
         format: SourceFormat::HfSafetensors,
         n_layers: layers,
         n_heads: heads,
         n_kv_heads: kv_heads,
         head_dim,
-        hidden_size: d,
+        hidden_size: hidden,
         ffn_size: ffn,
         vocab_size: vocab,
         context_len: 4096,
@@ -83,11 +104,10 @@ pub fn build(name: &str, dtype: DType, seed: u64) -> Result<Model> {
         rope: Some(RopeConfig { theta: 10000.0, rotary_dim: head_dim, layout: RopeLayout::HalfSplit }),
         learned_positions: None,
         parallel_residual: false,
-        tied_embeddings: tied,
-        bos_token_id: Some(1),
-        eos_token_ids: vec![2],
-    };
-    random_model(config, dtype, seed, 1.0)
+        tied_embeddings: false,
+        bos_token_id: None,
+        eos_token_ids: vec![],
+    }
 }
 
 /// A model of any Llama-style `config` with random weights stored as

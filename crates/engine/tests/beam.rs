@@ -5,10 +5,8 @@
 use kvslim_cache::{PolicySpec, SequenceCache};
 use kvslim_engine::beam::{beam_search_with, log_softmax, ForkFn};
 use kvslim_engine::{beam_search, BeamOptions, Hypothesis, Session};
-use kvslim_kernels::ops::Activation;
-use kvslim_kernels::rope::RopeLayout;
 use kvslim_kernels::DType;
-use kvslim_models::config::{Architecture, ModelConfig, NormKind, RopeConfig, SourceFormat};
+use kvslim_models::config::ModelConfig;
 use kvslim_models::{Logits, Model};
 use std::path::PathBuf;
 
@@ -23,28 +21,8 @@ const EOS: u32 = 0;
 
 fn tiny_model(seed: u64) -> Model {
     let head_dim = 8;
-    let cfg = ModelConfig {
-        architecture: Architecture::Llama,
-        format: SourceFormat::HfSafetensors,
-        n_layers: 2,
-        n_heads: 4,
-        n_kv_heads: 2,
-        head_dim,
-        hidden_size: 32,
-        ffn_size: 48,
-        vocab_size: VOCAB,
-        context_len: 64,
-        norm: NormKind::Rms,
-        norm_eps: 1e-5,
-        activation: Activation::Silu,
-        gated_mlp: true,
-        rope: Some(RopeConfig { theta: 10000.0, rotary_dim: head_dim, layout: RopeLayout::HalfSplit }),
-        learned_positions: None,
-        parallel_residual: false,
-        tied_embeddings: false,
-        bos_token_id: None,
-        eos_token_ids: vec![],
-    };
+    let cfg =
+        ModelConfig { context_len: 64, ..kvslim_engine::synthetic::llama_config(2, 32, 48, 4, 2, head_dim, VOCAB) };
     // a large output gain makes the next-token distributions peaky, so the
     // best sequence is not the greedy one by accident of uniformity
     kvslim_engine::synthetic::random_model(cfg, DType::F32, seed, 3.0).unwrap()

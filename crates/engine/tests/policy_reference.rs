@@ -9,10 +9,8 @@ use kvslim_cache::policy::spec::{PrefillMode, TokenPolicySpec};
 use kvslim_cache::PolicySpec;
 use kvslim_engine::sampling::Rng;
 use kvslim_engine::Session;
-use kvslim_kernels::ops::Activation;
-use kvslim_kernels::rope::RopeLayout;
 use kvslim_kernels::DType;
-use kvslim_models::config::{Architecture, ModelConfig, NormKind, RopeConfig, SourceFormat};
+use kvslim_models::config::ModelConfig;
 use kvslim_models::{Logits, Model, Trace};
 use reference::{RefHead, RefPolicy, Rule};
 use std::path::PathBuf;
@@ -60,26 +58,8 @@ fn ref_policy(spec: &PolicySpec, base: usize) -> RefPolicy {
 
 fn tiny_config(heads: usize, kv_heads: usize, head_dim: usize) -> ModelConfig {
     ModelConfig {
-        architecture: Architecture::Llama,
-        format: SourceFormat::HfSafetensors,
-        n_layers: 2,
-        n_heads: heads,
-        n_kv_heads: kv_heads,
-        head_dim,
-        hidden_size: 32,
-        ffn_size: 48,
-        vocab_size: 64,
         context_len: 1024,
-        norm: NormKind::Rms,
-        norm_eps: 1e-5,
-        activation: Activation::Silu,
-        gated_mlp: true,
-        rope: Some(RopeConfig { theta: 10000.0, rotary_dim: head_dim, layout: RopeLayout::HalfSplit }),
-        learned_positions: None,
-        parallel_residual: false,
-        tied_embeddings: false,
-        bos_token_id: None,
-        eos_token_ids: vec![],
+        ..kvslim_engine::synthetic::llama_config(2, 32, 48, heads, kv_heads, head_dim, 64)
     }
 }
 

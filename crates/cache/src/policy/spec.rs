@@ -290,11 +290,6 @@ impl PolicySpec {
         Ok(PolicySpec { token, head })
     }
 
-    /// Whether the policy keeps every token and every head's keys.
-    pub fn is_full(&self) -> bool {
-        self.token == TokenPolicySpec::Full && self.head.is_none()
-    }
-
     /// Total slot budget B for a sequence of `base_len` tokens (`None` for full).
     pub fn budget(&self, base_len: usize) -> Option<usize> {
         use TokenPolicySpec::*;
