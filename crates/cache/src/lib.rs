@@ -8,8 +8,9 @@ pub mod policy;
 pub mod rng;
 pub mod store;
 
+pub use kvslim_kernels::kvquant::KvDtype;
 pub use policy::{CachePolicy, PolicySpec, PolicySpecError, ScoreAgg};
-pub use store::{HeadSlots, KvBytes, KvStore};
+pub use store::{HeadSlots, KvBytes, KvStore, PageCounts, PagePool, PoolStats, StoreLayout};
 
 /// The model dimensions a cache is laid out for.
 #[derive(Clone, Copy, Debug)]
@@ -30,18 +31,24 @@ pub struct SequenceCache {
     /// Original position of the next token (tokens seen so far; unlike the
     /// slot count, it keeps growing when tokens are evicted).
     pub next_pos: usize,
+    /// Repack pages every this many decode steps (paged stores).
+    compact_every: Option<usize>,
+    steps_since_compact: usize,
 }
 
 impl Clone for SequenceCache {
     /// A full copy: KV slots, positions, scores, policy state (RNG streams
     /// included) and CHAI state travel together, so the clone continues
-    /// exactly as the original would.
+    /// exactly as the original would. Paged K/V are shared, not copied:
+    /// the first write into a shared page copies that page.
     fn clone(&self) -> Self {
         SequenceCache {
             store: self.store.clone(),
             policy: self.policy.clone_box(),
             heads: self.heads.clone(),
             next_pos: self.next_pos,
+            compact_every: self.compact_every,
+            steps_since_compact: self.steps_since_compact,
         }
     }
 }
@@ -52,8 +59,36 @@ impl SequenceCache {
     /// for generation, the whole sequence for perplexity). Fails when a
     /// CHAI plan does not fit the model.
     pub fn new(spec: &PolicySpec, shape: CacheShape, max_len: usize, base_len: usize) -> Result<Self, String> {
+        Self::in_pool(spec, shape, max_len, base_len, None)
+    }
+
+    /// As [`SequenceCache::new`], drawing pages from a shared `pool` (a
+    /// server's, so prefix sharing and accounting span requests). The pool
+    /// must match the spec's page size and KV dtype.
+    pub fn in_pool(
+        spec: &PolicySpec,
+        shape: CacheShape,
+        max_len: usize,
+        base_len: usize,
+        pool: Option<&PagePool>,
+    ) -> Result<Self, String> {
+        let layout = spec.storage.layout();
+        let pool = match (layout.page_size, pool) {
+            (Some(p), Some(pool)) if !pool.fits(p, layout.kv_dtype, shape.head_dim) => {
+                return Err(format!(
+                    "page pool (page={}, kv_dtype={}, head_dim={}) does not fit `{spec}` with head_dim {}",
+                    pool.page_size(),
+                    pool.dtype(),
+                    pool.head_dim(),
+                    shape.head_dim
+                ))
+            }
+            (Some(_), pool) => pool,
+            (None, _) => None,
+        };
         let policy = spec.build(base_len);
-        let mut store = KvStore::new(shape.layers, shape.kv_heads, shape.head_dim, policy.capacity(max_len));
+        let capacity = policy.capacity(max_len);
+        let mut store = KvStore::with_layout(shape.layers, shape.kv_heads, shape.head_dim, capacity, layout, pool);
         let heads = match &spec.head {
             None => None,
             Some(h) => {
@@ -64,7 +99,27 @@ impl SequenceCache {
                 Some(sharing)
             }
         };
-        Ok(SequenceCache { store, policy, heads, next_pos: 0 })
+        Ok(SequenceCache {
+            store,
+            policy,
+            heads,
+            next_pos: 0,
+            compact_every: spec.storage.compact_every,
+            steps_since_compact: 0,
+        })
+    }
+
+    /// Records that `n` tokens were appended (a decode step or a prefill
+    /// chunk) and compacts the pages when the interval has passed.
+    pub fn advance(&mut self, n: usize) {
+        self.next_pos += n;
+        if let Some(every) = self.compact_every {
+            self.steps_since_compact += n;
+            if self.steps_since_compact >= every {
+                self.store.compact();
+                self.steps_since_compact = 0;
+            }
+        }
     }
 
     /// Tokens currently held in layer 0's first head (all heads hold the same

@@ -41,9 +41,10 @@ fn assert_same_cache(a: &SequenceCache, b: &SequenceCache, what: &str) {
             let (x, y) = (a.store.head(l, h), b.store.head(l, h));
             assert_eq!(x.positions(), y.positions(), "{what}: positions layer {l} head {h}");
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let owned_bits = |v: Vec<f32>| bits(&v);
             assert_eq!(bits(x.scores()), bits(y.scores()), "{what}: scores layer {l} head {h}");
-            assert_eq!(x.keys().map(bits), y.keys().map(bits), "{what}: keys layer {l} head {h}");
-            assert_eq!(bits(x.values()), bits(y.values()), "{what}: values layer {l} head {h}");
+            assert_eq!(x.decoded_keys().map(owned_bits), y.decoded_keys().map(owned_bits), "{what}: keys {l}/{h}");
+            assert_eq!(bits(&x.decoded_values()), bits(&y.decoded_values()), "{what}: values layer {l} head {h}");
         }
     }
 }

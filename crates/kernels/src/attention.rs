@@ -4,21 +4,52 @@
 //! from slot metadata, and a slot whose position is later than the query's
 //! is masked (causality during prefill). The softmax probabilities are left
 //! in the caller's buffer so an eviction policy can read them.
+//!
+//! The kernel reads K and V through [`SlotRows`], so one loop serves a
+//! contiguous f32 slot array ([`DenseRows`]), quantized rows and paged
+//! storage alike; the storage decides how slot `i` is found and decoded.
 
 use crate::dot::{axpy, dot};
+
+/// Row access for attention: slot `i`'s key (or value) as a dot product
+/// with a query and as an accumulation into an output.
+pub trait SlotRows: Sync {
+    /// dot(row_i, q).
+    fn dot(&self, slot: usize, q: &[f32]) -> f32;
+    /// out += a · row_i.
+    fn axpy(&self, slot: usize, a: f32, out: &mut [f32]);
+}
+
+/// Contiguous f32 rows of width `d` (`len × d`).
+#[derive(Clone, Copy)]
+pub struct DenseRows<'a> {
+    pub data: &'a [f32],
+    pub d: usize,
+}
+
+impl SlotRows for DenseRows<'_> {
+    #[inline]
+    fn dot(&self, slot: usize, q: &[f32]) -> f32 {
+        dot(q, &self.data[slot * self.d..(slot + 1) * self.d])
+    }
+    #[inline]
+    fn axpy(&self, slot: usize, a: f32, out: &mut [f32]) {
+        axpy(a, &self.data[slot * self.d..(slot + 1) * self.d], out)
+    }
+}
 
 /// Computes attention for `g` query heads sharing one KV head.
 ///
 /// * `queries`: `g × d` (RoPE already applied)
-/// * `keys`, `values`: `len × d` slot arrays
+/// * `keys`, `values`: the slots' rows (`len` of them)
 /// * `positions`: `len` original positions; slots with `pos > query_pos` get 0
 /// * `probs`: `g × len` output probabilities (row h = query head h of the group)
 /// * `out`: `g × d` attention outputs
 #[allow(clippy::too_many_arguments)]
-pub fn attend_group(
+pub fn attend_group<K: SlotRows + ?Sized, V: SlotRows + ?Sized>(
     queries: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &K,
+    values: &V,
     positions: &[u32],
     query_pos: u32,
     d: usize,
@@ -28,7 +59,6 @@ pub fn attend_group(
 ) {
     let len = positions.len();
     let g = queries.len() / d;
-    debug_assert!(keys.len() >= len * d && values.len() >= len * d);
     debug_assert!(probs.len() >= g * len && out.len() >= g * d);
     for h in 0..g {
         let q = &queries[h * d..(h + 1) * d];
@@ -36,7 +66,7 @@ pub fn attend_group(
         let mut max = f32::NEG_INFINITY;
         for (i, pi) in p.iter_mut().enumerate() {
             if positions[i] <= query_pos {
-                *pi = dot(q, &keys[i * d..(i + 1) * d]) * scale;
+                *pi = keys.dot(i, q) * scale;
                 max = max.max(*pi);
             } else {
                 *pi = f32::NEG_INFINITY;
@@ -53,7 +83,7 @@ pub fn attend_group(
         for (i, pi) in p.iter_mut().enumerate() {
             *pi *= inv;
             if *pi != 0.0 {
-                axpy(*pi, &values[i * d..(i + 1) * d], o);
+                values.axpy(i, *pi, o);
             }
         }
     }
@@ -61,11 +91,11 @@ pub fn attend_group(
 
 /// out = Σ_i probs[i] · values[i] (a head applying another head's
 /// attention probabilities to its own values: CHAI members).
-pub fn weighted_values(probs: &[f32], values: &[f32], d: usize, out: &mut [f32]) {
+pub fn weighted_values<V: SlotRows + ?Sized>(probs: &[f32], values: &V, out: &mut [f32]) {
     out.fill(0.0);
     for (i, &p) in probs.iter().enumerate() {
         if p != 0.0 {
-            axpy(p, &values[i * d..(i + 1) * d], out);
+            values.axpy(i, p, out);
         }
     }
 }
@@ -81,19 +111,49 @@ mod tests {
         let v: Vec<f32> = (0..3 * d).map(|i| (i as f32 * 0.11).cos()).collect();
         let q = vec![0.3, -0.2, 0.5, 0.1, 0.2, 0.2, -0.4, 0.9];
         let (mut p1, mut o1) = (vec![0.0; 6], vec![0.0; 8]);
-        attend_group(&q, &k, &v, &[0, 1, 2], 2, d, 0.5, &mut p1, &mut o1);
+        attend_group(
+            &q,
+            &DenseRows { data: &k, d },
+            &DenseRows { data: &v, d },
+            &[0, 1, 2],
+            2,
+            d,
+            0.5,
+            &mut p1,
+            &mut o1,
+        );
         // permute slots: 2,0,1
         let perm = [2usize, 0, 1];
         let k2: Vec<f32> = perm.iter().flat_map(|&s| k[s * d..(s + 1) * d].to_vec()).collect();
         let v2: Vec<f32> = perm.iter().flat_map(|&s| v[s * d..(s + 1) * d].to_vec()).collect();
         let (mut p2, mut o2) = (vec![0.0; 6], vec![0.0; 8]);
-        attend_group(&q, &k2, &v2, &[2, 0, 1], 2, d, 0.5, &mut p2, &mut o2);
+        attend_group(
+            &q,
+            &DenseRows { data: &k2, d },
+            &DenseRows { data: &v2, d },
+            &[2, 0, 1],
+            2,
+            d,
+            0.5,
+            &mut p2,
+            &mut o2,
+        );
         for (a, b) in o1.iter().zip(&o2) {
             assert!((a - b).abs() < 1e-6);
         }
         assert!((p1[2] - p2[0]).abs() < 1e-7);
         // causal mask: query at position 1 ignores slot with position 2
-        attend_group(&q, &k, &v, &[0, 1, 2], 1, d, 0.5, &mut p1, &mut o1);
+        attend_group(
+            &q,
+            &DenseRows { data: &k, d },
+            &DenseRows { data: &v, d },
+            &[0, 1, 2],
+            1,
+            d,
+            0.5,
+            &mut p1,
+            &mut o1,
+        );
         assert_eq!(p1[2], 0.0);
         assert!((p1[0] + p1[1] - 1.0).abs() < 1e-6);
     }

@@ -9,11 +9,13 @@
 //! * [`ops`] — norms, activations, softmax
 //! * [`rope`] — rotary position embedding, both layouts, partial rotary
 //! * [`attention`] — attention of a query-head group over cache slots
+//! * [`kvquant`] — per-row codecs (f32/f16/q8/q4) for stored KV cache rows
 
 pub mod attention;
 pub mod dot;
 pub mod dtype;
 pub mod f16;
+pub mod kvquant;
 pub mod matrix;
 pub mod ops;
 pub mod quant;

@@ -10,7 +10,7 @@ use crate::weights::{NormWeights, Weights};
 use crate::{Error, Result};
 use kvslim_cache::policy::chai::LayerHeads;
 use kvslim_cache::{CacheShape, SequenceCache};
-use kvslim_kernels::attention::{attend_group, weighted_values};
+use kvslim_kernels::attention::{attend_group, weighted_values, DenseRows};
 use kvslim_kernels::ops::{layer_norm, rms_norm};
 use kvslim_kernels::rope::Rope;
 use rayon::prelude::*;
@@ -297,7 +297,7 @@ impl Model {
                 false,
             );
         }
-        cache.next_pos += n;
+        cache.advance(n);
         if let Some(h) = cache.heads.as_mut() {
             if h.collecting_probe() && cache.next_pos >= h.probe_len() {
                 h.finish(&mut cache.store);
@@ -410,7 +410,7 @@ impl Model {
                 true,
             );
         }
-        cache.next_pos += n;
+        cache.advance(n);
         norm_rows(c.norm, &w.final_norm, c.norm_eps, &s.x[..n * d], &mut s.xn[..n * d], d);
         w.output().matvec_many(&s.xn[..n * d], n, &mut s.logits);
         Ok(())
@@ -444,7 +444,7 @@ impl Model {
         }
         let lh = cache.heads.as_ref().and_then(|h| h.layer(li)).unwrap_or(&self.dense_heads);
         let layer = cache.store.layer(li);
-        if let Some(&r) = lh.reps.iter().find(|&&r| layer[r / g].keys().is_none()) {
+        if let Some(&r) = lh.reps.iter().find(|&&r| !layer[r / g].has_keys()) {
             return Err(missing_keys(li, r / g));
         }
         let slots = layer[0].capacity();
@@ -457,8 +457,8 @@ impl Model {
                 let head = &layer[h / g];
                 attend_group(
                     &q[h * hd..(h + 1) * hd],
-                    head.keys().expect("checked above"),
-                    head.values(),
+                    &head.key_rows().expect("checked above"),
+                    &head.value_rows(),
                     head.positions(),
                     p0 as u32,
                     hd,
@@ -481,7 +481,7 @@ impl Model {
             let share = |(h, out): (usize, &mut [f32])| {
                 let r = lh.representative_of[h];
                 if r != h {
-                    weighted_values(&probs[r * slots..r * slots + len], layer[h / g].values(), hd, out);
+                    weighted_values(&probs[r * slots..r * slots + len], &layer[h / g].value_rows(), out);
                 }
             };
             if parallel {
@@ -500,11 +500,10 @@ impl Model {
             for (i, &r) in comp.reps.iter().enumerate() {
                 rows[i * len..(i + 1) * len].copy_from_slice(&s.probs[r * slots..r * slots + len]);
             }
-            let victim = cache.policy.after_decode_step(li, comp.leader, cache.store.head_mut(li, comp.leader), rows);
-            if let Some(v) = victim {
-                for &kv in comp.kv_heads.iter().filter(|&&kv| kv != comp.leader) {
-                    cache.store.head_mut(li, kv).evict(v);
-                }
+            let victims = cache.policy.after_decode_step(li, comp.leader, cache.store.head_mut(li, comp.leader), rows);
+            for &kv in comp.kv_heads.iter().filter(|&&kv| kv != comp.leader) {
+                let head = cache.store.head_mut(li, kv);
+                victims.iter().for_each(|&v| head.evict(v));
             }
         }
         Ok(())
@@ -579,14 +578,13 @@ impl Model {
                 let head = cache.store.head(li, kv);
                 let (ck, cv) = (&mut s.cand_keys[kv], &mut s.cand_values[kv]);
                 ck.clear();
-                if let Some(keys) = head.keys() {
-                    ck.extend_from_slice(keys);
+                if head.gather_keys(ck) {
                     for t in 0..n {
                         ck.extend_from_slice(&s.k[t * kvd + kv * hd..t * kvd + (kv + 1) * hd]);
                     }
                 }
                 cv.clear();
-                cv.extend_from_slice(head.values());
+                head.gather_values(cv);
                 for t in 0..n {
                     cv.extend_from_slice(&s.v[t * kvd + kv * hd..t * kvd + (kv + 1) * hd]);
                 }
@@ -604,8 +602,8 @@ impl Model {
                     let kv = r / g;
                     attend_group(
                         &q[t * qd + r * hd..t * qd + (r + 1) * hd],
-                        &keys[kv][..visible * hd],
-                        &values[kv][..visible * hd],
+                        &DenseRows { data: &keys[kv][..visible * hd], d: hd },
+                        &DenseRows { data: &values[kv][..visible * hd], d: hd },
                         &positions[..visible],
                         (p0 + t) as u32,
                         hd,
@@ -622,8 +620,7 @@ impl Model {
                                 comp.reps.iter().position(|&x| x == r).expect("members share their rep's component");
                             weighted_values(
                                 &probs[i * visible..(i + 1) * visible],
-                                &values[kv][..visible * hd],
-                                hd,
+                                &DenseRows { data: &values[kv][..visible * hd], d: hd },
                                 &mut row[h * hd..(h + 1) * hd],
                             );
                         }
@@ -850,7 +847,7 @@ impl Model {
         }
         for it in items.iter_mut() {
             let cache = &mut *it.cache;
-            cache.next_pos += 1;
+            cache.advance(1);
             if let Some(h) = cache.heads.as_mut() {
                 if h.collecting_probe() && cache.next_pos >= h.probe_len() {
                     h.finish(&mut cache.store);

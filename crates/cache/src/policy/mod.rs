@@ -11,7 +11,7 @@ pub mod spec;
 pub mod token;
 
 pub use spec::{Budget, PolicySpec, PolicySpecError, TokenPolicySpec};
-pub use token::{EvictionEvent, TokenEviction, VictimRule};
+pub use token::{EvictionEvent, EvictionUnit, PageScore, TokenEviction, VictimRule};
 
 use crate::store::HeadSlots;
 
@@ -84,16 +84,19 @@ pub trait CachePolicy: Send {
     /// Called once per decode step, per layer and KV head, after attention
     /// over the candidate set D_t (the new token is the last occupied slot).
     /// `probs` is `rows × slots.len()`: the group's query heads (or, under
-    /// CHAI, the representatives reading these slots). Returns the evicted
-    /// slot, so KV heads that must stay aligned can evict the same one.
+    /// CHAI, the representatives reading these slots). The policy evicts
+    /// from `slots` itself and returns the victims in the order it evicted
+    /// them (each index as it was at its own eviction), so KV heads that
+    /// must stay aligned can replay the same evictions. Token eviction
+    /// returns at most one victim; page eviction a whole page's slots.
     fn after_decode_step(
         &mut self,
         _layer: usize,
         _kv_head: usize,
         _slots: &mut HeadSlots,
         _probs: &[f32],
-    ) -> Option<usize> {
-        None
+    ) -> &[usize] {
+        &[]
     }
 
     /// Called after a prefill chunk, per layer and KV head, with every

@@ -13,13 +13,25 @@
 //! TOKEN+chai:…                                   token eviction composed with head sharing
 //! ```
 //!
+//! Storage keys, accepted by every token policy (write `full:…` to give
+//! them to a pure head policy, e.g. `full:kv_dtype=q8+chai:plan=F`):
+//!
+//! ```text
+//! page=P                  paged KV: pages of P tokens from a shared pool (default: fixed slots)
+//! compact=N               repack live tokens into full pages every N decode steps (needs page)
+//! page_score=sum|max|topm:M   evict whole pages scored this way (needs page; not with compact)
+//! kv_dtype=f32|f16|q8|q4  storage type of K and V (q8: int8, scale per 32; q4: 4-bit, scale+min per 32)
+//! ```
+//!
 //! Every budget is a slot count or `P%` of the evaluated sequence length
 //! (the prompt for generation, the whole sequence for perplexity), turned
 //! into slots once by [`PolicySpec::build`].
 
 use super::chai::{ChaiPlan, HeadSharingSpec, RepRule};
-use super::token::{TokenEviction, VictimRule};
+use super::token::{EvictionUnit, PageScore, TokenEviction, VictimRule};
 use super::{CachePolicy, FullCache, ScoreAgg};
+use crate::store::StoreLayout;
+use kvslim_kernels::kvquant::KvDtype;
 use std::fmt;
 use std::sync::Arc;
 
@@ -90,12 +102,79 @@ pub enum TokenPolicySpec {
     H2o { heavy: Budget, recent: Budget, agg: ScoreAgg, prefill: PrefillMode },
 }
 
+/// How a policy's K and V are stored: the layout, compaction, page-level
+/// eviction and the storage type. Independent of which tokens stay.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StorageSpec {
+    /// Tokens per page; `None` = fixed slot arrays.
+    pub page_size: Option<usize>,
+    /// Repack live tokens into full pages every N decode steps.
+    pub compact_every: Option<usize>,
+    /// Evict whole pages scored this way instead of single tokens.
+    pub page_score: Option<PageScore>,
+    pub kv_dtype: KvDtype,
+}
+
+impl StorageSpec {
+    /// The store layout this asks for.
+    pub fn layout(&self) -> StoreLayout {
+        StoreLayout { page_size: self.page_size, kv_dtype: self.kv_dtype }
+    }
+
+    /// Takes the storage keys out of a policy's parameters.
+    fn take(p: &mut Params<'_>, evicts: bool) -> Result<StorageSpec, String> {
+        let positive = |key: &str, v: &str| {
+            v.parse::<usize>().ok().filter(|&n| n >= 1).ok_or_else(|| format!("{key}: `{v}` is not an integer ≥ 1"))
+        };
+        let page_size = p.take("page").map(|v| positive("page", v)).transpose()?;
+        let compact_every = p.take("compact").map(|v| positive("compact", v)).transpose()?;
+        let page_score =
+            p.take("page_score").map(|v| v.parse::<PageScore>().map_err(|e| format!("page_score: {e}"))).transpose()?;
+        let kv_dtype =
+            p.take("kv_dtype").map(|v| v.parse::<KvDtype>().map_err(|e| format!("kv_dtype: {e}"))).transpose()?;
+        if page_size.is_none() && (compact_every.is_some() || page_score.is_some()) {
+            return Err("`compact` and `page_score` need a paged store: add `page=P` (e.g. page=16)".into());
+        }
+        if compact_every.is_some() && page_score.is_some() {
+            return Err("choose one: `compact=N` (token eviction, repacked) or `page_score=…` (page eviction)".into());
+        }
+        if !evicts && (compact_every.is_some() || page_score.is_some()) {
+            return Err("`compact` and `page_score` only apply to a policy that evicts".into());
+        }
+        Ok(StorageSpec { page_size, compact_every, page_score, kv_dtype: kv_dtype.unwrap_or_default() })
+    }
+
+    fn is_default(&self) -> bool {
+        *self == StorageSpec::default()
+    }
+}
+
+impl fmt::Display for StorageSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(p) = self.page_size {
+            parts.push(format!("page={p}"));
+        }
+        if let Some(n) = self.compact_every {
+            parts.push(format!("compact={n}"));
+        }
+        if let Some(s) = self.page_score {
+            parts.push(format!("page_score={s}"));
+        }
+        if self.kv_dtype != KvDtype::F32 {
+            parts.push(format!("kv_dtype={}", self.kv_dtype));
+        }
+        f.write_str(&parts.join(","))
+    }
+}
+
 /// A parsed policy specification: token eviction, optionally composed with
-/// CHAI head sharing.
+/// CHAI head sharing, and how the K/V are stored.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PolicySpec {
     pub token: TokenPolicySpec,
     pub head: Option<HeadSharingSpec>,
+    pub storage: StorageSpec,
 }
 
 /// A policy string that could not be parsed; the message names the problem.
@@ -181,18 +260,20 @@ impl<'a> Params<'a> {
     }
 }
 
-fn parse_token_policy(text: &str) -> Result<TokenPolicySpec, String> {
+fn parse_token_policy(text: &str) -> Result<(TokenPolicySpec, StorageSpec), String> {
     let (name, args) = text.split_once(':').unwrap_or((text, ""));
     let name = name.trim();
     let mut p = Params::parse(name, args)?;
+    let storage = StorageSpec::take(&mut p, name != "full")?;
+    const STORAGE_KEYS: &str = "page, compact, page_score, kv_dtype";
     let spec = match name {
         "full" => {
-            p.finish("none")?;
+            p.finish("page, kv_dtype")?;
             TokenPolicySpec::Full
         }
         "window" | "local" => {
             let recent = p.required_budget("recent")?;
-            p.finish("recent")?;
+            p.finish(&format!("{}, {STORAGE_KEYS}", "recent"))?;
             if recent.is_zero() {
                 return Err("window needs recent ≥ 1".into());
             }
@@ -201,7 +282,7 @@ fn parse_token_policy(text: &str) -> Result<TokenPolicySpec, String> {
         "sink" => {
             let sink = p.required_budget("sink")?;
             let recent = p.required_budget("recent")?;
-            p.finish("sink, recent")?;
+            p.finish(&format!("{}, {STORAGE_KEYS}", "sink, recent"))?;
             if recent.is_zero() {
                 return Err("sink needs recent ≥ 1 (the new token must have a place)".into());
             }
@@ -209,7 +290,7 @@ fn parse_token_policy(text: &str) -> Result<TokenPolicySpec, String> {
         }
         "heavy" => {
             let heavy = p.required_budget("heavy")?;
-            p.finish("heavy")?;
+            p.finish(&format!("{}, {STORAGE_KEYS}", "heavy"))?;
             if heavy.is_zero() {
                 return Err("heavy needs heavy ≥ 1".into());
             }
@@ -222,7 +303,7 @@ fn parse_token_policy(text: &str) -> Result<TokenPolicySpec, String> {
                 Some(s) => s.parse().map_err(|_| format!("seed: `{s}` is not an unsigned integer"))?,
                 None => 0,
             };
-            p.finish("budget, recent, seed")?;
+            p.finish(&format!("{}, {STORAGE_KEYS}", "budget, recent, seed"))?;
             if budget.is_zero() {
                 return Err("random needs budget ≥ 1".into());
             }
@@ -248,7 +329,7 @@ fn parse_token_policy(text: &str) -> Result<TokenPolicySpec, String> {
                     _ => return Err(format!("prefill: `{s}` is not `full` or `stream:C` with C ≥ 1")),
                 },
             };
-            p.finish("heavy, recent, agg, prefill")?;
+            p.finish(&format!("{}, {STORAGE_KEYS}", "heavy, recent, agg, prefill"))?;
             if heavy.is_zero() && recent.is_zero() {
                 return Err("h2o needs heavy + recent ≥ 1".into());
             }
@@ -257,13 +338,13 @@ fn parse_token_policy(text: &str) -> Result<TokenPolicySpec, String> {
         "" => return Err(format!("empty policy name; known policies: {KNOWN}")),
         other => return Err(format!("unknown policy `{other}`; known policies: {KNOWN}")),
     };
-    Ok(spec)
+    Ok((spec, storage))
 }
 
 impl PolicySpec {
     /// The default: keep every token.
     pub fn full() -> Self {
-        PolicySpec { token: TokenPolicySpec::Full, head: None }
+        PolicySpec { token: TokenPolicySpec::Full, head: None, storage: StorageSpec::default() }
     }
 
     /// Parses the grammar above.
@@ -277,9 +358,13 @@ impl PolicySpec {
             if parts.len() > 1 {
                 return Err(err("write the token policy first: `h2o:…+chai:…`".into()));
             }
-            return Ok(PolicySpec { token: TokenPolicySpec::Full, head: Some(head.map_err(err)?) });
+            return Ok(PolicySpec {
+                token: TokenPolicySpec::Full,
+                head: Some(head.map_err(err)?),
+                storage: StorageSpec::default(),
+            });
         }
-        let token = parse_token_policy(parts[0]).map_err(err)?;
+        let (token, storage) = parse_token_policy(parts[0]).map_err(err)?;
         let head = match parts.get(1) {
             None => None,
             Some(extra) => match parse_head_policy(extra) {
@@ -287,7 +372,7 @@ impl PolicySpec {
                 None => return Err(err(format!("`+{extra}`: only a head policy (chai, chai-static) can follow `+`"))),
             },
         };
-        Ok(PolicySpec { token, head })
+        Ok(PolicySpec { token, head, storage })
     }
 
     /// Total slot budget B for a sequence of `base_len` tokens (`None` for full).
@@ -308,12 +393,14 @@ impl PolicySpec {
     pub fn build(&self, base_len: usize) -> Box<dyn CachePolicy> {
         use TokenPolicySpec::*;
         let r = |b: Budget| b.resolve(base_len);
+        let unit = self.storage.page_score.map_or(EvictionUnit::Token, EvictionUnit::Page);
+        let token = |t: TokenEviction| -> Box<dyn CachePolicy> { Box::new(t.with_unit(unit)) };
         match self.token {
             Full => Box::new(FullCache),
             Window { recent } => {
-                Box::new(TokenEviction::new("window", r(recent), r(recent), 0, VictimRule::Oldest, None, None))
+                token(TokenEviction::new("window", r(recent), r(recent), 0, VictimRule::Oldest, None, None))
             }
-            Sink { sink, recent } => Box::new(TokenEviction::new(
+            Sink { sink, recent } => token(TokenEviction::new(
                 "sink",
                 r(sink) + r(recent),
                 r(recent),
@@ -322,20 +409,14 @@ impl PolicySpec {
                 None,
                 None,
             )),
-            Heavy { heavy } => Box::new(TokenEviction::new(
-                "heavy",
-                r(heavy),
-                0,
-                0,
-                VictimRule::LowestScore,
-                Some(ScoreAgg::Sum),
-                None,
-            )),
+            Heavy { heavy } => {
+                token(TokenEviction::new("heavy", r(heavy), 0, 0, VictimRule::LowestScore, Some(ScoreAgg::Sum), None))
+            }
             Random { budget, recent, seed } => {
                 let (b, rr) = (r(budget), r(recent).min(r(budget).saturating_sub(1)));
-                Box::new(TokenEviction::new("random", b, rr, 0, VictimRule::Random { seed }, None, None))
+                token(TokenEviction::new("random", b, rr, 0, VictimRule::Random { seed }, None, None))
             }
-            H2o { heavy, recent, agg, prefill } => Box::new(TokenEviction::new(
+            H2o { heavy, recent, agg, prefill } => token(TokenEviction::new(
                 "h2o",
                 r(heavy) + r(recent),
                 r(recent),
@@ -370,10 +451,16 @@ impl fmt::Display for HeadSharingSpec {
 
 impl fmt::Display for PolicySpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (&self.token, &self.head) {
-            (TokenPolicySpec::Full, Some(h)) => write!(f, "{h}"),
-            (t, Some(h)) => write!(f, "{t}+{h}"),
-            (t, None) => write!(f, "{t}"),
+        let storage = &self.storage;
+        match (&self.token, &self.head, storage.is_default()) {
+            (TokenPolicySpec::Full, Some(h), true) => return write!(f, "{h}"),
+            (t, _, true) => write!(f, "{t}")?,
+            (TokenPolicySpec::Full, _, false) => write!(f, "full:{storage}")?,
+            (t, _, false) => write!(f, "{t},{storage}")?,
+        }
+        match &self.head {
+            Some(h) => write!(f, "+{h}"),
+            None => Ok(()),
         }
     }
 }
@@ -415,6 +502,10 @@ mod tests {
             "random:budget=64,recent=16,seed=7",
             "h2o:heavy=32,recent=32",
             "h2o:heavy=10%,recent=10%,agg=max,prefill=stream:16",
+            "full:page=16,kv_dtype=q8",
+            "h2o:heavy=32,recent=32,page=8,compact=64,kv_dtype=q4",
+            "sink:sink=4,recent=60,page=16,page_score=topm:4",
+            "h2o:heavy=32,recent=32,page=32,page_score=max,kv_dtype=f16",
         ] {
             let p = PolicySpec::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
             assert_eq!(PolicySpec::parse(&p.to_string()).unwrap(), p, "{s}");
@@ -449,6 +540,12 @@ mod tests {
             ("chai:probe=5", "needs `plan=FILE`"),
             ("chai:plan=/no/such/plan.json", "/no/such/plan.json"),
             ("chai-static:plan=x.json,probe=5", "no probe"),
+            ("h2o:heavy=1,recent=1,compact=8", "need a paged store"),
+            ("h2o:heavy=1,recent=1,page=0", "page: `0`"),
+            ("h2o:heavy=1,recent=1,page=8,compact=8,page_score=sum", "choose one"),
+            ("h2o:heavy=1,recent=1,page=8,page_score=mean", "page_score"),
+            ("h2o:heavy=1,recent=1,kv_dtype=q3", "kv_dtype"),
+            ("full:page=8,compact=4", "only apply to a policy that evicts"),
             ("chai:plan=x.json+h2o:heavy=1,recent=1", "token policy first"),
         ];
         for (spec, want) in cases {

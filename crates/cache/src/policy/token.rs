@@ -23,6 +23,64 @@ pub enum VictimRule {
     Random { seed: u64 },
 }
 
+/// What leaves when the budget is exceeded.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum EvictionUnit {
+    /// One token per decode step (SPEC §1).
+    #[default]
+    Token,
+    /// A whole page of a paged store, scored from its tokens; pages holding
+    /// a protected token (sink or recent window) are never chosen. Falls
+    /// back to one token when every page is protected or the store is not
+    /// paged.
+    Page(PageScore),
+}
+
+/// How a page's score is folded from its live tokens' scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageScore {
+    /// Σ scores: favours pages with many moderately attended tokens.
+    Sum,
+    /// max score: one hot token protects its whole page.
+    Max,
+    /// Σ of the m highest scores.
+    TopM(usize),
+}
+
+impl PageScore {
+    fn fold(self, sorted_desc: &[f32]) -> f32 {
+        match self {
+            PageScore::Sum => sorted_desc.iter().sum(),
+            PageScore::Max => sorted_desc.first().copied().unwrap_or(0.0),
+            PageScore::TopM(m) => sorted_desc.iter().take(m).sum(),
+        }
+    }
+}
+
+impl std::fmt::Display for PageScore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PageScore::Sum => f.write_str("sum"),
+            PageScore::Max => f.write_str("max"),
+            PageScore::TopM(m) => write!(f, "topm:{m}"),
+        }
+    }
+}
+
+impl std::str::FromStr for PageScore {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sum" => Ok(PageScore::Sum),
+            "max" => Ok(PageScore::Max),
+            _ => match s.strip_prefix("topm:").map(str::parse::<usize>) {
+                Some(Ok(m)) if m >= 1 => Ok(PageScore::TopM(m)),
+                _ => Err(format!("`{s}` is not `sum`, `max` or `topm:M` with M ≥ 1")),
+            },
+        }
+    }
+}
+
 /// One eviction, for `--trace-out`.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct EvictionEvent {
@@ -54,6 +112,12 @@ pub struct TokenEviction {
     trace_every: u32,
     events: Vec<EvictionEvent>,
     eligible: Vec<(u32, usize)>,
+    unit: EvictionUnit,
+    /// Victims of the current step, in eviction order.
+    victims: Vec<usize>,
+    /// Page eviction workspace: (page, score, position, slot) per slot.
+    by_page: Vec<(u32, f32, u32, usize)>,
+    page_scores: Vec<f32>,
 }
 
 /// The random stream of one (layer, KV head): reproducible and independent
@@ -87,7 +151,76 @@ impl TokenEviction {
             trace_every: 0,
             events: Vec::new(),
             eligible: Vec::new(),
+            unit: EvictionUnit::Token,
+            victims: Vec::new(),
+            by_page: Vec::new(),
+            page_scores: Vec::new(),
         }
+    }
+
+    /// Evicts whole pages instead of single tokens (decode steps; the
+    /// prompt is still selected token by token and packed into pages).
+    pub fn with_unit(mut self, unit: EvictionUnit) -> Self {
+        self.unit = unit;
+        self
+    }
+
+    /// Picks the page to evict: the lowest folded score (window/sink: the
+    /// oldest; random: a seeded draw) among pages without protected
+    /// tokens. Fills `victims` with its slots, highest first (so evicting
+    /// them in order never moves a later victim). False when every page
+    /// is protected.
+    fn page_victims(&mut self, layer: usize, kv_head: usize, slots: &HeadSlots, score: PageScore, newest: u32) -> bool {
+        let from = self.recent_from(newest);
+        self.by_page.clear();
+        for (i, (&p, &s)) in slots.positions().iter().zip(slots.scores()).enumerate() {
+            let Some(page) = slots.page_of(i) else { return false };
+            self.by_page.push((page, s, p, i));
+        }
+        // by page, scores descending inside a page
+        self.by_page.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        // (key, oldest position, page) of every unprotected page
+        let mut best: Option<(f32, u32, u32)> = None;
+        let mut candidates = 0u64;
+        let mut start = 0;
+        while start < self.by_page.len() {
+            let page = self.by_page[start].0;
+            let end = start + self.by_page[start..].iter().take_while(|e| e.0 == page).count();
+            let group = &self.by_page[start..end];
+            start = end;
+            if group.iter().any(|e| !self.eligible(e.2, from)) {
+                continue;
+            }
+            let oldest = group.iter().map(|e| e.2).min().unwrap_or(0);
+            self.page_scores.clear();
+            self.page_scores.extend(group.iter().map(|e| e.1));
+            let key = match self.rule {
+                VictimRule::LowestScore => score.fold(&self.page_scores),
+                VictimRule::Oldest => oldest as f32,
+                VictimRule::Random { .. } => 0.0,
+            };
+            candidates += 1;
+            let better = match (self.rule, best) {
+                (_, None) => true,
+                (VictimRule::Random { seed }, Some(_)) => {
+                    // reservoir sampling: the c-th candidate wins with probability 1/c
+                    let rng = self
+                        .rngs
+                        .entry((layer, kv_head))
+                        .or_insert_with(|| SplitMix64::new(head_rng_seed(seed, layer, kv_head)));
+                    rng.next_u64().is_multiple_of(candidates)
+                }
+                (_, Some((k, o, _))) => (key, oldest) < (k, o),
+            };
+            if better {
+                best = Some((key, oldest, page));
+            }
+        }
+        let Some((_, _, page)) = best else { return false };
+        self.victims.clear();
+        self.victims.extend(self.by_page.iter().filter(|e| e.0 == page).map(|e| e.3));
+        self.victims.sort_unstable_by(|a, b| b.cmp(a));
+        true
     }
 
     pub fn budget(&self) -> usize {
@@ -182,44 +315,52 @@ impl CachePolicy for TokenEviction {
         self.prefill_chunk
     }
 
-    fn after_decode_step(
-        &mut self,
-        layer: usize,
-        kv_head: usize,
-        slots: &mut HeadSlots,
-        probs: &[f32],
-    ) -> Option<usize> {
+    fn after_decode_step(&mut self, layer: usize, kv_head: usize, slots: &mut HeadSlots, probs: &[f32]) -> &[usize] {
         let len = slots.len();
+        self.victims.clear();
         if let Some(agg) = self.agg {
             agg.accumulate(probs, probs.len() / len, slots.scores_mut());
         }
         if len <= self.budget {
-            return None;
+            return &self.victims;
         }
         let newest = slots.positions()[len - 1];
-        let v = self.victim(layer, kv_head, slots.positions(), slots.scores(), newest)?;
-        let (victim_pos, victim_score) = (slots.positions()[v], slots.scores()[v]);
-        slots.evict(v);
-        if self.trace_every > 0 && newest.is_multiple_of(self.trace_every) {
-            let from = self.recent_from(newest);
-            let lowest = slots
-                .positions()
-                .iter()
-                .zip(slots.scores())
-                .filter(|(&p, _)| self.eligible(p, from))
-                .map(|(_, &s)| s)
-                .fold(f32::INFINITY, f32::min);
-            self.events.push(EvictionEvent {
-                step: newest,
-                layer,
-                kv_head,
-                victim_pos,
-                victim_score,
-                victim_age: newest - victim_pos,
-                margin: if lowest.is_finite() { lowest - victim_score } else { 0.0 },
-            });
+        let by_page = match self.unit {
+            EvictionUnit::Page(score) => self.page_victims(layer, kv_head, slots, score, newest),
+            EvictionUnit::Token => false,
+        };
+        if !by_page {
+            let Some(v) = self.victim(layer, kv_head, slots.positions(), slots.scores(), newest) else {
+                return &self.victims;
+            };
+            self.victims.push(v);
         }
-        Some(v)
+        let tracing = self.trace_every > 0 && newest.is_multiple_of(self.trace_every);
+        for k in 0..self.victims.len() {
+            let v = self.victims[k];
+            let (victim_pos, victim_score) = (slots.positions()[v], slots.scores()[v]);
+            slots.evict(v);
+            if tracing {
+                let from = self.recent_from(newest);
+                let lowest = slots
+                    .positions()
+                    .iter()
+                    .zip(slots.scores())
+                    .filter(|(&p, _)| self.eligible(p, from))
+                    .map(|(_, &s)| s)
+                    .fold(f32::INFINITY, f32::min);
+                self.events.push(EvictionEvent {
+                    step: newest,
+                    layer,
+                    kv_head,
+                    victim_pos,
+                    victim_score,
+                    victim_age: newest - victim_pos,
+                    margin: if lowest.is_finite() { lowest - victim_score } else { 0.0 },
+                });
+            }
+        }
+        &self.victims
     }
 
     fn select_after_prefill(

@@ -1,0 +1,436 @@
+//! Paged KV storage: fixed-size pages from a shared [`PagePool`], a page
+//! table per (sequence, layer, KV head), and a slot → address map.
+//!
+//! A sequence sees its slots densely (`0..len`, the order the policies and
+//! the attention kernel use, identical to the fixed-slot store); each slot
+//! maps to an address `entry × page_size + offset` in the page table. New
+//! tokens append at the tail page. Evicting a slot only drops its address:
+//! the page is returned to the pool when its last live token leaves, so
+//! scattered evictions leave holes that keep pages allocated (the
+//! fragmentation that [`PagedKv::compact`] removes by repacking the live
+//! slots, in slot order, into full pages).
+//!
+//! Pages are reference counted: cloning a sequence (a beam, a request that
+//! reuses a cached prompt) shares every page read-only; the first write into
+//! a shared page copies it (copy-on-write, counted). Scores and positions
+//! are per-sequence arrays, never shared, so one request's attention never
+//! leaks into another's.
+
+use super::rows::RowBuf;
+use kvslim_kernels::attention::SlotRows;
+use kvslim_kernels::kvquant::KvDtype;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Counters of a pool, shared by every sequence allocating from it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PoolStats {
+    /// Pages held by some sequence.
+    pub pages_in_use: usize,
+    /// Most pages in use at once.
+    pub peak_pages: usize,
+    /// Recycled pages waiting on the free list (still allocated).
+    pub free_pages: usize,
+    /// Shared pages copied on first write.
+    pub cow_copies: usize,
+    /// Bytes of one page (codes + scales of `page_size` rows).
+    pub page_bytes: usize,
+}
+
+struct PoolInner {
+    page_size: usize,
+    dtype: KvDtype,
+    head_dim: usize,
+    page_bytes: usize,
+    free: Mutex<Vec<RowBuf>>,
+    in_use: AtomicUsize,
+    peak: AtomicUsize,
+    cow_copies: AtomicUsize,
+}
+
+/// A pool of pages of `page_size` rows of one head width and storage type.
+/// Cheap to clone (a handle); pages return to its free list when dropped,
+/// so steady-state decoding does not allocate.
+#[derive(Clone)]
+pub struct PagePool {
+    inner: Arc<PoolInner>,
+}
+
+impl PagePool {
+    pub fn new(page_size: usize, dtype: KvDtype, head_dim: usize) -> Self {
+        assert!(page_size >= 1, "page size must be at least 1");
+        let page_bytes = RowBuf::new(dtype, head_dim, page_size).bytes();
+        PagePool {
+            inner: Arc::new(PoolInner {
+                page_size,
+                dtype,
+                head_dim,
+                page_bytes,
+                free: Mutex::new(Vec::new()),
+                in_use: AtomicUsize::new(0),
+                peak: AtomicUsize::new(0),
+                cow_copies: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.inner.page_size
+    }
+    pub fn dtype(&self) -> KvDtype {
+        self.inner.dtype
+    }
+    pub fn head_dim(&self) -> usize {
+        self.inner.head_dim
+    }
+
+    /// Whether pages from this pool fit a store of this layout.
+    pub fn fits(&self, page_size: usize, dtype: KvDtype, head_dim: usize) -> bool {
+        (self.inner.page_size, self.inner.dtype, self.inner.head_dim) == (page_size, dtype, head_dim)
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        PoolStats {
+            pages_in_use: self.inner.in_use.load(Ordering::Relaxed),
+            peak_pages: self.inner.peak.load(Ordering::Relaxed),
+            free_pages: self.inner.free.lock().map_or(0, |f| f.len()),
+            cow_copies: self.inner.cow_copies.load(Ordering::Relaxed),
+            page_bytes: self.inner.page_bytes,
+        }
+    }
+
+    /// Releases the free list's memory.
+    pub fn trim(&self) {
+        if let Ok(mut f) = self.inner.free.lock() {
+            f.clear();
+        }
+    }
+
+    fn alloc(&self) -> Arc<Page> {
+        let rows = self.inner.free.lock().ok().and_then(|mut f| f.pop());
+        let rows = rows.unwrap_or_else(|| RowBuf::new(self.inner.dtype, self.inner.head_dim, self.inner.page_size));
+        let n = self.inner.in_use.fetch_add(1, Ordering::Relaxed) + 1;
+        self.inner.peak.fetch_max(n, Ordering::Relaxed);
+        Arc::new(Page { rows, pool: Arc::clone(&self.inner) })
+    }
+}
+
+/// One page of K or V rows; back to its pool's free list when the last
+/// reference drops.
+pub struct Page {
+    rows: RowBuf,
+    pool: Arc<PoolInner>,
+}
+
+impl Drop for Page {
+    fn drop(&mut self) {
+        self.pool.in_use.fetch_sub(1, Ordering::Relaxed);
+        let rows = std::mem::replace(&mut self.rows, RowBuf::new(self.pool.dtype, self.pool.head_dim, 0));
+        if let Ok(mut f) = self.pool.free.lock() {
+            f.push(rows);
+        }
+    }
+}
+
+/// Page-level counters of one (sequence, layer, KV head).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PageCounts {
+    /// Pages referenced by the page table (shared ones included).
+    pub pages: usize,
+    /// Of those, pages another sequence also references.
+    pub shared_pages: usize,
+    /// Live tokens.
+    pub live: usize,
+    /// Allocated − live slots (holes and the tail page's unused rows).
+    pub fragmentation: usize,
+    /// Bytes copied by compaction so far.
+    pub bytes_moved: u64,
+    /// Shared pages this sequence copied on first write.
+    pub cow_copies: u64,
+}
+
+impl std::ops::AddAssign for PageCounts {
+    fn add_assign(&mut self, o: Self) {
+        self.pages += o.pages;
+        self.shared_pages += o.shared_pages;
+        self.live += o.live;
+        self.fragmentation += o.fragmentation;
+        self.bytes_moved += o.bytes_moved;
+        self.cow_copies += o.cow_copies;
+    }
+}
+
+/// The paged K/V of one (sequence, layer, KV head).
+#[derive(Clone)]
+pub struct PagedKv {
+    pool: PagePool,
+    page_size: usize,
+    has_keys: bool,
+    key_pages: Vec<Option<Arc<Page>>>,
+    value_pages: Vec<Option<Arc<Page>>>,
+    /// Live tokens per page-table entry (0 = free entry).
+    live: Vec<u32>,
+    free_entries: Vec<u32>,
+    /// Address of each occupied slot, in slot order.
+    addr: Vec<u32>,
+    /// (entry, next free offset) of the page new tokens go to.
+    tail: Option<(u32, u32)>,
+    bytes_moved: u64,
+    cow_copies: u64,
+}
+
+impl PagedKv {
+    pub fn new(pool: PagePool, capacity: usize) -> Self {
+        PagedKv {
+            page_size: pool.page_size(),
+            pool,
+            has_keys: true,
+            key_pages: Vec::new(),
+            value_pages: Vec::new(),
+            live: Vec::new(),
+            free_entries: Vec::new(),
+            addr: Vec::with_capacity(capacity),
+            tail: None,
+            bytes_moved: 0,
+            cow_copies: 0,
+        }
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    pub fn has_keys(&self) -> bool {
+        self.has_keys
+    }
+
+    /// The page-table entry holding slot `slot`.
+    pub fn page_of(&self, slot: usize) -> u32 {
+        self.addr[slot] / self.page_size as u32
+    }
+
+    fn new_entry(&mut self) -> u32 {
+        let k = self.has_keys.then(|| self.pool.alloc());
+        let v = Some(self.pool.alloc());
+        match self.free_entries.pop() {
+            Some(e) => {
+                self.key_pages[e as usize] = k;
+                self.value_pages[e as usize] = v;
+                e
+            }
+            None => {
+                self.key_pages.push(k);
+                self.value_pages.push(v);
+                self.live.push(0);
+                (self.live.len() - 1) as u32
+            }
+        }
+    }
+
+    /// A page this sequence may write: copied first if another sequence
+    /// shares it (copy-on-write; only the rows in use are copied).
+    fn writable<'a>(
+        pool: &PagePool,
+        slot: &'a mut Option<Arc<Page>>,
+        used: usize,
+        cow: &mut u64,
+    ) -> Option<&'a mut RowBuf> {
+        let page = slot.as_mut()?;
+        if Arc::get_mut(page).is_none() {
+            let mut fresh = pool.alloc();
+            let dst = Arc::get_mut(&mut fresh).expect("a fresh page is unshared");
+            for r in 0..used {
+                dst.rows.copy_row(r, &page.rows, r);
+            }
+            *page = fresh;
+            *cow += 1;
+            pool.inner.cow_copies.fetch_add(1, Ordering::Relaxed);
+        }
+        Arc::get_mut(page).map(|p| &mut p.rows)
+    }
+
+    /// Appends a token; its slot is `len()` before the call.
+    pub fn push(&mut self, key: &[f32], value: &[f32]) {
+        let (entry, off) = match self.tail {
+            Some((e, o)) if (o as usize) < self.page_size => (e, o),
+            _ => (self.new_entry(), 0),
+        };
+        let e = entry as usize;
+        let mut cow = 0;
+        if let Some(rows) = Self::writable(&self.pool, &mut self.key_pages[e], off as usize, &mut cow) {
+            rows.write(off as usize, key);
+        }
+        if let Some(rows) = Self::writable(&self.pool, &mut self.value_pages[e], off as usize, &mut cow) {
+            rows.write(off as usize, value);
+        }
+        // both K and V of a shared page count as one copied page each
+        self.cow_copies += cow;
+        self.live[e] += 1;
+        self.tail = Some((entry, off + 1));
+        self.addr.push(entry * self.page_size as u32 + off);
+    }
+
+    fn release(&mut self, address: u32) {
+        let e = (address / self.page_size as u32) as usize;
+        self.live[e] -= 1;
+        if self.live[e] == 0 {
+            self.key_pages[e] = None;
+            self.value_pages[e] = None;
+            self.free_entries.push(e as u32);
+            if self.tail.is_some_and(|(t, _)| t as usize == e) {
+                self.tail = None;
+            }
+        }
+    }
+
+    /// Evicts `victim` the way the fixed-slot store does: the last slot
+    /// takes its place in slot order. Only addresses move.
+    pub fn evict(&mut self, victim: usize) {
+        let a = self.addr.swap_remove(victim);
+        self.release(a);
+    }
+
+    /// Keeps exactly the listed slots (ascending), in that order.
+    pub fn retain_slots(&mut self, keep: &[usize]) {
+        let mut k = 0;
+        let old = std::mem::take(&mut self.addr);
+        for (i, &a) in old.iter().enumerate() {
+            if keep.get(k) == Some(&i) {
+                self.addr.push(a);
+                k += 1;
+            } else {
+                self.release(a);
+            }
+        }
+    }
+
+    pub fn drop_keys(&mut self) {
+        self.has_keys = false;
+        self.key_pages.iter_mut().for_each(|p| *p = None);
+    }
+
+    /// Drops every token and page.
+    pub fn clear(&mut self) {
+        self.key_pages.clear();
+        self.value_pages.clear();
+        self.live.clear();
+        self.free_entries.clear();
+        self.addr.clear();
+        self.tail = None;
+    }
+
+    fn pages_referenced(&self) -> usize {
+        self.value_pages.iter().filter(|p| p.is_some()).count()
+    }
+
+    /// Repacks the live slots, in slot order, into `ceil(len / page_size)`
+    /// fresh pages and returns the old ones. Results are unchanged (slot
+    /// order is kept); the bytes copied are counted. Nothing moves when
+    /// the slots already fill their pages in order.
+    pub fn compact(&mut self) {
+        let p = self.page_size;
+        let len = self.addr.len();
+        let already = self.pages_referenced() == len.div_ceil(p)
+            && self.addr.iter().enumerate().all(|(i, &a)| a as usize == i)
+            && self.free_entries.is_empty();
+        if already {
+            return;
+        }
+        let mut fresh = PagedKv::new(self.pool.clone(), self.addr.capacity());
+        fresh.has_keys = self.has_keys;
+        fresh.bytes_moved = self.bytes_moved;
+        fresh.cow_copies = self.cow_copies;
+        let mut moved = 0u64;
+        for &a in &self.addr {
+            let (e, o) = ((a as usize) / p, (a as usize) % p);
+            let (entry, off) = match fresh.tail {
+                Some((t, n)) if (n as usize) < p => (t, n),
+                _ => (fresh.new_entry(), 0),
+            };
+            let ne = entry as usize;
+            for (src, dst) in
+                [(&self.key_pages[e], &mut fresh.key_pages[ne]), (&self.value_pages[e], &mut fresh.value_pages[ne])]
+            {
+                if let (Some(s), Some(d)) = (src, dst.as_mut()) {
+                    let rows = &mut Arc::get_mut(d).expect("fresh page is unshared").rows;
+                    rows.copy_row(off as usize, &s.rows, o);
+                    moved += rows.row_bytes() as u64;
+                }
+            }
+            fresh.live[ne] += 1;
+            fresh.tail = Some((entry, off + 1));
+            fresh.addr.push(entry * p as u32 + off);
+        }
+        fresh.bytes_moved += moved;
+        *self = fresh;
+    }
+
+    /// Page-level counters.
+    pub fn counts(&self) -> PageCounts {
+        let pages = self.pages_referenced();
+        let shared = self.value_pages.iter().flatten().filter(|p| Arc::strong_count(p) > 1).count();
+        PageCounts {
+            pages,
+            shared_pages: shared,
+            live: self.addr.len(),
+            fragmentation: pages * self.page_size - self.addr.len(),
+            bytes_moved: self.bytes_moved,
+            cow_copies: self.cow_copies,
+        }
+    }
+
+    /// Bytes of the pages this sequence references (shared pages counted in full).
+    pub fn kv_bytes(&self) -> usize {
+        let pb = self.pool.inner.page_bytes;
+        self.key_pages.iter().chain(&self.value_pages).filter(|p| p.is_some()).count() * pb
+    }
+
+    /// Bytes of the page table, live counts and slot addresses.
+    pub fn metadata_bytes(&self) -> usize {
+        (self.key_pages.capacity() + self.value_pages.capacity()) * std::mem::size_of::<Option<Arc<Page>>>()
+            + (self.live.capacity() + self.free_entries.capacity() + self.addr.capacity()) * 4
+    }
+
+    pub fn keys(&self) -> PagedRows<'_> {
+        PagedRows { pages: &self.key_pages, addr: &self.addr, page_size: self.page_size }
+    }
+    pub fn values(&self) -> PagedRows<'_> {
+        PagedRows { pages: &self.value_pages, addr: &self.addr, page_size: self.page_size }
+    }
+}
+
+/// Slot-order view of paged K or V rows.
+#[derive(Clone, Copy)]
+pub struct PagedRows<'a> {
+    pages: &'a [Option<Arc<Page>>],
+    addr: &'a [u32],
+    page_size: usize,
+}
+
+impl PagedRows<'_> {
+    #[inline]
+    fn locate(&self, slot: usize) -> (&RowBuf, usize) {
+        let a = self.addr[slot] as usize;
+        let page = self.pages[a / self.page_size].as_ref().expect("a live slot's page is allocated");
+        (&page.rows, a % self.page_size)
+    }
+
+    /// Decodes slot `slot` into `out`.
+    pub fn read(&self, slot: usize, out: &mut [f32]) {
+        let (rows, r) = self.locate(slot);
+        rows.read(r, out);
+    }
+}
+
+impl SlotRows for PagedRows<'_> {
+    #[inline]
+    fn dot(&self, slot: usize, q: &[f32]) -> f32 {
+        let (rows, r) = self.locate(slot);
+        rows.dot(r, q)
+    }
+    #[inline]
+    fn axpy(&self, slot: usize, a: f32, out: &mut [f32]) {
+        let (rows, r) = self.locate(slot);
+        rows.axpy(r, a, out)
+    }
+}
