@@ -1,6 +1,6 @@
 //! One sequence being run: the model, its KV cache and scratch buffers.
 
-use kvslim_cache::{KvBytes, PolicySpec, SequenceCache};
+use kvslim_cache::{KvBytes, PagePool, PolicySpec, SequenceCache};
 use kvslim_models::{Logits, Model, Scratch};
 
 /// A sequence in flight. Create one per request; it owns all per-sequence
@@ -20,12 +20,25 @@ impl<'m> Session<'m> {
     /// Fails when the policy does not fit the model (a CHAI plan for
     /// another model).
     pub fn new(model: &'m Model, policy: &PolicySpec, max_len: usize, base_len: usize) -> kvslim_models::Result<Self> {
-        Ok(Session {
-            model,
-            cache: model.new_cache(policy, max_len, base_len)?,
-            scratch: Scratch::new(),
-            chunked_logits: Vec::new(),
-        })
+        Self::in_pool(model, policy, max_len, base_len, None)
+    }
+
+    /// As [`Session::new`], drawing KV pages from a shared pool (see
+    /// [`kvslim_cache::PagePool`]).
+    pub fn in_pool(
+        model: &'m Model,
+        policy: &PolicySpec,
+        max_len: usize,
+        base_len: usize,
+        pool: Option<&PagePool>,
+    ) -> kvslim_models::Result<Self> {
+        Ok(Self::with_cache(model, model.new_cache_in(policy, max_len, base_len, pool)?))
+    }
+
+    /// A session continuing an existing cache (a fork: a beam, or a request
+    /// reusing a cached prompt; paged K/V stay shared until written).
+    pub fn with_cache(model: &'m Model, cache: SequenceCache) -> Self {
+        Session { model, cache, scratch: Scratch::new(), chunked_logits: Vec::new() }
     }
 
     /// Runs a chunk of tokens (prefill when longer than one). A policy with

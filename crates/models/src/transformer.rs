@@ -185,10 +185,26 @@ impl Model {
     /// generation, sequence length for perplexity).
     /// Fails when a CHAI plan does not match this model.
     pub fn new_cache(&self, spec: &kvslim_cache::PolicySpec, max_len: usize, base_len: usize) -> Result<SequenceCache> {
-        let c = &self.config;
-        let shape = CacheShape { layers: c.n_layers, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: c.head_dim };
-        SequenceCache::new(spec, shape, max_len.min(c.context_len), base_len)
+        self.new_cache_in(spec, max_len, base_len, None)
+    }
+
+    /// As [`Model::new_cache`], with pages drawn from a shared pool (which
+    /// must match the spec's page size and KV dtype).
+    pub fn new_cache_in(
+        &self,
+        spec: &kvslim_cache::PolicySpec,
+        max_len: usize,
+        base_len: usize,
+        pool: Option<&kvslim_cache::PagePool>,
+    ) -> Result<SequenceCache> {
+        SequenceCache::in_pool(spec, self.cache_shape(), max_len.min(self.config.context_len), base_len, pool)
             .map_err(|reason| Error::Format { path: "<policy>".into(), reason })
+    }
+
+    /// The cache dimensions of this model.
+    pub fn cache_shape(&self) -> CacheShape {
+        let c = &self.config;
+        CacheShape { layers: c.n_layers, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: c.head_dim }
     }
 
     /// Runs `tokens` at positions `cache.next_pos..`, appending their keys and
