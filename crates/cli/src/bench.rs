@@ -40,6 +40,16 @@ pub struct Args {
     /// Decode steps timed per sweep point.
     #[arg(long, default_value_t = 16)]
     sweep_steps: usize,
+    /// Instead of throughput, measure each --policy's peak KV bytes (and
+    /// pages) over a prompt of --prompt-len tokens plus --gen-len greedy
+    /// tokens, and how many such sequences fit this much KV memory
+    /// (e.g. 64MiB). Uses --prompt-file text when given.
+    #[arg(long)]
+    kv_memory: Option<String>,
+    /// Text whose first --prompt-len tokens are the prompt (capacity mode);
+    /// random tokens otherwise.
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -54,6 +64,9 @@ pub fn run(a: Args) -> CliResult {
         None => a.thread_counts.clone(),
     };
     let model_args = ModelArgs { threads: None, ..a.model.clone() };
+    if let Some(mem) = &a.kv_memory {
+        return capacity_table(&a, mem);
+    }
     let (model, name) = match &a.synthetic {
         Some(shape) => {
             let dt = DType::parse(&a.dtype).ok_or_else(|| format!("unknown dtype `{}`", a.dtype))?;
@@ -154,6 +167,70 @@ fn sweep(model: &kvslim_models::Model, name: &str, a: &Args, contexts: &[usize],
             r.slots,
             r.step_ms_median,
             r.kv_bytes_allocated as f64 / 1048576.0
+        );
+    }
+    Ok(())
+}
+
+/// `--kv-memory`: per-policy peak KV bytes over a generation and the
+/// batch that fits.
+fn capacity_table(a: &Args, mem: &str) -> CliResult {
+    let kv_memory = kvslim_eval::speed::parse_bytes(mem)?;
+    let loaded = a.model.load()?;
+    let model = &loaded.model;
+    let prompt: Vec<u32> = match &a.prompt_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let ids = crate::common::require_tokenizer(&loaded.tokenizer)?.encode(&text)?;
+            if ids.len() < a.prompt_len {
+                return Err(format!(
+                    "{} has {} tokens, fewer than --prompt-len {}",
+                    path.display(),
+                    ids.len(),
+                    a.prompt_len
+                )
+                .into());
+            }
+            ids[..a.prompt_len].to_vec()
+        }
+        None => {
+            let mut rng = kvslim_engine::sampling::Rng::new(7);
+            (0..a.prompt_len).map(|_| (rng.next_u64() % model.config.vocab_size as u64) as u32).collect()
+        }
+    };
+    let mut rows = Vec::new();
+    for policy in &a.policies {
+        let r = kvslim_engine::bench::capacity(model, &a.model.model, policy, &prompt, a.gen_len, kv_memory)?;
+        eprintln!(
+            "{}: peak {:.2} MiB, max batch {}",
+            r.policy,
+            (r.peak_kv_bytes + r.peak_metadata_bytes) as f64 / 1048576.0,
+            r.max_batch
+        );
+        rows.push(r);
+    }
+    let json = serde_json::to_string_pretty(&rows)?;
+    if let Some(p) = &a.out {
+        std::fs::write(p, &json).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+    }
+    if a.json {
+        println!("{json}");
+        return Ok(());
+    }
+    println!("| policy | prompt + gen | peak KV MiB | metadata KiB | peak pages | moved B/step | decode tok/s | max batch in {mem} |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| `{}` | {} + {} | {:.2} | {:.1} | {} | {:.0} | {:.1} | {} |",
+            r.policy,
+            r.prompt_len,
+            r.gen_len,
+            r.peak_kv_bytes as f64 / 1048576.0,
+            r.peak_metadata_bytes as f64 / 1024.0,
+            r.peak_pages.map_or("-".to_string(), |p| p.to_string()),
+            r.bytes_moved_per_step,
+            r.decode_tok_s,
+            r.max_batch
         );
     }
     Ok(())

@@ -191,3 +191,70 @@ pub fn step_time(
         kv_bytes_allocated: s.kv_bytes().kv,
     })
 }
+
+/// One policy's memory footprint over a real generation, and how many such
+/// sequences fit a KV memory budget.
+#[derive(Clone, Debug, Serialize)]
+pub struct CapacityRow {
+    pub model: String,
+    pub policy: String,
+    pub prompt_len: usize,
+    pub gen_len: usize,
+    /// Largest allocated K/V bytes seen after any step (pages referenced,
+    /// or the fixed arrays).
+    pub peak_kv_bytes: usize,
+    /// Metadata bytes (positions, scores, page tables) at that peak.
+    pub peak_metadata_bytes: usize,
+    /// Pages referenced at the peak (paged stores; K and V pages counted once per head).
+    pub peak_pages: Option<usize>,
+    /// Bytes copied by compaction per decode step.
+    pub bytes_moved_per_step: f64,
+    pub decode_tok_s: f64,
+    /// The KV memory budget and the sequences whose peak fits in it.
+    pub kv_memory: u64,
+    pub max_batch: u64,
+}
+
+/// Prefills `prompt`, decodes `gen_len` greedy tokens, and records the
+/// peak allocated bytes after every step: the per-sequence cost that
+/// bounds the batch a server can hold in `kv_memory` bytes.
+pub fn capacity(
+    model: &Model,
+    name: &str,
+    policy: &PolicySpec,
+    prompt: &[u32],
+    gen_len: usize,
+    kv_memory: u64,
+) -> Result<CapacityRow> {
+    let mut s = Session::new(model, policy, prompt.len() + gen_len + 1, prompt.len())?;
+    let mut tok = crate::sampling::argmax(s.feed(prompt, Logits::Last)?);
+    let mut peak = s.kv_bytes();
+    let mut peak_pages = s.cache.store.page_counts().map(|c| c.pages);
+    let moved_before = s.cache.store.page_counts().map_or(0, |c| c.bytes_moved);
+    let t = Instant::now();
+    for _ in 0..gen_len {
+        tok = crate::sampling::argmax(s.feed(&[tok], Logits::Last)?);
+        let b = s.kv_bytes();
+        if b.kv + b.metadata > peak.kv + peak.metadata {
+            peak = b;
+        }
+        if let Some(c) = s.cache.store.page_counts() {
+            peak_pages = Some(peak_pages.unwrap_or(0).max(c.pages));
+        }
+    }
+    let decode_tok_s = gen_len as f64 / t.elapsed().as_secs_f64();
+    let moved = s.cache.store.page_counts().map_or(0, |c| c.bytes_moved) - moved_before;
+    Ok(CapacityRow {
+        model: name.to_string(),
+        policy: policy.to_string(),
+        prompt_len: prompt.len(),
+        gen_len,
+        peak_kv_bytes: peak.kv,
+        peak_metadata_bytes: peak.metadata,
+        peak_pages,
+        bytes_moved_per_step: moved as f64 / gen_len.max(1) as f64,
+        decode_tok_s,
+        kv_memory,
+        max_batch: kv_memory / (peak.kv + peak.metadata).max(1) as u64,
+    })
+}

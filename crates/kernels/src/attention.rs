@@ -11,13 +11,11 @@
 
 use crate::dot::{axpy, dot};
 
-/// Row access for attention: slot `i`'s key (or value) as a dot product
-/// with a query and as an accumulation into an output.
+/// Row access for attention: slot `i`'s key (or value) as f32. Storage
+/// that already holds f32 returns its own memory; quantized or f16 storage
+/// decodes into `buf` (`d` floats) and returns that.
 pub trait SlotRows: Sync {
-    /// dot(row_i, q).
-    fn dot(&self, slot: usize, q: &[f32]) -> f32;
-    /// out += a · row_i.
-    fn axpy(&self, slot: usize, a: f32, out: &mut [f32]);
+    fn row<'a>(&'a self, slot: usize, buf: &'a mut [f32]) -> &'a [f32];
 }
 
 /// Contiguous f32 rows of width `d` (`len × d`).
@@ -29,16 +27,19 @@ pub struct DenseRows<'a> {
 
 impl SlotRows for DenseRows<'_> {
     #[inline]
-    fn dot(&self, slot: usize, q: &[f32]) -> f32 {
-        dot(q, &self.data[slot * self.d..(slot + 1) * self.d])
-    }
-    #[inline]
-    fn axpy(&self, slot: usize, a: f32, out: &mut [f32]) {
-        axpy(a, &self.data[slot * self.d..(slot + 1) * self.d], out)
+    fn row<'a>(&'a self, slot: usize, _buf: &'a mut [f32]) -> &'a [f32] {
+        &self.data[slot * self.d..(slot + 1) * self.d]
     }
 }
 
+/// Widest head this kernel decodes on the stack.
+pub const MAX_HEAD_DIM: usize = 512;
+
 /// Computes attention for `g` query heads sharing one KV head.
+///
+/// Each slot's key and value row is read (decoded) once for the whole
+/// group; per head, the dot products, softmax and value accumulation run
+/// in slot order, so the result does not depend on the storage layout.
 ///
 /// * `queries`: `g × d` (RoPE already applied)
 /// * `keys`, `values`: the slots' rows (`len` of them)
@@ -57,33 +58,42 @@ pub fn attend_group<K: SlotRows + ?Sized, V: SlotRows + ?Sized>(
     probs: &mut [f32],
     out: &mut [f32],
 ) {
+    assert!(d <= MAX_HEAD_DIM, "head_dim {d} exceeds {MAX_HEAD_DIM}");
     let len = positions.len();
     let g = queries.len() / d;
     debug_assert!(probs.len() >= g * len && out.len() >= g * d);
-    for h in 0..g {
-        let q = &queries[h * d..(h + 1) * d];
-        let p = &mut probs[h * len..(h + 1) * len];
-        let mut max = f32::NEG_INFINITY;
-        for (i, pi) in p.iter_mut().enumerate() {
-            if positions[i] <= query_pos {
-                *pi = keys.dot(i, q) * scale;
-                max = max.max(*pi);
-            } else {
-                *pi = f32::NEG_INFINITY;
+    let mut buf = [0f32; MAX_HEAD_DIM];
+    for (i, &pos) in positions.iter().enumerate() {
+        if pos <= query_pos {
+            let k = keys.row(i, &mut buf[..d]);
+            for h in 0..g {
+                probs[h * len + i] = dot(&queries[h * d..(h + 1) * d], k) * scale;
             }
+        } else {
+            (0..g).for_each(|h| probs[h * len + i] = f32::NEG_INFINITY);
         }
+    }
+    for h in 0..g {
+        let p = &mut probs[h * len..(h + 1) * len];
+        let max = p.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
         let mut sum = 0f32;
         for pi in p.iter_mut() {
             *pi = if *pi == f32::NEG_INFINITY { 0.0 } else { (*pi - max).exp() };
             sum += *pi;
         }
         let inv = 1.0 / sum;
-        let o = &mut out[h * d..(h + 1) * d];
-        o.fill(0.0);
-        for (i, pi) in p.iter_mut().enumerate() {
-            *pi *= inv;
-            if *pi != 0.0 {
-                values.axpy(i, *pi, o);
+        p.iter_mut().for_each(|pi| *pi *= inv);
+        out[h * d..(h + 1) * d].fill(0.0);
+    }
+    for i in 0..len {
+        if (0..g).all(|h| probs[h * len + i] == 0.0) {
+            continue;
+        }
+        let v = values.row(i, &mut buf[..d]);
+        for h in 0..g {
+            let pi = probs[h * len + i];
+            if pi != 0.0 {
+                axpy(pi, v, &mut out[h * d..(h + 1) * d]);
             }
         }
     }
@@ -92,10 +102,13 @@ pub fn attend_group<K: SlotRows + ?Sized, V: SlotRows + ?Sized>(
 /// out = Σ_i probs[i] · values[i] (a head applying another head's
 /// attention probabilities to its own values: CHAI members).
 pub fn weighted_values<V: SlotRows + ?Sized>(probs: &[f32], values: &V, out: &mut [f32]) {
+    let d = out.len();
+    assert!(d <= MAX_HEAD_DIM, "head_dim {d} exceeds {MAX_HEAD_DIM}");
+    let mut buf = [0f32; MAX_HEAD_DIM];
     out.fill(0.0);
     for (i, &p) in probs.iter().enumerate() {
         if p != 0.0 {
-            values.axpy(i, p, out);
+            axpy(p, values.row(i, &mut buf[..d]), out);
         }
     }
 }

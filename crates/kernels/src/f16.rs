@@ -74,6 +74,39 @@ pub fn f32_to_bf16(x: f32) -> u16 {
     ((bits + round) >> 16) as u16
 }
 
+/// Converts a run of binary16 values to f32 (exact), with the F16C
+/// instructions where the CPU has them (KV rows stored as f16 are decoded
+/// once per attention step, so this is on the decode path).
+pub fn f16_slice_to_f32(src: &[u16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "f16 conversion needs equal lengths");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the features were just detected; lengths are equal.
+        unsafe { f16c_convert(src, dst) };
+        return;
+    }
+    for (d, &h) in dst.iter_mut().zip(src) {
+        *d = f16_to_f32(h);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn f16c_convert(src: &[u16], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = src.len() / 8 * 8;
+    for i in (0..n).step_by(8) {
+        // SAFETY: i + 8 ≤ n ≤ len for both slices; unaligned loads/stores.
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+    }
+    for i in n..src.len() {
+        dst[i] = f16_to_f32(src[i]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +138,16 @@ mod tests {
             assert!((bf16_to_f32(b) - x).abs() <= x.abs() / 128.0);
         }
         assert_eq!(bf16_to_f32(0x3f80), 1.0);
+    }
+
+    #[test]
+    fn slice_conversion_matches_scalar() {
+        let src: Vec<u16> = (0..1000u32).map(|i| (i * 65).wrapping_mul(2654435761) as u16).collect();
+        let mut fast = vec![0f32; src.len()];
+        f16_slice_to_f32(&src, &mut fast);
+        for (h, f) in src.iter().zip(&fast) {
+            let s = f16_to_f32(*h);
+            assert!(s.to_bits() == f.to_bits() || (s.is_nan() && f.is_nan()), "{h:#x}");
+        }
     }
 }

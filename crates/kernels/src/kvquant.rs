@@ -299,11 +299,14 @@ impl KvDtype {
                     }
                 }
             },
-            KvDtype::F16 => {
-                for (o, c) in out.iter_mut().zip(data.chunks_exact(2)) {
-                    *o = f16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+            KvDtype::F16 => match u16_view(&data[..2 * d]) {
+                Some(w) => crate::f16::f16_slice_to_f32(w, out),
+                None => {
+                    for (o, c) in out.iter_mut().zip(data.chunks_exact(2)) {
+                        *o = f16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+                    }
                 }
-            }
+            },
             KvDtype::Q8 => {
                 for ((og, cg), &s) in out.chunks_mut(G).zip(data.chunks(G)).zip(scales) {
                     for (o, &c) in og.iter_mut().zip(cg) {

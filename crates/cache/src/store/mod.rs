@@ -72,19 +72,11 @@ pub enum Rows<'a> {
 
 impl SlotRows for Rows<'_> {
     #[inline]
-    fn dot(&self, slot: usize, q: &[f32]) -> f32 {
+    fn row<'a>(&'a self, slot: usize, buf: &'a mut [f32]) -> &'a [f32] {
         match self {
-            Rows::Dense(r) => r.dot(slot, q),
-            Rows::Coded(r) => r.dot(slot, q),
-            Rows::Paged(r) => r.dot(slot, q),
-        }
-    }
-    #[inline]
-    fn axpy(&self, slot: usize, a: f32, out: &mut [f32]) {
-        match self {
-            Rows::Dense(r) => r.axpy(slot, a, out),
-            Rows::Coded(r) => r.axpy(slot, a, out),
-            Rows::Paged(r) => r.axpy(slot, a, out),
+            Rows::Dense(r) => r.row(slot, buf),
+            Rows::Coded(r) => r.row(slot, buf),
+            Rows::Paged(r) => r.row(slot, buf),
         }
     }
 }

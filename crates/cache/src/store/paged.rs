@@ -411,8 +411,14 @@ impl PagedRows<'_> {
     #[inline]
     fn locate(&self, slot: usize) -> (&RowBuf, usize) {
         let a = self.addr[slot] as usize;
-        let page = self.pages[a / self.page_size].as_ref().expect("a live slot's page is allocated");
-        (&page.rows, a % self.page_size)
+        let (p, r) = if self.page_size.is_power_of_two() {
+            let shift = self.page_size.trailing_zeros();
+            (a >> shift, a & (self.page_size - 1))
+        } else {
+            (a / self.page_size, a % self.page_size)
+        };
+        let page = self.pages[p].as_ref().expect("a live slot's page is allocated");
+        (&page.rows, r)
     }
 
     /// Decodes slot `slot` into `out`.
@@ -424,13 +430,8 @@ impl PagedRows<'_> {
 
 impl SlotRows for PagedRows<'_> {
     #[inline]
-    fn dot(&self, slot: usize, q: &[f32]) -> f32 {
+    fn row<'a>(&'a self, slot: usize, buf: &'a mut [f32]) -> &'a [f32] {
         let (rows, r) = self.locate(slot);
-        rows.dot(r, q)
-    }
-    #[inline]
-    fn axpy(&self, slot: usize, a: f32, out: &mut [f32]) {
-        let (rows, r) = self.locate(slot);
-        rows.axpy(r, a, out)
+        rows.row(r, buf)
     }
 }

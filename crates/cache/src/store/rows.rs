@@ -138,12 +138,14 @@ impl RowBuf {
 
 impl SlotRows for RowBuf {
     #[inline]
-    fn dot(&self, slot: usize, q: &[f32]) -> f32 {
-        self.dtype.dot(self.codes(slot), self.side(slot), q)
-    }
-    #[inline]
-    fn axpy(&self, slot: usize, a: f32, out: &mut [f32]) {
-        self.dtype.axpy(a, self.codes(slot), self.side(slot), out)
+    fn row<'a>(&'a self, slot: usize, buf: &'a mut [f32]) -> &'a [f32] {
+        if self.dtype == KvDtype::F32 {
+            let w = &self.data[slot * self.row_words..slot * self.row_words + self.d];
+            // SAFETY: f32 rows are stored as their bit patterns (see `as_f32`).
+            return unsafe { std::slice::from_raw_parts(w.as_ptr().cast::<f32>(), w.len()) };
+        }
+        self.read(slot, buf);
+        buf
     }
 }
 

@@ -1,0 +1,43 @@
+//! Attention over the same slots in each store layout and KV dtype: the
+//! per-slot cost of paging and decoding (medians of repeated runs).
+//! `cargo run --release -p kvslim-cache --example attend_layouts`
+
+use kvslim_cache::{HeadSlots, KvDtype, StoreLayout};
+use kvslim_kernels::attention::attend_group;
+use std::time::Instant;
+
+fn main() {
+    let (d, len, g) = (64, 2048, 3);
+    let q: Vec<f32> = (0..g * d).map(|i| (i as f32 * 0.37).sin()).collect();
+    let (mut probs, mut out) = (vec![0f32; g * len], vec![0f32; g * d]);
+    println!("| layout | kv dtype | µs per group attention ({len} slots, d={d}, {g} heads) |");
+    println!("|---|---|---|");
+    for dtype in KvDtype::ALL {
+        for page in [None, Some(1), Some(16)] {
+            let mut h = HeadSlots::with_layout(d, len, StoreLayout { page_size: page, kv_dtype: dtype }, None);
+            for p in 0..len as u32 {
+                let k: Vec<f32> = (0..d).map(|i| ((p as usize * d + i) as f32 * 0.11).cos()).collect();
+                h.push(p, &k, &k).unwrap();
+            }
+            let mut times = Vec::new();
+            for _ in 0..200 {
+                let t = Instant::now();
+                attend_group(
+                    &q,
+                    &h.key_rows().unwrap(),
+                    &h.value_rows(),
+                    h.positions(),
+                    len as u32,
+                    d,
+                    0.125,
+                    &mut probs,
+                    &mut out,
+                );
+                times.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            times.sort_by(f64::total_cmp);
+            let layout = page.map_or("fixed".to_string(), |p| format!("page={p}"));
+            println!("| {layout} | {dtype} | {:.1} |", times[times.len() / 2]);
+        }
+    }
+}
