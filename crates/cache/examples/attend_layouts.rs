@@ -1,17 +1,19 @@
 //! Attention over the same slots in each store layout and KV dtype: the
 //! per-slot cost of paging and decoding (medians of repeated runs).
-//! `cargo run --release -p kvslim-cache --example attend_layouts`
+//! `cargo run --release -p kvslim-cache --example attend_layouts [GROUP]` (query heads per KV head, default 1)
 
 use kvslim_cache::{HeadSlots, KvDtype, StoreLayout};
 use kvslim_kernels::attention::attend_group;
 use std::time::Instant;
 
 fn main() {
-    let (d, len, g) = (64, 2048, 3);
+    let g: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(1);
+    let (d, len) = (64, 2048);
     let q: Vec<f32> = (0..g * d).map(|i| (i as f32 * 0.37).sin()).collect();
     let (mut probs, mut out) = (vec![0f32; g * len], vec![0f32; g * d]);
     println!("| layout | kv dtype | µs per group attention ({len} slots, d={d}, {g} heads) |");
     println!("|---|---|---|");
+    let mut cases: Vec<(Option<usize>, KvDtype, HeadSlots, Vec<f64>)> = Vec::new();
     for dtype in KvDtype::ALL {
         for page in [None, Some(1), Some(16)] {
             let mut h = HeadSlots::with_layout(d, len, StoreLayout { page_size: page, kv_dtype: dtype }, None);

@@ -175,6 +175,12 @@ pub struct PagedKv {
     addr: Vec<u32>,
     /// (entry, next free offset) of the page new tokens go to.
     tail: Option<(u32, u32)>,
+    /// f32 stores only: address of each entry's first K / V float (0 = no
+    /// page), so attention finds a row with one load instead of chasing
+    /// Arc → page → buffer. Valid while the entry's `Arc` is held here;
+    /// page buffers never reallocate.
+    key_base: Vec<usize>,
+    value_base: Vec<usize>,
     bytes_moved: u64,
     cow_copies: u64,
 }
@@ -191,6 +197,8 @@ impl PagedKv {
             free_entries: Vec::new(),
             addr: Vec::with_capacity(capacity),
             tail: None,
+            key_base: Vec::new(),
+            value_base: Vec::new(),
             bytes_moved: 0,
             cow_copies: 0,
         }
@@ -212,7 +220,7 @@ impl PagedKv {
     fn new_entry(&mut self) -> u32 {
         let k = self.has_keys.then(|| self.pool.alloc());
         let v = Some(self.pool.alloc());
-        match self.free_entries.pop() {
+        let e = match self.free_entries.pop() {
             Some(e) => {
                 self.key_pages[e as usize] = k;
                 self.value_pages[e as usize] = v;
@@ -222,9 +230,23 @@ impl PagedKv {
                 self.key_pages.push(k);
                 self.value_pages.push(v);
                 self.live.push(0);
+                self.key_base.push(0);
+                self.value_base.push(0);
                 (self.live.len() - 1) as u32
             }
-        }
+        };
+        self.refresh_base(e as usize);
+        e
+    }
+
+    /// Re-reads entry `e`'s buffer addresses after its pages changed.
+    fn refresh_base(&mut self, e: usize) {
+        let base = |p: &Option<Arc<Page>>| match p {
+            Some(p) if p.rows.dtype() == KvDtype::F32 => p.rows.as_f32().map_or(0, |f| f.as_ptr() as usize),
+            _ => 0,
+        };
+        self.key_base[e] = base(&self.key_pages[e]);
+        self.value_base[e] = base(&self.value_pages[e]);
     }
 
     /// A page this sequence may write: copied first if another sequence
@@ -265,6 +287,9 @@ impl PagedKv {
         }
         // both K and V of a shared page count as one copied page each
         self.cow_copies += cow;
+        if cow > 0 {
+            self.refresh_base(e);
+        }
         self.live[e] += 1;
         self.tail = Some((entry, off + 1));
         self.addr.push(entry * self.page_size as u32 + off);
@@ -276,6 +301,7 @@ impl PagedKv {
         if self.live[e] == 0 {
             self.key_pages[e] = None;
             self.value_pages[e] = None;
+            self.refresh_base(e);
             self.free_entries.push(e as u32);
             if self.tail.is_some_and(|(t, _)| t as usize == e) {
                 self.tail = None;
@@ -307,12 +333,15 @@ impl PagedKv {
     pub fn drop_keys(&mut self) {
         self.has_keys = false;
         self.key_pages.iter_mut().for_each(|p| *p = None);
+        self.key_base.iter_mut().for_each(|b| *b = 0);
     }
 
     /// Drops every token and page.
     pub fn clear(&mut self) {
         self.key_pages.clear();
         self.value_pages.clear();
+        self.key_base.clear();
+        self.value_base.clear();
         self.live.clear();
         self.free_entries.clear();
         self.addr.clear();
@@ -392,10 +421,22 @@ impl PagedKv {
     }
 
     pub fn keys(&self) -> PagedRows<'_> {
-        PagedRows { pages: &self.key_pages, addr: &self.addr, page_size: self.page_size }
+        self.rows(&self.key_pages, &self.key_base)
     }
     pub fn values(&self) -> PagedRows<'_> {
-        PagedRows { pages: &self.value_pages, addr: &self.addr, page_size: self.page_size }
+        self.rows(&self.value_pages, &self.value_base)
+    }
+
+    fn rows<'a>(&'a self, pages: &'a [Option<Arc<Page>>], base: &'a [usize]) -> PagedRows<'a> {
+        let f32_rows = self.pool.dtype() == KvDtype::F32;
+        PagedRows {
+            pages,
+            base: if f32_rows { base } else { &[] },
+            addr: &self.addr,
+            page_size: self.page_size,
+            shift: self.page_size.is_power_of_two().then(|| self.page_size.trailing_zeros()),
+            d: self.pool.head_dim(),
+        }
     }
 }
 
@@ -403,20 +444,27 @@ impl PagedKv {
 #[derive(Clone, Copy)]
 pub struct PagedRows<'a> {
     pages: &'a [Option<Arc<Page>>],
+    /// Buffer addresses per entry (f32 pages only; empty otherwise).
+    base: &'a [usize],
     addr: &'a [u32],
     page_size: usize,
+    shift: Option<u32>,
+    d: usize,
 }
 
 impl PagedRows<'_> {
     #[inline]
-    fn locate(&self, slot: usize) -> (&RowBuf, usize) {
+    fn split(&self, slot: usize) -> (usize, usize) {
         let a = self.addr[slot] as usize;
-        let (p, r) = if self.page_size.is_power_of_two() {
-            let shift = self.page_size.trailing_zeros();
-            (a >> shift, a & (self.page_size - 1))
-        } else {
-            (a / self.page_size, a % self.page_size)
-        };
+        match self.shift {
+            Some(s) => (a >> s, a & (self.page_size - 1)),
+            None => (a / self.page_size, a % self.page_size),
+        }
+    }
+
+    #[inline]
+    fn locate(&self, slot: usize) -> (&RowBuf, usize) {
+        let (p, r) = self.split(slot);
         let page = self.pages[p].as_ref().expect("a live slot's page is allocated");
         (&page.rows, r)
     }
@@ -431,6 +479,15 @@ impl PagedRows<'_> {
 impl SlotRows for PagedRows<'_> {
     #[inline]
     fn row<'a>(&'a self, slot: usize, buf: &'a mut [f32]) -> &'a [f32] {
+        if !self.base.is_empty() {
+            let (p, r) = self.split(slot);
+            let base = self.base[p];
+            assert!(base != 0, "a live slot's page is allocated");
+            // SAFETY: `base` is the start of entry p's f32 page buffer
+            // (page_size × d floats), kept alive by the Arc in `pages[p]`
+            // that this view borrows; r < page_size.
+            return unsafe { std::slice::from_raw_parts((base as *const f32).add(r * self.d), self.d) };
+        }
         let (rows, r) = self.locate(slot);
         rows.row(r, buf)
     }
