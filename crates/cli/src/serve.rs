@@ -26,6 +26,19 @@ pub struct Args {
     /// Most requests waiting for admission; more get 429.
     #[arg(long, default_value_t = 64)]
     queue_limit: usize,
+    /// KV page size in tokens for `full` requests (and `compact=`/`page_score=`
+    /// ones) whose policy names no `page=`: their K/V come from a page pool
+    /// shared by all requests (copy-on-write prefix sharing, pages reserved
+    /// by a worst-case rule). Token eviction stays on fixed slots unless it
+    /// says `page=P`. 0 = fixed slots for everything. An explicit `page=` wins.
+    #[arg(long, default_value_t = 16)]
+    kv_page_size: usize,
+    /// Entries of the prompt-prefix cache (LRU; 0 = off). A request whose
+    /// prompt (and policy) was prefilled before forks that cache instead of
+    /// prefilling; under `full` a cached strict prefix is extended. Paged
+    /// policies only.
+    #[arg(long, default_value_t = 16)]
+    prefix_cache: usize,
     /// Model name reported by the API (default: the --model value).
     #[arg(long)]
     served_model_name: Option<String>,
@@ -40,16 +53,24 @@ pub fn run(a: Args) -> CliResult {
     let tokenizer = loaded.tokenizer.expect("checked above");
     let config = ServerConfig {
         policy: a.policy.clone(),
-        limits: Limits { kv_memory: a.kv_memory, max_batch: a.max_batch, queue_limit: a.queue_limit },
+        limits: Limits {
+            kv_memory: a.kv_memory,
+            max_batch: a.max_batch,
+            queue_limit: a.queue_limit,
+            kv_page_size: a.kv_page_size,
+            prefix_cache: a.prefix_cache,
+        },
         model_name: a.served_model_name.unwrap_or_else(|| a.model.model.clone()),
     };
     let state = AppState::new(Arc::new(loaded.model), Arc::new(tokenizer), config);
     let listener = std::net::TcpListener::bind((a.host.as_str(), a.port))?;
     eprintln!(
-        "kvslim serve: http://{} (policy {}, KV pool {} bytes, max batch {}, queue limit {})",
+        "kvslim serve: http://{} (policy {}, KV pool {} bytes, page size {}, prefix cache {}, max batch {}, queue limit {})",
         listener.local_addr()?,
         a.policy,
         a.kv_memory,
+        a.kv_page_size,
+        a.prefix_cache,
         a.max_batch,
         a.queue_limit
     );

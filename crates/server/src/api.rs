@@ -8,10 +8,13 @@
 //!   Defaults: 16 for completions (OpenAI's default), the rest of the
 //!   context for chat.
 //! * `kv_policy` (extension) takes the policy grammar of `--policy`.
-//! * `usage.kv_bytes_allocated` is the request's KV reservation.
+//! * `usage.kv_bytes_allocated` is the request's KV reservation;
+//!   `usage.prompt_tokens_reused` the prompt tokens taken from the prefix
+//!   cache.
+//! * A policy without `page=` gets the server's `--kv-page-size`.
 
 use crate::chat::ChatMessage;
-use crate::scheduler::{kv_bytes_for, Event, Request, SubmitError};
+use crate::scheduler::{apply_default_page, kv_bytes_for, Event, Finish, Request, SubmitError};
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -182,10 +185,12 @@ fn submit(
         Some(m) => (m as u64).min(room as u64) as usize,
         None => default_max.unwrap_or(room).min(room),
     };
-    let policy = match &c.kv_policy {
+    let mut policy = match &c.kv_policy {
         None => st.default_policy.clone(),
-        Some(p) => PolicySpec::parse(p).map_err(|e| ApiError::bad(e.to_string(), Some("kv_policy")))?,
+        Some(p) => parse_policy(p, st.scheduler.limits.kv_page_size)
+            .map_err(|e| ApiError::bad(e.to_string(), Some("kv_policy")))?,
     };
+    apply_default_page(&mut policy, st.scheduler.limits.kv_page_size);
     let seed = match c.seed {
         Some(s) => s as u64,
         None => NEXT_ID.load(Relaxed) ^ now().wrapping_mul(0x9e37_79b9_7f4a_7c15),
@@ -219,7 +224,7 @@ fn submit(
     if kv_bytes > limit {
         return Err(ApiError::bad(
             format!(
-                "this request needs {kv_bytes} bytes of KV cache (policy `{policy}`, {} prompt + {max_tokens} new tokens) but the server's whole KV pool is {limit} bytes; lower max_tokens or use a bounded kv_policy",
+                "this request needs {kv_bytes} bytes of KV cache (policy `{policy}`, {} prompt + {max_tokens} new tokens) but the server's whole KV pool is {limit} bytes; lower max_tokens or use a bounded kv_policy (paged: with page_score=… or compact=N)",
                 prompt.len()
             ),
             Some("max_tokens"),
@@ -246,6 +251,25 @@ fn submit(
             code: None,
         }),
     }
+}
+
+/// Parses a request's `kv_policy`. With a server page size, a policy
+/// without `page=` is paged by default, so `compact=`/`page_score=` are
+/// accepted without it (the original error is returned if that fails too).
+fn parse_policy(text: &str, page_size: usize) -> Result<PolicySpec, kvslim_cache::PolicySpecError> {
+    let err = match PolicySpec::parse(text) {
+        Ok(p) => return Ok(p),
+        Err(e) => e,
+    };
+    let (token, rest) = match text.split_once('+') {
+        Some((t, r)) => (t, format!("+{r}")),
+        None => (text, String::new()),
+    };
+    if page_size == 0 || token.split([':', ',']).any(|kv| kv.trim().starts_with("page=")) {
+        return Err(err);
+    }
+    let sep = if token.contains(':') { "," } else { ":" };
+    PolicySpec::parse(&format!("{}{sep}page={page_size}{rest}", token.trim_end())).map_err(|_| err)
 }
 
 fn encode(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -305,12 +329,13 @@ pub async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Respon
     respond(st, Kind::Chat, prompt, common, None, stops).await
 }
 
-fn usage(prompt_tokens: usize, completion_tokens: usize, kv_bytes: usize) -> Value {
+fn usage(f: &Finish) -> Value {
     json!({
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "kv_bytes_allocated": kv_bytes,
+        "prompt_tokens": f.prompt_tokens,
+        "completion_tokens": f.completion_tokens,
+        "total_tokens": f.prompt_tokens + f.completion_tokens,
+        "kv_bytes_allocated": f.kv_bytes,
+        "prompt_tokens_reused": f.prompt_tokens_reused,
     })
 }
 
@@ -363,7 +388,7 @@ async fn respond(
                     let body = json!({
                         "id": id, "object": object, "created": created, "model": model,
                         "choices": [choice],
-                        "usage": usage(f.prompt_tokens, f.completion_tokens, f.kv_bytes),
+                        "usage": usage(&f),
                     });
                     return Json(body).into_response();
                 }
@@ -417,7 +442,7 @@ async fn respond(
             match rx.recv().await {
                 Some(Event::Text(t)) => Some((chunk(Some(&t), None, None, false), (rx, 1))),
                 Some(Event::Done(f)) => {
-                    let u = usage(f.prompt_tokens, f.completion_tokens, f.kv_bytes);
+                    let u = usage(&f);
                     let last = chunk(if kind == Kind::Chat { None } else { Some("") }, Some(f.reason), Some(u), false);
                     Some((last, (rx, 3)))
                 }
@@ -468,7 +493,11 @@ pub async fn health(State(st): State<AppState>) -> Response {
 }
 
 pub async fn metrics(State(st): State<AppState>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], st.scheduler.metrics.render()).into_response()
+    let m = &st.scheduler.metrics;
+    let (pages, cow) = st.scheduler.pools.totals();
+    m.kv_pages_in_use.store(pages, Relaxed);
+    m.kv_cow_copies_total.store(cow, Relaxed);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], m.render()).into_response()
 }
 
 pub async fn not_found() -> Response {

@@ -25,6 +25,15 @@ pub struct Metrics {
     pub tokens_per_second: AtomicU64,
     /// Size of the last decode batch.
     pub last_batch_size: AtomicUsize,
+    /// Requests that started from a cached prompt prefix.
+    pub prefix_hits_total: AtomicU64,
+    /// Prompt tokens taken from the prefix cache instead of prefilled.
+    pub prefix_tokens_reused_total: AtomicU64,
+    /// Pages held in the server's page pools (requests and prefix cache),
+    /// refreshed when rendered.
+    pub kv_pages_in_use: AtomicUsize,
+    /// Shared pages copied on first write, over all pools.
+    pub kv_cow_copies_total: AtomicUsize,
 }
 
 impl Metrics {
@@ -67,7 +76,7 @@ impl Metrics {
         put(
             "kvslim_prompt_tokens_total",
             "counter",
-            "Prompt tokens prefilled.",
+            "Prompt tokens prefilled (prefix-cache reuse excluded).",
             self.prompt_tokens_total.load(Relaxed).to_string(),
         );
         put(
@@ -99,6 +108,30 @@ impl Metrics {
             "gauge",
             "Size of the last decode batch.",
             self.last_batch_size.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_prefix_hits_total",
+            "counter",
+            "Requests that reused a cached prompt prefix.",
+            self.prefix_hits_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_prefix_tokens_reused_total",
+            "counter",
+            "Prompt tokens taken from the prefix cache instead of prefilled.",
+            self.prefix_tokens_reused_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_kv_pages_in_use",
+            "gauge",
+            "KV pages held in the page pools (running requests and the prefix cache; K and V pages each count).",
+            self.kv_pages_in_use.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_kv_cow_copies_total",
+            "counter",
+            "Shared KV pages copied on their first write (copy-on-write).",
+            self.kv_cow_copies_total.load(Relaxed).to_string(),
         );
         s
     }

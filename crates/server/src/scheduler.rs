@@ -8,16 +8,23 @@
 //! over every running sequence and samples each one's next token with its
 //! own sampler. Finished or cancelled sequences leave between steps and
 //! their KV memory returns to the pool at once.
+//!
+//! Paged requests draw from one [`PagePool`] per (page size, KV dtype)
+//! ([`Pools`]) and reserve [`worst_case_pages`]; a small LRU of prefilled
+//! prompts lets a request with the same policy and prompt (or, where
+//! extending is exact, a prompt starting with a cached one) fork that cache
+//! instead of prefilling.
 
 use crate::metrics::Metrics;
-use kvslim_cache::PolicySpec;
+use kvslim_cache::policy::TokenPolicySpec;
+use kvslim_cache::{KvDtype, PagePool, PolicySpec, SequenceCache};
 use kvslim_engine::{Sampler, SamplingParams, Session};
 use kvslim_models::transformer::{BatchItem, BatchScratch};
 use kvslim_models::{Logits, Model, Tokenizer};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -39,6 +46,8 @@ pub struct Finish {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub kv_bytes: usize,
+    /// Prompt tokens taken from the prefix cache instead of prefilled.
+    pub prompt_tokens_reused: usize,
 }
 
 /// A validated request, ready for admission.
@@ -63,6 +72,47 @@ pub struct Limits {
     pub kv_memory: usize,
     pub max_batch: usize,
     pub queue_limit: usize,
+    /// Page size given to requests whose policy names none (`0`: fixed slots).
+    pub kv_page_size: usize,
+    /// Entries of the prompt-prefix cache (`0`: off).
+    pub prefix_cache: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { kv_memory: 2 << 30, max_batch: 16, queue_limit: 64, kv_page_size: 16, prefix_cache: 16 }
+    }
+}
+
+/// The server's page pools, one per (page size, KV dtype), created on first
+/// use; every paged request's cache draws from its pool, so clones (prefix
+/// hits, beams) share pages and the counters span requests.
+#[derive(Clone, Default)]
+pub struct Pools {
+    pools: Arc<Mutex<Vec<PagePool>>>,
+}
+
+impl Pools {
+    /// The pool for this page size, dtype and head width (created if new).
+    pub fn get(&self, page_size: usize, dtype: KvDtype, head_dim: usize) -> PagePool {
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = pools.iter().find(|p| p.fits(page_size, dtype, head_dim)) {
+            return p.clone();
+        }
+        let p = PagePool::new(page_size, dtype, head_dim);
+        pools.push(p.clone());
+        p
+    }
+
+    /// Every pool created so far.
+    pub fn all(&self) -> Vec<PagePool> {
+        self.pools.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// (pages in use, copy-on-write copies) summed over the pools.
+    pub fn totals(&self) -> (usize, usize) {
+        self.all().iter().map(|p| p.stats()).fold((0, 0), |(a, b), s| (a + s.pages_in_use, b + s.cow_copies))
+    }
 }
 
 /// Why a request was not queued.
@@ -78,6 +128,7 @@ pub struct SchedulerHandle {
     tx: mpsc::Sender<Request>,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
+    pub pools: Pools,
 }
 
 impl SchedulerHandle {
@@ -99,15 +150,63 @@ impl SchedulerHandle {
     }
 }
 
-/// KV bytes a sequence allocates: per layer and KV head, `capacity` slots
-/// of f32 K and V plus a u32 position and an f32 score. Bounded policies
-/// hold their budget + 1 slots; `full` holds prompt + max_tokens (clipped
-/// to the context).
+/// Gives `policy` the server's default page size when it names none and
+/// paging costs it nothing: policies that keep every token (`full`, pure
+/// CHAI), whose pages fill densely. Token eviction without compaction
+/// stays on fixed slots by default, because its worst case in pages (holes
+/// keeping pages alive) would reserve far more than its B + 1 slots; a
+/// request that wants pages for it says `page=` (or `compact=` /
+/// `page_score=`, which imply pages). `page_size` 0: never page by default.
+pub fn apply_default_page(policy: &mut PolicySpec, page_size: usize) {
+    if page_size > 0 && policy.storage.page_size.is_none() && matches!(policy.token, TokenPolicySpec::Full) {
+        policy.storage.page_size = Some(page_size);
+    }
+}
+
+/// Worst-case pages one (layer, KV head) of a paged sequence holds at once
+/// (K or V each; `None` for fixed slots). With P the page size, C = B + 1
+/// the policy's capacity and L = prompt + max_tokens (clipped to the
+/// context):
+///
+/// * `full` → ⌈L/P⌉;
+/// * page eviction (`page_score`) → ⌈C/P⌉ + 1;
+/// * `compact=N` → ⌈(C+N)/P⌉ + 1;
+/// * token eviction without compaction → ⌈L/P⌉ (holes can keep every page
+///   alive), but never more than C: a live page holds a live token.
+///
+/// Every bound is also capped by ⌈L/P⌉ + 1.
+pub fn worst_case_pages(policy: &PolicySpec, capacity: usize, max_len: usize) -> Option<usize> {
+    let p = policy.storage.page_size?;
+    let all = max_len.div_ceil(p);
+    let pages = if matches!(policy.token, TokenPolicySpec::Full) {
+        all
+    } else if policy.storage.page_score.is_some() {
+        capacity.div_ceil(p) + 1
+    } else if let Some(n) = policy.storage.compact_every {
+        (capacity + n).div_ceil(p) + 1
+    } else {
+        all.min(capacity.max(1))
+    };
+    Some(pages.min(all + 1))
+}
+
+/// KV bytes a sequence reserves. Fixed slots: per layer and KV head,
+/// `capacity` slots of K and V plus a u32 position and an f32 score.
+/// Bounded policies hold their budget + 1 slots; `full` holds prompt +
+/// max_tokens (clipped to the context). Paged: per layer and KV head,
+/// [`worst_case_pages`] × 2 (K and V) × the pool's page bytes.
 pub fn kv_bytes_for(model: &Model, policy: &PolicySpec, prompt_len: usize, max_tokens: usize) -> usize {
     let c = &model.config;
     let max_len = (prompt_len + max_tokens).min(c.context_len);
     let capacity = policy.build(prompt_len).capacity(max_len);
-    c.n_layers * c.n_kv_heads * capacity * (2 * c.head_dim * 4 + 8)
+    match worst_case_pages(policy, capacity, max_len) {
+        Some(pages) => {
+            let p = policy.storage.page_size.unwrap_or(1);
+            let page_bytes = p * kvslim_cache::store::RowBuf::new(policy.storage.kv_dtype, c.head_dim, 1).row_bytes();
+            c.n_layers * c.n_kv_heads * pages * 2 * page_bytes
+        }
+        None => c.n_layers * c.n_kv_heads * capacity * (2 * c.head_dim * 4 + 8),
+    }
 }
 
 /// Starts the scheduler thread.
@@ -117,11 +216,96 @@ pub fn spawn(model: Arc<Model>, tokenizer: Arc<Tokenizer>, limits: Limits) -> Sc
     metrics.kv_bytes_limit.store(limits.kv_memory, Relaxed);
     let m = metrics.clone();
     let l = limits.clone();
+    let pools = Pools::default();
+    let p = pools.clone();
     std::thread::Builder::new()
         .name("kvslim-scheduler".into())
-        .spawn(move || run(&model, &tokenizer, &l, &m, rx))
+        .spawn(move || run(&model, &tokenizer, &l, &m, &p, rx))
         .expect("spawn scheduler thread");
-    SchedulerHandle { tx, metrics, limits }
+    SchedulerHandle { tx, metrics, limits, pools }
+}
+
+/// A prefilled prompt kept for reuse: a clone of the request's cache right
+/// after its prefill (paged K/V shared with it, copied on first write;
+/// positions, scores and policy state are the clone's own) and the logits
+/// of the prompt's last position.
+struct PrefixEntry {
+    spec: String,
+    prompt: Vec<u32>,
+    cache: SequenceCache,
+    logits: Vec<f32>,
+}
+
+/// A small LRU of prefilled prompts (most recently used last). Only paged
+/// caches are kept (a clone of fixed slots would copy them).
+struct PrefixCache {
+    capacity: usize,
+    entries: VecDeque<PrefixEntry>,
+}
+
+/// What a lookup found: a fork of the stored cache, the tokens it covers
+/// and, when it covers the whole prompt, the logits to sample from.
+struct PrefixHit {
+    cache: SequenceCache,
+    reused: usize,
+    logits: Option<Vec<f32>>,
+}
+
+/// Whether feeding more tokens into a cache of this policy gives exactly
+/// what one prefill of the longer prompt gives: no eviction (`full`), no
+/// head sharing (its clustering depends on the prefill), no compaction, no
+/// quantized storage (a prefill attends to its own chunk's exact keys).
+fn extendable(policy: &PolicySpec) -> bool {
+    matches!(policy.token, TokenPolicySpec::Full)
+        && policy.head.is_none()
+        && policy.storage.compact_every.is_none()
+        && policy.storage.page_score.is_none()
+        && policy.storage.kv_dtype == KvDtype::F32
+}
+
+impl PrefixCache {
+    /// The longest usable entry for `prompt` under `spec`: the same prompt
+    /// (any policy), or a strict prefix of it when the policy is
+    /// [`extendable`]. `capacity` is the slots the request needs; a stored
+    /// cache built for fewer does not qualify.
+    fn lookup(&mut self, spec: &str, policy: &PolicySpec, prompt: &[u32], capacity: usize) -> Option<PrefixHit> {
+        let ext = extendable(policy);
+        let best = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.spec == spec && e.cache.store.head(0, 0).capacity() >= capacity)
+            .filter(|(_, e)| {
+                e.prompt == prompt || (ext && e.prompt.len() < prompt.len() && prompt.starts_with(&e.prompt))
+            })
+            .max_by_key(|(_, e)| e.prompt.len())
+            .map(|(i, _)| i)?;
+        let e = self.entries.remove(best).expect("index from the scan");
+        let hit = PrefixHit {
+            // always a clone: a live request never shares a SequenceCache
+            cache: e.cache.clone(),
+            reused: e.prompt.len(),
+            logits: (e.prompt.len() == prompt.len()).then(|| e.logits.clone()),
+        };
+        self.entries.push_back(e);
+        Some(hit)
+    }
+
+    fn insert(&mut self, spec: String, prompt: &[u32], cache: &SequenceCache, logits: &[f32]) {
+        if self.capacity == 0 {
+            return;
+        }
+        self.entries.retain(|e| !(e.spec == spec && e.prompt == prompt));
+        while self.entries.len() >= self.capacity {
+            self.entries.pop_front();
+        }
+        self.entries.push_back(PrefixEntry {
+            spec,
+            prompt: prompt.to_vec(),
+            cache: cache.clone(),
+            logits: logits.to_vec(),
+        });
+    }
 }
 
 /// A sequence in the running batch.
@@ -136,9 +320,22 @@ struct Running<'m> {
     sent: usize,
     finished: Option<&'static str>,
     cancelled: bool,
+    /// Prompt tokens that came from the prefix cache.
+    reused: usize,
 }
 
-fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, rx: mpsc::Receiver<Request>) {
+/// What admission works with besides the request.
+struct Ctx<'a> {
+    model: &'a Model,
+    tok: &'a Tokenizer,
+    m: &'a Metrics,
+    pools: &'a Pools,
+    prefix: PrefixCache,
+}
+
+fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Pools, rx: mpsc::Receiver<Request>) {
+    let mut cx =
+        Ctx { model, tok, m, pools, prefix: PrefixCache { capacity: limits.prefix_cache, entries: VecDeque::new() } };
     let mut waiting: VecDeque<Request> = VecDeque::new();
     let mut running: Vec<Running<'_>> = Vec::new();
     let mut scratch = BatchScratch::new();
@@ -171,7 +368,7 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, rx: mpsc::R
             }
             let req = waiting.pop_front().expect("checked above");
             m.queued.fetch_sub(1, Relaxed);
-            if let Some(r) = admit(model, tok, m, req) {
+            if let Some(r) = admit(&mut cx, req) {
                 running.push(r);
             }
         }
@@ -229,18 +426,43 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, rx: mpsc::R
     }
 }
 
-/// Prefills a request and samples its first token; `None` when it already
-/// finished (or failed).
-fn admit<'m>(model: &'m Model, tok: &Tokenizer, m: &Metrics, req: Request) -> Option<Running<'m>> {
+/// Prefills a request (or forks a cached prefix of its prompt) and samples
+/// its first token; `None` when it already finished (or failed).
+fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
+    let (model, tok, m) = (cx.model, cx.tok, cx.m);
     let n = req.prompt.len();
-    let session = match Session::new(model, &req.policy, n + req.max_tokens, n) {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = req.events.send(Event::Error(format!("cannot build the KV cache: {e}")));
-            return None;
-        }
+    let ctx_len = model.config.context_len;
+    let max_len = (n + req.max_tokens).min(ctx_len);
+    let paged = req.policy.storage.page_size;
+    let pool = paged.map(|p| cx.pools.get(p, req.policy.storage.kv_dtype, model.config.head_dim));
+    let caching = paged.is_some() && cx.prefix.capacity > 0 && req.beams <= 1;
+    // a paged `full` cache gets room for the whole context (pages come on
+    // demand; only positions and scores are sized by it), so a cached
+    // prompt can serve later requests with more max_tokens
+    let cap_len = if caching && matches!(req.policy.token, TokenPolicySpec::Full) { ctx_len } else { max_len };
+    let spec = req.policy.to_string();
+    let hit = if caching {
+        let need = req.policy.build(n).capacity(max_len);
+        cx.prefix.lookup(&spec, &req.policy, &req.prompt, need)
+    } else {
+        None
     };
+    let (session, reused, cached_logits) = match hit {
+        Some(h) => (Session::with_cache(model, h.cache), h.reused, h.logits),
+        None => match Session::in_pool(model, &req.policy, cap_len, n, pool.as_ref()) {
+            Ok(s) => (s, 0, None),
+            Err(e) => {
+                let _ = req.events.send(Event::Error(format!("cannot build the KV cache: {e}")));
+                return None;
+            }
+        },
+    };
+    if reused > 0 {
+        m.prefix_hits_total.fetch_add(1, Relaxed);
+        m.prefix_tokens_reused_total.fetch_add(reused as u64, Relaxed);
+    }
     m.kv_bytes_in_use.fetch_add(req.kv_bytes, Relaxed);
+    let prompt = std::mem::take(&mut req.prompt);
     let mut r = Running {
         session,
         sampler: Sampler::new(req.sampling.clone()),
@@ -250,22 +472,33 @@ fn admit<'m>(model: &'m Model, tok: &Tokenizer, m: &Metrics, req: Request) -> Op
         sent: 0,
         finished: None,
         cancelled: false,
+        reused,
     };
-    m.prompt_tokens_total.fetch_add(n as u64, Relaxed);
+    m.prompt_tokens_total.fetch_add((n - reused) as u64, Relaxed);
     if r.req.beams > 1 {
+        r.req.prompt = prompt;
         run_beams(model, tok, m, &mut r);
         release(m, &mut r);
         return None;
     }
-    let prompt = std::mem::take(&mut r.req.prompt);
-    let first = match r.session.feed(&prompt, Logits::Last) {
-        Ok(logits) => r.sampler.sample(logits),
-        Err(e) => {
-            let _ = r.req.events.send(Event::Error(format!("prefill failed: {e}")));
-            r.cancelled = true;
-            release(m, &mut r);
-            return None;
-        }
+    let first = match cached_logits {
+        Some(logits) => r.sampler.sample(&logits),
+        None => match r.session.feed(&prompt[reused..], Logits::Last) {
+            Ok(logits) => {
+                let logits = logits.to_vec();
+                if caching {
+                    cx.prefix.insert(spec, &prompt, &r.session.cache, &logits);
+                }
+                r.sampler.sample(&logits)
+            }
+            Err(e) => {
+                let _ = r.req.events.send(Event::Error(format!("prefill failed: {e}")));
+                r.req.prompt = prompt;
+                r.cancelled = true;
+                release(m, &mut r);
+                return None;
+            }
+        },
     };
     r.req.prompt = prompt;
     on_token(tok, m, &mut r, first);
@@ -332,6 +565,7 @@ fn release(m: &Metrics, r: &mut Running<'_>) {
             prompt_tokens: r.req.prompt.len(),
             completion_tokens: r.generated.len(),
             kv_bytes: r.req.kv_bytes,
+            prompt_tokens_reused: r.reused,
         }));
     }
 }

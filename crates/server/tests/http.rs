@@ -34,7 +34,7 @@ fn start(limits: Limits) -> String {
 }
 
 fn default_limits() -> Limits {
-    Limits { kv_memory: 64 << 20, max_batch: 16, queue_limit: 64 }
+    Limits { kv_memory: 64 << 20, max_batch: 16, queue_limit: 64, ..Limits::default() }
 }
 
 fn post(addr: &str, path: &str, body: &Value) -> Response {
@@ -109,8 +109,10 @@ fn completion_streaming_and_not_match_solo() {
     assert_eq!(u["prompt_tokens"], 5);
     assert_eq!(u["completion_tokens"], 40);
     assert_eq!(u["total_tokens"], 45);
-    // full policy: (5 + 40) slots × 5 layers × 4 KV heads × (2 × 8 × 4 + 8) bytes
-    assert_eq!(u["kv_bytes_allocated"], 45 * 5 * 4 * 72);
+    // full policy, paged (default page 16): ⌈45 / 16⌉ = 3 pages × 2 (K, V) ×
+    // 5 layers × 4 KV heads × 512 bytes (16 rows of 8 f32)
+    assert_eq!(u["kv_bytes_allocated"], 3 * 2 * 5 * 4 * 512);
+    assert_eq!(u["prompt_tokens_reused"], 0);
 
     let mut sb = body.clone();
     sb["stream"] = json!(true);
@@ -120,6 +122,8 @@ fn completion_streaming_and_not_match_solo() {
     let last = chunks.last().unwrap();
     assert_eq!(last["choices"][0]["finish_reason"], "length");
     assert_eq!(last["usage"]["completion_tokens"], 40);
+    // the same prompt again: forked from the prefix cache
+    assert_eq!(last["usage"]["prompt_tokens_reused"], 5);
     assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
 
     // stop strings cut the text (the stop string itself is not returned)
@@ -174,7 +178,7 @@ fn chat_streaming_and_not() {
 
 #[test]
 fn eight_concurrent_requests_with_different_policies_equal_solo() {
-    let addr = start(Limits { kv_memory: 64 << 20, max_batch: 8, queue_limit: 64 });
+    let addr = start(Limits { kv_memory: 64 << 20, max_batch: 8, queue_limit: 64, ..Limits::default() });
     let m = stories();
     let policies = ["full", "window:recent=16", "h2o:heavy=8,recent=8", "sink:sink=4,recent=12"];
     let prompts = [
@@ -261,20 +265,36 @@ fn huge_max_tokens_is_clipped_to_the_context() {
 
 #[test]
 fn request_bigger_than_the_kv_pool_is_400() {
-    // the pool holds one full-context sequence (737,280 bytes) but not two
-    let addr = start(Limits { kv_memory: 800_000, max_batch: 4, queue_limit: 8 });
+    // the pool holds one full-context sequence (paged: 32 pages × 2 × 20 ×
+    // 512 = 655,360 bytes) but not two
+    let addr = start(Limits { kv_memory: 800_000, max_batch: 4, queue_limit: 8, ..Limits::default() });
     let r = post(&addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 500, "kv_policy": "full"}));
     assert_eq!(r.status, 200, "{}", r.text());
-    let addr = start(Limits { kv_memory: 100_000, max_batch: 4, queue_limit: 8 });
+    let addr = start(Limits { kv_memory: 100_000, max_batch: 4, queue_limit: 8, ..Limits::default() });
     let r = post(&addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 500}));
     assert_error(&r, 400, "KV pool");
-    // a bounded policy fits
+    // a bounded policy with page eviction fits (3 pages per head: 61,440 bytes)
+    let r = post(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": "hi", "max_tokens": 500, "kv_policy": "h2o:heavy=8,recent=8,page_score=sum"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    // token eviction in pages may keep a page per live token: 17 pages per head
+    let r = post(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": "hi", "max_tokens": 500, "kv_policy": "h2o:heavy=8,recent=8,page=16"}),
+    );
+    assert_error(&r, 400, "KV pool");
+    // by default it stays on fixed slots and holds its 17 slots only
     let r = post(
         &addr,
         "/v1/completions",
         &json!({"prompt": "hi", "max_tokens": 500, "kv_policy": "h2o:heavy=8,recent=8"}),
     );
     assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["usage"]["kv_bytes_allocated"], 17 * 5 * 4 * 72);
 }
 
 #[test]
@@ -320,7 +340,7 @@ fn client_disconnect_mid_stream_frees_kv() {
 
 #[test]
 fn burst_beyond_queue_limit_gets_429_and_server_keeps_serving() {
-    let addr = start(Limits { kv_memory: 64 << 20, max_batch: 1, queue_limit: 2 });
+    let addr = start(Limits { kv_memory: 64 << 20, max_batch: 1, queue_limit: 2, ..Limits::default() });
     let handles: Vec<_> = (0..12)
         .map(|_| {
             let addr = addr.clone();

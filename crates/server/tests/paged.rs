@@ -1,0 +1,257 @@
+//! Paged KV in the server (stories260K: 5 layers, 4 KV heads, head_dim 8,
+//! page = 16 tokens = 512 bytes in f32): copy-on-write prefix sharing
+//! between requests, prefix reuse only where it is exact, storage keys in
+//! `kv_policy`, and admission by worst-case pages.
+
+use kvslim_cache::{KvDtype, PagePool, PolicySpec};
+use kvslim_models::load_model;
+use kvslim_server::http_client::{self, Response};
+use kvslim_server::{AppState, Limits, ServerConfig};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const LAYERS: usize = 5;
+const KV_HEADS: usize = 4;
+
+fn shared() -> PathBuf {
+    std::env::var("KVSLIM_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+}
+
+fn start(limits: Limits) -> String {
+    let m = load_model(&shared().join("models/stories260K/stories260K.bin")).expect("load stories260K");
+    assert_eq!((m.model.config.n_layers, m.model.config.n_kv_heads, m.model.config.head_dim), (LAYERS, KV_HEADS, 8));
+    let config = ServerConfig { policy: PolicySpec::full(), limits, model_name: "stories260k".into() };
+    let state = AppState::new(Arc::new(m.model), Arc::new(m.tokenizer.expect("tokenizer")), config);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || kvslim_server::serve_blocking(listener, state, 2));
+    addr
+}
+
+fn limits(kv_page_size: usize, prefix_cache: usize) -> Limits {
+    Limits { kv_memory: 64 << 20, max_batch: 8, queue_limit: 64, kv_page_size, prefix_cache }
+}
+
+fn post(addr: &str, body: &Value) -> Response {
+    http_client::request(addr, "POST", "/v1/completions", Some(&body.to_string())).unwrap()
+}
+
+fn metric(addr: &str, name: &str) -> f64 {
+    let r = http_client::request(addr, "GET", "/metrics", None).unwrap();
+    r.text()
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).map(|v| v.parse().unwrap()))
+        .unwrap_or_else(|| panic!("metric {name} missing"))
+}
+
+/// A prompt of `n` token ids (BOS first).
+fn prompt(n: usize, salt: u32) -> Vec<u32> {
+    std::iter::once(1).chain((1..n as u32).map(|i| 300 + (i * 7 + salt) % 200)).collect()
+}
+
+/// (text, completion_tokens, prompt_tokens_reused) of a completion.
+fn complete(addr: &str, body: Value) -> (String, u64, u64) {
+    let r = post(addr, &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let u = &v["usage"];
+    (
+        v["choices"][0]["text"].as_str().unwrap().to_string(),
+        u["completion_tokens"].as_u64().unwrap(),
+        u["prompt_tokens_reused"].as_u64().unwrap(),
+    )
+}
+
+fn body(p: &[u32], max_tokens: usize, temperature: f32, seed: u64, policy: &str) -> Value {
+    json!({"prompt": p, "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "kv_policy": policy})
+}
+
+/// Each request alone on a fresh server without the prefix cache.
+fn alone(b: &Value) -> String {
+    let addr = start(limits(16, 0));
+    let (text, _, reused) = complete(&addr, b.clone());
+    assert_eq!(reused, 0);
+    assert_eq!(metric(&addr, "kvslim_kv_cow_copies_total"), 0.0, "nothing is shared without the prefix cache");
+    text
+}
+
+#[test]
+fn same_prompt_then_diverging_equals_alone_and_copies_the_tail_page_once_per_request() {
+    let addr = start(limits(16, 16));
+    // 21 tokens: the tail page (tokens 16..21) is shared and copied once per
+    // request that writes into it, K and V, in every layer and KV head
+    let per_request = 2 * LAYERS * KV_HEADS;
+    for (n, expect_cow) in [(21usize, per_request), (32, 0)] {
+        let p = prompt(n, n as u32);
+        let cow0 = metric(&addr, "kvslim_kv_cow_copies_total");
+        let hits0 = metric(&addr, "kvslim_prefix_hits_total");
+        let a = body(&p, 24, 0.9, 1, "full");
+        let b = body(&p, 30, 0.9, 2, "full");
+        let (ta, _, ra) = complete(&addr, a.clone());
+        let (tb, _, rb) = complete(&addr, b.clone());
+        assert_eq!((ra, rb), (0, n as u64), "the second request forks the first one's prompt");
+        assert_ne!(ta, tb, "different seeds should diverge");
+        assert_eq!(ta, alone(&a), "first request (n = {n}) differs from its solo run");
+        assert_eq!(tb, alone(&b), "forked request (n = {n}) differs from its solo run");
+        assert_eq!(metric(&addr, "kvslim_prefix_hits_total") - hits0, 1.0);
+        let cow = metric(&addr, "kvslim_kv_cow_copies_total") - cow0;
+        assert_eq!(cow, (2 * expect_cow) as f64, "copy-on-write copies for a {n}-token prompt, two requests");
+    }
+    assert_eq!(metric(&addr, "kvslim_prefix_tokens_reused_total"), 53.0);
+    assert_eq!(metric(&addr, "kvslim_kv_bytes_in_use"), 0.0);
+    // the prefix cache keeps its entries' pages (and nothing else)
+    let pages = metric(&addr, "kvslim_kv_pages_in_use");
+    assert_eq!(pages, (2 * LAYERS * KV_HEADS * (2 + 2)) as f64, "two entries of 2 pages, K and V, per head");
+}
+
+#[test]
+fn concurrent_forks_equal_alone() {
+    let addr = start(limits(16, 16));
+    let p = prompt(21, 5);
+    // prime the cache, then three forks decoding in one batch
+    complete(&addr, body(&p, 2, 0.0, 0, "full"));
+    let bodies: Vec<Value> = (0..3).map(|s| body(&p, 40, 0.8, 10 + s, "full")).collect();
+    let handles: Vec<_> = bodies
+        .iter()
+        .cloned()
+        .map(|b| {
+            let addr = addr.clone();
+            std::thread::spawn(move || complete(&addr, b))
+        })
+        .collect();
+    let got: Vec<(String, u64, u64)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for (b, (text, _, reused)) in bodies.iter().zip(&got) {
+        assert_eq!(*reused, 21);
+        assert_eq!(text, &alone(b));
+    }
+}
+
+#[test]
+fn strict_prefix_is_reused_under_full_but_not_under_h2o() {
+    let addr = start(limits(16, 16));
+    let short = prompt(21, 3);
+    let mut long = short.clone();
+    long.extend(prompt(12, 9).into_iter().skip(1));
+    // full: the longer prompt extends the cached one, same greedy tokens
+    complete(&addr, body(&short, 4, 0.0, 0, "full"));
+    let b = body(&long, 40, 0.0, 0, "full");
+    let (text, n, reused) = complete(&addr, b.clone());
+    assert_eq!(n, 40);
+    assert_eq!(reused, 21);
+    assert_eq!(text, alone(&b));
+    assert_eq!(metric(&addr, "kvslim_prefix_hits_total"), 1.0);
+    // h2o: a strict prefix is not reused (eviction saw a different prompt)
+    let policy = "h2o:heavy=8,recent=8,page=16";
+    complete(&addr, body(&short, 4, 0.0, 0, policy));
+    let b = body(&long, 40, 0.0, 0, policy);
+    let (text, _, reused) = complete(&addr, b.clone());
+    assert_eq!(reused, 0);
+    assert_eq!(metric(&addr, "kvslim_prefix_hits_total"), 1.0, "no hit for a strict prefix under h2o");
+    let want = alone(&b);
+    assert_eq!(text, want);
+    // ... but the identical prompt is
+    let (text, _, reused) = complete(&addr, b);
+    assert_eq!(reused, long.len() as u64);
+    assert_eq!(metric(&addr, "kvslim_prefix_hits_total"), 2.0);
+    assert_eq!(text, want);
+    // another policy string never matches
+    let (_, _, reused) = complete(&addr, body(&long, 4, 0.0, 0, "h2o:heavy=8,recent=9,page=16"));
+    assert_eq!(reused, 0);
+}
+
+#[test]
+fn storage_keys_in_kv_policy() {
+    let addr = start(limits(16, 16));
+    for policy in [
+        "h2o:heavy=8,recent=8,page=8,compact=16,kv_dtype=q8",
+        "h2o:heavy=8,recent=8,page=8,page_score=max",
+        "h2o:heavy=8,recent=8,page_score=topm:2",
+        "window:recent=16,kv_dtype=f16",
+        "full:page=4",
+    ] {
+        let (text, n, _) = complete(&addr, body(&prompt(30, 1), 20, 0.0, 0, policy));
+        assert_eq!(n, 20, "{policy}");
+        assert!(!text.is_empty(), "{policy}");
+    }
+    for (policy, needle) in [
+        ("h2o:heavy=8,recent=8,page=0", "page"),
+        ("h2o:heavy=8,recent=8,kv_dtype=q3", "kv_dtype"),
+        ("h2o:heavy=8,recent=8,page=8,compact=4,page_score=sum", "choose one"),
+    ] {
+        let r = post(&addr, &body(&prompt(10, 1), 4, 0.0, 0, policy));
+        assert_eq!(r.status, 400, "{policy}: {}", r.text());
+        let v = r.json();
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(needle), "{policy}: {msg:?} should mention {needle:?}");
+        assert_eq!(v["error"]["param"], "kv_policy");
+    }
+}
+
+#[test]
+fn paged_reservation_follows_the_worst_case_page_rule() {
+    let page_bytes = PagePool::new(16, KvDtype::F32, 8).stats().page_bytes;
+    assert_eq!(page_bytes, 512);
+    let addr = start(limits(16, 0));
+    // prompt 10 + 90 new = 100 tokens; h2o B + 1 = 17
+    for (policy, pages) in [
+        ("full", 7),                                  // ⌈100/16⌉
+        ("h2o:heavy=8,recent=8,page_score=sum", 3),   // ⌈17/16⌉ + 1
+        ("h2o:heavy=8,recent=8,compact=16", 4),       // ⌈33/16⌉ + 1
+        ("h2o:heavy=8,recent=8,page=16", 7),          // min(⌈100/16⌉, 17)
+        ("h2o:heavy=2,recent=2,page=16", 5),          // min(⌈100/16⌉, 5)
+        ("h2o:heavy=8,recent=8,page=4,compact=8", 8), // ⌈25/4⌉ + 1, pages of 4
+    ] {
+        let r = post(&addr, &body(&prompt(10, 2), 90, 0.0, 0, policy));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let page = if policy.contains("page=4") { 4 } else { 16 };
+        let want = pages * 2 * LAYERS * KV_HEADS * PagePool::new(page, KvDtype::F32, 8).stats().page_bytes;
+        assert_eq!(r.json()["usage"]["kv_bytes_allocated"], want, "{policy}");
+    }
+}
+
+#[test]
+fn paged_admission_by_kv_memory() {
+    let per_page = 2 * LAYERS * KV_HEADS * 512; // 20,480 bytes
+                                                // room for 4 pages per head: a page-evicting h2o request (3) fits, a
+                                                // compacting one (4) fits exactly, token eviction (min(32, 17)) does not
+    let addr =
+        start(Limits { kv_memory: 4 * per_page, max_batch: 4, queue_limit: 8, kv_page_size: 16, prefix_cache: 16 });
+    let p = prompt(10, 4);
+    for policy in ["h2o:heavy=8,recent=8,page_score=sum", "h2o:heavy=8,recent=8,compact=16"] {
+        let (_, n, _) = complete(&addr, body(&p, 400, 0.0, 0, policy));
+        assert_eq!(n, 400, "{policy}");
+    }
+    let r = post(&addr, &body(&p, 400, 0.0, 0, "h2o:heavy=8,recent=8,page=16"));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "kv_memory_exceeded");
+
+    // two page-evicting requests (3 pages each) do not fit 4 at once: the
+    // second waits in the queue until the first leaves
+    let a = json!({"prompt": p, "max_tokens": 450, "temperature": 0.8, "stream": true, "kv_policy": "h2o:heavy=8,recent=8,page_score=sum"});
+    let mut s =
+        http_client::open(&addr, "POST", "/v1/completions", Some(&a.to_string()), Duration::from_secs(30)).unwrap();
+    assert_eq!(s.status, 200);
+    s.next_event().unwrap().expect("first chunk");
+    let addr2 = addr.clone();
+    let second = std::thread::spawn(move || {
+        complete(&addr2, body(&prompt(10, 4), 8, 0.0, 0, "h2o:heavy=8,recent=8,page_score=sum"))
+    });
+    let t0 = Instant::now();
+    let mut queued = false;
+    while t0.elapsed() < Duration::from_secs(10) {
+        if metric(&addr, "kvslim_queue_length") == 1.0 && metric(&addr, "kvslim_running_requests") == 1.0 {
+            queued = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(metric(&addr, "kvslim_kv_bytes_in_use") <= (4 * per_page) as f64);
+    drop(s); // the first client leaves; its pages and reservation return
+    let (_, n, _) = second.join().unwrap();
+    assert_eq!(n, 8);
+    assert!(queued, "the second request never waited in the queue");
+}
