@@ -1,6 +1,8 @@
 //! Attention over the same slots in each store layout and KV dtype: the
-//! per-slot cost of paging and decoding (medians of repeated runs).
-//! `cargo run --release -p kvslim-cache --example attend_layouts [GROUP]` (query heads per KV head, default 1)
+//! per-slot cost of paging and decoding (medians of interleaved runs, so
+//! load on the machine affects every case alike).
+//! `cargo run --release -p kvslim-cache --example attend_layouts [GROUP]`
+//! (GROUP = query heads per KV head, default 1 as in a decode step).
 
 use kvslim_cache::{HeadSlots, KvDtype, StoreLayout};
 use kvslim_kernels::attention::attend_group;
@@ -11,8 +13,6 @@ fn main() {
     let (d, len) = (64, 2048);
     let q: Vec<f32> = (0..g * d).map(|i| (i as f32 * 0.37).sin()).collect();
     let (mut probs, mut out) = (vec![0f32; g * len], vec![0f32; g * d]);
-    println!("| layout | kv dtype | µs per group attention ({len} slots, d={d}, {g} heads) |");
-    println!("|---|---|---|");
     let mut cases: Vec<(Option<usize>, KvDtype, HeadSlots, Vec<f64>)> = Vec::new();
     for dtype in KvDtype::ALL {
         for page in [None, Some(1), Some(16)] {
@@ -21,25 +21,22 @@ fn main() {
                 let k: Vec<f32> = (0..d).map(|i| ((p as usize * d + i) as f32 * 0.11).cos()).collect();
                 h.push(p, &k, &k).unwrap();
             }
-            let mut times = Vec::new();
-            for _ in 0..200 {
-                let t = Instant::now();
-                attend_group(
-                    &q,
-                    &h.key_rows().unwrap(),
-                    &h.value_rows(),
-                    h.positions(),
-                    len as u32,
-                    d,
-                    0.125,
-                    &mut probs,
-                    &mut out,
-                );
-                times.push(t.elapsed().as_secs_f64() * 1e6);
-            }
-            times.sort_by(f64::total_cmp);
-            let layout = page.map_or("fixed".to_string(), |p| format!("page={p}"));
-            println!("| {layout} | {dtype} | {:.1} |", times[times.len() / 2]);
+            cases.push((page, dtype, h, Vec::new()));
         }
+    }
+    for _ in 0..200 {
+        for (_, _, h, times) in cases.iter_mut() {
+            let (keys, values) = (h.key_rows().unwrap(), h.value_rows());
+            let t = Instant::now();
+            attend_group(&q, &keys, &values, h.positions(), len as u32, d, 0.125, &mut probs, &mut out);
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    println!("| layout | kv dtype | µs per group attention ({len} slots, d={d}, {g} heads) |");
+    println!("|---|---|---|");
+    for (page, dtype, _, mut times) in cases {
+        times.sort_by(f64::total_cmp);
+        let layout = page.map_or("fixed".to_string(), |p| format!("page={p}"));
+        println!("| {layout} | {dtype} | {:.1} |", times[times.len() / 2]);
     }
 }

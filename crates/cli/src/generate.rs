@@ -38,7 +38,10 @@ pub struct Args {
     #[arg(long)]
     json: bool,
     /// Beam search with N beams (N > 1; greedy only): prints the best
-    /// hypothesis, and `--json` lists all of them with their scores.
+    /// hypothesis, and `--json` lists all of them with their scores. Beams
+    /// share the prompt's KV read-only until they diverge: unless --policy
+    /// sets `page=P`, beam search stores K/V in pages of 16 tokens (same
+    /// results as fixed slots; the prompt's KV is held once, not per beam).
     #[arg(long, default_value_t = 1)]
     beams: usize,
     /// Beam search length penalty α: score = logprob / len^α.

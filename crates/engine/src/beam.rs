@@ -1,11 +1,18 @@
 //! Beam search over a KV cache with a compression policy.
 //!
-//! The prompt is prefilled once; every beam then owns a full copy of the
-//! prompt's [`SequenceCache`] (KV slots, positions, scores, the policy's
-//! state — recent window, RNG streams — and the request's CHAI clusters),
-//! so each beam's decode steps update only its own scores and evictions.
-//! Sharing the prompt's read-only pages between beams until they diverge is
-//! future work for a paged store; today a fork is a plain clone.
+//! The prompt is prefilled once; every beam then owns its copy of the
+//! prompt's [`SequenceCache`] (positions, scores, the policy's state —
+//! recent window, RNG streams — and the request's CHAI clusters), so each
+//! beam's decode steps update only its own scores and evictions.
+//!
+//! K and V are paged by default ([`BEAM_PAGE_SIZE`]): a fork is a clone
+//! that shares every page of its parent read-only, so `n` beams hold the
+//! prompt's KV once, not `n` times; a beam's first write into a shared page
+//! (the partial tail page of the prompt) copies that one page, and pages
+//! diverge only as the beams do. Slot order, and therefore every result, is
+//! bit-identical to the fixed-slot store. A spec that names its own `page=`
+//! keeps it; [`BeamStorage::as_specified`] runs the spec's layout exactly
+//! (fixed slots, every fork a deep copy).
 //!
 //! Reordering: when a step's survivors are chosen, each new beam takes its
 //! parent's *whole* cache — KV and policy metadata move together. (Moving
@@ -24,8 +31,9 @@
 //! shrinks the penalty) and `lp / max(L,1)^α` when `α ≤ 0`.
 
 use crate::generate::start_session;
+use crate::session::Session;
 use crate::{EngineError, Result};
-use kvslim_cache::{PolicySpec, SequenceCache};
+use kvslim_cache::{PagePool, PolicySpec, SequenceCache};
 use kvslim_models::{Logits, Model, Scratch};
 
 /// What to search for and how.
@@ -96,10 +104,37 @@ struct Beam {
     next: Vec<f64>,
 }
 
+/// Tokens per KV page when the spec does not choose a layout: beams share
+/// the prompt's pages until they write into them. 16 keeps the one page a
+/// beam copies on its first write (the prompt's partial tail page, per
+/// layer and KV head) small, and the page table short; results do not
+/// depend on it (paged slot order is the fixed store's).
+pub const BEAM_PAGE_SIZE: usize = 16;
+
+/// The spec beam search runs: `spec` itself when it is paged, otherwise
+/// `spec` with `page=`[`BEAM_PAGE_SIZE`] (same results, shared prompt KV).
+pub fn beam_policy(spec: &PolicySpec) -> PolicySpec {
+    let mut s = spec.clone();
+    s.storage.page_size.get_or_insert(BEAM_PAGE_SIZE);
+    s
+}
+
+/// Where beam caches keep K and V (see [`beam_search_in`]).
+#[derive(Clone, Copy, Default)]
+pub struct BeamStorage<'p> {
+    /// Use the spec's layout as given, fixed slots included (no default
+    /// paging; every fork then copies the whole cache).
+    pub as_specified: bool,
+    /// Draw pages from this pool (it must match the effective spec's page
+    /// size, KV dtype and the model's head width), e.g. to measure sharing.
+    pub pool: Option<&'p PagePool>,
+}
+
 /// Beam search from `prompt`; returns up to `beams` hypotheses, best score
-/// first (ties: higher log-prob, then smaller token ids).
+/// first (ties: higher log-prob, then smaller token ids). Beams share the
+/// prompt's KV pages (see the module docs).
 pub fn beam_search(model: &Model, prompt: &[u32], opts: &BeamOptions) -> Result<Vec<Hypothesis>> {
-    beam_search_with(model, prompt, opts, None)
+    beam_search_in(model, prompt, opts, BeamStorage::default(), None)
 }
 
 /// [`beam_search`] with a custom reordering rule (see [`ForkFn`]).
@@ -107,12 +142,27 @@ pub fn beam_search_with(
     model: &Model,
     prompt: &[u32],
     opts: &BeamOptions,
+    fork: Option<&mut ForkFn<'_>>,
+) -> Result<Vec<Hypothesis>> {
+    beam_search_in(model, prompt, opts, BeamStorage::default(), fork)
+}
+
+/// [`beam_search_with`] with an explicit KV layout and page pool.
+pub fn beam_search_in(
+    model: &Model,
+    prompt: &[u32],
+    opts: &BeamOptions,
+    storage: BeamStorage<'_>,
     mut fork: Option<&mut ForkFn<'_>>,
 ) -> Result<Vec<Hypothesis>> {
     if opts.beams == 0 {
         return Err(EngineError::Request("beams must be at least 1".into()));
     }
-    let (mut session, max_new) = start_session(model, prompt, &opts.policy, opts.max_tokens)?;
+    let policy = if storage.as_specified { opts.policy.clone() } else { beam_policy(&opts.policy) };
+    let (mut session, max_new) = start_session(model, prompt, &policy, opts.max_tokens)?;
+    if let Some(pool) = storage.pool {
+        session = Session::in_pool(model, &policy, prompt.len() + opts.max_tokens, prompt.len(), Some(pool))?;
+    }
     let alpha = opts.length_penalty as f64;
     let score_of = |lp: f64, len: usize| lp / (len.max(1) as f64).powf(alpha);
     let first = log_softmax(session.feed(prompt, Logits::Last)?);

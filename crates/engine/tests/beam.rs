@@ -1,9 +1,12 @@
-//! Beam search: exactness against brute force under `full`, and beam
+//! Beam search: exactness against brute force under `full`, beam
 //! reordering under `h2o` against per-beam solo runs (with a deliberately
-//! broken reordering that the check must catch).
+//! broken reordering that the check must catch), and the paged default
+//! that lets beams share the prompt's KV: same hypotheses as fixed slots,
+//! the prompt's pages held once.
 
+use kvslim_cache::{KvDtype, PagePool};
 use kvslim_cache::{PolicySpec, SequenceCache};
-use kvslim_engine::beam::{beam_search_with, log_softmax, ForkFn};
+use kvslim_engine::beam::{beam_search_in, beam_search_with, log_softmax, BeamStorage, ForkFn, BEAM_PAGE_SIZE};
 use kvslim_engine::{beam_search, BeamOptions, Hypothesis, Session};
 use kvslim_kernels::DType;
 use kvslim_models::config::ModelConfig;
@@ -231,4 +234,107 @@ fn beam_reordering_moves_scores_with_kv_under_h2o() {
         good.iter().map(|h| &h.token_ids).collect::<Vec<_>>(),
         out.iter().map(|h| &h.token_ids).collect::<Vec<_>>()
     );
+}
+
+/// Tokens, log-prob and score bits, EOS flag of every hypothesis.
+fn fingerprint(hyps: &[Hypothesis]) -> Vec<(Vec<u32>, u64, u64, bool)> {
+    hyps.iter().map(|h| (h.token_ids.clone(), h.logprob.to_bits(), h.score.to_bits(), h.eos)).collect()
+}
+
+#[test]
+fn paged_beams_match_fixed_slots_and_hold_the_prompt_once() {
+    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let c = &m.model.config;
+    let units = c.n_layers * c.n_kv_heads;
+    let prompt =
+        tok.encode("Once upon a time, there was a little girl named Lily. She liked to play with her").unwrap();
+    let beams = 4;
+    // (policy, prompt tokens kept after prefill)
+    for (policy, kept) in
+        [("full", prompt.len()), ("h2o:heavy=10,recent=10", 20), ("h2o:heavy=6,recent=12,agg=max", 18)]
+    {
+        assert!(prompt.len() >= kept && kept % BEAM_PAGE_SIZE != 0, "{policy}: the prompt needs a partial tail page");
+        let o = opts(beams, 12, 1.0, policy, tok.eos.clone());
+        let fixed =
+            beam_search_in(&m.model, &prompt, &o, BeamStorage { as_specified: true, pool: None }, None).unwrap();
+        assert!(fixed[0].cache.as_ref().unwrap().store.page_counts().is_none(), "{policy}: as specified = fixed slots");
+        let default = beam_search(&m.model, &prompt, &o).unwrap();
+        let cache = default[0].cache.as_ref().unwrap();
+        assert_eq!(cache.store.head(0, 0).page_size(), Some(BEAM_PAGE_SIZE), "{policy}: paged by default");
+        assert_eq!(fingerprint(&default), fingerprint(&fixed), "{policy}: default paging vs fixed slots");
+        let o4 = opts(beams, 12, 1.0, &format!("{policy},page=4").replace("full,", "full:"), tok.eos.clone());
+        let page4 = beam_search(&m.model, &prompt, &o4).unwrap();
+        assert_eq!(
+            page4[0].cache.as_ref().unwrap().store.head(0, 0).page_size(),
+            Some(4),
+            "{policy}: spec's page kept"
+        );
+        assert_eq!(fingerprint(&page4), fingerprint(&fixed), "{policy}: page=4 vs fixed slots");
+
+        // pages in use, seen from the fork hook (called for every new beam before it decodes)
+        let pool = PagePool::new(BEAM_PAGE_SIZE, KvDtype::F32, c.head_dim);
+        let mut seen: Vec<(usize, usize, usize)> = Vec::new();
+        let mut record = |parent: &SequenceCache, _: &SequenceCache| {
+            let child = parent.clone();
+            let pc = parent.store.page_counts().unwrap();
+            seen.push((pool.stats().pages_in_use, pc.shared_pages, pc.pages));
+            child
+        };
+        let fork: &mut ForkFn<'_> = &mut record;
+        let storage = BeamStorage { as_specified: false, pool: Some(&pool) };
+        let hooked = beam_search_in(&m.model, &prompt, &o, storage, Some(fork)).unwrap();
+        assert_eq!(fingerprint(&hooked), fingerprint(&fixed), "{policy}: through the pool");
+        let prompt_pages = units * kept.div_ceil(BEAM_PAGE_SIZE);
+        assert!(seen.len() > beams, "{policy}: more than one step");
+        for (i, &(in_use, shared, pages)) in seen[..beams].iter().enumerate() {
+            // K and V pages of the prompt, once, however many beams share them
+            assert_eq!(in_use, 2 * prompt_pages, "{policy}: fork {i} of the prompt");
+            assert_eq!((shared, pages), (prompt_pages, prompt_pages), "{policy}: fork {i}: every prompt page shared");
+        }
+        // after the first step each beam owns a copy of the prompt's partial
+        // tail page (K and V, per layer and KV head); the prompt's own tail
+        // left with the prompt cache; the full pages are still shared
+        let (in_use, _, _) = seen[beams];
+        assert_eq!(in_use, 2 * (prompt_pages - units + beams * units), "{policy}: step 2, first fork");
+        assert!(in_use < 2 * beams * prompt_pages || kept < 2 * BEAM_PAGE_SIZE, "{policy}: less than a copy per beam");
+        assert_eq!(pool.stats().cow_copies % (2 * units), 0, "{policy}: whole tail pages copied");
+        eprintln!(
+            "{policy}: prompt {} tokens ({kept} kept), {} pages at the fork for {beams} beams, {} after step 1, {} copied",
+            prompt.len(),
+            seen[0].0,
+            in_use,
+            pool.stats().cow_copies
+        );
+    }
+}
+
+/// A CHAI plan for stories260K (5 layers × 8 heads, k = 3), online and static.
+fn chai_plan() -> String {
+    let layer = serde_json::json!({
+        "k": 3,
+        "errors": (0..8).map(|i| (8 - i) as f64).collect::<Vec<_>>(),
+        "static_clusters": [[0, 1, 2], [3, 4, 5], [6, 7]],
+    });
+    let path = std::env::temp_dir().join(format!("kvslim-beam-chai-{}.json", std::process::id()));
+    std::fs::write(&path, serde_json::json!({ "layers": vec![layer; 5] }).to_string()).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn paged_beams_match_fixed_slots_under_chai() {
+    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let prompt = tok.encode("Once upon a time, there was a little girl named Lily. She").unwrap();
+    let p = chai_plan();
+    for policy in
+        [format!("chai:plan={p}"), format!("h2o:heavy=6,recent=6+chai:plan={p}"), format!("chai-static:plan={p}")]
+    {
+        let o = opts(3, 10, 1.0, &policy, tok.eos.clone());
+        let fixed =
+            beam_search_in(&m.model, &prompt, &o, BeamStorage { as_specified: true, pool: None }, None).unwrap();
+        let default = beam_search(&m.model, &prompt, &o).unwrap();
+        assert!(default[0].cache.as_ref().unwrap().store.page_counts().is_some(), "{policy}: paged by default");
+        assert_eq!(fingerprint(&default), fingerprint(&fixed), "{policy}");
+    }
 }

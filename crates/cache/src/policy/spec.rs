@@ -19,7 +19,7 @@
 //! ```text
 //! page=P                  paged KV: pages of P tokens from a shared pool (default: fixed slots)
 //! compact=N               repack live tokens into full pages every N decode steps (needs page)
-//! page_score=sum|max|topm:M   evict whole pages scored this way (needs page; not with compact)
+//! page_score=sum|max|topm:M   evict whole pages scored this way (h2o, heavy, random; needs page; not with compact)
 //! kv_dtype=f32|f16|q8|q4  storage type of K and V (q8: int8, scale per 32; q4: 4-bit, scale+min per 32)
 //! ```
 //!
@@ -265,6 +265,12 @@ fn parse_token_policy(text: &str) -> Result<(TokenPolicySpec, StorageSpec), Stri
     let name = name.trim();
     let mut p = Params::parse(name, args)?;
     let storage = StorageSpec::take(&mut p, name != "full")?;
+    if storage.page_score.is_some() && matches!(name, "window" | "local" | "sink") {
+        return Err(format!(
+            "`{name}` protects every slot but the token leaving the window, so there is no page to evict: \
+             page_score needs heavy-hitter slots (h2o, heavy, random)"
+        ));
+    }
     const STORAGE_KEYS: &str = "page, compact, page_score, kv_dtype";
     let spec = match name {
         "full" => {
@@ -504,7 +510,7 @@ mod tests {
             "h2o:heavy=10%,recent=10%,agg=max,prefill=stream:16",
             "full:page=16,kv_dtype=q8",
             "h2o:heavy=32,recent=32,page=8,compact=64,kv_dtype=q4",
-            "sink:sink=4,recent=60,page=16,page_score=topm:4",
+            "random:budget=64,recent=16,seed=7,page=16,page_score=topm:4",
             "h2o:heavy=32,recent=32,page=32,page_score=max,kv_dtype=f16",
         ] {
             let p = PolicySpec::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
@@ -546,6 +552,7 @@ mod tests {
             ("h2o:heavy=1,recent=1,page=8,page_score=mean", "page_score"),
             ("h2o:heavy=1,recent=1,kv_dtype=q3", "kv_dtype"),
             ("full:page=8,compact=4", "only apply to a policy that evicts"),
+            ("sink:sink=4,recent=60,page=16,page_score=sum", "no page to evict"),
             ("chai:plan=x.json+h2o:heavy=1,recent=1", "token policy first"),
         ];
         for (spec, want) in cases {
