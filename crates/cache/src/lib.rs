@@ -122,8 +122,9 @@ impl SequenceCache {
         }
     }
 
-    /// Tokens currently held in layer 0's first head (all heads hold the same
-    /// count under every policy).
+    /// Tokens currently held in layer 0's first head (every head holds the
+    /// same count under token eviction; page eviction removes a page's live
+    /// tokens, which may differ per head).
     pub fn len(&self) -> usize {
         self.store.head(0, 0).len()
     }

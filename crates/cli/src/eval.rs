@@ -11,6 +11,11 @@ pub struct Args {
     /// Policy families separated by `;` (full, window, sink, heavy, random,
     /// h2o; extras such as `h2o:agg=max`; `h2o+chai:plan=F`). Each budget is
     /// substituted into each family at equal slots (README "Policies").
+    /// Storage keys pass through unchanged (grammar: `kvslim_cache::policy::spec`):
+    /// `page=P`, `compact=N`, `page_score=sum|max|topm:M`,
+    /// `kv_dtype=f32|f16|q8|q4`, e.g. `h2o:page=16,compact=64;h2o:kv_dtype=q8;full:kv_dtype=q8`.
+    /// Paged ppl cells report `pages_peak`, `fragmentation` and
+    /// `bytes_moved_per_step`; every ppl cell `kv_bytes_peak`.
     #[arg(long, default_value = "full;window;sink;heavy;random;h2o")]
     policies: String,
     /// Budgets: percentages of each sequence or slot counts.
@@ -33,6 +38,15 @@ pub struct Args {
     /// Skip the full-cache comparison (KL, top-1, retained mass) of ppl tasks.
     #[arg(long)]
     no_compare_full: bool,
+    /// Mode (a) for quantized KV in ppl tasks: a cell whose policy evicts
+    /// and stores K/V in another dtype (e.g. `h2o:kv_dtype=q8`) keeps
+    /// exactly the tokens the same policy keeps with K/V in DTYPE (f32 or
+    /// f16), run alongside: quantization error alone. Such rows record
+    /// `decisions_from` and add `ref_ppl`, `kl_ref`, `kept_differing`.
+    /// Without it (mode (b)) policies decide on their own quantized cache.
+    /// Cells of `full`, CHAI, or the same dtype run as usual.
+    #[arg(long, value_name = "DTYPE")]
+    decisions_from: Option<String>,
     /// Output directory: results.jsonl (one line per finished cell), results.csv, results.md, plots/.
     #[arg(long, default_value = "eval-out")]
     out: PathBuf,
@@ -89,13 +103,19 @@ pub fn run(a: Args) -> CliResult {
     cfg.budgets = a.budgets.clone();
     cfg.mode = mode;
     cfg.compare_full = !a.no_compare_full;
+    cfg.decisions_from = a
+        .decisions_from
+        .as_deref()
+        .map(|d| d.parse::<kvslim_cache::KvDtype>().map_err(|e| format!("--decisions-from: {e}")))
+        .transpose()?;
     cfg.out_dir = Some(a.out.clone());
     cfg.resume = a.resume;
     let mut progress = Progress::new("eval");
     let rows = run_matrix(&loaded.model, tok, &cfg, |ev| match ev {
         MatrixEvent::TaskLoading { task } => eprintln!("loading {task} …"),
         MatrixEvent::CellStart { key, index, total } => {
-            eprintln!("[{index}/{total}] {} {} {}", key.task, key.policy, key.budget)
+            let follows = key.decisions_from.as_ref().map_or(String::new(), |d| format!(" [decisions from {d}]"));
+            eprintln!("[{index}/{total}] {} {} {}{follows}", key.task, key.policy, key.budget)
         }
         MatrixEvent::CellSkipped { key, index, total } => {
             eprintln!("[{index}/{total}] {} {} {} (done, skipped)", key.task, key.policy, key.budget)

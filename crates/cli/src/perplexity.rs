@@ -1,7 +1,14 @@
 //! `kvslim perplexity`: teacher-forced NLL of a text or token list.
+//!
+//! `--policy` takes the whole policy grammar (`kvslim_cache::policy::spec`),
+//! storage keys included: `page=P`, `compact=N`, `page_score=sum|max|topm:M`,
+//! `kv_dtype=f32|f16|q8|q4`. Paged specs report page statistics; a
+//! quantized spec can follow the eviction decisions of a reference dtype
+//! (`--decisions-from`, mode (a)) instead of deciding on its own quantized
+//! cache (mode (b), the default).
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs, Progress};
-use kvslim_cache::PolicySpec;
+use kvslim_cache::{KvDtype, PolicySpec};
 use kvslim_engine::{perplexity, PerplexityOptions};
 use std::path::PathBuf;
 
@@ -21,9 +28,24 @@ pub struct Args {
     /// Process the first N tokens as one prefill chunk (the rest one decode step at a time).
     #[arg(long, default_value_t = 0)]
     prefill: usize,
-    /// KV cache policy (see README "Policies").
+    /// KV cache policy (see README "Policies"), with optional storage keys:
+    /// `page=P` (paged KV, pages of P tokens), `compact=N` (repack pages
+    /// every N decode steps), `page_score=sum|max|topm:M` (evict whole
+    /// pages), `kv_dtype=f32|f16|q8|q4` (K/V storage type), e.g.
+    /// `h2o:heavy=64,recent=64,page=16,compact=64,kv_dtype=q8` or
+    /// `full:kv_dtype=q8`. Paged specs also report pages, KV bytes,
+    /// fragmentation and bytes moved per decode step.
     #[arg(long, default_value = "full", value_parser = PolicySpec::parse)]
     policy: PolicySpec,
+    /// Mode (a) for a quantized KV policy: run the same policy with K/V in
+    /// this dtype (f32 or f16) alongside, and keep in the quantized cache
+    /// exactly the tokens that run keeps, so the result measures the
+    /// quantization error alone. Without it (mode (b)) the policy decides on
+    /// its own quantized cache, which includes the feedback of quantized
+    /// attention on eviction. Not with CHAI, nor when the policy's
+    /// kv_dtype is already this one.
+    #[arg(long, value_name = "DTYPE", value_parser = parse_dtype)]
+    decisions_from: Option<KvDtype>,
     /// Print one JSON object (`tokens`, `nll`, `ppl`, `kv_bytes_allocated`, …).
     #[arg(long)]
     json: bool,
@@ -65,7 +87,9 @@ pub fn run(a: Args) -> CliResult {
         policy: a.policy.clone(),
         compare_full: a.compare_full,
         trace_every: a.trace_out.as_ref().map(|_| a.trace_every.max(1)),
+        decisions_from: a.decisions_from,
     };
+    opts.check_decisions_from()?;
     let mut progress = Progress::new("perplexity");
     let r = perplexity(&loaded.model, &ids, &opts, |d, t| progress.update(d, t))?;
     if let Some(path) = &a.kept_out {
@@ -87,6 +111,38 @@ pub fn run(a: Args) -> CliResult {
             "tokens {}  nll {:.4} nats  ppl {:.3}  KV {} bytes allocated (+{} metadata)  policy {}",
             r.tokens, r.nll, r.ppl, r.kv_bytes_allocated, r.kv_metadata_bytes, r.policy
         );
+        if let Some(ms) = r.decode_ms_median {
+            println!("decode steps {}  median {:.3} ms/step  KV peak {} bytes", r.decode_steps, ms, r.kv_bytes_peak);
+        }
+        if let Some(p) = &r.paged {
+            println!(
+                "pages (of {} tokens): peak {} final {}  KV bytes peak {} final {}  fragmentation {} slots ({:.1}% of allocated; mean {:.1}% over steps)  moved {:.1} bytes/step ({} total)  shared {}  copy-on-write {}",
+                p.page_size,
+                p.pages_peak,
+                p.pages_final,
+                p.kv_bytes_peak,
+                p.kv_bytes_final,
+                p.fragmentation_slots,
+                p.fragmentation_pct,
+                p.fragmentation_mean_pct,
+                p.bytes_moved_per_step,
+                p.bytes_moved,
+                p.shared_pages,
+                p.cow_copies
+            );
+        }
+        if let Some(d) = &r.decisions {
+            println!(
+                "decisions from {}: reference nll {:.4} ppl {:.3}  KL(reference‖this) {:.6}  top-1 agreement {:.2}%  kept sets differing {}/{}",
+                d.reference_kv_dtype,
+                d.reference_nll,
+                d.reference_ppl,
+                d.kl_vs_reference,
+                d.top1_vs_reference * 100.0,
+                d.kept_sets_differing,
+                d.kept_sets_checked
+            );
+        }
         if let Some(c) = &r.compare_full {
             println!(
                 "vs full: nll {:.4}  KL {:.5}  top-1 agreement {:.2}%  retained attention mass mean {:.4} P1 {:.4} P5 {:.4}",
@@ -100,6 +156,10 @@ pub fn run(a: Args) -> CliResult {
         }
     }
     Ok(())
+}
+
+fn parse_dtype(s: &str) -> Result<KvDtype, String> {
+    s.parse::<KvDtype>().map_err(|e| e.to_string())
 }
 
 fn write_file(path: &std::path::Path, text: &str) -> CliResult {

@@ -3,11 +3,23 @@
 //! full-cache run of the same tokens goes alongside (`compare_full`) to
 //! measure what the policy changed: KL(full‖policy), top-1 agreement and
 //! the attention mass the full cache would have put outside D_t.
+//!
+//! Paged specs (`page=P`) also report page statistics ([`PagedStats`]):
+//! pages and KV bytes in use (peak and final), fragmentation, and the
+//! bytes compaction moved per decode step.
+//!
+//! Quantized KV (`kv_dtype=f16|q8|q4`) can be measured two ways:
+//! (b), the default, lets the policy decide on the quantized cache, so
+//! quantization error also changes which tokens are evicted (the
+//! feedback); (a), [`PerplexityOptions::decisions_from`], runs a reference
+//! session with the same spec in another dtype in lockstep and makes the
+//! quantized session keep exactly what the reference kept
+//! ([`FollowDecisions`]), which measures the quantization error alone.
 
 use crate::session::Session;
 use crate::{EngineError, Result};
-use kvslim_cache::policy::EvictionEvent;
-use kvslim_cache::PolicySpec;
+use kvslim_cache::policy::{EvictionEvent, FollowDecisions, SharedKeptSets};
+use kvslim_cache::{KvDtype, PolicySpec};
 use kvslim_kernels::ops::log_softmax_at;
 use kvslim_models::{Logits, Model, Trace};
 use serde::Serialize;
@@ -23,11 +35,36 @@ pub struct PerplexityOptions {
     pub compare_full: bool,
     /// Record eviction events at steps divisible by this (None = off).
     pub trace_every: Option<u32>,
+    /// Mode (a) for quantized KV: eviction decisions come from a reference
+    /// session of the same spec with K/V stored in this dtype, run in
+    /// lockstep; the policy session keeps exactly the reference's kept
+    /// positions. `None` (mode (b)): the policy decides on its own cache.
+    pub decisions_from: Option<KvDtype>,
 }
 
 impl PerplexityOptions {
     pub fn new(policy: PolicySpec) -> Self {
-        PerplexityOptions { prefill: 0, policy, compare_full: false, trace_every: None }
+        PerplexityOptions { prefill: 0, policy, compare_full: false, trace_every: None, decisions_from: None }
+    }
+
+    /// Checks that [`decisions_from`](Self::decisions_from) can apply to the
+    /// policy: not with head sharing (CHAI decides per request from its own
+    /// probe), and not when the policy already stores K/V in that dtype.
+    pub fn check_decisions_from(&self) -> Result<()> {
+        let Some(d) = self.decisions_from else { return Ok(()) };
+        if self.policy.head.is_some() {
+            return Err(EngineError::Request(format!(
+                "--decisions-from {d} cannot be used with a head policy (chai, chai-static): `{}`",
+                self.policy
+            )));
+        }
+        if self.policy.storage.kv_dtype == d {
+            return Err(EngineError::Request(format!(
+                "--decisions-from {d}: the policy `{}` already stores K/V as {d}; follow another dtype or give the policy a quantized kv_dtype (e.g. kv_dtype=q8)",
+                self.policy
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -73,6 +110,52 @@ pub struct FullComparison {
     pub full_nll: f64,
 }
 
+/// Page statistics of a paged policy session (`page=P`), summed over layers
+/// and KV heads. `pages` count V pages; each has a K page beside it unless
+/// head sharing dropped that head's keys (the byte counts include both).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PagedStats {
+    pub page_size: usize,
+    /// Most pages referenced at once (after any token or chunk).
+    pub pages_peak: usize,
+    pub pages_final: usize,
+    /// Allocated K/V bytes (codes and scales of referenced pages).
+    pub kv_bytes_peak: usize,
+    pub kv_bytes_final: usize,
+    /// Live tokens after the last token.
+    pub live_final: usize,
+    /// Allocated − live slots after the last token.
+    pub fragmentation_slots: usize,
+    /// `fragmentation_slots` as a percentage of the allocated slots.
+    pub fragmentation_pct: f64,
+    /// Mean over decode steps of the fragmentation percentage.
+    pub fragmentation_mean_pct: f64,
+    /// Bytes copied by compaction (`compact=N`) over the whole run.
+    pub bytes_moved: u64,
+    /// `bytes_moved` / decode steps.
+    pub bytes_moved_per_step: f64,
+    pub shared_pages: usize,
+    pub cow_copies: u64,
+}
+
+/// Mode (a): what following a reference session's decisions gave.
+#[derive(Clone, Debug, Serialize)]
+pub struct FollowedDecisions {
+    /// K/V dtype of the reference session that made the decisions.
+    pub reference_kv_dtype: String,
+    /// Mean NLL and perplexity of the reference session.
+    pub reference_nll: f64,
+    pub reference_ppl: f64,
+    /// Mean KL(reference ‖ policy) of the next-token distributions: the
+    /// quantization error at identical kept sets.
+    pub kl_vs_reference: f64,
+    pub top1_vs_reference: f64,
+    /// (step or chunk, layer, KV head) kept sets compared with the
+    /// reference's, and how many differed (0 unless something is wrong).
+    pub kept_sets_checked: usize,
+    pub kept_sets_differing: usize,
+}
+
 /// Result of a perplexity run (the CLI's `--json` object).
 #[derive(Clone, Debug, Serialize)]
 pub struct PerplexityReport {
@@ -86,6 +169,18 @@ pub struct PerplexityReport {
     pub policy: String,
     /// Slot budget per (layer, KV head), when the policy has one.
     pub budget_slots: Option<usize>,
+    /// Most K/V bytes allocated at once.
+    pub kv_bytes_peak: usize,
+    /// Tokens fed one at a time (decode steps).
+    pub decode_steps: usize,
+    /// Median wall time of one decode step of the policy session, ms.
+    pub decode_ms_median: Option<f64>,
+    /// Page statistics (paged specs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paged: Option<PagedStats>,
+    /// Mode (a) (`decisions_from`): the reference's dtype and divergence.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decisions: Option<FollowedDecisions>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compare_full: Option<FullComparison>,
     /// CHAI policies: per layer, the clusters (sorted query-head lists,
@@ -119,6 +214,36 @@ fn kl(p_logits: &[f32], q_logits: &[f32]) -> f64 {
         .sum()
 }
 
+/// The reference session of mode (a) and what is compared against it.
+struct Follow<'m> {
+    reference: Session<'m>,
+    dtype: KvDtype,
+    kept: SharedKeptSets,
+    kl: f64,
+    agree: usize,
+    nll: f64,
+    rows: usize,
+    checked: usize,
+    differing: usize,
+}
+
+/// Page statistics gathered as the run goes.
+#[derive(Default)]
+struct PageAcc {
+    pages_peak: usize,
+    frag_pct_sum: f64,
+    frag_steps: usize,
+}
+
+fn frag_pct(c: &kvslim_cache::PageCounts) -> f64 {
+    let alloc = c.live + c.fragmentation;
+    if alloc == 0 {
+        0.0
+    } else {
+        100.0 * c.fragmentation as f64 / alloc as f64
+    }
+}
+
 /// Runs teacher forcing over `ids`; `progress(done, total)` is called as
 /// tokens are processed.
 pub fn perplexity(
@@ -131,6 +256,7 @@ pub fn perplexity(
     if n < 2 {
         return Err(EngineError::Request(format!("perplexity needs at least 2 tokens, got {n}")));
     }
+    opts.check_decisions_from()?;
     let bounded = opts.policy.build(n).bounded() && model.config.learned_positions.is_none();
     if n > model.config.context_len && !bounded {
         return Err(EngineError::Request(format!(
@@ -151,51 +277,172 @@ pub fn perplexity(
     if let Some(&id) = ids.iter().find(|&&id| id as usize >= v) {
         return Err(kvslim_models::Error::TokenOutOfRange { id, vocab: v }.into());
     }
-    let mut s = Session::new(model, &opts.policy, n, n)?;
+    let mut follow = match opts.decisions_from {
+        None => None,
+        Some(d) => {
+            let mut spec = opts.policy.clone();
+            spec.storage.kv_dtype = d;
+            let mut reference = Session::new(model, &spec, n, n)?;
+            if let Some(every) = opts.trace_every {
+                reference.cache.policy.enable_trace(every);
+            }
+            Some(Follow {
+                reference,
+                dtype: d,
+                kept: FollowDecisions::handle(),
+                kl: 0.0,
+                agree: 0,
+                nll: 0.0,
+                rows: 0,
+                checked: 0,
+                differing: 0,
+            })
+        }
+    };
+    let mut s = match &follow {
+        None => Session::new(model, &opts.policy, n, n)?,
+        Some(f) => {
+            let mut cache = model.new_cache_in(&opts.policy, n, n, None)?;
+            let mirror = FollowDecisions::mirroring(f.kept.clone(), f.reference.cache.policy.as_ref(), n);
+            cache.policy = Box::new(mirror);
+            Session::with_cache(model, cache)
+        }
+    };
     if let Some(every) = opts.trace_every {
         s.cache.policy.enable_trace(every);
     }
     let mut full = if opts.compare_full { Some(Session::new(model, &PolicySpec::full(), n, n)?) } else { None };
     let mut cmp = CompareAcc::new(model.config.n_layers);
     let mut logprobs = Vec::with_capacity(n - 1);
+    // the pieces fed: the prefill (in the reference policy's chunks under
+    // mode (a), so the kept sets can be handed over between chunks), then
+    // one token at a time; the last token predicts nothing, so it is not fed
+    let mut pieces: Vec<(usize, usize)> = Vec::new();
     let mut fed = 0;
     if opts.prefill > 1 {
-        let p = opts.prefill;
-        let logits = s.feed(&ids[..p], Logits::All)?;
-        for i in 0..p.min(n - 1) {
-            logprobs.push(log_softmax_at(&logits[i * v..(i + 1) * v], ids[i + 1] as usize));
+        let chunk = match &follow {
+            Some(f) => f.reference.cache.policy.prefill_chunk().unwrap_or(usize::MAX).max(1),
+            None => usize::MAX,
+        };
+        while fed < opts.prefill {
+            let end = fed.saturating_add(chunk).min(opts.prefill);
+            pieces.push((fed, end));
+            fed = end;
         }
+    }
+    pieces.extend((fed..n - 1).map(|i| (i, i + 1)));
+    let mut step_ms: Vec<f64> = Vec::with_capacity(n);
+    let mut kv_peak = 0usize;
+    let mut pages = PageAcc::default();
+    for &(a, b) in &pieces {
+        let step = b - a == 1;
+        let want = if step { Logits::Last } else { Logits::All };
+        let part = &ids[a..b];
+        let mut ref_logits = None;
+        if let Some(f) = follow.as_mut() {
+            ref_logits = Some(f.reference.feed(part, want)?.to_vec());
+            *f.kept.lock().unwrap_or_else(|e| e.into_inner()) = f.reference.cache.store.kept_positions();
+        }
+        let mut full_logits = None;
         if let Some(f) = full.as_mut() {
-            let fl = f.feed(&ids[..p], Logits::All)?.to_vec();
-            let logits = s.scratch.logits();
-            for i in 0..p.min(n - 1) {
-                cmp.logits(&fl[i * v..(i + 1) * v], &logits[i * v..(i + 1) * v], ids[i + 1] as usize);
+            if step {
+                f.scratch.trace = Some(Trace::default());
+                s.scratch.trace = Some(Trace::default());
+            }
+            full_logits = Some(f.feed(part, want)?.to_vec());
+        }
+        let t0 = std::time::Instant::now();
+        let logits = s.feed(part, want)?.to_vec();
+        if step {
+            step_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        let rows = (b - a).min(n - 1 - a);
+        for r in 0..rows {
+            let target = ids[a + r + 1] as usize;
+            let row = &logits[r * v..(r + 1) * v];
+            logprobs.push(log_softmax_at(row, target));
+            if let Some(fl) = &full_logits {
+                cmp.logits(&fl[r * v..(r + 1) * v], row, target);
+            }
+            if let (Some(f), Some(rl)) = (follow.as_mut(), &ref_logits) {
+                let rr = &rl[r * v..(r + 1) * v];
+                f.kl += kl(rr, row).max(0.0);
+                f.agree += usize::from(crate::sampling::argmax(rr) == crate::sampling::argmax(row));
+                f.nll -= log_softmax_at(rr, target);
+                f.rows += 1;
             }
         }
-        fed = p;
-        progress(fed, n);
-    }
-    // the last token predicts nothing, so it is not fed
-    for i in fed..n - 1 {
-        if let Some(f) = full.as_mut() {
-            f.scratch.trace = Some(Trace::default());
-            s.scratch.trace = Some(Trace::default());
-            f.feed(&ids[i..i + 1], Logits::Last)?;
+        if step {
+            if let Some(f) = full.as_mut() {
+                let (ft, pt) = (f.scratch.trace.take().expect("set above"), s.scratch.trace.take().expect("set above"));
+                cmp.mass(model, &ft, &pt);
+            }
         }
-        let logits = s.feed(&ids[i..i + 1], Logits::Last)?;
-        logprobs.push(log_softmax_at(logits, ids[i + 1] as usize));
-        if let Some(f) = full.as_mut() {
-            cmp.logits(f.scratch.logits(), s.scratch.logits(), ids[i + 1] as usize);
-            let (ft, pt) = (f.scratch.trace.take().expect("set above"), s.scratch.trace.take().expect("set above"));
-            cmp.mass(model, &ft, &pt);
+        if let Some(f) = follow.as_mut() {
+            let want = f.kept.lock().unwrap_or_else(|e| e.into_inner());
+            let got = s.cache.store.kept_positions();
+            for (wl, gl) in want.iter().zip(&got) {
+                for (wh, gh) in wl.iter().zip(gl) {
+                    f.checked += 1;
+                    f.differing += usize::from(wh != gh);
+                }
+            }
         }
-        if i % 16 == 0 {
-            progress(i + 1, n);
+        kv_peak = kv_peak.max(s.cache.store.bytes().kv);
+        if let Some(c) = s.cache.store.page_counts() {
+            pages.pages_peak = pages.pages_peak.max(c.pages);
+            if step {
+                pages.frag_pct_sum += frag_pct(&c);
+                pages.frag_steps += 1;
+            }
+        }
+        if !step || a % 16 == 0 {
+            progress(b, n);
         }
     }
     progress(n, n);
     let nll = -logprobs.iter().sum::<f64>() / logprobs.len() as f64;
     let bytes = s.kv_bytes();
+    let decode_steps = step_ms.len();
+    let decode_ms_median = (!step_ms.is_empty()).then(|| {
+        step_ms.sort_by(f64::total_cmp);
+        step_ms[step_ms.len() / 2]
+    });
+    let paged = s.cache.store.page_counts().map(|c| PagedStats {
+        page_size: opts.policy.storage.page_size.unwrap_or(0),
+        pages_peak: pages.pages_peak.max(c.pages),
+        pages_final: c.pages,
+        kv_bytes_peak: kv_peak.max(bytes.kv),
+        kv_bytes_final: bytes.kv,
+        live_final: c.live,
+        fragmentation_slots: c.fragmentation,
+        fragmentation_pct: frag_pct(&c),
+        fragmentation_mean_pct: if pages.frag_steps > 0 {
+            pages.frag_pct_sum / pages.frag_steps as f64
+        } else {
+            frag_pct(&c)
+        },
+        bytes_moved: c.bytes_moved,
+        bytes_moved_per_step: c.bytes_moved as f64 / decode_steps.max(1) as f64,
+        shared_pages: c.shared_pages,
+        cow_copies: c.cow_copies,
+    });
+    let events = match follow.as_mut() {
+        Some(f) => f.reference.cache.policy.take_events(),
+        None => s.cache.policy.take_events(),
+    };
+    let decisions = follow.map(|f| {
+        let rows = f.rows.max(1) as f64;
+        FollowedDecisions {
+            reference_kv_dtype: f.dtype.to_string(),
+            reference_nll: f.nll / rows,
+            reference_ppl: (f.nll / rows).exp(),
+            kl_vs_reference: f.kl / rows,
+            top1_vs_reference: f.agree as f64 / rows,
+            kept_sets_checked: f.checked,
+            kept_sets_differing: f.differing,
+        }
+    });
     Ok(PerplexityReport {
         tokens: n,
         nll,
@@ -204,11 +451,16 @@ pub fn perplexity(
         kv_metadata_bytes: bytes.metadata,
         policy: opts.policy.to_string(),
         budget_slots: opts.policy.budget(n),
+        kv_bytes_peak: kv_peak.max(bytes.kv),
+        decode_steps,
+        decode_ms_median,
+        paged,
+        decisions,
         compare_full: full.is_some().then(|| cmp.finish()),
         chai_clusters: s.cache.heads.as_ref().map(|h| h.report()),
         logprobs,
         kept: s.cache.store.kept_positions(),
-        events: s.cache.policy.take_events(),
+        events,
     })
 }
 

@@ -225,6 +225,9 @@ fn page_eviction_removes_whole_unprotected_pages() {
         ("h2o:heavy=24,recent=8,page=8,page_score=topm:2", 32, 8),
         ("h2o:heavy=20,recent=12,agg=max,page=8,page_score=sum", 32, 12),
         ("random:budget=32,recent=8,seed=3,page=8,page_score=sum", 32, 8),
+        // streamed prefill leaves pages with different live counts per KV head,
+        // so heads then hold different numbers of slots
+        ("h2o:heavy=24,recent=8,prefill=stream:16,page=8,page_score=sum", 32, 8),
     ];
     for (text, b, recent) in cases {
         let spec = PolicySpec::parse(text).unwrap();

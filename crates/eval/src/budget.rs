@@ -251,6 +251,33 @@ mod tests {
     }
 
     #[test]
+    fn storage_keys_survive_budget_substitution() {
+        let s = |f: &str, b: &str, n: usize| BudgetedPolicy::new(f, b).unwrap().spec_for(n).unwrap();
+        let spec = s("h2o:page=16,compact=64,kv_dtype=q8", "20%", 1000);
+        assert_eq!(spec.to_string(), "h2o:heavy=100,recent=100,page=16,compact=64,kv_dtype=q8");
+        assert_eq!(spec.budget(1000), Some(200));
+        assert_eq!((spec.storage.page_size, spec.storage.compact_every), (Some(16), Some(64)));
+        assert_eq!(spec.storage.kv_dtype, kvslim_cache::KvDtype::Q8);
+        let spec = s("random:seed=3,page=8,page_score=topm:4,kv_dtype=q4", "64", 1000);
+        assert_eq!(spec.to_string(), "random:budget=64,recent=32,seed=3,page=8,page_score=topm:4,kv_dtype=q4");
+        assert_eq!(
+            s("sink:sink=2,page=8,kv_dtype=q4", "64", 1000).to_string(),
+            "sink:sink=2,recent=62,page=8,kv_dtype=q4"
+        );
+        assert_eq!(s("window:kv_dtype=f16", "10%", 100).to_string(), "window:recent=10,kv_dtype=f16");
+        // full keeps its storage keys and ignores the budget
+        let p = BudgetedPolicy::new("full:page=16,kv_dtype=q8", "20%").unwrap();
+        assert_eq!((p.budget_label(), p.family_label()), ("-".to_string(), "full:page=16,kv_dtype=q8".to_string()));
+        assert_eq!(p.spec_for(1000).unwrap().to_string(), "full:page=16,kv_dtype=q8");
+        // the label keeps the keys, so cells of different storage never collide
+        let q = BudgetedPolicy::new("h2o:kv_dtype=q8", "20%").unwrap();
+        assert_eq!(q.family_label(), "h2o:kv_dtype=q8");
+        // bad storage keys are caught when the policy is made
+        let e = BudgetedPolicy::new("h2o:compact=8", "20%").unwrap_err().to_string();
+        assert!(e.contains("paged store"), "{e}");
+    }
+
+    #[test]
     fn head_sharing_composes_with_the_budget() {
         let plan = std::env::temp_dir().join(format!("kvslim-eval-plan-{}.json", std::process::id()));
         let layers: Vec<String> = (0..2).map(|_| r#"{"k": 2, "errors": [4, 3, 2, 1]}"#.to_string()).collect();

@@ -15,7 +15,18 @@
 //!   puts on the kept tokens, `retained_mass_p1` / `_p5` its 1st and 5th
 //!   percentiles over steps, layers and query heads (the `full` policy
 //!   gets kl 0, top1 1, mass 1).
-//!   Budgets resolve against each window.
+//!   Budgets resolve against each window. Every ppl cell also reports
+//!   `kv_bytes_peak` (most K/V bytes of one window's cache at once); paged
+//!   specs (`page=P`) add `pages_peak` (most pages of one window at once),
+//!   `fragmentation` (allocated − live slots as % of allocated, mean over
+//!   decode steps, token-weighted) and `bytes_moved_per_step` (bytes
+//!   compaction copied / decode steps). With
+//!   [`MatrixConfig::decisions_from`] (mode (a) for quantized KV), cells
+//!   whose spec stores K/V in another dtype follow the eviction decisions
+//!   of a reference run in that dtype and add `ref_ppl` (the reference's
+//!   perplexity), `kl_ref` (KL(reference‖policy)) and `kept_differing`
+//!   (kept sets that differed from the reference's, 0 by construction);
+//!   the row records `decisions_from`.
 //! * `gen` — greedy generation from each prompt under the policy, compared
 //!   with the full cache's greedy output: `first_div` (mean first step
 //!   where they differ, capped at the token limit), `prefix_frac` (mean
@@ -56,6 +67,11 @@ pub struct MatrixConfig {
     pub mode: ScoreMode,
     /// Perplexity: also run the full cache and report KL / top-1.
     pub compare_full: bool,
+    /// Perplexity, mode (a) for quantized KV: cells whose spec stores K/V
+    /// in another dtype than this, and have a token policy that evicts
+    /// (not `full`, no CHAI), keep exactly what a reference run with K/V
+    /// in this dtype keeps. `None`: every policy decides on its own cache.
+    pub decisions_from: Option<kvslim_cache::KvDtype>,
     /// Where `results.jsonl`, `.csv` and `.md` go; `None` keeps rows in memory.
     pub out_dir: Option<PathBuf>,
     /// Continue an existing `results.jsonl`, skipping finished cells.
@@ -75,6 +91,7 @@ impl MatrixConfig {
             tasks,
             mode: ScoreMode::Decode,
             compare_full: true,
+            decisions_from: None,
             out_dir: None,
             resume: false,
             charts: true,
@@ -230,8 +247,11 @@ fn run_cell(
             m.insert("gold_logprob".into(), t.gold_logprob / t.items.max(1) as f64);
         }
         Prepared::Ppl(windows) => {
-            let is_full = policy.budget.is_none();
+            // the plain full cache (no storage keys, no CHAI) is its own reference
+            let is_full = policy.spec_for(1000)? == kvslim_cache::PolicySpec::full();
             let prefill = |n: usize| if cfg.mode == ScoreMode::Prefill { n } else { 0 };
+            let follows = ppl_decisions_from(policy, cfg.decisions_from)?;
+            row.decisions_from = follows.map(|d| d.to_string());
             let reps = par_blocks(
                 windows.len(),
                 |i| {
@@ -239,10 +259,50 @@ fn run_cell(
                     let mut o = PerplexityOptions::new(policy.spec_for(w.len())?);
                     o.prefill = prefill(w.len());
                     o.compare_full = cfg.compare_full && !is_full;
+                    o.decisions_from = follows;
                     Ok(perplexity(model, w, &o, |_, _| {})?)
                 },
                 |d| report(d, total),
             )?;
+            let mut paged = false;
+            let (mut pages_peak, mut kv_peak, mut frag, mut moved, mut steps) = (0usize, 0usize, 0.0, 0u64, 0usize);
+            let (mut ref_nll, mut kl_ref, mut differing) = (0.0, 0.0, 0usize);
+            let mut step_ms = Vec::new();
+            for r in &reps {
+                kv_peak = kv_peak.max(r.kv_bytes_peak);
+                step_ms.extend(r.decode_ms_median);
+                if let Some(p) = &r.paged {
+                    paged = true;
+                    pages_peak = pages_peak.max(p.pages_peak);
+                    frag += p.fragmentation_mean_pct * r.decode_steps as f64;
+                    moved += p.bytes_moved;
+                    steps += r.decode_steps;
+                }
+                if let Some(d) = &r.decisions {
+                    let n = (r.tokens - 1) as f64;
+                    ref_nll += d.reference_nll * n;
+                    kl_ref += d.kl_vs_reference * n;
+                    differing += d.kept_sets_differing;
+                }
+            }
+            m.insert("kv_bytes_peak".into(), kv_peak as f64);
+            if paged {
+                m.insert("pages_peak".into(), pages_peak as f64);
+                m.insert("fragmentation".into(), frag / steps.max(1) as f64);
+                m.insert("bytes_moved_per_step".into(), moved as f64 / steps.max(1) as f64);
+            }
+            if !step_ms.is_empty() {
+                // median over windows of each window's median decode step
+                step_ms.sort_by(f64::total_cmp);
+                row.timings.insert("step_ms".into(), step_ms[step_ms.len() / 2]);
+            }
+            if follows.is_some() {
+                let toks: usize = reps.iter().map(|r| r.tokens - 1).sum();
+                let t = toks.max(1) as f64;
+                m.insert("ref_ppl".into(), (ref_nll / t).exp());
+                m.insert("kl_ref".into(), kl_ref / t);
+                m.insert("kept_differing".into(), differing as f64);
+            }
             let (mut nll, mut toks, mut kl, mut top1, mut mass, mut cmp_toks) = (0.0, 0usize, 0.0, 0.0, 0.0, 0usize);
             let mut mass_samples: Vec<f64> = Vec::new();
             for r in &reps {
@@ -357,6 +417,19 @@ fn run_cell(
     Ok(())
 }
 
+/// The dtype a ppl cell of `policy` follows the decisions of: `decisions_from`
+/// when the policy evicts (not `full`), has no head sharing, and stores
+/// K/V in another dtype; `None` otherwise (the cell runs as usual).
+pub fn ppl_decisions_from(
+    policy: &BudgetedPolicy,
+    decisions_from: Option<kvslim_cache::KvDtype>,
+) -> Result<Option<kvslim_cache::KvDtype>> {
+    let Some(d) = decisions_from else { return Ok(None) };
+    let spec = policy.spec_for(1000)?;
+    let evicts = spec.token != kvslim_cache::policy::TokenPolicySpec::Full;
+    Ok((evicts && spec.head.is_none() && spec.storage.kv_dtype != d).then_some(d))
+}
+
 /// Runs every cell of `cfg` on one model. Returns all rows, those of a
 /// resumed log included. With `out_dir`, each row is appended to
 /// `results.jsonl` as its cell ends, `results.csv` / `results.md` are
@@ -396,13 +469,20 @@ pub fn run_matrix(
         let label = task.label();
         let keys: Vec<CellKey> = cells
             .iter()
-            .map(|p| CellKey {
-                model: cfg.model_label.clone(),
-                policy: p.family_label(),
-                budget: p.budget_label(),
-                task: label.clone(),
+            .map(|p| {
+                let follows = match task.kind {
+                    TaskKind::Ppl { .. } => ppl_decisions_from(p, cfg.decisions_from)?,
+                    _ => None,
+                };
+                Ok(CellKey {
+                    model: cfg.model_label.clone(),
+                    policy: p.family_label(),
+                    budget: p.budget_label(),
+                    task: label.clone(),
+                    decisions_from: follows.map(|d| d.to_string()),
+                })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let mut prepared = None;
         for (p, key) in cells.iter().zip(&keys) {
             index += 1;

@@ -23,6 +23,9 @@ pub struct CellKey {
     pub policy: String,
     pub budget: String,
     pub task: String,
+    /// Mode (a) of a quantized KV policy: the dtype whose eviction
+    /// decisions the cell followed (`None`: the policy's own decisions).
+    pub decisions_from: Option<String>,
 }
 
 /// Non-finite metrics are written as `null` by serde_json; read them back
@@ -42,6 +45,11 @@ pub struct ResultRow {
     pub budget: String,
     /// [`crate::TaskSpec::label`].
     pub task: String,
+    /// Perplexity cells of a quantized KV policy run in mode (a): the K/V
+    /// dtype of the reference run whose eviction decisions were followed
+    /// (absent: the policy decided on its own cache, mode (b)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decisions_from: Option<String>,
     /// Items evaluated (windows for perplexity).
     pub items: usize,
     #[serde(deserialize_with = "nan_map")]
@@ -109,6 +117,7 @@ impl ResultRow {
             policy: policy.into(),
             budget: budget.into(),
             task: task.into(),
+            decisions_from: None,
             items: 0,
             metrics: BTreeMap::new(),
             kv_bytes: 0,
@@ -126,6 +135,16 @@ impl ResultRow {
             policy: self.policy.clone(),
             budget: self.budget.clone(),
             task: self.task.clone(),
+            decisions_from: self.decisions_from.clone(),
+        }
+    }
+
+    /// The policy as tables show it: the family, plus `[decisions from D]`
+    /// for a mode (a) cell.
+    pub fn policy_label(&self) -> String {
+        match &self.decisions_from {
+            Some(d) => format!("{} [decisions from {d}]", self.policy),
+            None => self.policy.clone(),
         }
     }
 
@@ -290,7 +309,9 @@ fn num(v: f64) -> String {
     }
 }
 
-/// Every row (the last one per cell) as CSV: identity columns, `items`,
+/// Every row (the last one per cell) as CSV: identity columns (plus
+/// `decisions_from` when some row followed a reference's decisions; empty
+/// for the policy's own), `items`,
 /// one column per metric (sorted union; empty when absent or not finite),
 /// `kv_bytes`, `kv_metadata_bytes`, one `time_*` column per timing,
 /// version and commit.
@@ -298,7 +319,12 @@ pub fn to_csv(rows: &[ResultRow]) -> String {
     let rows = dedup(rows);
     let metrics: BTreeSet<&str> = rows.iter().flat_map(|r| r.metrics.keys().map(String::as_str)).collect();
     let timings: BTreeSet<&str> = rows.iter().flat_map(|r| r.timings.keys().map(String::as_str)).collect();
-    let mut head: Vec<String> = ["model", "policy", "budget", "task", "items"].iter().map(|s| s.to_string()).collect();
+    let follows = rows.iter().any(|r| r.decisions_from.is_some());
+    let mut head: Vec<String> = ["model", "policy", "budget", "task"].iter().map(|s| s.to_string()).collect();
+    if follows {
+        head.push("decisions_from".into());
+    }
+    head.push("items".into());
     head.extend(metrics.iter().map(|m| m.to_string()));
     head.extend(["kv_bytes".to_string(), "kv_metadata_bytes".to_string()]);
     head.extend(timings.iter().map(|t| format!("time_{t}")));
@@ -307,6 +333,9 @@ pub fn to_csv(rows: &[ResultRow]) -> String {
     out.push('\n');
     for r in rows {
         let mut f = vec![csv_field(&r.model), csv_field(&r.policy), csv_field(&r.budget), csv_field(&r.task)];
+        if follows {
+            f.push(csv_field(r.decisions_from.as_deref().unwrap_or("")));
+        }
         f.push(r.items.to_string());
         f.extend(metrics.iter().map(|m| r.metrics.get(*m).map_or(String::new(), |v| num(*v))));
         f.push(r.kv_bytes.to_string());
@@ -385,10 +414,10 @@ pub fn to_markdown(rows: &[ResultRow]) -> String {
         let g: Vec<&&ResultRow> = rows.iter().filter(|r| r.task == task && r.model == model).collect();
         let budgets = budget_order(&g.iter().map(|r| r.budget.as_str()).collect::<Vec<_>>());
         let budgets = if budgets.is_empty() { vec!["-".to_string()] } else { budgets };
-        let mut policies: Vec<&str> = Vec::new();
+        let mut policies: Vec<String> = Vec::new();
         for r in &g {
-            if !policies.contains(&r.policy.as_str()) {
-                policies.push(&r.policy);
+            if !policies.contains(&r.policy_label()) {
+                policies.push(r.policy_label());
             }
         }
         let items = g.iter().map(|r| r.items).max().unwrap_or(0);
@@ -406,9 +435,9 @@ pub fn to_markdown(rows: &[ResultRow]) -> String {
             out.push('\n');
             for p in &policies {
                 out.push_str(&format!("| {} |", md_escape(p)));
-                let unbudgeted = g.iter().find(|r| r.policy == *p && r.budget == "-");
+                let unbudgeted = g.iter().find(|r| r.policy_label() == *p && r.budget == "-");
                 for b in &budgets {
-                    let r = g.iter().find(|r| r.policy == *p && r.budget == *b).or(unbudgeted);
+                    let r = g.iter().find(|r| r.policy_label() == *p && r.budget == *b).or(unbudgeted);
                     let v = r.and_then(|r| r.metrics.get(metric)).map_or(String::new(), |v| cell(*v));
                     out.push_str(&format!(" {v} |"));
                 }

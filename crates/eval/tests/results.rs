@@ -30,7 +30,13 @@ fn row(policy: &str, budget: &str, task: &str, acc: f64) -> ResultRow {
 }
 
 fn key(policy: &str, budget: &str, task: &str) -> CellKey {
-    CellKey { model: "stories260K".into(), policy: policy.into(), budget: budget.into(), task: task.into() }
+    CellKey {
+        model: "stories260K".into(),
+        policy: policy.into(),
+        budget: budget.into(),
+        task: task.into(),
+        decisions_from: None,
+    }
 }
 
 #[test]

@@ -171,7 +171,8 @@ fn matrix_end_to_end_and_resume() {
         for p in ["window", "h2o"] {
             let r = get(task, p, "100%");
             for (k, v) in &f.metrics {
-                if k != "kl" && k != "retained_mass" {
+                // kv_bytes_peak is memory, not quality: B + 1 slots vs the whole sequence
+                if k != "kl" && k != "retained_mass" && k != "kv_bytes_peak" {
                     assert!((r.metrics[k] - v).abs() < 1e-6, "{task} {p} 100% {k}: {} vs {v}", r.metrics[k]);
                 }
             }

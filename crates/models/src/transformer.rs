@@ -9,7 +9,7 @@ use crate::config::{ModelConfig, NormKind};
 use crate::weights::{NormWeights, Weights};
 use crate::{Error, Result};
 use kvslim_cache::policy::chai::LayerHeads;
-use kvslim_cache::{CacheShape, SequenceCache};
+use kvslim_cache::{CacheShape, HeadSlots, SequenceCache};
 use kvslim_kernels::attention::{attend_group, weighted_values, DenseRows};
 use kvslim_kernels::ops::{layer_norm, rms_norm};
 use kvslim_kernels::rope::Rope;
@@ -463,14 +463,17 @@ impl Model {
         if let Some(&r) = lh.reps.iter().find(|&&r| !layer[r / g].has_keys()) {
             return Err(missing_keys(li, r / g));
         }
+        // KV heads may hold different counts (page eviction removes a page's
+        // live tokens, which differ per head); heads tied by CHAI stay equal
         let slots = layer[0].capacity();
-        let len = layer[0].len();
+        let most = layer.iter().map(HeadSlots::len).max().unwrap_or(0);
         let q = &s.q;
-        let parallel = len * hd * c.n_heads >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1;
+        let parallel = most * hd * c.n_heads >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1;
         // representatives: q·k over their KV head's slots
         let attend = |(h, (att, probs)): (usize, (&mut [f32], &mut [f32]))| {
             if lh.representative_of[h] == h {
                 let head = &layer[h / g];
+                let len = head.len();
                 attend_group(
                     &q[h * hd..(h + 1) * hd],
                     &head.key_rows().expect("checked above"),
@@ -497,6 +500,7 @@ impl Model {
             let share = |(h, out): (usize, &mut [f32])| {
                 let r = lh.representative_of[h];
                 if r != h {
+                    let len = layer[h / g].len();
                     weighted_values(&probs[r * slots..r * slots + len], &layer[h / g].value_rows(), out);
                 }
             };
@@ -507,11 +511,12 @@ impl Model {
             }
         }
         if s.trace.is_some() || cache.heads.as_ref().is_some_and(|h| h.collecting_probe()) {
-            self.observe_decode(li, cache, s, p0, slots, len);
+            self.observe_decode(li, cache, s, p0, slots);
         }
         // token policy, once per aligned component
         let lh = cache.heads.as_ref().and_then(|h| h.layer(li)).unwrap_or(&self.dense_heads);
         for comp in &lh.components {
+            let len = cache.store.head(li, comp.leader).len();
             let rows = &mut s.comp_probs[..comp.reps.len() * len];
             for (i, &r) in comp.reps.iter().enumerate() {
                 rows[i * len..(i + 1) * len].copy_from_slice(&s.probs[r * slots..r * slots + len]);
@@ -526,15 +531,7 @@ impl Model {
     }
 
     /// Trace and probe bookkeeping of a decode step (before eviction).
-    fn observe_decode(
-        &self,
-        li: usize,
-        cache: &mut SequenceCache,
-        s: &mut Scratch,
-        p0: usize,
-        slots: usize,
-        len: usize,
-    ) {
+    fn observe_decode(&self, li: usize, cache: &mut SequenceCache, s: &mut Scratch, p0: usize, slots: usize) {
         let c = &self.config;
         let g = c.group_size();
         let dense = &self.dense_heads;
@@ -542,7 +539,7 @@ impl Model {
         for h in 0..c.n_heads {
             let r = lh.representative_of[h];
             let positions = cache.store.head(li, r / g).positions();
-            let row = &s.probs[r * slots..r * slots + len];
+            let row = &s.probs[r * slots..r * slots + positions.len()];
             if let Some(t) = s.trace.as_mut() {
                 record_head_attn(t, c, h, 0, 1, positions, row);
             }

@@ -7,9 +7,11 @@
 //! config files.
 
 pub mod chai;
+pub mod follow;
 pub mod spec;
 pub mod token;
 
+pub use follow::{FollowDecisions, KeptSets, SharedKeptSets};
 pub use spec::{Budget, PolicySpec, PolicySpecError, TokenPolicySpec};
 pub use token::{EvictionEvent, EvictionUnit, PageScore, TokenEviction, VictimRule};
 
