@@ -102,12 +102,7 @@ pub fn run(a: Args) -> CliResult {
         }
         rows.push(row);
     }
-    let json = serde_json::to_string_pretty(&rows)?;
-    if let Some(p) = &a.out {
-        std::fs::write(p, &json).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
-    }
-    if a.json {
-        println!("{json}");
+    if emit_json(&rows, &a)? {
         return Ok(());
     }
     println!(
@@ -147,12 +142,7 @@ fn sweep(model: &kvslim_models::Model, name: &str, a: &Args, contexts: &[usize],
             }
         }
     }
-    let json = serde_json::to_string_pretty(&rows)?;
-    if let Some(p) = &a.out {
-        std::fs::write(p, &json).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
-    }
-    if a.json {
-        println!("{json}");
+    if emit_json(&rows, a)? {
         return Ok(());
     }
     println!("| model | policy | threads | context | slots | step ms (median) | KV MiB allocated |");
@@ -209,12 +199,7 @@ fn capacity_table(a: &Args, mem: &str) -> CliResult {
         );
         rows.push(r);
     }
-    let json = serde_json::to_string_pretty(&rows)?;
-    if let Some(p) = &a.out {
-        std::fs::write(p, &json).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
-    }
-    if a.json {
-        println!("{json}");
+    if emit_json(&rows, a)? {
         return Ok(());
     }
     println!("| policy | prompt + gen | peak KV MiB | metadata KiB | peak pages | moved B/step | decode tok/s | max batch in {mem} |");
@@ -234,4 +219,17 @@ fn capacity_table(a: &Args, mem: &str) -> CliResult {
         );
     }
     Ok(())
+}
+
+/// Writes `rows` to `--out` when given, and prints them as JSON with
+/// `--json` (true: nothing else to print).
+fn emit_json<T: serde::Serialize>(rows: &[T], a: &Args) -> CliResult<bool> {
+    let json = serde_json::to_string_pretty(rows)?;
+    if let Some(p) = &a.out {
+        std::fs::write(p, &json).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+    }
+    if a.json {
+        println!("{json}");
+    }
+    Ok(a.json)
 }

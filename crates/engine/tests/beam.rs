@@ -11,13 +11,9 @@ use kvslim_engine::{beam_search, BeamOptions, Hypothesis, Session};
 use kvslim_kernels::DType;
 use kvslim_models::config::ModelConfig;
 use kvslim_models::{Logits, Model};
-use std::path::PathBuf;
+mod common;
 
-fn shared() -> PathBuf {
-    std::env::var("KVSLIM_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
+use common::shared;
 
 const VOCAB: usize = 6;
 const EOS: u32 = 0;

@@ -7,13 +7,9 @@ use kvslim_engine::{perplexity, PerplexityOptions, Session};
 use kvslim_kernels::Matrix;
 use kvslim_models::weights::Linear;
 use kvslim_models::{load_model, Logits, Model, Trace};
-use std::path::PathBuf;
+mod common;
 
-fn shared() -> PathBuf {
-    std::env::var("KVSLIM_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
+use common::shared;
 
 /// Writes a plan with the given k per layer for a model with `heads` heads.
 fn plan(name: &str, heads: usize, ks: &[usize]) -> String {

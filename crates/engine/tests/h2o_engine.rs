@@ -4,13 +4,9 @@
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{perplexity, PerplexityOptions};
 use kvslim_models::{load_model, LoadedModel};
-use std::path::PathBuf;
+mod common;
 
-fn shared() -> PathBuf {
-    std::env::var("KVSLIM_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
+use common::{shared, stories};
 
 fn tokens(m: &LoadedModel, chars: usize, n: usize) -> Vec<u32> {
     let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
@@ -19,10 +15,6 @@ fn tokens(m: &LoadedModel, chars: usize, n: usize) -> Vec<u32> {
     assert!(ids.len() >= n, "need {n} tokens, text gave {}", ids.len());
     ids.truncate(n);
     ids
-}
-
-fn stories() -> LoadedModel {
-    load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap()
 }
 
 #[test]

@@ -5,27 +5,10 @@
 use kvslim_cache::{KvDtype, PageCounts, PolicySpec};
 use kvslim_engine::beam::log_softmax;
 use kvslim_engine::Session;
-use kvslim_models::{load_model, LoadedModel, Logits, Model};
-use std::path::PathBuf;
+use kvslim_models::{Logits, Model};
+mod common;
 
-fn shared() -> PathBuf {
-    std::env::var("KVSLIM_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
-
-fn stories() -> LoadedModel {
-    load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap()
-}
-
-fn tokens(m: &LoadedModel, n: usize) -> Vec<u32> {
-    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
-    let end = text.char_indices().nth(8 * n).map_or(text.len(), |(i, _)| i);
-    let mut ids = m.tokenizer.as_ref().unwrap().encode(&text[..end]).unwrap();
-    assert!(ids.len() >= n, "need {n} tokens, text gave {}", ids.len());
-    ids.truncate(n);
-    ids
-}
+use common::{stories, tokens};
 
 struct Run {
     ppl: f64,

@@ -13,13 +13,9 @@ use kvslim_kernels::DType;
 use kvslim_models::config::ModelConfig;
 use kvslim_models::{Logits, Model, Trace};
 use reference::{RefHead, RefPolicy, Rule};
-use std::path::PathBuf;
+mod common;
 
-fn shared() -> PathBuf {
-    std::env::var("KVSLIM_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
+use common::shared;
 
 /// The reference parameters of a parsed spec for a base length.
 fn ref_policy(spec: &PolicySpec, base: usize) -> RefPolicy {

@@ -5,13 +5,9 @@ use kvslim_cache::{PolicySpec, SequenceCache};
 use kvslim_engine::speculative::{speculative_run, Drafter, ModelDrafter, NgramDrafter};
 use kvslim_engine::{generate, GenerateOptions, SamplingParams, Session};
 use kvslim_models::{load_model, Logits, Model, Scratch};
-use std::path::PathBuf;
+mod common;
 
-fn shared() -> PathBuf {
-    std::env::var("KVSLIM_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
+use common::shared;
 
 struct Loaded {
     model: Model,

@@ -5,13 +5,9 @@ use kvslim_cache::PolicySpec;
 use kvslim_engine::sampling::argmax;
 use kvslim_engine::{generate, perplexity, GenerateOptions, PerplexityOptions, SamplingParams};
 use kvslim_models::{load_model, LoadedModel, Logits};
-use std::path::PathBuf;
+mod common;
 
-fn shared() -> PathBuf {
-    std::env::var("KVSLIM_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
+use common::shared;
 
 fn stories() -> LoadedModel {
     load_model(&shared().join("models/stories260K/stories260K.bin")).expect("load stories260K")

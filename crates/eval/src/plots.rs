@@ -24,6 +24,9 @@ fn slug(s: &str) -> String {
     out
 }
 
+/// A per-row quantity to draw against the budget (`None`: not measured).
+type RowValue = dyn Fn(&ResultRow) -> Option<f64>;
+
 /// Charts for every (task, model, headline metric) with at least one
 /// budgeted point, named `TASK__MODEL__METRIC` (file-name safe). When a
 /// group mixes percentage and slot budgets, only the percentages are drawn.
@@ -77,31 +80,44 @@ pub fn charts(rows: &[ResultRow]) -> Vec<(String, Chart)> {
             }
             out.push((format!("{}__{}__{}", slug(task), slug(model), slug(metric)), chart));
         }
-        // allocated KV bytes of one sequence against the budget
-        let mut chart = Chart::new(format!("{task} - allocated KV"))
-            .x_label(if percent { "KV budget (% of sequence)" } else { "KV budget (slots)" })
-            .y_label(format!("KV MiB per sequence ({model})"))
-            .log_x(true);
-        let mut any = false;
-        for p in &policies {
-            let mut pts: Vec<(f64, f64)> = Vec::new();
-            for r in g.iter().filter(|r| r.policy == *p && r.kv_bytes > 0) {
-                let v = r.kv_bytes as f64 / 1048576.0;
-                match budget_x(&r.budget) {
-                    Some((x, is_pct)) if is_pct == percent => pts.push((x, v)),
-                    None if r.budget == "-" => pts.extend([(lo, v), (hi, v)]),
-                    _ => {}
+        // the seed's other two curves: physical memory and time per token
+        // against the budget (peak allocated bytes when measured, so pages
+        // kept alive by holes count)
+        let memory = |r: &ResultRow| {
+            let b = r.metrics.get("kv_bytes_peak").copied().unwrap_or(r.kv_bytes as f64);
+            (b > 0.0).then_some(b / 1048576.0)
+        };
+        let time = |r: &ResultRow| r.timings.get("step_ms").copied();
+        let curves: [(&str, String, &RowValue); 2] = [
+            ("kv_bytes", format!("KV MiB per sequence, peak ({model})"), &memory),
+            ("step_ms", format!("decode ms per token ({model})"), &time),
+        ];
+        for (name, y_label, value) in curves {
+            let mut chart = Chart::new(format!("{task} - {name}"))
+                .x_label(if percent { "KV budget (% of sequence)" } else { "KV budget (slots)" })
+                .y_label(y_label)
+                .log_x(true);
+            let mut any = false;
+            for p in &policies {
+                let mut pts: Vec<(f64, f64)> = Vec::new();
+                for r in g.iter().filter(|r| r.policy == *p) {
+                    let Some(v) = value(r) else { continue };
+                    match budget_x(&r.budget) {
+                        Some((x, is_pct)) if is_pct == percent => pts.push((x, v)),
+                        None if r.budget == "-" => pts.extend([(lo, v), (hi, v)]),
+                        _ => {}
+                    }
+                }
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                pts.dedup_by(|a, b| a.0 == b.0);
+                if !pts.is_empty() {
+                    any = true;
+                    chart = chart.series(*p, pts);
                 }
             }
-            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            pts.dedup_by(|a, b| a.0 == b.0);
-            if !pts.is_empty() {
-                any = true;
-                chart = chart.series(*p, pts);
+            if any {
+                out.push((format!("{}__{}__{name}", slug(task), slug(model)), chart));
             }
-        }
-        if any {
-            out.push((format!("{}__{}__kv_bytes", slug(task), slug(model)), chart));
         }
     }
     out
