@@ -436,9 +436,9 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
     let paged = req.policy.storage.page_size;
     let pool = paged.map(|p| cx.pools.get(p, req.policy.storage.kv_dtype, model.config.head_dim));
     let caching = paged.is_some() && cx.prefix.capacity > 0 && req.beams <= 1;
-    // a paged `full` cache gets room for the whole context (pages come on
-    // demand; only positions and scores are sized by it), so a cached
-    // prompt can serve later requests with more max_tokens
+    // a paged `full` cache gets room for the whole context (pages, positions
+    // and scores all grow on demand; nothing is allocated for it up front),
+    // so a cached prompt can serve later requests with more max_tokens
     let cap_len = if caching && matches!(req.policy.token, TokenPolicySpec::Full) { ctx_len } else { max_len };
     let spec = req.policy.to_string();
     let hit = if caching {
@@ -477,7 +477,7 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
     m.prompt_tokens_total.fetch_add((n - reused) as u64, Relaxed);
     if r.req.beams > 1 {
         r.req.prompt = prompt;
-        run_beams(model, tok, m, &mut r);
+        run_beams(model, tok, m, &cx.pools, &mut r);
         release(m, &mut r);
         return None;
     }
@@ -511,8 +511,10 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
 
 /// Beam search for one request, run to completion on the scheduler thread
 /// (other sequences wait meanwhile): the best hypothesis goes through the
-/// same stop-string and length handling as sampled tokens.
-fn run_beams(model: &Model, tok: &Tokenizer, m: &Metrics, r: &mut Running<'_>) {
+/// same stop-string and length handling as sampled tokens. The beams draw
+/// their (shared, copy-on-write) pages from the server's pool, so they show
+/// in its page metrics.
+fn run_beams(model: &Model, tok: &Tokenizer, m: &Metrics, pools: &Pools, r: &mut Running<'_>) {
     let opts = kvslim_engine::BeamOptions {
         beams: r.req.beams,
         max_tokens: r.req.max_tokens,
@@ -522,7 +524,11 @@ fn run_beams(model: &Model, tok: &Tokenizer, m: &Metrics, r: &mut Running<'_>) {
         eos: tok.eos.clone(),
         keep_caches: false,
     };
-    match kvslim_engine::beam_search(model, &r.req.prompt, &opts) {
+    let spec = kvslim_engine::beam::beam_policy(&opts.policy);
+    let page = spec.storage.page_size.expect("beam_policy pages every spec");
+    let pool = pools.get(page, spec.storage.kv_dtype, model.config.head_dim);
+    let storage = kvslim_engine::beam::BeamStorage { as_specified: false, pool: Some(&pool) };
+    match kvslim_engine::beam::beam_search_in(model, &r.req.prompt, &opts, storage, None) {
         Ok(hyps) => {
             let Some(best) = hyps.into_iter().next() else {
                 r.finished = Some("length");

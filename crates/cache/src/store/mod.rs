@@ -101,7 +101,10 @@ impl HeadSlots {
                 Kv::Paged(PagedKv::new(pool, capacity))
             }
         };
-        HeadSlots { head_dim, capacity, len: 0, kv, positions: vec![0; capacity], scores: vec![0.0; capacity] }
+        // fixed slots allocate their metadata up front too; a paged head grows
+        // it with its live tokens (amortised), like its pages
+        let meta = if layout.page_size.is_some() { 0 } else { capacity };
+        HeadSlots { head_dim, capacity, len: 0, kv, positions: vec![0; meta], scores: vec![0.0; meta] }
     }
 
     pub fn len(&self) -> usize {
@@ -150,8 +153,13 @@ impl HeadSlots {
             }
             Kv::Paged(p) => p.push(key, value),
         }
-        self.positions[s] = pos;
-        self.scores[s] = 0.0;
+        if s == self.positions.len() {
+            self.positions.push(pos);
+            self.scores.push(0.0);
+        } else {
+            self.positions[s] = pos;
+            self.scores[s] = 0.0;
+        }
         self.len += 1;
         Some(s)
     }
