@@ -477,7 +477,7 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
     m.prompt_tokens_total.fetch_add((n - reused) as u64, Relaxed);
     if r.req.beams > 1 {
         r.req.prompt = prompt;
-        run_beams(model, tok, m, &cx.pools, &mut r);
+        run_beams(model, tok, m, cx.pools, &mut r);
         release(m, &mut r);
         return None;
     }
