@@ -3,7 +3,7 @@
 # WikiText-2 at a 20% H2O budget, token eviction without / with compaction
 # vs page eviction vs the full cache at page sizes 8/16/32 (every token a
 # decode step), and the batch that fits a fixed KV memory.
-#   bash scripts/paged_tables.sh [OUT_DIR]      (about 10 minutes on 2 cores)
+#   bash scripts/paged_tables.sh [OUT_DIR]      (about 12 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=${KVSLIM_SHARED:-../shared}
@@ -52,3 +52,9 @@ $K bench --model "$SMOL" --kv-memory 64MiB --prompt-file "$TEXT" --prompt-len 51
   --policy full --policy "full:page=16" --policy "$H2O" --policy "$H2O,kv_dtype=q8" --policy "$H2O,kv_dtype=q4" \
   --policy "$H2O,page=16,page_score=max" --policy "$H2O,page=16,page_score=max,kv_dtype=q8" \
   --policy "$H2O+chai:plan=$P" --policy "$H2O,kv_dtype=q8+chai:plan=$P" --out "$OUT/capacity.json"
+
+# the seed's three curves: budget → quality, → peak KV bytes, → time per token
+# (results.md/csv and plots/ under $OUT/curves)
+$K eval --model "$SMOL" --out "$OUT/curves" --threads 2 --no-compare-full \
+  --policies "h2o;h2o:page=16;h2o:page=16,compact=64;h2o:page=16,page_score=max" --budgets 40%,20%,10%,5% \
+  --tasks "ppl:$TEXT,seq_len=512,limit=2"
