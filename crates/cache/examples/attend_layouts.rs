@@ -28,7 +28,7 @@ fn main() {
         for (_, _, h, times) in cases.iter_mut() {
             let (keys, values) = (h.key_rows().unwrap(), h.value_rows());
             let t = Instant::now();
-            attend_group(&q, &keys, &values, h.positions(), len as u32, d, 0.125, &mut probs, &mut out);
+            attend_group(&q, &keys, &values, h.positions(), len as u32, d, 0.125, &mut probs, len, &mut out);
             times.push(t.elapsed().as_secs_f64() * 1e6);
         }
     }

@@ -469,30 +469,42 @@ impl Model {
         let most = layer.iter().map(HeadSlots::len).max().unwrap_or(0);
         let q = &s.q;
         let parallel = most * hd * c.n_heads >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1;
-        // representatives: q·k over their KV head's slots
-        let attend = |(h, (att, probs)): (usize, (&mut [f32], &mut [f32]))| {
-            if lh.representative_of[h] == h {
-                let head = &layer[h / g];
-                let len = head.len();
+        // representatives: q·k over their KV head's slots, one task per KV
+        // head; when every query head of the group is a representative (no
+        // CHAI) one kernel call serves the whole group, reading each K/V row
+        // once instead of once per query head
+        let attend = |(kv, (att, probs)): (usize, (&mut [f32], &mut [f32]))| {
+            let head = &layer[kv];
+            let is_rep = |j: usize| lh.representative_of[kv * g + j] == kv * g + j;
+            let Some(keys) = head.key_rows() else { return };
+            let values = head.value_rows();
+            let call = |first: usize, n: usize, probs: &mut [f32], att: &mut [f32]| {
+                let h = kv * g + first;
                 attend_group(
-                    &q[h * hd..(h + 1) * hd],
-                    &head.key_rows().expect("checked above"),
-                    &head.value_rows(),
+                    &q[h * hd..(h + n) * hd],
+                    &keys,
+                    &values,
                     head.positions(),
                     p0 as u32,
                     hd,
                     scale,
-                    &mut probs[..len],
-                    att,
-                );
+                    &mut probs[first * slots..],
+                    slots,
+                    &mut att[first * hd..(first + n) * hd],
+                )
+            };
+            if (0..g).all(is_rep) {
+                call(0, g, probs, att);
+            } else {
+                (0..g).filter(|&j| is_rep(j)).for_each(|j| call(j, 1, probs, att));
             }
         };
         let att = &mut s.att[..c.q_dim()];
         let probs = &mut s.probs[..c.n_heads * slots];
         if parallel {
-            att.par_chunks_mut(hd).zip(probs.par_chunks_mut(slots)).enumerate().for_each(attend);
+            att.par_chunks_mut(g * hd).zip(probs.par_chunks_mut(g * slots)).enumerate().for_each(attend);
         } else {
-            att.chunks_mut(hd).zip(probs.chunks_mut(slots)).enumerate().for_each(attend);
+            att.chunks_mut(g * hd).zip(probs.chunks_mut(g * slots)).enumerate().for_each(attend);
         }
         // members: their representative's probabilities, their own V
         if lh.reps.len() < c.n_heads {
@@ -622,6 +634,7 @@ impl Model {
                         hd,
                         scale,
                         &mut probs[i * visible..(i + 1) * visible],
+                        visible,
                         &mut row[r * hd..(r + 1) * hd],
                     );
                 }

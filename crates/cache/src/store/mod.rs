@@ -79,6 +79,14 @@ impl SlotRows for Rows<'_> {
             Rows::Paged(r) => r.row(slot, buf),
         }
     }
+    #[inline]
+    fn prefetch(&self, slot: usize) {
+        match self {
+            Rows::Dense(_) => {}
+            Rows::Coded(r) => r.prefetch(slot),
+            Rows::Paged(r) => r.prefetch(slot),
+        }
+    }
 }
 
 impl HeadSlots {

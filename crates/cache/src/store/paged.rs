@@ -17,7 +17,7 @@
 //! leaks into another's.
 
 use super::rows::RowBuf;
-use kvslim_kernels::attention::SlotRows;
+use kvslim_kernels::attention::{prefetch_bytes, SlotRows};
 use kvslim_kernels::kvquant::KvDtype;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -490,5 +490,20 @@ impl SlotRows for PagedRows<'_> {
         }
         let (rows, r) = self.locate(slot);
         rows.row(r, buf)
+    }
+
+    #[inline]
+    fn prefetch(&self, slot: usize) {
+        let (p, r) = self.split(slot);
+        match self.base.get(p) {
+            Some(&base) if base != 0 => {
+                prefetch_bytes((base as *const f32).wrapping_add(r * self.d).cast(), self.d * 4)
+            }
+            _ => {
+                if let Some(page) = self.pages.get(p).and_then(Option::as_ref) {
+                    page.rows.prefetch(r);
+                }
+            }
+        }
     }
 }

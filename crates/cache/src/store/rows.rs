@@ -4,7 +4,7 @@
 //! with another row's scale would still decode to finite numbers, so the
 //! mistake would never announce itself.
 
-use kvslim_kernels::attention::SlotRows;
+use kvslim_kernels::attention::{prefetch_bytes, SlotRows};
 use kvslim_kernels::kvquant::KvDtype;
 
 /// `rows` rows of `d` elements stored as `dtype`.
@@ -146,6 +146,12 @@ impl SlotRows for RowBuf {
         }
         self.read(slot, buf);
         buf
+    }
+
+    #[inline]
+    fn prefetch(&self, slot: usize) {
+        let w = &self.data[slot * self.row_words..(slot + 1) * self.row_words];
+        prefetch_bytes(w.as_ptr().cast(), w.len() * 4);
     }
 }
 
