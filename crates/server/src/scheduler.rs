@@ -343,6 +343,8 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
     loop {
         // intake: block only when there is nothing to do
         if running.is_empty() && waiting.is_empty() {
+            // idle: give recycled pages back (the prefix cache keeps its own)
+            pools.all().iter().for_each(PagePool::trim);
             match rx.recv() {
                 Ok(r) => waiting.push_back(r),
                 Err(_) => return,

@@ -99,7 +99,8 @@ impl PagePool {
         }
     }
 
-    /// Releases the free list's memory.
+    /// Releases the free list's memory (freed pages otherwise stay there for
+    /// reuse, so a pool holds its peak; a server trims when idle).
     pub fn trim(&self) {
         if let Ok(mut f) = self.inner.free.lock() {
             f.clear();
