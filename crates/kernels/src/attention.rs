@@ -26,7 +26,7 @@ pub trait SlotRows: Sync {
 }
 
 /// How many slots ahead the kernel prefetches.
-const PREFETCH_AHEAD: usize = 4;
+const PREFETCH_AHEAD: usize = 16;
 
 /// Software prefetch of the cache lines of `bytes` bytes from `ptr` (x86-64;
 /// a no-op elsewhere).
