@@ -1,8 +1,10 @@
 //! KV cache for one sequence: storage ([`store`]) and the policy that
-//! decides which slot to evict ([`policy`]). Storage owns slots; a policy
-//! only reads attention probabilities and picks victims through
-//! [`store::HeadSlots`]' small API. The attention math lives in
-//! `kvslim-kernels`.
+//! decides which slot to evict ([`policy`]). Storage owns slots — in fixed
+//! arrays or pages of a shared [`PagePool`], as f32, f16, int8 or 4-bit
+//! rows — and shows every layout to policies and the attention kernel in
+//! the same slot order; a policy only reads attention probabilities and
+//! picks victims through [`store::HeadSlots`]' small API. The attention
+//! math lives in `kvslim-kernels`.
 
 pub mod policy;
 pub mod rng;
