@@ -1,19 +1,10 @@
-//! The loaders on the real task files in `../shared/data` (skipped with a
-//! message when that folder is absent).
+//! The loaders on the real task files in `../shared/data`.
 
-use kvslim_eval::shared_dir;
 use kvslim_eval::tasks::{load_hellaswag, load_mc_jsonl, load_ppl_text, TaskData, TaskSpec};
-use std::path::PathBuf;
 
-fn data(rel: &str) -> Option<PathBuf> {
-    let p = shared_dir().join("data").join(rel);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("skipping: {} is absent", p.display());
-        None
-    }
-}
+mod common;
+
+use common::data;
 
 #[test]
 fn multiple_choice_files_load_with_their_item_counts() {
@@ -25,7 +16,7 @@ fn multiple_choice_files_load_with_their_item_counts() {
         ("boolq/boolq.jsonl", 3270, 2),
         ("hellaswag/hellaswag_small_llmfoundry.jsonl", 0, 4),
     ] {
-        let Some(p) = data(rel) else { return };
+        let p = data(rel);
         let items = load_mc_jsonl(&p, None).unwrap();
         if n > 0 {
             assert_eq!(items.len(), n, "{rel}");
@@ -38,15 +29,15 @@ fn multiple_choice_files_load_with_their_item_counts() {
             }
         }
     }
-    let Some(p) = data("piqa/piqa_llmfoundry.jsonl") else { return };
+    let p = data("piqa/piqa_llmfoundry.jsonl");
     let piqa = load_mc_jsonl(&p, None).unwrap();
     assert_eq!(piqa[0].context, "Question: How do I ready a guinea pig cage for it's new occupants?\nAnswer:");
     assert!(piqa[0].continuations[0].starts_with(" Provide the guinea pig"));
-    let Some(p) = data("boolq/boolq.jsonl") else { return };
+    let p = data("boolq/boolq.jsonl");
     let boolq = load_mc_jsonl(&p, None).unwrap();
     assert!(boolq[0].context.ends_with("?\nAnswer:"), "{:?}", &boolq[0].context);
     assert_eq!(boolq[0].continuations, [" no", " yes"]);
-    let Some(p) = data("copa/copa.jsonl") else { return };
+    let p = data("copa/copa.jsonl");
     let copa = load_mc_jsonl(&p, None).unwrap();
     assert_eq!(copa[0].context, "The man turned on the faucet, therefore");
     assert_eq!(copa[0].continuations[1], " water flowed from the spout.");
@@ -54,7 +45,7 @@ fn multiple_choice_files_load_with_their_item_counts() {
 
 #[test]
 fn hellaswag_bz2_has_10042_items() {
-    let Some(p) = data("hellaswag/hellaswag_val_full.txt.bz2") else { return };
+    let p = data("hellaswag/hellaswag_val_full.txt.bz2");
     let items = load_hellaswag(&p).unwrap();
     assert_eq!(items.len(), 10042);
     assert_eq!(items[0].context, "Roof shingle removal: A man is sitting on a roof. he");
@@ -71,7 +62,7 @@ fn hellaswag_bz2_has_10042_items() {
 
 #[test]
 fn wikitext_crlf_is_normalised() {
-    let Some(p) = data("wikitext2/wiki.test.raw") else { return };
+    let p = data("wikitext2/wiki.test.raw");
     let t = load_ppl_text(&p).unwrap();
     assert!(!t.text.contains('\r'));
     assert!(t.text.starts_with(" = Robert Boulter = \n"));

@@ -9,16 +9,10 @@ use kvslim_cache::{KvDtype, PolicySpec};
 use kvslim_engine::{perplexity, PerplexityOptions, Session};
 use kvslim_eval::results::to_csv;
 use kvslim_eval::{run_matrix, shared_dir, MatrixConfig, TaskSpec};
-use kvslim_models::{load_model, LoadedModel, Logits};
+use kvslim_models::{LoadedModel, Logits};
+mod common;
 
-fn stories() -> Option<LoadedModel> {
-    let p = shared_dir().join("models/stories260K/stories260K.bin");
-    if !p.exists() {
-        eprintln!("skipping: {} is absent", p.display());
-        return None;
-    }
-    Some(load_model(&p).unwrap())
-}
+use common::stories;
 
 fn story_ids(m: &LoadedModel, n: usize) -> Vec<u32> {
     let text = std::fs::read_to_string(shared_dir().join("data/tinystories/tinystories_val.txt")).unwrap();
@@ -36,7 +30,7 @@ fn opts(spec: &str, from: Option<KvDtype>) -> PerplexityOptions {
 
 #[test]
 fn decisions_from_rejects_the_same_dtype_and_head_policies() {
-    let Some(m) = stories() else { return };
+    let m = stories();
     let ids = story_ids(&m, 32);
     let e = perplexity(&m.model, &ids, &opts("h2o:heavy=8,recent=8,kv_dtype=f32", Some(KvDtype::F32)), |_, _| {})
         .unwrap_err()
@@ -60,7 +54,7 @@ fn decisions_from_rejects_the_same_dtype_and_head_policies() {
 /// after every token, in decode steps and in streamed prefill chunks.
 #[test]
 fn follower_keeps_the_reference_sets_at_every_step() {
-    let Some(m) = stories() else { return };
+    let m = stories();
     let n = 200;
     let ids = story_ids(&m, n);
     // streamed prefill hands the kept sets over between chunks; page
@@ -98,7 +92,7 @@ fn follower_keeps_the_reference_sets_at_every_step() {
 
 #[test]
 fn mode_a_follows_f32_decisions_and_stays_close_to_f32() {
-    let Some(m) = stories() else { return };
+    let m = stories();
     let ids = story_ids(&m, 300);
     let f32_run = perplexity(&m.model, &ids, &opts("h2o:heavy=24,recent=24", None), |_, _| {}).unwrap();
     let mode_a =
@@ -124,7 +118,7 @@ fn mode_a_follows_f32_decisions_and_stays_close_to_f32() {
 
 #[test]
 fn paged_statistics_in_reports() {
-    let Some(m) = stories() else { return };
+    let m = stories();
     let ids = story_ids(&m, 200);
     let fixed = perplexity(&m.model, &ids, &opts("h2o:heavy=16,recent=16", None), |_, _| {}).unwrap();
     assert!(fixed.paged.is_none());
@@ -151,7 +145,7 @@ fn paged_statistics_in_reports() {
 
 #[test]
 fn matrix_rows_carry_paged_metrics_and_decisions() {
-    let Some(m) = stories() else { return };
+    let m = stories();
     let tok = m.tokenizer.as_ref().unwrap();
     let data = shared_dir().join("data/tinystories/tinystories_val.txt");
     let task = TaskSpec::parse(&format!("ppl:{},seq_len=96,limit=2", data.display())).unwrap();

@@ -1,6 +1,5 @@
-//! Scoring and the matrix on the real 260K-parameter TinyStories model
-//! (skipped with a message when `../shared` is absent). Kept small: the
-//! whole file runs in a few seconds.
+//! Scoring and the matrix on the real 260K-parameter TinyStories model.
+//! Kept small: the whole file runs in a few seconds.
 
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{perplexity, PerplexityOptions};
@@ -11,17 +10,10 @@ use kvslim_eval::{
     run_matrix, score_choices, shared_dir, BudgetedPolicy, MatrixConfig, MatrixEvent, McTally, ResultsLog, ScoreMode,
     TaskSpec,
 };
-use kvslim_models::{load_model, LoadedModel};
 use std::path::PathBuf;
+mod common;
 
-fn stories() -> Option<LoadedModel> {
-    let p = shared_dir().join("models/stories260K/stories260K.bin");
-    if !p.exists() {
-        eprintln!("skipping: {} is absent", p.display());
-        return None;
-    }
-    Some(load_model(&p).unwrap())
-}
+use common::stories;
 
 fn story_item() -> McItem {
     let ctx = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. \
@@ -36,7 +28,7 @@ One day, she saw a big dog. The dog was very friendly and wanted to play with Li
 
 #[test]
 fn modes_agree_under_the_full_cache_and_match_perplexity() {
-    let Some(m) = stories() else { return };
+    let m = stories();
     let tok = m.tokenizer.as_ref().unwrap();
     let item = story_item();
     let (ctx, choices) = encode_item(tok, &item).unwrap();
@@ -64,7 +56,7 @@ fn modes_agree_under_the_full_cache_and_match_perplexity() {
 
 #[test]
 fn full_budget_matches_full_and_small_budgets_change_scores() {
-    let Some(m) = stories() else { return };
+    let m = stories();
     let tok = m.tokenizer.as_ref().unwrap();
     let item = story_item();
     let (ctx, choices) = encode_item(tok, &item).unwrap();
@@ -84,7 +76,7 @@ fn full_budget_matches_full_and_small_budgets_change_scores() {
 
 #[test]
 fn smoke_accuracy_on_real_items() {
-    let Some(m) = stories() else { return };
+    let m = stories();
     let tok = m.tokenizer.as_ref().unwrap();
     let dir = shared_dir().join("data");
     let copa = load_mc_jsonl(&dir.join("copa/copa.jsonl"), None).unwrap();
@@ -117,7 +109,7 @@ impl Drop for TempDir {
 
 #[test]
 fn matrix_end_to_end_and_resume() {
-    let Some(m) = stories() else { return };
+    let m = stories();
     let tok = m.tokenizer.as_ref().unwrap();
     let tmp = TempDir(std::env::temp_dir().join(format!("kvslim-eval-matrix-{}", std::process::id())));
     std::fs::create_dir_all(&tmp.0).unwrap();

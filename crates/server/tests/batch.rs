@@ -6,13 +6,9 @@ use kvslim_engine::sampling::argmax;
 use kvslim_engine::{generate, GenerateOptions, SamplingParams, Session};
 use kvslim_models::transformer::{BatchItem, BatchScratch};
 use kvslim_models::{load_model, LoadedModel, Logits};
-use std::path::PathBuf;
+mod common;
 
-fn shared() -> PathBuf {
-    std::env::var("KVSLIM_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
+use common::shared;
 
 /// Per sequence: full, window, h2o, sink, CHAI, H2O+CHAI, CHAI-static, full.
 fn policies(m: &LoadedModel) -> Vec<String> {

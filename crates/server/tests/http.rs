@@ -4,34 +4,14 @@
 
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{generate, GenerateOptions, SamplingParams};
-use kvslim_models::{load_model, LoadedModel};
+use kvslim_models::LoadedModel;
 use kvslim_server::http_client::{self, Response};
-use kvslim_server::{AppState, Limits, ServerConfig};
+use kvslim_server::Limits;
 use serde_json::{json, Value};
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
+mod common;
 
-fn shared() -> PathBuf {
-    std::env::var("KVSLIM_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
-
-fn stories() -> LoadedModel {
-    load_model(&shared().join("models/stories260K/stories260K.bin")).expect("load stories260K")
-}
-
-/// Starts a server on a free loopback port; returns `host:port`.
-fn start(limits: Limits) -> String {
-    let m = stories();
-    let config = ServerConfig { policy: PolicySpec::full(), limits, model_name: "stories260k".into() };
-    let state = AppState::new(Arc::new(m.model), Arc::new(m.tokenizer.expect("tokenizer")), config);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    std::thread::spawn(move || kvslim_server::serve_blocking(listener, state, 2));
-    addr
-}
+use common::{metric, start, stories};
 
 fn default_limits() -> Limits {
     Limits { kv_memory: 64 << 20, max_batch: 16, queue_limit: 64, ..Limits::default() }
@@ -39,14 +19,6 @@ fn default_limits() -> Limits {
 
 fn post(addr: &str, path: &str, body: &Value) -> Response {
     http_client::request(addr, "POST", path, Some(&body.to_string())).unwrap()
-}
-
-fn metric(addr: &str, name: &str) -> f64 {
-    let r = http_client::request(addr, "GET", "/metrics", None).unwrap();
-    r.text()
-        .lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).map(|v| v.parse().unwrap()))
-        .unwrap_or_else(|| panic!("metric {name} missing"))
 }
 
 /// Collects an SSE stream's `data:` payloads up to `[DONE]`.

@@ -3,33 +3,23 @@
 //! between requests, prefix reuse only where it is exact, storage keys in
 //! `kv_policy`, and admission by worst-case pages.
 
-use kvslim_cache::{KvDtype, PagePool, PolicySpec};
-use kvslim_models::load_model;
+use kvslim_cache::{KvDtype, PagePool};
 use kvslim_server::http_client::{self, Response};
-use kvslim_server::{AppState, Limits, ServerConfig};
+use kvslim_server::Limits;
 use serde_json::{json, Value};
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
+mod common;
+
+use common::{metric, stories};
 
 const LAYERS: usize = 5;
 const KV_HEADS: usize = 4;
 
-fn shared() -> PathBuf {
-    std::env::var("KVSLIM_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
-
+/// A stories260K server (its shape is what the page arithmetic below assumes).
 fn start(limits: Limits) -> String {
-    let m = load_model(&shared().join("models/stories260K/stories260K.bin")).expect("load stories260K");
-    assert_eq!((m.model.config.n_layers, m.model.config.n_kv_heads, m.model.config.head_dim), (LAYERS, KV_HEADS, 8));
-    let config = ServerConfig { policy: PolicySpec::full(), limits, model_name: "stories260k".into() };
-    let state = AppState::new(Arc::new(m.model), Arc::new(m.tokenizer.expect("tokenizer")), config);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    std::thread::spawn(move || kvslim_server::serve_blocking(listener, state, 2));
-    addr
+    let c = stories().model.config;
+    assert_eq!((c.n_layers, c.n_kv_heads, c.head_dim), (LAYERS, KV_HEADS, 8));
+    common::start(limits)
 }
 
 fn limits(kv_page_size: usize, prefix_cache: usize) -> Limits {
@@ -38,14 +28,6 @@ fn limits(kv_page_size: usize, prefix_cache: usize) -> Limits {
 
 fn post(addr: &str, body: &Value) -> Response {
     http_client::request(addr, "POST", "/v1/completions", Some(&body.to_string())).unwrap()
-}
-
-fn metric(addr: &str, name: &str) -> f64 {
-    let r = http_client::request(addr, "GET", "/metrics", None).unwrap();
-    r.text()
-        .lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).map(|v| v.parse().unwrap()))
-        .unwrap_or_else(|| panic!("metric {name} missing"))
 }
 
 /// A prompt of `n` token ids (BOS first).

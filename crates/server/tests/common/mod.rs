@@ -1,0 +1,41 @@
+//! Helpers shared by the server tests: the stories260K model from
+//! `../shared`, a server on a free port, and reading `/metrics`.
+#![allow(dead_code)] // each test crate uses its own subset
+
+use kvslim_cache::PolicySpec;
+use kvslim_models::{load_model, LoadedModel};
+use kvslim_server::http_client;
+use kvslim_server::{AppState, Limits, ServerConfig};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The shared models/data folder (`KVSLIM_SHARED`, or `../shared` beside the repository).
+pub fn shared() -> PathBuf {
+    std::env::var("KVSLIM_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+}
+
+pub fn stories() -> LoadedModel {
+    load_model(&shared().join("models/stories260K/stories260K.bin")).expect("load stories260K")
+}
+
+/// Starts a stories260K server on a free loopback port; returns `host:port`.
+pub fn start(limits: Limits) -> String {
+    let m = stories();
+    let config = ServerConfig { policy: PolicySpec::full(), limits, model_name: "stories260k".into() };
+    let state = AppState::new(Arc::new(m.model), Arc::new(m.tokenizer.expect("tokenizer")), config);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || kvslim_server::serve_blocking(listener, state, 2));
+    addr
+}
+
+/// The value of a `/metrics` line.
+pub fn metric(addr: &str, name: &str) -> f64 {
+    let r = http_client::request(addr, "GET", "/metrics", None).unwrap();
+    r.text()
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).map(|v| v.parse().unwrap()))
+        .unwrap_or_else(|| panic!("metric {name} missing"))
+}
