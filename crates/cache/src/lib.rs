@@ -111,6 +111,38 @@ impl SequenceCache {
         })
     }
 
+    /// Cuts the sequence back to its first `len` tokens, as if only they had
+    /// been fed: possible only while no token was evicted or reordered
+    /// (every head holds positions `0..` in order, as under `full`) and no
+    /// head sharing was set up from later tokens. Paged K/V beyond `len`
+    /// are released; pages shared with a clone stay shared. Used to fork a
+    /// cached prompt at the prefix two prompts have in common.
+    pub fn truncate(&mut self, len: usize) -> Result<(), String> {
+        if self.heads.is_some() {
+            return Err("a cache with head sharing cannot be cut back".into());
+        }
+        if len > self.next_pos {
+            return Err(format!("cannot cut a cache of {} tokens back to {len}", self.next_pos));
+        }
+        for l in 0..self.store.layers() {
+            for h in 0..self.store.kv_heads() {
+                let p = self.store.head(l, h).positions();
+                if p.len() != self.next_pos || p.iter().enumerate().any(|(i, &q)| q as usize != i) {
+                    return Err(format!(
+                        "layer {l} KV head {h} no longer holds positions 0..{} in order",
+                        self.next_pos
+                    ));
+                }
+            }
+        }
+        let keep: Vec<usize> = (0..len).collect();
+        for l in 0..self.store.layers() {
+            self.store.layer_mut(l).iter_mut().for_each(|h| h.retain_slots(&keep));
+        }
+        self.next_pos = len;
+        Ok(())
+    }
+
     /// Records that `n` tokens were appended (a decode step or a prefill
     /// chunk) and compacts the pages when the interval has passed.
     pub fn advance(&mut self, n: usize) {
@@ -133,5 +165,40 @@ impl SequenceCache {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache_of(spec: &str, n: u32) -> SequenceCache {
+        let shape = CacheShape { layers: 2, heads: 2, kv_heads: 1, head_dim: 4 };
+        let mut c = SequenceCache::new(&PolicySpec::parse(spec).unwrap(), shape, 64, 64).unwrap();
+        for p in 0..n {
+            for l in 0..2 {
+                c.store.head_mut(l, 0).push(p, &[p as f32; 4], &[-(p as f32); 4]).unwrap();
+            }
+            c.advance(1);
+        }
+        c
+    }
+
+    #[test]
+    fn truncate_cuts_a_fork_back_to_a_prefix() {
+        let original = cache_of("full:page=4", 10);
+        let mut fork = original.clone();
+        fork.truncate(6).unwrap();
+        assert_eq!(fork.next_pos, 6);
+        let h = fork.store.head(1, 0);
+        assert_eq!(h.positions(), &[0, 1, 2, 3, 4, 5]);
+        assert_eq!(h.decoded_values(), (0..6).flat_map(|p| [-(p as f32); 4]).collect::<Vec<_>>());
+        assert_eq!(h.page_counts().unwrap().pages, 2, "pages past the prefix are released");
+        assert_eq!(original.store.head(1, 0).len(), 10, "the original keeps its tokens");
+        assert!(fork.truncate(7).is_err(), "cannot grow");
+        // after an eviction the slots are no longer the positions in order
+        let mut evicted = cache_of("full", 5);
+        evicted.store.head_mut(0, 0).evict(1);
+        assert!(evicted.truncate(2).unwrap_err().contains("positions"));
     }
 }

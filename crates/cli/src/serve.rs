@@ -35,7 +35,8 @@ pub struct Args {
     kv_page_size: usize,
     /// Entries of the prompt-prefix cache (LRU; 0 = off). A request whose
     /// prompt (and policy) was prefilled before forks that cache instead of
-    /// prefilling; under `full` a cached strict prefix is extended. Paged
+    /// prefilling; under `full` a prompt sharing a common prefix of at least
+    /// a page with a cached one forks it cut back to that prefix. Paged
     /// policies only.
     #[arg(long, default_value_t = 16)]
     prefix_cache: usize,

@@ -251,8 +251,9 @@ struct PrefixHit {
     logits: Option<Vec<f32>>,
 }
 
-/// Whether feeding more tokens into a cache of this policy gives exactly
-/// what one prefill of the longer prompt gives: no eviction (`full`), no
+/// Whether a cache of this policy can be cut back to a prefix and fed the
+/// rest, giving what one prefill of the whole prompt gives (up to the
+/// rounding of a different chunking): no eviction (`full`), no
 /// head sharing (its clustering depends on the prefill), no compaction, no
 /// quantized storage (a prefill attends to its own chunk's exact keys).
 fn extendable(policy: &PolicySpec) -> bool {
@@ -264,29 +265,38 @@ fn extendable(policy: &PolicySpec) -> bool {
 }
 
 impl PrefixCache {
-    /// The longest usable entry for `prompt` under `spec`: the same prompt
-    /// (any policy), or a strict prefix of it when the policy is
-    /// [`extendable`]. `capacity` is the slots the request needs; a stored
-    /// cache built for fewer does not qualify.
+    /// The most useful entry for `prompt` under `spec`: the same prompt (any
+    /// policy), or — when the policy is [`extendable`] — the entry sharing
+    /// the longest common prefix with it (at least a page), forked and cut
+    /// back to that prefix (at least one prompt token is left to feed, for
+    /// its logits).
+    /// `capacity` is the slots the request needs; a stored cache built for
+    /// fewer does not qualify.
     fn lookup(&mut self, spec: &str, policy: &PolicySpec, prompt: &[u32], capacity: usize) -> Option<PrefixHit> {
         let ext = extendable(policy);
-        let best = self
+        let min_shared = policy.storage.page_size.unwrap_or(1);
+        let common = |e: &PrefixEntry| e.prompt.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let (best, reuse) = self
             .entries
             .iter()
             .enumerate()
             .filter(|(_, e)| e.spec == spec && e.cache.store.head(0, 0).capacity() >= capacity)
-            .filter(|(_, e)| {
-                e.prompt == prompt || (ext && e.prompt.len() < prompt.len() && prompt.starts_with(&e.prompt))
+            .filter_map(|(i, e)| match common(e) {
+                n if n == prompt.len() && n == e.prompt.len() => Some((i, n)),
+                // less than a page would share nothing but a page copied at once
+                n if ext => Some((i, n.min(prompt.len() - 1))).filter(|&(_, r)| r >= min_shared),
+                _ => None,
             })
-            .max_by_key(|(_, e)| e.prompt.len())
-            .map(|(i, _)| i)?;
+            .max_by_key(|&(_, r)| r)?;
         let e = self.entries.remove(best).expect("index from the scan");
-        let hit = PrefixHit {
-            // always a clone: a live request never shares a SequenceCache
-            cache: e.cache.clone(),
-            reused: e.prompt.len(),
-            logits: (e.prompt.len() == prompt.len()).then(|| e.logits.clone()),
-        };
+        // always a clone: a live request never shares a SequenceCache
+        let mut cache = e.cache.clone();
+        let whole = reuse == e.prompt.len() && reuse == prompt.len();
+        if reuse < e.prompt.len() && cache.truncate(reuse).is_err() {
+            self.entries.push_back(e);
+            return None;
+        }
+        let hit = PrefixHit { cache, reused: reuse, logits: whole.then(|| e.logits.clone()) };
         self.entries.push_back(e);
         Some(hit)
     }

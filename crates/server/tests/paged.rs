@@ -112,6 +112,39 @@ fn concurrent_forks_equal_alone() {
     }
 }
 
+/// Two prompts with a common start (a shared system prompt, say) then
+/// different endings: under `full` the second forks the first's cache cut
+/// back to the common prefix, and still produces what it produces alone.
+#[test]
+fn a_common_prefix_of_different_prompts_is_shared_under_full() {
+    let addr = start(limits(16, 16));
+    let system = prompt(21, 5);
+    let with = |salt: u32, n: usize| {
+        let mut p = system.clone();
+        p.extend(prompt(n + 1, salt).into_iter().skip(1));
+        p
+    };
+    let (a, b) = (with(1, 10), with(2, 12));
+    assert_eq!(a.iter().zip(&b).take_while(|(x, y)| x == y).count(), 21, "prompts differ right after the prefix");
+    complete(&addr, body(&a, 4, 0.0, 0, "full"));
+    let bb = body(&b, 30, 0.0, 0, "full");
+    let (text, _, reused) = complete(&addr, bb.clone());
+    assert_eq!(reused, 21, "the common prefix is reused");
+    assert_eq!(text, alone(&bb));
+    // a prompt that is a strict prefix of a cached one: all but its last token reused
+    let c = body(&a[..27], 20, 0.0, 0, "full");
+    let (text, _, reused) = complete(&addr, c.clone());
+    assert_eq!(reused, 26);
+    assert_eq!(text, alone(&c));
+    // less than a page in common is not worth a fork
+    let (_, _, reused) = complete(&addr, body(&prompt(40, 77), 4, 0.0, 0, "full"));
+    assert_eq!(reused, 0);
+    // under h2o only identical prompts are reused
+    complete(&addr, body(&a, 4, 0.0, 0, "h2o:heavy=8,recent=8,page=16"));
+    let (_, _, reused) = complete(&addr, body(&b, 4, 0.0, 0, "h2o:heavy=8,recent=8,page=16"));
+    assert_eq!(reused, 0);
+}
+
 #[test]
 fn strict_prefix_is_reused_under_full_but_not_under_h2o() {
     let addr = start(limits(16, 16));
