@@ -209,6 +209,10 @@ impl PagedKv {
         self.page_size
     }
 
+    pub fn dtype(&self) -> KvDtype {
+        self.pool.dtype()
+    }
+
     pub fn has_keys(&self) -> bool {
         self.has_keys
     }
