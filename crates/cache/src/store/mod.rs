@@ -128,14 +128,6 @@ impl HeadSlots {
         self.head_dim
     }
 
-    /// How K and V rows are stored.
-    pub fn kv_dtype(&self) -> KvDtype {
-        match &self.kv {
-            Kv::Slots { values, .. } => values.dtype(),
-            Kv::Paged(p) => p.dtype(),
-        }
-    }
-
     /// Tokens per page (`None` for the fixed-slot layout).
     pub fn page_size(&self) -> Option<usize> {
         match &self.kv {

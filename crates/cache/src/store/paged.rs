@@ -209,10 +209,6 @@ impl PagedKv {
         self.page_size
     }
 
-    pub fn dtype(&self) -> KvDtype {
-        self.pool.dtype()
-    }
-
     pub fn has_keys(&self) -> bool {
         self.has_keys
     }
