@@ -43,3 +43,24 @@ fn broken_tokenizer_json_is_a_clear_error() {
     assert!(e.contains("tokenizer.json"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Streaming ids one at a time prints exactly the text of decoding them all
+/// at once (spaces, multi-byte characters split over byte tokens included),
+/// with both tokenizer families.
+#[test]
+fn streamed_pieces_add_up_to_the_whole_decode() {
+    use kvslim_models::tokenizer::StreamDecoder;
+    let text = "Once upon a time, Zoë saw 3 ducks — “quack” — and said: ¿dónde está el 日本語 café? 🙂 The end.";
+    for model in ["models/stories260K/stories260K.bin", "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"]
+    {
+        let m = kvslim_models::load_model(&shared().join(model)).unwrap();
+        let tok = m.tokenizer.as_ref().unwrap();
+        let ids = tok.encode(text).unwrap();
+        let mut stream = StreamDecoder::new();
+        let mut out = String::new();
+        for &id in &ids {
+            out.push_str(&stream.push(tok, id).unwrap());
+        }
+        assert_eq!(out, tok.decode(&ids).unwrap(), "{model}");
+    }
+}

@@ -111,10 +111,7 @@ fn batched_greedy_equals_solo_stories260k() {
 #[test]
 fn batched_greedy_equals_solo_smollm2() {
     let path = shared().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if !path.exists() {
-        eprintln!("skipping: {} not found", path.display());
-        return;
-    }
+    assert!(path.exists(), "{} is absent: the tests need ../shared (or KVSLIM_SHARED)", path.display());
     let m = load_model(&path).expect("load SmolLM2");
     check_model(&m, 12);
 }

@@ -71,10 +71,15 @@ impl Tokenizer {
 
 /// Turns a growing list of ids into text pieces for a terminal: only
 /// complete UTF-8 is emitted, and decoding context is kept so word-initial
-/// spaces come out right.
+/// spaces come out right. Each step decodes a short window (from the
+/// start of the previous piece), not the whole text, so streaming n tokens
+/// costs O(n) rather than O(n²).
 pub struct StreamDecoder {
     ids: Vec<u32>,
-    emitted: usize,
+    /// Window start: the first id of the piece emitted before the last one.
+    prefix: usize,
+    /// Ids up to here have been emitted.
+    read: usize,
 }
 
 impl Default for StreamDecoder {
@@ -85,18 +90,24 @@ impl Default for StreamDecoder {
 
 impl StreamDecoder {
     pub fn new() -> Self {
-        StreamDecoder { ids: Vec::new(), emitted: 0 }
+        StreamDecoder { ids: Vec::new(), prefix: 0, read: 0 }
     }
 
     /// Adds one id and returns the newly printable text (possibly empty).
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String> {
         self.ids.push(id);
-        let text = tok.decode(&self.ids)?;
-        if text.ends_with('\u{fffd}') || text.len() < self.emitted {
-            return Ok(String::new());
+        // both decodes start at the same id, so a decoder that drops the
+        // first token's leading space drops it from both
+        let before = tok.decode(&self.ids[self.prefix..self.read])?;
+        let text = tok.decode(&self.ids[self.prefix..])?;
+        match text.strip_prefix(before.as_str()) {
+            Some(new) if !new.is_empty() && !new.ends_with('\u{fffd}') => {
+                let new = new.to_string();
+                self.prefix = self.read;
+                self.read = self.ids.len();
+                Ok(new)
+            }
+            _ => Ok(String::new()),
         }
-        let new = text[self.emitted..].to_string();
-        self.emitted = text.len();
-        Ok(new)
     }
 }
