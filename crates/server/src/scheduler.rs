@@ -19,6 +19,7 @@ use crate::metrics::Metrics;
 use kvslim_cache::policy::TokenPolicySpec;
 use kvslim_cache::{KvDtype, PagePool, PolicySpec, SequenceCache};
 use kvslim_engine::{Sampler, SamplingParams, Session};
+use kvslim_models::tokenizer::StreamDecoder;
 use kvslim_models::transformer::{BatchItem, BatchScratch};
 use kvslim_models::{Logits, Model, Tokenizer};
 use std::collections::VecDeque;
@@ -326,7 +327,11 @@ struct Running<'m> {
     /// Token to feed at the next decode step.
     next: u32,
     generated: Vec<u32>,
-    /// Bytes of decoded text already sent.
+    /// The generated text so far (complete UTF-8 only), decoded token by
+    /// token without re-decoding the whole output each step.
+    text: String,
+    stream: StreamDecoder,
+    /// Bytes of `text` already sent.
     sent: usize,
     finished: Option<&'static str>,
     cancelled: bool,
@@ -481,6 +486,8 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
         req,
         next: 0,
         generated: Vec::new(),
+        text: String::new(),
+        stream: StreamDecoder::new(),
         sent: 0,
         finished: None,
         cancelled: false,
@@ -553,7 +560,7 @@ fn run_beams(model: &Model, tok: &Tokenizer, m: &Metrics, pools: &Pools, r: &mut
                 }
             }
             r.finished = Some(if best.eos { "stop" } else { "length" });
-            flush(tok, r, None);
+            flush(tok, r);
         }
         Err(e) => {
             let _ = r.req.events.send(Event::Error(format!("beam search failed: {e}")));
@@ -592,22 +599,18 @@ fn release(m: &Metrics, r: &mut Running<'_>) {
 fn on_token(tok: &Tokenizer, m: &Metrics, r: &mut Running<'_>, id: u32) {
     if tok.is_eos(id) {
         r.finished = Some("stop");
-        flush(tok, r, None);
+        flush(tok, r);
         return;
     }
     r.generated.push(id);
     r.next = id;
     m.generated_tokens_total.fetch_add(1, Relaxed);
-    let text = tok.decode(&r.generated).unwrap_or_default();
+    let piece = r.stream.push(tok, id).unwrap_or_default();
+    r.text.push_str(&piece);
     let done_by_length = r.generated.len() >= r.req.max_tokens;
-    if text.len() < r.sent || !text.is_char_boundary(r.sent) {
-        if done_by_length {
-            r.finished = Some("length");
-        }
-        return;
-    }
     // earliest complete stop string in the unsent text (and a little before
     // it, in case a stop string straddles the boundary)
+    let text = &r.text;
     let mut search = r.sent.saturating_sub(r.req.stop.iter().map(String::len).max().unwrap_or(0));
     while !text.is_char_boundary(search) {
         search -= 1;
@@ -615,17 +618,15 @@ fn on_token(tok: &Tokenizer, m: &Metrics, r: &mut Running<'_>, id: u32) {
     let hit = r.req.stop.iter().filter(|s| !s.is_empty()).filter_map(|s| text[search..].find(s.as_str())).min();
     if let Some(at) = hit {
         let end = (search + at).max(r.sent);
-        send(r, &text[r.sent..end]);
+        let piece = text[r.sent..end].to_string();
+        send(r, &piece);
         r.sent = end;
         r.finished = Some("stop");
         return;
     }
     if done_by_length {
         r.finished = Some("length");
-        flush(tok, r, Some(text));
-        return;
-    }
-    if text.ends_with('\u{fffd}') {
+        flush(tok, r);
         return;
     }
     // hold back a tail that could be the start of a stop string
@@ -638,14 +639,16 @@ fn on_token(tok: &Tokenizer, m: &Metrics, r: &mut Running<'_>, id: u32) {
         .unwrap_or(0);
     let end = text.len() - hold;
     if end > r.sent {
-        send(r, &text[r.sent..end]);
+        let piece = text[r.sent..end].to_string();
+        send(r, &piece);
         r.sent = end;
     }
 }
 
-/// Sends whatever text is left unsent.
-fn flush(tok: &Tokenizer, r: &mut Running<'_>, text: Option<String>) {
-    let text = text.unwrap_or_else(|| tok.decode(&r.generated).unwrap_or_default());
+/// Sends whatever text is left unsent: the whole output decoded once, so
+/// bytes of a character the stream still held back come out too.
+fn flush(tok: &Tokenizer, r: &mut Running<'_>) {
+    let text = tok.decode(&r.generated).unwrap_or_default();
     if text.len() > r.sent && text.is_char_boundary(r.sent) {
         let piece = text[r.sent..].to_string();
         send(r, &piece);
