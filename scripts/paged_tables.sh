@@ -32,18 +32,18 @@ python3 - "$OUT" <<'EOF'
 import glob, json, sys
 out = sys.argv[1]
 rows = [json.load(open(f)) for f in sorted(glob.glob(f"{out}/ppl-*.json"), key=lambda f: int(f.split("-")[-1][:-5]))]
-print("| policy | ppl | KL vs full | pages peak / final | KV MiB peak | fragmentation (mean) | moved B/step | decode ms/step |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
+print("| policy | ppl | KL vs full | pages peak / final | KV MiB peak | fragmentation (mean) | moved B/step | decode ms/step | decode tok/s |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     p = r.get("paged")
     kl = r.get("compare_full", {}).get("kl_mean")
-    print("| `{}` | {:.3f} | {} | {} | {:.2f} | {} | {} | {:.1f} |".format(
+    print("| `{}` | {:.3f} | {} | {} | {:.2f} | {} | {} | {:.1f} | {:.0f} |".format(
         r["policy"], r["ppl"], "-" if kl is None else f"{kl:.4f}",
         f"{p['pages_peak']} / {p['pages_final']}" if p else "-",
         r["kv_bytes_peak"] / 2**20,
         f"{p['fragmentation_mean_pct']:.1f}%" if p else "-",
         f"{p['bytes_moved_per_step']:.0f}" if p else "-",
-        r["decode_ms_median"]))
+        r["decode_ms_median"], 1000 / r["decode_ms_median"]))
 EOF
 
 P="$OUT/plan.json"
