@@ -154,3 +154,16 @@ pub fn random_model(config: ModelConfig, dtype: DType, seed: u64, qk_gain: f32) 
     };
     Ok(Model::new(config, weights)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_wider_than_the_attention_kernel_is_an_error() {
+        let wide = llama_config(1, 1024, 64, 1, 1, 1024, 16);
+        let e = random_model(wide, DType::F32, 1, 1.0).err().expect("head_dim 1024 is refused").to_string();
+        assert!(e.contains("head_dim 1024 exceeds"), "{e}");
+        assert!(random_model(llama_config(1, 64, 64, 1, 1, 64, 16), DType::F32, 1, 1.0).is_ok());
+    }
+}

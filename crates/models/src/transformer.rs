@@ -167,6 +167,11 @@ impl Model {
                 check(&format!("layer {i} gate"), dims(&g.weight), (c.ffn_size, c.hidden_size))?;
             }
         }
+        let max_hd = kvslim_kernels::attention::MAX_HEAD_DIM;
+        if c.head_dim > max_hd {
+            let reason = format!("head_dim {} exceeds the {max_hd} the attention kernel supports", c.head_dim);
+            return Err(Error::Format { path: "<model>".into(), reason });
+        }
         let bf16 = weights.token_embedding.dtype() == kvslim_kernels::DType::BF16;
         let rope = config.rope.map(|r| {
             let rope = Rope::new(r.theta, r.rotary_dim, r.layout);
