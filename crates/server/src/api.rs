@@ -11,7 +11,9 @@
 //! * `usage.kv_bytes_allocated` is the request's KV reservation;
 //!   `usage.prompt_tokens_reused` the prompt tokens taken from the prefix
 //!   cache.
-//! * A policy without `page=` gets the server's `--kv-page-size`.
+//! * A `full` policy without `page=` gets the server's `--kv-page-size`, and
+//!   `compact=`/`page_score=` imply it; token eviction otherwise stays on
+//!   fixed slots (see `scheduler::apply_default_page`).
 
 use crate::chat::ChatMessage;
 use crate::scheduler::{apply_default_page, kv_bytes_for, Event, Finish, Request, SubmitError};
@@ -253,9 +255,9 @@ fn submit(
     }
 }
 
-/// Parses a request's `kv_policy`. With a server page size, a policy
-/// without `page=` is paged by default, so `compact=`/`page_score=` are
-/// accepted without it (the original error is returned if that fails too).
+/// Parses a request's `kv_policy`. With a server page size, `compact=` and
+/// `page_score=` are accepted without `page=` (they get the server's page
+/// size; the original error is returned if that fails too).
 fn parse_policy(text: &str, page_size: usize) -> Result<PolicySpec, kvslim_cache::PolicySpecError> {
     let err = match PolicySpec::parse(text) {
         Ok(p) => return Ok(p),
