@@ -144,7 +144,8 @@ impl SequenceCache {
     }
 
     /// Records that `n` tokens were appended (a decode step or a prefill
-    /// chunk) and compacts the pages when the interval has passed.
+    /// chunk): compacts the pages when the interval has passed, and
+    /// clusters CHAI heads once the probe's last token is in.
     pub fn advance(&mut self, n: usize) {
         self.next_pos += n;
         if let Some(every) = self.compact_every {
@@ -152,6 +153,11 @@ impl SequenceCache {
             if self.steps_since_compact >= every {
                 self.store.compact();
                 self.steps_since_compact = 0;
+            }
+        }
+        if let Some(h) = self.heads.as_mut() {
+            if h.collecting_probe() && self.next_pos >= h.probe_len() {
+                h.finish(&mut self.store);
             }
         }
     }

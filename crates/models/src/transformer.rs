@@ -319,11 +319,6 @@ impl Model {
             );
         }
         cache.advance(n);
-        if let Some(h) = cache.heads.as_mut() {
-            if h.collecting_probe() && cache.next_pos >= h.probe_len() {
-                h.finish(&mut cache.store);
-            }
-        }
 
         if logit_rows > 0 {
             let first = n - logit_rows;
@@ -881,15 +876,7 @@ impl Model {
                 false,
             );
         }
-        for it in items.iter_mut() {
-            let cache = &mut *it.cache;
-            cache.advance(1);
-            if let Some(h) = cache.heads.as_mut() {
-                if h.collecting_probe() && cache.next_pos >= h.probe_len() {
-                    h.finish(&mut cache.store);
-                }
-            }
-        }
+        items.iter_mut().for_each(|it| it.cache.advance(1));
         norm_rows(c.norm, &w.final_norm, c.norm_eps, &s.x, &mut s.xn, d);
         w.output().matmul(&s.xn, n, &mut s.logits);
         Ok(())
