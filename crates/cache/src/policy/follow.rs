@@ -93,20 +93,16 @@ impl CachePolicy for FollowDecisions {
     /// already checked).
     fn after_decode_step(&mut self, layer: usize, kv_head: usize, slots: &mut HeadSlots, _probs: &[f32]) -> &[usize] {
         self.victims.clear();
-        let mut drop = Vec::new();
-        let found = self.wanted(layer, kv_head, |set| {
+        let sets = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(set) = sets.get(layer).and_then(|l| l.get(kv_head)) {
             for (i, p) in slots.positions().iter().enumerate().rev() {
                 if set.binary_search(p).is_err() {
-                    drop.push(i);
+                    self.victims.push(i);
                 }
             }
-        });
-        if found.is_some() {
-            for &i in &drop {
-                slots.evict(i);
-            }
-            self.victims = drop;
         }
+        drop(sets);
+        self.victims.iter().for_each(|&i| slots.evict(i));
         &self.victims
     }
 

@@ -93,7 +93,8 @@ pub struct EvictionEvent {
     /// step − victim_pos.
     pub victim_age: u32,
     /// Lowest score still eligible for eviction after the step minus the
-    /// victim's score (≥ 0; how close the decision was).
+    /// victim's score (how close the decision was: ≥ 0 for token eviction;
+    /// a page-evicted token may score above what stays).
     pub margin: f32,
 }
 
@@ -158,6 +159,11 @@ impl TokenEviction {
         }
     }
 
+    /// The random stream of (layer, KV head), created on first use.
+    fn rng(&mut self, seed: u64, layer: usize, kv_head: usize) -> &mut SplitMix64 {
+        self.rngs.entry((layer, kv_head)).or_insert_with(|| SplitMix64::new(head_rng_seed(seed, layer, kv_head)))
+    }
+
     /// Evicts whole pages instead of single tokens (decode steps; the
     /// prompt is still selected token by token and packed into pages).
     pub fn with_unit(mut self, unit: EvictionUnit) -> Self {
@@ -204,10 +210,7 @@ impl TokenEviction {
                 (_, None) => true,
                 (VictimRule::Random { seed }, Some(_)) => {
                     // reservoir sampling: the c-th candidate wins with probability 1/c
-                    let rng = self
-                        .rngs
-                        .entry((layer, kv_head))
-                        .or_insert_with(|| SplitMix64::new(head_rng_seed(seed, layer, kv_head)));
+                    let rng = self.rng(seed, layer, kv_head);
                     rng.next_u64().is_multiple_of(candidates)
                 }
                 (_, Some((k, o, _))) => (key, oldest) < (k, o),
@@ -279,10 +282,7 @@ impl TokenEviction {
                     return None;
                 }
                 self.eligible.sort_unstable();
-                let rng = self
-                    .rngs
-                    .entry((layer, kv_head))
-                    .or_insert_with(|| SplitMix64::new(head_rng_seed(seed, layer, kv_head)));
+                let rng = self.rng(seed, layer, kv_head);
                 let r = (rng.next_u64() % self.eligible.len() as u64) as usize;
                 Some(self.eligible[r].1)
             }
