@@ -53,12 +53,12 @@ pub(super) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 
 pub(super) fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
-    unsafe { dot_f16_impl(w.as_ptr(), x.as_ptr(), n) }
+    unsafe { dot_half_impl::<false>(w.as_ptr(), x.as_ptr(), n) }
 }
 
 pub(super) fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
-    unsafe { dot_bf16_impl(w.as_ptr(), x.as_ptr(), n) }
+    unsafe { dot_half_impl::<true>(w.as_ptr(), x.as_ptr(), n) }
 }
 
 pub(super) fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
@@ -199,33 +199,6 @@ unsafe fn f16x8(p: *const u16) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f16_impl(w: *const u16, x: *const f32, n: usize) -> f32 {
-    let mut s0 = _mm256_setzero_ps();
-    let mut s1 = _mm256_setzero_ps();
-    let mut s2 = _mm256_setzero_ps();
-    let mut s3 = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 32 <= n {
-        s0 = _mm256_fmadd_ps(f16x8(w.add(i)), _mm256_loadu_ps(x.add(i)), s0);
-        s1 = _mm256_fmadd_ps(f16x8(w.add(i + 8)), _mm256_loadu_ps(x.add(i + 8)), s1);
-        s2 = _mm256_fmadd_ps(f16x8(w.add(i + 16)), _mm256_loadu_ps(x.add(i + 16)), s2);
-        s3 = _mm256_fmadd_ps(f16x8(w.add(i + 24)), _mm256_loadu_ps(x.add(i + 24)), s3);
-        i += 32;
-    }
-    while i + 8 <= n {
-        s0 = _mm256_fmadd_ps(f16x8(w.add(i)), _mm256_loadu_ps(x.add(i)), s0);
-        i += 8;
-    }
-    if i < n {
-        let (mut tw, mut tx) = ([0u16; 8], [0f32; 8]);
-        ptr::copy_nonoverlapping(w.add(i), tw.as_mut_ptr(), n - i);
-        ptr::copy_nonoverlapping(x.add(i), tx.as_mut_ptr(), n - i);
-        s1 = _mm256_fmadd_ps(f16x8(tw.as_ptr()), _mm256_loadu_ps(tx.as_ptr()), s1);
-    }
-    hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)))
-}
-
 /// 8 bf16 at `p` as f32 (bf16 is the top half of an f32).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -234,29 +207,41 @@ unsafe fn bf16x8(p: *const u16) -> __m256 {
     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
 }
 
+/// 8 f16 (`BF` false) or bf16 (`BF` true) values at `p` as f32.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_bf16_impl(w: *const u16, x: *const f32, n: usize) -> f32 {
+unsafe fn half8<const BF: bool>(p: *const u16) -> __m256 {
+    if BF {
+        bf16x8(p)
+    } else {
+        f16x8(p)
+    }
+}
+
+/// Σ w·x over `n` f16 (`BF` false) or bf16 (`BF` true) weights.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_half_impl<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f32 {
     let mut s0 = _mm256_setzero_ps();
     let mut s1 = _mm256_setzero_ps();
     let mut s2 = _mm256_setzero_ps();
     let mut s3 = _mm256_setzero_ps();
     let mut i = 0;
     while i + 32 <= n {
-        s0 = _mm256_fmadd_ps(bf16x8(w.add(i)), _mm256_loadu_ps(x.add(i)), s0);
-        s1 = _mm256_fmadd_ps(bf16x8(w.add(i + 8)), _mm256_loadu_ps(x.add(i + 8)), s1);
-        s2 = _mm256_fmadd_ps(bf16x8(w.add(i + 16)), _mm256_loadu_ps(x.add(i + 16)), s2);
-        s3 = _mm256_fmadd_ps(bf16x8(w.add(i + 24)), _mm256_loadu_ps(x.add(i + 24)), s3);
+        s0 = _mm256_fmadd_ps(half8::<BF>(w.add(i)), _mm256_loadu_ps(x.add(i)), s0);
+        s1 = _mm256_fmadd_ps(half8::<BF>(w.add(i + 8)), _mm256_loadu_ps(x.add(i + 8)), s1);
+        s2 = _mm256_fmadd_ps(half8::<BF>(w.add(i + 16)), _mm256_loadu_ps(x.add(i + 16)), s2);
+        s3 = _mm256_fmadd_ps(half8::<BF>(w.add(i + 24)), _mm256_loadu_ps(x.add(i + 24)), s3);
         i += 32;
     }
     while i + 8 <= n {
-        s0 = _mm256_fmadd_ps(bf16x8(w.add(i)), _mm256_loadu_ps(x.add(i)), s0);
+        s0 = _mm256_fmadd_ps(half8::<BF>(w.add(i)), _mm256_loadu_ps(x.add(i)), s0);
         i += 8;
     }
     if i < n {
         let (mut tw, mut tx) = ([0u16; 8], [0f32; 8]);
         ptr::copy_nonoverlapping(w.add(i), tw.as_mut_ptr(), n - i);
         ptr::copy_nonoverlapping(x.add(i), tx.as_mut_ptr(), n - i);
-        s1 = _mm256_fmadd_ps(bf16x8(tw.as_ptr()), _mm256_loadu_ps(tx.as_ptr()), s1);
+        s1 = _mm256_fmadd_ps(half8::<BF>(tw.as_ptr()), _mm256_loadu_ps(tx.as_ptr()), s1);
     }
     hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)))
 }
@@ -465,7 +450,7 @@ unsafe fn deq_half<const BF: bool>(s: *const u8, o: *mut f32, n: usize) {
     let w = s as *const u16;
     let mut i = 0;
     while i + 8 <= n {
-        let v = if BF { bf16x8(w.add(i)) } else { f16x8(w.add(i)) };
+        let v = half8::<BF>(w.add(i));
         _mm256_storeu_ps(o.add(i), v);
         i += 8;
     }

@@ -63,12 +63,12 @@ fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
 
 fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
     let nb = whole_blocks(w.len(), 18, x.len());
-    unsafe { dot_q4_0_impl(w.as_ptr(), x.as_ptr(), nb) }
+    unsafe { dot_q4_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
 }
 
 fn dot_q4_1(w: &[u8], x: &[f32]) -> f32 {
     let nb = whole_blocks(w.len(), 20, x.len());
-    unsafe { dot_q4_1_impl(w.as_ptr(), x.as_ptr(), nb) }
+    unsafe { dot_q4_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
 }
 
 fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
@@ -249,41 +249,6 @@ fn ramp(base: f32) -> __m512 {
     )
 }
 
-/// Q4_0 as a table lookup: the block's 16 possible values d·(q−8) are built
-/// once (one multiply), then each nibble selects its dequantized weight.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dot_q4_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
-    const BB: usize = 18;
-    let q = ramp(-8.0);
-    let mut acc0 = _mm512_setzero_ps();
-    let mut acc1 = _mm512_setzero_ps();
-    let mut acc2 = _mm512_setzero_ps();
-    let mut acc3 = _mm512_setzero_ps();
-    let mut b = 0;
-    while b + 2 <= nb {
-        let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
-        avx2::prefetch(p0);
-        let (d0, d1) = scales2(p0, p1);
-        let (lo0, hi0) = nibbles(p0.add(2), _mm512_mul_ps(d0, q));
-        let (lo1, hi1) = nibbles(p1.add(2), _mm512_mul_ps(d1, q));
-        let xb = x.add(b * 32);
-        acc0 = _mm512_fmadd_ps(lo0, _mm512_loadu_ps(xb), acc0);
-        acc1 = _mm512_fmadd_ps(hi0, _mm512_loadu_ps(xb.add(16)), acc1);
-        acc2 = _mm512_fmadd_ps(lo1, _mm512_loadu_ps(xb.add(32)), acc2);
-        acc3 = _mm512_fmadd_ps(hi1, _mm512_loadu_ps(xb.add(48)), acc3);
-        b += 2;
-    }
-    if b < nb {
-        let p = w.add(b * BB);
-        let (lo, hi) = nibbles(p.add(2), _mm512_mul_ps(scale1(p), q));
-        let xb = x.add(b * 32);
-        acc0 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), acc0);
-        acc1 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb.add(16)), acc1);
-    }
-    let acc = _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3));
-    _mm512_reduce_add_ps(acc)
-}
-
 /// d and m of the Q4_1 block at `p`, broadcast.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -292,25 +257,37 @@ unsafe fn scale_min(p: *const u8) -> (__m512, __m512) {
     (_mm512_broadcastss_ps(v), _mm512_broadcastss_ps(_mm_movehdup_ps(v)))
 }
 
-/// Q4_1 as a table lookup: the block's 16 possible values d·q + m are built
-/// once (one FMA), then each nibble selects its dequantized weight, so the
-/// product is exactly dequantize-then-dot.
+/// The 16 values a Q4 block's nibbles stand for: d·(q−8) for Q4_0 (`MIN`
+/// false; `q` is the ramp from −8), d·q + m for Q4_1 (`MIN` true).
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dot_q4_1_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
-    const BB: usize = 20;
-    let q = ramp(0.0);
+unsafe fn q4_table<const MIN: bool>(p: *const u8, q: __m512) -> __m512 {
+    if MIN {
+        let (d, m) = scale_min(p);
+        _mm512_fmadd_ps(d, q, m)
+    } else {
+        _mm512_mul_ps(scale1(p), q)
+    }
+}
+
+/// Q4_0 (`MIN` false) and Q4_1 (`MIN` true) as a table lookup: the block's
+/// 16 possible values are built once, then each nibble selects its
+/// dequantized weight, so the product is exactly dequantize-then-dot.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn dot_q4_impl<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    // block bytes and where the nibbles start: f16 d (Q4_0), f16 d and m (Q4_1)
+    let (bb, head) = if MIN { (20, 4) } else { (18, 2) };
+    let q = ramp(if MIN { 0.0 } else { -8.0 });
     let mut acc0 = _mm512_setzero_ps();
     let mut acc1 = _mm512_setzero_ps();
     let mut acc2 = _mm512_setzero_ps();
     let mut acc3 = _mm512_setzero_ps();
     let mut b = 0;
     while b + 2 <= nb {
-        let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
+        let (p0, p1) = (w.add(b * bb), w.add((b + 1) * bb));
         avx2::prefetch(p0);
-        let (d0, m0) = scale_min(p0);
-        let (d1, m1) = scale_min(p1);
-        let (lo0, hi0) = nibbles(p0.add(4), _mm512_fmadd_ps(d0, q, m0));
-        let (lo1, hi1) = nibbles(p1.add(4), _mm512_fmadd_ps(d1, q, m1));
+        let (lo0, hi0) = nibbles(p0.add(head), q4_table::<MIN>(p0, q));
+        let (lo1, hi1) = nibbles(p1.add(head), q4_table::<MIN>(p1, q));
         let xb = x.add(b * 32);
         acc0 = _mm512_fmadd_ps(lo0, _mm512_loadu_ps(xb), acc0);
         acc1 = _mm512_fmadd_ps(hi0, _mm512_loadu_ps(xb.add(16)), acc1);
@@ -319,9 +296,8 @@ unsafe fn dot_q4_1_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
         b += 2;
     }
     if b < nb {
-        let p = w.add(b * BB);
-        let (d, m) = scale_min(p);
-        let (lo, hi) = nibbles(p.add(4), _mm512_fmadd_ps(d, q, m));
+        let p = w.add(b * bb);
+        let (lo, hi) = nibbles(p.add(head), q4_table::<MIN>(p, q));
         let xb = x.add(b * 32);
         acc0 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), acc0);
         acc1 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb.add(16)), acc1);
