@@ -189,7 +189,7 @@ fn submit(
     };
     let mut policy = match &c.kv_policy {
         None => st.default_policy.clone(),
-        Some(p) => parse_policy(p, st.scheduler.limits.kv_page_size)
+        Some(p) => PolicySpec::parse_with_page(p, Some(st.scheduler.limits.kv_page_size).filter(|&n| n > 0))
             .map_err(|e| ApiError::bad(e.to_string(), Some("kv_policy")))?,
     };
     apply_default_page(&mut policy, st.scheduler.limits.kv_page_size);
@@ -253,25 +253,6 @@ fn submit(
             code: None,
         }),
     }
-}
-
-/// Parses a request's `kv_policy`. With a server page size, `compact=` and
-/// `page_score=` are accepted without `page=` (they get the server's page
-/// size; the original error is returned if that fails too).
-fn parse_policy(text: &str, page_size: usize) -> Result<PolicySpec, kvslim_cache::PolicySpecError> {
-    let err = match PolicySpec::parse(text) {
-        Ok(p) => return Ok(p),
-        Err(e) => e,
-    };
-    let (token, rest) = match text.split_once('+') {
-        Some((t, r)) => (t, format!("+{r}")),
-        None => (text, String::new()),
-    };
-    if page_size == 0 || token.split([':', ',']).any(|kv| kv.trim().starts_with("page=")) {
-        return Err(err);
-    }
-    let sep = if token.contains(':') { "," } else { ":" };
-    PolicySpec::parse(&format!("{}{sep}page={page_size}{rest}", token.trim_end())).map_err(|_| err)
 }
 
 fn encode(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {

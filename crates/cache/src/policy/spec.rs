@@ -121,8 +121,9 @@ impl StorageSpec {
         StoreLayout { page_size: self.page_size, kv_dtype: self.kv_dtype }
     }
 
-    /// Takes the storage keys out of a policy's parameters.
-    fn take(p: &mut Params<'_>, evicts: bool) -> Result<StorageSpec, String> {
+    /// Takes the storage keys out of a policy's parameters. `default_page`
+    /// is the page size `compact`/`page_score` get when `page` is absent.
+    fn take(p: &mut Params<'_>, evicts: bool, default_page: Option<usize>) -> Result<StorageSpec, String> {
         let positive = |key: &str, v: &str| {
             v.parse::<usize>().ok().filter(|&n| n >= 1).ok_or_else(|| format!("{key}: `{v}` is not an integer ≥ 1"))
         };
@@ -132,6 +133,10 @@ impl StorageSpec {
             p.take("page_score").map(|v| v.parse::<PageScore>().map_err(|e| format!("page_score: {e}"))).transpose()?;
         let kv_dtype =
             p.take("kv_dtype").map(|v| v.parse::<KvDtype>().map_err(|e| format!("kv_dtype: {e}"))).transpose()?;
+        let page_size = match page_size {
+            None if compact_every.is_some() || page_score.is_some() => default_page,
+            p => p,
+        };
         if page_size.is_none() && (compact_every.is_some() || page_score.is_some()) {
             return Err("`compact` and `page_score` need a paged store: add `page=P` (e.g. page=16)".into());
         }
@@ -260,11 +265,11 @@ impl<'a> Params<'a> {
     }
 }
 
-fn parse_token_policy(text: &str) -> Result<(TokenPolicySpec, StorageSpec), String> {
+fn parse_token_policy(text: &str, default_page: Option<usize>) -> Result<(TokenPolicySpec, StorageSpec), String> {
     let (name, args) = text.split_once(':').unwrap_or((text, ""));
     let name = name.trim();
     let mut p = Params::parse(name, args)?;
-    let storage = StorageSpec::take(&mut p, name != "full")?;
+    let storage = StorageSpec::take(&mut p, name != "full", default_page)?;
     if storage.page_score.is_some() && matches!(name, "window" | "local" | "sink") {
         return Err(format!(
             "`{name}` protects every slot but the token leaving the window, so there is no page to evict: \
@@ -355,6 +360,12 @@ impl PolicySpec {
 
     /// Parses the grammar above.
     pub fn parse(spec: &str) -> Result<Self, PolicySpecError> {
+        Self::parse_with_page(spec, None)
+    }
+
+    /// [`PolicySpec::parse`] where `compact=`/`page_score=` without `page=`
+    /// get `default_page` (a server whose pool has a page size).
+    pub fn parse_with_page(spec: &str, default_page: Option<usize>) -> Result<Self, PolicySpecError> {
         let err = |reason: String| PolicySpecError { spec: spec.to_string(), reason };
         let parts: Vec<&str> = spec.split('+').map(str::trim).collect();
         if parts.len() > 2 {
@@ -370,7 +381,7 @@ impl PolicySpec {
                 storage: StorageSpec::default(),
             });
         }
-        let (token, storage) = parse_token_policy(parts[0]).map_err(err)?;
+        let (token, storage) = parse_token_policy(parts[0], default_page).map_err(err)?;
         let head = match parts.get(1) {
             None => None,
             Some(extra) => match parse_head_policy(extra) {
@@ -559,5 +570,15 @@ mod tests {
             let e = PolicySpec::parse(spec).unwrap_err().to_string();
             assert!(e.contains(want), "{spec:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_default_page_size_serves_compact_and_page_score_only() {
+        let p = PolicySpec::parse_with_page("h2o:heavy=1,recent=1,compact=8", Some(16)).unwrap();
+        assert_eq!((p.storage.page_size, p.storage.compact_every), (Some(16), Some(8)));
+        let p = PolicySpec::parse_with_page("h2o:heavy=1,recent=1,page=4,page_score=max", Some(16)).unwrap();
+        assert_eq!(p.storage.page_size, Some(4), "an explicit page wins");
+        assert_eq!(PolicySpec::parse_with_page("h2o:heavy=1,recent=1", Some(16)).unwrap().storage.page_size, None);
+        assert!(PolicySpec::parse_with_page("h2o:heavy=1,recent=1,compact=8", None).is_err());
     }
 }
