@@ -9,21 +9,17 @@ use kvslim_cache::policy::chai::*;
 use serde_json::Value;
 use std::path::PathBuf;
 
-fn shared() -> PathBuf {
-    std::env::var("KVSLIM_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
+#[path = "../../../testing/shared_dir.rs"]
+mod shared_dir;
+use shared_dir::shared;
 
-fn fixture() -> Option<Value> {
+/// The scipy average-linkage fixture; a missing file fails the test with its path.
+fn fixture() -> Value {
     let path = shared().join("fixtures/clustering/average_linkage.json");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => Some(serde_json::from_str(&text).expect("fixture parses")),
-        Err(e) => {
-            eprintln!("SKIP: clustering fixture {} not readable: {e}", path.display());
-            None
-        }
-    }
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!("clustering fixture {} not readable ({e}): the tests need ../shared", path.display())
+    });
+    serde_json::from_str(&text).expect("fixture parses")
 }
 
 fn f64_matrix(v: &Value) -> Vec<Vec<f64>> {
@@ -116,7 +112,7 @@ fn cosine_distance_basics_and_zero_vectors() {
 
 #[test]
 fn cosine_distances_match_fixture() {
-    let Some(fx) = fixture() else { return };
+    let fx = fixture();
     let mut worst = 0.0f64;
     for case in fx["cases"].as_array().unwrap() {
         let ours = cosine_distances(&f32_matrix(&case["features"]));
@@ -133,7 +129,7 @@ fn cosine_distances_match_fixture() {
 
 #[test]
 fn linkage_matches_scipy_partitions_and_medoids() {
-    let Some(fx) = fixture() else { return };
+    let fx = fixture();
     let (mut checked, mut medoids_checked) = (0, 0);
     for (ci, case) in fx["cases"].as_array().unwrap().iter().enumerate() {
         let dist = f64_matrix(&case["distance"]);
@@ -155,7 +151,7 @@ fn linkage_matches_scipy_partitions_and_medoids() {
 fn online_clustering_from_features_matches_scipy() {
     // Same as above but through the online path (f32 features → cosine →
     // linkage): SciPy's merge order must survive the f32 rounding.
-    let Some(fx) = fixture() else { return };
+    let fx = fixture();
     let (mut same, mut total) = (0, 0);
     for case in fx["cases"].as_array().unwrap() {
         let feats = f32_matrix(&case["features"]);
@@ -313,7 +309,7 @@ fn kmeans_inertia_close_to_sklearn() {
     // sklearn's numbers are the best of 10 restarts with one random_state,
     // not the optimum: each of several seeds must come within 5%, and on
     // average within 2% (we are often below it).
-    let Some(fx) = fixture() else { return };
+    let fx = fixture();
     let seeds = 0..8u64;
     let (mut worst, mut sum, mut count) = (f64::NEG_INFINITY, 0.0, 0);
     for (si, set) in fx["kmeans"].as_array().unwrap().iter().enumerate() {

@@ -1,13 +1,10 @@
 //! The `kvslim` binary's contract: flags, JSON fields, errors.
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
-fn shared() -> PathBuf {
-    std::env::var("KVSLIM_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
+#[path = "../../../testing/shared_dir.rs"]
+mod shared_dir;
+use shared_dir::shared;
 
 fn stories() -> String {
     shared().join("models/stories260K/stories260K.bin").display().to_string()

@@ -70,12 +70,3 @@ impl EvalError {
 }
 
 pub type Result<T, E = EvalError> = std::result::Result<T, E>;
-
-/// `../shared` next to the project root (or `$KVSLIM_SHARED`), where tests
-/// find models and data.
-pub fn shared_dir() -> PathBuf {
-    match std::env::var_os("KVSLIM_SHARED") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
-    }
-}

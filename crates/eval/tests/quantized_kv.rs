@@ -8,11 +8,11 @@ use kvslim_cache::policy::FollowDecisions;
 use kvslim_cache::{KvDtype, PolicySpec};
 use kvslim_engine::{perplexity, PerplexityOptions, Session};
 use kvslim_eval::results::to_csv;
-use kvslim_eval::{run_matrix, shared_dir, MatrixConfig, TaskSpec};
+use kvslim_eval::{run_matrix, MatrixConfig, TaskSpec};
 use kvslim_models::{LoadedModel, Logits};
 mod common;
 
-use common::stories;
+use common::{shared_dir, stories};
 
 fn story_ids(m: &LoadedModel, n: usize) -> Vec<u32> {
     let text = std::fs::read_to_string(shared_dir().join("data/tinystories/tinystories_val.txt")).unwrap();

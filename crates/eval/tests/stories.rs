@@ -7,13 +7,12 @@ use kvslim_eval::results::read_rows;
 use kvslim_eval::score::{encode_item, predict, predict_norm};
 use kvslim_eval::tasks::{load_mc_jsonl, McItem};
 use kvslim_eval::{
-    run_matrix, score_choices, shared_dir, BudgetedPolicy, MatrixConfig, MatrixEvent, McTally, ResultsLog, ScoreMode,
-    TaskSpec,
+    run_matrix, score_choices, BudgetedPolicy, MatrixConfig, MatrixEvent, McTally, ResultsLog, ScoreMode, TaskSpec,
 };
 use std::path::PathBuf;
 mod common;
 
-use common::stories;
+use common::{shared_dir, stories};
 
 fn story_item() -> McItem {
     let ctx = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. \

@@ -3,14 +3,10 @@
 #![allow(dead_code)] // each test crate uses its own subset
 
 use kvslim_models::{load_model, LoadedModel};
-use std::path::PathBuf;
 
-/// The shared models/data folder (`KVSLIM_SHARED`, or `../shared` beside the repository).
-pub fn shared() -> PathBuf {
-    std::env::var("KVSLIM_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
+#[path = "../../../../testing/shared_dir.rs"]
+mod shared_dir;
+pub use shared_dir::shared;
 
 pub fn stories() -> LoadedModel {
     load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap()

@@ -3,9 +3,12 @@
 //! than skipping it.
 #![allow(dead_code)] // each test crate uses its own subset
 
-use kvslim_eval::shared_dir;
 use kvslim_models::{load_model, LoadedModel};
 use std::path::PathBuf;
+
+#[path = "../../../../testing/shared_dir.rs"]
+mod shared_dir;
+pub use shared_dir::shared as shared_dir;
 
 /// `../shared/data/REL`, which must exist.
 pub fn data(rel: &str) -> PathBuf {

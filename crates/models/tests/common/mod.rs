@@ -3,13 +3,12 @@
 
 use std::path::PathBuf;
 
-/// `../shared` relative to the workspace root (or `KVSLIM_SHARED`).
+#[path = "../../../../testing/shared_dir.rs"]
+mod shared_dir;
+
+/// `../shared` (or `KVSLIM_SHARED`), which must exist.
 pub fn shared() -> PathBuf {
-    if let Ok(p) = std::env::var("KVSLIM_SHARED") {
-        return PathBuf::from(p);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let p = root.join("../shared");
+    let p = shared_dir::shared();
     assert!(p.exists(), "../shared not found beside the repository ({}); set KVSLIM_SHARED", p.display());
     p
 }

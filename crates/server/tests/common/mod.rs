@@ -6,15 +6,11 @@ use kvslim_cache::PolicySpec;
 use kvslim_models::{load_model, LoadedModel};
 use kvslim_server::http_client;
 use kvslim_server::{AppState, Limits, ServerConfig};
-use std::path::PathBuf;
 use std::sync::Arc;
 
-/// The shared models/data folder (`KVSLIM_SHARED`, or `../shared` beside the repository).
-pub fn shared() -> PathBuf {
-    std::env::var("KVSLIM_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
+#[path = "../../../../testing/shared_dir.rs"]
+mod shared_dir;
+pub use shared_dir::shared;
 
 pub fn stories() -> LoadedModel {
     load_model(&shared().join("models/stories260K/stories260K.bin")).expect("load stories260K")
