@@ -349,10 +349,10 @@ pub fn perplexity(
                 f.scratch.trace = Some(Trace::default());
                 s.scratch.trace = Some(Trace::default());
             }
-            full_logits = Some(f.feed(part, want)?.to_vec());
+            full_logits = Some(f.feed(part, want)?);
         }
         let t0 = std::time::Instant::now();
-        let logits = s.feed(part, want)?.to_vec();
+        let logits = s.feed(part, want)?;
         if step {
             step_ms.push(t0.elapsed().as_secs_f64() * 1e3);
         }
