@@ -13,7 +13,7 @@ pub mod rows;
 pub use paged::{PageCounts, PagePool, PoolStats};
 pub use rows::RowBuf;
 
-use kvslim_kernels::attention::{DenseRows, SlotRows};
+use kvslim_kernels::attention::{DenseRows, SlotRows, MAX_HEAD_DIM};
 use kvslim_kernels::kvquant::KvDtype;
 use paged::{PagedKv, PagedRows};
 
@@ -286,20 +286,23 @@ impl HeadSlots {
     /// Appends the occupied slots' keys, decoded to f32 (`len × head_dim`);
     /// false (nothing appended) when keys were dropped.
     pub fn gather_keys(&self, out: &mut Vec<f32>) -> bool {
-        match &self.kv {
-            Kv::Slots { keys: Some(k), .. } => k.read_rows(self.len, out),
-            Kv::Slots { keys: None, .. } => return false,
-            Kv::Paged(p) if !p.has_keys() => return false,
-            Kv::Paged(p) => Self::gather_paged(p.keys(), self.len, self.head_dim, out),
+        match self.key_rows() {
+            Some(rows) => self.gather(rows, out),
+            None => return false,
         }
         true
     }
 
     /// Appends the occupied slots' values, decoded to f32 (`len × head_dim`).
     pub fn gather_values(&self, out: &mut Vec<f32>) {
-        match &self.kv {
-            Kv::Slots { values, .. } => values.read_rows(self.len, out),
-            Kv::Paged(p) => Self::gather_paged(p.values(), self.len, self.head_dim, out),
+        self.gather(self.value_rows(), out)
+    }
+
+    fn gather(&self, rows: Rows<'_>, out: &mut Vec<f32>) {
+        let mut buf = [0f32; MAX_HEAD_DIM];
+        out.reserve(self.len * self.head_dim);
+        for i in 0..self.len {
+            out.extend_from_slice(rows.row(i, &mut buf[..self.head_dim]));
         }
     }
 
@@ -314,14 +317,6 @@ impl HeadSlots {
         let mut out = Vec::new();
         self.gather_values(&mut out);
         out
-    }
-
-    fn gather_paged(rows: PagedRows<'_>, len: usize, d: usize, out: &mut Vec<f32>) {
-        let start = out.len();
-        out.resize(start + len * d, 0.0);
-        for i in 0..len {
-            rows.read(i, &mut out[start + i * d..start + (i + 1) * d]);
-        }
     }
 
     /// Original positions of the occupied slots.

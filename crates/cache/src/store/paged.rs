@@ -469,12 +469,6 @@ impl PagedRows<'_> {
         let page = self.pages[p].as_ref().expect("a live slot's page is allocated");
         (&page.rows, r)
     }
-
-    /// Decodes slot `slot` into `out`.
-    pub fn read(&self, slot: usize, out: &mut [f32]) {
-        let (rows, r) = self.locate(slot);
-        rows.read(r, out);
-    }
 }
 
 impl SlotRows for PagedRows<'_> {

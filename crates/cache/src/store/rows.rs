@@ -81,15 +81,6 @@ impl RowBuf {
         self.dtype.decode(self.codes(i), self.side(i), out);
     }
 
-    /// Appends every row in `0..n` decoded to `out`.
-    pub fn read_rows(&self, n: usize, out: &mut Vec<f32>) {
-        let start = out.len();
-        out.resize(start + n * self.d, 0.0);
-        for i in 0..n {
-            self.read(i, &mut out[start + i * self.d..start + (i + 1) * self.d]);
-        }
-    }
-
     /// Copies row `src` of `from` (same dtype and width) into row `dst`:
     /// codes and side values together.
     pub fn copy_row(&mut self, dst: usize, from: &RowBuf, src: usize) {
