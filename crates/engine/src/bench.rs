@@ -140,7 +140,10 @@ pub struct StepTimePoint {
     /// Slots actually attended per (layer, KV head).
     pub slots: usize,
     pub step_ms_median: f64,
+    /// K/V and metadata bytes after the steps (paged stores hold pages for
+    /// what they hold, so this is measured, not known up front).
     pub kv_bytes_allocated: usize,
+    pub kv_metadata_bytes: usize,
 }
 
 /// Decode step time at a given context length: the cache is filled with
@@ -189,6 +192,7 @@ pub fn step_time(
         slots: s.cache.store.head(0, 0).len(),
         step_ms_median: median(times),
         kv_bytes_allocated: s.kv_bytes().kv,
+        kv_metadata_bytes: s.kv_bytes().metadata,
     })
 }
 

@@ -23,7 +23,8 @@ pub struct SpeedRow {
     pub slots: usize,
     /// Median decode step time (ms) = time per output token at this context.
     pub step_ms: f64,
-    /// Allocated K/V plus metadata bytes of one sequence of `context` tokens.
+    /// Allocated K/V plus metadata bytes of one sequence of `context` tokens
+    /// (measured after its steps, so a paged store counts its pages).
     pub bytes_per_sequence: usize,
     /// Sequences of this length that fit `--mem-limit` (None without a limit).
     pub max_batch: Option<usize>,
@@ -75,11 +76,7 @@ pub fn measure(model: &Model, grid: &SpeedGrid, mut progress: impl FnMut(&SpeedR
             for &ctx in contexts.iter() {
                 let spec = policy.spec_for(ctx)?;
                 let p = step_time(model, model_label, &spec, ctx, steps)?;
-                let per_seq = {
-                    let s = kvslim_engine::Session::new(model, &spec, ctx, ctx)?;
-                    let b = s.kv_bytes();
-                    b.kv + b.metadata
-                };
+                let per_seq = p.kv_bytes_allocated + p.kv_metadata_bytes;
                 let row = SpeedRow {
                     model: model_label.to_string(),
                     policy: policy.family_label(),

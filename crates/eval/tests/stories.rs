@@ -212,3 +212,29 @@ fn matrix_end_to_end_and_resume() {
     cfg.resume = false;
     assert!(run_matrix(&m.model, tok, &cfg, |_| {}).is_err());
 }
+
+/// The speed grid's bytes per sequence are measured after the context is
+/// held, so a paged store (which allocates as tokens arrive) is not
+/// counted as empty: paged `full` holds as many K/V bytes as fixed slots.
+#[test]
+fn speed_grid_counts_paged_bytes() {
+    use kvslim_eval::speed::{measure, SpeedGrid};
+    let m = stories();
+    let families = ["full".to_string(), "full:page=16".to_string()];
+    let budgets = ["100%".to_string()];
+    let grid = SpeedGrid {
+        model_label: "stories260K",
+        families: &families,
+        budgets: &budgets,
+        contexts: &[64],
+        mem_limit: Some(1 << 20),
+        steps: 2,
+    };
+    let rows = measure(&m.model, &grid, |_| {}).unwrap();
+    assert_eq!(rows.len(), 2);
+    let (fixed, paged) = (&rows[0], &rows[1]);
+    assert!(paged.bytes_per_sequence > 0 && paged.max_batch < Some(1 << 20), "{paged:?}");
+    let kv = |r: &kvslim_eval::speed::SpeedRow| r.bytes_per_sequence;
+    // same K/V (64 tokens fill 4 pages of 16 exactly); metadata differs
+    assert!(kv(paged) >= kv(fixed) * 9 / 10 && kv(paged) <= kv(fixed) * 11 / 10, "{} vs {}", kv(paged), kv(fixed));
+}
