@@ -254,6 +254,11 @@ impl KvDtype {
         }
     }
 
+    /// Bytes one stored row takes: its codes and its f32 side values.
+    pub fn row_bytes(self, d: usize) -> usize {
+        self.data_bytes(d) + 4 * self.scale_count(d)
+    }
+
     /// Panics unless the buffers have the sizes this dtype needs for `d`.
     #[inline]
     fn check(self, d: usize, data: usize, scales: usize) {

@@ -203,7 +203,7 @@ pub fn kv_bytes_for(model: &Model, policy: &PolicySpec, prompt_len: usize, max_t
     match worst_case_pages(policy, capacity, max_len) {
         Some(pages) => {
             let p = policy.storage.page_size.unwrap_or(1);
-            let page_bytes = p * kvslim_cache::store::RowBuf::new(policy.storage.kv_dtype, c.head_dim, 1).row_bytes();
+            let page_bytes = p * policy.storage.kv_dtype.row_bytes(c.head_dim);
             c.n_layers * c.n_kv_heads * pages * 2 * page_bytes
         }
         None => c.n_layers * c.n_kv_heads * capacity * (2 * c.head_dim * 4 + 8),

@@ -59,7 +59,7 @@ pub struct PagePool {
 impl PagePool {
     pub fn new(page_size: usize, dtype: KvDtype, head_dim: usize) -> Self {
         assert!(page_size >= 1, "page size must be at least 1");
-        let page_bytes = RowBuf::new(dtype, head_dim, page_size).bytes();
+        let page_bytes = page_size * dtype.row_bytes(head_dim);
         PagePool {
             inner: Arc::new(PoolInner {
                 page_size,

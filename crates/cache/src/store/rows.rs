@@ -108,7 +108,7 @@ impl RowBuf {
 
     /// Bytes one row occupies (codes + side values).
     pub fn row_bytes(&self) -> usize {
-        self.row_words * 4 + self.scales_per_row * 4
+        self.dtype.row_bytes(self.d)
     }
 
     /// Allocated bytes (codes + side values).
