@@ -274,10 +274,7 @@ impl PagedKv {
 
     /// Appends a token; its slot is `len()` before the call.
     pub fn push(&mut self, key: &[f32], value: &[f32]) {
-        let (entry, off) = match self.tail {
-            Some((e, o)) if (o as usize) < self.page_size => (e, o),
-            _ => (self.new_entry(), 0),
-        };
+        let (entry, off) = self.next_address();
         let e = entry as usize;
         let mut cow = 0;
         if let Some(rows) = Self::writable(&self.pool, &mut self.key_pages[e], off as usize, &mut cow) {
@@ -291,7 +288,21 @@ impl PagedKv {
         if cow > 0 {
             self.refresh_base(e);
         }
-        self.live[e] += 1;
+        self.occupy(entry, off);
+    }
+
+    /// Where the next token goes: the tail page's next row, or row 0 of a
+    /// new page.
+    fn next_address(&mut self) -> (u32, u32) {
+        match self.tail {
+            Some((e, o)) if (o as usize) < self.page_size => (e, o),
+            _ => (self.new_entry(), 0),
+        }
+    }
+
+    /// Records a token written at (entry, off) as the next slot.
+    fn occupy(&mut self, entry: u32, off: u32) {
+        self.live[entry as usize] += 1;
         self.tail = Some((entry, off + 1));
         self.addr.push(entry * self.page_size as u32 + off);
     }
@@ -373,10 +384,7 @@ impl PagedKv {
         let mut moved = 0u64;
         for &a in &self.addr {
             let (e, o) = ((a as usize) / p, (a as usize) % p);
-            let (entry, off) = match fresh.tail {
-                Some((t, n)) if (n as usize) < p => (t, n),
-                _ => (fresh.new_entry(), 0),
-            };
+            let (entry, off) = fresh.next_address();
             let ne = entry as usize;
             for (src, dst) in
                 [(&self.key_pages[e], &mut fresh.key_pages[ne]), (&self.value_pages[e], &mut fresh.value_pages[ne])]
@@ -387,9 +395,7 @@ impl PagedKv {
                     moved += rows.row_bytes() as u64;
                 }
             }
-            fresh.live[ne] += 1;
-            fresh.tail = Some((entry, off + 1));
-            fresh.addr.push(entry * p as u32 + off);
+            fresh.occupy(entry, off);
         }
         fresh.bytes_moved += moved;
         *self = fresh;
