@@ -63,12 +63,12 @@ pub(super) fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
 
 pub(super) fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
     let nb = whole_blocks(w.len(), 34, x.len());
-    unsafe { dot_q8_0_impl(w.as_ptr(), x.as_ptr(), nb) }
+    unsafe { dot_scaled_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
 }
 
 pub(super) fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
     let nb = whole_blocks(w.len(), 18, x.len());
-    unsafe { dot_q4_0_impl(w.as_ptr(), x.as_ptr(), nb) }
+    unsafe { dot_scaled_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
 }
 
 pub(super) fn dot_q4_1(w: &[u8], x: &[f32]) -> f32 {
@@ -285,26 +285,6 @@ unsafe fn q8_block(q: *const u8, x: *const f32) -> __m256 {
     _mm256_add_ps(a, b)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q8_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
-    const BB: usize = 34;
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
-    let mut b = 0;
-    while b + 2 <= nb {
-        let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
-        let (d0, d1) = scales2(p0, p1);
-        acc0 = _mm256_fmadd_ps(d0, q8_block(p0.add(2), x.add(b * 32)), acc0);
-        acc1 = _mm256_fmadd_ps(d1, q8_block(p1.add(2), x.add(b * 32 + 32)), acc1);
-        b += 2;
-    }
-    if b < nb {
-        let p = w.add(b * BB);
-        acc0 = _mm256_fmadd_ps(scale1(p), q8_block(p.add(2), x.add(b * 32)), acc0);
-    }
-    hsum(_mm256_add_ps(acc0, acc1))
-}
-
 /// The 32 nibbles of a Q4 block at `q` as four vectors of i32 lanes:
 /// elements 0–7, 8–15 (low nibbles) and 16–23, 24–31 (high nibbles).
 #[inline]
@@ -333,23 +313,39 @@ unsafe fn q4_0_block(q: *const u8, x: *const f32) -> __m256 {
     _mm256_add_ps(a, b)
 }
 
+/// Σ q·x over one Q8_0 (`Q4` false) or Q4_0 (`Q4` true) block, unscaled.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
-    const BB: usize = 18;
+unsafe fn scaled_block<const Q4: bool>(q: *const u8, x: *const f32) -> __m256 {
+    if Q4 {
+        q4_0_block(q, x)
+    } else {
+        q8_block(q, x)
+    }
+}
+
+/// Σ w·x over `nb` blocks of a format with one f16 scale per 32 weights:
+/// Q8_0 (`Q4` false, 34-byte blocks) or Q4_0 (`Q4` true, 18-byte blocks,
+/// prefetched: the nibble unpacking leaves the loads time to land).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_scaled_impl<const Q4: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    let bb = if Q4 { 18 } else { 34 };
     let mut acc0 = _mm256_setzero_ps();
     let mut acc1 = _mm256_setzero_ps();
     let mut b = 0;
     while b + 2 <= nb {
-        let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
-        prefetch(p0);
+        let (p0, p1) = (w.add(b * bb), w.add((b + 1) * bb));
+        if Q4 {
+            prefetch(p0);
+        }
         let (d0, d1) = scales2(p0, p1);
-        acc0 = _mm256_fmadd_ps(d0, q4_0_block(p0.add(2), x.add(b * 32)), acc0);
-        acc1 = _mm256_fmadd_ps(d1, q4_0_block(p1.add(2), x.add(b * 32 + 32)), acc1);
+        acc0 = _mm256_fmadd_ps(d0, scaled_block::<Q4>(p0.add(2), x.add(b * 32)), acc0);
+        acc1 = _mm256_fmadd_ps(d1, scaled_block::<Q4>(p1.add(2), x.add(b * 32 + 32)), acc1);
         b += 2;
     }
     if b < nb {
-        let p = w.add(b * BB);
-        acc0 = _mm256_fmadd_ps(scale1(p), q4_0_block(p.add(2), x.add(b * 32)), acc0);
+        let p = w.add(b * bb);
+        acc0 = _mm256_fmadd_ps(scale1(p), scaled_block::<Q4>(p.add(2), x.add(b * 32)), acc0);
     }
     hsum(_mm256_add_ps(acc0, acc1))
 }
