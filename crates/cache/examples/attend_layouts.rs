@@ -5,7 +5,7 @@
 //! (GROUP = query heads per KV head, default 1 as in a decode step).
 
 use kvslim_cache::{HeadSlots, KvDtype, StoreLayout};
-use kvslim_kernels::attention::attend_group;
+use kvslim_kernels::attention::{attend_group, Visible};
 use std::time::Instant;
 
 fn main() {
@@ -28,7 +28,18 @@ fn main() {
         for (_, _, h, times) in cases.iter_mut() {
             let (keys, values) = (h.key_rows().unwrap(), h.value_rows());
             let t = Instant::now();
-            attend_group(&q, &keys, &values, h.positions(), len as u32, d, 0.125, &mut probs, len, &mut out);
+            attend_group(
+                &q,
+                &keys,
+                &values,
+                h.positions(),
+                Visible::causal(len as u32),
+                d,
+                0.125,
+                &mut probs,
+                len,
+                &mut out,
+            );
             times.push(t.elapsed().as_secs_f64() * 1e6);
         }
     }

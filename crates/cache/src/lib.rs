@@ -15,12 +15,15 @@ pub use policy::{CachePolicy, PolicySpec, PolicySpecError, ScoreAgg};
 pub use store::{HeadSlots, KvBytes, KvStore, PageCounts, PagePool, PoolStats, StoreLayout};
 
 /// The model dimensions a cache is laid out for.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct CacheShape {
     pub layers: usize,
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// Sliding-window layers: the window and, per layer, whether it is
+    /// local ([`policy::SlidingWindowLayers`]).
+    pub sliding_window: Option<(usize, Vec<bool>)>,
 }
 
 /// A sequence's KV store together with its policy state: the one object the
@@ -88,9 +91,21 @@ impl SequenceCache {
             (Some(_), pool) => pool,
             (None, _) => None,
         };
-        let policy = spec.build(base_len);
-        let capacity = policy.capacity(max_len);
-        let mut store = KvStore::with_layout(shape.layers, shape.kv_heads, shape.head_dim, capacity, layout, pool);
+        let mut policy = spec.build(base_len);
+        if let Some((window, local)) = &shape.sliding_window {
+            if local.len() != shape.layers || *window == 0 {
+                return Err(format!(
+                    "sliding window {window} with a pattern of {} layers does not fit {} layers",
+                    local.len(),
+                    shape.layers
+                ));
+            }
+            if local.iter().any(|&l| l) {
+                policy = Box::new(policy::SlidingWindowLayers::new(policy, *window, local.clone()));
+            }
+        }
+        let capacities: Vec<usize> = (0..shape.layers).map(|l| policy.layer_capacity(l, max_len)).collect();
+        let mut store = KvStore::with_layer_capacities(&capacities, shape.kv_heads, shape.head_dim, layout, pool);
         let heads = match &spec.head {
             None => None,
             Some(h) => {
@@ -179,7 +194,7 @@ mod tests {
     use super::*;
 
     fn cache_of(spec: &str, n: u32) -> SequenceCache {
-        let shape = CacheShape { layers: 2, heads: 2, kv_heads: 1, head_dim: 4 };
+        let shape = CacheShape { layers: 2, heads: 2, kv_heads: 1, head_dim: 4, sliding_window: None };
         let mut c = SequenceCache::new(&PolicySpec::parse(spec).unwrap(), shape, 64, 64).unwrap();
         for p in 0..n {
             for l in 0..2 {

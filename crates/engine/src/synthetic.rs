@@ -107,6 +107,7 @@ pub fn llama_config(
         tied_embeddings: false,
         bos_token_id: None,
         eos_token_ids: vec![],
+        features: Default::default(),
     }
 }
 
@@ -142,6 +143,10 @@ pub fn random_model(config: ModelConfig, dtype: DType, seed: u64, qk_gain: f32) 
                 gate: Some(lin(ffn, d, s + 4)?),
                 up: lin(ffn, d, s + 5)?,
                 down: lin(d, ffn, s + 6)?,
+                q_norm: None,
+                k_norm: None,
+                post_attn_norm: None,
+                post_mlp_norm: None,
             })
         })
         .collect();

@@ -55,6 +55,33 @@ impl SlotRows for DenseRows<'_> {
     }
 }
 
+/// The original positions one query may attend to: causal (nothing after
+/// the query) and, on a sliding-window layer, nothing `window` or more
+/// tokens before it (a query at `p` sees `p + 1 − window ..= p`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Visible {
+    pub first: u32,
+    pub last: u32,
+}
+
+impl Visible {
+    /// Every position up to and including the query's.
+    pub fn causal(query_pos: u32) -> Self {
+        Visible { first: 0, last: query_pos }
+    }
+
+    /// Causal, limited to the last `window` positions when a window is given.
+    pub fn within(query_pos: u32, window: Option<usize>) -> Self {
+        let first = window.map_or(0, |w| (query_pos as u64 + 1).saturating_sub(w as u64) as u32);
+        Visible { first, last: query_pos }
+    }
+
+    #[inline]
+    pub fn contains(self, pos: u32) -> bool {
+        pos >= self.first && pos <= self.last
+    }
+}
+
 /// Widest head this kernel decodes on the stack.
 pub const MAX_HEAD_DIM: usize = 512;
 
@@ -66,7 +93,7 @@ pub const MAX_HEAD_DIM: usize = 512;
 ///
 /// * `queries`: `g × d` (RoPE already applied)
 /// * `keys`, `values`: the slots' rows (`len` of them)
-/// * `positions`: `len` original positions; slots with `pos > query_pos` get 0
+/// * `positions`: `len` original positions; slots outside `visible` get 0
 /// * `probs`: output probabilities, query head h's row at `h × stride`
 ///   (`stride ≥ len`, so callers can keep rows at a fixed capacity)
 /// * `out`: `g × d` attention outputs
@@ -76,7 +103,7 @@ pub fn attend_group<K: SlotRows + ?Sized, V: SlotRows + ?Sized>(
     keys: &K,
     values: &V,
     positions: &[u32],
-    query_pos: u32,
+    visible: Visible,
     d: usize,
     scale: f32,
     probs: &mut [f32],
@@ -92,7 +119,7 @@ pub fn attend_group<K: SlotRows + ?Sized, V: SlotRows + ?Sized>(
         if i + PREFETCH_AHEAD < len {
             keys.prefetch(i + PREFETCH_AHEAD);
         }
-        if pos <= query_pos {
+        if visible.contains(pos) {
             let k = keys.row(i, &mut buf[..d]);
             for h in 0..g {
                 probs[h * stride + i] = dot(&queries[h * d..(h + 1) * d], k) * scale;
@@ -163,7 +190,7 @@ mod tests {
             &DenseRows { data: &k, d },
             &DenseRows { data: &v, d },
             &[0, 1, 2],
-            2,
+            Visible::causal(2),
             d,
             0.5,
             &mut p1,
@@ -180,7 +207,7 @@ mod tests {
             &DenseRows { data: &k2, d },
             &DenseRows { data: &v2, d },
             &[2, 0, 1],
-            2,
+            Visible::causal(2),
             d,
             0.5,
             &mut p2,
@@ -197,7 +224,7 @@ mod tests {
             &DenseRows { data: &k, d },
             &DenseRows { data: &v, d },
             &[0, 1, 2],
-            1,
+            Visible::causal(1),
             d,
             0.5,
             &mut p1,
@@ -206,6 +233,22 @@ mod tests {
         );
         assert_eq!(p1[2], 0.0);
         assert!((p1[0] + p1[1] - 1.0).abs() < 1e-6);
+        // sliding window of 2: query at position 2 sees positions 1 and 2 only
+        attend_group(
+            &q,
+            &DenseRows { data: &k, d },
+            &DenseRows { data: &v, d },
+            &[0, 1, 2],
+            Visible::within(2, Some(2)),
+            d,
+            0.5,
+            &mut p1,
+            3,
+            &mut o1,
+        );
+        assert_eq!(p1[0], 0.0);
+        assert!((p1[1] + p1[2] - 1.0).abs() < 1e-6);
+        assert_eq!(Visible::within(0, Some(4)), Visible::causal(0));
     }
 
     /// A group of query heads in one call (rows read once, probabilities at
@@ -219,10 +262,10 @@ mod tests {
         let (keys, values) = (DenseRows { data: &k, d }, DenseRows { data: &v, d });
         let pos = [0, 4, 1, 3, 2];
         let (mut pg, mut og) = (vec![9.0; g * stride], vec![0.0; g * d]);
-        attend_group(&q, &keys, &values, &pos, 3, d, 0.3, &mut pg, stride, &mut og);
+        attend_group(&q, &keys, &values, &pos, Visible::causal(3), d, 0.3, &mut pg, stride, &mut og);
         for h in 0..g {
             let (mut p, mut o) = (vec![0.0; len], vec![0.0; d]);
-            attend_group(&q[h * d..(h + 1) * d], &keys, &values, &pos, 3, d, 0.3, &mut p, len, &mut o);
+            attend_group(&q[h * d..(h + 1) * d], &keys, &values, &pos, Visible::causal(3), d, 0.3, &mut p, len, &mut o);
             assert_eq!(p, pg[h * stride..h * stride + len], "head {h}");
             assert_eq!(o, og[h * d..(h + 1) * d], "head {h}");
             assert!(pg[h * stride + len..(h + 1) * stride].iter().all(|&x| x == 9.0), "stride gap untouched");

@@ -10,7 +10,7 @@ use crate::weights::{NormWeights, Weights};
 use crate::{Error, Result};
 use kvslim_cache::policy::chai::LayerHeads;
 use kvslim_cache::{CacheShape, HeadSlots, SequenceCache};
-use kvslim_kernels::attention::{attend_group, weighted_values, DenseRows};
+use kvslim_kernels::attention::{attend_group, weighted_values, DenseRows, Visible, MAX_HEAD_DIM};
 use kvslim_kernels::ops::{layer_norm, rms_norm};
 use kvslim_kernels::rope::Rope;
 use rayon::prelude::*;
@@ -82,7 +82,9 @@ impl Scratch {
     /// Sizes buffers for `n` tokens and `slots` cache slots. Shrinking keeps
     /// the capacity, so steady-state decode never allocates.
     fn ensure(&mut self, c: &ModelConfig, n: usize, slots: usize, logit_rows: usize) {
-        let rot = c.rope.map_or(0, |r| r.rotary_dim / 2);
+        let kinds =
+            if c.features.sliding_window.as_ref().is_some_and(|w| w.local_rope_theta.is_some()) { 2 } else { 1 };
+        let rot = c.rope.map_or(0, |r| r.rotary_dim / 2) * kinds;
         let sizes = [
             (&mut self.x, n * c.hidden_size),
             (&mut self.xn, n * c.hidden_size),
@@ -116,7 +118,11 @@ impl Scratch {
 pub struct Model {
     pub config: ModelConfig,
     pub weights: Weights,
-    rope: Option<Rope>,
+    /// RoPE per kind: `[global]`, or `[global, local]` when sliding-window
+    /// layers use their own base (Gemma 3).
+    ropes: Vec<Rope>,
+    /// Per layer, its index into `ropes`.
+    layer_rope: Vec<usize>,
     /// Head structure of a layer without head sharing.
     dense_heads: LayerHeads,
 }
@@ -167,22 +173,62 @@ impl Model {
                 check(&format!("layer {i} gate"), dims(&g.weight), (c.ffn_size, c.hidden_size))?;
             }
         }
-        let max_hd = kvslim_kernels::attention::MAX_HEAD_DIM;
+        let f = &c.features;
+        for (i, l) in weights.layers.iter().enumerate() {
+            let pairs = [
+                ("q_norm", l.q_norm.as_ref(), f.qk_norm, c.head_dim),
+                ("k_norm", l.k_norm.as_ref(), f.qk_norm, c.head_dim),
+                ("post_attn_norm", l.post_attn_norm.as_ref(), f.post_norms, c.hidden_size),
+                ("post_mlp_norm", l.post_mlp_norm.as_ref(), f.post_norms, c.hidden_size),
+            ];
+            for (name, w, wanted, len) in pairs {
+                match (w, wanted) {
+                    (Some(w), true) if w.weight.len() == len => {}
+                    (Some(w), true) => {
+                        return Err(Error::ShapeMismatch {
+                            name: format!("layer {i} {name}"),
+                            expected: vec![len],
+                            got: vec![w.weight.len()],
+                        })
+                    }
+                    (None, false) => {}
+                    (Some(_), false) => {
+                        let reason = format!("layer {i} has {name} weights but the config does not use them");
+                        return Err(Error::Format { path: "<model>".into(), reason });
+                    }
+                    (None, true) => return Err(Error::MissingTensor(format!("layer {i} {name}"))),
+                }
+            }
+        }
+        let max_hd = MAX_HEAD_DIM;
         if c.head_dim > max_hd {
             let reason = format!("head_dim {} exceeds the {max_hd} the attention kernel supports", c.head_dim);
             return Err(Error::Format { path: "<model>".into(), reason });
         }
         let bf16 = weights.token_embedding.dtype() == kvslim_kernels::DType::BF16;
-        let rope = config.rope.map(|r| {
-            let rope = Rope::new(r.theta, r.rotary_dim, r.layout);
+        let make_rope = |r: crate::config::RopeConfig, theta: f32| {
+            let rope = Rope::new(theta, r.rotary_dim, r.layout);
             if bf16 {
                 rope.with_bf16_frequencies()
             } else {
                 rope
             }
-        });
+        };
+        let mut ropes = Vec::new();
+        let mut layer_rope = vec![0; c.n_layers];
+        if let Some(r) = config.rope {
+            ropes.push(make_rope(r, r.theta));
+            if let Some(w) = &c.features.sliding_window {
+                if let Some(theta) = w.local_rope_theta {
+                    ropes.push(make_rope(r, theta));
+                    for (l, &local) in w.local_layers.iter().enumerate() {
+                        layer_rope[l] = usize::from(local);
+                    }
+                }
+            }
+        }
         let dense_heads = LayerHeads::dense(config.n_heads, config.n_kv_heads);
-        Ok(Model { config, weights, rope, dense_heads })
+        Ok(Model { config, weights, ropes, layer_rope, dense_heads })
     }
 
     /// A cache for one sequence of at most `max_len` tokens under `spec`.
@@ -209,7 +255,13 @@ impl Model {
     /// The cache dimensions of this model.
     pub fn cache_shape(&self) -> CacheShape {
         let c = &self.config;
-        CacheShape { layers: c.n_layers, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: c.head_dim }
+        CacheShape {
+            layers: c.n_layers,
+            heads: c.n_heads,
+            kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            sliding_window: c.features.sliding_window.as_ref().map(|w| (w.window, w.local_layers.clone())),
+        }
     }
 
     /// Runs `tokens` at positions `cache.next_pos..`, appending their keys and
@@ -231,14 +283,14 @@ impl Model {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(Error::TokenOutOfRange { id, vocab: c.vocab_size });
         }
-        let (d, hd) = (c.hidden_size, c.head_dim);
+        let d = c.hidden_size;
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
         let logit_rows = match want {
             Logits::None => 0,
             Logits::Last => 1,
             Logits::All => n,
         };
-        let slots = cache.store.head(0, 0).capacity();
+        let slots = cache.store.max_capacity();
         s.ensure(c, n, slots, logit_rows);
         if let Some(t) = s.trace.as_mut() {
             t.ctx = p0 + n;
@@ -249,27 +301,9 @@ impl Model {
             t.att_out.clear();
         }
 
-        // embeddings
-        for (t, &tok) in tokens.iter().enumerate() {
-            let row = &mut s.x[t * d..(t + 1) * d];
-            w.token_embedding.row_into(tok as usize, row);
-            if let (Some(pe), Some(off)) = (&w.position_embedding, c.learned_positions) {
-                let pos_row = &mut s.proj[..d];
-                pe.row_into(p0 + t + off, pos_row);
-                row.iter_mut().zip(pos_row.iter()).for_each(|(a, b)| *a += b);
-            }
-        }
-        if let Some(rope) = &self.rope {
-            let half = rope.rotary_dim / 2;
-            for t in 0..n {
-                rope.tables(
-                    (p0 + t) as u32,
-                    &mut s.cos[t * half..(t + 1) * half],
-                    &mut s.sin[t * half..(t + 1) * half],
-                );
-            }
-        }
-        let scale = 1.0 / (hd as f32).sqrt();
+        self.embed(tokens, p0, &mut s.x, &mut s.proj);
+        self.rope_tables(p0, n, &mut s.cos, &mut s.sin);
+        let scale = c.attention_scale();
 
         for (li, lw) in w.layers.iter().enumerate() {
             if let Some(t) = s.trace.as_mut() {
@@ -279,18 +313,7 @@ impl Model {
             lw.q.forward(&s.xn, n, &mut s.q);
             lw.k.forward(&s.xn, n, &mut s.k);
             lw.v.forward(&s.xn, n, &mut s.v);
-            if let Some(rope) = &self.rope {
-                let half = rope.rotary_dim / 2;
-                for t in 0..n {
-                    let (cs, sn) = (&s.cos[t * half..(t + 1) * half], &s.sin[t * half..(t + 1) * half]);
-                    for h in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
-                        rope.apply(h, cs, sn);
-                    }
-                    for h in s.k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
-                        rope.apply(h, cs, sn);
-                    }
-                }
-            }
+            self.position_qk(li, &mut s.q, &mut s.k, n, &s.cos, &s.sin);
             if let Some(t) = s.trace.as_mut() {
                 t.qkv.push([s.q[..n * qd].to_vec(), s.k[..n * kvd].to_vec(), s.v[..n * kvd].to_vec()]);
             }
@@ -370,20 +393,12 @@ impl Model {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(Error::TokenOutOfRange { id, vocab: c.vocab_size });
         }
-        let (d, hd) = (c.hidden_size, c.head_dim);
+        let d = c.hidden_size;
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
-        let slots = cache.store.head(0, 0).capacity();
+        let slots = cache.store.max_capacity();
         s.ensure(c, n, slots, n);
-        for (t, &tok) in tokens.iter().enumerate() {
-            let row = &mut s.x[t * d..(t + 1) * d];
-            w.token_embedding.row_into(tok as usize, row);
-            if let (Some(pe), Some(off)) = (&w.position_embedding, c.learned_positions) {
-                let pos_row = &mut s.proj[..d];
-                pe.row_into(p0 + t + off, pos_row);
-                row.iter_mut().zip(pos_row.iter()).for_each(|(a, b)| *a += b);
-            }
-        }
-        let scale = 1.0 / (hd as f32).sqrt();
+        self.embed(tokens, p0, &mut s.x, &mut s.proj);
+        let scale = c.attention_scale();
         let (mut qa, mut ka, mut va, mut atta) =
             (vec![0f32; n * qd], vec![0f32; n * kvd], vec![0f32; n * kvd], vec![0f32; n * qd]);
         for (li, lw) in w.layers.iter().enumerate() {
@@ -396,18 +411,8 @@ impl Model {
                 s.q[..qd].copy_from_slice(&qa[t * qd..(t + 1) * qd]);
                 s.k[..kvd].copy_from_slice(&ka[t * kvd..(t + 1) * kvd]);
                 s.v[..kvd].copy_from_slice(&va[t * kvd..(t + 1) * kvd]);
-                if let Some(rope) = &self.rope {
-                    let half = rope.rotary_dim / 2;
-                    let (cs, sn) = (&mut s.cos[..half], &mut s.sin[..half]);
-                    rope.tables(pos as u32, cs, sn);
-                    let (cs, sn) = (&s.cos[..half], &s.sin[..half]);
-                    for h in s.q[..qd].chunks_exact_mut(hd) {
-                        rope.apply(h, cs, sn);
-                    }
-                    for h in s.k[..kvd].chunks_exact_mut(hd) {
-                        rope.apply(h, cs, sn);
-                    }
-                }
+                self.rope_tables(pos, 1, &mut s.cos, &mut s.sin);
+                self.position_qk(li, &mut s.q, &mut s.k, 1, &s.cos, &s.sin);
                 self.decode_attention(li, cache, s, pos, scale)?;
                 atta[t * qd..(t + 1) * qd].copy_from_slice(&s.att[..qd]);
             }
@@ -452,6 +457,7 @@ impl Model {
         const PARALLEL_MIN_WORK: usize = 1 << 16;
         let c = &self.config;
         let (hd, g) = (c.head_dim, c.group_size());
+        let window = c.layer_window(li);
         for kvh in 0..c.n_kv_heads {
             let r = kvh * hd;
             if cache.store.head_mut(li, kvh).push(p0 as u32, &s.k[r..r + hd], &s.v[r..r + hd]).is_none() {
@@ -489,7 +495,7 @@ impl Model {
                     &keys,
                     &values,
                     head.positions(),
-                    p0 as u32,
+                    Visible::within(p0 as u32, window),
                     hd,
                     scale,
                     &mut probs[j * slots..],
@@ -590,6 +596,7 @@ impl Model {
         const TOKEN_BLOCK: usize = 16;
         let c = &self.config;
         let (hd, g, qd, kvd) = (c.head_dim, c.group_size(), c.q_dim(), c.kv_dim());
+        let window = c.layer_window(li);
         let agg = cache.policy.score_aggregation();
         let lh = cache.heads.as_ref().and_then(|h| h.layer(li)).unwrap_or(&self.dense_heads).clone();
         let observe =
@@ -635,7 +642,7 @@ impl Model {
                         &DenseRows { data: &keys[kv][..visible * hd], d: hd },
                         &DenseRows { data: &values[kv][..visible * hd], d: hd },
                         &positions[..visible],
-                        (p0 + t) as u32,
+                        Visible::within((p0 + t) as u32, window),
                         hd,
                         scale,
                         &mut probs[i * visible..(i + 1) * visible],
@@ -720,6 +727,71 @@ impl Model {
     }
 }
 
+impl Model {
+    /// Embeds `tokens` at positions `p0..` into `x` (`[n, hidden]`): token
+    /// rows, learned positions where the model has them (`tmp` holds one
+    /// row), then the embedding scale (Gemma).
+    fn embed(&self, tokens: &[u32], p0: usize, x: &mut [f32], tmp: &mut [f32]) {
+        let (c, w) = (&self.config, &self.weights);
+        let d = c.hidden_size;
+        for (t, &tok) in tokens.iter().enumerate() {
+            let row = &mut x[t * d..(t + 1) * d];
+            w.token_embedding.row_into(tok as usize, row);
+            if let (Some(pe), Some(off)) = (&w.position_embedding, c.learned_positions) {
+                let pos_row = &mut tmp[..d];
+                pe.row_into(p0 + t + off, pos_row);
+                row.iter_mut().zip(pos_row.iter()).for_each(|(a, b)| *a += b);
+            }
+            if let Some(scale) = c.features.embedding_scale {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+    }
+
+    /// RoPE tables of positions `p0..p0 + n` for every RoPE kind: kind
+    /// `k`'s row `t` starts at `(k·n + t)·rotary_dim/2`.
+    fn rope_tables(&self, p0: usize, n: usize, cos: &mut [f32], sin: &mut [f32]) {
+        for (k, rope) in self.ropes.iter().enumerate() {
+            let half = rope.rotary_dim / 2;
+            for t in 0..n {
+                let at = (k * n + t) * half;
+                rope.tables((p0 + t) as u32, &mut cos[at..at + half], &mut sin[at..at + half]);
+            }
+        }
+    }
+
+    /// Layer `li`'s per-head QK norm (when the model has one), then RoPE
+    /// with the layer's kind of tables, on `n` rows of queries and keys
+    /// (tables from [`Model::rope_tables`] for the same `n`).
+    fn position_qk(&self, li: usize, q: &mut [f32], k: &mut [f32], n: usize, cos: &[f32], sin: &[f32]) {
+        let c = &self.config;
+        let lw = &self.weights.layers[li];
+        let (hd, qd, kvd) = (c.head_dim, c.q_dim(), c.kv_dim());
+        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+            let mut buf = [0f32; MAX_HEAD_DIM];
+            for (rows, w) in [(&mut q[..n * qd], qn), (&mut k[..n * kvd], kn)] {
+                for h in rows.chunks_exact_mut(hd) {
+                    buf[..hd].copy_from_slice(h);
+                    rms_norm(&buf[..hd], &w.weight, c.norm_eps, h);
+                }
+            }
+        }
+        let kind = self.layer_rope[li];
+        let Some(rope) = self.ropes.get(kind) else { return };
+        let half = rope.rotary_dim / 2;
+        for t in 0..n {
+            let at = (kind * n + t) * half;
+            let (cs, sn) = (&cos[at..at + half], &sin[at..at + half]);
+            for h in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                rope.apply(h, cs, sn);
+            }
+            for h in k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                rope.apply(h, cs, sn);
+            }
+        }
+    }
+}
+
 /// One sequence's next token in a batched decode step ([`Model::forward_batch`]).
 pub struct BatchItem<'a> {
     /// The token to run at `cache.next_pos`.
@@ -783,7 +855,7 @@ impl Model {
                 return Err(Error::TokenOutOfRange { id: it.token, vocab: c.vocab_size });
             }
         }
-        let (d, hd) = (c.hidden_size, c.head_dim);
+        let d = c.hidden_size;
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
         let sizes = [
             (&mut s.x, n * d),
@@ -807,21 +879,12 @@ impl Model {
         for (i, it) in items.iter().enumerate() {
             let p0 = it.cache.next_pos;
             let seq = &mut s.seqs[i];
-            seq.ensure(c, 1, it.cache.store.head(0, 0).capacity(), 0);
+            seq.ensure(c, 1, it.cache.store.max_capacity(), 0);
             seq.trace = None;
-            if let Some(rope) = &self.rope {
-                let half = rope.rotary_dim / 2;
-                rope.tables(p0 as u32, &mut seq.cos[..half], &mut seq.sin[..half]);
-            }
-            let row = &mut s.x[i * d..(i + 1) * d];
-            w.token_embedding.row_into(it.token as usize, row);
-            if let (Some(pe), Some(off)) = (&w.position_embedding, c.learned_positions) {
-                let pos_row = &mut s.proj[..d];
-                pe.row_into(p0 + off, pos_row);
-                row.iter_mut().zip(pos_row.iter()).for_each(|(a, b)| *a += b);
-            }
+            self.rope_tables(p0, 1, &mut seq.cos, &mut seq.sin);
+            self.embed(&[it.token], p0, &mut s.x[i * d..(i + 1) * d], &mut s.proj);
         }
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = c.attention_scale();
         let parallel = n > 1 && rayon::current_num_threads() > 1;
 
         for (li, lw) in w.layers.iter().enumerate() {
@@ -835,16 +898,8 @@ impl Model {
                 seq.q[..qd].copy_from_slice(&q[i * qd..(i + 1) * qd]);
                 seq.k[..kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
                 seq.v[..kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
-                if let Some(rope) = &self.rope {
-                    let half = rope.rotary_dim / 2;
-                    let (cs, sn) = (&seq.cos[..half], &seq.sin[..half]);
-                    for h in seq.q[..qd].chunks_exact_mut(hd) {
-                        rope.apply(h, cs, sn);
-                    }
-                    for h in seq.k[..kvd].chunks_exact_mut(hd) {
-                        rope.apply(h, cs, sn);
-                    }
-                }
+                let Scratch { q, k, cos, sin, .. } = seq;
+                self.position_qk(li, q, k, 1, cos, sin);
                 let p0 = it.cache.next_pos;
                 self.decode_attention(li, it.cache, seq, p0, scale)?;
                 out.copy_from_slice(&seq.att[..qd]);
@@ -907,6 +962,9 @@ fn output_and_mlp(c: &ModelConfig, lw: &crate::weights::LayerWeights, n: usize, 
         }
     };
     lin(&lw.o, b.att, b.proj);
+    if let Some(pn) = &lw.post_attn_norm {
+        post_norm_rows(c, pn, b.proj, b.xn);
+    }
     if c.parallel_residual {
         // x + attn(ln1 x) + mlp(ln2 x): the MLP reads the block input
         norm_rows(c.norm, &lw.mlp_norm, c.norm_eps, b.x, b.xn, d);
@@ -927,7 +985,18 @@ fn output_and_mlp(c: &ModelConfig, lw: &crate::weights::LayerWeights, n: usize, 
         b.up.iter_mut().for_each(|v| *v = c.activation.apply(*v));
         lin(&lw.down, b.up, b.proj);
     }
+    if let Some(pn) = &lw.post_mlp_norm {
+        post_norm_rows(c, pn, b.proj, b.xn);
+    }
     b.x.iter_mut().zip(b.proj.iter()).for_each(|(a, p)| *a += p);
+}
+
+/// Normalises `rows` in place (a sandwich norm of a block output; `tmp`
+/// is a free buffer of the same size).
+fn post_norm_rows(c: &ModelConfig, w: &NormWeights, rows: &mut [f32], tmp: &mut [f32]) {
+    let len = rows.len();
+    tmp[..len].copy_from_slice(rows);
+    norm_rows(c.norm, w, c.norm_eps, &tmp[..len], rows, c.hidden_size);
 }
 
 fn missing_keys(layer: usize, kv_head: usize) -> Error {

@@ -64,6 +64,14 @@ pub struct LayerWeights {
     pub gate: Option<Linear>,
     pub up: Linear,
     pub down: Linear,
+    /// Per-head RMS norm weights (`head_dim`) for queries and keys
+    /// ([`crate::config::BlockFeatures::qk_norm`]).
+    pub q_norm: Option<NormWeights>,
+    pub k_norm: Option<NormWeights>,
+    /// Norms of the attention and MLP outputs before their residual adds
+    /// ([`crate::config::BlockFeatures::post_norms`]).
+    pub post_attn_norm: Option<NormWeights>,
+    pub post_mlp_norm: Option<NormWeights>,
 }
 
 /// All weights of a model.
@@ -104,7 +112,8 @@ impl Weights {
         }
         let mut vec_params = self.final_norm.weight.len() + self.final_norm.bias.as_ref().map_or(0, Vec::len);
         for l in &self.layers {
-            for n in [&l.attn_norm, &l.mlp_norm] {
+            let extra = [&l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_mlp_norm];
+            for n in [&l.attn_norm, &l.mlp_norm].into_iter().chain(extra.into_iter().flatten()) {
                 vec_params += n.weight.len() + n.bias.as_ref().map_or(0, Vec::len);
             }
             for lin in [&l.q, &l.k, &l.v, &l.o, &l.up, &l.down].into_iter().chain(l.gate.as_ref()) {

@@ -403,6 +403,7 @@ fn expected_config(vocab: usize, tied: bool) -> ModelConfig {
         tied_embeddings: tied,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
+        features: Default::default(),
     }
 }
 
@@ -432,6 +433,10 @@ fn memory_model(raw: &Raw, dt: Option<DType>) -> Model {
                 gate: Some(lin(6)),
                 up: lin(7),
                 down: lin(8),
+                q_norm: None,
+                k_norm: None,
+                post_attn_norm: None,
+                post_mlp_norm: None,
             }
         })
         .collect();

@@ -8,10 +8,12 @@
 
 pub mod chai;
 pub mod follow;
+pub mod sliding;
 pub mod spec;
 pub mod token;
 
 pub use follow::{FollowDecisions, KeptSets, SharedKeptSets};
+pub use sliding::SlidingWindowLayers;
 pub use spec::{Budget, PolicySpec, PolicySpecError, TokenPolicySpec};
 pub use token::{EvictionEvent, EvictionUnit, PageScore, TokenEviction, VictimRule};
 
@@ -65,6 +67,12 @@ pub trait CachePolicy: Send {
     /// Slots to allocate per (layer, KV head) for a sequence of at most
     /// `max_len` tokens. Budgeted policies return budget + 1 (one candidate).
     fn capacity(&self, max_len: usize) -> usize;
+
+    /// Slots to allocate for layer `layer`'s heads (sliding-window layers
+    /// need fewer; see [`SlidingWindowLayers`]).
+    fn layer_capacity(&self, _layer: usize, max_len: usize) -> usize {
+        self.capacity(max_len)
+    }
 
     /// True when the policy keeps a fixed number of slots whatever the
     /// sequence length.

@@ -416,6 +416,19 @@ impl KvStore {
         layout: StoreLayout,
         pool: Option<&PagePool>,
     ) -> Self {
+        Self::with_layer_capacities(&vec![capacity; layers], kv_heads, head_dim, layout, pool)
+    }
+
+    /// As [`KvStore::with_layout`] with a capacity per layer (one entry per
+    /// layer): a sliding-window layer needs no more slots than its window.
+    pub fn with_layer_capacities(
+        capacities: &[usize],
+        kv_heads: usize,
+        head_dim: usize,
+        layout: StoreLayout,
+        pool: Option<&PagePool>,
+    ) -> Self {
+        let layers = capacities.len();
         let own;
         let pool = match (layout.page_size, pool) {
             (Some(p), None) => {
@@ -424,8 +437,16 @@ impl KvStore {
             }
             (_, pool) => pool,
         };
-        let heads = (0..layers * kv_heads).map(|_| HeadSlots::with_layout(head_dim, capacity, layout, pool)).collect();
+        let heads = capacities
+            .iter()
+            .flat_map(|&capacity| (0..kv_heads).map(move |_| HeadSlots::with_layout(head_dim, capacity, layout, pool)))
+            .collect();
         KvStore { layers, kv_heads, heads }
+    }
+
+    /// The most slots any head may hold (scratch buffers are sized by it).
+    pub fn max_capacity(&self) -> usize {
+        self.heads.iter().map(HeadSlots::capacity).max().unwrap_or(0)
     }
 
     pub fn layers(&self) -> usize {

@@ -1,4 +1,4 @@
-//! GGUF v2/v3 reader (arch `llama`).
+//! GGUF v2/v3 reader (architectures in [`SUPPORTED_ARCHITECTURES`]).
 //!
 //! Layout of a GGUF file (all little-endian):
 //!
@@ -21,7 +21,7 @@
 //! allocation.
 
 use super::LoadedModel;
-use crate::config::{Architecture, ModelConfig, NormKind, RopeConfig, SourceFormat};
+use crate::config::{Architecture, BlockFeatures, ModelConfig, NormKind, RopeConfig, SlidingWindow, SourceFormat};
 use crate::transformer::Model;
 use crate::weights::{LayerWeights, Linear, NormWeights, Weights};
 use crate::{Error, Result};
@@ -673,30 +673,63 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
     Ok(LoadedModel { model: Model::new(config, weights)?, tokenizer })
 }
 
+/// The GGUF architectures kvslim maps onto its forward pass.
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "phi3"];
+
+/// Gemma 3 files without `gemma3.attention.sliding_window_pattern` (every
+/// real one) make every 6th layer global, as llama.cpp does.
+const GEMMA3_GLOBAL_EVERY: usize = 6;
+/// Gemma 3's RoPE base on local layers when the file does not say.
+const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
+
 /// Translates a parsed file's metadata and tensors into a config and
-/// weights (arch `llama` only).
+/// weights. Each supported `general.architecture` differs only in
+/// [`ModelConfig`] flags and in how tensors are named or fused:
+///
+/// | arch | differences from `llama` |
+/// |---|---|
+/// | `qwen2` | q/k/v biases, NEOX RoPE (rotate halves) |
+/// | `qwen3` | per-head RMS norm of q and k before RoPE, NEOX RoPE |
+/// | `gemma3` | QK norm, norms after attention and MLP, GeGLU (tanh), embeddings × √d, sliding-window layers with their own RoPE base, NEOX RoPE |
+/// | `phi3` | fused `attn_qkv` and gate/up `ffn_up`, NEOX RoPE, optional sliding window |
+///
+/// Tensors of `llama` GGUFs are permuted by the converter so RoPE rotates
+/// adjacent pairs; the other converters keep the original order.
 pub fn build(f: &GgufFile) -> Result<(ModelConfig, Weights)> {
     let md = &f.metadata;
     let path = f.path();
-    let arch = md
+    let arch_name = md
         .str("general.architecture")?
         .ok_or_else(|| Error::format(path, "metadata key `general.architecture` is missing"))?;
-    if arch != "llama" {
-        return Err(Error::UnknownArchitecture(format!("gguf `{arch}`")));
-    }
-    let required = |key: &str| -> Result<usize> {
-        md.usize(key)?.ok_or_else(|| Error::format(path, format!("metadata key `{key}` is missing")))
+    let architecture = match arch_name {
+        "llama" => Architecture::Llama,
+        "qwen2" => Architecture::Qwen2,
+        "qwen3" => Architecture::Qwen3,
+        "gemma3" => Architecture::Gemma3,
+        "phi3" => Architecture::Phi3,
+        other => {
+            return Err(Error::UnknownArchitecture(format!(
+                "gguf `{other}` (supported gguf architectures: {})",
+                SUPPORTED_ARCHITECTURES.join(", ")
+            )))
+        }
     };
-    let n_layers = required("llama.block_count")?;
-    let hidden = required("llama.embedding_length")?;
-    let ffn = required("llama.feed_forward_length")?;
-    let n_heads = required("llama.attention.head_count")?;
-    let context_len = required("llama.context_length")?;
-    let n_kv_heads = md.usize("llama.attention.head_count_kv")?.unwrap_or(n_heads);
+    let a = arch_name;
+    let key = |k: &str| format!("{a}.{k}");
+    let required = |k: &str| -> Result<usize> {
+        let k = key(k);
+        md.usize(&k)?.ok_or_else(|| Error::format(path, format!("metadata key `{k}` is missing")))
+    };
+    let n_layers = required("block_count")?;
+    let hidden = required("embedding_length")?;
+    let ffn = required("feed_forward_length")?;
+    let n_heads = required("attention.head_count")?;
+    let context_len = required("context_length")?;
+    let n_kv_heads = md.usize(&key("attention.head_count_kv"))?.unwrap_or(n_heads);
     if n_heads == 0 || n_kv_heads == 0 {
         return Err(Error::format(path, "attention head counts must be positive"));
     }
-    let head_dim = match md.usize("llama.attention.key_length")? {
+    let head_dim = match md.usize(&key("attention.key_length"))? {
         Some(k) => k,
         None => {
             if !hidden.is_multiple_of(n_heads) {
@@ -708,7 +741,7 @@ pub fn build(f: &GgufFile) -> Result<(ModelConfig, Weights)> {
             hidden / n_heads
         }
     };
-    if let Some(vl) = md.usize("llama.attention.value_length")? {
+    if let Some(vl) = md.usize(&key("attention.value_length"))? {
         if vl != head_dim {
             return Err(Error::format(
                 path,
@@ -716,21 +749,60 @@ pub fn build(f: &GgufFile) -> Result<(ModelConfig, Weights)> {
             ));
         }
     }
-    let rotary_dim = md.usize("llama.rope.dimension_count")?.unwrap_or(head_dim);
-    let theta = md.f32("llama.rope.freq_base")?.unwrap_or(10000.0);
-    let norm_eps = md.f32("llama.attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5);
-    if let Some(kind) = md.str("llama.rope.scaling.type")? {
-        let factor = md.f32("llama.rope.scaling.factor")?.unwrap_or(1.0);
+    let rotary_dim = md.usize(&key("rope.dimension_count"))?.unwrap_or(head_dim);
+    let theta = md.f32(&key("rope.freq_base"))?.unwrap_or(10000.0);
+    let norm_eps = md.f32(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5);
+    if let Some(kind) = md.str(&key("rope.scaling.type"))? {
+        let factor = md.f32(&key("rope.scaling.factor"))?.unwrap_or(1.0);
         if kind != "none" && factor != 1.0 {
             return Err(Error::format(path, format!("RoPE scaling `{kind}` (factor {factor}) is not supported")));
         }
     }
-    if f.tensor("rope_freqs.weight").is_some() {
-        return Err(Error::format(
-            path,
-            "per-dimension RoPE frequency factors (`rope_freqs.weight`, Llama 3.1 style) are not supported",
-        ));
+    for t in ["rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"] {
+        if f.tensor(t).is_some() {
+            return Err(Error::format(
+                path,
+                format!("per-dimension RoPE frequency factors (`{t}`, Llama 3.1 / Phi-3 long-context style) are not supported"),
+            ));
+        }
     }
+    let gemma = architecture == Architecture::Gemma3;
+    let sliding_window = match md.usize(&key("attention.sliding_window"))? {
+        None | Some(0) => None,
+        Some(window) => {
+            let local_layers = match md.array(&key("attention.sliding_window_pattern"))? {
+                Some(pattern) => {
+                    let flags: Option<Vec<bool>> = pattern.iter().map(Value::as_bool).collect();
+                    match flags {
+                        Some(f) if f.len() == n_layers => f,
+                        _ => {
+                            return Err(Error::format(
+                                path,
+                                format!(
+                                    "`{}` must hold one bool per layer ({n_layers})",
+                                    key("attention.sliding_window_pattern")
+                                ),
+                            ))
+                        }
+                    }
+                }
+                None if gemma => (0..n_layers).map(|l| l % GEMMA3_GLOBAL_EVERY < GEMMA3_GLOBAL_EVERY - 1).collect(),
+                None => vec![true; n_layers],
+            };
+            let local_rope_theta =
+                if gemma { Some(md.f32(&key("rope.freq_base_swa"))?.unwrap_or(GEMMA3_LOCAL_ROPE_BASE)) } else { None };
+            Some(SlidingWindow { window, local_layers, local_rope_theta })
+        }
+    };
+    let qk_norm = matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3);
+    let features = BlockFeatures {
+        qk_norm,
+        post_norms: gemma,
+        embedding_scale: gemma.then(|| (hidden as f32).sqrt()),
+        attention_scale: None,
+        sliding_window,
+    };
+    let layout = if architecture == Architecture::Llama { RopeLayout::AdjacentPairs } else { RopeLayout::HalfSplit };
 
     let tensor =
         |name: &str| -> Result<&TensorInfo> { f.tensor(name).ok_or_else(|| Error::MissingTensor(name.to_string())) };
@@ -740,7 +812,7 @@ pub fn build(f: &GgufFile) -> Result<(ModelConfig, Weights)> {
         _ => 0,
     };
     let mut config = ModelConfig {
-        architecture: Architecture::Llama,
+        architecture,
         format: SourceFormat::Gguf,
         n_layers,
         n_heads,
@@ -752,37 +824,60 @@ pub fn build(f: &GgufFile) -> Result<(ModelConfig, Weights)> {
         context_len,
         norm: NormKind::Rms,
         norm_eps,
-        activation: Activation::Silu,
+        activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
         gated_mlp: true,
-        rope: Some(RopeConfig { theta, rotary_dim, layout: RopeLayout::AdjacentPairs }),
+        rope: Some(RopeConfig { theta, rotary_dim, layout }),
         learned_positions: None,
         parallel_residual: false,
         tied_embeddings: f.tensor("output.weight").is_none(),
         bos_token_id: None,
         eos_token_ids: Vec::new(),
+        features,
     };
-    config.validate().map_err(|why| Error::format(path, format!("invalid llama config: {why}")))?;
+    config.validate().map_err(|why| Error::format(path, format!("invalid {a} config: {why}")))?;
 
-    let matrix = |name: &str, rows: usize, cols: usize| -> Result<Matrix> {
+    // a matrix of `rows × cols`, or rows `first..first + rows` of a fused one
+    let matrix_rows = |name: &str, total_rows: usize, first: usize, rows: usize, cols: usize| -> Result<Matrix> {
         let t = tensor(name)?;
-        if t.dims != [cols, rows] {
+        if t.dims != [cols, total_rows] {
             return Err(Error::ShapeMismatch {
                 name: format!("{name} (GGUF ne order: columns, rows)"),
-                expected: vec![cols, rows],
+                expected: vec![cols, total_rows],
                 got: t.dims.clone(),
             });
         }
-        Matrix::from_bytes(t.dtype, rows, cols, f.data(t))
-            .map_err(|e| Error::format(path, format!("tensor `{name}`: {e}")))
-    };
-    let norm = |name: &str| -> Result<NormWeights> {
-        let t = tensor(name)?;
-        if t.dims != [hidden] {
-            return Err(Error::ShapeMismatch { name: name.to_string(), expected: vec![hidden], got: t.dims.clone() });
+        if !cols.is_multiple_of(t.dtype.block_elems()) {
+            return Err(Error::format(
+                path,
+                format!(
+                    "tensor `{name}`: rows of {cols} are not whole {} blocks of {}",
+                    t.dtype,
+                    t.dtype.block_elems()
+                ),
+            ));
         }
-        let mut w = vec![0f32; hidden];
+        let rb = t.dtype.bytes_for(cols);
+        let bytes = &f.data(t)[first * rb..(first + rows) * rb];
+        Matrix::from_bytes(t.dtype, rows, cols, bytes).map_err(|e| Error::format(path, format!("tensor `{name}`: {e}")))
+    };
+    let matrix = |name: &str, rows: usize, cols: usize| matrix_rows(name, rows, 0, rows, cols);
+    let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
+        let t = tensor(name)?;
+        if t.dims != [len] {
+            return Err(Error::ShapeMismatch { name: name.to_string(), expected: vec![len], got: t.dims.clone() });
+        }
+        let mut w = vec![0f32; len];
         kvslim_kernels::quant::dequantize(t.dtype, f.data(t), &mut w);
-        Ok(NormWeights { weight: w, bias: None })
+        Ok(w)
+    };
+    let norm_of =
+        |name: &str, len: usize| -> Result<NormWeights> { Ok(NormWeights { weight: vector(name, len)?, bias: None }) };
+    let optional_bias = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
+        if f.tensor(name).is_some() {
+            vector(name, len).map(Some)
+        } else {
+            Ok(None)
+        }
     };
 
     let (q_dim, kv_dim) = (config.q_dim(), config.kv_dim());
@@ -790,20 +885,49 @@ pub fn build(f: &GgufFile) -> Result<(ModelConfig, Weights)> {
     let mut layers = Vec::with_capacity(n_layers);
     for i in 0..n_layers {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
-        let lin = |s: &str, rows, cols| -> Result<Linear> { Ok(Linear::new(matrix(&n(s), rows, cols)?, None)) };
+        let b = |s: &str| format!("blk.{i}.{s}.bias");
+        let lin = |s: &str, rows, cols| -> Result<Linear> {
+            Ok(Linear::new(matrix(&n(s), rows, cols)?, optional_bias(&b(s), rows)?))
+        };
+        let (q, k, v) = if architecture == Architecture::Phi3 {
+            let total = q_dim + 2 * kv_dim;
+            let part = |first, rows| -> Result<Linear> {
+                Ok(Linear::new(matrix_rows(&n("attn_qkv"), total, first, rows, hidden)?, None))
+            };
+            (part(0, q_dim)?, part(q_dim, kv_dim)?, part(q_dim + kv_dim, kv_dim)?)
+        } else {
+            (lin("attn_q", q_dim, hidden)?, lin("attn_k", kv_dim, hidden)?, lin("attn_v", kv_dim, hidden)?)
+        };
+        let (gate, up) = if architecture == Architecture::Phi3 {
+            let part = |first| -> Result<Linear> {
+                Ok(Linear::new(matrix_rows(&n("ffn_up"), 2 * ffn, first, ffn, hidden)?, None))
+            };
+            (part(0)?, part(ffn)?)
+        } else {
+            (lin("ffn_gate", ffn, hidden)?, lin("ffn_up", ffn, hidden)?)
+        };
+        let pair = |on: bool, a: &str, b: &str, len| -> Result<(Option<NormWeights>, Option<NormWeights>)> {
+            Ok(if on { (Some(norm_of(&n(a), len)?), Some(norm_of(&n(b), len)?)) } else { (None, None) })
+        };
+        let (q_norm, k_norm) = pair(qk_norm, "attn_q_norm", "attn_k_norm", head_dim)?;
+        let (post_attn_norm, post_mlp_norm) = pair(gemma, "post_attention_norm", "post_ffw_norm", hidden)?;
         layers.push(LayerWeights {
-            attn_norm: norm(&n("attn_norm"))?,
-            q: lin("attn_q", q_dim, hidden)?,
-            k: lin("attn_k", kv_dim, hidden)?,
-            v: lin("attn_v", kv_dim, hidden)?,
+            attn_norm: norm_of(&n("attn_norm"), hidden)?,
+            q,
+            k,
+            v,
             o: lin("attn_output", hidden, q_dim)?,
-            mlp_norm: norm(&n("ffn_norm"))?,
-            gate: Some(lin("ffn_gate", ffn, hidden)?),
-            up: lin("ffn_up", ffn, hidden)?,
+            mlp_norm: norm_of(&n("ffn_norm"), hidden)?,
+            gate: Some(gate),
+            up,
             down: lin("ffn_down", hidden, ffn)?,
+            q_norm,
+            k_norm,
+            post_attn_norm,
+            post_mlp_norm,
         });
     }
-    let final_norm = norm("output_norm.weight")?;
+    let final_norm = norm_of("output_norm.weight", hidden)?;
     let lm_head = if config.tied_embeddings {
         None
     } else {

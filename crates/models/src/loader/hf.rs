@@ -7,7 +7,7 @@
 
 use super::safetensors::{RawTensor, SafetensorsFiles};
 use super::LoadedModel;
-use crate::config::{Architecture, ModelConfig, NormKind, RopeConfig, SourceFormat};
+use crate::config::{Architecture, BlockFeatures, ModelConfig, NormKind, RopeConfig, SlidingWindow, SourceFormat};
 use crate::transformer::Model;
 use crate::weights::{LayerWeights, Linear, NormWeights, Weights};
 use crate::{Error, Result};
@@ -104,17 +104,19 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
             let hidden = need(&["hidden_size"])?;
             let heads = need(&["num_attention_heads"])?;
             let head_dim = get_usize(j, &["head_dim"]).unwrap_or(hidden / heads.max(1));
-            let mut context = need(&["max_position_embeddings"])?;
-            if architecture == Architecture::Mistral {
-                // sliding-window attention is not implemented: stay inside one window
-                if let Some(w) = get_usize(j, &["sliding_window"]) {
-                    context = context.min(w);
-                }
-            }
+            let context = need(&["max_position_embeddings"])?;
+            let n_layers = need(&["num_hidden_layers"])?;
+            // Mistral: every layer sees only the last `sliding_window` keys
+            // (Qwen2 carries the key too, but only with use_sliding_window)
+            let windowed = architecture == Architecture::Mistral
+                || (architecture == Architecture::Qwen2 && get_bool(j, "use_sliding_window") == Some(true));
+            let sliding_window = get_usize(j, &["sliding_window"])
+                .filter(|&w| windowed && w > 0 && w < context)
+                .map(|window| SlidingWindow { window, local_layers: vec![true; n_layers], local_rope_theta: None });
             ModelConfig {
                 architecture,
                 format: SourceFormat::HfSafetensors,
-                n_layers: need(&["num_hidden_layers"])?,
+                n_layers,
                 n_heads: heads,
                 n_kv_heads: get_usize(j, &["num_key_value_heads"]).unwrap_or(heads),
                 head_dim,
@@ -136,6 +138,7 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
                 tied_embeddings: get_bool(j, "tie_word_embeddings").unwrap_or(false),
                 bos_token_id: bos,
                 eos_token_ids: eos,
+                features: BlockFeatures { sliding_window, ..Default::default() },
             }
         }
         Architecture::Gpt2 => {
@@ -162,6 +165,7 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
                 tied_embeddings: true,
                 bos_token_id: bos,
                 eos_token_ids: eos,
+                features: Default::default(),
             }
         }
         Architecture::Opt => {
@@ -198,6 +202,7 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
                 tied_embeddings: get_bool(j, "tie_word_embeddings").unwrap_or(true),
                 bos_token_id: bos,
                 eos_token_ids: eos,
+                features: Default::default(),
             }
         }
         Architecture::GptNeoX => {
@@ -231,7 +236,11 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
                 tied_embeddings: get_bool(j, "tie_word_embeddings").unwrap_or(false),
                 bos_token_id: bos,
                 eos_token_ids: eos,
+                features: Default::default(),
             }
+        }
+        Architecture::Qwen3 | Architecture::Gemma3 | Architecture::Phi3 => {
+            return Err(ConfigError::Unknown(format!("{arch_name} (this family loads from GGUF only so far)")))
         }
     };
     cfg.validate().map_err(ConfigError::Invalid)?;
@@ -379,6 +388,10 @@ fn map_weights(c: &ModelConfig, files: &SafetensorsFiles) -> Result<Weights> {
                     gate: Some(r.linear(&format!("{p}.mlp.gate_proj"), f, d)?),
                     up: r.linear(&format!("{p}.mlp.up_proj"), f, d)?,
                     down: r.linear(&format!("{p}.mlp.down_proj"), d, f)?,
+                    q_norm: None,
+                    k_norm: None,
+                    post_attn_norm: None,
+                    post_mlp_norm: None,
                 });
             }
             Weights {
@@ -409,6 +422,10 @@ fn map_weights(c: &ModelConfig, files: &SafetensorsFiles) -> Result<Weights> {
                     gate: None,
                     up: take1(&format!("{p}.mlp.c_fc"), d, f)?,
                     down: take1(&format!("{p}.mlp.c_proj"), f, d)?,
+                    q_norm: None,
+                    k_norm: None,
+                    post_attn_norm: None,
+                    post_mlp_norm: None,
                 });
             }
             Weights {
@@ -433,6 +450,10 @@ fn map_weights(c: &ModelConfig, files: &SafetensorsFiles) -> Result<Weights> {
                     gate: None,
                     up: r.linear(&format!("{p}.fc1"), f, d)?,
                     down: r.linear(&format!("{p}.fc2"), d, f)?,
+                    q_norm: None,
+                    k_norm: None,
+                    post_attn_norm: None,
+                    post_mlp_norm: None,
                 });
             }
             Weights {
@@ -457,6 +478,10 @@ fn map_weights(c: &ModelConfig, files: &SafetensorsFiles) -> Result<Weights> {
                     gate: None,
                     up: r.linear(&format!("{p}.mlp.dense_h_to_4h"), f, d)?,
                     down: r.linear(&format!("{p}.mlp.dense_4h_to_h"), d, f)?,
+                    q_norm: None,
+                    k_norm: None,
+                    post_attn_norm: None,
+                    post_mlp_norm: None,
                 });
             }
             Weights {
@@ -466,6 +491,9 @@ fn map_weights(c: &ModelConfig, files: &SafetensorsFiles) -> Result<Weights> {
                 final_norm: r.norm("gpt_neox.final_layer_norm", d)?,
                 lm_head: untied_head("embed_out.weight")?,
             }
+        }
+        Architecture::Qwen3 | Architecture::Gemma3 | Architecture::Phi3 => {
+            return Err(Error::UnknownArchitecture(format!("{:?} from safetensors", c.architecture)))
         }
     };
     Ok(weights)

@@ -97,6 +97,7 @@ pub fn parse(path: &Path, data: &[u8]) -> Result<(ModelConfig, Weights)> {
         tied_embeddings: shared,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
+        features: Default::default(),
     };
     config.validate().map_err(bad)?;
     let kv_dim = config.kv_dim();
@@ -160,6 +161,10 @@ pub fn parse(path: &Path, data: &[u8]) -> Result<(ModelConfig, Weights)> {
             gate: Some(Linear::new(mat(&w1, l, hidden, dim)?, None)),
             up: Linear::new(mat(&w3, l, hidden, dim)?, None),
             down: Linear::new(mat(&w2, l, dim, hidden)?, None),
+            q_norm: None,
+            k_norm: None,
+            post_attn_norm: None,
+            post_mlp_norm: None,
         });
     }
     let weights = Weights {

@@ -17,3 +17,35 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
 }
+
+/// Standard base64 (with `=` padding) to bytes; the fixtures store logits
+/// this way. Panics on a malformed string (fixtures are trusted input).
+pub fn base64_decode(s: &str) -> Vec<u8> {
+    let value = |c: u8| -> u32 {
+        match c {
+            b'A'..=b'Z' => (c - b'A') as u32,
+            b'a'..=b'z' => (c - b'a') as u32 + 26,
+            b'0'..=b'9' => (c - b'0') as u32 + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("invalid base64 byte {c}"),
+        }
+    };
+    let bytes: Vec<u8> = s.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
+    let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
+    for chunk in bytes.chunks(4) {
+        let pad = chunk.iter().filter(|&&c| c == b'=').count();
+        let mut acc = 0u32;
+        for &c in chunk {
+            acc = (acc << 6) | if c == b'=' { 0 } else { value(c) };
+        }
+        let three = [(acc >> 16) as u8, (acc >> 8) as u8, acc as u8];
+        out.extend_from_slice(&three[..3 - pad]);
+    }
+    out
+}
+
+/// Little-endian f32s from bytes.
+pub fn f32s_le(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}

@@ -1,0 +1,157 @@
+//! The GGUF architectures (llama, qwen2, qwen3, gemma3, phi3) against
+//! references we did not write: `../shared/fixtures/gguf`, tiny random
+//! models converted and quantized by llama.cpp's own tools, with
+//! llama.cpp's logits at every position and, for the Q8_0 files,
+//! transformers' logits on the file's own dequantized weights.
+//!
+//! kvslim computes in f32 on dequantized weights, so the Q8_0 files must
+//! match transformers to ~1e-4 (the forward pass is exact per
+//! architecture, Gemma 3's sliding window and layer pattern included);
+//! llama.cpp quantizes activations to 8 bits before its integer dot
+//! products, so against llama.cpp we report top-1 agreement and mean |Δ|
+//! and bound the maximum by the gap the fixture README measured between
+//! llama.cpp and transformers on the same weights.
+
+mod common;
+
+use common::{base64_decode, f32s_le, shared};
+use kvslim_cache::PolicySpec;
+use kvslim_models::{load_model, LoadedModel, Logits, Scratch};
+use serde_json::Value;
+use std::path::PathBuf;
+
+const ARCHS: [&str; 5] = ["llama", "qwen2", "qwen3", "gemma3", "phi3"];
+
+fn dir(arch: &str) -> PathBuf {
+    shared().join("fixtures/gguf").join(arch)
+}
+
+fn reference(arch: &str, ty: &str) -> Value {
+    let p = dir(arch).join(format!("{ty}.reference.json"));
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn load(arch: &str, ty: &str) -> LoadedModel {
+    let p = dir(arch).join(format!("{ty}.gguf"));
+    load_model(&p).unwrap_or_else(|e| panic!("loading {}: {e}", p.display()))
+}
+
+/// Teacher-forced logits of every position, as one prefill chunk.
+fn all_logits(m: &LoadedModel, tokens: &[u32]) -> Vec<f32> {
+    let model = &m.model;
+    let mut cache = model.new_cache(&PolicySpec::parse("full").unwrap(), tokens.len(), tokens.len()).unwrap();
+    let mut s = Scratch::new();
+    model.forward(tokens, &mut cache, &mut s, Logits::All).unwrap();
+    s.logits().to_vec()
+}
+
+/// Logits of every position, one decode step at a time.
+fn decoded_logits(m: &LoadedModel, tokens: &[u32]) -> Vec<f32> {
+    let model = &m.model;
+    let mut cache = model.new_cache(&PolicySpec::parse("full").unwrap(), tokens.len(), tokens.len()).unwrap();
+    let mut s = Scratch::new();
+    let mut out = Vec::new();
+    for &t in tokens {
+        model.forward(&[t], &mut cache, &mut s, Logits::Last).unwrap();
+        out.extend_from_slice(s.logits());
+    }
+    out
+}
+
+fn argmax(row: &[f32]) -> usize {
+    row.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0
+}
+
+struct Gap {
+    max: f32,
+    mean: f32,
+    top1: f32,
+}
+
+fn gap(a: &[f32], b: &[f32], vocab: usize) -> Gap {
+    assert_eq!(a.len(), b.len());
+    let max = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    let mean = a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).sum::<f64>() / a.len() as f64;
+    let rows = a.len() / vocab;
+    let agree = (0..rows).filter(|&r| argmax(&a[r * vocab..(r + 1) * vocab]) == argmax(&b[r * vocab..(r + 1) * vocab]));
+    Gap { max, mean: mean as f32, top1: agree.count() as f32 / rows as f32 }
+}
+
+/// Q8_0, every architecture: the forward pass equals transformers run on
+/// the same dequantized weights, in prefill and in decode.
+#[test]
+fn q8_0_matches_transformers_on_dequantized_weights() {
+    for arch in ARCHS {
+        let r = reference(arch, "Q8_0");
+        let tokens = ids(&r["token_ids"]);
+        let vocab = r["n_vocab"].as_u64().unwrap() as usize;
+        let hf = f32s_le(&base64_decode(r["transformers"]["dequant_logits"].as_str().unwrap()));
+        let m = load(arch, "Q8_0");
+        let prefill = all_logits(&m, &tokens);
+        let g = gap(&prefill, &hf, vocab);
+        eprintln!("{arch} Q8_0 vs transformers(dequant): max {:.2e} mean {:.2e} top-1 {:.3}", g.max, g.mean, g.top1);
+        assert!(g.max <= 1e-3, "{arch}: prefill logits differ from transformers by up to {}", g.max);
+        let decode = decoded_logits(&m, &tokens);
+        let g = gap(&decode, &hf, vocab);
+        assert!(g.max <= 1e-3, "{arch}: decode logits differ from transformers by up to {}", g.max);
+        let llama = f32s_le(&base64_decode(r["logits"].as_str().unwrap()));
+        let g = gap(&prefill, &llama, vocab);
+        eprintln!("{arch} Q8_0 vs llama.cpp: max {:.2e} mean {:.2e} top-1 {:.3}", g.max, g.mean, g.top1);
+    }
+}
+
+/// Gemma 3's local layer masks keys 16 or more tokens back and its global
+/// layer does not: both a window of 15 and no window at all change the
+/// logits from position 15 or 16 on (a check that the test above can fail).
+#[test]
+fn gemma3_window_is_what_makes_it_match() {
+    let r = reference("gemma3", "Q8_0");
+    let tokens = ids(&r["token_ids"]);
+    let hf = f32s_le(&base64_decode(r["transformers"]["dequant_logits"].as_str().unwrap()));
+    let vocab = 512;
+    let m = load("gemma3", "Q8_0");
+    let w = m.model.config.features.sliding_window.clone().expect("gemma3 has sliding-window layers");
+    assert_eq!((w.window, w.local_layers.clone(), w.local_rope_theta), (16, vec![true, false], Some(10_000.0)));
+    for window in [15, 17] {
+        let mut c = m.model.config.clone();
+        c.features.sliding_window.as_mut().unwrap().window = window;
+        let path = dir("gemma3").join("Q8_0.gguf");
+        let file = kvslim_models::loader::gguf::GgufFile::open(&path).unwrap();
+        let (_, weights) = kvslim_models::loader::gguf::build(&file).unwrap();
+        let other = LoadedModel { model: kvslim_models::Model::new(c, weights).unwrap(), tokenizer: None };
+        let logits = all_logits(&other, &tokens);
+        // positions below both windows see the same keys
+        let same = window.min(16);
+        let early = gap(&logits[..same * vocab], &hf[..same * vocab], vocab);
+        let rest = gap(&logits[same * vocab..], &hf[same * vocab..], vocab);
+        assert!(early.max <= 1e-3, "window {window}: the first {same} positions cannot tell");
+        assert!(rest.max > 0.05, "window {window} should change later logits (max Δ {})", rest.max);
+    }
+}
+
+/// Bounded memory: with `full`, the local layer of the Gemma 3 fixture
+/// holds at most its window while the global layer holds every token.
+#[test]
+fn gemma3_local_layer_cache_is_bounded_by_its_window() {
+    let r = reference("gemma3", "Q8_0");
+    let tokens = ids(&r["token_ids"]);
+    let m = load("gemma3", "Q8_0");
+    let mut cache = m.model.new_cache(&PolicySpec::parse("full").unwrap(), 96, 96).unwrap();
+    assert_eq!(cache.store.head(0, 0).capacity(), 16);
+    assert_eq!(cache.store.head(1, 0).capacity(), 96);
+    let mut s = Scratch::new();
+    m.model.forward(&tokens[..40], &mut cache, &mut s, Logits::None).unwrap();
+    for &t in &tokens[40..60] {
+        m.model.forward(&[t], &mut cache, &mut s, Logits::Last).unwrap();
+        assert_eq!(cache.store.head(0, 1).len(), 15);
+    }
+    assert_eq!(cache.store.head(1, 1).len(), 60);
+    let mut held: Vec<u32> = cache.store.head(0, 0).positions().to_vec();
+    held.sort_unstable();
+    assert_eq!(held, (45..60).collect::<Vec<u32>>());
+}
