@@ -21,9 +21,25 @@ pub fn run(a: Args) -> CliResult {
     for mat in m.weights.matrices() {
         *dtypes.entry(mat.dtype().to_string()).or_default() += 1;
     }
+    let layer_kinds = layer_kinds(c);
+    let f = &c.features;
+    let mut features: Vec<String> = Vec::new();
+    if f.qk_norm {
+        features.push("per-head QK RMS norm".into());
+    }
+    if f.post_norms {
+        features.push("post-attention/post-MLP norms".into());
+    }
+    if let Some(s) = f.embedding_scale {
+        features.push(format!("embeddings ×{s}"));
+    }
+    if let Some(s) = f.attention_scale {
+        features.push(format!("attention scale {s}"));
+    }
     if a.json {
         let v = serde_json::json!({
             "config": c,
+            "layer_kinds": layer_kinds,
             "parameters": params,
             "weight_bytes": bytes,
             "matrix_dtypes": dtypes,
@@ -39,6 +55,8 @@ pub fn run(a: Args) -> CliResult {
         ("architecture", format!("{:?}", c.architecture)),
         ("format", format!("{:?}", c.format)),
         ("layers", c.n_layers.to_string()),
+        ("layer kinds", layer_kinds.join("; ")),
+        ("block features", if features.is_empty() { "none".into() } else { features.join(", ") }),
         ("heads", c.n_heads.to_string()),
         ("kv heads", format!("{} (group of {})", c.n_kv_heads, c.group_size())),
         ("head dim", c.head_dim.to_string()),
@@ -61,7 +79,21 @@ pub fn run(a: Args) -> CliResult {
         ("matrix dtypes", dtypes.iter().map(|(k, v)| format!("{k}×{v}")).collect::<Vec<_>>().join(" ")),
         ("parameters", format!("{params} ({:.1} M)", params as f64 / 1e6)),
         ("weight bytes", format!("{bytes} ({:.1} MiB)", bytes as f64 / 1048576.0)),
-        ("kv bytes/token", format!("{} (f32 K+V, all layers)", 2 * c.n_layers * c.kv_dim() * 4)),
+        (
+            "kv bytes/token",
+            match &f.sliding_window {
+                None => format!("{} (f32 K+V, all layers)", 2 * c.n_layers * c.kv_dim() * 4),
+                Some(w) => {
+                    let global = w.local_layers.iter().filter(|&&l| !l).count();
+                    format!(
+                        "{} (f32 K+V, the {global} global layers; each local layer holds at most {} tokens: {} bytes)",
+                        2 * global * c.kv_dim() * 4,
+                        w.window,
+                        2 * w.window * c.kv_dim() * 4
+                    )
+                }
+            },
+        ),
         (
             "tokenizer",
             match &loaded.tokenizer {
@@ -74,4 +106,35 @@ pub fn run(a: Args) -> CliResult {
         println!("{k:>18}  {v}");
     }
     Ok(())
+}
+
+/// Layers grouped by kind: `global × 3 (5, 11, 17)`, `local window 512,
+/// RoPE θ=10000 × 15 (0-4, …)`.
+fn layer_kinds(c: &kvslim_models::ModelConfig) -> Vec<String> {
+    let Some(w) = &c.features.sliding_window else {
+        return vec![format!("global × {}", c.n_layers)];
+    };
+    let list = |local: bool| -> Vec<usize> { (0..c.n_layers).filter(|&l| w.local_layers[l] == local).collect() };
+    let ranges = |ls: &[usize]| -> String {
+        let mut out: Vec<String> = Vec::new();
+        let mut i = 0;
+        while i < ls.len() {
+            let mut j = i;
+            while j + 1 < ls.len() && ls[j + 1] == ls[j] + 1 {
+                j += 1;
+            }
+            out.push(if i == j { ls[i].to_string() } else { format!("{}-{}", ls[i], ls[j]) });
+            i = j + 1;
+        }
+        out.join(", ")
+    };
+    let theta = w.local_rope_theta.map(|t| format!(", RoPE θ={t}")).unwrap_or_default();
+    let mut kinds = Vec::new();
+    for (local, name) in [(true, format!("local (window {}{theta})", w.window)), (false, "global".to_string())] {
+        let ls = list(local);
+        if !ls.is_empty() {
+            kinds.push(format!("{name} × {} ({})", ls.len(), ranges(&ls)));
+        }
+    }
+    kinds
 }

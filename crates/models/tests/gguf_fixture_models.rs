@@ -155,3 +155,100 @@ fn gemma3_local_layer_cache_is_bounded_by_its_window() {
     held.sort_unstable();
     assert_eq!(held, (45..60).collect::<Vec<u32>>());
 }
+
+/// The Hugging Face name of a GGUF tensor in the qwen2/qwen3/gemma3/phi3
+/// layouts (the inverse of llama.cpp's converter), and whether Gemma's
+/// `1 + w` norm convention must be undone.
+fn hf_name(arch: &str, gguf: &str) -> (String, bool) {
+    let gemma = arch == "gemma3";
+    let top = match gguf {
+        "token_embd.weight" => Some(("model.embed_tokens.weight".to_string(), false)),
+        "output_norm.weight" => Some(("model.norm.weight".to_string(), gemma)),
+        "output.weight" => Some(("lm_head.weight".to_string(), false)),
+        _ => None,
+    };
+    if let Some(t) = top {
+        return t;
+    }
+    let rest = gguf.strip_prefix("blk.").expect("block tensor");
+    let (layer, what) = rest.split_once('.').unwrap();
+    let (stem, kind) = what.rsplit_once('.').unwrap();
+    let p = format!("model.layers.{layer}");
+    let (name, norm) = match stem {
+        "attn_norm" => (format!("{p}.input_layernorm"), true),
+        "attn_q" => (format!("{p}.self_attn.q_proj"), false),
+        "attn_k" => (format!("{p}.self_attn.k_proj"), false),
+        "attn_v" => (format!("{p}.self_attn.v_proj"), false),
+        "attn_qkv" => (format!("{p}.self_attn.qkv_proj"), false),
+        "attn_output" => (format!("{p}.self_attn.o_proj"), false),
+        "attn_q_norm" => (format!("{p}.self_attn.q_norm"), true),
+        "attn_k_norm" => (format!("{p}.self_attn.k_norm"), true),
+        "ffn_norm" if gemma => (format!("{p}.pre_feedforward_layernorm"), true),
+        "ffn_norm" => (format!("{p}.post_attention_layernorm"), true),
+        "post_attention_norm" => (format!("{p}.post_attention_layernorm"), true),
+        "post_ffw_norm" => (format!("{p}.post_feedforward_layernorm"), true),
+        "ffn_gate" => (format!("{p}.mlp.gate_proj"), false),
+        "ffn_up" if arch == "phi3" => (format!("{p}.mlp.gate_up_proj"), false),
+        "ffn_up" => (format!("{p}.mlp.up_proj"), false),
+        "ffn_down" => (format!("{p}.mlp.down_proj"), false),
+        other => panic!("unmapped tensor {other}"),
+    };
+    (format!("{name}.{kind}"), norm && gemma)
+}
+
+/// The same families from Hugging Face safetensors: a checkpoint written
+/// from the Q8_0 file's dequantized tensors (exactly what transformers was
+/// given for `dequant_logits`) must reproduce transformers' logits.
+#[test]
+fn hf_safetensors_of_the_new_families_match_transformers() {
+    for arch in ["qwen2", "qwen3", "gemma3", "phi3"] {
+        let r = reference(arch, "Q8_0");
+        let hp = &r["hparams"];
+        let file = kvslim_models::loader::gguf::GgufFile::open(&dir(arch).join("Q8_0.gguf")).unwrap();
+        let mut tensors = Vec::new();
+        for t in file.tensors() {
+            let mut data = vec![0f32; t.numel()];
+            kvslim_kernels::quant::dequantize(t.dtype, file.data(t), &mut data);
+            let (name, minus_one) = hf_name(arch, &t.name);
+            if minus_one {
+                data.iter_mut().for_each(|w| *w -= 1.0);
+            }
+            let shape: Vec<usize> = t.dims.iter().rev().copied().collect();
+            tensors.push((name, shape, data));
+        }
+        let class = match arch {
+            "qwen2" => "Qwen2ForCausalLM",
+            "qwen3" => "Qwen3ForCausalLM",
+            "gemma3" => "Gemma3ForCausalLM",
+            _ => "Phi3ForCausalLM",
+        };
+        let mut config = serde_json::json!({
+            "architectures": [class],
+            "hidden_size": hp["n_embd"], "intermediate_size": hp["n_ff"],
+            "num_attention_heads": hp["n_head"], "num_key_value_heads": hp["n_head_kv"],
+            "head_dim": hp["head_dim"], "num_hidden_layers": hp["n_layer"],
+            "rms_norm_eps": hp["rms_norm_eps"], "rope_theta": hp["rope_theta"],
+            "max_position_embeddings": 256, "vocab_size": hp["n_vocab"],
+            "tie_word_embeddings": hp["tied_embeddings"], "bos_token_id": 1, "eos_token_id": 2,
+        });
+        if arch == "gemma3" {
+            let extra = serde_json::json!({
+                "sliding_window": hp["sliding_window"], "layer_types": hp["layer_types"],
+                "query_pre_attn_scalar": hp["query_pre_attn_scalar"], "rope_local_base_freq": hp["rope_theta_swa"],
+                "hidden_activation": hp["activation"],
+            });
+            config.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        }
+        let out = std::env::temp_dir().join(format!("kvslim-hf-{arch}-{}", std::process::id()));
+        std::fs::create_dir_all(&out).unwrap();
+        std::fs::write(out.join("config.json"), config.to_string()).unwrap();
+        common::write_safetensors_f32(&out.join("model.safetensors"), &tensors);
+        let m = load_model(&out).unwrap_or_else(|e| panic!("{arch} from safetensors: {e}"));
+        std::fs::remove_dir_all(&out).ok();
+        let tokens = ids(&r["token_ids"]);
+        let hf = f32s_le(&base64_decode(r["transformers"]["dequant_logits"].as_str().unwrap()));
+        let g = gap(&all_logits(&m, &tokens), &hf, 512);
+        eprintln!("{arch} safetensors vs transformers(dequant): max {:.2e} mean {:.2e}", g.max, g.mean);
+        assert!(g.max <= 1e-3, "{arch} from safetensors: logits differ from transformers by up to {}", g.max);
+    }
+}

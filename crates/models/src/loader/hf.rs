@@ -72,6 +72,9 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
         "LlamaForCausalLM" | "llama" => Architecture::Llama,
         "MistralForCausalLM" | "mistral" => Architecture::Mistral,
         "Qwen2ForCausalLM" | "qwen2" => Architecture::Qwen2,
+        "Qwen3ForCausalLM" | "qwen3" => Architecture::Qwen3,
+        "Gemma3ForCausalLM" | "gemma3_text" => Architecture::Gemma3,
+        "Phi3ForCausalLM" | "phi3" => Architecture::Phi3,
         "GPT2LMHeadModel" | "gpt2" => Architecture::Gpt2,
         "OPTForCausalLM" | "opt" => Architecture::Opt,
         "GPTNeoXForCausalLM" | "gpt_neox" => Architecture::GptNeoX,
@@ -81,16 +84,24 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
         get_usize(j, keys).ok_or_else(|| ConfigError::Invalid(format!("config.json lacks `{}`", keys[0])))
     };
     let rope_params = j.get("rope_parameters");
-    let rope_field = |keys: &[&str]| rope_params.and_then(|r| get_f32(r, keys)).or_else(|| get_f32(j, keys));
+    // transformers 5 nests Gemma 3's per layer type: {"full_attention": {…}, "sliding_attention": {…}}
+    let global_rope = rope_params.and_then(|r| r.get("full_attention")).or(rope_params);
+    let rope_field = |keys: &[&str]| global_rope.and_then(|r| get_f32(r, keys)).or_else(|| get_f32(j, keys));
     if let Some(scaling) = j.get("rope_scaling").filter(|v| !v.is_null()) {
         let kind = scaling.get("rope_type").or_else(|| scaling.get("type")).and_then(Value::as_str);
         if kind != Some("default") {
             return Err(ConfigError::Invalid(format!("rope_scaling {scaling} is not supported")));
         }
     }
-    if let Some(kind) = rope_params.and_then(|r| r.get("rope_type")).and_then(Value::as_str) {
+    let nested = [global_rope, rope_params.and_then(|r| r.get("sliding_attention"))];
+    for kind in nested.into_iter().flatten().filter_map(|r| r.get("rope_type")).filter_map(Value::as_str) {
         if kind != "default" {
             return Err(ConfigError::Invalid(format!("rope_type `{kind}` is not supported")));
+        }
+    }
+    for key in ["final_logit_softcapping", "attn_logit_softcapping"] {
+        if j.get(key).is_some_and(|v| !v.is_null()) {
+            return Err(ConfigError::Invalid(format!("`{key}` (Gemma 2 style logit soft-capping) is not supported")));
         }
     }
     let act = |key: &str, default: &str| {
@@ -100,19 +111,55 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
     let bos = j.get("bos_token_id").and_then(Value::as_u64).map(|v| v as u32);
     let eos = token_ids(j.get("eos_token_id"));
     let cfg = match architecture {
-        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 => {
+        Architecture::Llama
+        | Architecture::Mistral
+        | Architecture::Qwen2
+        | Architecture::Qwen3
+        | Architecture::Gemma3
+        | Architecture::Phi3 => {
             let hidden = need(&["hidden_size"])?;
             let heads = need(&["num_attention_heads"])?;
             let head_dim = get_usize(j, &["head_dim"]).unwrap_or(hidden / heads.max(1));
             let context = need(&["max_position_embeddings"])?;
             let n_layers = need(&["num_hidden_layers"])?;
-            // Mistral: every layer sees only the last `sliding_window` keys
-            // (Qwen2 carries the key too, but only with use_sliding_window)
-            let windowed = architecture == Architecture::Mistral
-                || (architecture == Architecture::Qwen2 && get_bool(j, "use_sliding_window") == Some(true));
-            let sliding_window = get_usize(j, &["sliding_window"])
-                .filter(|&w| windowed && w > 0 && w < context)
-                .map(|window| SlidingWindow { window, local_layers: vec![true; n_layers], local_rope_theta: None });
+            let gemma = architecture == Architecture::Gemma3;
+            let window = get_usize(j, &["sliding_window"]).filter(|&w| w > 0 && w < context);
+            // Mistral and Phi-3: every layer sees only the last
+            // `sliding_window` keys (Qwen2/3 carry the key too, but use it
+            // only with use_sliding_window); Gemma 3 interleaves
+            let local_layers = match architecture {
+                Architecture::Mistral | Architecture::Phi3 => Some(vec![true; n_layers]),
+                Architecture::Qwen2 | Architecture::Qwen3 if get_bool(j, "use_sliding_window") == Some(true) => {
+                    Some(vec![true; n_layers])
+                }
+                Architecture::Gemma3 => Some(gemma3_layer_types(j, n_layers)?),
+                _ => None,
+            };
+            let local_rope_theta = gemma.then(|| {
+                rope_params
+                    .and_then(|r| r.get("sliding_attention"))
+                    .and_then(|r| get_f32(r, &["rope_theta"]))
+                    .or_else(|| get_f32(j, &["rope_local_base_freq"]))
+                    .unwrap_or(10_000.0)
+            });
+            let sliding_window = window.zip(local_layers).map(|(window, local_layers)| SlidingWindow {
+                window,
+                local_layers,
+                local_rope_theta,
+            });
+            let rotary_fraction = get_f32(j, &["partial_rotary_factor"]).unwrap_or(1.0);
+            let rotary_dim = ((head_dim as f32 * rotary_fraction) as usize) & !1;
+            let features = BlockFeatures {
+                qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
+                post_norms: gemma,
+                embedding_scale: gemma.then(|| (hidden as f32).sqrt()),
+                attention_scale: if gemma {
+                    Some(1.0 / get_f32(j, &["query_pre_attn_scalar"]).unwrap_or(head_dim as f32).sqrt())
+                } else {
+                    None
+                },
+                sliding_window,
+            };
             ModelConfig {
                 architecture,
                 format: SourceFormat::HfSafetensors,
@@ -126,19 +173,23 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
                 context_len: context,
                 norm: NormKind::Rms,
                 norm_eps: get_f32(j, &["rms_norm_eps"]).unwrap_or(1e-6),
-                activation: act("hidden_act", "silu")?,
+                activation: if gemma {
+                    act("hidden_activation", "gelu_pytorch_tanh")?
+                } else {
+                    act("hidden_act", "silu")?
+                },
                 gated_mlp: true,
                 rope: Some(RopeConfig {
-                    theta: rope_field(&["rope_theta"]).unwrap_or(10000.0),
-                    rotary_dim: head_dim,
+                    theta: rope_field(&["rope_theta"]).unwrap_or(if gemma { 1e6 } else { 10000.0 }),
+                    rotary_dim,
                     layout: RopeLayout::HalfSplit,
                 }),
                 learned_positions: None,
                 parallel_residual: false,
-                tied_embeddings: get_bool(j, "tie_word_embeddings").unwrap_or(false),
+                tied_embeddings: get_bool(j, "tie_word_embeddings").unwrap_or(gemma),
                 bos_token_id: bos,
                 eos_token_ids: eos,
-                features: BlockFeatures { sliding_window, ..Default::default() },
+                features,
             }
         }
         Architecture::Gpt2 => {
@@ -239,9 +290,6 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
                 features: Default::default(),
             }
         }
-        Architecture::Qwen3 | Architecture::Gemma3 | Architecture::Phi3 => {
-            return Err(ConfigError::Unknown(format!("{arch_name} (this family loads from GGUF only so far)")))
-        }
     };
     cfg.validate().map_err(ConfigError::Invalid)?;
     // bounds that keep the loader's size arithmetic (q_dim, 3·q_dim, context + 2) far from overflow
@@ -255,6 +303,29 @@ fn parse_config(j: &Value) -> Result<ModelConfig, ConfigError> {
         return Err(ConfigError::Invalid(format!("implausible {name} {v}")));
     }
     Ok(cfg)
+}
+
+/// Gemma 3's local/global layer pattern: `layer_types` when given, else
+/// `sliding_window_pattern` (every N-th layer global; 6 by default).
+fn gemma3_layer_types(j: &Value, n_layers: usize) -> Result<Vec<bool>, ConfigError> {
+    if let Some(types) = j.get("layer_types").and_then(Value::as_array) {
+        let local: Option<Vec<bool>> = types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Some(true),
+                Some("full_attention") => Some(false),
+                _ => None,
+            })
+            .collect();
+        return match local {
+            Some(l) if l.len() == n_layers => Ok(l),
+            _ => Err(ConfigError::Invalid(format!(
+                "`layer_types` must list {n_layers} of \"sliding_attention\" / \"full_attention\""
+            ))),
+        };
+    }
+    let every = get_usize(j, &["sliding_window_pattern"]).unwrap_or(6).max(1);
+    Ok((0..n_layers).map(|l| (l + 1) % every != 0).collect())
 }
 
 /// Reads tensors by name, checking shapes.
@@ -302,6 +373,34 @@ impl Reader<'_> {
             self.matrix(&format!("{prefix}.weight"), out, inp)?,
             self.opt_vector(&format!("{prefix}.bias"), out)?,
         ))
+    }
+
+    /// A norm; Gemma stores RMS weights as `w` and applies `1 + w`.
+    fn gemma_aware_norm(&self, c: &ModelConfig, prefix: &str, dim: usize) -> Result<NormWeights> {
+        let mut n = self.norm(prefix, dim)?;
+        if c.architecture == Architecture::Gemma3 {
+            n.weight.iter_mut().for_each(|w| *w += 1.0);
+        }
+        Ok(n)
+    }
+
+    /// A fused projection `prefix.weight` of `Σ parts` rows split into one
+    /// [`Linear`] per part (Phi-3's `qkv_proj` and `gate_up_proj`).
+    fn split_rows<const N: usize>(&self, prefix: &str, parts: &[usize; N], inp: usize) -> Result<[Linear; N]> {
+        let total: usize = parts.iter().sum();
+        let t = self.raw(&format!("{prefix}.weight"), &[total, inp])?;
+        let dt = t.dtype.weight_dtype().expect("checked in raw");
+        let bias = self.opt_vector(&format!("{prefix}.bias"), total)?;
+        let row_bytes = dt.bytes_for(inp);
+        let mut first = 0;
+        let mut out = Vec::with_capacity(N);
+        for &rows in parts {
+            let bytes = &t.bytes[first * row_bytes..(first + rows) * row_bytes];
+            let b = bias.as_ref().map(|b| b[first..first + rows].to_vec());
+            out.push(Linear::new(Matrix::from_bytes(dt, rows, inp, bytes)?, b));
+            first += rows;
+        }
+        Ok(out.try_into().unwrap_or_else(|_| unreachable!("one Linear per part")))
     }
 
     fn norm(&self, prefix: &str, dim: usize) -> Result<NormWeights> {
@@ -361,6 +460,53 @@ impl Reader<'_> {
     }
 }
 
+/// One block of Qwen3, Gemma 3 or Phi-3: the Llama layout plus QK norms
+/// (Qwen3, Gemma 3), sandwich norms (Gemma 3: `post_attention_layernorm`
+/// is the norm *after* attention there, `pre_feedforward_layernorm` the
+/// MLP's input norm), fused `qkv_proj`/`gate_up_proj` (Phi-3).
+fn modern_layer(r: &Reader, c: &ModelConfig, p: &str) -> Result<LayerWeights> {
+    let (d, f, hd) = (c.hidden_size, c.ffn_size, c.head_dim);
+    let (qd, kvd) = (c.q_dim(), c.kv_dim());
+    let att = |s: &str| format!("{p}.self_attn.{s}");
+    let mlp = |s: &str| format!("{p}.mlp.{s}");
+    let (q, k, v) = if c.architecture == Architecture::Phi3 {
+        let [q, k, v] = r.split_rows(&att("qkv_proj"), &[qd, kvd, kvd], d)?;
+        (q, k, v)
+    } else {
+        (r.linear(&att("q_proj"), qd, d)?, r.linear(&att("k_proj"), kvd, d)?, r.linear(&att("v_proj"), kvd, d)?)
+    };
+    let (gate, up) = if c.architecture == Architecture::Phi3 {
+        let [g, u] = r.split_rows(&mlp("gate_up_proj"), &[f, f], d)?;
+        (g, u)
+    } else {
+        (r.linear(&mlp("gate_proj"), f, d)?, r.linear(&mlp("up_proj"), f, d)?)
+    };
+    let qk = |s: &str| -> Result<Option<NormWeights>> {
+        if c.features.qk_norm {
+            r.gemma_aware_norm(c, &att(s), hd).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    let norm = |s: &str| r.gemma_aware_norm(c, &format!("{p}.{s}"), d);
+    let post = c.features.post_norms;
+    Ok(LayerWeights {
+        attn_norm: norm("input_layernorm")?,
+        q,
+        k,
+        v,
+        o: r.linear(&att("o_proj"), d, qd)?,
+        mlp_norm: norm(if post { "pre_feedforward_layernorm" } else { "post_attention_layernorm" })?,
+        gate: Some(gate),
+        up,
+        down: r.linear(&mlp("down_proj"), d, f)?,
+        q_norm: qk("q_norm")?,
+        k_norm: qk("k_norm")?,
+        post_attn_norm: if post { Some(norm("post_attention_layernorm")?) } else { None },
+        post_mlp_norm: if post { Some(norm("post_feedforward_layernorm")?) } else { None },
+    })
+}
+
 fn map_weights(c: &ModelConfig, files: &SafetensorsFiles) -> Result<Weights> {
     let r = Reader { files };
     let (d, f, v) = (c.hidden_size, c.ffn_size, c.vocab_size);
@@ -375,6 +521,18 @@ fn map_weights(c: &ModelConfig, files: &SafetensorsFiles) -> Result<Weights> {
         }
     };
     let weights = match c.architecture {
+        Architecture::Qwen3 | Architecture::Gemma3 | Architecture::Phi3 => {
+            for l in 0..c.n_layers {
+                layers.push(modern_layer(&r, c, &format!("model.layers.{l}"))?);
+            }
+            Weights {
+                token_embedding: r.matrix("model.embed_tokens.weight", v, d)?,
+                position_embedding: None,
+                layers,
+                final_norm: r.gemma_aware_norm(c, "model.norm", d)?,
+                lm_head: untied_head("lm_head.weight")?,
+            }
+        }
         Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 => {
             for l in 0..c.n_layers {
                 let p = format!("model.layers.{l}");
@@ -491,9 +649,6 @@ fn map_weights(c: &ModelConfig, files: &SafetensorsFiles) -> Result<Weights> {
                 final_norm: r.norm("gpt_neox.final_layer_norm", d)?,
                 lm_head: untied_head("embed_out.weight")?,
             }
-        }
-        Architecture::Qwen3 | Architecture::Gemma3 | Architecture::Phi3 => {
-            return Err(Error::UnknownArchitecture(format!("{:?} from safetensors", c.architecture)))
         }
     };
     Ok(weights)

@@ -49,3 +49,25 @@ pub fn base64_decode(s: &str) -> Vec<u8> {
 pub fn f32s_le(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
+
+/// Writes f32 tensors as one safetensors file (test checkpoints).
+pub fn write_safetensors_f32(path: &std::path::Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
+    let mut header = serde_json::Map::new();
+    let mut offset = 0usize;
+    for (name, shape, data) in tensors {
+        assert_eq!(shape.iter().product::<usize>(), data.len(), "{name}");
+        let end = offset + data.len() * 4;
+        header.insert(name.clone(), serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, end]}));
+        offset = end;
+    }
+    let mut text = serde_json::Value::Object(header).to_string();
+    while !text.len().is_multiple_of(8) {
+        text.push(' ');
+    }
+    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(text.as_bytes());
+    for (_, _, data) in tensors {
+        data.iter().for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
+    }
+    std::fs::write(path, bytes).unwrap();
+}
