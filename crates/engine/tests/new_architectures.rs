@@ -1,0 +1,119 @@
+//! The engine's paths on the GGUF families added with sliding-window layers,
+//! QK norms and sandwich norms (gemma3, qwen3, phi3; `../shared/fixtures/gguf`
+//! Q8_0 files): batched decode equals solo decode, the sequential
+//! verifier equals decode steps bit for bit, paged equals fixed slots,
+//! quantized KV runs, and speculative greedy equals plain greedy — every
+//! one under full, H2O and the baselines, with Gemma 3's window of 16
+//! crossed (96 tokens).
+
+use kvslim_cache::{PolicySpec, SequenceCache};
+use kvslim_engine::speculative::{speculative_run, NgramDrafter};
+use kvslim_engine::{generate, GenerateOptions, SamplingParams, Session};
+use kvslim_models::transformer::{BatchItem, BatchScratch};
+use kvslim_models::{load_model, Logits, Model, Scratch};
+mod common;
+
+use common::shared;
+
+fn model(arch: &str) -> Model {
+    load_model(&shared().join("fixtures/gguf").join(arch).join("Q8_0.gguf")).unwrap().model
+}
+
+/// The fixture's 96 token ids (BOS first).
+fn ids() -> Vec<u32> {
+    let p = shared().join("fixtures/gguf/summary.json");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    v["token_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn held(c: &SequenceCache) -> Vec<Vec<u32>> {
+    let st = &c.store;
+    (0..st.layers()).flat_map(|l| (0..st.kv_heads()).map(move |h| st.head(l, h).positions().to_vec())).collect()
+}
+
+const ARCHS: [&str; 3] = ["gemma3", "qwen3", "phi3"];
+const POLICIES: [&str; 5] =
+    ["full", "h2o:heavy=6,recent=6", "sink:sink=2,recent=10", "window:recent=20,kv_dtype=q8", "h2o:heavy=12,recent=12"];
+const PROMPT: usize = 24;
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+}
+
+/// Solo decode (prompt prefilled, then one token per step) against
+/// `forward_sequential` (bit for bit) and `forward_batch` (two sequences
+/// in lockstep; to rounding), and paged against fixed slots (bit for bit).
+#[test]
+fn batch_and_sequential_paths_equal_solo_decode() {
+    let tokens = ids();
+    for arch in ARCHS {
+        let m = model(arch);
+        for spec in POLICIES {
+            let policy = PolicySpec::parse(spec).unwrap();
+            let mut solo = Session::new(&m, &policy, 96, PROMPT).unwrap();
+            solo.feed(&tokens[..PROMPT], Logits::Last).unwrap();
+            let mut seq_cache = solo.cache.clone();
+            let (mut b1, mut b2) = (solo.cache.clone(), solo.cache.clone());
+            let mut want = Vec::new();
+            for &t in &tokens[PROMPT..] {
+                want.extend_from_slice(solo.feed(&[t], Logits::Last).unwrap());
+            }
+            let mut s = Scratch::new();
+            m.forward_sequential(&tokens[PROMPT..], &mut seq_cache, &mut s).unwrap();
+            assert_eq!(bits(s.logits()), bits(&want), "{arch} {spec}: sequential");
+            assert_eq!(held(&seq_cache), held(&solo.cache), "{arch} {spec}: sequential kept sets");
+            let mut bs = BatchScratch::new();
+            let vocab = m.config.vocab_size;
+            for (i, &t) in tokens[PROMPT..].iter().enumerate() {
+                let mut items = [BatchItem { token: t, cache: &mut b1 }, BatchItem { token: t, cache: &mut b2 }];
+                m.forward_batch(&mut items, &mut bs).unwrap();
+                // the batch reads each weight row once for both rows (GEMM):
+                // sums in another order, so equal to rounding, not bits (an
+                // int8 KV row may round the other way: logits std is ~2.5)
+                let tol = if spec.contains("q8") { 2e-2 } else { 1e-3 };
+                for j in 0..2 {
+                    let d = max_abs_diff(bs.logits(j), &want[i * vocab..(i + 1) * vocab]);
+                    assert!(d < tol, "{arch} {spec} step {i}: batch differs from solo by {d}");
+                }
+            }
+            assert_eq!(held(&b1), held(&solo.cache), "{arch} {spec}: batch kept sets");
+            // paged storage changes nothing but where rows live
+            let mut paged = policy.clone();
+            paged.storage.page_size = Some(4);
+            let mut p = Session::new(&m, &paged, 96, PROMPT).unwrap();
+            let mut got = Vec::new();
+            p.feed(&tokens[..PROMPT], Logits::Last).unwrap();
+            for &t in &tokens[PROMPT..] {
+                got.extend_from_slice(p.feed(&[t], Logits::Last).unwrap());
+            }
+            assert_eq!(bits(&got), bits(&want), "{arch} {spec}: paged");
+        }
+    }
+}
+
+/// Greedy speculative decoding (n-gram drafts) gives plain greedy's tokens.
+#[test]
+fn speculative_greedy_equals_plain_greedy() {
+    let tokens = ids();
+    for arch in ARCHS {
+        let m = model(arch);
+        for spec in ["full", "h2o:heavy=6,recent=6"] {
+            let o = GenerateOptions {
+                max_tokens: 40,
+                sampling: SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 },
+                policy: PolicySpec::parse(spec).unwrap(),
+                eos: vec![],
+            };
+            let prompt = &tokens[..8];
+            let plain = generate(&m, prompt, &o, |_| true).unwrap();
+            for k in [2, 4] {
+                let s = speculative_run(&m, prompt, &o, &mut NgramDrafter::default(), k, |_| true).unwrap();
+                assert_eq!(s.generation.token_ids, plain.token_ids, "{arch} {spec} k={k}");
+            }
+        }
+    }
+}
