@@ -166,10 +166,11 @@ pub fn step_time(
     let hd = c.head_dim;
     let mut k = vec![0f32; hd];
     let mut v = vec![0f32; hd];
-    let held = context.min(s.cache.store.head(0, 0).capacity().saturating_sub(1));
     for l in 0..c.n_layers {
         for h in 0..c.n_kv_heads {
             let head = s.cache.store.head_mut(l, h);
+            // what the policy would hold (a sliding-window layer: its window)
+            let held = context.min(head.capacity().saturating_sub(1));
             for p in context - held..context {
                 k.iter_mut().chain(v.iter_mut()).for_each(|x| *x = rng.next_f32() - 0.5);
                 head.push(p as u32, &k, &v).expect("within capacity");

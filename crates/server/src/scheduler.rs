@@ -281,7 +281,7 @@ impl PrefixCache {
             .entries
             .iter()
             .enumerate()
-            .filter(|(_, e)| e.spec == spec && e.cache.store.head(0, 0).capacity() >= capacity)
+            .filter(|(_, e)| e.spec == spec && e.cache.store.max_capacity() >= capacity)
             .filter_map(|(i, e)| match common(e) {
                 n if n == prompt.len() && n == e.prompt.len() => Some((i, n)),
                 // less than a page would share nothing but a page copied at once
