@@ -116,6 +116,13 @@ pub fn dot_row(k: &DotKernels, dtype: DType, row: &[u8], x: &[f32]) -> f32 {
         DType::Q8_0 => (k.q8_0)(row, x),
         DType::Q4_0 => (k.q4_0)(row, x),
         DType::Q4_1 => (k.q4_1)(row, x),
+        DType::Q5_0 => scalar::dot_q5_0(row, x),
+        DType::Q5_1 => scalar::dot_q5_1(row, x),
+        DType::Q2_K => scalar::dot_q2_k(row, x),
+        DType::Q3_K => scalar::dot_q3_k(row, x),
+        DType::Q4_K => scalar::dot_q4_k(row, x),
+        DType::Q5_K => scalar::dot_q5_k(row, x),
+        DType::Q6_K => scalar::dot_q6_k(row, x),
     }
 }
 
@@ -208,6 +215,56 @@ pub mod scalar {
             s += scale(b, 0) * acc + scale(b, 2) * xsum;
         }
         s
+    }
+
+    /// Σ w·x over the whole blocks of a Q5 or K-quant row: each block is
+    /// dequantized (exactly as [`crate::quant::dequantize`]) into a stack
+    /// buffer and dotted with 8 partial sums, so the result is
+    /// dequantize-then-dot up to the order of the f32 additions.
+    fn dot_blocks(dt: DType, w: &[u8], x: &[f32]) -> f32 {
+        let (bb, be) = (dt.block_bytes(), dt.block_elems());
+        let mut buf = [0f32; crate::quant::QK_K];
+        let mut s = 0f32;
+        for (b, xb) in w.chunks_exact(bb).zip(x.chunks_exact(be)) {
+            crate::quant::dequantize_block(dt, b, &mut buf);
+            s += dot_f32(&buf[..be], xb);
+        }
+        s
+    }
+
+    /// Q5_0 row (22-byte blocks of 32) · x.
+    pub fn dot_q5_0(w: &[u8], x: &[f32]) -> f32 {
+        dot_blocks(DType::Q5_0, w, x)
+    }
+
+    /// Q5_1 row (24-byte blocks of 32) · x.
+    pub fn dot_q5_1(w: &[u8], x: &[f32]) -> f32 {
+        dot_blocks(DType::Q5_1, w, x)
+    }
+
+    /// Q2_K row (84-byte super-blocks of 256) · x.
+    pub fn dot_q2_k(w: &[u8], x: &[f32]) -> f32 {
+        dot_blocks(DType::Q2_K, w, x)
+    }
+
+    /// Q3_K row (110-byte super-blocks of 256) · x.
+    pub fn dot_q3_k(w: &[u8], x: &[f32]) -> f32 {
+        dot_blocks(DType::Q3_K, w, x)
+    }
+
+    /// Q4_K row (144-byte super-blocks of 256) · x.
+    pub fn dot_q4_k(w: &[u8], x: &[f32]) -> f32 {
+        dot_blocks(DType::Q4_K, w, x)
+    }
+
+    /// Q5_K row (176-byte super-blocks of 256) · x.
+    pub fn dot_q5_k(w: &[u8], x: &[f32]) -> f32 {
+        dot_blocks(DType::Q5_K, w, x)
+    }
+
+    /// Q6_K row (210-byte super-blocks of 256) · x.
+    pub fn dot_q6_k(w: &[u8], x: &[f32]) -> f32 {
+        dot_blocks(DType::Q6_K, w, x)
     }
 
     pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {

@@ -95,6 +95,8 @@ fn dequantize(dt: DType, src: &[u8], out: &mut [f32]) {
             DType::Q8_0 => deq_q8_0(s, o, whole_blocks(src.len(), 34, out.len())),
             DType::Q4_0 => deq_q4::<false>(s, o, whole_blocks(src.len(), 18, out.len())),
             DType::Q4_1 => deq_q4::<true>(s, o, whole_blocks(src.len(), 20, out.len())),
+            // Q5 and K-quant formats: the scalar reference (bit-identical by definition)
+            _ => crate::quant::dequantize(dt, src, out),
         }
     }
 }
