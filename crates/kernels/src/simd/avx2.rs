@@ -579,6 +579,26 @@ unsafe fn rd32(p: *const u8) -> u32 {
     u32::from_le(ptr::read_unaligned(p as *const u32))
 }
 
+/// Group scales d·s and offsets −dmin·m of the Q4_K/Q5_K super-block at
+/// `p` (which starts with d, dmin and the 12 packed scale bytes).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn k4_scales(p: *const u8) -> ([f32; 8], [f32; 8]) {
+    let (d, dmin) = halves2(p);
+    // the 6-bit scales and mins of groups 0-3 and 4-7, one byte each
+    // (see quant::k4_scale_min), unpacked four at a time
+    let (w0, w1, w2) = (rd32(p.add(4)), rd32(p.add(8)), rd32(p.add(12)));
+    let s_lo = w0 & 0x3f3f_3f3f;
+    let s_hi = (w2 & 0x0f0f_0f0f) | (((w0 >> 6) & 0x0303_0303) << 4);
+    let m_lo = w1 & 0x3f3f_3f3f;
+    let m_hi = ((w2 >> 4) & 0x0f0f_0f0f) | (((w1 >> 6) & 0x0303_0303) << 4);
+    let (mut dl, mut off) = ([0f32; 8], [0f32; 8]);
+    // −(dmin·m) is (−dmin)·m exactly
+    scaled_bytes(s_lo as u64 | (s_hi as u64) << 32, d, dl.as_mut_ptr());
+    scaled_bytes(m_lo as u64 | (m_hi as u64) << 32, -dmin, off.as_mut_ptr());
+    (dl, off)
+}
+
 /// Sum of eight accumulators.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -600,7 +620,7 @@ pub(super) fn dot_q5_1(w: &[u8], x: &[f32]) -> f32 {
 
 /// Whole 256-element super-blocks of `bb` bytes covered by `w` and `x`.
 #[inline]
-fn super_blocks(w_len: usize, bb: usize, x_len: usize) -> usize {
+pub(super) fn super_blocks(w_len: usize, bb: usize, x_len: usize) -> usize {
     (w_len / bb).min(x_len / crate::quant::QK_K)
 }
 
@@ -758,18 +778,7 @@ unsafe fn dot_q45_k_impl<const FIVE: bool>(w: *const u8, x: *const f32, nb: usiz
     for b in 0..nb {
         let p = w.add(b * bb);
         prefetch_block(p, bb);
-        let (d, dmin) = halves2(p);
-        // the 6-bit scales and mins of groups 0-3 and 4-7, one byte each
-        // (see quant::k4_scale_min), unpacked four at a time
-        let (w0, w1, w2) = (rd32(p.add(4)), rd32(p.add(8)), rd32(p.add(12)));
-        let s_lo = w0 & 0x3f3f_3f3f;
-        let s_hi = (w2 & 0x0f0f_0f0f) | (((w0 >> 6) & 0x0303_0303) << 4);
-        let m_lo = w1 & 0x3f3f_3f3f;
-        let m_hi = ((w2 >> 4) & 0x0f0f_0f0f) | (((w1 >> 6) & 0x0303_0303) << 4);
-        let (mut dl, mut off) = ([0f32; 8], [0f32; 8]);
-        // −(dmin·m) is (−dmin)·m exactly
-        scaled_bytes(s_lo as u64 | (s_hi as u64) << 32, d, dl.as_mut_ptr());
-        scaled_bytes(m_lo as u64 | (m_hi as u64) << 32, -dmin, off.as_mut_ptr());
+        let (dl, off) = k4_scales(p);
         let xb = x.add(b * 256);
         for c in 0..4 {
             let q = p.add(qs_at + 32 * c);
