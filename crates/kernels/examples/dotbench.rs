@@ -6,7 +6,10 @@
 //! cargo run --release -p kvslim-kernels --example dotbench -- --kernels
 //! cargo run --release -p kvslim-kernels --example dotbench -- --gemm
 //! cargo run --release -p kvslim-kernels --example dotbench -- --mem
+//! cargo run --release -p kvslim-kernels --example dotbench -- --kernels --types q4_1,q4_k,q5_0,q6_k,q8_0
 //! ```
+//!
+//! `--types` limits the weight types measured (default: all of them).
 //!
 //! Default mode: GB/s of weight bytes streamed by `Matrix::matvec` on a
 //! 4096×4096 matrix, with 1 and 2 rayon threads. "cold": the product rotates
@@ -29,7 +32,19 @@ use std::time::{Duration, Instant};
 
 const N: usize = 4096;
 const COLD_BYTES: usize = 1 << 30;
-const DTYPES: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+/// The weight types measured unless `--types a,b,...` names others.
+const DTYPES: [DType; 13] = DType::ALL;
+
+/// `--types q4_1,q4_k,...` (any `DType` names), else every type.
+fn dtypes(args: &[String]) -> Vec<DType> {
+    match args.iter().position(|a| a == "--types").and_then(|i| args.get(i + 1)) {
+        Some(list) => list
+            .split(',')
+            .map(|t| DType::parse(t.trim()).unwrap_or_else(|| panic!("unknown type `{t}` in --types")))
+            .collect(),
+        None => DTYPES.to_vec(),
+    }
+}
 const THREADS: [usize; 2] = [1, 2];
 
 fn main() {
@@ -40,14 +55,15 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .and_then(|s| s.parse::<f64>().ok())
         .unwrap_or(0.3);
+    let types = dtypes(&args);
     if args.iter().any(|a| a == "--child") {
-        return child(secs);
+        return child(secs, &types);
     }
     if args.iter().any(|a| a == "--kernels") {
-        return kernel_only(secs);
+        return kernel_only(secs, &types);
     }
     if args.iter().any(|a| a == "--gemm") {
-        return gemm(secs);
+        return gemm(secs, &types);
     }
 
     println!("memory bandwidth (sum over a 1 GiB f32 array):");
@@ -64,8 +80,9 @@ fn main() {
     let mut results = Vec::new();
     for k in available() {
         eprintln!("running {} ...", k.isa);
+        let list = types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",");
         let out = Command::new(&exe)
-            .args(["--child", "--secs", &secs.to_string()])
+            .args(["--child", "--secs", &secs.to_string(), "--types", &list])
             .env("KVSLIM_SIMD", k.isa)
             .output()
             .expect("spawn child");
@@ -84,7 +101,7 @@ fn main() {
             }
         }
         println!("{header}\n{rule}");
-        for dt in DTYPES {
+        for &dt in &types {
             let mut line = format!("| {dt} |");
             for (_, out) in &results {
                 for t in THREADS {
@@ -156,7 +173,7 @@ fn mem_bandwidth(threads: usize, secs: f64) -> f64 {
     per_sec * (n * 4) as f64 / 1e9
 }
 
-fn child(secs: f64) {
+fn child(secs: f64, types: &[DType]) {
     let isa = kvslim_kernels::dot::kernels().isa;
     eprintln!("  child: kernels {isa}");
     let mut seed = 0x1234_5678_9abc_def0u64;
@@ -168,7 +185,7 @@ fn child(secs: f64) {
         .collect();
     let x: Vec<f32> = data[..N].iter().map(|v| v * 10.0).collect();
     let mut out = vec![0f32; N];
-    for dt in DTYPES {
+    for &dt in types {
         let bytes = kvslim_kernels::quant::quantize(dt, &data);
         let base = Matrix::from_bytes(dt, N, N, &bytes).unwrap();
         let copies: Vec<Matrix> =
@@ -191,8 +208,9 @@ fn child(secs: f64) {
 }
 
 /// Single-thread kernel speed on rows that stay in L2 (no DRAM traffic):
-/// GB/s of weight bytes per kernel set and type.
-fn kernel_only(secs: f64) {
+/// GB/s of weight bytes per kernel set and type, and rows of 4096 per µs
+/// (comparable across types of different sizes).
+fn kernel_only(secs: f64, types: &[DType]) {
     const ROWS: usize = 64;
     let mut seed = 99u64;
     let data: Vec<f32> = (0..ROWS * N)
@@ -203,12 +221,13 @@ fn kernel_only(secs: f64) {
         .collect();
     let x = &data[..N];
     let sets = available();
+    println!("GB/s of weights (rows of {N} per µs), one thread, L2-resident rows:");
     print!("| dtype |");
     for k in &sets {
         print!(" {} |", k.isa);
     }
     println!();
-    for dt in DTYPES {
+    for &dt in types {
         let m = Matrix::quantized(dt, ROWS, N, &data).unwrap();
         print!("| {dt} |");
         for k in &sets {
@@ -219,7 +238,7 @@ fn kernel_only(secs: f64) {
                 }
             });
             std::hint::black_box(sink);
-            print!(" {:.1} |", per_sec * m.nbytes() as f64 / 1e9);
+            print!(" {:.1} ({:.2}) |", per_sec * m.nbytes() as f64 / 1e9, per_sec * ROWS as f64 / 1e6);
         }
         println!();
     }
@@ -269,7 +288,7 @@ fn kernel_only(secs: f64) {
 
 /// Prefill GEMM: `Matrix::matmul` against the simplest alternative
 /// (dequantize each row, then one dot per token), in GFLOP/s.
-fn gemm(secs: f64) {
+fn gemm(secs: f64, types: &[DType]) {
     let k = kvslim_kernels::dot::kernels();
     println!("matmul {N}x{N}, kernels {}, GFLOP/s (2·rows·cols·n / time)", k.isa);
     println!("| dtype | n | row dots 1T | matmul 1T | row dots 2T | matmul 2T |");
@@ -281,7 +300,7 @@ fn gemm(secs: f64) {
             (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
         })
         .collect();
-    for dt in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0] {
+    for &dt in types {
         let m = Matrix::quantized(dt, N, N, &data).unwrap();
         for n in [16usize, 64] {
             let x = &data[..n * N];

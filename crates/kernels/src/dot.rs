@@ -32,6 +32,20 @@ pub struct DotKernels {
     pub q8_0: fn(&[u8], &[f32]) -> f32,
     pub q4_0: fn(&[u8], &[f32]) -> f32,
     pub q4_1: fn(&[u8], &[f32]) -> f32,
+    /// Q5_0 (22-byte blocks of 32).
+    pub q5_0: fn(&[u8], &[f32]) -> f32,
+    /// Q5_1 (24-byte blocks of 32).
+    pub q5_1: fn(&[u8], &[f32]) -> f32,
+    /// Q2_K (84-byte super-blocks of 256).
+    pub q2_k: fn(&[u8], &[f32]) -> f32,
+    /// Q3_K (110-byte super-blocks of 256).
+    pub q3_k: fn(&[u8], &[f32]) -> f32,
+    /// Q4_K (144-byte super-blocks of 256).
+    pub q4_k: fn(&[u8], &[f32]) -> f32,
+    /// Q5_K (176-byte super-blocks of 256).
+    pub q5_k: fn(&[u8], &[f32]) -> f32,
+    /// Q6_K (210-byte super-blocks of 256).
+    pub q6_k: fn(&[u8], &[f32]) -> f32,
     /// y += a·x
     pub axpy: fn(f32, &[f32], &mut [f32]),
     /// GEMM micro-tile: `out[i][j] = w[i]·x[j]` for four f32 weight rows and
@@ -53,6 +67,13 @@ impl DotKernels {
         q8_0: scalar::dot_q8_0,
         q4_0: scalar::dot_q4_0,
         q4_1: scalar::dot_q4_1,
+        q5_0: scalar::dot_q5_0,
+        q5_1: scalar::dot_q5_1,
+        q2_k: scalar::dot_q2_k,
+        q3_k: scalar::dot_q3_k,
+        q4_k: scalar::dot_q4_k,
+        q5_k: scalar::dot_q5_k,
+        q6_k: scalar::dot_q6_k,
         axpy: scalar::axpy,
         dot4x4: scalar::dot4x4,
         dequantize: crate::quant::dequantize,
@@ -116,6 +137,13 @@ pub fn dot_row(k: &DotKernels, dtype: DType, row: &[u8], x: &[f32]) -> f32 {
         DType::Q8_0 => (k.q8_0)(row, x),
         DType::Q4_0 => (k.q4_0)(row, x),
         DType::Q4_1 => (k.q4_1)(row, x),
+        DType::Q5_0 => (k.q5_0)(row, x),
+        DType::Q5_1 => (k.q5_1)(row, x),
+        DType::Q2_K => (k.q2_k)(row, x),
+        DType::Q3_K => (k.q3_k)(row, x),
+        DType::Q4_K => (k.q4_k)(row, x),
+        DType::Q5_K => (k.q5_k)(row, x),
+        DType::Q6_K => (k.q6_k)(row, x),
     }
 }
 
@@ -210,6 +238,56 @@ pub mod scalar {
         s
     }
 
+    /// Σ w·x over the whole blocks of a Q5 or K-quant row: each block is
+    /// dequantized (exactly as [`crate::quant::dequantize`]) into a stack
+    /// buffer and dotted with 8 partial sums, so the result is
+    /// dequantize-then-dot up to the order of the f32 additions.
+    fn dot_blocks(dt: DType, w: &[u8], x: &[f32]) -> f32 {
+        let (bb, be) = (dt.block_bytes(), dt.block_elems());
+        let mut buf = [0f32; crate::quant::QK_K];
+        let mut s = 0f32;
+        for (b, xb) in w.chunks_exact(bb).zip(x.chunks_exact(be)) {
+            crate::quant::dequantize_block(dt, b, &mut buf);
+            s += dot_f32(&buf[..be], xb);
+        }
+        s
+    }
+
+    /// Q5_0 row (22-byte blocks of 32) · x.
+    pub fn dot_q5_0(w: &[u8], x: &[f32]) -> f32 {
+        dot_blocks(DType::Q5_0, w, x)
+    }
+
+    /// Q5_1 row (24-byte blocks of 32) · x.
+    pub fn dot_q5_1(w: &[u8], x: &[f32]) -> f32 {
+        dot_blocks(DType::Q5_1, w, x)
+    }
+
+    /// Q2_K row (84-byte super-blocks of 256) · x.
+    pub fn dot_q2_k(w: &[u8], x: &[f32]) -> f32 {
+        dot_blocks(DType::Q2_K, w, x)
+    }
+
+    /// Q3_K row (110-byte super-blocks of 256) · x.
+    pub fn dot_q3_k(w: &[u8], x: &[f32]) -> f32 {
+        dot_blocks(DType::Q3_K, w, x)
+    }
+
+    /// Q4_K row (144-byte super-blocks of 256) · x.
+    pub fn dot_q4_k(w: &[u8], x: &[f32]) -> f32 {
+        dot_blocks(DType::Q4_K, w, x)
+    }
+
+    /// Q5_K row (176-byte super-blocks of 256) · x.
+    pub fn dot_q5_k(w: &[u8], x: &[f32]) -> f32 {
+        dot_blocks(DType::Q5_K, w, x)
+    }
+
+    /// Q6_K row (210-byte super-blocks of 256) · x.
+    pub fn dot_q6_k(w: &[u8], x: &[f32]) -> f32 {
+        dot_blocks(DType::Q6_K, w, x)
+    }
+
     pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
         for (yi, xi) in y.iter_mut().zip(x) {
             *yi += a * xi;
@@ -281,7 +359,80 @@ mod tests {
         })
     }
 
-    const DTYPES: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+    const DTYPES: [DType; 13] = DType::ALL;
+
+    /// Where each block format keeps its f16 fields (scale, minimum).
+    fn half_fields(dt: DType) -> &'static [usize] {
+        match dt {
+            DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => &[0],
+            DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+            DType::Q2_K => &[80, 82],
+            DType::Q3_K => &[108],
+            DType::Q6_K => &[208],
+            DType::F32 | DType::F16 | DType::BF16 => &[],
+        }
+    }
+
+    /// `nb` blocks of random bytes (every quant and packed-scale bit pattern
+    /// is valid) whose f16 fields hold finite values of either sign, from
+    /// 2^-14 to 4 in magnitude, or zero.
+    fn random_blocks(rng: &mut Rng, dt: DType, nb: usize) -> Vec<u8> {
+        let bb = dt.block_bytes();
+        let mut v: Vec<u8> = (0..nb * bb).map(|_| rng.next() as u8).collect();
+        for b in 0..nb {
+            for &at in half_fields(dt) {
+                let r = rng.next();
+                let h = if r.is_multiple_of(16) {
+                    0
+                } else {
+                    // exponent 1..=17 (2^-14 .. 2^2), any mantissa and sign
+                    (((r >> 8) % 17 + 1) << 10) as u16 | (r >> 32) as u16 & 0x83ff
+                };
+                v[b * bb + at..b * bb + at + 2].copy_from_slice(&h.to_le_bytes());
+            }
+        }
+        v
+    }
+
+    /// Every kernel set on random blocks of every block format: all quant
+    /// and scale bit patterns, rows of 1..40 blocks at unaligned offsets.
+    /// Dequantization must be bit-identical to the scalar reference; dots
+    /// agree with dequantize-then-dot in f64 within rounding.
+    #[test]
+    fn every_kernel_set_matches_reference_on_random_blocks() {
+        let mut rng = Rng(0xdead_beef_1234_5678);
+        for dt in DTYPES.into_iter().filter(|d| d.block_elems() > 1) {
+            for nb in [1usize, 2, 3, 4, 5, 7, 8, 13, 40] {
+                let n = nb * dt.block_elems();
+                let bytes = random_blocks(&mut rng, dt, nb);
+                let x = rng.vec(n, 1.0);
+                let (want, mag) = reference(dt, &bytes, &x);
+                let mut deq = vec![0f32; n];
+                dequantize(dt, &bytes, &mut deq);
+                for off in [0usize, 1, 2, 3] {
+                    let (buf, range) = placed(&bytes, off);
+                    let row = &as_bytes(&buf)[range];
+                    for k in &test_sets() {
+                        let mut got = vec![f32::NAN; n + 1];
+                        (k.dequantize)(dt, row, &mut got[..n]);
+                        assert!(
+                            got[..n].iter().zip(&deq).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{} dequantize {dt} nb={nb} off={off}",
+                            k.isa
+                        );
+                        assert!(got[n].is_nan(), "{} dequantize wrote past the end", k.isa);
+                        let got = dot_row(k, dt, row, &x) as f64;
+                        let tol = 2e-6 * mag * (n as f64).sqrt().max(4.0) + 1e-30;
+                        assert!(
+                            (got - want).abs() <= tol,
+                            "{} {dt} nb={nb} off={off}: {got} vs {want} (tol {tol})",
+                            k.isa
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     /// Every kernel set the CPU has agrees with dequantize-then-dot in f64,
     /// within a tolerance relative to Σ|w·x|, on many lengths (odd tails for
@@ -292,8 +443,9 @@ mod tests {
         assert_eq!(sets[0].isa, "scalar");
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let float_lens: Vec<usize> = (1..=70).chain([95, 96, 97, 127, 128, 129, 255, 576, 1000, 1536, 4097]).collect();
-        let block_lens: Vec<usize> = (1..=9).chain([16, 17, 48, 128]).map(|b| b * 32).collect();
+        let block_counts: Vec<usize> = (1..=9).chain([16, 17, 48, 128]).collect();
         for dt in DTYPES {
+            let block_lens: Vec<usize> = block_counts.iter().map(|b| b * dt.block_elems()).collect();
             let lens = if dt.block_elems() == 1 { &float_lens } else { &block_lens };
             for &n in lens {
                 // a few magnitudes so the block scales vary
@@ -460,6 +612,10 @@ mod tests {
             (DType::Q8_0, 21, 1088),
             (DType::Q4_0, 35, 96),
             (DType::Q4_1, 17, 160),
+            (DType::Q5_0, 7, 96),
+            (DType::Q4_K, 13, 512),
+            (DType::Q6_K, 9, 768),
+            (DType::Q2_K, 6, 256),
         ] {
             let m = Matrix::quantized(dt, rows, cols, &rng.vec(rows * cols, 1.0)).unwrap();
             let w = m.to_f32();

@@ -147,6 +147,13 @@ impl Gguf {
             DType::Q4_1 => 3,
             DType::Q8_0 => 8,
             DType::BF16 => 30,
+            DType::Q5_0 => 6,
+            DType::Q5_1 => 7,
+            DType::Q2_K => 10,
+            DType::Q3_K => 11,
+            DType::Q4_K => 12,
+            DType::Q5_K => 13,
+            DType::Q6_K => 14,
         };
         self.tensor_raw(name, dims, type_id, quantize(dt, f32_data))
     }
@@ -767,8 +774,8 @@ fn lying_headers_are_errors() {
     assert!(matches!(e, Error::UnsupportedTensorType { .. }), "{e:?}");
     let e = e.to_string();
     assert!(e.contains(name) && e.contains("unknown GGML type id 99"), "{e}");
-    let e = msg(&patched(lay.type_at[name], &12u32.to_le_bytes()));
-    assert!(e.contains("q4_k"), "{e}");
+    let e = msg(&patched(lay.type_at[name], &16u32.to_le_bytes()));
+    assert!(e.contains("iq2_xxs") && e.contains("supported: ") && e.contains("q4_k"), "{e}");
 
     // bad alignment
     let mut g = tiny_file(DType::F32, true);

@@ -35,6 +35,13 @@ const KERNELS: DotKernels = DotKernels {
     q8_0: dot_q8_0,
     q4_0: dot_q4_0,
     q4_1: dot_q4_1,
+    q5_0: dot_q5_0,
+    q5_1: dot_q5_1,
+    q2_k: dot_q2_k,
+    q3_k: dot_q3_k,
+    q4_k: dot_q4_k,
+    q5_k: dot_q5_k,
+    q6_k: dot_q6_k,
     axpy,
     dot4x4,
     dequantize,
@@ -101,6 +108,8 @@ pub(super) fn dequantize(dt: DType, src: &[u8], out: &mut [f32]) {
             DType::Q8_0 => deq_q8_0(s, o, whole_blocks(src.len(), 34, out.len())),
             DType::Q4_0 => deq_q4::<false>(s, o, whole_blocks(src.len(), 18, out.len())),
             DType::Q4_1 => deq_q4::<true>(s, o, whole_blocks(src.len(), 20, out.len())),
+            // Q5 and K-quant formats: the scalar reference (bit-identical by definition)
+            _ => crate::quant::dequantize(dt, src, out),
         }
     }
 }
@@ -493,4 +502,343 @@ unsafe fn deq_q4<const MIN: bool>(s: *const u8, o: *mut f32, nb: usize) {
             }
         }
     }
+}
+
+// ---- Q5 and K-quant formats -------------------------------------------------
+//
+// Every kernel turns 8 quants at a time into i32 lanes u (unsigned), forms
+// the weights as u·dl + off with one FMA (dl the group's scale, off its
+// offset: −dmin·m for the formats with minimums, −16·d, −32·dl or −4·dl for
+// the signed ones, whose quants are stored with a bias) and multiplies them
+// into an accumulator with a second FMA. The group scales of a super-block
+// are computed once, as scalars, into small arrays that the loop broadcasts
+// from. Weights are the dequantized ones up to one rounding (the fused
+// u·dl + off), so the dot agrees with dequantize-then-dot to rounding.
+
+/// 8 bytes at `p` zero-extended to i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn u8x8(p: *const u8) -> __m256i {
+    _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))
+}
+
+/// `acc + (u·dl + off)·x` over 8 lanes (x at `x`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fma_q(u: __m256i, dl: f32, off: f32, x: *const f32, acc: __m256) -> __m256 {
+    let w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_set1_ps(dl), _mm256_set1_ps(off));
+    _mm256_fmadd_ps(w, _mm256_loadu_ps(x), acc)
+}
+
+/// Logical right shift of every lane by `n` (a loop constant once unrolled).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn shr(v: __m256i, n: i32) -> __m256i {
+    _mm256_srl_epi32(v, _mm_cvtsi32_si128(n))
+}
+
+/// Prefetches the lines of a `bytes`-long super-block `PREFETCH_AHEAD`
+/// bytes after `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn prefetch_block(p: *const u8, bytes: usize) {
+    let mut o = 0;
+    while o < bytes {
+        prefetch(p.wrapping_add(o));
+        o += 64;
+    }
+}
+
+/// The f16 values at `p` and `p + 2` as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn halves2(p: *const u8) -> (f32, f32) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(ptr::read_unaligned(p as *const i32)));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+/// `d` times the 8 unsigned bytes of `b` (little-endian), stored to `out`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scaled_bytes(b: u64, d: f32, out: *mut f32) {
+    let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(b as i64)));
+    _mm256_storeu_ps(out, _mm256_mul_ps(v, _mm256_set1_ps(d)));
+}
+
+/// `d` times (the 8 signed bytes at `p` minus `bias`), stored to `out`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scaled_i8(p: *const u8, bias: i32, d: f32, out: *mut f32) {
+    let v = _mm256_sub_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)), _mm256_set1_epi32(bias));
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(d)));
+}
+
+/// Little-endian u32 at `p` (any alignment).
+#[inline(always)]
+unsafe fn rd32(p: *const u8) -> u32 {
+    u32::from_le(ptr::read_unaligned(p as *const u32))
+}
+
+/// Group scales d·s and offsets −dmin·m of the Q4_K/Q5_K super-block at
+/// `p` (which starts with d, dmin and the 12 packed scale bytes).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn k4_scales(p: *const u8) -> ([f32; 8], [f32; 8]) {
+    let (d, dmin) = halves2(p);
+    // the 6-bit scales and mins of groups 0-3 and 4-7, one byte each
+    // (see quant::k4_scale_min), unpacked four at a time
+    let (w0, w1, w2) = (rd32(p.add(4)), rd32(p.add(8)), rd32(p.add(12)));
+    let s_lo = w0 & 0x3f3f_3f3f;
+    let s_hi = (w2 & 0x0f0f_0f0f) | (((w0 >> 6) & 0x0303_0303) << 4);
+    let m_lo = w1 & 0x3f3f_3f3f;
+    let m_hi = ((w2 >> 4) & 0x0f0f_0f0f) | (((w1 >> 6) & 0x0303_0303) << 4);
+    let (mut dl, mut off) = ([0f32; 8], [0f32; 8]);
+    // −(dmin·m) is (−dmin)·m exactly
+    scaled_bytes(s_lo as u64 | (s_hi as u64) << 32, d, dl.as_mut_ptr());
+    scaled_bytes(m_lo as u64 | (m_hi as u64) << 32, -dmin, off.as_mut_ptr());
+    (dl, off)
+}
+
+/// Sum of eight accumulators.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum8(a: &[__m256; 8]) -> f32 {
+    let s0 = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+    let s1 = _mm256_add_ps(_mm256_add_ps(a[4], a[5]), _mm256_add_ps(a[6], a[7]));
+    hsum(_mm256_add_ps(s0, s1))
+}
+
+pub(super) fn dot_q5_0(w: &[u8], x: &[f32]) -> f32 {
+    let nb = whole_blocks(w.len(), 22, x.len());
+    unsafe { dot_q5_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+pub(super) fn dot_q5_1(w: &[u8], x: &[f32]) -> f32 {
+    let nb = whole_blocks(w.len(), 24, x.len());
+    unsafe { dot_q5_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+/// Whole 256-element super-blocks of `bb` bytes covered by `w` and `x`.
+#[inline]
+pub(super) fn super_blocks(w_len: usize, bb: usize, x_len: usize) -> usize {
+    (w_len / bb).min(x_len / crate::quant::QK_K)
+}
+
+pub(super) fn dot_q2_k(w: &[u8], x: &[f32]) -> f32 {
+    let nb = super_blocks(w.len(), 84, x.len());
+    unsafe { dot_q2_k_impl(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+pub(super) fn dot_q3_k(w: &[u8], x: &[f32]) -> f32 {
+    let nb = super_blocks(w.len(), 110, x.len());
+    unsafe { dot_q3_k_impl(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+pub(super) fn dot_q4_k(w: &[u8], x: &[f32]) -> f32 {
+    let nb = super_blocks(w.len(), 144, x.len());
+    unsafe { dot_q45_k_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+pub(super) fn dot_q5_k(w: &[u8], x: &[f32]) -> f32 {
+    let nb = super_blocks(w.len(), 176, x.len());
+    unsafe { dot_q45_k_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+pub(super) fn dot_q6_k(w: &[u8], x: &[f32]) -> f32 {
+    let nb = super_blocks(w.len(), 210, x.len());
+    unsafe { dot_q6_k_impl(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+/// Q5_0 (`MIN` false: u·d − 16d) or Q5_1 (`MIN` true: u·d + m), one
+/// 32-element block per step into four accumulators.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_impl<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    let (bb, head) = if MIN { (24, 8) } else { (22, 6) };
+    let m4 = _mm256_set1_epi32(0x0f);
+    let one = _mm256_set1_epi32(1);
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for b in 0..nb {
+        let p = w.add(b * bb);
+        prefetch(p);
+        let d = f16_to_f32(rd16(p));
+        let off = if MIN { f16_to_f32(rd16(p.add(2))) } else { -16.0 * d };
+        let qh = _mm256_set1_epi32(ptr::read_unaligned(p.add(head - 4) as *const i32));
+        let q = p.add(head);
+        let (r0, r1) = (u8x8(q), u8x8(q.add(8)));
+        let nib = [
+            _mm256_and_si256(r0, m4),
+            _mm256_and_si256(r1, m4),
+            _mm256_srli_epi32::<4>(r0),
+            _mm256_srli_epi32::<4>(r1),
+        ];
+        let xb = x.add(b * 32);
+        for (k, nk) in nib.iter().enumerate() {
+            // fifth bit of element 8k + lane is bit 8k + lane of qh
+            let idx = _mm256_add_epi32(lanes, _mm256_set1_epi32(8 * k as i32));
+            let hb = _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srlv_epi32(qh, idx), one));
+            acc[k] = fma_q(_mm256_or_si256(*nk, hb), d, off, xb.add(8 * k), acc[k]);
+        }
+    }
+    hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
+}
+
+/// Q2_K: element 128h + 32j + l is bits 2j of byte 32h + l; group e/16
+/// has scale d·(s & 15) and offset −dmin·(s >> 4).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q2_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    const BB: usize = 84;
+    let m3 = _mm256_set1_epi32(3);
+    let mut acc = [_mm256_setzero_ps(); 8];
+    for b in 0..nb {
+        let p = w.add(b * BB);
+        prefetch_block(p, BB);
+        let (d, dmin) = halves2(p.add(80));
+        let (lo, hi) = (ptr::read_unaligned(p as *const u64), ptr::read_unaligned(p.add(8) as *const u64));
+        let k4 = 0x0f0f_0f0f_0f0f_0f0f;
+        let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
+        scaled_bytes(lo & k4, d, dl.as_mut_ptr());
+        scaled_bytes(hi & k4, d, dl.as_mut_ptr().add(8));
+        // −(dmin·m) is (−dmin)·m exactly
+        scaled_bytes((lo >> 4) & k4, -dmin, off.as_mut_ptr());
+        scaled_bytes((hi >> 4) & k4, -dmin, off.as_mut_ptr().add(8));
+        let xb = x.add(b * 256);
+        for h in 0..2 {
+            for lc in 0..4 {
+                let r = u8x8(p.add(16 + 32 * h + 8 * lc));
+                for j in 0..4 {
+                    let g = 8 * h + 2 * j + lc / 2;
+                    let u = _mm256_and_si256(shr(r, 2 * j as i32), m3);
+                    let a = &mut acc[2 * j + (lc & 1)];
+                    *a = fma_q(u, dl[g], off[g], xb.add(128 * h + 32 * j + 8 * lc), *a);
+                }
+            }
+        }
+    }
+    hsum8(&acc)
+}
+
+/// Q3_K: as Q2_K's layout plus a high bit 4h + j in hmask byte l; group
+/// scale d·(s − 32), offset −4 times that (u = low | high << 2 is q + 4).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q3_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    const BB: usize = 110;
+    let m3 = _mm256_set1_epi32(3);
+    let four = _mm256_set1_epi32(4);
+    let mut acc = [_mm256_setzero_ps(); 8];
+    for b in 0..nb {
+        let p = w.add(b * BB);
+        prefetch_block(p, BB);
+        let d = f16_to_f32(rd16(p.add(108)));
+        // the 16 6-bit scales (see quant::q3_k_scale), four at a time
+        let (a0, a1, a2) = (rd32(p.add(96)), rd32(p.add(100)), rd32(p.add(104)));
+        let k4 = 0x0f0f_0f0f;
+        let k2 = 0x0303_0303;
+        let s = [
+            (a0 & k4) | ((a2 & k2) << 4),
+            (a1 & k4) | (((a2 >> 2) & k2) << 4),
+            ((a0 >> 4) & k4) | (((a2 >> 4) & k2) << 4),
+            ((a1 >> 4) & k4) | (((a2 >> 6) & k2) << 4),
+        ];
+        let sb = [s[0] as u64 | (s[1] as u64) << 32, s[2] as u64 | (s[3] as u64) << 32];
+        let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
+        // −4·dl is exact; the bytes are below 64, so signed = unsigned
+        scaled_i8(sb.as_ptr() as *const u8, 32, d, dl.as_mut_ptr());
+        scaled_i8((sb.as_ptr() as *const u8).add(8), 32, d, dl.as_mut_ptr().add(8));
+        scaled_i8(sb.as_ptr() as *const u8, 32, -4.0 * d, off.as_mut_ptr());
+        scaled_i8((sb.as_ptr() as *const u8).add(8), 32, -4.0 * d, off.as_mut_ptr().add(8));
+        let xb = x.add(b * 256);
+        for lc in 0..4 {
+            let hm = u8x8(p.add(8 * lc));
+            for h in 0..2 {
+                let r = u8x8(p.add(32 + 32 * h + 8 * lc));
+                for j in 0..4 {
+                    let g = 8 * h + 2 * j + lc / 2;
+                    let lo = _mm256_and_si256(shr(r, 2 * j as i32), m3);
+                    // bit 4h + j of hmask moved to bit 2
+                    let hi = _mm256_and_si256(_mm256_slli_epi32::<2>(shr(hm, (4 * h + j) as i32)), four);
+                    let a = &mut acc[2 * j + h];
+                    *a = fma_q(_mm256_or_si256(lo, hi), dl[g], off[g], xb.add(128 * h + 32 * j + 8 * lc), *a);
+                }
+            }
+        }
+    }
+    hsum8(&acc)
+}
+
+/// Q4_K (`FIVE` false) or Q5_K (`FIVE` true): chunk c of 64 elements reads
+/// 32 nibble bytes; low nibbles are group 2c, high nibbles group 2c + 1;
+/// Q5_K's fifth bit of element 32g + l is bit g of qh byte l.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q45_k_impl<const FIVE: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    let (bb, qs_at) = if FIVE { (176, 48) } else { (144, 16) };
+    let m4 = _mm256_set1_epi32(0x0f);
+    let b4 = _mm256_set1_epi32(0x10);
+    let mut acc = [_mm256_setzero_ps(); 8];
+    for b in 0..nb {
+        let p = w.add(b * bb);
+        prefetch_block(p, bb);
+        let (dl, off) = k4_scales(p);
+        let xb = x.add(b * 256);
+        for c in 0..4 {
+            let q = p.add(qs_at + 32 * c);
+            for k in 0..4 {
+                let r = u8x8(q.add(8 * k));
+                let mut lo = _mm256_and_si256(r, m4);
+                let mut hi = _mm256_srli_epi32::<4>(r);
+                if FIVE {
+                    let h = shr(u8x8(p.add(16 + 8 * k)), 2 * c as i32);
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32::<4>(h), b4));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi32::<3>(h), b4));
+                }
+                let xc = xb.add(64 * c + 8 * k);
+                // four accumulators: eight would spill (16 ymm registers)
+                let a = 2 * (k & 1);
+                acc[a] = fma_q(lo, dl[2 * c], off[2 * c], xc, acc[a]);
+                acc[a + 1] = fma_q(hi, dl[2 * c + 1], off[2 * c + 1], xc.add(32), acc[a + 1]);
+            }
+        }
+    }
+    hsum8(&acc)
+}
+
+/// Q6_K: element 128h + 32k + l: nibble k / 2 of ql byte 64h + 32(k % 2) + l,
+/// bits 2k of qh byte 32h + l; group e/16 scale d·s, offset −32 times that.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    const BB: usize = 210;
+    let m4 = _mm256_set1_epi32(0x0f);
+    let m30 = _mm256_set1_epi32(0x30);
+    let mut acc = [_mm256_setzero_ps(); 8];
+    for b in 0..nb {
+        let p = w.add(b * BB);
+        prefetch_block(p, BB);
+        let d = f16_to_f32(rd16(p.add(208)));
+        let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
+        scaled_i8(p.add(192), 0, d, dl.as_mut_ptr());
+        scaled_i8(p.add(200), 0, d, dl.as_mut_ptr().add(8));
+        // −32·dl is exact
+        scaled_i8(p.add(192), 0, -32.0 * d, off.as_mut_ptr());
+        scaled_i8(p.add(200), 0, -32.0 * d, off.as_mut_ptr().add(8));
+        let xb = x.add(b * 256);
+        for h in 0..2 {
+            for lc in 0..4 {
+                let qa = u8x8(p.add(64 * h + 8 * lc));
+                let qb = u8x8(p.add(64 * h + 32 + 8 * lc));
+                let qh = u8x8(p.add(128 + 32 * h + 8 * lc));
+                let u = [
+                    _mm256_or_si256(_mm256_and_si256(qa, m4), _mm256_and_si256(_mm256_slli_epi32::<4>(qh), m30)),
+                    _mm256_or_si256(_mm256_and_si256(qb, m4), _mm256_and_si256(_mm256_slli_epi32::<2>(qh), m30)),
+                    _mm256_or_si256(_mm256_srli_epi32::<4>(qa), _mm256_and_si256(qh, m30)),
+                    _mm256_or_si256(_mm256_srli_epi32::<4>(qb), _mm256_and_si256(_mm256_srli_epi32::<2>(qh), m30)),
+                ];
+                for (k, uk) in u.iter().enumerate() {
+                    let g = 8 * h + 2 * k + lc / 2;
+                    let a = &mut acc[k];
+                    *a = fma_q(*uk, dl[g], off[g], xb.add(128 * h + 32 * k + 8 * lc), *a);
+                }
+            }
+        }
+    }
+    hsum8(&acc)
 }

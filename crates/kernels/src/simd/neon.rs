@@ -37,6 +37,14 @@ const KERNELS: DotKernels = DotKernels {
     q8_0: dot_q8_0,
     q4_0: dot_q4_0,
     q4_1: dot_q4_1,
+    // Q5 and K-quant formats: the scalar kernels (no NEON versions yet)
+    q5_0: crate::dot::scalar::dot_q5_0,
+    q5_1: crate::dot::scalar::dot_q5_1,
+    q2_k: crate::dot::scalar::dot_q2_k,
+    q3_k: crate::dot::scalar::dot_q3_k,
+    q4_k: crate::dot::scalar::dot_q4_k,
+    q5_k: crate::dot::scalar::dot_q5_k,
+    q6_k: crate::dot::scalar::dot_q6_k,
     axpy,
     dot4x4,
     dequantize,
@@ -95,6 +103,8 @@ fn dequantize(dt: DType, src: &[u8], out: &mut [f32]) {
             DType::Q8_0 => deq_q8_0(s, o, whole_blocks(src.len(), 34, out.len())),
             DType::Q4_0 => deq_q4::<false>(s, o, whole_blocks(src.len(), 18, out.len())),
             DType::Q4_1 => deq_q4::<true>(s, o, whole_blocks(src.len(), 20, out.len())),
+            // Q5 and K-quant formats: the scalar reference (bit-identical by definition)
+            _ => crate::quant::dequantize(dt, src, out),
         }
     }
 }

@@ -252,26 +252,30 @@ impl Metadata {
     }
 }
 
-/// GGML tensor type ids and names. Only the first six have a kvslim
-/// storage type; the rest are named in the error that refuses them.
+/// The storage types kvslim reads from GGUF, named in the error for the rest.
+const SUPPORTED_GGML_TYPES: &str = "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k";
+
+/// GGML tensor type ids and names: the ids with a kvslim storage type map
+/// to it; every other known id is refused by name (e.g. `iq2_xxs`), so a
+/// user sees which quantization their file uses and which ones would load.
 fn ggml_type(id: u32) -> std::result::Result<DType, String> {
     Ok(match id {
         0 => DType::F32,
         1 => DType::F16,
         2 => DType::Q4_0,
         3 => DType::Q4_1,
+        6 => DType::Q5_0,
+        7 => DType::Q5_1,
         8 => DType::Q8_0,
+        10 => DType::Q2_K,
+        11 => DType::Q3_K,
+        12 => DType::Q4_K,
+        13 => DType::Q5_K,
+        14 => DType::Q6_K,
         30 => DType::BF16,
         _ => {
             let name = match id {
-                6 => "q5_0",
-                7 => "q5_1",
                 9 => "q8_1",
-                10 => "q2_k",
-                11 => "q3_k",
-                12 => "q4_k",
-                13 => "q5_k",
-                14 => "q6_k",
                 15 => "q8_k",
                 16 => "iq2_xxs",
                 17 => "iq2_xs",
@@ -290,9 +294,9 @@ fn ggml_type(id: u32) -> std::result::Result<DType, String> {
                 34 => "tq1_0",
                 35 => "tq2_0",
                 39 => "mxfp4",
-                _ => return Err(format!("unknown GGML type id {id} (supported: f32, f16, bf16, q8_0, q4_0, q4_1)")),
+                _ => return Err(format!("unknown GGML type id {id} (supported: {SUPPORTED_GGML_TYPES})")),
             };
-            return Err(format!("{name} (GGML type id {id}; supported: f32, f16, bf16, q8_0, q4_0, q4_1)"));
+            return Err(format!("{name} (GGML type id {id}; supported: {SUPPORTED_GGML_TYPES})"));
         }
     })
 }
