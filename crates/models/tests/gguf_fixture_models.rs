@@ -252,3 +252,120 @@ fn hf_safetensors_of_the_new_families_match_transformers() {
         assert!(g.max <= 1e-3, "{arch} from safetensors: logits differ from transformers by up to {}", g.max);
     }
 }
+
+/// Every fixture file (every quantization mix) loads, and its logits come
+/// as close to llama.cpp's as an f32 engine can: within the gap the
+/// fixture README measured between llama.cpp and transformers on the same
+/// dequantized weights (`max_gap` below, from its Files tables, with 25%
+/// headroom for our own f32 rounding), and llama.cpp's greedy continuation
+/// is reproduced up to its first step whose margin is within that distance.
+#[test]
+fn every_quantization_mix_tracks_llama_cpp() {
+    // llama.cpp vs transformers(dequant) max |Δ| per file, from the fixture README
+    let max_gap = |arch: &str, ty: &str| -> f32 {
+        let table: &[(&str, &[(&str, f32)])] = &[
+            (
+                "llama",
+                &[
+                    ("Q8_0", 0.397),
+                    ("Q6_K", 0.531),
+                    ("Q5_K_M", 0.540),
+                    ("Q4_K_M", 0.678),
+                    ("Q3_K_M", 0.443),
+                    ("Q2_K", 0.577),
+                    ("Q5_0", 0.357),
+                    ("Q4_0", 0.317),
+                ],
+            ),
+            (
+                "qwen2",
+                &[
+                    ("Q8_0", 0.0937),
+                    ("Q5_K_M", 0.144),
+                    ("Q4_K_M", 0.124),
+                    ("Q3_K_M", 0.120),
+                    ("Q2_K", 0.140),
+                    ("Q4_0", 0.115),
+                ],
+            ),
+            (
+                "qwen3",
+                &[
+                    ("Q8_0", 0.463),
+                    ("Q5_K_M", 0.819),
+                    ("Q4_K_M", 0.812),
+                    ("Q3_K_M", 0.539),
+                    ("Q2_K", 0.648),
+                    ("Q4_0", 0.538),
+                ],
+            ),
+            (
+                "gemma3",
+                &[
+                    ("Q8_0", 0.565),
+                    ("Q5_K_M", 0.918),
+                    ("Q4_K_M", 0.821),
+                    ("Q3_K_M", 0.838),
+                    ("Q2_K", 0.794),
+                    ("Q4_0", 0.779),
+                ],
+            ),
+            (
+                "phi3",
+                &[
+                    ("Q8_0", 0.363),
+                    ("Q5_K_M", 0.664),
+                    ("Q4_K_M", 0.455),
+                    ("Q3_K_M", 0.614),
+                    ("Q2_K", 0.513),
+                    ("Q4_0", 0.404),
+                ],
+            ),
+        ];
+        let row = table.iter().find(|(a, _)| *a == arch).unwrap().1;
+        row.iter().find(|(t, _)| *t == ty).unwrap_or_else(|| panic!("no gap for {arch} {ty}")).1
+    };
+    let mut files = 0;
+    for arch in ARCHS {
+        let mut types: Vec<String> = std::fs::read_dir(dir(arch))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".gguf").map(String::from))
+            .collect();
+        types.sort();
+        for ty in &types {
+            let r = reference(arch, ty);
+            let tokens = ids(&r["token_ids"]);
+            let vocab = r["n_vocab"].as_u64().unwrap() as usize;
+            let llama = f32s_le(&base64_decode(r["logits"].as_str().unwrap()));
+            let m = load(arch, ty);
+            let g = gap(&all_logits(&m, &tokens), &llama, vocab);
+            let bound = 1.25 * max_gap(arch, ty);
+            eprint!(
+                "{arch:6} {ty:6} vs llama.cpp: max {:.3} (bound {bound:.3}) mean {:.4} top-1 {:.3}",
+                g.max, g.mean, g.top1
+            );
+            assert!(g.max <= bound, "{arch} {ty}: max |Δ| {} above {bound}", g.max);
+            // greedy: equal up to llama.cpp's first step whose top-1/top-2
+            // margin is within our measured distance from its logits
+            let prompt = ids(&r["greedy_prompt_ids"]);
+            let want = ids(&r["greedy_ids"]);
+            let margins: Vec<f64> =
+                r["greedy_margins"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            let stable = margins.iter().position(|&mg| mg < g.max as f64).unwrap_or(want.len());
+            let model = &m.model;
+            let mut cache = model.new_cache(&PolicySpec::parse("full").unwrap(), 64, 64).unwrap();
+            let mut s = Scratch::new();
+            model.forward(&prompt, &mut cache, &mut s, Logits::Last).unwrap();
+            let mut got = Vec::new();
+            for _ in 0..stable {
+                let t = argmax(s.logits()) as u32;
+                got.push(t);
+                model.forward(&[t], &mut cache, &mut s, Logits::Last).unwrap();
+            }
+            assert_eq!(got, want[..stable], "{arch} {ty}: greedy continuation (first {stable} stable steps)");
+            eprintln!(", greedy equal for the {stable} of 16 steps before a margin below it");
+            files += 1;
+        }
+    }
+    assert_eq!(files, 32, "the fixture holds 32 GGUF files");
+}
