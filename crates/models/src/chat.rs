@@ -16,9 +16,10 @@
 //! * Maps from JSON keep their key order (`tojson` of a tool schema prints its
 //!   keys as given). Dict literals written inside a template come out with
 //!   sorted keys, and transformers' `{% generation %}` tag is not supported.
-//! * A model without a template has no chat format: [`ChatTemplate::for_tokenizer`]
-//!   returns `None` and callers refuse chat requests with a message saying so
-//!   (guessing a format would silently give the model text it never saw).
+//! * A model without a template (base models, llama2.c files) gets the plain
+//!   fallback [`ChatFormat::Plain`]: one `role: content` line per message,
+//!   then `assistant:`. A template that does not parse, or raises, is an
+//!   error naming where the template came from.
 
 use crate::tokenizer::Tokenizer;
 use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Rest, ValueKind};
@@ -212,6 +213,85 @@ impl ChatTemplate {
             Some(message) => ChatError::Raised { origin: self.source.clone(), message },
             None => ChatError::Render { origin: self.source.clone(), message: describe(&e) },
         })
+    }
+}
+
+/// How a model's chat is turned into a prompt: its own template, or, for a
+/// model without one (base models, llama2.c files), the documented plain
+/// fallback — one `role: content` line per message, then `assistant:` —
+/// so chat endpoints still answer for any model.
+#[derive(Debug)]
+pub enum ChatFormat {
+    Template(Box<ChatTemplate>),
+    Plain,
+}
+
+impl ChatFormat {
+    /// The tokenizer's template (see [`ChatTemplate::for_tokenizer`]), else [`ChatFormat::Plain`].
+    pub fn for_tokenizer(tok: &Tokenizer, tokenizer_config: Option<&Path>, origin: &str) -> Result<Self, ChatError> {
+        Ok(match ChatTemplate::for_tokenizer(tok, tokenizer_config, origin)? {
+            Some(t) => ChatFormat::Template(Box::new(t)),
+            None => ChatFormat::Plain,
+        })
+    }
+
+    /// Renders messages (a list of maps with `role` and `content`) ending
+    /// where the assistant's reply starts.
+    pub fn render(&self, messages: Value, tools: Option<Value>) -> Result<String, ChatError> {
+        match self {
+            ChatFormat::Template(t) => t.render_values(messages, tools, true, &[]),
+            ChatFormat::Plain => {
+                let mut s = String::new();
+                for m in messages.try_iter().into_iter().flatten() {
+                    let field = |k: &str| m.get_attr(k).ok().filter(|v| !v.is_none() && !v.is_undefined());
+                    let role = field("role").map(|v| v.to_string()).unwrap_or_default();
+                    let content = field("content").map(|v| v.to_string()).unwrap_or_default();
+                    let _ = writeln!(s, "{role}: {content}");
+                }
+                s.push_str("assistant:");
+                Ok(s)
+            }
+        }
+    }
+
+    /// [`ChatFormat::render`] for plain-text messages.
+    pub fn render_messages(&self, messages: &[ChatMessage]) -> Result<String, ChatError> {
+        self.render(messages.iter().map(ChatMessage::to_value).collect(), None)
+    }
+
+    /// Tokenizes a rendered prompt (special tokens as single ids, one BOS).
+    pub fn encode(&self, tok: &Tokenizer, text: &str) -> crate::Result<Vec<u32>> {
+        match self {
+            ChatFormat::Template(t) => tok.encode_chat(text, t.bos_token()),
+            ChatFormat::Plain => tok.encode(text),
+        }
+    }
+
+    /// Stop strings for a reply (the template's end-of-turn markers).
+    pub fn stops(&self) -> Vec<String> {
+        match self {
+            ChatFormat::Template(t) => t.end_of_turn_markers(),
+            ChatFormat::Plain => Vec::new(),
+        }
+    }
+
+    /// Ids that end a reply: the tokenizer's EOS plus end-of-turn markers
+    /// that are single tokens (`<end_of_turn>` when EOS is `<eos>` …).
+    pub fn stop_ids(&self, tok: &Tokenizer) -> Vec<u32> {
+        let mut ids = tok.eos.clone();
+        for m in self.stops() {
+            if let Ok(mut v) = tok.encode(&m) {
+                if v.len() == 2 && tok.bos == Some(v[0]) {
+                    v.remove(0); // BOS added by the pipeline
+                }
+                if let [id] = v[..] {
+                    if !ids.contains(&id) {
+                        ids.push(id);
+                    }
+                }
+            }
+        }
+        ids
     }
 }
 
@@ -712,6 +792,13 @@ mod tests {
     fn end_of_turn_markers_from_the_template() {
         let t = ChatTemplate::new("<|im_start|>{{ x }}<|im_end|>", "t", None, Some("<|endoftext|>".into())).unwrap();
         assert_eq!(t.end_of_turn_markers(), vec!["<|im_end|>".to_string(), "<|endoftext|>".to_string()]);
+    }
+
+    #[test]
+    fn plain_fallback() {
+        let msgs = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi")];
+        assert_eq!(ChatFormat::Plain.render_messages(&msgs).unwrap(), "system: Be brief.\nuser: Hi\nassistant:");
+        assert!(ChatFormat::Plain.stops().is_empty());
     }
 
     #[test]
