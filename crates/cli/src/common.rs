@@ -2,9 +2,10 @@
 //! progress display.
 
 use clap::Args;
+use kvslim_models::chat::{ChatError, ChatFormat};
 use kvslim_models::{LoadedModel, Tokenizer};
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
@@ -27,6 +28,11 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// Sets up threads, resolves the spec and loads model + tokenizer.
     pub fn load(&self) -> CliResult<LoadedModel> {
+        Ok(self.load_with_path()?.0)
+    }
+
+    /// [`ModelArgs::load`], also returning the resolved model path.
+    pub fn load_with_path(&self) -> CliResult<(LoadedModel, PathBuf)> {
         init_threads(self.threads)?;
         let path = kvslim_models::resolve::resolve_model(&self.model)?;
         let mut loaded = kvslim_models::load_model(&path)?;
@@ -34,7 +40,21 @@ impl ModelArgs {
             let c = &loaded.model.config;
             loaded.tokenizer = Some(kvslim_models::loader::load_tokenizer(t, c.bos_token_id, c.eos_token_ids.clone())?);
         }
-        Ok(loaded)
+        Ok((loaded, path))
+    }
+
+    /// The chat format of the loaded tokenizer: its template, with the
+    /// BOS/EOS strings of the `tokenizer_config.json` beside `tokenizer.json`
+    /// (HF models) and errors that name the file; the plain fallback when
+    /// the model has no template.
+    pub fn chat_format(&self, tok: &Tokenizer, model_path: &Path) -> Result<ChatFormat, ChatError> {
+        let dir = match &self.tokenizer {
+            Some(t) => t.parent().map(Path::to_path_buf),
+            None if model_path.is_dir() => Some(model_path.to_path_buf()),
+            None => None,
+        };
+        let config = dir.map(|d| d.join("tokenizer_config.json")).filter(|p| p.exists());
+        ChatFormat::for_tokenizer(tok, config.as_deref(), &model_path.display().to_string())
     }
 }
 

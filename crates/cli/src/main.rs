@@ -2,6 +2,7 @@
 
 mod bench;
 mod calibrate;
+mod chat;
 mod common;
 mod eval;
 mod generate;
@@ -33,6 +34,8 @@ enum Command {
     Info(info::Args),
     /// Generate text from a prompt, streaming it to the terminal.
     Generate(generate::Args),
+    /// Interactive multi-turn chat through the model's own chat template.
+    Chat(chat::Args),
     /// Teacher-forced perplexity of a text or token list.
     Perplexity(perplexity::Args),
     /// Measure prefill and decode speed against the memory-bandwidth bound.
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info(a) => info::run(a),
         Command::Generate(a) => generate::run(a),
+        Command::Chat(a) => chat::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Calibrate(a) => calibrate::run(a),

@@ -49,9 +49,19 @@ pub fn run(a: Args) -> CliResult {
     if a.max_batch == 0 {
         return Err("--max-batch must be at least 1".into());
     }
-    let loaded = a.model.load()?;
+    let (loaded, path) = a.model.load_with_path()?;
     require_tokenizer(&loaded.tokenizer)?;
     let tokenizer = loaded.tokenizer.expect("checked above");
+    // a broken template does not stop the server: completions still work,
+    // chat requests answer 400 with this message
+    let chat = a.model.chat_format(&tokenizer, &path).map_err(|e| e.to_string());
+    match &chat {
+        Ok(kvslim_models::chat::ChatFormat::Template(t)) => {
+            eprintln!("kvslim serve: chat template from {}", t.source())
+        }
+        Ok(_) => eprintln!("kvslim serve: the model has no chat template; chat uses plain `role: content` lines"),
+        Err(e) => eprintln!("kvslim serve: warning: {e}; /v1/chat/completions will answer 400"),
+    }
     let config = ServerConfig {
         policy: a.policy.clone(),
         limits: Limits {
@@ -63,7 +73,7 @@ pub fn run(a: Args) -> CliResult {
         },
         model_name: a.served_model_name.unwrap_or_else(|| a.model.model.clone()),
     };
-    let state = AppState::new(Arc::new(loaded.model), Arc::new(tokenizer), config);
+    let state = AppState::new(Arc::new(loaded.model), Arc::new(tokenizer), config).with_chat(chat);
     let listener = std::net::TcpListener::bind((a.host.as_str(), a.port))?;
     eprintln!(
         "kvslim serve: http://{} (policy {}, KV pool {} bytes, page size {}, prefix cache {}, max batch {}, queue limit {})",

@@ -243,3 +243,45 @@ fn calibrate_then_chai_perplexity_reports_clusters_and_shrunk_k() {
     assert!(chai["kv_bytes_allocated"].as_u64().unwrap() <= full["kv_bytes_allocated"].as_u64().unwrap());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `kvslim chat` with piped stdin: one reply per user line, `/reset` and
+/// `/quit` honoured, the template's source reported; SmolLM2's template
+/// puts its turn markers in the prompt (`--show-prompt`).
+#[test]
+fn chat_reads_turns_from_stdin() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let run = |model: &str, input: &str| -> Output {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvslim"))
+            .args(["chat", "--model", model, "--max-tokens", "6", "--system", "Be brief.", "--show-prompt"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run kvslim chat");
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let o = run(&stories(), "Once upon a time\n\n/reset\nLily and Ben\n/quit\nnot read\n");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("no chat template"), "{err}");
+    assert_eq!(err.matches("generated tokens").count(), 2, "two turns: {err}");
+    assert!(err.contains("conversation reset"), "{err}");
+    // after /reset the second prompt holds only the system prompt and the new turn
+    assert!(err.contains("system: Be brief.\nuser: Lily and Ben\nassistant:"), "{err}");
+    assert!(!err.contains("not read"), "{err}");
+
+    let smol = shared().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let o = run(&smol.display().to_string(), "Hi\n");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("GGUF `tokenizer.chat_template`"), "{err}");
+    assert!(
+        err.contains(
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        ),
+        "{err}"
+    );
+    assert!(!String::from_utf8_lossy(&o.stdout).trim().is_empty());
+}

@@ -2,6 +2,7 @@
 //! how it is read ([`loader`]), how text becomes tokens ([`tokenizer`]) and
 //! how tokens become logits ([`transformer`]).
 
+pub mod chat;
 pub mod config;
 pub mod loader;
 pub mod resolve;

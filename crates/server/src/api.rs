@@ -15,7 +15,6 @@
 //!   `compact=`/`page_score=` imply it; token eviction otherwise stays on
 //!   fixed slots (see `scheduler::apply_default_page`).
 
-use crate::chat::ChatMessage;
 use crate::scheduler::{apply_default_page, kv_bytes_for, Event, Finish, Request, SubmitError};
 use crate::AppState;
 use axum::body::Bytes;
@@ -131,6 +130,16 @@ struct Message {
 #[derive(Deserialize)]
 struct ChatBody {
     messages: Option<Vec<Message>>,
+}
+
+/// The chat fields the template sees as sent: whole message objects and
+/// `tools` with their key order (for `tojson`).
+#[derive(Deserialize, Default)]
+struct RawChat {
+    #[serde(default)]
+    messages: Option<Vec<Value>>,
+    #[serde(default)]
+    tools: Option<kvslim_models::chat::JsonValue>,
 }
 
 /// The endpoint's own fields and the shared ones, from one JSON object.
@@ -292,23 +301,42 @@ pub async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Respon
     let Some(messages) = b.messages.filter(|m| !m.is_empty()) else {
         return ApiError::bad("`messages` must be a non-empty list", Some("messages")).into_response();
     };
-    let msgs: Vec<ChatMessage> = messages
+    let chat = match st.chat.as_ref() {
+        Ok(c) => c,
+        Err(e) => return ApiError::bad(e.clone(), Some("messages")).into_response(),
+    };
+    // the template sees each message as sent (tool_calls, name …), with
+    // content parts joined into one string; `tools` keep their key order
+    let raw: RawChat = serde_json::from_slice(&body).unwrap_or_default();
+    let msgs: Vec<Value> = messages
         .into_iter()
-        .map(|m| ChatMessage {
-            role: m.role,
-            content: match m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t,
-                Some(Content::Parts(p)) => p.into_iter().filter_map(|p| p.text).collect::<Vec<_>>().join(""),
-            },
+        .zip(raw.messages.unwrap_or_default())
+        .map(|(m, mut rawm)| {
+            let content = match m.content {
+                None => Value::Null,
+                Some(Content::Text(t)) => Value::String(t),
+                Some(Content::Parts(p)) => {
+                    Value::String(p.into_iter().filter_map(|p| p.text).collect::<Vec<_>>().join(""))
+                }
+            };
+            if let Some(o) = rawm.as_object_mut() {
+                o.insert("role".into(), Value::String(m.role));
+                o.insert("content".into(), content);
+            }
+            rawm
         })
         .collect();
-    let text = st.chat.render(&msgs);
-    let prompt = match encode(&st, &text) {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
+    let msgs = kvslim_models::chat::serde_to_value(&Value::Array(msgs));
+    let tools = raw.tools.map(|t| t.0);
+    let text = match chat.render(msgs, tools) {
+        Ok(t) => t,
+        Err(e) => return ApiError::bad(e.to_string(), Some("messages")).into_response(),
     };
-    let stops = st.chat.stops();
+    let prompt = match chat.encode(&st.tokenizer, &text) {
+        Ok(p) => p,
+        Err(e) => return ApiError::bad(format!("cannot tokenize the prompt: {e}"), Some("messages")).into_response(),
+    };
+    let stops = chat.stops();
     respond(st, Kind::Chat, prompt, common, None, stops).await
 }
 

@@ -40,7 +40,9 @@ pub struct AppState {
     pub scheduler: SchedulerHandle,
     pub default_policy: PolicySpec,
     pub model_name: String,
-    pub chat: chat::ChatFormat,
+    /// The chat format, or why the model's template could not be loaded
+    /// (then chat requests answer 400 with that message).
+    pub chat: Arc<Result<chat::ChatFormat, String>>,
     pub started: u64,
 }
 
@@ -48,7 +50,9 @@ impl AppState {
     /// Starts the scheduler thread for `model`.
     pub fn new(model: Arc<Model>, tokenizer: Arc<Tokenizer>, config: ServerConfig) -> Self {
         let scheduler = scheduler::spawn(model.clone(), tokenizer.clone(), config.limits.clone());
-        let chat = chat::ChatFormat::detect(tokenizer.chat_template.as_deref());
+        let chat = Arc::new(
+            chat::ChatFormat::for_tokenizer(&tokenizer, None, "the model's tokenizer").map_err(|e| e.to_string()),
+        );
         let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         AppState {
             model,
@@ -59,6 +63,16 @@ impl AppState {
             chat,
             started,
         }
+    }
+}
+
+impl AppState {
+    /// Replaces the chat format (the CLI loads it with the model's
+    /// `tokenizer_config.json` and file name, for exact token strings and
+    /// error messages that name the file).
+    pub fn with_chat(mut self, chat: Result<chat::ChatFormat, String>) -> Self {
+        self.chat = Arc::new(chat);
+        self
     }
 }
 

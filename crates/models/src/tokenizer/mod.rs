@@ -26,7 +26,8 @@ pub struct Tokenizer {
     pub add_bos: bool,
     pub bos: Option<u32>,
     pub eos: Vec<u32>,
-    /// Jinja chat template, kept for the server.
+    /// Jinja chat template (GGUF `tokenizer.chat_template` or
+    /// `tokenizer_config.json`); rendered by [`crate::chat::ChatTemplate`].
     pub chat_template: Option<String>,
 }
 
@@ -47,6 +48,42 @@ impl Tokenizer {
             TokenizerKind::Scored(v) => ids.extend(v.encode(text)),
         }
         Ok(ids)
+    }
+
+    /// Encodes a rendered chat template. Special tokens written as text
+    /// (`<|im_start|>`, `<start_of_turn>` …) become their single ids where the
+    /// tokenizer knows them as added/special tokens. When the text already
+    /// starts with the BOS string `bos_text` (templates that print
+    /// `{{ bos_token }}`), BOS is not added a second time: the pipeline's
+    /// post-processor is skipped and `add_bos` ignored.
+    pub fn encode_chat(&self, text: &str, bos_text: Option<&str>) -> Result<Vec<u32>> {
+        let leading_bos = match (self.bos, bos_text) {
+            (Some(_), Some(b)) if !b.is_empty() && text.starts_with(b) => Some(b),
+            _ => None,
+        };
+        let Some(bos_text) = leading_bos else {
+            return self.encode(text);
+        };
+        match &self.kind {
+            TokenizerKind::Hf(t) => {
+                let enc = t.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+                Ok(enc.get_ids().to_vec())
+            }
+            TokenizerKind::Scored(v) => {
+                let mut ids: Vec<u32> = self.bos.into_iter().collect();
+                ids.extend(v.encode(&text[bos_text.len()..]));
+                Ok(ids)
+            }
+        }
+    }
+
+    /// The vocabulary string of one id (special tokens included), e.g. the
+    /// `bos_token` a chat template prints.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        match &self.kind {
+            TokenizerKind::Hf(t) => t.id_to_token(id),
+            TokenizerKind::Scored(v) => v.piece(id).map(String::from),
+        }
     }
 
     /// Decodes ids to text (special tokens skipped).

@@ -62,6 +62,10 @@ impl ScoredVocab {
     pub fn is_empty(&self) -> bool {
         self.pieces.is_empty()
     }
+    /// The vocabulary string of `id` (chat templates print BOS/EOS by name).
+    pub fn piece(&self, id: u32) -> Option<&str> {
+        self.pieces.get(id as usize).map(String::as_str)
+    }
 
     /// Encodes text without BOS/EOS.
     pub fn encode(&self, text: &str) -> Vec<u32> {

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test crate uses its own subset
 
 use kvslim_cache::PolicySpec;
+use kvslim_models::chat::ChatFormat;
 use kvslim_models::{load_model, LoadedModel};
 use kvslim_server::http_client;
 use kvslim_server::{AppState, Limits, ServerConfig};
@@ -18,9 +19,18 @@ pub fn stories() -> LoadedModel {
 
 /// Starts a stories260K server on a free loopback port; returns `host:port`.
 pub fn start(limits: Limits) -> String {
+    start_with_chat(limits, None)
+}
+
+/// [`start`] with a chat format in place of the model's own (stories260K
+/// has no template: the plain fallback).
+pub fn start_with_chat(limits: Limits, chat: Option<Result<ChatFormat, String>>) -> String {
     let m = stories();
     let config = ServerConfig { policy: PolicySpec::full(), limits, model_name: "stories260k".into() };
-    let state = AppState::new(Arc::new(m.model), Arc::new(m.tokenizer.expect("tokenizer")), config);
+    let mut state = AppState::new(Arc::new(m.model), Arc::new(m.tokenizer.expect("tokenizer")), config);
+    if let Some(c) = chat {
+        state = state.with_chat(c);
+    }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     std::thread::spawn(move || kvslim_server::serve_blocking(listener, state, 2));
