@@ -5,6 +5,7 @@ mod calibrate;
 mod chat;
 mod common;
 mod eval;
+mod fetch;
 mod generate;
 mod info;
 mod loadtest;
@@ -21,7 +22,7 @@ use std::process::ExitCode;
     about = "CPU LLM inference with a compressed KV cache (H2O, CHAI) and the tools to measure it",
     long_about = "CPU LLM inference with a compressed KV cache (H2O, CHAI) and the tools to measure it.\n\n\
 Models: a Hugging Face directory (config.json + safetensors), a .gguf file, a llama2.c .bin, \
-`hf:org/repo[/file]`, or an alias (`smollm2-135m`, the default; `stories260k`)."
+`hf:org/repo[/file]`, or an alias (`smollm2-135m`, the default; `gemma3-270m`; `stories260k`)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -48,6 +49,8 @@ enum Command {
     Serve(serve::Args),
     /// Load-test a running server with concurrent streaming clients.
     Loadtest(loadtest::Args),
+    /// Resolve a model (alias, hf:, path), downloading it if needed; print its path.
+    Fetch(fetch::Args),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Command::Eval(a) => eval::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Loadtest(a) => loadtest::run(a),
+        Command::Fetch(a) => fetch::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

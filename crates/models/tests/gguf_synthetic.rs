@@ -590,7 +590,7 @@ fn byte_level_bpe_vocab_with_special_tokens() {
     types[1] = 3;
     let vocab = tokens.len();
     let id = |p: &str| tokens.iter().position(|t| t == p).unwrap() as u32;
-    for pre in ["gpt2", "smollm", "llama-bpe"] {
+    for pre in ["gpt2", "smollm", "llama-bpe", "qwen2"] {
         let mut g = Gguf::new();
         base_meta(&mut g);
         g.kv("tokenizer.ggml.model", V::s("gpt2"))
@@ -614,12 +614,12 @@ fn byte_level_bpe_vocab_with_special_tokens() {
     let mut g = Gguf::new();
     base_meta(&mut g);
     g.kv("tokenizer.ggml.model", V::s("gpt2"))
-        .kv("tokenizer.ggml.pre", V::s("qwen2"))
+        .kv("tokenizer.ggml.pre", V::s("deepseek-llm"))
         .kv("tokenizer.ggml.tokens", V::strs(&tokens))
         .kv("tokenizer.ggml.merges", V::strs(&merges));
     add_tensors(&mut g, &raw_model(vocab, true, 3), DType::F32);
     let e = err_of(load_bytes("pre", &g.bytes().0)).to_string();
-    assert!(e.contains("qwen2"), "{e}");
+    assert!(e.contains("deepseek-llm") && e.contains("not supported"), "{e}");
 }
 
 #[test]

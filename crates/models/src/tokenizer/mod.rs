@@ -33,6 +33,9 @@ pub struct Tokenizer {
 
 impl Tokenizer {
     /// Encodes a prompt, adding BOS exactly when the model's tokenizer says so.
+    /// Special tokens written in the text (`<|im_start|>`, `<start_of_turn>`)
+    /// become their ids, so rendered chat templates tokenize as the model
+    /// expects; every vocabulary kind behaves the same way here.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
         if self.add_bos {
@@ -45,7 +48,7 @@ impl Tokenizer {
                 let enc = t.encode(text, true).map_err(|e| Error::Tokenizer(e.to_string()))?;
                 ids.extend_from_slice(enc.get_ids());
             }
-            TokenizerKind::Scored(v) => ids.extend(v.encode(text)),
+            TokenizerKind::Scored(v) => ids.extend(v.encode(text, true)),
         }
         Ok(ids)
     }
