@@ -74,7 +74,7 @@ impl Tokenizer {
             }
             TokenizerKind::Scored(v) => {
                 let mut ids: Vec<u32> = self.bos.into_iter().collect();
-                ids.extend(v.encode(&text[bos_text.len()..]));
+                ids.extend(v.encode(&text[bos_text.len()..], true));
                 Ok(ids)
             }
         }
