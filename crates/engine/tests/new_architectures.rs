@@ -117,3 +117,71 @@ fn speculative_greedy_equals_plain_greedy() {
         }
     }
 }
+
+/// Beam search (beams fork the whole cache, sliding-window state
+/// included): paged beams (the default) give the same hypotheses as beams
+/// on fixed slots, and every hypothesis' local layers hold no more than
+/// the window.
+#[test]
+fn beams_on_sliding_window_layers() {
+    use kvslim_engine::beam::{beam_search, beam_search_in, BeamOptions, BeamStorage};
+    let tokens = ids();
+    let m = model("gemma3");
+    for spec in ["full", "h2o:heavy=6,recent=6"] {
+        let o = BeamOptions {
+            beams: 3,
+            max_tokens: 24,
+            length_penalty: 1.0,
+            early_stopping: true,
+            policy: PolicySpec::parse(spec).unwrap(),
+            eos: vec![],
+            keep_caches: true,
+        };
+        let prompt = &tokens[..20];
+        let paged = beam_search(&m, prompt, &o).unwrap();
+        let fixed = beam_search_in(&m, prompt, &o, BeamStorage { as_specified: true, pool: None }, None).unwrap();
+        let key = |h: &[kvslim_engine::beam::Hypothesis]| -> Vec<(Vec<u32>, u64)> {
+            h.iter().map(|x| (x.token_ids.clone(), x.logprob.to_bits())).collect()
+        };
+        assert_eq!(key(&paged), key(&fixed), "{spec}: paged beams vs fixed slots");
+        for h in &paged {
+            let c = h.cache.as_ref().unwrap();
+            assert!(c.store.head(0, 0).len() <= 15, "{spec}: the local layer holds at most W − 1 = 15");
+        }
+    }
+}
+
+/// CHAI (online clustering on the probe, and static membership) composes
+/// with sliding-window layers: it runs, and with one cluster per query
+/// head it changes nothing.
+#[test]
+fn chai_on_sliding_window_layers() {
+    let tokens = ids();
+    let m = model("gemma3");
+    let heads = m.config.n_heads;
+    let plan = |k: usize| {
+        let layer = serde_json::json!({
+            "k": k,
+            "errors": (0..heads).map(|i| (heads - i) as f64).collect::<Vec<_>>(),
+            "static_clusters": (0..heads).collect::<Vec<_>>().chunks(heads / k).map(|c| c.to_vec()).collect::<Vec<_>>(),
+        });
+        let path = std::env::temp_dir().join(format!("kvslim-newarch-chai-{}-{k}.json", std::process::id()));
+        std::fs::write(&path, serde_json::json!({ "layers": vec![layer; 2] }).to_string()).unwrap();
+        path.display().to_string()
+    };
+    let run = |spec: &str| -> Vec<f32> {
+        let mut s = Session::new(&m, &PolicySpec::parse(spec).unwrap(), 96, 96).unwrap();
+        s.feed(&tokens, Logits::All).unwrap().to_vec()
+    };
+    let dense = run("full");
+    let (p4, p2) = (plan(heads), plan(2));
+    for spec in [format!("full+chai:plan={p4}"), format!("full+chai-static:plan={p4}")] {
+        let got = run(&spec);
+        assert!(max_abs_diff(&got, &dense) < 1e-4, "{spec}: one head per cluster is dense attention");
+    }
+    for spec in [format!("h2o:heavy=8,recent=8+chai:plan={p2}"), format!("full+chai-static:plan={p2}")] {
+        let got = run(&spec);
+        assert!(got.iter().all(|x| x.is_finite()), "{spec}");
+        assert!(max_abs_diff(&got, &dense) > 1e-3, "{spec}: sharing scores changes the output");
+    }
+}
