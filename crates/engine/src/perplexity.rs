@@ -156,6 +156,31 @@ pub struct FollowedDecisions {
     pub kept_sets_differing: usize,
 }
 
+/// Allocated K/V bytes by layer kind (sliding-window models).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct LayerKindBytes {
+    pub local: usize,
+    pub global: usize,
+}
+
+impl LayerKindBytes {
+    /// Splits a store's allocation by the model's layer kinds (`None` when
+    /// every layer is global).
+    pub fn of(model: &kvslim_models::Model, store: &kvslim_cache::KvStore) -> Option<Self> {
+        let w = model.config.features.sliding_window.as_ref()?;
+        let mut out = LayerKindBytes { local: 0, global: 0 };
+        for (l, &local) in w.local_layers.iter().enumerate() {
+            let b = store.layer_bytes(l).kv;
+            if local {
+                out.local += b;
+            } else {
+                out.global += b;
+            }
+        }
+        Some(out)
+    }
+}
+
 /// Result of a perplexity run (the CLI's `--json` object).
 #[derive(Clone, Debug, Serialize)]
 pub struct PerplexityReport {
@@ -166,6 +191,10 @@ pub struct PerplexityReport {
     pub ppl: f64,
     pub kv_bytes_allocated: usize,
     pub kv_metadata_bytes: usize,
+    /// Models with sliding-window layers: allocated K/V bytes of the local
+    /// (windowed) and of the global layers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_bytes_by_layer_kind: Option<LayerKindBytes>,
     pub policy: String,
     /// Slot budget per (layer, KV head), when the policy has one.
     pub budget_slots: Option<usize>,
@@ -449,6 +478,7 @@ pub fn perplexity(
         ppl: nll.exp(),
         kv_bytes_allocated: bytes.kv,
         kv_metadata_bytes: bytes.metadata,
+        kv_bytes_by_layer_kind: LayerKindBytes::of(model, &s.cache.store),
         policy: opts.policy.to_string(),
         budget_slots: opts.policy.budget(n),
         kv_bytes_peak: kv_peak.max(bytes.kv),
