@@ -127,6 +127,40 @@ pub struct Model {
     dense_heads: LayerHeads,
 }
 
+/// The optional per-layer weights (QK norms, sandwich norms) are present
+/// exactly when the config's [`BlockFeatures`](crate::config::BlockFeatures)
+/// ask for them, with the right widths: config and tensors cannot disagree.
+fn check_block_features(c: &ModelConfig, weights: &Weights) -> Result<()> {
+    let f = &c.features;
+    for (i, l) in weights.layers.iter().enumerate() {
+        let pairs = [
+            ("q_norm", l.q_norm.as_ref(), f.qk_norm, c.head_dim),
+            ("k_norm", l.k_norm.as_ref(), f.qk_norm, c.head_dim),
+            ("post_attn_norm", l.post_attn_norm.as_ref(), f.post_norms, c.hidden_size),
+            ("post_mlp_norm", l.post_mlp_norm.as_ref(), f.post_norms, c.hidden_size),
+        ];
+        for (name, w, wanted, len) in pairs {
+            match (w, wanted) {
+                (Some(w), true) if w.weight.len() == len => {}
+                (Some(w), true) => {
+                    return Err(Error::ShapeMismatch {
+                        name: format!("layer {i} {name}"),
+                        expected: vec![len],
+                        got: vec![w.weight.len()],
+                    })
+                }
+                (None, false) => {}
+                (Some(_), false) => {
+                    let reason = format!("layer {i} has {name} weights but the config does not use them");
+                    return Err(Error::Format { path: "<model>".into(), reason });
+                }
+                (None, true) => return Err(Error::MissingTensor(format!("layer {i} {name}"))),
+            }
+        }
+    }
+    Ok(())
+}
+
 fn norm(kind: NormKind, w: &NormWeights, eps: f32, x: &[f32], out: &mut [f32]) {
     match kind {
         NormKind::Rms => rms_norm(x, &w.weight, eps, out),
@@ -173,33 +207,7 @@ impl Model {
                 check(&format!("layer {i} gate"), dims(&g.weight), (c.ffn_size, c.hidden_size))?;
             }
         }
-        let f = &c.features;
-        for (i, l) in weights.layers.iter().enumerate() {
-            let pairs = [
-                ("q_norm", l.q_norm.as_ref(), f.qk_norm, c.head_dim),
-                ("k_norm", l.k_norm.as_ref(), f.qk_norm, c.head_dim),
-                ("post_attn_norm", l.post_attn_norm.as_ref(), f.post_norms, c.hidden_size),
-                ("post_mlp_norm", l.post_mlp_norm.as_ref(), f.post_norms, c.hidden_size),
-            ];
-            for (name, w, wanted, len) in pairs {
-                match (w, wanted) {
-                    (Some(w), true) if w.weight.len() == len => {}
-                    (Some(w), true) => {
-                        return Err(Error::ShapeMismatch {
-                            name: format!("layer {i} {name}"),
-                            expected: vec![len],
-                            got: vec![w.weight.len()],
-                        })
-                    }
-                    (None, false) => {}
-                    (Some(_), false) => {
-                        let reason = format!("layer {i} has {name} weights but the config does not use them");
-                        return Err(Error::Format { path: "<model>".into(), reason });
-                    }
-                    (None, true) => return Err(Error::MissingTensor(format!("layer {i} {name}"))),
-                }
-            }
-        }
+        check_block_features(c, &weights)?;
         let max_hd = MAX_HEAD_DIM;
         if c.head_dim > max_hd {
             let reason = format!("head_dim {} exceeds the {max_hd} the attention kernel supports", c.head_dim);
