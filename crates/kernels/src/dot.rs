@@ -311,6 +311,7 @@ mod tests {
     /// Every kernel set to check: those this CPU runs, plus, off aarch64, the
     /// NEON kernels over scalar stand-ins of the intrinsics.
     fn test_sets() -> Vec<DotKernels> {
+        #[allow(unused_mut)]
         let mut v = available();
         #[cfg(not(target_arch = "aarch64"))]
         v.extend(crate::simd::neon::kernels());

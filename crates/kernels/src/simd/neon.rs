@@ -37,14 +37,13 @@ const KERNELS: DotKernels = DotKernels {
     q8_0: dot_q8_0,
     q4_0: dot_q4_0,
     q4_1: dot_q4_1,
-    // Q5 and K-quant formats: the scalar kernels (no NEON versions yet)
-    q5_0: crate::dot::scalar::dot_q5_0,
-    q5_1: crate::dot::scalar::dot_q5_1,
-    q2_k: crate::dot::scalar::dot_q2_k,
-    q3_k: crate::dot::scalar::dot_q3_k,
-    q4_k: crate::dot::scalar::dot_q4_k,
-    q5_k: crate::dot::scalar::dot_q5_k,
-    q6_k: crate::dot::scalar::dot_q6_k,
+    q5_0: dot_q5_0,
+    q5_1: dot_q5_1,
+    q2_k: dot_q2_k,
+    q3_k: dot_q3_k,
+    q4_k: dot_q4_k,
+    q5_k: dot_q5_k,
+    q6_k: dot_q6_k,
     axpy,
     dot4x4,
     dequantize,
@@ -81,6 +80,47 @@ fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
 fn dot_q4_1(w: &[u8], x: &[f32]) -> f32 {
     let nb = whole_blocks(w.len(), 20, x.len());
     unsafe { dot_q4_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+fn dot_q5_0(w: &[u8], x: &[f32]) -> f32 {
+    let nb = whole_blocks(w.len(), 22, x.len());
+    unsafe { dot_q5_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+fn dot_q5_1(w: &[u8], x: &[f32]) -> f32 {
+    let nb = whole_blocks(w.len(), 24, x.len());
+    unsafe { dot_q5_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+/// Whole 256-element super-blocks of `bb` bytes covered by `w` and `x`.
+#[inline]
+fn super_blocks(w_len: usize, bb: usize, x_len: usize) -> usize {
+    (w_len / bb).min(x_len / crate::quant::QK_K)
+}
+
+fn dot_q2_k(w: &[u8], x: &[f32]) -> f32 {
+    let nb = super_blocks(w.len(), 84, x.len());
+    unsafe { dot_q2_k_impl(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+fn dot_q3_k(w: &[u8], x: &[f32]) -> f32 {
+    let nb = super_blocks(w.len(), 110, x.len());
+    unsafe { dot_q3_k_impl(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+fn dot_q4_k(w: &[u8], x: &[f32]) -> f32 {
+    let nb = super_blocks(w.len(), 144, x.len());
+    unsafe { dot_q45_k_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+fn dot_q5_k(w: &[u8], x: &[f32]) -> f32 {
+    let nb = super_blocks(w.len(), 176, x.len());
+    unsafe { dot_q45_k_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
+}
+
+fn dot_q6_k(w: &[u8], x: &[f32]) -> f32 {
+    let nb = super_blocks(w.len(), 210, x.len());
+    unsafe { dot_q6_k_impl(w.as_ptr(), x.as_ptr(), nb) }
 }
 
 fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
@@ -353,6 +393,300 @@ unsafe fn dot_q4_impl<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -
         }
     }
     vaddvq_f32(vaddq_f32(vaddq_f32(acc0, acc1), accm))
+}
+
+// ---- Q5 and K-quant formats ---------------------------------------------------
+//
+// Each kernel unpacks 16 quants at a time into a byte vector (the stored
+// integer, with the bias of the signed formats already subtracted), widens
+// it to f32 and dots it with 16 activations into a vector of partial sums;
+// one FMA per group of 16 or 32 then scales those by the group's d·s into
+// an accumulator. The formats with minimums add (−dmin·m)·Σx per group into
+// a separate accumulator, as Q4_1 does. The group scales of a super-block
+// are computed once into small arrays, each product d·s rounded as the
+// scalar code rounds it. Only the order of the f32 sums differs from
+// dequantize-then-dot.
+
+/// Little-endian u32 at `p` (any alignment).
+#[inline(always)]
+unsafe fn rd32(p: *const u8) -> u32 {
+    u32::from_le(ptr::read_unaligned(p as *const u32))
+}
+
+/// Four little-endian u32 as 16 bytes, lowest byte first.
+#[inline(always)]
+fn bytes16(w: [u32; 4]) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    for (c, v) in b.chunks_exact_mut(4).zip(w) {
+        c.copy_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+/// Σ q·x and Σ x over 16 unsigned bytes `q` and 16 activations at `x`,
+/// each as a vector of partial sums (the activations are loaded once).
+#[inline]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
+unsafe fn dot_sum_u8x16(q: uint8x16_t, x: *const f32) -> (float32x4_t, float32x4_t) {
+    let f = u8x16_f32(q);
+    let xv = [vld1q_f32(x), vld1q_f32(x.add(4)), vld1q_f32(x.add(8)), vld1q_f32(x.add(12))];
+    let a = vfmaq_f32(vmulq_f32(f[0], xv[0]), f[1], xv[1]);
+    let b = vfmaq_f32(vmulq_f32(f[2], xv[2]), f[3], xv[3]);
+    (vaddq_f32(a, b), vaddq_f32(vaddq_f32(xv[0], xv[1]), vaddq_f32(xv[2], xv[3])))
+}
+
+/// `d` times 16 unsigned bytes, stored to `out` (16 f32).
+#[inline]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
+unsafe fn scaled_u8x16(q: uint8x16_t, d: f32, out: *mut f32) {
+    let f = u8x16_f32(q);
+    store16(out, [vmulq_n_f32(f[0], d), vmulq_n_f32(f[1], d), vmulq_n_f32(f[2], d), vmulq_n_f32(f[3], d)]);
+}
+
+/// `d` times 16 signed bytes, stored to `out` (16 f32).
+#[inline]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
+unsafe fn scaled_i8x16(q: int8x16_t, d: f32, out: *mut f32) {
+    let f = i8x16_f32(q);
+    store16(out, [vmulq_n_f32(f[0], d), vmulq_n_f32(f[1], d), vmulq_n_f32(f[2], d), vmulq_n_f32(f[3], d)]);
+}
+
+/// Bit i of each byte lane i % 8: selects one bit of a replicated byte.
+const LANE_BITS: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+
+/// 0x10 in byte lane i (< 16) where bit i of `h` is set, else 0.
+#[inline]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
+fn fifth_bits(h: u16, lane_bits: uint8x16_t) -> uint8x16_t {
+    let rep = vcombine_u8(vdup_n_u8(h as u8), vdup_n_u8((h >> 8) as u8));
+    vandq_u8(vtstq_u8(rep, lane_bits), vdupq_n_u8(0x10))
+}
+
+/// Q5_0 (`MIN` false: value d·(q − 16)) and Q5_1 (`MIN` true: d·q + m);
+/// the fifth bit of element j is bit j of the u32 qh before the nibbles.
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
+unsafe fn dot_q5_impl<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    let (bb, head): (usize, usize) = if MIN { (24, 8) } else { (22, 6) };
+    let mask = vdupq_n_u8(0x0f);
+    let lane_bits = vld1q_u8(LANE_BITS.as_ptr());
+    let mut acc0 = vdupq_n_f32(0.0);
+    let mut acc1 = vdupq_n_f32(0.0);
+    let mut accm = vdupq_n_f32(0.0);
+    for b in 0..nb {
+        let p = w.add(b * bb);
+        let xb = x.add(b * 32);
+        let qh = rd32(p.add(head - 4));
+        let v = vld1q_u8(p.add(head));
+        // element j: low nibble of byte j; element j+16: high nibble
+        let lo = vorrq_u8(vandq_u8(v, mask), fifth_bits(qh as u16, lane_bits));
+        let hi = vorrq_u8(vshrq_n_u8::<4>(v), fifth_bits((qh >> 16) as u16, lane_bits));
+        let s = if MIN {
+            let (s0, x0) = dot_sum_u8x16(lo, xb);
+            let (s1, x1) = dot_sum_u8x16(hi, xb.add(16));
+            accm = vfmaq_n_f32(accm, vaddq_f32(x0, x1), half_at(p.add(2)));
+            vaddq_f32(s0, s1)
+        } else {
+            let sixteen = vdupq_n_s8(16);
+            vaddq_f32(
+                dot_i8x16(vsubq_s8(vreinterpretq_s8_u8(lo), sixteen), xb),
+                dot_i8x16(vsubq_s8(vreinterpretq_s8_u8(hi), sixteen), xb.add(16)),
+            )
+        };
+        if b % 2 == 0 {
+            acc0 = vfmaq_n_f32(acc0, s, half_at(p));
+        } else {
+            acc1 = vfmaq_n_f32(acc1, s, half_at(p));
+        }
+    }
+    vaddvq_f32(vaddq_f32(vaddq_f32(acc0, acc1), accm))
+}
+
+/// Sum of four accumulators.
+#[inline]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
+fn hsum4(a: [float32x4_t; 4]) -> f32 {
+    vaddvq_f32(vaddq_f32(vaddq_f32(a[0], a[1]), vaddq_f32(a[2], a[3])))
+}
+
+/// Q2_K: element 128h + 32j + l is bits 2j..2j+1 of quant byte 32h + l;
+/// group e / 16 has scale d·(s & 15) and offset −dmin·(s >> 4).
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
+unsafe fn dot_q2_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    const BB: usize = 84;
+    let m3 = vdupq_n_u8(3);
+    let m4 = vdupq_n_u8(0x0f);
+    let mut acc = [vdupq_n_f32(0.0); 4];
+    let mut accm = vdupq_n_f32(0.0);
+    for b in 0..nb {
+        let p = w.add(b * BB);
+        let xb = x.add(b * 256);
+        let (d, dmin) = (half_at(p.add(80)), half_at(p.add(82)));
+        let sc = vld1q_u8(p);
+        let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
+        scaled_u8x16(vandq_u8(sc, m4), d, dl.as_mut_ptr());
+        // −(dmin·m) is (−dmin)·m exactly
+        scaled_u8x16(vshrq_n_u8::<4>(sc), -dmin, off.as_mut_ptr());
+        for h in 0..2 {
+            // bytes l < 16 (group 8h + 2j) and l ≥ 16 (group 8h + 2j + 1)
+            let mut q0 = vld1q_u8(p.add(16 + 32 * h));
+            let mut q1 = vld1q_u8(p.add(32 + 32 * h));
+            for (j, a) in acc.iter_mut().enumerate() {
+                let g = 8 * h + 2 * j;
+                let xg = xb.add(128 * h + 32 * j);
+                let (s0, x0) = dot_sum_u8x16(vandq_u8(q0, m3), xg);
+                let (s1, x1) = dot_sum_u8x16(vandq_u8(q1, m3), xg.add(16));
+                *a = vfmaq_n_f32(vfmaq_n_f32(*a, s0, dl[g]), s1, dl[g + 1]);
+                accm = vfmaq_n_f32(vfmaq_n_f32(accm, x0, off[g]), x1, off[g + 1]);
+                q0 = vshrq_n_u8::<2>(q0);
+                q1 = vshrq_n_u8::<2>(q1);
+            }
+        }
+    }
+    hsum4(acc) + vaddvq_f32(accm)
+}
+
+/// Q3_K: as Q2_K's layout, plus a high bit 4h + j in hmask byte l (a clear
+/// bit subtracts 4); group e / 16 has scale d·(s − 32).
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
+unsafe fn dot_q3_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    const BB: usize = 110;
+    let m3 = vdupq_n_u8(3);
+    let one = vdupq_n_u8(1);
+    let four = vdupq_n_s8(4);
+    let mut acc = [vdupq_n_f32(0.0); 4];
+    for b in 0..nb {
+        let p = w.add(b * BB);
+        let xb = x.add(b * 256);
+        let d = half_at(p.add(108));
+        // the 16 6-bit scales (see quant::q3_k_scale), four at a time
+        let (a0, a1, a2) = (rd32(p.add(96)), rd32(p.add(100)), rd32(p.add(104)));
+        let (k4, k2) = (0x0f0f_0f0f, 0x0303_0303);
+        let s = bytes16([
+            (a0 & k4) | ((a2 & k2) << 4),
+            (a1 & k4) | (((a2 >> 2) & k2) << 4),
+            ((a0 >> 4) & k4) | (((a2 >> 4) & k2) << 4),
+            ((a1 >> 4) & k4) | (((a2 >> 6) & k2) << 4),
+        ]);
+        let mut dl = [0f32; 16];
+        // below 64, so the bytes read the same signed
+        scaled_i8x16(vsubq_s8(vld1q_s8(s.as_ptr() as *const i8), vdupq_n_s8(32)), d, dl.as_mut_ptr());
+        for lh in 0..2 {
+            // elements l = 16·lh .. 16·lh + 15 of every 32-element run
+            let mut hm = vld1q_u8(p.add(16 * lh));
+            for h in 0..2 {
+                let mut q = vld1q_u8(p.add(32 + 32 * h + 16 * lh));
+                for (j, a) in acc.iter_mut().enumerate() {
+                    // low bits 2j, high bit 4h + j (both consumed in order)
+                    let u = vorrq_u8(vandq_u8(q, m3), vshlq_n_u8::<2>(vandq_u8(hm, one)));
+                    let s = dot_i8x16(vsubq_s8(vreinterpretq_s8_u8(u), four), xb.add(128 * h + 32 * j + 16 * lh));
+                    *a = vfmaq_n_f32(*a, s, dl[8 * h + 2 * j + lh]);
+                    q = vshrq_n_u8::<2>(q);
+                    hm = vshrq_n_u8::<1>(hm);
+                }
+            }
+        }
+    }
+    hsum4(acc)
+}
+
+/// Group scales d·s and offsets −dmin·m of the Q4_K/Q5_K super-block at
+/// `p` (which starts with d, dmin and the 12 packed scale bytes).
+#[inline]
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
+unsafe fn k4_scales(p: *const u8) -> ([f32; 8], [f32; 8]) {
+    let (d, dmin) = (half_at(p), half_at(p.add(2)));
+    // the 6-bit scales and mins of groups 0-3 and 4-7, one byte each
+    // (see quant::k4_scale_min), unpacked four at a time
+    let (w0, w1, w2) = (rd32(p.add(4)), rd32(p.add(8)), rd32(p.add(12)));
+    let sm = bytes16([
+        w0 & 0x3f3f_3f3f,
+        (w2 & 0x0f0f_0f0f) | (((w0 >> 6) & 0x0303_0303) << 4),
+        w1 & 0x3f3f_3f3f,
+        ((w2 >> 4) & 0x0f0f_0f0f) | (((w1 >> 6) & 0x0303_0303) << 4),
+    ]);
+    let f = u8x16_f32(vld1q_u8(sm.as_ptr()));
+    let mut out = [[0f32; 8]; 2];
+    vst1q_f32(out[0].as_mut_ptr(), vmulq_n_f32(f[0], d));
+    vst1q_f32(out[0].as_mut_ptr().add(4), vmulq_n_f32(f[1], d));
+    // −(dmin·m) is (−dmin)·m exactly
+    vst1q_f32(out[1].as_mut_ptr(), vmulq_n_f32(f[2], -dmin));
+    vst1q_f32(out[1].as_mut_ptr().add(4), vmulq_n_f32(f[3], -dmin));
+    (out[0], out[1])
+}
+
+/// Q4_K (`FIVE` false) or Q5_K (`FIVE` true): chunk c of 64 elements reads
+/// 32 nibble bytes; low nibbles are group 2c, high nibbles group 2c + 1;
+/// Q5_K's fifth bit of element 32g + l is bit g of qh byte l.
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
+unsafe fn dot_q45_k_impl<const FIVE: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    let (bb, qs_at): (usize, usize) = if FIVE { (176, 48) } else { (144, 16) };
+    let m4 = vdupq_n_u8(0x0f);
+    let one = vdupq_n_u8(1);
+    let mut acc = [vdupq_n_f32(0.0); 4];
+    let mut accm = [vdupq_n_f32(0.0); 2];
+    for b in 0..nb {
+        let p = w.add(b * bb);
+        let xb = x.add(b * 256);
+        let (dl, off) = k4_scales(p);
+        // qh bytes l < 16 and l ≥ 16, shifted right once per group
+        let mut qh = if FIVE { [vld1q_u8(p.add(16)), vld1q_u8(p.add(32))] } else { [vdupq_n_u8(0); 2] };
+        for c in 0..4 {
+            let q = p.add(qs_at + 32 * c);
+            let xc = xb.add(64 * c);
+            for (i, qh) in qh.iter_mut().enumerate() {
+                let v = vld1q_u8(q.add(16 * i));
+                let mut lo = vandq_u8(v, m4);
+                let mut hi = vshrq_n_u8::<4>(v);
+                if FIVE {
+                    lo = vorrq_u8(lo, vshlq_n_u8::<4>(vandq_u8(*qh, one)));
+                    hi = vorrq_u8(hi, vshlq_n_u8::<3>(vandq_u8(*qh, vdupq_n_u8(2))));
+                    *qh = vshrq_n_u8::<2>(*qh);
+                }
+                let (s0, x0) = dot_sum_u8x16(lo, xc.add(16 * i));
+                let (s1, x1) = dot_sum_u8x16(hi, xc.add(32 + 16 * i));
+                acc[2 * i] = vfmaq_n_f32(acc[2 * i], s0, dl[2 * c]);
+                acc[2 * i + 1] = vfmaq_n_f32(acc[2 * i + 1], s1, dl[2 * c + 1]);
+                accm[i] = vfmaq_n_f32(vfmaq_n_f32(accm[i], x0, off[2 * c]), x1, off[2 * c + 1]);
+            }
+        }
+    }
+    hsum4(acc) + vaddvq_f32(vaddq_f32(accm[0], accm[1]))
+}
+
+/// Q6_K: element 128h + 32k + l is nibble k / 2 of ql byte
+/// 64h + 32(k % 2) + l with bits 2k..2k+1 of qh byte 32h + l above it;
+/// group e / 16 has scale d·s (signed), and the quant a bias of 32.
+#[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
+unsafe fn dot_q6_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    const BB: usize = 210;
+    let m4 = vdupq_n_u8(0x0f);
+    let m30 = vdupq_n_u8(0x30);
+    let bias = vdupq_n_s8(32);
+    let mut acc = [vdupq_n_f32(0.0); 4];
+    for b in 0..nb {
+        let p = w.add(b * BB);
+        let xb = x.add(b * 256);
+        let mut dl = [0f32; 16];
+        scaled_i8x16(vld1q_s8(p.add(192) as *const i8), half_at(p.add(208)), dl.as_mut_ptr());
+        for h in 0..2 {
+            for lh in 0..2 {
+                let qa = vld1q_u8(p.add(64 * h + 16 * lh));
+                let qb = vld1q_u8(p.add(64 * h + 32 + 16 * lh));
+                let qh = vld1q_u8(p.add(128 + 32 * h + 16 * lh));
+                let u = [
+                    vorrq_u8(vandq_u8(qa, m4), vandq_u8(vshlq_n_u8::<4>(qh), m30)),
+                    vorrq_u8(vandq_u8(qb, m4), vandq_u8(vshlq_n_u8::<2>(qh), m30)),
+                    vorrq_u8(vshrq_n_u8::<4>(qa), vandq_u8(qh, m30)),
+                    vorrq_u8(vshrq_n_u8::<4>(qb), vandq_u8(vshrq_n_u8::<2>(qh), m30)),
+                ];
+                for (k, (a, uk)) in acc.iter_mut().zip(u).enumerate() {
+                    let s = dot_i8x16(vsubq_s8(vreinterpretq_s8_u8(uk), bias), xb.add(128 * h + 32 * k + 16 * lh));
+                    *a = vfmaq_n_f32(*a, s, dl[8 * h + 2 * k + lh]);
+                }
+            }
+        }
+    }
+    hsum4(acc)
 }
 
 // ---- GEMM micro-tile ----------------------------------------------------------

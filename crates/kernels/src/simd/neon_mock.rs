@@ -156,3 +156,21 @@ pub fn vandq_u8(a: uint8x16_t, b: uint8x16_t) -> uint8x16_t {
 pub fn vsubq_s8(a: int8x16_t, b: int8x16_t) -> int8x16_t {
     int8x16_t(lanes!(16, |i| a.0[i].wrapping_sub(b.0[i])))
 }
+pub fn vorrq_u8(a: uint8x16_t, b: uint8x16_t) -> uint8x16_t {
+    uint8x16_t(lanes!(16, |i| a.0[i] | b.0[i]))
+}
+/// All ones where `a & b` is nonzero, else zero.
+pub fn vtstq_u8(a: uint8x16_t, b: uint8x16_t) -> uint8x16_t {
+    uint8x16_t(lanes!(16, |i| if a.0[i] & b.0[i] != 0 { u8::MAX } else { 0 }))
+}
+/// Shift left; bits shifted out of a lane are lost.
+pub fn vshlq_n_u8<const N: i32>(a: uint8x16_t) -> uint8x16_t {
+    uint8x16_t(lanes!(16, |i| a.0[i] << N))
+}
+pub fn vdup_n_u8(v: u8) -> uint8x8_t {
+    uint8x8_t([v; 8])
+}
+/// `low` in lanes 0..8, `high` in lanes 8..16.
+pub fn vcombine_u8(low: uint8x8_t, high: uint8x8_t) -> uint8x16_t {
+    uint8x16_t(lanes!(16, |i| if i < 8 { low.0[i] } else { high.0[i - 8] }))
+}
