@@ -6,6 +6,7 @@
 //! picks victims through [`store::HeadSlots`]' small API. The attention
 //! math lives in `kvslim-kernels`.
 
+pub mod accounting;
 pub mod policy;
 pub mod rng;
 pub mod store;
@@ -58,6 +59,29 @@ impl Clone for SequenceCache {
     }
 }
 
+/// The policy a sequence of `shape` runs under `spec`: the spec's token
+/// policy, wrapped for sliding-window layers when the model has them.
+pub fn effective_policy(
+    spec: &PolicySpec,
+    shape: &CacheShape,
+    base_len: usize,
+) -> Result<Box<dyn CachePolicy>, String> {
+    let policy = spec.build(base_len);
+    let Some((window, local)) = &shape.sliding_window else { return Ok(policy) };
+    if local.len() != shape.layers || *window == 0 {
+        return Err(format!(
+            "sliding window {window} with a pattern of {} layers does not fit {} layers",
+            local.len(),
+            shape.layers
+        ));
+    }
+    Ok(if local.iter().any(|&l| l) {
+        Box::new(policy::SlidingWindowLayers::new(policy, *window, local.clone()))
+    } else {
+        policy
+    })
+}
+
 impl SequenceCache {
     /// Builds the cache for a sequence of at most `max_len` tokens.
     /// Budgets given as percentages resolve against `base_len` (the prompt
@@ -91,19 +115,7 @@ impl SequenceCache {
             (Some(_), pool) => pool,
             (None, _) => None,
         };
-        let mut policy = spec.build(base_len);
-        if let Some((window, local)) = &shape.sliding_window {
-            if local.len() != shape.layers || *window == 0 {
-                return Err(format!(
-                    "sliding window {window} with a pattern of {} layers does not fit {} layers",
-                    local.len(),
-                    shape.layers
-                ));
-            }
-            if local.iter().any(|&l| l) {
-                policy = Box::new(policy::SlidingWindowLayers::new(policy, *window, local.clone()));
-            }
-        }
+        let policy = effective_policy(spec, &shape, base_len)?;
         let capacities: Vec<usize> = (0..shape.layers).map(|l| policy.layer_capacity(l, max_len)).collect();
         let mut store = KvStore::with_layer_capacities(&capacities, shape.kv_heads, shape.head_dim, layout, pool);
         let heads = match &spec.head {

@@ -202,16 +202,19 @@ fn capacity_table(a: &Args, mem: &str) -> CliResult {
     if emit_json(&rows, a)? {
         return Ok(());
     }
-    println!("| policy | prompt + gen | peak KV MiB | metadata KiB | peak pages | moved B/step | decode tok/s | max batch in {mem} |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!(
+        "| policy | prompt + gen | peak KV MiB | metadata KiB | reserved MiB | peak pages | moved B/step | decode tok/s | max batch in {mem} |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| `{}` | {} + {} | {:.2} | {:.1} | {} | {:.0} | {:.1} | {} |",
+            "| `{}` | {} + {} | {:.2} | {:.1} | {:.2} | {} | {:.0} | {:.1} | {} |",
             r.policy,
             r.prompt_len,
             r.gen_len,
             r.peak_kv_bytes as f64 / 1048576.0,
             r.peak_metadata_bytes as f64 / 1024.0,
+            r.reserved_bytes as f64 / 1048576.0,
             r.peak_pages.map_or("-".to_string(), |p| p.to_string()),
             r.bytes_moved_per_step,
             r.decode_tok_s,

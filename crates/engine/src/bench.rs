@@ -215,6 +215,9 @@ pub struct CapacityRow {
     /// Bytes copied by compaction per decode step.
     pub bytes_moved_per_step: f64,
     pub decode_tok_s: f64,
+    /// What a server reserves for such a sequence before running it
+    /// ([`kvslim_cache::accounting::reservation`]; ≥ the peak).
+    pub reserved_bytes: usize,
     /// The KV memory budget and the sequences whose peak fits in it.
     pub kv_memory: u64,
     pub max_batch: u64,
@@ -231,7 +234,11 @@ pub fn capacity(
     gen_len: usize,
     kv_memory: u64,
 ) -> Result<CapacityRow> {
-    let mut s = Session::new(model, policy, prompt.len() + gen_len + 1, prompt.len())?;
+    let max_len = prompt.len() + gen_len + 1;
+    let reserved = kvslim_cache::accounting::reservation(policy, &model.cache_shape(), max_len, prompt.len())
+        .map_err(crate::EngineError::Request)?
+        .total();
+    let mut s = Session::new(model, policy, max_len, prompt.len())?;
     let mut tok = crate::sampling::argmax(s.feed(prompt, Logits::Last)?);
     let mut peak = s.kv_bytes();
     let mut peak_pages = s.cache.store.page_counts().map(|c| c.pages);
@@ -259,6 +266,7 @@ pub fn capacity(
         peak_pages,
         bytes_moved_per_step: moved as f64 / gen_len.max(1) as f64,
         decode_tok_s,
+        reserved_bytes: reserved,
         kv_memory,
         max_batch: kv_memory / (peak.kv + peak.metadata).max(1) as u64,
     })

@@ -230,7 +230,9 @@ fn submit(
     }
     // beam search holds every live beam's cache plus the children forked at a reorder
     let copies = if beams > 1 { 2 * beams } else { 1 };
-    let kv_bytes = copies * kv_bytes_for(model, &policy, prompt.len(), max_tokens);
+    let kv_bytes = kv_bytes_for(model, &policy, prompt.len(), max_tokens)
+        .map_err(|e| ApiError::bad(format!("kv_policy `{policy}`: {e}"), Some("kv_policy")))?
+        .saturating_mul(copies);
     let limit = st.scheduler.limits.kv_memory;
     if kv_bytes > limit {
         return Err(ApiError::bad(

@@ -16,6 +16,7 @@
 //! instead of prefilling.
 
 use crate::metrics::Metrics;
+pub use kvslim_cache::accounting::worst_case_pages;
 use kvslim_cache::policy::TokenPolicySpec;
 use kvslim_cache::{KvDtype, PagePool, PolicySpec, SequenceCache};
 use kvslim_engine::{Sampler, SamplingParams, Session};
@@ -164,50 +165,15 @@ pub fn apply_default_page(policy: &mut PolicySpec, page_size: usize) {
     }
 }
 
-/// Worst-case pages one (layer, KV head) of a paged sequence holds at once
-/// (K or V each; `None` for fixed slots). With P the page size, C = B + 1
-/// the policy's capacity and L = prompt + max_tokens (clipped to the
-/// context):
-///
-/// * `full` → ⌈L/P⌉;
-/// * page eviction (`page_score`) → ⌈C/P⌉ + 1;
-/// * `compact=N` → ⌈(C+N)/P⌉ + 1;
-/// * token eviction without compaction → ⌈L/P⌉ (holes can keep every page
-///   alive), but never more than C: a live page holds a live token.
-///
-/// Every bound is also capped by ⌈L/P⌉ + 1.
-pub fn worst_case_pages(policy: &PolicySpec, capacity: usize, max_len: usize) -> Option<usize> {
-    let p = policy.storage.page_size?;
-    let all = max_len.div_ceil(p);
-    let pages = if matches!(policy.token, TokenPolicySpec::Full) {
-        all
-    } else if policy.storage.page_score.is_some() {
-        capacity.div_ceil(p) + 1
-    } else if let Some(n) = policy.storage.compact_every {
-        (capacity + n).div_ceil(p) + 1
-    } else {
-        all.min(capacity.max(1))
-    };
-    Some(pages.min(all + 1))
-}
-
-/// KV bytes a sequence reserves. Fixed slots: per layer and KV head,
-/// `capacity` slots of K and V plus a u32 position and an f32 score.
-/// Bounded policies hold their budget + 1 slots; `full` holds prompt +
-/// max_tokens (clipped to the context). Paged: per layer and KV head,
-/// [`worst_case_pages`] × 2 (K and V) × the pool's page bytes.
-pub fn kv_bytes_for(model: &Model, policy: &PolicySpec, prompt_len: usize, max_tokens: usize) -> usize {
-    let c = &model.config;
-    let max_len = (prompt_len + max_tokens).min(c.context_len);
-    let capacity = policy.build(prompt_len).capacity(max_len);
-    match worst_case_pages(policy, capacity, max_len) {
-        Some(pages) => {
-            let p = policy.storage.page_size.unwrap_or(1);
-            let page_bytes = p * policy.storage.kv_dtype.row_bytes(c.head_dim);
-            c.n_layers * c.n_kv_heads * pages * 2 * page_bytes
-        }
-        None => c.n_layers * c.n_kv_heads * capacity * (2 * c.head_dim * 4 + 8),
-    }
+/// KV bytes a sequence reserves: [`kvslim_cache::accounting::reservation`]
+/// for `prompt_len + max_tokens` tokens (clipped to the context): fixed
+/// slots exactly as allocated (rows in the spec's `kv_dtype`, positions and
+/// scores; sliding-window layers no more than their window), paged stores
+/// their worst-case pages ([`worst_case_pages`]).
+/// Fails when the spec cannot be laid out for this model.
+pub fn kv_bytes_for(model: &Model, policy: &PolicySpec, prompt_len: usize, max_tokens: usize) -> Result<usize, String> {
+    let max_len = (prompt_len + max_tokens).min(model.config.context_len);
+    kvslim_cache::accounting::reservation(policy, &model.cache_shape(), max_len, prompt_len).map(|r| r.total())
 }
 
 /// Starts the scheduler thread.

@@ -267,6 +267,23 @@ fn request_bigger_than_the_kv_pool_is_400() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["usage"]["kv_bytes_allocated"], 17 * 5 * 4 * 72);
+    // an int8 cache reserves int8 rows (codes + one f32 scale per 32 values),
+    // within 1.5× of what the sequence really allocates at its peak
+    let q8 = "h2o:heavy=8,recent=8,kv_dtype=q8";
+    let r = post(&addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 500, "kv_policy": q8}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let reserved = r.json()["usage"]["kv_bytes_allocated"].as_u64().unwrap() as usize;
+    let m = stories();
+    let spec = PolicySpec::parse(q8).unwrap();
+    let mut s = kvslim_engine::Session::new(&m.model, &spec, 503, 3).unwrap();
+    let mut peak = 0;
+    for t in 0..60u32 {
+        s.feed(&[1 + t % 200], kvslim_models::Logits::Last).unwrap();
+        let b = s.kv_bytes();
+        peak = peak.max(b.kv + b.metadata);
+    }
+    assert!(reserved >= peak && reserved as f64 <= 1.5 * peak as f64, "reserved {reserved}, peak {peak}");
+    assert!(reserved * 2 < 17 * 5 * 4 * 72, "q8 reserves less than half of f32: {reserved}");
 }
 
 #[test]

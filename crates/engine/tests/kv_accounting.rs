@@ -1,0 +1,80 @@
+//! The KV reservation (`kvslim_cache::accounting`, what the server admits
+//! requests by) against the bytes a sequence really allocates, for every
+//! token policy × layout × KV dtype: it must bound the measured peak, and
+//! stay within 1.5× of it wherever the layout's worst case is reached
+//! (fixed slots, where it is exact, and `full` on pages).
+//!
+//! stories260K, a 48-token prompt and 80 decoded tokens (teacher-forced).
+
+use kvslim_cache::accounting::reservation;
+use kvslim_cache::PolicySpec;
+use kvslim_engine::Session;
+use kvslim_models::Logits;
+mod common;
+
+use common::{stories, tokens};
+
+#[test]
+fn reservation_bounds_the_measured_peak() {
+    let m = stories();
+    let ids = tokens(&m, 128);
+    let (prompt, n) = (48, ids.len());
+    let shape = m.model.cache_shape();
+    let policies =
+        ["full", "h2o:heavy=12,recent=12", "window:recent=20", "sink:sink=4,recent=16", "random:budget=24,recent=8"];
+    let layouts = ["", "page=8", "page=8,compact=16", "page=8,page_score=max"];
+    let mut checked = 0;
+    for policy in policies {
+        for layout in layouts {
+            if policy == "full" && (layout.contains("page_score") || layout.contains("compact")) {
+                continue; // full keeps every token: nothing to compact or evict by page
+            }
+            if (policy.starts_with("window") || policy.starts_with("sink")) && layout.contains("page_score") {
+                continue; // rejected by the grammar: they evict only the token leaving the window
+            }
+            for dtype in ["f32", "f16", "q8", "q4"] {
+                let mut keys: Vec<String> = [layout, &format!("kv_dtype={dtype}")]
+                    .iter()
+                    .filter(|k| !k.is_empty())
+                    .map(|k| k.to_string())
+                    .collect();
+                let text = if policy == "full" {
+                    format!("full:{}", keys.join(","))
+                } else {
+                    keys.insert(0, policy.to_string());
+                    keys.join(",")
+                };
+                let spec = PolicySpec::parse(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+                let r = reservation(&spec, &shape, n, prompt).unwrap();
+                let mut s = Session::new(&m.model, &spec, n, prompt).unwrap();
+                let paged = spec.storage.page_size.is_some();
+                let measure = |s: &Session<'_>| {
+                    let b = s.kv_bytes();
+                    if paged {
+                        b.kv
+                    } else {
+                        b.kv + b.metadata
+                    }
+                };
+                s.feed(&ids[..prompt], Logits::Last).unwrap();
+                let mut peak = measure(&s);
+                for &t in &ids[prompt..] {
+                    s.feed(&[t], Logits::Last).unwrap();
+                    peak = peak.max(measure(&s));
+                }
+                let ratio = r.total() as f64 / peak as f64;
+                assert!(r.total() >= peak, "{text}: reserved {} < peak {peak}", r.total());
+                // exact for fixed slots and for `full` on pages; for token
+                // eviction on pages the reservation is a worst case (holes
+                // and partly filled pages) that a given run may not reach
+                // (measured 1.4–4.0× here, printed below)
+                if !paged || policy == "full" {
+                    assert!(ratio <= 1.5, "{text}: reserved {} is {ratio:.2}× the peak {peak}", r.total());
+                }
+                eprintln!("{text:48} reserved {:>8} peak {peak:>8} ratio {ratio:.2}", r.total());
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 64);
+}
