@@ -11,7 +11,7 @@
 //! * Each turn renders the whole history and runs it from scratch with the
 //!   chosen `--policy` (no KV cache is kept between turns).
 
-use crate::common::{require_tokenizer, CliResult, ModelArgs};
+use crate::common::{require_tokenizer, CliResult, ModelArgs, SamplingArgs};
 use kvslim_cache::PolicySpec;
 use kvslim_engine::generate::StopReason;
 use kvslim_engine::{generate, GenerateOptions, SamplingParams};
@@ -30,18 +30,8 @@ pub struct Args {
     /// Maximum number of new tokens per reply.
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
-    /// Sampling temperature; 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Keep only the K most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    /// Nucleus sampling mass (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// RNG seed for sampling (each turn uses seed + turn number).
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// KV cache policy (see README "Policies"), e.g. `full`.
     #[arg(long, default_value = "full", value_parser = PolicySpec::parse)]
     policy: PolicySpec,
@@ -87,7 +77,7 @@ pub fn run(a: Args) -> CliResult {
     if a.max_tokens == 0 {
         return Err("--max-tokens must be at least 1".into());
     }
-    SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed }.validate()?;
+    a.sampling.params().validate()?;
     let (loaded, path) = a.model.load_with_path()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
     let chat = a.model.chat_format(tok, &path)?;
@@ -173,12 +163,7 @@ fn reply(
     }
     let opts = GenerateOptions {
         max_tokens: a.max_tokens.min(ctx - prompt.len()),
-        sampling: SamplingParams {
-            temperature: a.temperature,
-            top_k: a.top_k,
-            top_p: a.top_p,
-            seed: a.seed.wrapping_add(turn),
-        },
+        sampling: SamplingParams { seed: a.sampling.seed.wrapping_add(turn), ..a.sampling.params() },
         policy: a.policy.clone(),
         eos: chat.stop_ids(tok),
     };

@@ -9,6 +9,34 @@ use std::path::{Path, PathBuf};
 
 pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
+/// `--temperature`, `--top-k`, `--top-p`, `--seed`: how tokens are drawn.
+#[derive(Args, Clone, Copy, Debug)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling mass (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// RNG seed for sampling.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> kvslim_engine::SamplingParams {
+        kvslim_engine::SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+        }
+    }
+}
+
 /// `--model`, `--tokenizer`, `--threads`.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {

@@ -1,10 +1,9 @@
 //! `kvslim generate`: sample a continuation and stream it.
 
-use crate::common::{require_tokenizer, CliResult, ModelArgs};
+use crate::common::{require_tokenizer, CliResult, ModelArgs, SamplingArgs};
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{
     beam_search, generate, speculative_generate, BeamOptions, Drafter, GenerateOptions, ModelDrafter, NgramDrafter,
-    SamplingParams,
 };
 use kvslim_models::tokenizer::StreamDecoder;
 use std::io::Write;
@@ -19,18 +18,8 @@ pub struct Args {
     /// Maximum number of new tokens.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
-    /// Sampling temperature; 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Keep only the K most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    /// Nucleus sampling mass (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// RNG seed for sampling.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// KV cache policy (see README "Policies"), e.g. `full`.
     #[arg(long, default_value = "full", value_parser = PolicySpec::parse)]
     policy: PolicySpec,
@@ -61,7 +50,7 @@ pub fn run(a: Args) -> CliResult {
     if a.beams == 0 {
         return Err("--beams must be at least 1".into());
     }
-    if a.beams > 1 && a.temperature != 0.0 {
+    if a.beams > 1 && a.sampling.temperature != 0.0 {
         return Err("--beams > 1 is greedy beam search: drop --temperature".into());
     }
     if a.speculative.is_some() && a.beams > 1 {
@@ -75,11 +64,11 @@ pub fn run(a: Args) -> CliResult {
     }
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
-        sampling: SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
+        sampling: a.sampling.params(),
         policy: a.policy.clone(),
         eos: tok.eos.clone(),
     };
-    if a.speculative.is_some() && a.temperature != 0.0 {
+    if a.speculative.is_some() && a.sampling.temperature != 0.0 {
         return Err("--speculative is greedy only: drop --temperature".into());
     }
     if a.speculative.is_some() && a.draft_len == 0 {
