@@ -5,6 +5,7 @@
 //! cargo run --release -p kvslim-kernels --example dotbench [-- --secs 0.5]
 //! cargo run --release -p kvslim-kernels --example dotbench -- --kernels
 //! cargo run --release -p kvslim-kernels --example dotbench -- --gemm
+//! cargo run --release -p kvslim-kernels --example dotbench -- --prefill --types q4_1,q8_0,q4_k,q5_0,q6_k
 //! cargo run --release -p kvslim-kernels --example dotbench -- --mem
 //! cargo run --release -p kvslim-kernels --example dotbench -- --kernels --types q4_1,q4_k,q5_0,q6_k,q8_0
 //! ```
@@ -22,7 +23,9 @@
 //!
 //! `--kernels`: single-thread kernel speed on L2-resident rows (no DRAM),
 //! the GEMM tile, and attention-sized dots. `--gemm`: `Matrix::matmul`
-//! against one-dot-per-token. `--mem`: only the bandwidth test.
+//! against one-dot-per-token. `--prefill`: `Matrix::matmul` alone at
+//! prefill shapes of SmolLM2-135M (n = 512 tokens × 576×576 and
+//! 1536×576), 1 and 2 threads. `--mem`: only the bandwidth test.
 
 use kvslim_kernels::dot::available;
 use kvslim_kernels::{DType, Matrix};
@@ -64,6 +67,9 @@ fn main() {
     }
     if args.iter().any(|a| a == "--gemm") {
         return gemm(secs, &types);
+    }
+    if args.iter().any(|a| a == "--prefill") {
+        return prefill(secs, &types);
     }
 
     println!("memory bandwidth (sum over a 1 GiB f32 array):");
@@ -322,6 +328,44 @@ fn gemm(secs: f64, types: &[DType]) {
                 });
                 let tiled = p.install(|| rate(secs, || m.matmul(x, n, &mut out)));
                 line += &format!(" {:.1} | {:.1} |", naive * flops / 1e9, tiled * flops / 1e9);
+            }
+            println!("{line}");
+        }
+    }
+}
+
+/// Prefill-sized `Matrix::matmul`: 512 tokens against the 576×576 (q/o
+/// projections) and 1536×576 (gate/up) weight shapes of SmolLM2-135M, in
+/// GFLOP/s (2·rows·cols·n / time), best of five trials. K-quant rows are
+/// padded to 768 columns (super-blocks of 256).
+fn prefill(secs: f64, types: &[DType]) {
+    const TOKENS: usize = 512;
+    const SHAPES: [(usize, usize); 2] = [(576, 576), (1536, 576)];
+    let k = kvslim_kernels::dot::kernels();
+    println!("matmul, n = {TOKENS} tokens, kernels {}, GFLOP/s", k.isa);
+    println!("| dtype | rows×cols | 1T | 2T |");
+    println!("|---|---|---:|---:|");
+    let mut seed = 7u64;
+    let mut rnd = |len: usize| -> Vec<f32> {
+        (0..len)
+            .map(|_| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect()
+    };
+    for &dt in types {
+        for (rows, cols) in SHAPES {
+            // K-quants need whole 256-element super-blocks: 576 → 768
+            let cols = cols.next_multiple_of(dt.block_elems());
+            let m = Matrix::quantized(dt, rows, cols, &rnd(rows * cols)).unwrap();
+            let x = rnd(TOKENS * cols);
+            let mut out = vec![0f32; TOKENS * rows];
+            let flops = 2.0 * (rows * cols * TOKENS) as f64;
+            let mut line = format!("| {dt} | {rows}×{cols} |");
+            for t in THREADS {
+                let r = pool(t).install(|| rate(secs, || m.matmul(&x, TOKENS, &mut out)));
+                line += &format!(" {:.1} |", r * flops / 1e9);
             }
             println!("{line}");
         }

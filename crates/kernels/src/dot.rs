@@ -20,6 +20,17 @@ use std::sync::OnceLock;
 /// rows `x` (see [`DotKernels::dot4x4`]).
 pub type Dot4x4Fn = fn(&[&[f32]; 4], &[&[f32]; 4], &mut [[f32; 4]; 4]);
 
+/// Weight rows per GEMM micro-tile: the row panel a [`GemmTileFn`] reads
+/// is `cols × GEMM_MR` f32, element `(k, i)` at `k·GEMM_MR + i`.
+pub const GEMM_MR: usize = 32;
+/// Activation rows (tokens) per GEMM micro-tile: the token panel is
+/// `cols × GEMM_NR` f32, element `(k, j)` at `k·GEMM_NR + j`.
+pub const GEMM_NR: usize = 12;
+
+/// GEMM micro-kernel over packed panels (see [`DotKernels::gemm_tile`]):
+/// `(w, x, nt, out)`.
+pub type GemmTileFn = fn(&[f32], &[f32], usize, &mut [[f32; GEMM_MR]; GEMM_NR]);
+
 /// Row-times-vector kernels for each storage type. `w` is the raw row (bytes
 /// for the block formats); `x` the activations; both cover the same elements.
 #[derive(Clone, Copy)]
@@ -52,6 +63,13 @@ pub struct DotKernels {
     /// four activation rows (prefill). All eight slices cover the same
     /// elements; pass a row twice to compute fewer than four.
     pub dot4x4: Dot4x4Fn,
+    /// Prefill GEMM micro-kernel on packed panels: `out[j][i] = Σ_k
+    /// w[k·GEMM_MR + i] · x[k·GEMM_NR + j]` for the first `nt` tokens
+    /// (`j < nt ≤ GEMM_NR`; later entries of `out` are unspecified), with
+    /// `cols = w.len() / GEMM_MR` and `x.len() ≥ cols · GEMM_NR`. Both
+    /// operands are read as contiguous streams and every weight vector
+    /// feeds `nt` FMAs, so no horizontal sums are needed.
+    pub gemm_tile: GemmTileFn,
     /// Dequantizes `out.len()` elements stored as the given type; the
     /// result is bit-identical to [`crate::quant::dequantize`].
     pub dequantize: fn(DType, &[u8], &mut [f32]),
@@ -76,6 +94,7 @@ impl DotKernels {
         q6_k: scalar::dot_q6_k,
         axpy: scalar::axpy,
         dot4x4: scalar::dot4x4,
+        gemm_tile: scalar::gemm_tile,
         dequantize: crate::quant::dequantize,
     };
 }
@@ -298,6 +317,21 @@ pub mod scalar {
         for (o, wi) in out.iter_mut().zip(w) {
             for (oj, xj) in o.iter_mut().zip(x) {
                 *oj = dot_f32(wi, xj);
+            }
+        }
+    }
+
+    /// Reference GEMM micro-kernel (see [`DotKernels::gemm_tile`]).
+    pub fn gemm_tile(w: &[f32], x: &[f32], nt: usize, out: &mut [[f32; GEMM_MR]; GEMM_NR]) {
+        let nt = nt.min(GEMM_NR);
+        for o in out.iter_mut().take(nt) {
+            *o = [0.0; GEMM_MR];
+        }
+        for (wk, xk) in w.chunks_exact(GEMM_MR).zip(x.chunks_exact(GEMM_NR)) {
+            for (o, &xv) in out.iter_mut().zip(xk).take(nt) {
+                for (oi, &wv) in o.iter_mut().zip(wk) {
+                    *oi += wv * xv;
+                }
             }
         }
     }
@@ -592,6 +626,36 @@ mod tests {
                             "{} dot4x4 n={n} [{i}][{j}]: {got} vs {want}",
                             k.isa
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every set's packed-panel GEMM micro-kernel against an f64 product,
+    /// for every token count (1..=12) and a few panel lengths.
+    #[test]
+    fn every_gemm_micro_kernel_matches_reference() {
+        let mut rng = Rng(4242);
+        for k in test_sets() {
+            for cols in [1usize, 7, 64, 577] {
+                let w = rng.vec(cols * GEMM_MR, 1.0);
+                let x = rng.vec(cols * GEMM_NR, 1.0);
+                for nt in 1..=GEMM_NR {
+                    let mut out = [[f32::NAN; GEMM_MR]; GEMM_NR];
+                    (k.gemm_tile)(&w, &x, nt, &mut out);
+                    for (j, oj) in out.iter().enumerate().take(nt) {
+                        for (i, &got) in oj.iter().enumerate() {
+                            let (want, mag) = (0..cols).fold((0f64, 0f64), |(s, a), c| {
+                                let v = w[c * GEMM_MR + i] as f64 * x[c * GEMM_NR + j] as f64;
+                                (s + v, a + v.abs())
+                            });
+                            assert!(
+                                (got as f64 - want).abs() <= 2e-6 * mag * (cols as f64).sqrt().max(4.0),
+                                "{} gemm_tile cols={cols} nt={nt} [{j}][{i}]: {got} vs {want}",
+                                k.isa
+                            );
+                        }
                     }
                 }
             }

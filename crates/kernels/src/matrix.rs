@@ -1,7 +1,7 @@
 //! A weight matrix kept in its stored type, with the two products a
 //! transformer needs: GEMV for single-token decode and GEMM for prefill.
 
-use crate::dot::{bytemuck_f32, dot_row, kernels};
+use crate::dot::{bytemuck_f32, dot_row, kernels, DotKernels, GEMM_MR, GEMM_NR};
 use crate::dtype::DType;
 use crate::quant::dequantize;
 use crate::KernelError;
@@ -156,62 +156,120 @@ impl Matrix {
         }
     }
 
-    /// out[t, r] = W[r,:]·x[t,:] for `n` input rows (prefill). Weight rows
-    /// are dequantized once per block of rows and reused for every token;
-    /// the products run as 4-row × 4-token register tiles.
+    /// out[t, r] = W[r,:]·x[t,:] for `n` input rows (prefill).
+    ///
+    /// A packed-panel GEMM: the activations are transposed once into
+    /// panels of [`GEMM_NR`] tokens (`cols × GEMM_NR`, token-minor); each
+    /// task takes [`GEMM_MR`] weight rows, dequantizes them once into a
+    /// `cols × GEMM_MR` panel (about 74 KiB at 576 columns, so it stays in
+    /// L2 while every token panel passes over it) and runs the
+    /// [`DotKernels::gemm_tile`] micro-kernel per token panel, which
+    /// broadcasts activations against whole vectors of weight rows and so
+    /// needs no horizontal sums or transposes. Results are the f32 products
+    /// summed over `k` in order, so they agree with the row dots to rounding.
+    /// Threaded over row panels when the product is large.
     pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
         assert_eq!(x.len(), n * self.cols, "matmul input length");
         assert_eq!(out.len(), n * self.rows, "matmul output length");
         if n == 1 {
             return self.matvec(x, out);
         }
-        // rows per task: their f32 copy (16 × cols × 4 bytes) and a group of
-        // four token rows stay in L2 while the tiles pass over them
-        const ROW_BLOCK: usize = 16;
         let (rows, cols) = (self.rows, self.cols);
-        let mut transposed = vec![0f32; rows * n];
+        if rows == 0 || cols == 0 {
+            out.fill(0.0);
+            return;
+        }
         let k = kernels();
+        let xp = pack_tokens(x, n, cols);
         let bytes = self.bytes();
-        let rb = self.row_bytes;
-        let work = |(b, tb): (usize, &mut [f32])| {
-            let r0 = b * ROW_BLOCK;
-            let nr = tb.len() / n;
-            let raw = &bytes[r0 * rb..(r0 + nr) * rb];
-            let deq;
-            let w: &[f32] = if self.dtype == DType::F32 {
-                bytemuck_f32(raw)
-            } else {
-                let mut v = vec![0f32; nr * cols];
-                (k.dequantize)(self.dtype, raw, &mut v);
-                deq = v;
-                &deq
-            };
-            let row = |i: usize| &w[i.min(nr - 1) * cols..][..cols];
-            let tok = |t: usize| &x[t.min(n - 1) * cols..][..cols];
-            let mut tile = [[0f32; 4]; 4];
-            for t in (0..n).step_by(4) {
-                let xs = [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)];
-                let m = (n - t).min(4);
-                for i in (0..nr).step_by(4) {
-                    let ws = [row(i), row(i + 1), row(i + 2), row(i + 3)];
-                    (k.dot4x4)(&ws, &xs, &mut tile);
-                    for (a, tr) in tile.iter().enumerate().take(nr - i) {
-                        tb[(i + a) * n + t..][..m].copy_from_slice(&tr[..m]);
+        let (rb, dt) = (self.row_bytes, self.dtype);
+        let out_ptr = SyncPtr(out.as_mut_ptr());
+        let work = |p: usize| {
+            let r0 = p * GEMM_MR;
+            let nr = (rows - r0).min(GEMM_MR);
+            let panel = pack_rows(k, dt, &bytes[r0 * rb..(r0 + nr) * rb], nr, cols);
+            let mut tile = [[0f32; GEMM_MR]; GEMM_NR];
+            for (g, xg) in xp.chunks_exact(cols * GEMM_NR).enumerate() {
+                let t0 = g * GEMM_NR;
+                let nt = (n - t0).min(GEMM_NR);
+                (k.gemm_tile)(&panel, xg, nt, &mut tile);
+                for (j, tr) in tile.iter().enumerate().take(nt) {
+                    // SAFETY: token t0 + j < n and rows r0..r0 + nr < rows, so
+                    // the write is inside `out`; tasks own disjoint row ranges.
+                    unsafe {
+                        let dst = out_ptr.at((t0 + j) * rows + r0);
+                        std::ptr::copy_nonoverlapping(tr.as_ptr(), dst, nr);
                     }
                 }
             }
         };
-        if rows * cols * n < PARALLEL_MIN_WORK {
-            transposed.chunks_mut(ROW_BLOCK * n).enumerate().for_each(work);
+        let panels = rows.div_ceil(GEMM_MR);
+        if rows * cols * n < PARALLEL_MIN_WORK || rayon::current_num_threads() == 1 {
+            (0..panels).for_each(work);
         } else {
-            transposed.par_chunks_mut(ROW_BLOCK * n).enumerate().for_each(work);
-        }
-        for (t, o) in out.chunks_exact_mut(rows).enumerate() {
-            for (r, v) in o.iter_mut().enumerate() {
-                *v = transposed[r * n + t];
-            }
+            (0..panels).into_par_iter().for_each(work);
         }
     }
+}
+
+/// A raw output pointer shared by GEMM tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: only used by `Matrix::matmul`, whose tasks write disjoint ranges.
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+
+impl SyncPtr {
+    /// The pointer `i` elements on (a method, so closures capture the
+    /// whole `Sync` wrapper rather than its raw field).
+    #[inline]
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// The `n × cols` activations as panels of [`GEMM_NR`] tokens, each
+/// `cols × GEMM_NR` with the tokens of one column adjacent; tokens past `n`
+/// in the last panel are zero.
+fn pack_tokens(x: &[f32], n: usize, cols: usize) -> Vec<f32> {
+    let groups = n.div_ceil(GEMM_NR);
+    let mut xp = vec![0f32; groups * cols * GEMM_NR];
+    let pack = |(g, pg): (usize, &mut [f32])| {
+        for (j, xt) in x.chunks_exact(cols).skip(g * GEMM_NR).take(GEMM_NR).enumerate() {
+            for (c, &v) in xt.iter().enumerate() {
+                pg[c * GEMM_NR + j] = v;
+            }
+        }
+    };
+    // a few percent of a prefill product when done on one thread
+    if n * cols < PARALLEL_MIN_WORK || rayon::current_num_threads() == 1 {
+        xp.chunks_exact_mut(cols * GEMM_NR).enumerate().for_each(pack);
+    } else {
+        xp.par_chunks_exact_mut(cols * GEMM_NR).enumerate().for_each(pack);
+    }
+    xp
+}
+
+/// The `nr` (≤ [`GEMM_MR`]) weight rows in `raw` dequantized into one
+/// `cols × GEMM_MR` panel (the rows of one column adjacent; rows past `nr`
+/// zero). Each row is dequantized into an L1-sized buffer first and then
+/// scattered, so the bulk dequantizers of every type apply unchanged.
+fn pack_rows(k: &DotKernels, dt: DType, raw: &[u8], nr: usize, cols: usize) -> Vec<f32> {
+    let mut panel = vec![0f32; cols * GEMM_MR];
+    let mut row = vec![0f32; if dt == DType::F32 { 0 } else { cols }];
+    let rb = raw.len() / nr;
+    for (i, r) in raw.chunks_exact(rb).enumerate() {
+        let w: &[f32] = if dt == DType::F32 {
+            bytemuck_f32(r)
+        } else {
+            (k.dequantize)(dt, r, &mut row);
+            &row
+        };
+        for (c, &v) in w.iter().enumerate() {
+            panel[c * GEMM_MR + i] = v;
+        }
+    }
+    panel
 }
 
 #[cfg(test)]
@@ -258,6 +316,39 @@ mod tests {
                     let want: f32 = (0..cols).map(|c| w[r * cols + c] * x[t * cols + c]).sum();
                     assert!((out[t * rows + r] - want).abs() < 1e-3, "{dt} gemm");
                     assert!((mv[r] - want).abs() < 1e-3, "{dt} gemv");
+                }
+            }
+        }
+    }
+
+    /// The packed-panel GEMM on every weight type against a naive f32
+    /// product of the dequantized weights: row counts off the 32-row panel
+    /// (1, 31, 33, 70), token counts off the 12-token panel, and a product
+    /// large enough to take the threaded path.
+    #[test]
+    fn matmul_matches_naive_on_every_dtype_and_ragged_shapes() {
+        for dt in DType::ALL {
+            let cols = if dt.is_k_quant() { 512 } else { 96 };
+            for (rows, ns) in [(1, &[2usize, 3][..]), (31, &[13]), (33, &[12, 25]), (70, &[5, 37])] {
+                let m = Matrix::quantized(dt, rows, cols, &data(rows, cols)).unwrap();
+                let w = m.to_f32();
+                for &n in ns {
+                    let x: Vec<f32> = (0..n * cols).map(|i| ((i * 13 % 37) as f32 - 18.0) / 17.0).collect();
+                    let mut out = vec![f32::NAN; n * rows];
+                    m.matmul(&x, n, &mut out);
+                    for t in 0..n {
+                        for r in 0..rows {
+                            let (want, mag) = (0..cols).fold((0f64, 0f64), |(s, a), c| {
+                                let v = w[r * cols + c] as f64 * x[t * cols + c] as f64;
+                                (s + v, a + v.abs())
+                            });
+                            let got = out[t * rows + r] as f64;
+                            assert!(
+                                (got - want).abs() <= 1e-5 * mag.max(1.0),
+                                "{dt} {rows}x{cols} n={n} [{t}][{r}]: {got} vs {want}"
+                            );
+                        }
+                    }
                 }
             }
         }

@@ -10,7 +10,7 @@
 //! Some functions are `pub(super)` so the AVX-512 set can reuse them; it
 //! only does so after checking that AVX2, FMA and F16C are present too.
 
-use crate::dot::DotKernels;
+use crate::dot::{DotKernels, GEMM_MR, GEMM_NR};
 use crate::dtype::DType;
 use crate::f16::{bf16_to_f32, f16_to_f32};
 use crate::simd::whole_blocks;
@@ -44,6 +44,7 @@ const KERNELS: DotKernels = DotKernels {
     q6_k: dot_q6_k,
     axpy,
     dot4x4,
+    gemm_tile,
     dequantize,
 };
 
@@ -108,8 +109,13 @@ pub(super) fn dequantize(dt: DType, src: &[u8], out: &mut [f32]) {
             DType::Q8_0 => deq_q8_0(s, o, whole_blocks(src.len(), 34, out.len())),
             DType::Q4_0 => deq_q4::<false>(s, o, whole_blocks(src.len(), 18, out.len())),
             DType::Q4_1 => deq_q4::<true>(s, o, whole_blocks(src.len(), 20, out.len())),
-            // Q5 and K-quant formats: the scalar reference (bit-identical by definition)
-            _ => crate::quant::dequantize(dt, src, out),
+            DType::Q5_0 => deq_q5::<false>(s, o, whole_blocks(src.len(), 22, out.len())),
+            DType::Q5_1 => deq_q5::<true>(s, o, whole_blocks(src.len(), 24, out.len())),
+            DType::Q2_K => deq_k(src, out, 84, deq_q2_k_block),
+            DType::Q3_K => deq_k(src, out, 110, deq_q3_k_block),
+            DType::Q4_K => deq_k(src, out, 144, deq_q45_k_block::<false>),
+            DType::Q5_K => deq_k(src, out, 176, deq_q45_k_block::<true>),
+            DType::Q6_K => deq_k(src, out, 210, deq_q6_k_block),
         }
     }
 }
@@ -841,4 +847,207 @@ unsafe fn dot_q6_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
         }
     }
     hsum8(&acc)
+}
+
+// ---- packed-panel GEMM micro-kernel -------------------------------------------
+
+fn gemm_tile(w: &[f32], x: &[f32], nt: usize, out: &mut [[f32; GEMM_MR]; GEMM_NR]) {
+    let cols = (w.len() / GEMM_MR).min(x.len() / GEMM_NR);
+    let nt = nt.min(GEMM_NR);
+    // SAFETY: see the note above the wrappers; the kernel reads
+    // cols·GEMM_MR weights and cols·GEMM_NR activations.
+    unsafe {
+        for half in [0, 16] {
+            let mut j = 0;
+            while j < nt {
+                if nt - j > 3 {
+                    gemm_tile_impl::<6>(w.as_ptr().add(half), x.as_ptr().add(j), cols, half, j, out);
+                } else {
+                    gemm_tile_impl::<3>(w.as_ptr().add(half), x.as_ptr().add(j), cols, half, j, out);
+                }
+                j += if nt - j > 3 { 6 } else { 3 };
+            }
+        }
+    }
+}
+
+/// 16 of the panel's 32 weight rows (two ymm) × `NT` tokens starting at
+/// token `j0`: at 6 tokens, 12 accumulators plus two weight vectors and a
+/// broadcast fill the 16 ymm registers. Writes `out[j0 + j][half..half+16]`
+/// for `j < NT` while `j0 + j < GEMM_NR`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm_tile_impl<const NT: usize>(
+    w: *const f32,
+    x: *const f32,
+    cols: usize,
+    half: usize,
+    j0: usize,
+    out: &mut [[f32; GEMM_MR]; GEMM_NR],
+) {
+    // callers keep j0 + NT ≤ GEMM_NR, so every read stays in this k's tokens
+    let mut acc = [[_mm256_setzero_ps(); 2]; NT];
+    for k in 0..cols {
+        let wp = w.add(k * GEMM_MR);
+        let (w0, w1) = (_mm256_loadu_ps(wp), _mm256_loadu_ps(wp.add(8)));
+        let xp = x.add(k * GEMM_NR);
+        for (j, a) in acc.iter_mut().enumerate() {
+            let b = _mm256_broadcast_ss(&*xp.add(j));
+            a[0] = _mm256_fmadd_ps(w0, b, a[0]);
+            a[1] = _mm256_fmadd_ps(w1, b, a[1]);
+        }
+    }
+    for (j, a) in acc.iter().enumerate() {
+        let o = out[j0 + j].as_mut_ptr().add(half);
+        _mm256_storeu_ps(o, a[0]);
+        _mm256_storeu_ps(o.add(8), a[1]);
+    }
+}
+
+// ---- dequantization: Q5 and K-quant formats ------------------------------------
+//
+// Bit-identical to `quant::dequantize`: the per-group scales are the same
+// scalar f32 expressions as there, and each element is formed with the
+// same sequence of roundings (a product, then a separate add or subtract;
+// never a fused multiply-add). Only the integer unpacking is vectorised,
+// 8 elements at a time into i32 lanes, which is exact.
+
+/// Bits `shift..shift + width` of the 8 bytes at `p`, as i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bits8(p: *const u8, shift: i32, mask: i32) -> __m256i {
+    _mm256_and_si256(shr(u8x8(p), shift), _mm256_set1_epi32(mask))
+}
+
+/// Bit `first + lane` of `word` in each lane `lane` < 8, as 0 or 1.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn word_bits(word: u32, first: i32) -> __m256i {
+    let idx = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(first));
+    _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word as i32), idx), _mm256_set1_epi32(1))
+}
+
+/// Stores `dl·q − ml` (`ml` `None`: `dl·q`) for 8 integer lanes at `o`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store_scaled(o: *mut f32, q: __m256i, dl: f32, ml: Option<f32>) {
+    let v = _mm256_mul_ps(_mm256_set1_ps(dl), _mm256_cvtepi32_ps(q));
+    let v = match ml {
+        Some(m) => _mm256_sub_ps(v, _mm256_set1_ps(m)),
+        None => v,
+    };
+    _mm256_storeu_ps(o, v);
+}
+
+/// Q5_0 (`MIN` false: d·(q − 16)) or Q5_1 (`MIN` true: d·q + m).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn deq_q5<const MIN: bool>(s: *const u8, o: *mut f32, nb: usize) {
+    let (bb, head) = if MIN { (24, 4) } else { (22, 2) };
+    for b in 0..nb {
+        let p = s.add(b * bb);
+        let (d, m) = if MIN { scale_min(p) } else { (scale1(p), _mm256_setzero_ps()) };
+        let qh = rd32(p.add(head));
+        let qs = p.add(head + 4);
+        let ob = o.add(b * 32);
+        for e0 in [0usize, 8] {
+            let lo = _mm256_or_si256(bits8(qs.add(e0), 0, 0x0f), _mm256_slli_epi32::<4>(word_bits(qh, e0 as i32)));
+            let hi = _mm256_or_si256(bits8(qs.add(e0), 4, 0x0f), _mm256_slli_epi32::<4>(word_bits(qh, 16 + e0 as i32)));
+            for (k, q) in [(e0, lo), (e0 + 16, hi)] {
+                let v = if MIN {
+                    _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(q)), m)
+                } else {
+                    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(16))))
+                };
+                _mm256_storeu_ps(ob.add(k), v);
+            }
+        }
+    }
+}
+
+/// Applies a super-block dequantizer to every whole 256-element block.
+fn deq_k(src: &[u8], out: &mut [f32], bb: usize, f: unsafe fn(&[u8], *mut f32)) {
+    for (b, o) in src.chunks_exact(bb).zip(out.chunks_exact_mut(crate::quant::QK_K)) {
+        // SAFETY: `o` holds 256 f32; callers are installed after detection.
+        unsafe { f(b, o.as_mut_ptr()) }
+    }
+}
+
+/// f16 at byte `at` of `b` (as `quant`'s scalar code reads it).
+#[inline]
+fn half(b: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// Q2_K: x = (d·s)·q − (dmin·m) per group of 16.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn deq_q2_k_block(b: &[u8], o: *mut f32) {
+    let (d, dmin) = (half(b, 80), half(b, 82));
+    let qs = b.as_ptr().add(16);
+    for (g, &sc) in b[..16].iter().enumerate() {
+        let dl = d * (sc & 0x0f) as f32;
+        let ml = dmin * (sc >> 4) as f32;
+        let (h, j, l0) = (g / 8, (g % 8) / 2, (g % 2) * 16);
+        for half8 in [0, 8] {
+            let q = bits8(qs.add(32 * h + l0 + half8), 2 * j as i32, 3);
+            store_scaled(o.add(16 * g + half8), q, dl, Some(ml));
+        }
+    }
+}
+
+/// Q3_K: x = (d·(s − 32))·(lo − 4·(1 − high)) per group of 16.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn deq_q3_k_block(b: &[u8], o: *mut f32) {
+    let d = half(b, 108);
+    let (hm, qs) = (b.as_ptr(), b.as_ptr().add(32));
+    let four = _mm256_set1_epi32(4);
+    for g in 0..16 {
+        let dl = d * (crate::quant::q3_k_scale(&b[96..108], g) as i32 - 32) as f32;
+        let (h, j, l0) = (g / 8, (g % 8) / 2, (g % 2) * 16);
+        for half8 in [0, 8] {
+            let lo = bits8(qs.add(32 * h + l0 + half8), 2 * j as i32, 3);
+            let high = bits8(hm.add(l0 + half8), (4 * h + j) as i32, 1);
+            // lo − 4 + 4·high: subtracts 4 exactly when the high bit is clear
+            let q = _mm256_add_epi32(_mm256_sub_epi32(lo, four), _mm256_slli_epi32::<2>(high));
+            store_scaled(o.add(16 * g + half8), q, dl, None);
+        }
+    }
+}
+
+/// Q4_K (`FIVE` false) or Q5_K (`FIVE` true): x = (d·s)·q − (dmin·m) per
+/// group of 32.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn deq_q45_k_block<const FIVE: bool>(b: &[u8], o: *mut f32) {
+    let (d, dmin) = (half(b, 0), half(b, 2));
+    let sc = &b[4..16];
+    let qh = b.as_ptr().add(16);
+    let qs = b.as_ptr().add(if FIVE { 48 } else { 16 });
+    for g in 0..8 {
+        let (sv, mv) = crate::quant::k4_scale_min(sc, g);
+        let (dl, ml) = (d * sv as f32, dmin * mv as f32);
+        let shift = 4 * (g % 2) as i32;
+        for l in (0..32).step_by(8) {
+            let mut q = bits8(qs.add(32 * (g / 2) + l), shift, 0x0f);
+            if FIVE {
+                q = _mm256_or_si256(q, _mm256_slli_epi32::<4>(bits8(qh.add(l), g as i32, 1)));
+            }
+            store_scaled(o.add(32 * g + l), q, dl, Some(ml));
+        }
+    }
+}
+
+/// Q6_K: x = (d·s)·(q − 32) per group of 16.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn deq_q6_k_block(b: &[u8], o: *mut f32) {
+    let d = half(b, 208);
+    let (ql, qh) = (b.as_ptr(), b.as_ptr().add(128));
+    let bias = _mm256_set1_epi32(32);
+    for g in 0..16 {
+        let dl = d * (b[192 + g] as i8) as f32;
+        let (h, k, l0) = (g / 8, (g % 8) / 2, (g % 2) * 16);
+        for half8 in [0, 8] {
+            let lo = bits8(ql.add(64 * h + 32 * (k % 2) + l0 + half8), 4 * (k / 2) as i32, 0x0f);
+            let hi = bits8(qh.add(32 * h + l0 + half8), 2 * k as i32, 3);
+            let q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)), bias);
+            store_scaled(o.add(16 * g + half8), q, dl, None);
+        }
+    }
 }

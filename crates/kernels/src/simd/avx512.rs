@@ -15,7 +15,7 @@
 //! measured yet (Q5_K could use a 32-entry `vpermt2ps` table; Q6_K's 64
 //! values per group fit no single permute).
 
-use crate::dot::DotKernels;
+use crate::dot::{DotKernels, GEMM_MR, GEMM_NR};
 use crate::simd::avx2;
 use crate::simd::whole_blocks;
 use std::arch::x86_64::*;
@@ -54,6 +54,7 @@ const KERNELS: DotKernels = DotKernels {
     q6_k: avx2::dot_q6_k,
     axpy,
     dot4x4,
+    gemm_tile,
     dequantize: avx2::dequantize,
 };
 
@@ -384,5 +385,51 @@ unsafe fn dot4x4_impl(w: &[*const f32; 4], x: &[*const f32; 4], n: usize, out: &
         for c in 0..4 {
             out[r][c] = _mm512_reduce_add_ps(acc[r][c]);
         }
+    }
+}
+
+// ---- packed-panel GEMM micro-kernel -------------------------------------------
+
+fn gemm_tile(w: &[f32], x: &[f32], nt: usize, out: &mut [[f32; GEMM_MR]; GEMM_NR]) {
+    let cols = (w.len() / GEMM_MR).min(x.len() / GEMM_NR);
+    // SAFETY: see the note above the wrappers; the kernel reads
+    // cols·GEMM_MR weights and cols·GEMM_NR activations.
+    unsafe {
+        match nt {
+            0 => {}
+            1..=4 => gemm_tile_impl::<4>(w.as_ptr(), x.as_ptr(), cols, out),
+            5..=8 => gemm_tile_impl::<8>(w.as_ptr(), x.as_ptr(), cols, out),
+            _ => gemm_tile_impl::<GEMM_NR>(w.as_ptr(), x.as_ptr(), cols, out),
+        }
+    }
+}
+
+/// 32 weight rows (two zmm) × `NT` tokens (≤ 12) of accumulators: at 12
+/// tokens, 24 of the 32 zmm registers. Each step over `k` loads the two
+/// weight vectors once and broadcasts each token's activation, so a load
+/// feeds on average two FMAs, against one in a dot-product tile, and the
+/// sums come out as whole vectors of 16 rows (no horizontal reductions).
+/// Ragged token counts round up to 4 or 8 so short tails waste little.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn gemm_tile_impl<const NT: usize>(
+    w: *const f32,
+    x: *const f32,
+    cols: usize,
+    out: &mut [[f32; GEMM_MR]; GEMM_NR],
+) {
+    let mut acc = [[_mm512_setzero_ps(); 2]; NT];
+    for k in 0..cols {
+        let wp = w.add(k * GEMM_MR);
+        let (w0, w1) = (_mm512_loadu_ps(wp), _mm512_loadu_ps(wp.add(16)));
+        let xp = x.add(k * GEMM_NR);
+        for (j, a) in acc.iter_mut().enumerate() {
+            let b = _mm512_set1_ps(*xp.add(j));
+            a[0] = _mm512_fmadd_ps(w0, b, a[0]);
+            a[1] = _mm512_fmadd_ps(w1, b, a[1]);
+        }
+    }
+    for (o, a) in out.iter_mut().zip(&acc) {
+        _mm512_storeu_ps(o.as_mut_ptr(), a[0]);
+        _mm512_storeu_ps(o.as_mut_ptr().add(16), a[1]);
     }
 }

@@ -46,6 +46,8 @@ const KERNELS: DotKernels = DotKernels {
     q6_k: dot_q6_k,
     axpy,
     dot4x4,
+    // no NEON GEMM micro-kernel yet: the portable one (auto-vectorised)
+    gemm_tile: crate::dot::scalar::gemm_tile,
     dequantize,
 };
 
