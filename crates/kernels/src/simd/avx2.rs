@@ -868,7 +868,7 @@ pub(super) unsafe fn kv_elem<const T: u8>(data: *const u8, scales: *const f32, j
             KV_Q8 => (*data.add(j) as i8 as f32) * *scales.add(j / crate::kvquant::KV_GROUP),
             _ => {
                 let b = *data.add(j / 2);
-                let c = if j % 2 == 0 { b & 0x0f } else { b >> 4 };
+                let c = if j & 1 == 0 { b & 0x0f } else { b >> 4 };
                 let g = j / crate::kvquant::KV_GROUP;
                 *scales.add(2 * g + 1) + *scales.add(2 * g) * c as f32
             }
