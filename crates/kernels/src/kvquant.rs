@@ -452,6 +452,120 @@ impl KvDtype {
     }
 }
 
+/// A group kernel on one coded row: `dot(data, scales, queries, out)` sets
+/// `out[h] = queries_h · row` (`g = out.len()` heads of `d =
+/// queries.len() / g`); `axpy(data, scales, probs, outs)` adds
+/// `probs[h] · row` to `outs_h` (`d = outs.len() / probs.len()`).
+pub type KvGroupFn = fn(&[u8], &[f32], &[f32], &mut [f32]);
+
+/// Group kernels for coded KV rows, indexed F16, Q8, Q4 (F32 rows go
+/// through [`crate::dot`]). Attention reads a row once for all query
+/// heads of its group and converts it in registers, never to memory.
+#[derive(Clone, Copy)]
+pub struct KvGroupKernels {
+    /// Instruction set (as in [`crate::dot::DotKernels::isa`]).
+    pub isa: &'static str,
+    pub dot: [KvGroupFn; 3],
+    pub axpy: [KvGroupFn; 3],
+}
+
+/// Panics unless a coded row of kind `kind` (0 F16, 1 Q8, 2 Q4) has at least
+/// the bytes and side values a row of `d` needs: the SIMD group kernels
+/// read through raw pointers and rely on this.
+#[inline]
+pub(crate) fn check_group_row(kind: u8, d: usize, data: usize, scales: usize) {
+    let dt = [KvDtype::F16, KvDtype::Q8, KvDtype::Q4][kind as usize];
+    assert!(data >= dt.data_bytes(d) && scales >= dt.scale_count(d), "{dt} row too short for d = {d}");
+}
+
+/// Portable group kernels: one fused per-row pass per head ([`KvDtype::dot`]
+/// / [`KvDtype::axpy`]); the reference the SIMD sets are tested against.
+fn scalar_dot<const K: u8>(data: &[u8], scales: &[f32], queries: &[f32], out: &mut [f32]) {
+    let dt = [KvDtype::F16, KvDtype::Q8, KvDtype::Q4][K as usize];
+    let d = queries.len().checked_div(out.len()).unwrap_or(0);
+    let (data, scales) = (&data[..dt.data_bytes(d)], &scales[..dt.scale_count(d)]);
+    for (h, o) in out.iter_mut().enumerate() {
+        *o = dt.dot(data, scales, &queries[h * d..(h + 1) * d]);
+    }
+}
+
+fn scalar_axpy<const K: u8>(data: &[u8], scales: &[f32], probs: &[f32], outs: &mut [f32]) {
+    let dt = [KvDtype::F16, KvDtype::Q8, KvDtype::Q4][K as usize];
+    let d = outs.len().checked_div(probs.len()).unwrap_or(0);
+    let (data, scales) = (&data[..dt.data_bytes(d)], &scales[..dt.scale_count(d)]);
+    for (h, &p) in probs.iter().enumerate() {
+        dt.axpy(p, data, scales, &mut outs[h * d..(h + 1) * d]);
+    }
+}
+
+impl KvGroupKernels {
+    pub const SCALAR: KvGroupKernels = KvGroupKernels {
+        isa: "scalar",
+        dot: [scalar_dot::<0>, scalar_dot::<1>, scalar_dot::<2>],
+        axpy: [scalar_axpy::<0>, scalar_axpy::<1>, scalar_axpy::<2>],
+    };
+
+    /// The set for the instruction set `isa` ("scalar", "avx2", "avx512"),
+    /// if this CPU has it; other names (NEON) fall back to scalar.
+    pub fn for_isa(isa: &str) -> Option<KvGroupKernels> {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            "avx512" => crate::simd::avx512::kv_group_kernels(),
+            #[cfg(target_arch = "x86_64")]
+            "avx2" => crate::simd::avx2::kv_group_kernels(),
+            "scalar" => Some(Self::SCALAR),
+            _ => None,
+        }
+    }
+}
+
+static GROUP_KERNELS: std::sync::OnceLock<KvGroupKernels> = std::sync::OnceLock::new();
+
+/// The group kernels matching [`crate::dot::kernels`] (so `KVSLIM_SIMD`
+/// selects both), scalar where no SIMD set exists.
+pub fn group_kernels() -> &'static KvGroupKernels {
+    GROUP_KERNELS.get_or_init(|| KvGroupKernels::for_isa(crate::dot::kernels().isa).unwrap_or(KvGroupKernels::SCALAR))
+}
+
+impl KvDtype {
+    /// `out[h] = queries_h · decode(row)` for `g = out.len()` query heads
+    /// (`queries` is `g × d`), reading the row once. F32 uses
+    /// [`crate::dot::dot`] per head (bit-identical to the dense path); the
+    /// coded types use [`group_kernels`].
+    #[inline]
+    pub fn dot_group(self, data: &[u8], scales: &[f32], queries: &[f32], out: &mut [f32]) {
+        let d = queries.len().checked_div(out.len()).unwrap_or(0);
+        self.check(d, data.len(), scales.len());
+        match self {
+            KvDtype::F32 => {
+                for (h, o) in out.iter_mut().enumerate() {
+                    *o = self.dot(data, scales, &queries[h * d..(h + 1) * d]);
+                }
+            }
+            _ => (group_kernels().dot[self as usize - 1])(data, scales, queries, out),
+        }
+    }
+
+    /// `outs_h += probs[h] · decode(row)` for `g = probs.len()` heads
+    /// (`outs` is `g × d`), reading the row once. F32 skips zero weights
+    /// and uses [`crate::dot::axpy`], like the dense path.
+    #[inline]
+    pub fn axpy_group(self, data: &[u8], scales: &[f32], probs: &[f32], outs: &mut [f32]) {
+        let d = outs.len().checked_div(probs.len()).unwrap_or(0);
+        self.check(d, data.len(), scales.len());
+        match self {
+            KvDtype::F32 => {
+                for (h, &p) in probs.iter().enumerate() {
+                    if p != 0.0 {
+                        self.axpy(p, data, scales, &mut outs[h * d..(h + 1) * d]);
+                    }
+                }
+            }
+            _ => (group_kernels().axpy[self as usize - 1])(data, scales, probs, outs),
+        }
+    }
+}
+
 impl FromStr for KvDtype {
     type Err = String;
 
@@ -705,6 +819,66 @@ mod tests {
         assert!(err.contains("'q5'"), "{err}");
         for name in ["f32", "f16", "q8", "q4"] {
             assert!(err.contains(name), "{err}");
+        }
+    }
+
+    /// Every group kernel set (scalar, AVX2, AVX-512 where present) against
+    /// decode-then-f32 on random rows, for every dtype, odd head dims and
+    /// group sizes that exercise the blocks of four heads.
+    #[test]
+    fn group_kernels_match_decode_then_f32() {
+        let mut seed = 0x2545_f491_u32;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            (seed as f32 / u32::MAX as f32) * 4.0 - 2.0
+        };
+        let sets: Vec<KvGroupKernels> =
+            ["scalar", "avx2", "avx512"].iter().filter_map(|i| KvGroupKernels::for_isa(i)).collect();
+        for d in [1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 47, 63, 64, 65, 100, 128, 130, 256] {
+            for g in [1, 2, 3, 4, 5, 7, 9] {
+                let x: Vec<f32> = (0..d).map(|_| rnd()).collect();
+                let q: Vec<f32> = (0..g * d).map(|_| rnd()).collect();
+                let p: Vec<f32> = (0..g).map(|_| rnd().abs()).collect();
+                let base: Vec<f32> = (0..g * d).map(|_| rnd()).collect();
+                for k in KvDtype::ALL {
+                    let (buf, sc) = enc(k, &x);
+                    let y = dec(k, &buf, &sc, d);
+                    let mut want_axpy = base.clone();
+                    for h in 0..g {
+                        crate::dot::axpy(p[h], &y, &mut want_axpy[h * d..(h + 1) * d]);
+                    }
+                    let mut runs: Vec<(&str, Vec<f32>, Vec<f32>)> = Vec::new();
+                    let (mut o, mut a) = (vec![0f32; g], base.clone());
+                    k.dot_group(buf.bytes(), &sc, &q, &mut o);
+                    k.axpy_group(buf.bytes(), &sc, &p, &mut a);
+                    runs.push(("dispatch", o, a));
+                    if k != KvDtype::F32 {
+                        for set in &sets {
+                            let (mut o, mut a) = (vec![0f32; g], base.clone());
+                            (set.dot[k as usize - 1])(buf.bytes(), &sc, &q, &mut o);
+                            (set.axpy[k as usize - 1])(buf.bytes(), &sc, &p, &mut a);
+                            runs.push((set.isa, o, a));
+                        }
+                    }
+                    for (isa, o, a) in runs {
+                        for h in 0..g {
+                            let qh = &q[h * d..(h + 1) * d];
+                            let want = crate::dot::dot(qh, &y);
+                            let mag: f32 = y.iter().zip(qh).map(|(u, v)| (u * v).abs()).sum();
+                            assert!((o[h] - want).abs() <= 1e-5 * mag.max(1e-6), "{isa} {k} dot d={d} g={g} h={h}");
+                            if k == KvDtype::F32 {
+                                assert_eq!(o[h].to_bits(), want.to_bits(), "f32 group dot not bit-identical");
+                            }
+                        }
+                        for (i, (&u, &w)) in a.iter().zip(&want_axpy).enumerate() {
+                            let tol = 1e-5 * (base[i].abs() + (p[i / d] * y[i % d]).abs()).max(1e-6);
+                            assert!((u - w).abs() <= tol, "{isa} {k} axpy d={d} g={g} i={i}: {u} vs {w}");
+                        }
+                    }
+                }
+            }
         }
     }
 

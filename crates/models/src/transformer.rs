@@ -10,7 +10,10 @@ use crate::weights::{NormWeights, Weights};
 use crate::{Error, Result};
 use kvslim_cache::policy::chai::LayerHeads;
 use kvslim_cache::{CacheShape, HeadSlots, SequenceCache};
-use kvslim_kernels::attention::{attend_group, weighted_values, DenseRows, Visible, MAX_HEAD_DIM};
+use kvslim_kernels::attention::{
+    attend_group, chunk_factors, chunk_scores, chunk_values, merge_chunks, weighted_values, DenseRows, SplitLayout,
+    Visible, MAX_HEAD_DIM, SPLIT_SLOTS,
+};
 use kvslim_kernels::ops::{layer_norm, rms_norm};
 use kvslim_kernels::rope::Rope;
 use rayon::prelude::*;
@@ -62,6 +65,9 @@ pub struct Scratch {
     cos: Vec<f32>,
     sin: Vec<f32>,
     probs: Vec<f32>,
+    /// Decode attention's per-chunk partial states (see [`SplitLayout`]):
+    /// KV head × chunk blocks.
+    split: Vec<f32>,
     logits: Vec<f32>,
     // prefill candidates of one KV head: held slots, then the chunk
     cand_keys: Vec<Vec<f32>>,
@@ -99,6 +105,7 @@ impl Scratch {
             (&mut self.sin, n * rot),
             (&mut self.probs, c.n_heads * slots),
             (&mut self.comp_probs, c.n_heads * slots),
+            (&mut self.split, c.n_kv_heads * slots.div_ceil(SPLIT_SLOTS).max(1) * split_layout(c).block_len()),
             (&mut self.logits, logit_rows * c.vocab_size),
         ];
         for (buf, len) in sizes {
@@ -112,6 +119,11 @@ impl Scratch {
     pub fn logits(&self) -> &[f32] {
         &self.logits
     }
+}
+
+/// The chunk-state layout of split decode attention for this model.
+fn split_layout(c: &ModelConfig) -> SplitLayout {
+    SplitLayout { g: c.group_size(), d: c.head_dim }
 }
 
 /// A loaded model ready to run.
@@ -483,47 +495,74 @@ impl Model {
         let most = layer.iter().map(HeadSlots::len).max().unwrap_or(0);
         let q = &s.q;
         let parallel = most * hd * c.n_heads >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1;
-        // representatives: q·k over their KV head's slots, one task per KV
-        // head: when every query head of the group is a representative (no
-        // CHAI) one kernel call serves the whole group, reading (and, for
-        // f16/q8/q4, decoding) each K/V row once instead of once per query
-        // head — 19–20 against 24 ms per SmolLM2 step at 2,048 tokens on
-        // one thread; with two threads the uneven split of 3 KV heads
-        // costs back about what it saves
-        let attend = |(t, (att, probs)): (usize, (&mut [f32], &mut [f32]))| {
-            let first = t * g;
-            let head = &layer[first / g];
-            let is_rep = |h: &usize| lh.representative_of[*h] == *h;
-            let Some(keys) = head.key_rows() else { return };
-            let values = head.value_rows();
-            let call = |h: usize, n: usize, probs: &mut [f32], att: &mut [f32]| {
-                let j = h - first;
-                attend_group(
-                    &q[h * hd..(h + n) * hd],
-                    &keys,
-                    &values,
-                    head.positions(),
-                    Visible::within(p0 as u32, window),
-                    hd,
-                    scale,
-                    &mut probs[j * slots..],
-                    slots,
-                    &mut att[j * hd..(j + n) * hd],
-                )
-            };
-            let heads = first..first + g;
-            if heads.clone().all(|h| is_rep(&h)) {
-                call(first, g, probs, att);
-            } else {
-                heads.filter(is_rep).for_each(|h| call(h, 1, probs, att));
+        // split attention (flash-decoding): tasks of (KV head, chunk of
+        // SPLIT_SLOTS slots) read every K/V row once for the whole query
+        // group (f16/q8/q4 rows straight from their codes); between the two
+        // passes the log-sum-exp rule turns each chunk's local weights into
+        // final probabilities. Chunk boundaries are fixed, so the result is
+        // the same on any number of threads, and with one chunk it is the
+        // one-pass kernel's bit for bit; every core works on one long
+        // sequence even with few KV heads (Gemma 3 270M has one).
+        let layout = split_layout(c);
+        let bl = layout.block_len();
+        let nch = most.div_ceil(SPLIT_SLOTS).max(1);
+        let visible = Visible::within(p0 as u32, window);
+        // a KV head without keys has no representative (checked above)
+        let live = |kvh: usize, ch: usize| ch * SPLIT_SLOTS < layer[kvh].len() && layer[kvh].has_keys();
+        let scores = |(t, block): (usize, &mut [f32])| {
+            let (kvh, ch) = (t / nch, t % nch);
+            if let (true, Some(keys)) = (live(kvh, ch), layer[kvh].key_rows()) {
+                // every head of the group (also CHAI members, whose rows are
+                // then ignored): a head's result does not depend on the group
+                let queries = &q[kvh * g * hd..(kvh + 1) * g * hd];
+                chunk_scores(queries, &keys, layer[kvh].positions(), ch, visible, scale, layout, block);
+            }
+        };
+        let values = |(t, block): (usize, &mut [f32])| {
+            let (kvh, ch) = (t / nch, t % nch);
+            if live(kvh, ch) {
+                chunk_values(&layer[kvh].value_rows(), layer[kvh].len(), ch, layout, block);
+            }
+        };
+        let split = &mut s.split[..c.n_kv_heads * nch * bl];
+        if parallel {
+            split.par_chunks_mut(bl).enumerate().for_each(scores);
+        } else {
+            split.chunks_mut(bl).enumerate().for_each(scores);
+        }
+        for (kvh, blocks) in split.chunks_mut(nch * bl).enumerate() {
+            if live(kvh, 0) {
+                (0..g).for_each(|j| chunk_factors(blocks, layout, layer[kvh].len(), j));
+            }
+        }
+        if parallel {
+            split.par_chunks_mut(bl).enumerate().for_each(values);
+        } else {
+            split.chunks_mut(bl).enumerate().for_each(values);
+        }
+        let split = &s.split[..c.n_kv_heads * nch * bl];
+        let merge = |(kvh, (att, probs)): (usize, (&mut [f32], &mut [f32]))| {
+            if !live(kvh, 0) {
+                return;
+            }
+            let (len, blocks) = (layer[kvh].len(), &split[kvh * nch * bl..(kvh + 1) * nch * bl]);
+            for j in (0..g).filter(|j| lh.representative_of[kvh * g + j] == kvh * g + j) {
+                merge_chunks(
+                    blocks,
+                    layout,
+                    len,
+                    j,
+                    &mut probs[j * slots..j * slots + len],
+                    &mut att[j * hd..(j + 1) * hd],
+                );
             }
         };
         let att = &mut s.att[..c.q_dim()];
         let probs = &mut s.probs[..c.n_heads * slots];
-        if parallel {
-            att.par_chunks_mut(g * hd).zip(probs.par_chunks_mut(g * slots)).enumerate().for_each(attend);
+        if parallel && c.n_kv_heads > 1 {
+            att.par_chunks_mut(g * hd).zip(probs.par_chunks_mut(g * slots)).enumerate().for_each(merge);
         } else {
-            att.chunks_mut(g * hd).zip(probs.chunks_mut(g * slots)).enumerate().for_each(attend);
+            att.chunks_mut(g * hd).zip(probs.chunks_mut(g * slots)).enumerate().for_each(merge);
         }
         // members: their representative's probabilities, their own V
         if lh.reps.len() < c.n_heads {

@@ -17,7 +17,7 @@
 //! leaks into another's.
 
 use super::rows::RowBuf;
-use kvslim_kernels::attention::{prefetch_bytes, SlotRows};
+use kvslim_kernels::attention::{axpy_group_f32, dot_group_f32, prefetch_bytes, SlotRows};
 use kvslim_kernels::kvquant::KvDtype;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -491,6 +491,26 @@ impl SlotRows for PagedRows<'_> {
         }
         let (rows, r) = self.locate(slot);
         rows.row(r, buf)
+    }
+
+    /// Same kernel as the fixed store's on the same row ([`RowBuf`]), so
+    /// paged and fixed slots stay bit-identical.
+    #[inline]
+    fn dot_group(&self, slot: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
+        if !self.base.is_empty() {
+            return dot_group_f32(self.row(slot, buf), &queries[..out.len() * self.d], out);
+        }
+        let (rows, r) = self.locate(slot);
+        rows.dot_group(r, queries, buf, out)
+    }
+
+    #[inline]
+    fn axpy_group(&self, slot: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
+        if !self.base.is_empty() {
+            return axpy_group_f32(self.row(slot, buf), probs, &mut outs[..probs.len() * self.d]);
+        }
+        let (rows, r) = self.locate(slot);
+        rows.axpy_group(r, probs, buf, outs)
     }
 
     #[inline]

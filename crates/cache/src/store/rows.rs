@@ -4,7 +4,7 @@
 //! with another row's scale would still decode to finite numbers, so the
 //! mistake would never announce itself.
 
-use kvslim_kernels::attention::{prefetch_bytes, SlotRows};
+use kvslim_kernels::attention::{axpy_group_f32, dot_group_f32, prefetch_bytes, SlotRows};
 use kvslim_kernels::kvquant::KvDtype;
 
 /// `rows` rows of `d` elements stored as `dtype`.
@@ -137,6 +137,23 @@ impl SlotRows for RowBuf {
         }
         self.read(slot, buf);
         buf
+    }
+
+    /// Coded rows: the group kernel works on the codes (no f32 copy).
+    #[inline]
+    fn dot_group(&self, slot: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
+        if self.dtype == KvDtype::F32 {
+            return dot_group_f32(self.row(slot, buf), &queries[..out.len() * self.d], out);
+        }
+        self.dtype.dot_group(self.codes(slot), self.side(slot), &queries[..out.len() * self.d], out);
+    }
+
+    #[inline]
+    fn axpy_group(&self, slot: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
+        if self.dtype == KvDtype::F32 {
+            return axpy_group_f32(self.row(slot, buf), probs, &mut outs[..probs.len() * self.d]);
+        }
+        self.dtype.axpy_group(self.codes(slot), self.side(slot), probs, &mut outs[..probs.len() * self.d]);
     }
 
     #[inline]

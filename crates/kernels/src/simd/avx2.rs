@@ -1051,3 +1051,185 @@ unsafe fn deq_q6_k_block(b: &[u8], o: *mut f32) {
         }
     }
 }
+
+// ---- KV cache rows: group dot / axpy on coded rows -----------------------
+//
+// Attention reads each cached K (V) row once for the `g` query heads that
+// share its KV head. These kernels convert 8 stored elements (f16, int8 ×
+// group scale, or 4-bit × scale + min) to f32 in registers and use them for
+// every head of a block of up to four heads, so the row is never written
+// out as f32 (the decode-then-dot path wrote and re-read `d` floats a row).
+
+/// Storage kinds of the KV group kernels (const-generic selector).
+pub(super) const KV_F16: u8 = 0;
+pub(super) const KV_Q8: u8 = 1;
+pub(super) const KV_Q4: u8 = 2;
+
+/// Element `j` of a coded row as f32 (tails shorter than a vector).
+///
+/// # Safety
+/// `j` must lie in the row; `data`/`scales` must hold the whole row.
+#[inline]
+pub(super) unsafe fn kv_elem<const T: u8>(data: *const u8, scales: *const f32, j: usize) -> f32 {
+    unsafe {
+        match T {
+            KV_F16 => f16_to_f32(rd16(data.add(2 * j))),
+            KV_Q8 => (*data.add(j) as i8 as f32) * *scales.add(j / crate::kvquant::KV_GROUP),
+            _ => {
+                let b = *data.add(j / 2);
+                let c = if j & 1 == 0 { b & 0x0f } else { b >> 4 };
+                let g = j / crate::kvquant::KV_GROUP;
+                *scales.add(2 * g + 1) + *scales.add(2 * g) * c as f32
+            }
+        }
+    }
+}
+
+/// Elements `i..i + 8` of a coded row as f32 (`i` a multiple of 8, so the
+/// eight share one scale group).
+///
+/// # Safety
+/// `i + 8` must not exceed the row's length.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kv_load8<const T: u8>(data: *const u8, scales: *const f32, i: usize) -> __m256 {
+    let g = i / crate::kvquant::KV_GROUP;
+    unsafe {
+        match T {
+            KV_F16 => _mm256_cvtph_ps(_mm_loadu_si128(data.add(2 * i).cast())),
+            KV_Q8 => {
+                let c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(data.add(i).cast())));
+                _mm256_mul_ps(c, _mm256_set1_ps(*scales.add(g)))
+            }
+            _ => {
+                // 4 bytes = 8 nibbles; as u16 lanes b, (b & 15) | (b << 4 & 0xf00)
+                // puts low then high nibble into consecutive bytes (element order)
+                let b = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(ptr::read_unaligned(data.add(i / 2).cast::<i32>())));
+                let lo = _mm_and_si128(b, _mm_set1_epi16(0x0f));
+                let hi = _mm_and_si128(_mm_slli_epi16::<4>(b), _mm_set1_epi16(0x0f00));
+                let c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_or_si128(lo, hi)));
+                _mm256_fmadd_ps(c, _mm256_set1_ps(*scales.add(2 * g)), _mm256_set1_ps(*scales.add(2 * g + 1)))
+            }
+        }
+    }
+}
+
+/// `out[h] = q_h · row` for `N` heads (`q_h` at `q + h·d`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kv_dot_impl<const T: u8, const N: usize>(
+    data: *const u8,
+    scales: *const f32,
+    q: *const f32,
+    d: usize,
+    out: *mut f32,
+) {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let full = d / 8 * 8;
+    let mut i = 0;
+    // SAFETY: i + 8 ≤ full ≤ d; the caller guarantees N query rows of d.
+    unsafe {
+        while i < full {
+            let k = kv_load8::<T>(data, scales, i);
+            for (h, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(k, _mm256_loadu_ps(q.add(h * d + i)), *a);
+            }
+            i += 8;
+        }
+        for (h, a) in acc.iter().enumerate() {
+            let mut s = hsum(*a);
+            for j in full..d {
+                s += kv_elem::<T>(data, scales, j) * *q.add(h * d + j);
+            }
+            *out.add(h) = s;
+        }
+    }
+}
+
+/// `out_h += p[h] · row` for `N` heads (`out_h` at `out + h·d`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kv_axpy_impl<const T: u8, const N: usize>(
+    data: *const u8,
+    scales: *const f32,
+    p: *const f32,
+    d: usize,
+    out: *mut f32,
+) {
+    // SAFETY: as in `kv_dot_impl`.
+    unsafe {
+        let mut pv = [_mm256_setzero_ps(); N];
+        for (h, v) in pv.iter_mut().enumerate() {
+            *v = _mm256_set1_ps(*p.add(h));
+        }
+        let full = d / 8 * 8;
+        let mut i = 0;
+        while i < full {
+            let v = kv_load8::<T>(data, scales, i);
+            for (h, &a) in pv.iter().enumerate() {
+                let o = out.add(h * d + i);
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(a, v, _mm256_loadu_ps(o)));
+            }
+            i += 8;
+        }
+        for j in full..d {
+            let v = kv_elem::<T>(data, scales, j);
+            for h in 0..N {
+                *out.add(h * d + j) += *p.add(h) * v;
+            }
+        }
+    }
+}
+
+/// Group dot on a coded row: `out[h] = queries_h · row`, heads in blocks
+/// of up to four (`d = queries.len() / out.len()`).
+pub(super) fn kv_dot<const T: u8>(data: &[u8], scales: &[f32], queries: &[f32], out: &mut [f32]) {
+    let g = out.len();
+    let d = queries.len().checked_div(g).unwrap_or(0);
+    crate::kvquant::check_group_row(T, d, data.len(), scales.len());
+    let mut h = 0;
+    while h < g {
+        let n = (g - h).min(4);
+        let (s, q, o) = (scales.as_ptr(), queries[h * d..].as_ptr(), out[h..].as_mut_ptr());
+        // SAFETY: reachable only after AVX2/FMA/F16C detection; the row's
+        // sizes were checked for `d`; heads h..h + n exist in both slices.
+        unsafe {
+            match n {
+                1 => kv_dot_impl::<T, 1>(data.as_ptr(), s, q, d, o),
+                2 => kv_dot_impl::<T, 2>(data.as_ptr(), s, q, d, o),
+                3 => kv_dot_impl::<T, 3>(data.as_ptr(), s, q, d, o),
+                _ => kv_dot_impl::<T, 4>(data.as_ptr(), s, q, d, o),
+            }
+        }
+        h += n;
+    }
+}
+
+/// Group axpy on a coded row: `outs_h += probs[h] · row`.
+pub(super) fn kv_axpy<const T: u8>(data: &[u8], scales: &[f32], probs: &[f32], outs: &mut [f32]) {
+    let g = probs.len();
+    let d = outs.len().checked_div(g).unwrap_or(0);
+    crate::kvquant::check_group_row(T, d, data.len(), scales.len());
+    let mut h = 0;
+    while h < g {
+        let n = (g - h).min(4);
+        let (s, p, o) = (scales.as_ptr(), probs[h..].as_ptr(), outs[h * d..].as_mut_ptr());
+        // SAFETY: as in `kv_dot`.
+        unsafe {
+            match n {
+                1 => kv_axpy_impl::<T, 1>(data.as_ptr(), s, p, d, o),
+                2 => kv_axpy_impl::<T, 2>(data.as_ptr(), s, p, d, o),
+                3 => kv_axpy_impl::<T, 3>(data.as_ptr(), s, p, d, o),
+                _ => kv_axpy_impl::<T, 4>(data.as_ptr(), s, p, d, o),
+            }
+        }
+        h += n;
+    }
+}
+
+/// The AVX2 KV group kernels, when the CPU has AVX2, FMA and F16C.
+pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::KvGroupKernels> {
+    kernels().map(|_| crate::kvquant::KvGroupKernels {
+        isa: "avx2",
+        dot: [kv_dot::<KV_F16>, kv_dot::<KV_Q8>, kv_dot::<KV_Q4>],
+        axpy: [kv_axpy::<KV_F16>, kv_axpy::<KV_Q8>, kv_axpy::<KV_Q4>],
+    })
+}

@@ -433,3 +433,156 @@ unsafe fn gemm_tile_impl<const NT: usize>(
         _mm512_storeu_ps(o.as_mut_ptr().add(16), a[1]);
     }
 }
+
+// ---- KV cache rows: group dot / axpy on coded rows -----------------------
+//
+// The 16-lane versions of the AVX2 group kernels (see there): a scale
+// group of 32 is two vectors; tails (`d % 16`) use the scalar element
+// decode. For f16 rows one `vcvtph2ps` converts 16 elements.
+
+use crate::simd::avx2::{kv_elem, KV_F16, KV_Q4, KV_Q8};
+
+/// Elements `i..i + 16` of a coded row as f32 (`i` a multiple of 16).
+///
+/// # Safety
+/// `i + 16` must not exceed the row's length.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn kv_load16<const T: u8>(data: *const u8, scales: *const f32, i: usize) -> __m512 {
+    let g = i / crate::kvquant::KV_GROUP;
+    unsafe {
+        match T {
+            KV_F16 => _mm512_cvtph_ps(_mm256_loadu_si256(data.add(2 * i).cast())),
+            KV_Q8 => {
+                let c = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(data.add(i).cast())));
+                _mm512_mul_ps(c, _mm512_set1_ps(*scales.add(g)))
+            }
+            _ => {
+                // 8 bytes = 16 nibbles, spread to bytes in element order
+                let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(data.add(i / 2).cast()));
+                let lo = _mm_and_si128(b, _mm_set1_epi16(0x0f));
+                let hi = _mm_and_si128(_mm_slli_epi16::<4>(b), _mm_set1_epi16(0x0f00));
+                let c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_or_si128(lo, hi)));
+                _mm512_fmadd_ps(c, _mm512_set1_ps(*scales.add(2 * g)), _mm512_set1_ps(*scales.add(2 * g + 1)))
+            }
+        }
+    }
+}
+
+/// `out[h] = q_h · row` for `N` heads (`q_h` at `q + h·d`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn kv_dot_impl<const T: u8, const N: usize>(
+    data: *const u8,
+    scales: *const f32,
+    q: *const f32,
+    d: usize,
+    out: *mut f32,
+) {
+    let mut acc = [_mm512_setzero_ps(); N];
+    let full = d / 16 * 16;
+    let mut i = 0;
+    // SAFETY: i + 16 ≤ full ≤ d; the caller guarantees N query rows of d.
+    unsafe {
+        while i < full {
+            let k = kv_load16::<T>(data, scales, i);
+            for (h, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(k, _mm512_loadu_ps(q.add(h * d + i)), *a);
+            }
+            i += 16;
+        }
+        for (h, a) in acc.iter().enumerate() {
+            let mut s = _mm512_reduce_add_ps(*a);
+            for j in full..d {
+                s += kv_elem::<T>(data, scales, j) * *q.add(h * d + j);
+            }
+            *out.add(h) = s;
+        }
+    }
+}
+
+/// `out_h += p[h] · row` for `N` heads (`out_h` at `out + h·d`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn kv_axpy_impl<const T: u8, const N: usize>(
+    data: *const u8,
+    scales: *const f32,
+    p: *const f32,
+    d: usize,
+    out: *mut f32,
+) {
+    // SAFETY: as in `kv_dot_impl`.
+    unsafe {
+        let mut pv = [_mm512_setzero_ps(); N];
+        for (h, v) in pv.iter_mut().enumerate() {
+            *v = _mm512_set1_ps(*p.add(h));
+        }
+        let full = d / 16 * 16;
+        let mut i = 0;
+        while i < full {
+            let v = kv_load16::<T>(data, scales, i);
+            for (h, &a) in pv.iter().enumerate() {
+                let o = out.add(h * d + i);
+                _mm512_storeu_ps(o, _mm512_fmadd_ps(a, v, _mm512_loadu_ps(o)));
+            }
+            i += 16;
+        }
+        for j in full..d {
+            let v = kv_elem::<T>(data, scales, j);
+            for h in 0..N {
+                *out.add(h * d + j) += *p.add(h) * v;
+            }
+        }
+    }
+}
+
+/// Group dot on a coded row (see `avx2::kv_dot`).
+fn kv_dot<const T: u8>(data: &[u8], scales: &[f32], queries: &[f32], out: &mut [f32]) {
+    let g = out.len();
+    let d = queries.len().checked_div(g).unwrap_or(0);
+    crate::kvquant::check_group_row(T, d, data.len(), scales.len());
+    let mut h = 0;
+    while h < g {
+        let n = (g - h).min(4);
+        let (s, q, o) = (scales.as_ptr(), queries[h * d..].as_ptr(), out[h..].as_mut_ptr());
+        // SAFETY: reachable only after AVX-512 detection; sizes checked above.
+        unsafe {
+            match n {
+                1 => kv_dot_impl::<T, 1>(data.as_ptr(), s, q, d, o),
+                2 => kv_dot_impl::<T, 2>(data.as_ptr(), s, q, d, o),
+                3 => kv_dot_impl::<T, 3>(data.as_ptr(), s, q, d, o),
+                _ => kv_dot_impl::<T, 4>(data.as_ptr(), s, q, d, o),
+            }
+        }
+        h += n;
+    }
+}
+
+/// Group axpy on a coded row (see `avx2::kv_axpy`).
+fn kv_axpy<const T: u8>(data: &[u8], scales: &[f32], probs: &[f32], outs: &mut [f32]) {
+    let g = probs.len();
+    let d = outs.len().checked_div(g).unwrap_or(0);
+    crate::kvquant::check_group_row(T, d, data.len(), scales.len());
+    let mut h = 0;
+    while h < g {
+        let n = (g - h).min(4);
+        let (s, p, o) = (scales.as_ptr(), probs[h..].as_ptr(), outs[h * d..].as_mut_ptr());
+        // SAFETY: as in `kv_dot`.
+        unsafe {
+            match n {
+                1 => kv_axpy_impl::<T, 1>(data.as_ptr(), s, p, d, o),
+                2 => kv_axpy_impl::<T, 2>(data.as_ptr(), s, p, d, o),
+                3 => kv_axpy_impl::<T, 3>(data.as_ptr(), s, p, d, o),
+                _ => kv_axpy_impl::<T, 4>(data.as_ptr(), s, p, d, o),
+            }
+        }
+        h += n;
+    }
+}
+
+/// The AVX-512 KV group kernels, when the CPU has every feature they use.
+pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::KvGroupKernels> {
+    kernels().map(|_| crate::kvquant::KvGroupKernels {
+        isa: "avx512",
+        dot: [kv_dot::<KV_F16>, kv_dot::<KV_Q8>, kv_dot::<KV_Q4>],
+        axpy: [kv_axpy::<KV_F16>, kv_axpy::<KV_Q8>, kv_axpy::<KV_Q4>],
+    })
+}
