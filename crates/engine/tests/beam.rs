@@ -132,7 +132,9 @@ fn beam_search_with_full_matches_brute_force() {
                     let truth = exact.iter().find(|e| e.0 == h.token_ids && e.1 == h.eos).unwrap().2;
                     assert!((h.logprob - truth).abs() < 1e-4, "beams {beams}: {} vs {truth}", h.logprob);
                     assert!((h.score - score(&h.token_ids, truth)).abs() < 1e-4);
-                    assert!(h.score <= score(&best.0, best.2) + 1e-9);
+                    // the brute force scores by prefill (GEMM) and the search by
+                    // decode steps (GEMV): the same sums in another order
+                    assert!(h.score <= score(&best.0, best.2) + 1e-6);
                 }
                 assert!(out.windows(2).all(|w| w[0].score >= w[1].score));
                 // the early-stopping bound is exact: running on changes nothing
