@@ -27,3 +27,9 @@ $K eval --model "$SMOL" --out "$OUT/smollm2-chai" --resume \
 $K eval --model "$S/models/stories260K/stories260K.bin" --out "$OUT/stories260k" --resume \
   --policies "full;window;sink;heavy;random;h2o" --budgets 100%,40%,20%,10%,5% \
   --tasks "ppl:$S/data/tinystories/tinystories_val.txt,seq_len=256,limit=16"
+
+# Gemma 3 270M (alias gemma3-270m; fetched once with pip) on WikiText-2 windows of
+# 1,024 tokens, twice its local layers' 512-token window
+$K eval --model gemma3-270m --out "$OUT/gemma3-270m" --resume \
+  --policies "full;window;sink;heavy;random;h2o" --budgets 40%,20%,10%,5% \
+  --tasks "ppl:$S/data/wikitext2/wiki.test.raw,seq_len=1024,limit=1"
