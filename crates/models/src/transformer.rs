@@ -11,8 +11,9 @@ use crate::{Error, Result};
 use kvslim_cache::policy::chai::LayerHeads;
 use kvslim_cache::{CacheShape, HeadSlots, SequenceCache};
 use kvslim_kernels::attention::{
-    attend_group, chunk_factors, chunk_scores, chunk_values, merge_chunks, weighted_values, DenseRows, SplitLayout,
-    Visible, MAX_HEAD_DIM, SPLIT_SLOTS,
+    attend_causal_tiled, attend_group, chunk_factors, chunk_scores, chunk_values, merge_chunks, pack_keys_tiled,
+    weighted_values, DenseRows, SplitLayout, TiledQueries, TiledRep, TiledScratch, TiledTarget, Visible, MAX_HEAD_DIM,
+    SPLIT_SLOTS,
 };
 use kvslim_kernels::ops::{layer_norm, rms_norm};
 use kvslim_kernels::rope::Rope;
@@ -72,6 +73,8 @@ pub struct Scratch {
     // prefill candidates of one KV head: held slots, then the chunk
     cand_keys: Vec<Vec<f32>>,
     cand_values: Vec<Vec<f32>>,
+    /// Candidate keys per KV head packed for the tiled prefill kernel.
+    packed_keys: Vec<Vec<f32>>,
     comp_probs: Vec<f32>,
     cand_scores: Vec<f32>,
     cand_positions: Vec<u32>,
@@ -113,6 +116,7 @@ impl Scratch {
         }
         self.cand_keys.resize(c.n_kv_heads, Vec::new());
         self.cand_values.resize(c.n_kv_heads, Vec::new());
+        self.packed_keys.resize(c.n_kv_heads, Vec::new());
     }
 
     /// Logits of the last forward call: `[rows, vocab]`.
@@ -738,21 +742,63 @@ impl Model {
                 }
                 s.cand_scores.iter_mut().zip(&columns).for_each(|(sc, p)| *sc += p);
             } else {
+                // tiled kernel: each block of TOKEN_BLOCK queries attends
+                // tile by tile; reps' probabilities feed their members too
+                let mut packed = std::mem::take(&mut s.packed_keys);
+                for &kv in comp.kv_heads.iter().filter(|&&kv| comp.reps.iter().any(|&r| r / g == kv)) {
+                    pack_keys_tiled(&s.cand_keys[kv], hd, &mut packed[kv]);
+                }
+                let targets: Vec<TiledTarget> = comp
+                    .kv_heads
+                    .iter()
+                    .flat_map(|&kv| (kv * g..(kv + 1) * g).map(move |h| (kv, h)))
+                    .map(|(kv, h)| TiledTarget {
+                        rep: comp.reps.iter().position(|&x| x == lh.representative_of[h]).expect("same component"),
+                        values: &s.cand_values[kv],
+                        out_offset: h * hd,
+                    })
+                    .collect();
+                let (positions, q, packed_ref) = (&s.cand_positions, &s.q, &packed);
                 let partial_columns: Vec<Vec<f32>> = s.att[..n * qd]
                     .par_chunks_mut(TOKEN_BLOCK * qd)
                     .enumerate()
                     .map(|(b, rows)| {
-                        let mut probs = Vec::with_capacity(nreps * total);
-                        let mut columns = vec![0f32; col_len];
-                        for (i, row) in rows.chunks_exact_mut(qd).enumerate() {
-                            attend_token(b * TOKEN_BLOCK + i, row, &mut probs, &mut columns);
-                        }
+                        let (t0, nq) = (b * TOKEN_BLOCK, rows.len() / qd);
+                        let seen = old + t0 + nq;
+                        let reps: Vec<TiledRep> = comp
+                            .reps
+                            .iter()
+                            .map(|&r| TiledRep {
+                                queries: &q[t0 * qd + r * hd..],
+                                q_stride: qd,
+                                packed_keys: &packed_ref[r / g],
+                            })
+                            .collect();
+                        let mut columns = vec![0f32; if agg.is_some() { seen } else { 0 }];
+                        let accumulate = |p: &[f32], group: usize, sc: &mut [f32]| {
+                            if let Some(a) = agg {
+                                a.accumulate(p, group, sc);
+                            }
+                        };
+                        attend_causal_tiled(
+                            &reps,
+                            &targets,
+                            &positions[..seen],
+                            TiledQueries { pos0: (p0 + t0) as u32, n: nq, window },
+                            hd,
+                            scale,
+                            rows,
+                            qd,
+                            agg.is_some().then_some((&mut columns[..], &accumulate as _)),
+                            &mut TiledScratch::default(),
+                        );
                         columns
                     })
                     .collect();
                 for part in &partial_columns {
                     s.cand_scores.iter_mut().zip(part).for_each(|(sc, p)| *sc += p);
                 }
+                s.packed_keys = packed;
             }
             cache.policy.select_after_prefill(li, comp.leader, &s.cand_positions, &s.cand_scores, &mut s.keep);
             for &kv in &comp.kv_heads {
