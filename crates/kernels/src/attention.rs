@@ -472,62 +472,50 @@ pub fn attend_causal_tiled(
     columns: Option<(&mut [f32], ColumnAgg)>,
     scratch: &mut TiledScratch,
 ) {
+    let args = TiledArgs { reps, targets, positions, queries, d, scale, out, out_stride, columns, scratch };
     #[cfg(target_arch = "x86_64")]
     {
         let isa = crate::dot::kernels().isa;
         if isa == "avx512" && std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F (checked above)
-            return unsafe {
-                tiled_avx512(reps, targets, positions, queries, d, scale, out, out_stride, columns, scratch)
-            };
+            return unsafe { tiled_avx512(args) };
         }
         if (isa == "avx2" || isa == "avx512")
             && std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
         {
             // SAFETY: the CPU has AVX2 and FMA (checked above)
-            return unsafe {
-                tiled_avx2(reps, targets, positions, queries, d, scale, out, out_stride, columns, scratch)
-            };
+            return unsafe { tiled_avx2(args) };
         }
     }
-    tiled_impl::<false>(reps, targets, positions, queries, d, scale, out, out_stride, columns, scratch)
+    tiled_impl::<false>(args)
+}
+
+/// The inputs of [`attend_causal_tiled`], passed on as one value to the
+/// kernel compiled for each instruction set.
+struct TiledArgs<'a, 'b> {
+    reps: &'a [TiledRep<'b>],
+    targets: &'a [TiledTarget<'b>],
+    positions: &'a [u32],
+    queries: TiledQueries,
+    d: usize,
+    scale: f32,
+    out: &'a mut [f32],
+    out_stride: usize,
+    columns: Option<(&'a mut [f32], ColumnAgg<'a>)>,
+    scratch: &'a mut TiledScratch,
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tiled_avx2(
-    reps: &[TiledRep],
-    targets: &[TiledTarget],
-    positions: &[u32],
-    queries: TiledQueries,
-    d: usize,
-    scale: f32,
-    out: &mut [f32],
-    out_stride: usize,
-    columns: Option<(&mut [f32], ColumnAgg)>,
-    scratch: &mut TiledScratch,
-) {
-    tiled_impl::<true>(reps, targets, positions, queries, d, scale, out, out_stride, columns, scratch)
+unsafe fn tiled_avx2(args: TiledArgs<'_, '_>) {
+    tiled_impl::<true>(args)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tiled_avx512(
-    reps: &[TiledRep],
-    targets: &[TiledTarget],
-    positions: &[u32],
-    queries: TiledQueries,
-    d: usize,
-    scale: f32,
-    out: &mut [f32],
-    out_stride: usize,
-    columns: Option<(&mut [f32], ColumnAgg)>,
-    scratch: &mut TiledScratch,
-) {
-    tiled_impl::<true>(reps, targets, positions, queries, d, scale, out, out_stride, columns, scratch)
+unsafe fn tiled_avx512(args: TiledArgs<'_, '_>) {
+    tiled_impl::<true>(args)
 }
 
 /// `a·b + c`, fused where the caller was compiled with FMA.
@@ -622,19 +610,8 @@ fn position_range(positions: &[u32]) -> (u32, u32) {
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn tiled_impl<const FMA: bool>(
-    reps: &[TiledRep],
-    targets: &[TiledTarget],
-    positions: &[u32],
-    queries: TiledQueries,
-    d: usize,
-    scale: f32,
-    out: &mut [f32],
-    out_stride: usize,
-    columns: Option<(&mut [f32], ColumnAgg)>,
-    scratch: &mut TiledScratch,
-) {
+fn tiled_impl<const FMA: bool>(args: TiledArgs<'_, '_>) {
+    let TiledArgs { reps, targets, positions, queries, d, scale, out, out_stride, columns, scratch } = args;
     let TiledQueries { pos0, n: nq, window } = queries;
     let len = positions.len();
     let nreps = reps.len();

@@ -762,7 +762,8 @@ impl Model {
                 let partial_columns: Vec<Vec<f32>> = s.att[..n * qd]
                     .par_chunks_mut(TOKEN_BLOCK * qd)
                     .enumerate()
-                    .map(|(b, rows)| {
+                    // one kernel scratch per worker, reused across its blocks
+                    .map_init(TiledScratch::default, |scratch, (b, rows)| {
                         let (t0, nq) = (b * TOKEN_BLOCK, rows.len() / qd);
                         let seen = old + t0 + nq;
                         let reps: Vec<TiledRep> = comp
@@ -790,7 +791,7 @@ impl Model {
                             rows,
                             qd,
                             agg.is_some().then_some((&mut columns[..], &accumulate as _)),
-                            &mut TiledScratch::default(),
+                            scratch,
                         );
                         columns
                     })
