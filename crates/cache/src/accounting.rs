@@ -44,7 +44,7 @@ pub fn reservation(
     shape: &CacheShape,
     max_len: usize,
     base_len: usize,
-) -> Result<KvReservation, String> {
+) -> Result<KvReservation, crate::CacheError> {
     let policy = effective_policy(spec, shape, base_len)?;
     let dtype = spec.storage.kv_dtype;
     let row = dtype.row_bytes(shape.head_dim);
@@ -105,7 +105,7 @@ mod tests {
             for sliding in [None, Some((6, vec![true, false]))] {
                 let shape = CacheShape { sliding_window: sliding, ..shape() };
                 let r = reservation(&spec, &shape, 100, 100).unwrap();
-                let b = SequenceCache::new(&spec, shape.clone(), 100, 100).unwrap().store.bytes();
+                let b = SequenceCache::new(&spec, shape.clone(), 100, 100).unwrap().store().bytes();
                 assert_eq!((r.kv, r.metadata), (b.kv, b.metadata), "{spec}");
             }
         }

@@ -2,6 +2,7 @@
 //! (no model): age bias, a kept distant hot spot, a stale hot spot after a
 //! switch, an unrecoverable delayed first reference; and GQA aggregation.
 
+use kvslim_cache::policy::PolicySlots;
 use kvslim_cache::policy::{CachePolicy, ScoreAgg, TokenEviction, VictimRule};
 use kvslim_cache::{HeadSlots, KvStore};
 
@@ -24,7 +25,7 @@ fn run(
         slots.push(t, &[0.0], &[0.0]).expect("capacity B+1 holds the candidate");
         let probs = attn(t, slots.positions());
         assert_eq!(probs.len(), g * slots.len());
-        policy.after_decode_step(0, 0, &mut slots, &probs);
+        policy.after_decode_step(0, 0, &mut PolicySlots::new(&mut slots), &probs);
         let mut kept = slots.positions().to_vec();
         kept.sort_unstable();
         history.push(kept);

@@ -158,26 +158,13 @@ pub fn step_time(
     context: usize,
     steps: usize,
 ) -> Result<StepTimePoint> {
-    let c = &model.config;
     let steps = steps.min(context.saturating_sub(1)).max(1);
     let context = context - steps;
     let mut s = Session::new(model, policy, context + steps, context + steps)?;
     let mut rng = Rng::new(context as u64);
-    let hd = c.head_dim;
-    let mut k = vec![0f32; hd];
-    let mut v = vec![0f32; hd];
-    for l in 0..c.n_layers {
-        for h in 0..c.n_kv_heads {
-            let head = s.cache.store.head_mut(l, h);
-            // what the policy would hold (a sliding-window layer: its window)
-            let held = context.min(head.capacity().saturating_sub(1));
-            for p in context - held..context {
-                k.iter_mut().chain(v.iter_mut()).for_each(|x| *x = rng.next_f32() - 0.5);
-                head.push(p as u32, &k, &v).expect("within capacity");
-            }
-        }
-    }
-    s.cache.next_pos = context;
+    s.cache.fill_for_timing(context, |k, v| {
+        k.iter_mut().chain(v.iter_mut()).for_each(|x| *x = rng.next_f32() - 0.5);
+    });
     let mut times = Vec::with_capacity(steps);
     let mut tok = 1u32;
     for _ in 0..steps {
@@ -190,7 +177,7 @@ pub fn step_time(
         policy: policy.to_string(),
         threads: rayon::current_num_threads(),
         context: context + steps,
-        slots: s.cache.store.head(0, 0).len(),
+        slots: s.cache.store().head(0, 0).len(),
         step_ms_median: median(times),
         kv_bytes_allocated: s.kv_bytes().kv,
         kv_metadata_bytes: s.kv_bytes().metadata,
@@ -236,13 +223,13 @@ pub fn capacity(
 ) -> Result<CapacityRow> {
     let max_len = prompt.len() + gen_len + 1;
     let reserved = kvslim_cache::accounting::reservation(policy, &model.cache_shape(), max_len, prompt.len())
-        .map_err(crate::EngineError::Request)?
+        .map_err(kvslim_models::Error::from)?
         .total();
     let mut s = Session::new(model, policy, max_len, prompt.len())?;
     let mut tok = crate::sampling::argmax(s.feed(prompt, Logits::Last)?);
     let mut peak = s.kv_bytes();
-    let mut peak_pages = s.cache.store.page_counts().map(|c| c.pages);
-    let moved_before = s.cache.store.page_counts().map_or(0, |c| c.bytes_moved);
+    let mut peak_pages = s.cache.store().page_counts().map(|c| c.pages);
+    let moved_before = s.cache.store().page_counts().map_or(0, |c| c.bytes_moved);
     let t = Instant::now();
     for _ in 0..gen_len {
         tok = crate::sampling::argmax(s.feed(&[tok], Logits::Last)?);
@@ -250,12 +237,12 @@ pub fn capacity(
         if b.kv + b.metadata > peak.kv + peak.metadata {
             peak = b;
         }
-        if let Some(c) = s.cache.store.page_counts() {
+        if let Some(c) = s.cache.store().page_counts() {
             peak_pages = Some(peak_pages.unwrap_or(0).max(c.pages));
         }
     }
     let decode_tok_s = gen_len as f64 / t.elapsed().as_secs_f64();
-    let moved = s.cache.store.page_counts().map_or(0, |c| c.bytes_moved) - moved_before;
+    let moved = s.cache.store().page_counts().map_or(0, |c| c.bytes_moved) - moved_before;
     Ok(CapacityRow {
         model: name.to_string(),
         policy: policy.to_string(),

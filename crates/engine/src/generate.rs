@@ -63,7 +63,7 @@ pub(crate) fn start_session<'m>(
         )));
     }
     let session = Session::new(model, policy, prompt.len() + max_tokens, prompt.len())?;
-    let max_new = if session.cache.policy.bounded() && model.config.learned_positions.is_none() {
+    let max_new = if session.cache.policy().bounded() && model.config.learned_positions.is_none() {
         max_tokens
     } else {
         max_tokens.min(ctx - prompt.len())

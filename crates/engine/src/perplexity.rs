@@ -313,7 +313,7 @@ pub fn perplexity(
             spec.storage.kv_dtype = d;
             let mut reference = Session::new(model, &spec, n, n)?;
             if let Some(every) = opts.trace_every {
-                reference.cache.policy.enable_trace(every);
+                reference.cache.enable_policy_trace(every);
             }
             Some(Follow {
                 reference,
@@ -332,13 +332,12 @@ pub fn perplexity(
         None => Session::new(model, &opts.policy, n, n)?,
         Some(f) => {
             let mut cache = model.new_cache_in(&opts.policy, n, n, None)?;
-            let mirror = FollowDecisions::mirroring(f.kept.clone(), f.reference.cache.policy.as_ref(), n);
-            cache.policy = Box::new(mirror);
+            cache.follow_decisions(f.kept.clone(), f.reference.cache.policy(), n);
             Session::with_cache(model, cache)
         }
     };
     if let Some(every) = opts.trace_every {
-        s.cache.policy.enable_trace(every);
+        s.cache.enable_policy_trace(every);
     }
     let mut full = if opts.compare_full { Some(Session::new(model, &PolicySpec::full(), n, n)?) } else { None };
     let mut cmp = CompareAcc::new(model.config.n_layers);
@@ -350,7 +349,7 @@ pub fn perplexity(
     let mut fed = 0;
     if opts.prefill > 1 {
         let chunk = match &follow {
-            Some(f) => f.reference.cache.policy.prefill_chunk().unwrap_or(usize::MAX).max(1),
+            Some(f) => f.reference.cache.prefill_chunk().unwrap_or(usize::MAX).max(1),
             None => usize::MAX,
         };
         while fed < opts.prefill {
@@ -370,7 +369,7 @@ pub fn perplexity(
         let mut ref_logits = None;
         if let Some(f) = follow.as_mut() {
             ref_logits = Some(f.reference.feed(part, want)?.to_vec());
-            *f.kept.lock().unwrap_or_else(|e| e.into_inner()) = f.reference.cache.store.kept_positions();
+            *f.kept.lock().unwrap_or_else(|e| e.into_inner()) = f.reference.cache.store().kept_positions();
         }
         let mut full_logits = None;
         if let Some(f) = full.as_mut() {
@@ -409,7 +408,7 @@ pub fn perplexity(
         }
         if let Some(f) = follow.as_mut() {
             let want = f.kept.lock().unwrap_or_else(|e| e.into_inner());
-            let got = s.cache.store.kept_positions();
+            let got = s.cache.store().kept_positions();
             for (wl, gl) in want.iter().zip(&got) {
                 for (wh, gh) in wl.iter().zip(gl) {
                     f.checked += 1;
@@ -417,8 +416,8 @@ pub fn perplexity(
                 }
             }
         }
-        kv_peak = kv_peak.max(s.cache.store.bytes().kv);
-        if let Some(c) = s.cache.store.page_counts() {
+        kv_peak = kv_peak.max(s.cache.store().bytes().kv);
+        if let Some(c) = s.cache.store().page_counts() {
             pages.pages_peak = pages.pages_peak.max(c.pages);
             if step {
                 pages.frag_pct_sum += frag_pct(&c);
@@ -437,7 +436,7 @@ pub fn perplexity(
         step_ms.sort_by(f64::total_cmp);
         step_ms[step_ms.len() / 2]
     });
-    let paged = s.cache.store.page_counts().map(|c| PagedStats {
+    let paged = s.cache.store().page_counts().map(|c| PagedStats {
         page_size: opts.policy.storage.page_size.unwrap_or(0),
         pages_peak: pages.pages_peak.max(c.pages),
         pages_final: c.pages,
@@ -457,8 +456,8 @@ pub fn perplexity(
         cow_copies: c.cow_copies,
     });
     let events = match follow.as_mut() {
-        Some(f) => f.reference.cache.policy.take_events(),
-        None => s.cache.policy.take_events(),
+        Some(f) => f.reference.cache.take_policy_events(),
+        None => s.cache.take_policy_events(),
     };
     let decisions = follow.map(|f| {
         let rows = f.rows.max(1) as f64;
@@ -478,7 +477,7 @@ pub fn perplexity(
         ppl: nll.exp(),
         kv_bytes_allocated: bytes.kv,
         kv_metadata_bytes: bytes.metadata,
-        kv_bytes_by_layer_kind: LayerKindBytes::of(model, &s.cache.store),
+        kv_bytes_by_layer_kind: LayerKindBytes::of(model, &s.cache.store()),
         policy: opts.policy.to_string(),
         budget_slots: opts.policy.budget(n),
         kv_bytes_peak: kv_peak.max(bytes.kv),
@@ -487,9 +486,9 @@ pub fn perplexity(
         paged,
         decisions,
         compare_full: full.is_some().then(|| cmp.finish()),
-        chai_clusters: s.cache.heads.as_ref().map(|h| h.report()),
+        chai_clusters: s.cache.head_sharing().map(|h| h.report()),
         logprobs,
-        kept: s.cache.store.kept_positions(),
+        kept: s.cache.store().kept_positions(),
         events,
     })
 }

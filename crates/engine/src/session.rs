@@ -46,12 +46,10 @@ impl<'m> Session<'m> {
     /// CHAI gets its probe as a chunk of its own so clustering happens right
     /// after the probe's last token.
     pub fn feed(&mut self, tokens: &[u32], want: Logits) -> kvslim_models::Result<&[f32]> {
-        let chunk = self.cache.policy.prefill_chunk().unwrap_or(usize::MAX).max(1);
-        let probe_cut = match &self.cache.heads {
-            Some(h) if h.collecting_probe() && self.cache.next_pos < h.probe_len() => {
-                h.probe_len() - self.cache.next_pos
-            }
-            _ => usize::MAX,
+        let chunk = self.cache.prefill_chunk().unwrap_or(usize::MAX).max(1);
+        let probe_cut = match self.cache.probe_remaining() {
+            0 => usize::MAX,
+            left => left,
         };
         if tokens.len() <= chunk && tokens.len() <= probe_cut {
             self.model.forward(tokens, &mut self.cache, &mut self.scratch, want)?;
@@ -80,11 +78,11 @@ impl<'m> Session<'m> {
 
     /// Position of the next token.
     pub fn position(&self) -> usize {
-        self.cache.next_pos
+        self.cache.next_pos()
     }
 
     /// Allocated KV and metadata bytes.
     pub fn kv_bytes(&self) -> KvBytes {
-        self.cache.store.bytes()
+        self.cache.store().bytes()
     }
 }

@@ -149,7 +149,7 @@ fn beam_search_with_full_matches_brute_force() {
 
 /// Per (layer, KV head): kept (position, score) pairs sorted by position.
 fn kept(cache: &SequenceCache) -> Vec<Vec<(u32, f32)>> {
-    let st = &cache.store;
+    let st = &cache.store();
     let mut out = Vec::new();
     for l in 0..st.layers() {
         for h in 0..st.kv_heads() {
@@ -202,17 +202,17 @@ fn beam_reordering_moves_scores_with_kv_under_h2o() {
         assert_eq!(h.fed + 1, h.token_ids.len());
         let (lp, cache) = solo(&m.model, &prompt, h, &o);
         assert!((lp - h.logprob).abs() < 1e-4, "beam {i}: {} vs solo {lp}", h.logprob);
-        assert_eq!(cache.next_pos, h.cache.as_ref().unwrap().next_pos);
+        assert_eq!(cache.next_pos(), h.cache.as_ref().unwrap().next_pos());
         assert!(!differs(&m.model, &prompt, h, &o), "beam {i} matches its solo run");
     }
     // the classic bug: the beam slot takes its parent's KV but keeps the
     // scores of the beam that held the slot before
     let mut broken = |parent: &SequenceCache, previous: &SequenceCache| {
         let mut c = parent.clone();
-        for l in 0..c.store.layers() {
-            for h in 0..c.store.kv_heads() {
-                let old = previous.store.head(l, h).scores();
-                let new = c.store.head_mut(l, h).scores_mut();
+        for l in 0..c.store().layers() {
+            for h in 0..c.store().kv_heads() {
+                let old = previous.store().head(l, h).scores();
+                let new = c.scores_mut_for_fault_injection(l, h);
                 let n = old.len().min(new.len());
                 new[..n].copy_from_slice(&old[..n]);
             }
@@ -256,15 +256,18 @@ fn paged_beams_match_fixed_slots_and_hold_the_prompt_once() {
         let o = opts(beams, 12, 1.0, policy, tok.eos.clone());
         let fixed =
             beam_search_in(&m.model, &prompt, &o, BeamStorage { as_specified: true, pool: None }, None).unwrap();
-        assert!(fixed[0].cache.as_ref().unwrap().store.page_counts().is_none(), "{policy}: as specified = fixed slots");
+        assert!(
+            fixed[0].cache.as_ref().unwrap().store().page_counts().is_none(),
+            "{policy}: as specified = fixed slots"
+        );
         let default = beam_search(&m.model, &prompt, &o).unwrap();
         let cache = default[0].cache.as_ref().unwrap();
-        assert_eq!(cache.store.head(0, 0).page_size(), Some(BEAM_PAGE_SIZE), "{policy}: paged by default");
+        assert_eq!(cache.store().head(0, 0).page_size(), Some(BEAM_PAGE_SIZE), "{policy}: paged by default");
         assert_eq!(fingerprint(&default), fingerprint(&fixed), "{policy}: default paging vs fixed slots");
         let o4 = opts(beams, 12, 1.0, &format!("{policy},page=4").replace("full,", "full:"), tok.eos.clone());
         let page4 = beam_search(&m.model, &prompt, &o4).unwrap();
         assert_eq!(
-            page4[0].cache.as_ref().unwrap().store.head(0, 0).page_size(),
+            page4[0].cache.as_ref().unwrap().store().head(0, 0).page_size(),
             Some(4),
             "{policy}: spec's page kept"
         );
@@ -275,7 +278,7 @@ fn paged_beams_match_fixed_slots_and_hold_the_prompt_once() {
         let mut seen: Vec<(usize, usize, usize)> = Vec::new();
         let mut record = |parent: &SequenceCache, _: &SequenceCache| {
             let child = parent.clone();
-            let pc = parent.store.page_counts().unwrap();
+            let pc = parent.store().page_counts().unwrap();
             seen.push((pool.stats().pages_in_use, pc.shared_pages, pc.pages));
             child
         };
@@ -332,7 +335,7 @@ fn paged_beams_match_fixed_slots_under_chai() {
         let fixed =
             beam_search_in(&m.model, &prompt, &o, BeamStorage { as_specified: true, pool: None }, None).unwrap();
         let default = beam_search(&m.model, &prompt, &o).unwrap();
-        assert!(default[0].cache.as_ref().unwrap().store.page_counts().is_some(), "{policy}: paged by default");
+        assert!(default[0].cache.as_ref().unwrap().store().page_counts().is_some(), "{policy}: paged by default");
         assert_eq!(fingerprint(&default), fingerprint(&fixed), "{policy}");
     }
 }

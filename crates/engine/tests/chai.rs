@@ -65,7 +65,7 @@ fn members_share_probabilities_but_use_their_own_values() {
     s.scratch.trace = Some(Trace::default());
     s.feed(&[7], Logits::Last).unwrap();
     let tr = s.scratch.trace.take().unwrap();
-    let report = s.cache.heads.as_ref().unwrap().report();
+    let report = s.cache.head_sharing().unwrap().report();
     assert_eq!(report[1].clusters.len(), 2);
     let hd = m.config.head_dim;
     let ctx = tr.ctx;
@@ -105,20 +105,20 @@ fn k_cache_shrinks_to_the_predicted_fraction() {
     let p = plan("bytes", 4, &[4, 2]);
     let spec = PolicySpec::parse(&format!("chai:plan={p}")).unwrap();
     let mut s = Session::new(&m, &spec, 64, 64).unwrap();
-    let dense_layer = s.cache.store.layer_bytes(1).kv;
+    let dense_layer = s.cache.store().layer_bytes(1).kv;
     s.feed(&ids(30, 320), Logits::Last).unwrap();
-    assert_eq!(s.cache.store.layer_bytes(0).kv, dense_layer, "k = H stays dense");
-    assert_eq!(s.cache.store.layer_bytes(1).kv * 8, dense_layer * 6, "(4 + 2) / 8 of the dense bytes");
+    assert_eq!(s.cache.store().layer_bytes(0).kv, dense_layer, "k = H stays dense");
+    assert_eq!(s.cache.store().layer_bytes(1).kv * 8, dense_layer * 6, "(4 + 2) / 8 of the dense bytes");
 
     // GQA (stories260K, 8 query / 4 KV heads): a KV head loses K only when no representative reads it
     let m = stories();
     let p = plan("gqa", 8, &[2; 5]);
     let spec = PolicySpec::parse(&format!("chai:plan={p}")).unwrap();
     let mut s = Session::new(&m, &spec, 64, 64).unwrap();
-    let per_head_k = s.cache.store.head(0, 0).kv_bytes() / 2;
-    let dense = s.cache.store.bytes().kv;
+    let per_head_k = s.cache.store().head(0, 0).kv_bytes() / 2;
+    let dense = s.cache.store().bytes().kv;
     s.feed(&ids(30, 512), Logits::Last).unwrap();
-    let report = s.cache.heads.as_ref().unwrap().report();
+    let report = s.cache.head_sharing().unwrap().report();
     let mut predicted = dense;
     for layer in &report {
         let mut used: Vec<usize> = layer.representatives.iter().map(|r| r / 2).collect();
@@ -126,7 +126,7 @@ fn k_cache_shrinks_to_the_predicted_fraction() {
         used.dedup();
         predicted -= (4 - used.len()) * per_head_k;
     }
-    assert_eq!(s.cache.store.bytes().kv, predicted);
+    assert_eq!(s.cache.store().bytes().kv, predicted);
     assert!(predicted < dense, "two representatives of eight heads leave at least two KV heads without K");
 }
 
@@ -138,10 +138,10 @@ fn short_prompts_stay_dense_until_the_probe_completes_and_clustering_is_determin
     let run = || {
         let mut s = Session::new(&m, &spec, 64, 64).unwrap();
         s.feed(&[1, 403, 407], Logits::Last).unwrap();
-        assert!(s.cache.heads.as_ref().unwrap().report().is_empty(), "3 < probe tokens: still dense");
+        assert!(s.cache.head_sharing().unwrap().report().is_empty(), "3 < probe tokens: still dense");
         s.feed(&[261], Logits::Last).unwrap();
         s.feed(&[378], Logits::Last).unwrap();
-        let r = s.cache.heads.as_ref().unwrap().report();
+        let r = s.cache.head_sharing().unwrap().report();
         assert_eq!(r.len(), 5, "clustered right after the 5th token");
         r.iter().map(|l| l.clusters.clone()).collect::<Vec<_>>()
     };
@@ -150,7 +150,7 @@ fn short_prompts_stay_dense_until_the_probe_completes_and_clustering_is_determin
     // a prompt spanning the probe gives the same clusters as token-by-token feeding
     let mut s = Session::new(&m, &spec, 64, 64).unwrap();
     s.feed(&[1, 403, 407, 261, 378, 432, 383], Logits::Last).unwrap();
-    let b: Vec<_> = s.cache.heads.as_ref().unwrap().report().iter().map(|l| l.clusters.clone()).collect();
+    let b: Vec<_> = s.cache.head_sharing().unwrap().report().iter().map(|l| l.clusters.clone()).collect();
     assert_eq!(a, b);
 }
 
@@ -163,21 +163,21 @@ fn h2o_composed_with_chai_keeps_aligned_slot_sets_and_bounded_memory() {
     let mut s = Session::new(&m, &spec, t.len(), t.len()).unwrap();
     let bytes_after_probe = {
         s.feed(&t[..40], Logits::Last).unwrap();
-        s.cache.store.bytes().kv
+        s.cache.store().bytes().kv
     };
     for &id in &t[40..] {
         s.feed(&[id], Logits::Last).unwrap();
     }
-    assert_eq!(s.cache.store.bytes().kv, bytes_after_probe, "bounded: nothing grows");
-    let heads = s.cache.heads.as_ref().unwrap();
+    assert_eq!(s.cache.store().bytes().kv, bytes_after_probe, "bounded: nothing grows");
+    let heads = s.cache.head_sharing().unwrap();
     for l in 0..5 {
         let lh = heads.layer(l).unwrap();
         for comp in &lh.components {
-            let lead = s.cache.store.head(l, comp.leader).positions().to_vec();
+            let lead = s.cache.store().head(l, comp.leader).positions().to_vec();
             assert_eq!(lead.len(), 24);
             for &kv in &comp.kv_heads {
                 assert_eq!(
-                    s.cache.store.head(l, kv).positions(),
+                    s.cache.store().head(l, kv).positions(),
                     &lead[..],
                     "layer {l}: KV heads of a component stay aligned"
                 );

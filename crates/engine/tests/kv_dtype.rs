@@ -31,8 +31,8 @@ fn run(m: &Model, spec: &PolicySpec, ids: &[u32], prompt_len: usize) -> Run {
     }
     Run {
         ppl: (nll / (ids.len() - 1) as f64).exp(),
-        kv_bytes: s.cache.store.bytes().kv,
-        pages: s.cache.store.page_counts(),
+        kv_bytes: s.cache.store().bytes().kv,
+        pages: s.cache.store().page_counts(),
     }
 }
 

@@ -31,7 +31,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 fn held(c: &SequenceCache) -> Vec<Vec<u32>> {
-    let st = &c.store;
+    let st = c.store();
     (0..st.layers()).flat_map(|l| (0..st.kv_heads()).map(move |h| st.head(l, h).positions().to_vec())).collect()
 }
 
@@ -148,7 +148,7 @@ fn beams_on_sliding_window_layers() {
         assert_eq!(key(&paged), key(&fixed), "{spec}: paged beams vs fixed slots");
         for h in &paged {
             let c = h.cache.as_ref().unwrap();
-            assert!(c.store.head(0, 0).len() <= 15, "{spec}: the local layer holds at most W − 1 = 15");
+            assert!(c.store().head(0, 0).len() <= 15, "{spec}: the local layer holds at most W − 1 = 15");
         }
     }
 }

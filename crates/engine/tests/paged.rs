@@ -43,7 +43,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 /// Per (layer, KV head), in slot order: positions and score bits.
 fn slots(c: &SequenceCache) -> Vec<(Vec<u32>, Vec<u32>)> {
-    let st = &c.store;
+    let st = c.store();
     (0..st.layers())
         .flat_map(|l| (0..st.kv_heads()).map(move |h| (l, h)))
         .map(|(l, h)| (st.head(l, h).positions().to_vec(), bits(st.head(l, h).scores())))
@@ -102,11 +102,11 @@ fn paged_store_is_bit_identical_to_fixed_slots_for_every_policy() {
                 let what = format!("{text} page={:?} call {step}", layouts[k].storage.page_size);
                 assert_eq!(bits(&logits[k]), bits(&logits[0]), "{what}: logits");
                 assert_eq!(slots(&s[k].cache), want, "{what}: slots");
-                assert_eq!(s[k].cache.next_pos, s[0].cache.next_pos, "{what}");
+                assert_eq!(s[k].cache.next_pos(), s[0].cache.next_pos(), "{what}");
             }
-            holes = holes.max(s[2].cache.store.page_counts().unwrap().fragmentation);
+            holes = holes.max(s[2].cache.store().page_counts().unwrap().fragmentation);
         });
-        let bounded = sessions[0].cache.policy.bounded();
+        let bounded = sessions[0].cache.policy().bounded();
         assert_eq!(bounded, sessions[0].cache.len() < ids.len(), "{text}: evicting policies evicted");
         // the page=8 run really had scattered holes (more than the tail pages' free rows)
         let tails = m.model.config.n_layers * m.model.config.n_kv_heads * 7;
@@ -151,7 +151,7 @@ fn compaction_preserves_results_and_frees_scattered_pages() {
             }
             since = 0;
             compactions += 1;
-            let st = &s[1].cache.store;
+            let st = &s[1].cache.store();
             let want: usize = (0..st.layers())
                 .flat_map(|l| (0..st.kv_heads()).map(move |h| (l, h)))
                 .map(|(l, h)| st.head(l, h).len().div_ceil(p))
@@ -160,12 +160,13 @@ fn compaction_preserves_results_and_frees_scattered_pages() {
             assert_eq!(got.pages, want, "{what}: pages right after compaction");
             assert_eq!(got.fragmentation, want * p - got.live, "{what}");
             assert_eq!(pool_b.stats().pages_in_use, 2 * want, "{what}: K and V pages in the pool");
-            let uncompacted = s[0].cache.store.page_counts().unwrap().pages;
+            let uncompacted = s[0].cache.store().page_counts().unwrap().pages;
             assert!(uncompacted >= want, "{what}: {uncompacted} < {want}");
             assert_eq!(pool_a.stats().pages_in_use, 2 * uncompacted, "{what}");
             gap = gap.max(uncompacted - want);
         });
-        let (a, b) = (sessions[0].cache.store.page_counts().unwrap(), sessions[1].cache.store.page_counts().unwrap());
+        let (a, b) =
+            (sessions[0].cache.store().page_counts().unwrap(), sessions[1].cache.store().page_counts().unwrap());
         eprintln!(
             "compact={every}: {compactions} compactions, end of run: {} V pages without compaction, {} with \
              ({} bytes moved), largest gap right after a compaction {gap}",
@@ -183,7 +184,7 @@ fn compaction_preserves_results_and_frees_scattered_pages() {
 
 /// The kept positions of every (layer, KV head), with the page each lives on.
 fn pages_of(c: &SequenceCache) -> Vec<BTreeMap<u32, u32>> {
-    let st = &c.store;
+    let st = c.store();
     (0..st.layers())
         .flat_map(|l| (0..st.kv_heads()).map(move |h| (l, h)))
         .map(|(l, h)| {
@@ -258,8 +259,8 @@ fn page_eviction_removes_whole_unprotected_pages() {
                 for q in (t + 1).saturating_sub(recent)..=t {
                     assert!(kept.contains(&(q as u32)), "{what}: recent position {q} evicted");
                 }
-                let (l, h) = (u / s.cache.store.kv_heads(), u % s.cache.store.kv_heads());
-                let pages = s.cache.store.head(l, h).page_counts().unwrap().pages;
+                let (l, h) = (u / s.cache.store().kv_heads(), u % s.cache.store().kv_heads());
+                let pages = s.cache.store().head(l, h).page_counts().unwrap().pages;
                 assert!(pages <= bound, "{what}: {pages} pages > ceil((B+1)/P)+1 = {bound}");
             }
         }
@@ -302,7 +303,7 @@ fn clones_share_the_prompt_and_copy_only_the_tail_page_once() {
         assert_eq!(prompt_pages, 2 * units * kept.div_ceil(p), "{text}");
         let forks = [base.cache.clone(), base.cache.clone()];
         assert_eq!(pool.stats().pages_in_use, prompt_pages, "{text}: clones allocate nothing");
-        assert_eq!(base.cache.store.page_counts().unwrap().shared_pages, units * kept.div_ceil(p));
+        assert_eq!(base.cache.store().page_counts().unwrap().shared_pages, units * kept.div_ceil(p));
         for (i, cache) in forks.into_iter().enumerate() {
             let mut s = Session::with_cache(&m.model, cache);
             let want = solo(&m.model, &spec, prompt, &more[i]);
@@ -310,12 +311,12 @@ fn clones_share_the_prompt_and_copy_only_the_tail_page_once() {
             for (j, &t) in more[i].iter().enumerate() {
                 assert_eq!(bits(s.feed(&[t], Logits::Last).unwrap()), want[j + 1], "{text}: fork {i} step {j}");
             }
-            assert_eq!(s.cache.store.page_counts().unwrap().cow_copies, 2 * units as u64, "{text}: fork {i}");
+            assert_eq!(s.cache.store().page_counts().unwrap().cow_copies, 2 * units as u64, "{text}: fork {i}");
         }
         assert_eq!(pool.stats().cow_copies, 2 * 2 * units, "{text}: K and V of the tail page, per head, per writer");
         // the original still reads its own prompt
         let want = solo(&m.model, &spec, prompt, &more[1][..1]);
         assert_eq!(bits(base.feed(&more[1][..1], Logits::Last).unwrap()), want[1], "{text}: original");
-        assert_eq!(base.cache.store.page_counts().unwrap().cow_copies, 0, "{text}: the original is sole owner again");
+        assert_eq!(base.cache.store().page_counts().unwrap().cow_copies, 0, "{text}: the original is sole owner again");
     }
 }

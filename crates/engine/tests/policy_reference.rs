@@ -98,7 +98,7 @@ fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, 
                     let chunk: Vec<_> = (0..n).map(tok).collect();
                     r.prefill(&policy, &chunk);
                 }
-                let head = session.cache.store.head(l, kvh);
+                let head = session.cache.store().head(l, kvh);
                 let mut got: Vec<(u32, f32)> =
                     head.positions().iter().copied().zip(head.scores().iter().copied()).collect();
                 got.sort_by_key(|x| x.0);

@@ -30,11 +30,11 @@ fn chai_plan(heads: usize, ks: &[usize]) -> String {
 }
 
 fn assert_same_cache(a: &SequenceCache, b: &SequenceCache, what: &str) {
-    assert_eq!(a.next_pos, b.next_pos, "{what}: next_pos");
-    assert_eq!(a.store.bytes(), b.store.bytes(), "{what}: kv bytes");
-    for l in 0..a.store.layers() {
-        for h in 0..a.store.kv_heads() {
-            let (x, y) = (a.store.head(l, h), b.store.head(l, h));
+    assert_eq!(a.next_pos(), b.next_pos(), "{what}: next_pos");
+    assert_eq!(a.store().bytes(), b.store().bytes(), "{what}: kv bytes");
+    for l in 0..a.store().layers() {
+        for h in 0..a.store().kv_heads() {
+            let (x, y) = (a.store().head(l, h), b.store().head(l, h));
             assert_eq!(x.positions(), y.positions(), "{what}: positions layer {l} head {h}");
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             let owned_bits = |v: Vec<f32>| bits(&v);

@@ -70,20 +70,20 @@ fn follower_keeps_the_reference_sets_at_every_step() {
         let mut reference = Session::new(&m.model, &reference_spec, n, n).unwrap();
         let kept = FollowDecisions::handle();
         let mut cache = m.model.new_cache(&quant_spec, n, n).unwrap();
-        cache.policy = Box::new(FollowDecisions::mirroring(kept.clone(), reference.cache.policy.as_ref(), n));
+        cache.follow_decisions(kept.clone(), reference.cache.policy(), n);
         let mut follower = Session::with_cache(&m.model, cache);
-        let chunk = reference.cache.policy.prefill_chunk().unwrap_or(64);
+        let chunk = reference.cache.policy().prefill_chunk().unwrap_or(64);
         let mut evicted = false;
         let mut fed = 0;
         let mut pieces: Vec<&[u32]> = ids[..64].chunks(chunk).collect();
         pieces.extend(ids[64..].chunks(1));
         for piece in pieces {
             reference.feed(piece, Logits::Last).unwrap();
-            let want = reference.cache.store.kept_positions();
+            let want = reference.cache.store().kept_positions();
             *kept.lock().unwrap() = want.clone();
             follower.feed(piece, Logits::Last).unwrap();
             fed += piece.len();
-            assert_eq!(follower.cache.store.kept_positions(), want, "{spec}: after {fed} tokens");
+            assert_eq!(follower.cache.store().kept_positions(), want, "{spec}: after {fed} tokens");
             evicted |= want[0][0].len() < fed;
         }
         assert!(evicted, "{spec}: the budget must bind");

@@ -41,8 +41,8 @@ pub enum Error {
     Tokenizer(String),
     #[error("{0}")]
     Kernel(#[from] kvslim_kernels::KernelError),
-    #[error("{0}")]
-    CacheFull(#[from] kvslim_cache::store::CacheFull),
+    #[error(transparent)]
+    Cache(#[from] kvslim_cache::CacheError),
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("position {pos} is beyond the model's context length {context}")]

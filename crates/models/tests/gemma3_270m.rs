@@ -162,11 +162,11 @@ fn kv_bytes_follow_the_window_semantics() {
     let per_slot = row + meta;
     let n = 2048;
     let full = m.new_cache(&PolicySpec::parse("full").unwrap(), n, n).unwrap();
-    let b = full.store.bytes();
+    let b = full.store().bytes();
     assert_eq!(b.kv + b.metadata, (3 * n + 15 * 512) * per_slot, "full");
     let h2o = PolicySpec::parse("h2o:heavy=10%,recent=10%").unwrap();
     let mut cache = m.new_cache(&h2o, n, n).unwrap();
-    let b = cache.store.bytes();
+    let b = cache.store().bytes();
     let budget = 2 * (n / 10);
     assert_eq!(b.kv + b.metadata, 18 * (budget + 1) * per_slot, "h2o 20%");
     let text = std::fs::read_to_string(shared().join("data/wikitext2/wiki.test.raw")).unwrap();
@@ -178,8 +178,8 @@ fn kv_bytes_follow_the_window_semantics() {
     m.forward(&ids[..1536], &mut cache, &mut s, Logits::None).unwrap();
     for &t in &ids[1536..] {
         m.forward(&[t], &mut cache, &mut s, Logits::Last).unwrap();
-        assert!(cache.store.head(0, 0).len() <= budget);
+        assert!(cache.store().head(0, 0).len() <= budget);
     }
-    assert_eq!(cache.store.bytes(), b, "allocated once");
-    assert_eq!(cache.next_pos, n);
+    assert_eq!(cache.store().bytes(), b, "allocated once");
+    assert_eq!(cache.next_pos(), n);
 }

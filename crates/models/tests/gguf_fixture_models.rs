@@ -142,16 +142,16 @@ fn gemma3_local_layer_cache_is_bounded_by_its_window() {
     let tokens = ids(&r["token_ids"]);
     let m = load("gemma3", "Q8_0");
     let mut cache = m.model.new_cache(&PolicySpec::parse("full").unwrap(), 96, 96).unwrap();
-    assert_eq!(cache.store.head(0, 0).capacity(), 16);
-    assert_eq!(cache.store.head(1, 0).capacity(), 96);
+    assert_eq!(cache.store().head(0, 0).capacity(), 16);
+    assert_eq!(cache.store().head(1, 0).capacity(), 96);
     let mut s = Scratch::new();
     m.model.forward(&tokens[..40], &mut cache, &mut s, Logits::None).unwrap();
     for &t in &tokens[40..60] {
         m.model.forward(&[t], &mut cache, &mut s, Logits::Last).unwrap();
-        assert_eq!(cache.store.head(0, 1).len(), 15);
+        assert_eq!(cache.store().head(0, 1).len(), 15);
     }
-    assert_eq!(cache.store.head(1, 1).len(), 60);
-    let mut held: Vec<u32> = cache.store.head(0, 0).positions().to_vec();
+    assert_eq!(cache.store().head(1, 1).len(), 60);
+    let mut held: Vec<u32> = cache.store().head(0, 0).positions().to_vec();
     held.sort_unstable();
     assert_eq!(held, (45..60).collect::<Vec<u32>>());
 }

@@ -171,7 +171,12 @@ pub fn apply_default_page(policy: &mut PolicySpec, page_size: usize) {
 /// scores; sliding-window layers no more than their window), paged stores
 /// their worst-case pages ([`worst_case_pages`]).
 /// Fails when the spec cannot be laid out for this model.
-pub fn kv_bytes_for(model: &Model, policy: &PolicySpec, prompt_len: usize, max_tokens: usize) -> Result<usize, String> {
+pub fn kv_bytes_for(
+    model: &Model,
+    policy: &PolicySpec,
+    prompt_len: usize,
+    max_tokens: usize,
+) -> Result<usize, kvslim_cache::CacheError> {
     let max_len = (prompt_len + max_tokens).min(model.config.context_len);
     kvslim_cache::accounting::reservation(policy, &model.cache_shape(), max_len, prompt_len).map(|r| r.total())
 }
@@ -247,7 +252,7 @@ impl PrefixCache {
             .entries
             .iter()
             .enumerate()
-            .filter(|(_, e)| e.spec == spec && e.cache.store.max_capacity() >= capacity)
+            .filter(|(_, e)| e.spec == spec && e.cache.store().max_capacity() >= capacity)
             .filter_map(|(i, e)| match common(e) {
                 n if n == prompt.len() && n == e.prompt.len() => Some((i, n)),
                 // less than a page would share nothing but a page copied at once
@@ -538,8 +543,8 @@ fn run_beams(model: &Model, tok: &Tokenizer, m: &Metrics, pools: &Pools, r: &mut
 /// Frees a sequence's KV reservation and reports its end.
 fn release(m: &Metrics, r: &mut Running<'_>) {
     m.kv_bytes_in_use.fetch_sub(r.req.kv_bytes, Relaxed);
-    let store = &r.session.cache.store;
-    let pos = r.session.cache.next_pos;
+    let store = &r.session.cache.store();
+    let pos = r.session.cache.next_pos();
     let mut evicted = 0u64;
     for l in 0..store.layers() {
         for h in 0..store.kv_heads() {

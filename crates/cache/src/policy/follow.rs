@@ -10,8 +10,8 @@
 //! quantization error only, not the feedback of quantized attention scores
 //! on eviction decisions.
 
+use super::PolicySlots;
 use super::{CachePolicy, ScoreAgg};
-use crate::store::HeadSlots;
 use std::sync::{Arc, Mutex};
 
 /// Kept positions per layer, per KV head, ascending (as
@@ -91,7 +91,13 @@ impl CachePolicy for FollowDecisions {
     /// highest slot index down, so each recorded index is the victim's index
     /// at its own eviction (the slot moved into a victim's place is one
     /// already checked).
-    fn after_decode_step(&mut self, layer: usize, kv_head: usize, slots: &mut HeadSlots, _probs: &[f32]) -> &[usize] {
+    fn after_decode_step(
+        &mut self,
+        layer: usize,
+        kv_head: usize,
+        slots: &mut PolicySlots<'_>,
+        _probs: &[f32],
+    ) -> &[usize] {
         self.victims.clear();
         let sets = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(set) = sets.get(layer).and_then(|l| l.get(kv_head)) {
@@ -128,6 +134,7 @@ impl CachePolicy for FollowDecisions {
 mod tests {
     use super::*;
     use crate::policy::PolicySpec;
+    use crate::store::HeadSlots;
 
     fn head(positions: &[u32]) -> HeadSlots {
         let mut h = HeadSlots::new(2, 8);
@@ -145,7 +152,7 @@ mod tests {
         let mut h = head(&[0, 1, 2, 3, 4, 5]);
         // a second head replays the victims, as the forward pass does for aligned heads
         let mut mirror = head(&[0, 1, 2, 3, 4, 5]);
-        let victims = f.after_decode_step(0, 0, &mut h, &[]).to_vec();
+        let victims = f.after_decode_step(0, 0, &mut PolicySlots::new(&mut h), &[]).to_vec();
         assert_eq!(victims, [4, 3, 1], "highest index first");
         victims.iter().for_each(|&v| mirror.evict(v));
         let sorted = |h: &HeadSlots| {
@@ -161,14 +168,14 @@ mod tests {
             assert_eq!(v[i * 2], p as f32 + 0.5);
         }
         // nothing to drop: no victims
-        assert!(f.after_decode_step(0, 0, &mut h, &[]).is_empty());
+        assert!(f.after_decode_step(0, 0, &mut PolicySlots::new(&mut h), &[]).is_empty());
         // the other head follows its own set
         let mut h1 = head(&[0, 1, 2, 3, 4, 5]);
-        assert_eq!(f.after_decode_step(0, 1, &mut h1, &[]), &[0]);
+        assert_eq!(f.after_decode_step(0, 1, &mut PolicySlots::new(&mut h1), &[]), &[0]);
         assert_eq!(sorted(&h1), [1, 2, 3, 4, 5]);
         // no set for layer 3: keep all
         let mut h3 = head(&[0, 1]);
-        assert!(f.after_decode_step(3, 0, &mut h3, &[]).is_empty());
+        assert!(f.after_decode_step(3, 0, &mut PolicySlots::new(&mut h3), &[]).is_empty());
         assert_eq!(h3.len(), 2);
     }
 

@@ -2,7 +2,9 @@
 //!
 //! A policy never touches K/V arrays directly: it reads attention
 //! probabilities and slot metadata, and picks victims through
-//! [`HeadSlots`]' small API (`evict`, `scores_mut`). The policy-spec grammar
+//! [`PolicySlots`] (read positions and scores, add to scores, evict).
+//! [`SequenceCache`](crate::SequenceCache) calls it; the model never does.
+//! The policy-spec grammar
 //! in [`spec`] is the one parser shared by the CLI, server, evaluation and
 //! config files.
 
@@ -54,7 +56,47 @@ impl ScoreAgg {
     }
 }
 
-/// What the forward pass tells a policy, and what it lets a policy do.
+/// What a policy may see of and do to one (layer, KV head)'s slots during a
+/// decode step: read positions and scores, add attention to the scores,
+/// and evict. Nothing else of [`HeadSlots`] (K/V rows, pushes, pages) is
+/// reachable through it.
+pub struct PolicySlots<'a> {
+    slots: &'a mut HeadSlots,
+}
+
+impl<'a> PolicySlots<'a> {
+    pub fn new(slots: &'a mut HeadSlots) -> Self {
+        PolicySlots { slots }
+    }
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+    /// Original positions, in slot order.
+    pub fn positions(&self) -> &[u32] {
+        self.slots.positions()
+    }
+    /// Accumulated scores, in slot order.
+    pub fn scores(&self) -> &[f32] {
+        self.slots.scores()
+    }
+    /// Scores to accumulate attention into.
+    pub fn scores_mut(&mut self) -> &mut [f32] {
+        self.slots.scores_mut()
+    }
+    /// The page holding `slot` (`None` for fixed slots).
+    pub fn page_of(&self, slot: usize) -> Option<u32> {
+        self.slots.page_of(slot)
+    }
+    /// Evicts `slot` ([`HeadSlots::evict`]: the last slot moves into its place).
+    pub fn evict(&mut self, slot: usize) {
+        self.slots.evict(slot)
+    }
+}
+
+/// What the cache tells a policy, and what it lets a policy do.
 pub trait CachePolicy: Send {
     /// Short name for reports (`full`, `h2o`, …).
     fn name(&self) -> &str;
@@ -103,7 +145,7 @@ pub trait CachePolicy: Send {
         &mut self,
         _layer: usize,
         _kv_head: usize,
-        _slots: &mut HeadSlots,
+        _slots: &mut PolicySlots<'_>,
         _probs: &[f32],
     ) -> &[usize] {
         &[]

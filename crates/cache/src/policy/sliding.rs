@@ -12,8 +12,8 @@
 //! exactly a window of `W − 1` recent tokens (llama.cpp keeps the same
 //! bound for its SWA cache).
 
+use super::PolicySlots;
 use super::{CachePolicy, EvictionEvent, ScoreAgg};
-use crate::store::HeadSlots;
 
 /// A token policy with sliding-window layers (see the module docs).
 pub struct SlidingWindowLayers {
@@ -79,7 +79,13 @@ impl CachePolicy for SlidingWindowLayers {
         self.inner.prefill_chunk()
     }
 
-    fn after_decode_step(&mut self, layer: usize, kv_head: usize, slots: &mut HeadSlots, probs: &[f32]) -> &[usize] {
+    fn after_decode_step(
+        &mut self,
+        layer: usize,
+        kv_head: usize,
+        slots: &mut PolicySlots<'_>,
+        probs: &[f32],
+    ) -> &[usize] {
         if !self.is_local(layer) {
             return self.inner.after_decode_step(layer, kv_head, slots, probs);
         }
@@ -129,6 +135,7 @@ impl CachePolicy for SlidingWindowLayers {
 mod tests {
     use super::*;
     use crate::policy::PolicySpec;
+    use crate::store::HeadSlots;
 
     fn push(h: &mut HeadSlots, p: u32) {
         h.push(p, &[p as f32; 2], &[p as f32; 2]).unwrap();
@@ -148,9 +155,9 @@ mod tests {
             push(&mut local, pos);
             push(&mut global, pos);
             let probs = vec![1.0 / local.len() as f32; local.len()];
-            p.after_decode_step(0, 0, &mut local, &probs);
+            p.after_decode_step(0, 0, &mut PolicySlots::new(&mut local), &probs);
             let probs = vec![1.0 / global.len() as f32; global.len()];
-            p.after_decode_step(1, 0, &mut global, &probs);
+            p.after_decode_step(1, 0, &mut PolicySlots::new(&mut global), &probs);
             let mut held = local.positions().to_vec();
             held.sort_unstable();
             let from = (pos + 2).saturating_sub(w as u32);
@@ -172,7 +179,7 @@ mod tests {
             push(&mut h, pos);
             // position 0 would be the heaviest hitter forever
             let probs: Vec<f32> = h.positions().iter().map(|&q| if q == 0 { 0.9 } else { 0.01 }).collect();
-            p.after_decode_step(0, 0, &mut h, &probs);
+            p.after_decode_step(0, 0, &mut PolicySlots::new(&mut h), &probs);
             assert!(h.len() <= 3);
             let first = (pos + 2).saturating_sub(w as u32);
             assert!(h.positions().iter().all(|&q| q >= first), "position {pos}: {:?}", h.positions());

@@ -7,9 +7,9 @@
 //! run; scores are updated; if |D_t| > B exactly one victim outside the
 //! protected set leaves, and the candidate moves into its slot.
 
+use super::PolicySlots;
 use super::{CachePolicy, ScoreAgg};
 use crate::rng::SplitMix64;
-use crate::store::HeadSlots;
 use std::collections::HashMap;
 
 /// How the victim is chosen among unprotected slots.
@@ -176,7 +176,14 @@ impl TokenEviction {
     /// tokens. Fills `victims` with its slots, highest first (so evicting
     /// them in order never moves a later victim). False when every page
     /// is protected.
-    fn page_victims(&mut self, layer: usize, kv_head: usize, slots: &HeadSlots, score: PageScore, newest: u32) -> bool {
+    fn page_victims(
+        &mut self,
+        layer: usize,
+        kv_head: usize,
+        slots: &PolicySlots<'_>,
+        score: PageScore,
+        newest: u32,
+    ) -> bool {
         let from = self.recent_from(newest);
         self.by_page.clear();
         for (i, (&p, &s)) in slots.positions().iter().zip(slots.scores()).enumerate() {
@@ -315,7 +322,13 @@ impl CachePolicy for TokenEviction {
         self.prefill_chunk
     }
 
-    fn after_decode_step(&mut self, layer: usize, kv_head: usize, slots: &mut HeadSlots, probs: &[f32]) -> &[usize] {
+    fn after_decode_step(
+        &mut self,
+        layer: usize,
+        kv_head: usize,
+        slots: &mut PolicySlots<'_>,
+        probs: &[f32],
+    ) -> &[usize] {
         let len = slots.len();
         self.victims.clear();
         if let Some(agg) = self.agg {
@@ -400,6 +413,7 @@ impl CachePolicy for TokenEviction {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::HeadSlots;
 
     /// SPEC §1 worked example: B = 6 (3 heavy + 3 recent).
     #[test]
@@ -413,7 +427,7 @@ mod tests {
         slots.push(11, &[0.0], &[0.0]).unwrap();
         let probs = [0.20, 0.05, 0.02, 0.08, 0.15, 0.30, 0.20];
         h2o.enable_trace(1);
-        h2o.after_decode_step(0, 0, &mut slots, &probs);
+        h2o.after_decode_step(0, 0, &mut PolicySlots::new(&mut slots), &probs);
         let mut kept: Vec<(u32, f32)> = slots.positions().iter().copied().zip(slots.scores().iter().copied()).collect();
         kept.sort_by_key(|k| k.0);
         let want = [(1, 2.60), (3, 1.75), (5, 1.22), (9, 0.35), (10, 0.30), (11, 0.20)];
@@ -438,7 +452,7 @@ mod tests {
         for p in [4, 2, 7] {
             slots.push(p, &[0.0], &[0.0]).unwrap();
         }
-        h2o.after_decode_step(0, 0, &mut slots, &[0.25, 0.25, 0.5]);
+        h2o.after_decode_step(0, 0, &mut PolicySlots::new(&mut slots), &[0.25, 0.25, 0.5]);
         let mut kept = slots.positions().to_vec();
         kept.sort();
         assert_eq!(kept, vec![4, 7]);
@@ -451,7 +465,7 @@ mod tests {
         for t in 0..20u32 {
             slots.push(t, &[0.0], &[0.0]).unwrap();
             let n = slots.len();
-            sink.after_decode_step(0, 0, &mut slots, &vec![1.0 / n as f32; n]);
+            sink.after_decode_step(0, 0, &mut PolicySlots::new(&mut slots), &vec![1.0 / n as f32; n]);
         }
         let mut kept = slots.positions().to_vec();
         kept.sort();

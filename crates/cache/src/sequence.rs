@@ -1,0 +1,608 @@
+//! [`SequenceCache`]: one sequence's KV store together with its policy
+//! and CHAI state, and the per-step operations that keep them consistent.
+//! The model computes attention over the read views it gets here and
+//! reports back; only this type changes slots, scores and positions.
+//!
+//! A decode step of layer `l`: [`SequenceCache::append`] the token's K/V
+//! (one row per KV head), attend over [`SequenceCache::layer`] with the
+//! head structure of [`SequenceCache::layer_heads`], then
+//! [`SequenceCache::after_decode_attention`] with the probabilities (the
+//! policy scores and evicts; KV heads tied by CHAI replay the evictions).
+//! A prefill chunk: [`SequenceCache::gather_candidates`] per component,
+//! attend over the [`PrefillCandidates`] adding column sums to their
+//! scores, then [`SequenceCache::commit_candidates`]. After the layers,
+//! [`SequenceCache::advance`].
+
+use crate::error::CacheError;
+use crate::policy::chai::{HeadSharing, LayerHeads};
+use crate::policy::{self, CachePolicy, EvictionEvent, PolicySlots, PolicySpec, ScoreAgg, SharedKeptSets};
+use crate::store::{HeadSlots, KvStore, PagePool};
+
+/// The model dimensions a cache is laid out for.
+#[derive(Clone, Debug)]
+pub struct CacheShape {
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Sliding-window layers: the window and, per layer, whether it is
+    /// local ([`policy::SlidingWindowLayers`]).
+    pub sliding_window: Option<(usize, Vec<bool>)>,
+}
+
+impl CacheShape {
+    /// Query heads per KV head.
+    pub fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+}
+
+/// A sequence's KV store together with its policy state: the one object the
+/// forward pass writes keys into and reports attention to.
+pub struct SequenceCache {
+    store: KvStore,
+    policy: Box<dyn CachePolicy>,
+    /// CHAI head sharing, when the spec composes it.
+    sharing: Option<HeadSharing>,
+    /// Head structure of a layer without head sharing (or before clustering).
+    dense: LayerHeads,
+    /// Original position of the next token (tokens seen so far; unlike the
+    /// slot count, it keeps growing when tokens are evicted).
+    next_pos: usize,
+    /// Repack pages every this many decode steps (paged stores).
+    compact_every: Option<usize>,
+    steps_since_compact: usize,
+    /// The probability rows of one component's representatives, handed to
+    /// the policy (reused: decode steps do not allocate).
+    component_probs: Vec<f32>,
+}
+
+impl Clone for SequenceCache {
+    /// A full copy: KV slots, positions, scores, policy state (RNG streams
+    /// included) and CHAI state travel together, so the clone continues
+    /// exactly as the original would. Paged K/V are shared, not copied:
+    /// the first write into a shared page copies that page.
+    fn clone(&self) -> Self {
+        SequenceCache {
+            store: self.store.clone(),
+            policy: self.policy.clone_box(),
+            sharing: self.sharing.clone(),
+            dense: self.dense.clone(),
+            next_pos: self.next_pos,
+            compact_every: self.compact_every,
+            steps_since_compact: self.steps_since_compact,
+            component_probs: Vec::new(),
+        }
+    }
+}
+
+/// The policy a sequence of `shape` runs under `spec`: the spec's token
+/// policy, wrapped for sliding-window layers when the model has them.
+pub fn effective_policy(
+    spec: &PolicySpec,
+    shape: &CacheShape,
+    base_len: usize,
+) -> Result<Box<dyn CachePolicy>, CacheError> {
+    let policy = spec.build(base_len);
+    let Some((window, local)) = &shape.sliding_window else { return Ok(policy) };
+    if local.len() != shape.layers || *window == 0 {
+        return Err(CacheError::SlidingPattern { window: *window, pattern: local.len(), layers: shape.layers });
+    }
+    Ok(if local.iter().any(|&l| l) {
+        Box::new(policy::SlidingWindowLayers::new(policy, *window, local.clone()))
+    } else {
+        policy
+    })
+}
+
+impl SequenceCache {
+    /// Builds the cache for a sequence of at most `max_len` tokens.
+    /// Budgets given as percentages resolve against `base_len` (the prompt
+    /// for generation, the whole sequence for perplexity). Fails when a
+    /// CHAI plan does not fit the model.
+    pub fn new(spec: &PolicySpec, shape: CacheShape, max_len: usize, base_len: usize) -> Result<Self, CacheError> {
+        Self::in_pool(spec, shape, max_len, base_len, None)
+    }
+
+    /// As [`SequenceCache::new`], drawing pages from a shared `pool` (a
+    /// server's, so prefix sharing and accounting span requests). The pool
+    /// must match the spec's page size and KV dtype.
+    pub fn in_pool(
+        spec: &PolicySpec,
+        shape: CacheShape,
+        max_len: usize,
+        base_len: usize,
+        pool: Option<&PagePool>,
+    ) -> Result<Self, CacheError> {
+        let layout = spec.storage.layout();
+        let pool = match (layout.page_size, pool) {
+            (Some(p), Some(pool)) if !pool.fits(p, layout.kv_dtype, shape.head_dim) => {
+                return Err(CacheError::PoolMismatch {
+                    pool_page: pool.page_size(),
+                    pool_dtype: pool.dtype().to_string(),
+                    pool_head_dim: pool.head_dim(),
+                    spec: spec.to_string(),
+                    head_dim: shape.head_dim,
+                })
+            }
+            (Some(_), pool) => pool,
+            (None, _) => None,
+        };
+        let policy = effective_policy(spec, &shape, base_len)?;
+        let capacities: Vec<usize> = (0..shape.layers).map(|l| policy.layer_capacity(l, max_len)).collect();
+        let mut store = KvStore::with_layer_capacities(&capacities, shape.kv_heads, shape.head_dim, layout, pool);
+        let sharing = match &spec.head {
+            None => None,
+            Some(h) => {
+                let mut sharing = HeadSharing::new(h.clone(), shape.layers, shape.heads, shape.kv_heads)
+                    .map_err(CacheError::HeadSharing)?;
+                if h.fixed {
+                    sharing.finish(&mut store);
+                }
+                Some(sharing)
+            }
+        };
+        Ok(SequenceCache {
+            store,
+            policy,
+            sharing,
+            dense: LayerHeads::dense(shape.heads, shape.kv_heads),
+            next_pos: 0,
+            compact_every: spec.storage.compact_every,
+            steps_since_compact: 0,
+            component_probs: Vec::new(),
+        })
+    }
+
+    // ---- read views ----
+
+    /// Original position of the next token: how many tokens the sequence
+    /// has seen (evicted ones included).
+    pub fn next_pos(&self) -> usize {
+        self.next_pos
+    }
+
+    /// The slots, read-only (attention kernels, reports, tests).
+    pub fn store(&self) -> &KvStore {
+        &self.store
+    }
+
+    /// One layer's slots per KV head: what attention reads.
+    pub fn layer(&self, layer: usize) -> &[HeadSlots] {
+        self.store.layer(layer)
+    }
+
+    /// The policy, read-only (its name, whether it is bounded, …).
+    pub fn policy(&self) -> &dyn CachePolicy {
+        self.policy.as_ref()
+    }
+
+    /// CHAI state, when the spec composes head sharing.
+    pub fn head_sharing(&self) -> Option<&HeadSharing> {
+        self.sharing.as_ref()
+    }
+
+    /// Which query head uses whose scores in `layer`, and which KV heads
+    /// stay aligned: CHAI's clusters once formed, else every head its own.
+    pub fn layer_heads(&self, layer: usize) -> &LayerHeads {
+        self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense)
+    }
+
+    /// Slots of the largest layer (scratch sizing).
+    pub fn max_capacity(&self) -> usize {
+        self.store.max_capacity()
+    }
+
+    /// The policy keeps a fixed number of slots whatever the length (a
+    /// RoPE model may then run past its trained context).
+    pub fn bounded(&self) -> bool {
+        self.policy.bounded()
+    }
+
+    /// How attention is folded into scores, when the policy wants it.
+    pub fn score_aggregation(&self) -> Option<ScoreAgg> {
+        self.policy.score_aggregation()
+    }
+
+    /// Streaming prefill: feed the prompt in chunks of this many tokens.
+    pub fn prefill_chunk(&self) -> Option<usize> {
+        self.policy.prefill_chunk()
+    }
+
+    /// Online CHAI is still collecting its probe.
+    pub fn collecting_probe(&self) -> bool {
+        self.sharing.as_ref().is_some_and(|h| h.collecting_probe())
+    }
+
+    /// Tokens still to feed before the probe is complete (0 when not
+    /// probing): a prefill chunk must end there so clustering happens
+    /// between two tokens.
+    pub fn probe_remaining(&self) -> usize {
+        match &self.sharing {
+            Some(h) if h.collecting_probe() => h.probe_len().saturating_sub(self.next_pos),
+            _ => 0,
+        }
+    }
+
+    /// Tokens currently held in layer 0's first head (every head holds the
+    /// same count under token eviction; page eviction removes a page's live
+    /// tokens, which may differ per head).
+    pub fn len(&self) -> usize {
+        self.store.head(0, 0).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    // ---- a decode step ----
+
+    /// Appends one token's keys and values at `pos` to every KV head of
+    /// `layer` (`keys`/`values`: one `head_dim` row per KV head).
+    pub fn append(&mut self, layer: usize, pos: usize, keys: &[f32], values: &[f32]) -> Result<(), CacheError> {
+        let d = self.store.head(layer, 0).head_dim();
+        for kv in 0..self.store.kv_heads() {
+            let r = kv * d;
+            if self.store.head_mut(layer, kv).push(pos as u32, &keys[r..r + d], &values[r..r + d]).is_none() {
+                return Err(self.store.full_error(layer, kv).into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails when a representative's KV head of `layer` has no keys (they
+    /// were dropped by head sharing): attention could not read them.
+    pub fn check_keys(&self, layer: usize) -> Result<(), CacheError> {
+        let lh = self.layer_heads(layer);
+        let group = lh.representative_of.len() / self.store.kv_heads();
+        match lh.reps.iter().find(|&&r| !self.store.head(layer, r / group).has_keys()) {
+            Some(&r) => Err(CacheError::MissingKeys { layer, kv_head: r / group }),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a decode step's attention at `pos` into CHAI's probe while
+    /// it is collected: `probs` holds each query head's row at `h · stride`
+    /// over its KV head's slots (a member reads its representative's row).
+    pub fn record_decode_probe(&mut self, layer: usize, pos: usize, probs: &[f32], stride: usize) {
+        let Some(sharing) = self.sharing.as_mut().filter(|h| h.collecting_probe()) else { return };
+        let lh = sharing.layer(layer).unwrap_or(&self.dense).clone();
+        let g = lh.representative_of.len() / self.store.kv_heads();
+        for (h, &r) in lh.representative_of.iter().enumerate() {
+            let positions = self.store.head(layer, r / g).positions();
+            sharing.record_probe(layer, h, pos, positions, &probs[r * stride..r * stride + positions.len()]);
+        }
+    }
+
+    /// Records one query head's attention at `pos` over `positions` into
+    /// CHAI's probe while it is collected (prefill chunks).
+    pub fn record_probe(&mut self, layer: usize, head: usize, pos: usize, positions: &[u32], probs: &[f32]) {
+        if let Some(sharing) = self.sharing.as_mut() {
+            sharing.record_probe(layer, head, pos, positions, probs);
+        }
+    }
+
+    /// After a decode step's attention in `layer` (`probs`: representative
+    /// `r`'s probabilities over its KV head's slots at `r · stride`): the
+    /// token policy scores and evicts once per component of aligned KV
+    /// heads, reading the component's representatives, and every other KV
+    /// head of the component replays the same evictions.
+    pub fn after_decode_attention(&mut self, layer: usize, probs: &[f32], stride: usize) {
+        let lh = self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense);
+        for comp in &lh.components {
+            let len = self.store.head(layer, comp.leader).len();
+            let rows = &mut self.component_probs;
+            rows.resize(comp.reps.len() * len, 0.0);
+            for (i, &r) in comp.reps.iter().enumerate() {
+                rows[i * len..(i + 1) * len].copy_from_slice(&probs[r * stride..r * stride + len]);
+            }
+            let mut view = PolicySlots::new(self.store.head_mut(layer, comp.leader));
+            let victims = self.policy.after_decode_step(layer, comp.leader, &mut view, rows);
+            for &kv in comp.kv_heads.iter().filter(|&&kv| kv != comp.leader) {
+                let head = self.store.head_mut(layer, kv);
+                victims.iter().for_each(|&v| head.evict(v));
+            }
+        }
+    }
+
+    // ---- a prefill chunk ----
+
+    /// Fills `cand` with component `component` of `layer`'s candidates for
+    /// a chunk of `n` tokens at positions `p0..`: the slots held now, then
+    /// the chunk's tokens (`keys`/`values`: `n` rows of every KV head's
+    /// `head_dim` floats). K and V are decoded to f32 per KV head of the
+    /// component; scores start as the held scores (0 for the chunk).
+    pub fn gather_candidates(
+        &self,
+        layer: usize,
+        component: usize,
+        p0: usize,
+        keys: &[f32],
+        values: &[f32],
+        cand: &mut PrefillCandidates,
+    ) -> Result<(), CacheError> {
+        let lh = self.layer_heads(layer);
+        let comp = &lh.components[component];
+        let kv_heads = self.store.kv_heads();
+        let d = self.store.head(layer, 0).head_dim();
+        let kvd = kv_heads * d;
+        let n = values.len() / kvd;
+        let leader = self.store.head(layer, comp.leader);
+        cand.held = leader.len();
+        cand.positions.clear();
+        cand.positions.extend_from_slice(leader.positions());
+        cand.positions.extend((0..n).map(|t| (p0 + t) as u32));
+        cand.scores.clear();
+        cand.scores.extend_from_slice(leader.scores());
+        cand.scores.resize(cand.held + n, 0.0);
+        cand.keys.resize(kv_heads, Vec::new());
+        cand.values.resize(kv_heads, Vec::new());
+        for &kv in &comp.kv_heads {
+            let head = self.store.head(layer, kv);
+            let (ck, cv) = (&mut cand.keys[kv], &mut cand.values[kv]);
+            ck.clear();
+            if head.gather_keys(ck) {
+                (0..n).for_each(|t| ck.extend_from_slice(&keys[t * kvd + kv * d..t * kvd + (kv + 1) * d]));
+            }
+            cv.clear();
+            head.gather_values(cv);
+            (0..n).for_each(|t| cv.extend_from_slice(&values[t * kvd + kv * d..t * kvd + (kv + 1) * d]));
+        }
+        let group = lh.representative_of.len() / kv_heads;
+        match comp.reps.iter().find(|&&r| cand.keys[r / group].is_empty()) {
+            Some(&r) => Err(CacheError::MissingKeys { layer, kv_head: r / group }),
+            None => Ok(()),
+        }
+    }
+
+    /// After the chunk's attention over `cand` (column sums added to its
+    /// scores): the policy picks what stays, and every KV head of the
+    /// component absorbs the same choice. The store never holds more than
+    /// the policy's capacity.
+    pub fn commit_candidates(
+        &mut self,
+        layer: usize,
+        component: usize,
+        cand: &mut PrefillCandidates,
+    ) -> Result<(), CacheError> {
+        let lh = self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense);
+        let comp = &lh.components[component];
+        self.policy.select_after_prefill(layer, comp.leader, &cand.positions, &cand.scores, &mut cand.keep);
+        let d = self.store.head(layer, 0).head_dim();
+        let old = cand.held;
+        for &kv in &comp.kv_heads {
+            let chunk_keys = if cand.keys[kv].is_empty() { &[][..] } else { &cand.keys[kv][old * d..] };
+            let head = self.store.head_mut(layer, kv);
+            let ok = head.absorb_chunk(
+                &cand.keep,
+                &cand.scores,
+                chunk_keys,
+                &cand.values[kv][old * d..],
+                &cand.positions[old..],
+            );
+            if !ok {
+                return Err(self.store.full_error(layer, kv).into());
+            }
+        }
+        Ok(())
+    }
+
+    // ---- between steps ----
+
+    /// Records that `n` tokens were appended (a decode step or a prefill
+    /// chunk): compacts the pages when the interval has passed, and
+    /// clusters CHAI heads once the probe's last token is in.
+    pub fn advance(&mut self, n: usize) {
+        self.next_pos += n;
+        if let Some(every) = self.compact_every {
+            self.steps_since_compact += n;
+            if self.steps_since_compact >= every {
+                self.store.compact();
+                self.steps_since_compact = 0;
+            }
+        }
+        if let Some(h) = self.sharing.as_mut() {
+            if h.collecting_probe() && self.next_pos >= h.probe_len() {
+                h.finish(&mut self.store);
+            }
+        }
+    }
+
+    /// Cuts the sequence back to its first `len` tokens, as if only they had
+    /// been fed: possible only while no token was evicted or reordered
+    /// (every head holds positions `0..` in order, as under `full`) and no
+    /// head sharing was set up from later tokens. Paged K/V beyond `len`
+    /// are released; pages shared with a clone stay shared. Used to fork a
+    /// cached prompt at the prefix two prompts have in common.
+    pub fn truncate(&mut self, len: usize) -> Result<(), CacheError> {
+        if self.sharing.is_some() {
+            return Err(CacheError::Truncate("a cache with head sharing cannot be cut back".into()));
+        }
+        if len > self.next_pos {
+            return Err(CacheError::Truncate(format!("a cache of {} tokens cannot grow to {len}", self.next_pos)));
+        }
+        for l in 0..self.store.layers() {
+            for h in 0..self.store.kv_heads() {
+                let p = self.store.head(l, h).positions();
+                if p.len() != self.next_pos || p.iter().enumerate().any(|(i, &q)| q as usize != i) {
+                    return Err(CacheError::Truncate(format!(
+                        "layer {l} KV head {h} no longer holds positions 0..{} in order",
+                        self.next_pos
+                    )));
+                }
+            }
+        }
+        let keep: Vec<usize> = (0..len).collect();
+        for l in 0..self.store.layers() {
+            self.store.layer_mut(l).iter_mut().for_each(|h| h.retain_slots(&keep));
+        }
+        self.next_pos = len;
+        Ok(())
+    }
+
+    /// Replaces the policy by one that keeps exactly the positions another
+    /// run keeps (`kept`, updated by that run after each step; `reference`
+    /// is its policy, whose capacity and prefill chunking this one copies).
+    /// Used to measure a quantized cache's error alone.
+    pub fn follow_decisions(&mut self, kept: SharedKeptSets, reference: &dyn CachePolicy, max_len: usize) {
+        self.policy = Box::new(policy::FollowDecisions::mirroring(kept, reference, max_len));
+    }
+
+    /// Starts recording the policy's eviction events for steps divisible by `every`.
+    pub fn enable_policy_trace(&mut self, every: u32) {
+        self.policy.enable_trace(every);
+    }
+
+    /// The eviction events recorded so far.
+    pub fn take_policy_events(&mut self) -> Vec<EvictionEvent> {
+        self.policy.take_events()
+    }
+
+    /// Pretends `context` tokens were fed, for timing decode steps without
+    /// an O(n²) prefill: every head gets the positions its policy would
+    /// hold (the last `capacity − 1`, one slot left for the next token)
+    /// with rows from `fill(key, value)`, called head by head in position
+    /// order. Only valid on a fresh cache.
+    pub fn fill_for_timing(&mut self, context: usize, mut fill: impl FnMut(&mut [f32], &mut [f32])) {
+        let d = self.store.head(0, 0).head_dim();
+        let (mut k, mut v) = (vec![0f32; d], vec![0f32; d]);
+        for l in 0..self.store.layers() {
+            for h in 0..self.store.kv_heads() {
+                let head = self.store.head_mut(l, h);
+                let held = context.min(head.capacity().saturating_sub(1));
+                for p in context - held..context {
+                    fill(&mut k, &mut v);
+                    head.push(p as u32, &k, &v).expect("within capacity");
+                }
+            }
+        }
+        self.next_pos = context;
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+impl SequenceCache {
+    /// The scores of (layer, KV head), writable: only for tests that corrupt
+    /// a cache on purpose to prove their checks catch it.
+    pub fn scores_mut_for_fault_injection(&mut self, layer: usize, kv_head: usize) -> &mut [f32] {
+        self.store.head_mut(layer, kv_head).scores_mut()
+    }
+}
+
+/// One component's prefill candidates: the slots held before the chunk,
+/// then the chunk's tokens. The cache fills it
+/// ([`SequenceCache::gather_candidates`]), the model attends over it and
+/// adds column sums to its scores, and the cache commits the policy's
+/// choice ([`SequenceCache::commit_candidates`]). Reused across chunks.
+#[derive(Default)]
+pub struct PrefillCandidates {
+    held: usize,
+    positions: Vec<u32>,
+    scores: Vec<f32>,
+    /// Per KV head of the component: K (empty when dropped) and V, f32.
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    keep: Vec<usize>,
+}
+
+impl PrefillCandidates {
+    /// Candidates that were slots before the chunk.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+    /// Original positions of every candidate.
+    pub fn positions(&self) -> &[u32] {
+        &self.positions
+    }
+    /// Scores: the held slots' accumulated scores, 0 for the chunk, plus
+    /// what attention adds.
+    pub fn scores_mut(&mut self) -> &mut [f32] {
+        &mut self.scores
+    }
+    /// KV head `kv`'s candidate keys (`len × head_dim`; empty when it has none).
+    pub fn keys(&self, kv: usize) -> &[f32] {
+        &self.keys[kv]
+    }
+    /// KV head `kv`'s candidate values (`len × head_dim`).
+    pub fn values(&self, kv: usize) -> &[f32] {
+        &self.values[kv]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache_of(spec: &str, n: u32) -> SequenceCache {
+        let shape = CacheShape { layers: 2, heads: 2, kv_heads: 1, head_dim: 4, sliding_window: None };
+        let mut c = SequenceCache::new(&PolicySpec::parse(spec).unwrap(), shape, 64, 64).unwrap();
+        for p in 0..n {
+            for l in 0..2 {
+                c.append(l, p as usize, &[p as f32; 4], &[-(p as f32); 4]).unwrap();
+            }
+            c.advance(1);
+        }
+        c
+    }
+
+    #[test]
+    fn truncate_cuts_a_fork_back_to_a_prefix() {
+        let original = cache_of("full:page=4", 10);
+        let mut fork = original.clone();
+        fork.truncate(6).unwrap();
+        assert_eq!(fork.next_pos(), 6);
+        let h = fork.store().head(1, 0);
+        assert_eq!(h.positions(), &[0, 1, 2, 3, 4, 5]);
+        assert_eq!(h.decoded_values(), (0..6).flat_map(|p| [-(p as f32); 4]).collect::<Vec<_>>());
+        assert_eq!(h.page_counts().unwrap().pages, 2, "pages past the prefix are released");
+        assert_eq!(original.store().head(1, 0).len(), 10, "the original keeps its tokens");
+        assert!(fork.truncate(7).is_err(), "cannot grow");
+        // after an eviction the slots are no longer the positions in order
+        let mut evicted = cache_of("full", 5);
+        evicted.store.head_mut(0, 0).evict(1);
+        assert!(evicted.truncate(2).unwrap_err().to_string().contains("positions"));
+    }
+
+    #[test]
+    fn append_past_capacity_is_a_cache_full_error() {
+        let shape = CacheShape { layers: 1, heads: 2, kv_heads: 1, head_dim: 4, sliding_window: None };
+        let mut c = SequenceCache::new(&PolicySpec::parse("full").unwrap(), shape, 2, 2).unwrap();
+        c.append(0, 0, &[0.0; 4], &[0.0; 4]).unwrap();
+        c.append(0, 1, &[0.0; 4], &[0.0; 4]).unwrap();
+        let err = c.append(0, 2, &[0.0; 4], &[0.0; 4]).unwrap_err();
+        assert!(matches!(err, CacheError::Full(_)), "{err}");
+    }
+
+    #[test]
+    fn a_decode_step_evicts_through_the_policy() {
+        // h2o with 2 slots: the third token makes the policy evict one
+        let mut c = cache_of("h2o:heavy=1,recent=1", 2);
+        for l in 0..2 {
+            c.append(l, 2, &[2.0; 4], &[-2.0; 4]).unwrap();
+            let stride = c.max_capacity();
+            let mut probs = vec![0f32; 2 * stride];
+            probs[..3].copy_from_slice(&[0.1, 0.6, 0.3]);
+            probs[stride..stride + 3].copy_from_slice(&[0.1, 0.6, 0.3]);
+            c.after_decode_attention(l, &probs, stride);
+            let mut kept = c.store().head(l, 0).positions().to_vec();
+            kept.sort_unstable();
+            assert_eq!(kept, [1, 2], "position 0 has the lowest score");
+        }
+    }
+
+    #[test]
+    fn prefill_candidates_commit_the_policys_choice() {
+        let mut c = cache_of("h2o:heavy=2,recent=1", 2);
+        let mut cand = PrefillCandidates::default();
+        let keys: Vec<f32> = (0..8).map(|i| 10.0 + i as f32).collect();
+        c.gather_candidates(0, 0, 2, &keys, &keys, &mut cand).unwrap();
+        assert_eq!(cand.held(), 2);
+        assert_eq!(cand.positions(), &[0, 1, 2, 3]);
+        assert_eq!(cand.keys(0).len(), 16);
+        cand.scores_mut().copy_from_slice(&[5.0, 0.0, 1.0, 0.0]);
+        c.commit_candidates(0, 0, &mut cand).unwrap();
+        let mut kept = c.store().head(0, 0).positions().to_vec();
+        kept.sort_unstable();
+        assert_eq!(kept, [0, 2, 3], "heavy: 0 and 2; recent: 3");
+    }
+}

@@ -1,0 +1,199 @@
+//! The entry points: [`Model::forward`] (a prefill chunk or one decode
+//! step), [`Model::forward_sequential`] (consecutive decode steps sharing
+//! weight reads) and [`Model::forward_batch`] (one decode step for several
+//! sequences). They share every block step ([`super::block`]) and differ
+//! only in how rows map to positions and caches.
+
+use super::block::Products;
+use super::scratch::{BatchScratch, Scratch};
+use super::{Logits, Model};
+use crate::{Error, Result};
+use kvslim_cache::SequenceCache;
+use rayon::prelude::*;
+
+/// One sequence's next token in a batched decode step ([`Model::forward_batch`]).
+pub struct BatchItem<'a> {
+    /// The token to run at `cache.next_pos()`.
+    pub token: u32,
+    /// The sequence's own cache and policy state.
+    pub cache: &'a mut SequenceCache,
+}
+
+impl Model {
+    /// Runs `tokens` at positions `cache.next_pos()..`, appending their
+    /// keys and values to the cache. n = 1 is a decode step (GEMV), n > 1 a
+    /// prefill chunk (GEMM, tiled attention). Logits land in
+    /// `scratch.logits()`.
+    pub fn forward(&self, tokens: &[u32], cache: &mut SequenceCache, s: &mut Scratch, want: Logits) -> Result<()> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(());
+        }
+        self.check_input(tokens, cache)?;
+        let p0 = cache.next_pos();
+        let (d, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let logit_rows = match want {
+            Logits::None => 0,
+            Logits::Last => 1,
+            Logits::All => n,
+        };
+        s.ensure(c, n, cache.max_capacity(), logit_rows);
+        if let Some(t) = s.trace.as_mut() {
+            t.begin(p0 + n);
+        }
+        self.embed(tokens, p0, &mut s.a.x, &mut s.a.proj);
+        self.rope_tables(p0, n, &mut s.cos, &mut s.sin);
+        let scale = c.attention_scale();
+        for li in 0..c.n_layers {
+            if let Some(t) = s.trace.as_mut() {
+                t.hidden.push(s.a.x[..n * d].to_vec());
+            }
+            self.project_qkv(li, &mut s.a, n, Products::Gemm);
+            self.position_qk(li, &mut s.a.q, &mut s.a.k, n, &s.cos, &s.sin);
+            if let Some(t) = s.trace.as_mut() {
+                t.qkv.push([s.a.q[..n * qd].to_vec(), s.a.k[..n * kvd].to_vec(), s.a.v[..n * kvd].to_vec()]);
+            }
+            if n == 1 {
+                self.decode_attention(li, cache, s, p0, scale)?;
+            } else {
+                self.prefill_attention(li, cache, s, p0, n, scale)?;
+            }
+            if let Some(t) = s.trace.as_mut() {
+                t.att_out.push(s.a.att[..n * qd].to_vec());
+            }
+            self.output_and_mlp(li, &mut s.a, None, n, Products::Gemm);
+        }
+        cache.advance(n);
+        if logit_rows > 0 {
+            let last = &s.a.x[(n - logit_rows) * d..n * d];
+            self.project_logits(last, &mut s.a.xn, logit_rows, &mut s.logits, Products::Gemm);
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` as consecutive decode steps, with logits for every
+    /// token in `scratch.logits()` (`[n, vocab]`). The result — logits and
+    /// cache state (slots, positions, scores, evictions) — is bit-identical
+    /// to calling [`Model::forward`] with `&[t]` and [`Logits::Last`] once per
+    /// token: every matrix product uses the GEMV arithmetic
+    /// ([`kvslim_kernels::Matrix::matvec_many`]), and per layer each token
+    /// runs RoPE, the decode attention and the policy's scoring/eviction in
+    /// order, exactly as a decode step does. Only the weight reads are
+    /// shared across the chunk (layer-major order is equivalent because
+    /// policy state is per layer and KV head). Speculative decoding
+    /// verifies drafts with it.
+    ///
+    /// While online CHAI is still collecting its probe (clustering happens
+    /// between two tokens) or a trace is recorded, it runs token by token.
+    pub fn forward_sequential(&self, tokens: &[u32], cache: &mut SequenceCache, s: &mut Scratch) -> Result<()> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(());
+        }
+        if n == 1 || cache.collecting_probe() || s.trace.is_some() {
+            let mut all = Vec::with_capacity(n * c.vocab_size);
+            for &t in tokens {
+                self.forward(&[t], cache, s, Logits::Last)?;
+                all.extend_from_slice(&s.logits[..c.vocab_size]);
+            }
+            s.logits.clear();
+            s.logits.extend_from_slice(&all);
+            return Ok(());
+        }
+        self.check_input(tokens, cache)?;
+        let p0 = cache.next_pos();
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        s.ensure(c, n, cache.max_capacity(), n);
+        for (buf, len) in [(&mut s.rows.q, n * qd), (&mut s.rows.k, n * kvd), (&mut s.rows.v, n * kvd)] {
+            buf.resize(len, 0.0);
+        }
+        s.rows.att.resize(n * qd, 0.0);
+        self.embed(tokens, p0, &mut s.a.x, &mut s.a.proj);
+        let scale = c.attention_scale();
+        for li in 0..c.n_layers {
+            // the chunk's projections move to `rows`; each token then runs
+            // alone through the single-token buffers of `a`
+            self.project_qkv(li, &mut s.a, n, Products::PerRow);
+            std::mem::swap(&mut s.a.q, &mut s.rows.q);
+            std::mem::swap(&mut s.a.k, &mut s.rows.k);
+            std::mem::swap(&mut s.a.v, &mut s.rows.v);
+            for t in 0..n {
+                let pos = p0 + t;
+                s.a.q[..qd].copy_from_slice(&s.rows.q[t * qd..(t + 1) * qd]);
+                s.a.k[..kvd].copy_from_slice(&s.rows.k[t * kvd..(t + 1) * kvd]);
+                s.a.v[..kvd].copy_from_slice(&s.rows.v[t * kvd..(t + 1) * kvd]);
+                self.rope_tables(pos, 1, &mut s.cos, &mut s.sin);
+                self.position_qk(li, &mut s.a.q, &mut s.a.k, 1, &s.cos, &s.sin);
+                self.decode_attention(li, cache, s, pos, scale)?;
+                s.rows.att[t * qd..(t + 1) * qd].copy_from_slice(&s.a.att[..qd]);
+            }
+            self.output_and_mlp(li, &mut s.a, Some(&s.rows.att), n, Products::PerRow);
+        }
+        cache.advance(n);
+        self.project_logits(&s.a.x[..n * c.hidden_size], &mut s.a.xn, n, &mut s.logits, Products::PerRow);
+        Ok(())
+    }
+
+    /// One decode step for several independent sequences at once. Every
+    /// weight matrix is read once for the whole batch (a GEMM with one row
+    /// per sequence); RoPE, attention and the cache policy run per sequence
+    /// at its own position, through the same per-sequence code as a solo
+    /// decode step ([`Model::forward`] with one token), so each sequence's
+    /// slots, scores and evictions are its own. Logits of item `i` land in
+    /// `scratch.logits(i)`.
+    ///
+    /// Every item is checked (position, token id) before any state changes.
+    pub fn forward_batch(&self, items: &mut [BatchItem<'_>], s: &mut BatchScratch) -> Result<()> {
+        let c = &self.config;
+        let n = items.len();
+        if n == 0 {
+            return Ok(());
+        }
+        for it in items.iter() {
+            self.check_input(&[it.token], it.cache)?;
+        }
+        let (d, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        s.ensure(c, n);
+        for (i, it) in items.iter().enumerate() {
+            let p0 = it.cache.next_pos();
+            let seq = &mut s.seqs[i];
+            seq.ensure(c, 1, it.cache.max_capacity(), 0);
+            seq.trace = None;
+            self.rope_tables(p0, 1, &mut seq.cos, &mut seq.sin);
+            self.embed(&[it.token], p0, &mut s.a.x[i * d..(i + 1) * d], &mut s.a.proj);
+        }
+        let scale = c.attention_scale();
+        let parallel = n > 1 && rayon::current_num_threads() > 1;
+        for li in 0..c.n_layers {
+            self.project_qkv(li, &mut s.a, n, Products::Gemm);
+            let (q, k, v) = (&s.a.q, &s.a.k, &s.a.v);
+            // per sequence: RoPE at its position, then the solo decode attention
+            let attend = |((i, it), (seq, out)): ((usize, &mut BatchItem<'_>), (&mut Scratch, &mut [f32]))| {
+                seq.a.q[..qd].copy_from_slice(&q[i * qd..(i + 1) * qd]);
+                seq.a.k[..kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
+                seq.a.v[..kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
+                self.position_qk(li, &mut seq.a.q, &mut seq.a.k, 1, &seq.cos, &seq.sin);
+                let p0 = it.cache.next_pos();
+                self.decode_attention(li, it.cache, seq, p0, scale)?;
+                out.copy_from_slice(&seq.a.att[..qd]);
+                Ok::<(), Error>(())
+            };
+            let seqs = &mut s.seqs[..n];
+            if parallel {
+                items
+                    .par_iter_mut()
+                    .enumerate()
+                    .zip(seqs.par_iter_mut().zip(s.a.att.par_chunks_mut(qd)))
+                    .try_for_each(attend)?;
+            } else {
+                items.iter_mut().enumerate().zip(seqs.iter_mut().zip(s.a.att.chunks_mut(qd))).try_for_each(attend)?;
+            }
+            self.output_and_mlp(li, &mut s.a, None, n, Products::Gemm);
+        }
+        items.iter_mut().for_each(|it| it.cache.advance(1));
+        self.project_logits(&s.a.x, &mut s.a.xn, n, &mut s.logits, Products::Gemm);
+        Ok(())
+    }
+}

@@ -1,0 +1,185 @@
+//! The forward pass shared by every architecture: embeddings → blocks
+//! (norm, attention over the cache's slots, MLP) → final norm → logits.
+//!
+//! One call processes a chunk of tokens: n = 1 is a decode step (GEMV), n > 1
+//! a prefill (GEMM). All scratch memory lives in [`Scratch`], allocated on
+//! the first call and reused, so decode steps do not allocate. The model
+//! only computes: the KV state belongs to [`SequenceCache`], whose per-step
+//! methods it calls (append, read views, after-attention, prefill
+//! candidates and commit).
+//!
+//! * [`forward`]: the entry points;
+//! * [`block`]: the steps they share (checks, embedding, RoPE, Q/K/V, W_O + MLP, logits);
+//! * [`decode`] and [`prefill`]: attention of one layer for one token or a chunk;
+//! * [`scratch`] and [`trace`]: buffers and the optional record of a call.
+
+mod block;
+mod decode;
+mod forward;
+mod prefill;
+mod scratch;
+mod trace;
+
+pub use forward::BatchItem;
+pub use scratch::{BatchScratch, Scratch};
+pub use trace::Trace;
+
+use crate::config::ModelConfig;
+use crate::weights::Weights;
+use crate::{Error, Result};
+use kvslim_cache::{CacheShape, SequenceCache};
+use kvslim_kernels::attention::MAX_HEAD_DIM;
+use kvslim_kernels::rope::Rope;
+
+/// Which logits a forward call should produce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// None (pure prefill of a prompt prefix).
+    None,
+    /// Only the last token's (generation).
+    Last,
+    /// Every token's (teacher forcing, parity tests).
+    All,
+}
+
+/// A loaded model ready to run.
+pub struct Model {
+    pub config: ModelConfig,
+    pub weights: Weights,
+    /// RoPE per kind: `[global]`, or `[global, local]` when sliding-window
+    /// layers use their own base (Gemma 3).
+    ropes: Vec<Rope>,
+    /// Per layer, its index into `ropes`.
+    layer_rope: Vec<usize>,
+}
+
+/// The optional per-layer weights (QK norms, sandwich norms) are present
+/// exactly when the config's [`BlockFeatures`](crate::config::BlockFeatures)
+/// ask for them, with the right widths: config and tensors cannot disagree.
+fn check_block_features(c: &ModelConfig, weights: &Weights) -> Result<()> {
+    let f = &c.features;
+    for (i, l) in weights.layers.iter().enumerate() {
+        let pairs = [
+            ("q_norm", l.q_norm.as_ref(), f.qk_norm, c.head_dim),
+            ("k_norm", l.k_norm.as_ref(), f.qk_norm, c.head_dim),
+            ("post_attn_norm", l.post_attn_norm.as_ref(), f.post_norms, c.hidden_size),
+            ("post_mlp_norm", l.post_mlp_norm.as_ref(), f.post_norms, c.hidden_size),
+        ];
+        for (name, w, wanted, len) in pairs {
+            match (w, wanted) {
+                (Some(w), true) if w.weight.len() == len => {}
+                (Some(w), true) => {
+                    return Err(Error::ShapeMismatch {
+                        name: format!("layer {i} {name}"),
+                        expected: vec![len],
+                        got: vec![w.weight.len()],
+                    })
+                }
+                (None, false) => {}
+                (Some(_), false) => {
+                    let reason = format!("layer {i} has {name} weights but the config does not use them");
+                    return Err(Error::Format { path: "<model>".into(), reason });
+                }
+                (None, true) => return Err(Error::MissingTensor(format!("layer {i} {name}"))),
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Model {
+    /// Checks that weights match the config and precomputes RoPE tables.
+    pub fn new(config: ModelConfig, weights: Weights) -> Result<Self> {
+        config.validate().map_err(|r| Error::Format { path: "<model>".into(), reason: r })?;
+        let c = &config;
+        let check = |name: &str, got: (usize, usize), want: (usize, usize)| {
+            if got != want {
+                Err(Error::ShapeMismatch { name: name.into(), expected: vec![want.0, want.1], got: vec![got.0, got.1] })
+            } else {
+                Ok(())
+            }
+        };
+        let dims = |m: &kvslim_kernels::Matrix| (m.rows(), m.cols());
+        check("token_embedding", dims(&weights.token_embedding), (c.vocab_size, c.hidden_size))?;
+        check("output", dims(weights.output()), (c.vocab_size, c.hidden_size))?;
+        if weights.layers.len() != c.n_layers {
+            return Err(Error::ShapeMismatch {
+                name: "layers".into(),
+                expected: vec![c.n_layers],
+                got: vec![weights.layers.len()],
+            });
+        }
+        for (i, l) in weights.layers.iter().enumerate() {
+            check(&format!("layer {i} q"), dims(&l.q.weight), (c.q_dim(), c.hidden_size))?;
+            check(&format!("layer {i} k"), dims(&l.k.weight), (c.kv_dim(), c.hidden_size))?;
+            check(&format!("layer {i} v"), dims(&l.v.weight), (c.kv_dim(), c.hidden_size))?;
+            check(&format!("layer {i} o"), dims(&l.o.weight), (c.hidden_size, c.q_dim()))?;
+            check(&format!("layer {i} up"), dims(&l.up.weight), (c.ffn_size, c.hidden_size))?;
+            check(&format!("layer {i} down"), dims(&l.down.weight), (c.hidden_size, c.ffn_size))?;
+            if let Some(g) = &l.gate {
+                check(&format!("layer {i} gate"), dims(&g.weight), (c.ffn_size, c.hidden_size))?;
+            }
+        }
+        check_block_features(c, &weights)?;
+        let max_hd = MAX_HEAD_DIM;
+        if c.head_dim > max_hd {
+            let reason = format!("head_dim {} exceeds the {max_hd} the attention kernel supports", c.head_dim);
+            return Err(Error::Format { path: "<model>".into(), reason });
+        }
+        let bf16 = weights.token_embedding.dtype() == kvslim_kernels::DType::BF16;
+        let make_rope = |r: crate::config::RopeConfig, theta: f32| {
+            let rope = Rope::new(theta, r.rotary_dim, r.layout);
+            if bf16 {
+                rope.with_bf16_frequencies()
+            } else {
+                rope
+            }
+        };
+        let mut ropes = Vec::new();
+        let mut layer_rope = vec![0; c.n_layers];
+        if let Some(r) = config.rope {
+            ropes.push(make_rope(r, r.theta));
+            if let Some(w) = &c.features.sliding_window {
+                if let Some(theta) = w.local_rope_theta {
+                    ropes.push(make_rope(r, theta));
+                    for (l, &local) in w.local_layers.iter().enumerate() {
+                        layer_rope[l] = usize::from(local);
+                    }
+                }
+            }
+        }
+        Ok(Model { config, weights, ropes, layer_rope })
+    }
+
+    /// A cache for one sequence of at most `max_len` tokens under `spec`.
+    /// Percentage budgets resolve against `base_len` (prompt length for
+    /// generation, sequence length for perplexity).
+    /// Fails when a CHAI plan does not match this model.
+    pub fn new_cache(&self, spec: &kvslim_cache::PolicySpec, max_len: usize, base_len: usize) -> Result<SequenceCache> {
+        self.new_cache_in(spec, max_len, base_len, None)
+    }
+
+    /// As [`Model::new_cache`], with pages drawn from a shared pool (which
+    /// must match the spec's page size and KV dtype).
+    pub fn new_cache_in(
+        &self,
+        spec: &kvslim_cache::PolicySpec,
+        max_len: usize,
+        base_len: usize,
+        pool: Option<&kvslim_cache::PagePool>,
+    ) -> Result<SequenceCache> {
+        Ok(SequenceCache::in_pool(spec, self.cache_shape(), max_len.min(self.config.context_len), base_len, pool)?)
+    }
+
+    /// The cache dimensions of this model.
+    pub fn cache_shape(&self) -> CacheShape {
+        let c = &self.config;
+        CacheShape {
+            layers: c.n_layers,
+            heads: c.n_heads,
+            kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            sliding_window: c.features.sliding_window.as_ref().map(|w| (w.window, w.local_layers.clone())),
+        }
+    }
+}

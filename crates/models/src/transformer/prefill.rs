@@ -1,0 +1,195 @@
+//! A prefill chunk's attention in one layer. Per component of aligned KV
+//! heads, the cache gathers the candidates (the slots already held plus
+//! the chunk's tokens); every chunk token attends causally over them
+//! (representatives compute q·k, members reuse their probabilities with
+//! their own V); column scores are summed when the policy wants them; the
+//! cache commits the policy's choice to every KV head of the component.
+//! The store never holds more than the policy's capacity.
+
+use super::scratch::Scratch;
+use super::Model;
+use crate::Result;
+use kvslim_cache::policy::chai::Component;
+use kvslim_cache::{ScoreAgg, SequenceCache};
+use kvslim_kernels::attention::{
+    attend_causal_tiled, attend_group, pack_keys_tiled, weighted_values, DenseRows, TiledQueries, TiledRep,
+    TiledScratch, TiledTarget, Visible,
+};
+use rayon::prelude::*;
+
+/// Tokens per parallel task; fixed so column sums add up in the same order
+/// whatever the thread count.
+const TOKEN_BLOCK: usize = 16;
+
+/// One chunk of `n` tokens at `p0` in one layer, with its attention scale.
+#[derive(Clone, Copy)]
+struct Chunk {
+    li: usize,
+    p0: usize,
+    n: usize,
+    scale: f32,
+}
+
+impl Model {
+    /// Layer `li`'s attention for `n` chunk tokens at `p0..` (Q, K, V
+    /// positioned in `s.a`), output in `s.a.att[..n · q_dim]`.
+    pub(super) fn prefill_attention(
+        &self,
+        li: usize,
+        cache: &mut SequenceCache,
+        s: &mut Scratch,
+        p0: usize,
+        n: usize,
+        scale: f32,
+    ) -> Result<()> {
+        let kvd = self.config.kv_dim();
+        let chunk = Chunk { li, p0, n, scale };
+        let agg = cache.score_aggregation();
+        // trace and CHAI's probe need every probability row: token by token
+        let observe = s.trace.is_some() || (cache.probe_remaining() > 0);
+        let components = cache.layer_heads(li).components.clone();
+        for (ci, comp) in components.iter().enumerate() {
+            cache.gather_candidates(li, ci, p0, &s.a.k[..n * kvd], &s.a.v[..n * kvd], &mut s.cand)?;
+            if observe {
+                self.attend_observed(chunk, comp, cache, s, agg);
+            } else {
+                self.attend_tiled(chunk, comp, cache, s, agg);
+            }
+            cache.commit_candidates(li, ci, &mut s.cand)?;
+        }
+        Ok(())
+    }
+
+    /// Token by token with the decode kernel, recording every head's
+    /// probabilities into the trace and CHAI's probe.
+    fn attend_observed(
+        &self,
+        chunk: Chunk,
+        comp: &Component,
+        cache: &mut SequenceCache,
+        s: &mut Scratch,
+        agg: Option<ScoreAgg>,
+    ) {
+        let c = &self.config;
+        let (hd, g, qd) = (c.head_dim, c.group_size(), c.q_dim());
+        let Chunk { li, p0, n, scale } = chunk;
+        let lh = cache.layer_heads(li).clone();
+        let (old, window) = (s.cand.held(), c.layer_window(li));
+        let rep_index =
+            |h: usize| comp.reps.iter().position(|&x| x == lh.representative_of[h]).expect("same component");
+        let mut probs = Vec::new();
+        let mut columns = vec![0f32; if agg.is_some() { old + n } else { 0 }];
+        for t in 0..n {
+            let visible = old + t + 1;
+            let (cand, q) = (&s.cand, &s.a.q);
+            let positions = &cand.positions()[..visible];
+            let row = &mut s.a.att[t * qd..(t + 1) * qd];
+            probs.resize(comp.reps.len() * visible, 0.0);
+            for (i, &r) in comp.reps.iter().enumerate() {
+                let kv = r / g;
+                attend_group(
+                    &q[t * qd + r * hd..t * qd + (r + 1) * hd],
+                    &DenseRows { data: &cand.keys(kv)[..visible * hd], d: hd },
+                    &DenseRows { data: &cand.values(kv)[..visible * hd], d: hd },
+                    positions,
+                    Visible::within((p0 + t) as u32, window),
+                    hd,
+                    scale,
+                    &mut probs[i * visible..(i + 1) * visible],
+                    visible,
+                    &mut row[r * hd..(r + 1) * hd],
+                );
+            }
+            for h in comp.kv_heads.iter().flat_map(|&kv| kv * g..(kv + 1) * g) {
+                let p = &probs[rep_index(h) * visible..(rep_index(h) + 1) * visible];
+                if lh.representative_of[h] != h {
+                    let values = DenseRows { data: &cand.values(h / g)[..visible * hd], d: hd };
+                    weighted_values(p, &values, &mut row[h * hd..(h + 1) * hd]);
+                }
+                if let Some(tr) = s.trace.as_mut() {
+                    tr.record_head_attn(c, h, t, n, positions, p);
+                }
+                cache.record_probe(li, h, p0 + t, positions, p);
+            }
+            if let Some(a) = agg {
+                a.accumulate(&probs[..comp.reps.len() * visible], comp.reps.len(), &mut columns[..visible]);
+            }
+        }
+        s.cand.scores_mut().iter_mut().zip(&columns).for_each(|(sc, p)| *sc += p);
+    }
+
+    /// The tiled kernel: each block of TOKEN_BLOCK queries attends tile by
+    /// tile over the candidates; representatives' probabilities feed their
+    /// members too; column sums come from a second pass per block.
+    fn attend_tiled(
+        &self,
+        chunk: Chunk,
+        comp: &Component,
+        cache: &SequenceCache,
+        s: &mut Scratch,
+        agg: Option<ScoreAgg>,
+    ) {
+        let c = &self.config;
+        let (hd, g, qd) = (c.head_dim, c.group_size(), c.q_dim());
+        let Chunk { li, p0, n, scale } = chunk;
+        let lh = cache.layer_heads(li);
+        let (old, window) = (s.cand.held(), c.layer_window(li));
+        let mut packed = std::mem::take(&mut s.packed_keys);
+        for &kv in comp.kv_heads.iter().filter(|&&kv| comp.reps.iter().any(|&r| r / g == kv)) {
+            pack_keys_tiled(s.cand.keys(kv), hd, &mut packed[kv]);
+        }
+        let cand = &s.cand;
+        let targets: Vec<TiledTarget> = comp
+            .kv_heads
+            .iter()
+            .flat_map(|&kv| (kv * g..(kv + 1) * g).map(move |h| (kv, h)))
+            .map(|(kv, h)| TiledTarget {
+                rep: comp.reps.iter().position(|&x| x == lh.representative_of[h]).expect("same component"),
+                values: cand.values(kv),
+                out_offset: h * hd,
+            })
+            .collect();
+        let (positions, q, packed_ref) = (cand.positions(), &s.a.q, &packed);
+        let partial_columns: Vec<Vec<f32>> = s.a.att[..n * qd]
+            .par_chunks_mut(TOKEN_BLOCK * qd)
+            .enumerate()
+            // one kernel scratch per worker, reused across its blocks
+            .map_init(TiledScratch::default, |scratch, (b, rows)| {
+                let (t0, nq) = (b * TOKEN_BLOCK, rows.len() / qd);
+                let seen = old + t0 + nq;
+                let reps: Vec<TiledRep> = comp
+                    .reps
+                    .iter()
+                    .map(|&r| TiledRep {
+                        queries: &q[t0 * qd + r * hd..],
+                        q_stride: qd,
+                        packed_keys: &packed_ref[r / g],
+                    })
+                    .collect();
+                let mut columns = vec![0f32; if agg.is_some() { seen } else { 0 }];
+                let accumulate = |p: &[f32], group: usize, sc: &mut [f32]| {
+                    if let Some(a) = agg {
+                        a.accumulate(p, group, sc);
+                    }
+                };
+                attend_causal_tiled(
+                    &reps,
+                    &targets,
+                    &positions[..seen],
+                    TiledQueries { pos0: (p0 + t0) as u32, n: nq, window },
+                    hd,
+                    scale,
+                    rows,
+                    qd,
+                    agg.is_some().then_some((&mut columns[..], &accumulate as _)),
+                    scratch,
+                );
+                columns
+            })
+            .collect();
+        for part in &partial_columns {
+            s.cand.scores_mut().iter_mut().zip(part).for_each(|(sc, p)| *sc += p);
+        }
+        s.packed_keys = packed;
+    }
+}
