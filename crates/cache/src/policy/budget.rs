@@ -170,44 +170,53 @@ impl fmt::Display for PolicyFamily {
 mod tests {
     use super::*;
 
-    fn spec(family: &str, budget: &str, base_len: usize) -> String {
-        let f = PolicyFamily::parse(family).unwrap_or_else(|e| panic!("{family}: {e}"));
-        let b = f.budget(budget).unwrap().map_or(1, |b| b.resolve(base_len));
-        f.at(b).unwrap().to_string()
-    }
-
     #[test]
     fn each_family_spends_slot_and_percentage_budgets_as_documented() {
-        let cases = [
-            ("full", "64", 1000, "full"),
-            ("full", "20%", 1000, "full"),
-            ("window", "64", 1000, "window:recent=64"),
-            ("window", "20%", 1000, "window:recent=200"),
-            ("local", "20%", 1000, "window:recent=200"),
-            ("sink", "64", 1000, "sink:sink=4,recent=60"),
-            ("sink", "20%", 1000, "sink:sink=4,recent=196"),
-            ("sink", "3", 1000, "sink:sink=2,recent=1"),
-            ("sink", "1", 1000, "sink:sink=0,recent=1"),
-            ("sink:sink=8", "20%", 1000, "sink:sink=8,recent=192"),
-            ("heavy", "64", 1000, "heavy:heavy=64"),
-            ("heavy", "10%", 1000, "heavy:heavy=100"),
-            ("random", "64", 1000, "random:budget=64,recent=32,seed=0"),
-            ("random", "20%", 1000, "random:budget=200,recent=100,seed=0"),
-            ("random:seed=3", "1", 1000, "random:budget=1,recent=0,seed=3"),
-            ("h2o", "21", 1000, "h2o:heavy=11,recent=10"),
-            ("h2o", "20%", 1000, "h2o:heavy=100,recent=100"),
-            ("h2o", "100%", 37, "h2o:heavy=19,recent=18"),
-            ("h2o:agg=max,prefill=stream:16", "10%", 100, "h2o:heavy=5,recent=5,agg=max,prefill=stream:16"),
+        // per family: (budget, base length, the spec it gets)
+        let cases: &[(&str, &[(&str, usize, &str)])] = &[
+            ("full", &[("64", 1000, "full"), ("20%", 1000, "full")]),
+            ("full:page=16,kv_dtype=q8", &[("20%", 1000, "full:page=16,kv_dtype=q8")]),
+            ("window", &[("64", 1000, "window:recent=64"), ("20%", 1000, "window:recent=200")]),
+            ("local", &[("20%", 1000, "window:recent=200")]),
+            (
+                "sink",
+                &[
+                    ("64", 1000, "sink:sink=4,recent=60"),
+                    ("20%", 1000, "sink:sink=4,recent=196"),
+                    ("3", 1000, "sink:sink=2,recent=1"),
+                    ("1", 1000, "sink:sink=0,recent=1"),
+                ],
+            ),
+            ("sink:sink=8", &[("20%", 1000, "sink:sink=8,recent=192")]),
+            ("heavy", &[("64", 1000, "heavy:heavy=64"), ("10%", 1000, "heavy:heavy=100")]),
+            (
+                "random",
+                &[
+                    ("64", 1000, "random:budget=64,recent=32,seed=0"),
+                    ("20%", 1000, "random:budget=200,recent=100,seed=0"),
+                ],
+            ),
+            ("random:seed=3", &[("1", 1000, "random:budget=1,recent=0,seed=3")]),
+            (
+                "h2o",
+                &[
+                    ("21", 1000, "h2o:heavy=11,recent=10"),
+                    ("20%", 1000, "h2o:heavy=100,recent=100"),
+                    ("100%", 37, "h2o:heavy=19,recent=18"),
+                ],
+            ),
+            ("h2o:agg=max,prefill=stream:16", &[("10%", 100, "h2o:heavy=5,recent=5,agg=max,prefill=stream:16")]),
             (
                 "h2o:page=16,compact=64,kv_dtype=q8",
-                "20%",
-                1000,
-                "h2o:heavy=100,recent=100,page=16,compact=64,kv_dtype=q8",
+                &[("20%", 1000, "h2o:heavy=100,recent=100,page=16,compact=64,kv_dtype=q8")],
             ),
-            ("full:page=16,kv_dtype=q8", "20%", 1000, "full:page=16,kv_dtype=q8"),
         ];
-        for (family, budget, n, want) in cases {
-            assert_eq!(spec(family, budget, n), want, "{family} at {budget} of {n}");
+        for (family, at) in cases {
+            let f = PolicyFamily::parse(family).unwrap_or_else(|e| panic!("{family}: {e}"));
+            for (budget, n, want) in *at {
+                let b = f.budget(budget).unwrap().map_or(1, |b| b.resolve(*n));
+                assert_eq!(f.at(b).unwrap().to_string(), *want, "{family} at {budget} of {n}");
+            }
         }
     }
 
@@ -240,22 +249,17 @@ mod tests {
         assert!(f.budget("0").unwrap_err().contains("at least 1 slot"));
         assert!(f.budget("0%").unwrap_err().contains("(0, 100]"));
         assert_eq!(PolicyFamily::parse("full").unwrap().budget("anything").unwrap(), None);
-        let cases = [
-            ("fancy", "unknown policy family `fancy`"),
-            ("h2o:heavy=3", "`heavy` is set by the budget"),
-            ("window:recent=3", "`recent` is set by the budget"),
-            ("h2o:agg=mean", "agg"),
-            ("sink:sink=x", "sink must be a slot count"),
-            ("h2o:compact=8", "paged store"),
-            ("h2o:x=1", "unknown parameter `x`"),
-            ("chai:plan=p.json+h2o", "token policy first"),
-            ("h2o+window:recent=3", "head policy"),
-            ("h2o+chai:plan=a+chai:plan=b", "at most one `+`"),
-        ];
-        for (family, want) in cases {
-            let e = PolicyFamily::parse(family).unwrap_err().to_string();
-            assert!(e.contains(want), "{family}: {e}");
-        }
+        let err = |family: &str| PolicyFamily::parse(family).unwrap_err().to_string();
+        assert!(err("fancy").contains("unknown policy family `fancy`"));
+        assert!(err("h2o:heavy=3").contains("`heavy` is set by the budget"));
+        assert!(err("window:recent=3").contains("`recent` is set by the budget"));
+        assert!(err("h2o:agg=mean").contains("agg"));
+        assert!(err("sink:sink=x").contains("sink must be a slot count"));
+        assert!(err("h2o:compact=8").contains("paged store"));
+        assert!(err("h2o:x=1").contains("unknown parameter `x`"));
+        assert!(err("chai:plan=p.json+h2o").contains("token policy first"));
+        assert!(err("h2o+window:recent=3").contains("head policy"));
+        assert!(err("h2o+chai:plan=a+chai:plan=b").contains("at most one `+`"));
     }
 
     #[test]

@@ -223,7 +223,7 @@ pub(super) struct Family {
     read: fn(&mut Params<'_>, Option<Spend>) -> Result<TokenPolicySpec, String>,
 }
 
-/// The token families; `KNOWN` lists them in this order.
+/// The token families, in the order error messages list them.
 pub(super) static FAMILIES: &[Family] = &[
     Family {
         names: &["full"],
@@ -241,11 +241,7 @@ pub(super) static FAMILIES: &[Family] = &[
         fixed: None,
         evicts: true,
         protects_all: true,
-        read: |p, at| {
-            let recent = p.budget_or("recent", at.map(|a| a.b))?;
-            nonzero(recent, "window needs recent ≥ 1")?;
-            Ok(TokenPolicySpec::Window { recent })
-        },
+        read: |p, at| Ok(TokenPolicySpec::Window { recent: p.all_of_b("recent", at, "window needs recent ≥ 1")? }),
     },
     Family {
         names: &["sink"],
@@ -270,11 +266,7 @@ pub(super) static FAMILIES: &[Family] = &[
         fixed: None,
         evicts: true,
         protects_all: false,
-        read: |p, at| {
-            let heavy = p.budget_or("heavy", at.map(|a| a.b))?;
-            nonzero(heavy, "heavy needs heavy ≥ 1")?;
-            Ok(TokenPolicySpec::Heavy { heavy })
-        },
+        read: |p, at| Ok(TokenPolicySpec::Heavy { heavy: p.all_of_b("heavy", at, "heavy needs heavy ≥ 1")? }),
     },
     Family {
         names: &["random"],
@@ -284,7 +276,7 @@ pub(super) static FAMILIES: &[Family] = &[
         evicts: true,
         protects_all: false,
         read: |p, at| {
-            let budget = p.budget_or("budget", at.map(|a| a.b))?;
+            let budget = p.all_of_b("budget", at, "random needs budget ≥ 1")?;
             let recent = match at {
                 Some(a) => Budget::Slots(a.b / 2),
                 None => p.budget("recent")?.unwrap_or(Budget::Slots(0)),
@@ -293,7 +285,6 @@ pub(super) static FAMILIES: &[Family] = &[
                 Some(s) => s.parse().map_err(|_| format!("seed: `{s}` is not an unsigned integer"))?,
                 None => 0,
             };
-            nonzero(budget, "random needs budget ≥ 1")?;
             if let (Budget::Slots(b), Budget::Slots(r)) = (budget, recent) {
                 if r >= b {
                     return Err(format!("random: recent ({r}) must be smaller than budget ({b})"));
@@ -578,6 +569,14 @@ impl<'a> Params<'a> {
             Some(n) => Ok(Budget::Slots(n)),
             None => self.budget(key)?.ok_or_else(|| format!("`{}` needs `{key}=`", self.policy)),
         }
+    }
+
+    /// The one budget key of a family that B fills whole (`window`'s
+    /// recent, `heavy`, `random`'s budget), at least one slot (`why`).
+    fn all_of_b(&mut self, key: &str, at: Option<Spend>, why: &str) -> Result<Budget, String> {
+        let b = self.budget_or(key, at.map(|a| a.b))?;
+        nonzero(b, why)?;
+        Ok(b)
     }
 
     fn finish(self, allowed: &str) -> Result<(), String> {
