@@ -4,7 +4,8 @@
 //! probabilities and slot metadata, and picks victims through
 //! [`HeadSlots`]' small API (`evict`, `scores_mut`). The policy-spec grammar
 //! in [`spec`] is the one parser shared by the CLI, server, evaluation and
-//! config files.
+//! config files; [`budget`] is the same grammar with the budget left open,
+//! so evaluation can give every family the same B slots per sequence.
 
 pub mod budget;
 pub mod chai;
