@@ -172,8 +172,9 @@ mod tests {
 
     #[test]
     fn each_family_spends_slot_and_percentage_budgets_as_documented() {
-        // per family: (budget, base length, the spec it gets)
-        let cases: &[(&str, &[(&str, usize, &str)])] = &[
+        /// A budget, the base length it resolves against, the spec it gets.
+        type At = (&'static str, usize, &'static str);
+        let cases: &[(&str, &[At])] = &[
             ("full", &[("64", 1000, "full"), ("20%", 1000, "full")]),
             ("full:page=16,kv_dtype=q8", &[("20%", 1000, "full:page=16,kv_dtype=q8")]),
             ("window", &[("64", 1000, "window:recent=64"), ("20%", 1000, "window:recent=200")]),
