@@ -2,12 +2,19 @@
 //! (no model): age bias, a kept distant hot spot, a stale hot spot after a
 //! switch, an unrecoverable delayed first reference; and GQA aggregation.
 
-use kvslim_cache::policy::PolicySlots;
-use kvslim_cache::policy::{CachePolicy, ScoreAgg, TokenEviction, VictimRule};
+use kvslim_cache::policy::{CachePolicy, EvictionConfig, PolicySlots, ScoreAgg, TokenEviction, VictimRule};
 use kvslim_cache::{HeadSlots, KvStore};
 
 fn h2o(heavy: usize, recent: usize, agg: ScoreAgg) -> TokenEviction {
-    TokenEviction::new("h2o", heavy + recent, recent, 0, VictimRule::LowestScore, Some(agg), None)
+    TokenEviction::new(EvictionConfig {
+        name: "h2o",
+        budget: heavy + recent,
+        recent,
+        sinks: 0,
+        rule: VictimRule::LowestScore,
+        agg: Some(agg),
+        prefill_chunk: None,
+    })
 }
 
 /// Decodes positions 0..steps; `attn(t, positions)` gives the `g × len`

@@ -30,7 +30,7 @@ pub struct Args {
     #[arg(long, default_value_t = 3)]
     repeats: usize,
     /// KV cache policy; repeat to compare several in a context sweep.
-    #[arg(long = "policy", default_value = "full", value_parser = PolicySpec::parse)]
+    #[arg(long = "policy", default_value = "full", value_parser = PolicySpec::parse_and_load)]
     policies: Vec<PolicySpec>,
     /// Instead of prefill/decode throughput, time one decode step at each of
     /// these context lengths (e.g. 512,1024,2048,4096,8192) for every

@@ -35,7 +35,7 @@ pub struct Args {
     /// `h2o:heavy=64,recent=64,page=16,compact=64,kv_dtype=q8` or
     /// `full:kv_dtype=q8`. Paged specs also report pages, KV bytes,
     /// fragmentation and bytes moved per decode step.
-    #[arg(long, default_value = "full", value_parser = PolicySpec::parse)]
+    #[arg(long, default_value = "full", value_parser = PolicySpec::parse_and_load)]
     policy: PolicySpec,
     /// Mode (a) for a quantized KV policy: run the same policy with K/V in
     /// this dtype (f32 or f16) alongside, and keep in the quantized cache

@@ -15,7 +15,7 @@ pub struct Args {
     #[arg(long, default_value_t = 8080)]
     port: u16,
     /// Default KV cache policy for requests without `kv_policy`.
-    #[arg(long, default_value = "full", value_parser = PolicySpec::parse)]
+    #[arg(long, default_value = "full", value_parser = PolicySpec::parse_and_load)]
     policy: PolicySpec,
     /// KV memory pool shared by running requests (e.g. 2GiB, 512MiB).
     #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]

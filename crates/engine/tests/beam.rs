@@ -84,7 +84,7 @@ fn opts(beams: usize, max_tokens: usize, alpha: f32, policy: &str, eos: Vec<u32>
         max_tokens,
         length_penalty: alpha,
         early_stopping: true,
-        policy: PolicySpec::parse(policy).unwrap(),
+        policy: PolicySpec::parse_and_load(policy).unwrap(),
         eos,
         keep_caches: true,
     }

@@ -35,7 +35,7 @@ fn ids(n: usize, vocab: usize) -> Vec<u32> {
 }
 
 fn logprobs(m: &Model, spec: &str, tokens: &[u32], prefill: usize) -> Vec<f64> {
-    let opts = PerplexityOptions { prefill, ..PerplexityOptions::new(PolicySpec::parse(spec).unwrap()) };
+    let opts = PerplexityOptions { prefill, ..PerplexityOptions::new(PolicySpec::parse_and_load(spec).unwrap()) };
     perplexity(m, tokens, &opts, |_, _| {}).unwrap().logprobs
 }
 
@@ -59,7 +59,7 @@ fn k_equal_heads_is_bit_identical_to_dense() {
 fn members_share_probabilities_but_use_their_own_values() {
     let m = mha();
     let p = plan("k2", 4, &[4, 2]);
-    let spec = PolicySpec::parse(&format!("chai:plan={p}")).unwrap();
+    let spec = PolicySpec::parse_and_load(&format!("chai:plan={p}")).unwrap();
     let mut s = Session::new(&m, &spec, 64, 64).unwrap();
     s.feed(&ids(20, 320), Logits::Last).unwrap();
     s.scratch.trace = Some(Trace::default());
@@ -103,7 +103,7 @@ fn k_cache_shrinks_to_the_predicted_fraction() {
     // MHA: layer 1 keeps K for k = 2 of 4 heads: (H + k) / 2H of its bytes
     let m = mha();
     let p = plan("bytes", 4, &[4, 2]);
-    let spec = PolicySpec::parse(&format!("chai:plan={p}")).unwrap();
+    let spec = PolicySpec::parse_and_load(&format!("chai:plan={p}")).unwrap();
     let mut s = Session::new(&m, &spec, 64, 64).unwrap();
     let dense_layer = s.cache.store().layer_bytes(1).kv;
     s.feed(&ids(30, 320), Logits::Last).unwrap();
@@ -113,7 +113,7 @@ fn k_cache_shrinks_to_the_predicted_fraction() {
     // GQA (stories260K, 8 query / 4 KV heads): a KV head loses K only when no representative reads it
     let m = stories();
     let p = plan("gqa", 8, &[2; 5]);
-    let spec = PolicySpec::parse(&format!("chai:plan={p}")).unwrap();
+    let spec = PolicySpec::parse_and_load(&format!("chai:plan={p}")).unwrap();
     let mut s = Session::new(&m, &spec, 64, 64).unwrap();
     let per_head_k = s.cache.store().head(0, 0).kv_bytes() / 2;
     let dense = s.cache.store().bytes().kv;
@@ -134,7 +134,7 @@ fn k_cache_shrinks_to_the_predicted_fraction() {
 fn short_prompts_stay_dense_until_the_probe_completes_and_clustering_is_deterministic() {
     let m = stories();
     let p = plan("probe", 8, &[3; 5]);
-    let spec = PolicySpec::parse(&format!("chai:plan={p},probe=5")).unwrap();
+    let spec = PolicySpec::parse_and_load(&format!("chai:plan={p},probe=5")).unwrap();
     let run = || {
         let mut s = Session::new(&m, &spec, 64, 64).unwrap();
         s.feed(&[1, 403, 407], Logits::Last).unwrap();
@@ -158,7 +158,7 @@ fn short_prompts_stay_dense_until_the_probe_completes_and_clustering_is_determin
 fn h2o_composed_with_chai_keeps_aligned_slot_sets_and_bounded_memory() {
     let m = stories();
     let p = plan("compose", 8, &[3; 5]);
-    let spec = PolicySpec::parse(&format!("h2o:heavy=12,recent=12+chai:plan={p}")).unwrap();
+    let spec = PolicySpec::parse_and_load(&format!("h2o:heavy=12,recent=12+chai:plan={p}")).unwrap();
     let t = ids(300, 512);
     let mut s = Session::new(&m, &spec, t.len(), t.len()).unwrap();
     let bytes_after_probe = {
@@ -197,7 +197,7 @@ fn h2o_composed_with_chai_keeps_aligned_slot_sets_and_bounded_memory() {
 fn plan_for_another_model_is_a_clear_error() {
     let m = stories();
     let p = plan("wrong", 4, &[2, 2]);
-    let spec = PolicySpec::parse(&format!("chai:plan={p}")).unwrap();
+    let spec = PolicySpec::parse_and_load(&format!("chai:plan={p}")).unwrap();
     let e = Session::new(&m, &spec, 10, 10).err().expect("5 layers × 8 heads vs a 2-layer 4-head plan").to_string();
     assert!(e.contains("layer") || e.contains("head"), "{e}");
 }

@@ -53,7 +53,7 @@ fn batch_and_sequential_paths_equal_solo_decode() {
     for arch in ARCHS {
         let m = model(arch);
         for spec in POLICIES {
-            let policy = PolicySpec::parse(spec).unwrap();
+            let policy = PolicySpec::parse_and_load(spec).unwrap();
             let mut solo = Session::new(&m, &policy, 96, PROMPT).unwrap();
             solo.feed(&tokens[..PROMPT], Logits::Last).unwrap();
             let mut seq_cache = solo.cache.clone();
@@ -107,7 +107,7 @@ fn speculative_greedy_equals_plain_greedy() {
             let o = GenerateOptions {
                 max_tokens: 40,
                 sampling: SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 },
-                policy: PolicySpec::parse(spec).unwrap(),
+                policy: PolicySpec::parse_and_load(spec).unwrap(),
                 eos: vec![],
             };
             let prompt = &tokens[..8];
@@ -135,7 +135,7 @@ fn beams_on_sliding_window_layers() {
             max_tokens: 24,
             length_penalty: 1.0,
             early_stopping: true,
-            policy: PolicySpec::parse(spec).unwrap(),
+            policy: PolicySpec::parse_and_load(spec).unwrap(),
             eos: vec![],
             keep_caches: true,
         };
@@ -172,7 +172,7 @@ fn chai_on_sliding_window_layers() {
         path.display().to_string()
     };
     let run = |spec: &str| -> Vec<f32> {
-        let mut s = Session::new(&m, &PolicySpec::parse(spec).unwrap(), 96, 96).unwrap();
+        let mut s = Session::new(&m, &PolicySpec::parse_and_load(spec).unwrap(), 96, 96).unwrap();
         s.feed(&tokens, Logits::All).unwrap().to_vec()
     };
     let dense = run("full");

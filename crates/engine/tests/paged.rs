@@ -91,7 +91,7 @@ fn paged_store_is_bit_identical_to_fixed_slots_for_every_policy() {
         format!("h2o:heavy=12,recent=12+chai-static:plan={plan}"),
     ];
     for text in &specs {
-        let spec = PolicySpec::parse(text).unwrap();
+        let spec = PolicySpec::parse_and_load(text).unwrap();
         let layouts = [spec.clone(), paged(&spec, 1), paged(&spec, 8)];
         let mut sessions: Vec<Session<'_>> =
             layouts.iter().map(|s| Session::new(&m.model, s, ids.len(), ids.len()).unwrap()).collect();
@@ -128,7 +128,7 @@ fn compaction_preserves_results_and_frees_scattered_pages() {
     let ids = tokens(&m, 300);
     let prompt_len = 40;
     let p = 8;
-    let base = PolicySpec::parse("h2o:heavy=12,recent=12,page=8").unwrap();
+    let base = PolicySpec::parse_and_load("h2o:heavy=12,recent=12,page=8").unwrap();
     for every in [1usize, 7, 32] {
         let mut compacting = base.clone();
         compacting.storage.compact_every = Some(every);
@@ -213,7 +213,7 @@ fn page_eviction_removes_whole_unprotected_pages() {
         ("h2o:heavy=24,recent=8,prefill=stream:16,page=8,page_score=sum", 32, 8),
     ];
     for (text, b, recent) in cases {
-        let spec = PolicySpec::parse(text).unwrap();
+        let spec = PolicySpec::parse_and_load(text).unwrap();
         let mut s = Session::new(&m.model, &spec, ids.len(), ids.len()).unwrap();
         s.feed(&ids[..prompt_len], Logits::Last).unwrap();
         let (mut whole_pages, mut quiet, mut fallbacks) = (0, 0, 0);
@@ -291,7 +291,7 @@ fn clones_share_the_prompt_and_copy_only_the_tail_page_once() {
     let p = 8;
     // (spec, prompt length): 21 and 29 kept tokens leave a partial tail page
     for (text, prompt_len) in [("full:page=8", 21usize), ("h2o:heavy=20,recent=9,page=8", 45)] {
-        let spec = PolicySpec::parse(text).unwrap();
+        let spec = PolicySpec::parse_and_load(text).unwrap();
         let prompt = &ids[..prompt_len];
         let more: [Vec<u32>; 2] = [ids[prompt_len..prompt_len + 20].to_vec(), ids[50..70].to_vec()];
         let pool = PagePool::new(p, KvDtype::F32, hd);

@@ -62,7 +62,7 @@ fn opts(policy: &str, max_tokens: usize, eos: Vec<u32>) -> GenerateOptions {
     GenerateOptions {
         max_tokens,
         sampling: SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 },
-        policy: PolicySpec::parse(policy).unwrap(),
+        policy: PolicySpec::parse_and_load(policy).unwrap(),
         eos,
     }
 }
@@ -77,7 +77,7 @@ fn forward_sequential_is_bit_identical_to_decode_steps() {
     for spec in
         ["full", "h2o:heavy=4,recent=4", "sink:sink=2,recent=6", &format!("h2o:heavy=4,recent=4+chai:plan={plan}")]
     {
-        let policy = PolicySpec::parse(spec).unwrap();
+        let policy = PolicySpec::parse_and_load(spec).unwrap();
         let mut a = Session::new(m, &policy, 64, prompt.len()).unwrap();
         a.feed(&prompt, Logits::Last).unwrap();
         let mut b_cache = a.cache.clone();

@@ -4,31 +4,16 @@
 //! sequence (`20%`: the prompt for generation, the whole sequence for
 //! teacher forcing and choice scoring). It is resolved to B slots per
 //! (layer, KV head) for each sequence — `B = max(1, ⌊P% · base_len⌋)`, as
-//! [`Budget::resolve`] does — and every family then gets exactly B slots:
-//!
-//! | family | spec for B slots |
-//! |---|---|
-//! | `full` | `full` (the budget is ignored) |
-//! | `window` (`local`) | `window:recent=B` |
-//! | `sink` | `sink:sink=S,recent=B−S`, S = min(4, B−1) (`sink:sink=N` sets the 4) |
-//! | `heavy` | `heavy:heavy=B` |
-//! | `random` | `random:budget=B,recent=⌊B/2⌋` |
-//! | `h2o` | `h2o:heavy=B−⌊B/2⌋,recent=⌊B/2⌋` (half heavy, half recent, as the H2O paper) |
-//!
-//! Because S is absolute while B follows the sequence, a percentage budget
-//! cannot be one fixed spec string: [`BudgetedPolicy::spec_for`] builds it
-//! from the resolved base length, through [`PolicySpec::parse`] so the
-//! grammar stays the one parser. Extra parameters after the family are
-//! passed through (`h2o:agg=max`, `h2o:prefill=stream:16`, `random:seed=3`).
-//!
-//! Head sharing composes: `h2o+chai:plan=FILE` gets the budgeted token
-//! policy plus CHAI (the plan is read once, when the policy is made), and
-//! `chai:plan=FILE` / `chai-static:plan=FILE` alone ignore the budget like
-//! `full`.
+//! [`Budget::resolve`] does — and every family then gets exactly B slots.
+//! The families, what each does with B (`window` → `recent=B`, `sink` → 4
+//! sinks + `recent=B−4`, `h2o` → half heavy, half recent, …) and their
+//! parameters belong to the policy grammar: see
+//! [`kvslim_cache::policy::budget`]. This module pairs a family with a
+//! budget and hands the session the spec for each sequence.
 
 use crate::{EvalError, Result};
-use kvslim_cache::policy::chai::HeadSharingSpec;
-use kvslim_cache::{policy::Budget, PolicySpec};
+use kvslim_cache::policy::{Budget, PolicyFamily};
+use kvslim_cache::PolicySpec;
 
 /// Anything that yields the policy spec for a sequence of `base_len` tokens.
 pub trait PolicySource: Sync {
@@ -43,105 +28,26 @@ impl PolicySource for PolicySpec {
     }
 }
 
-/// A policy family at a budget; see the module docs for the formulas.
+/// A policy family at a budget: one cell of the evaluation matrix.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BudgetedPolicy {
-    /// `full`, `window`, `sink`, `heavy`, `random` or `h2o` (the token
-    /// policy; `full` for CHAI alone).
-    pub family: String,
-    /// Parameters passed through to the spec (`agg=max`).
-    pub extra: Vec<String>,
-    /// Absolute sink slots for `sink` (default 4).
-    pub sink: usize,
+    /// The family, its parameters and head sharing (plan loaded).
+    pub family: PolicyFamily,
     /// `None` for `full` and CHAI alone.
     pub budget: Option<Budget>,
-    /// Head sharing, parsed once, and its text (`chai:plan=…`).
-    pub head: Option<(String, HeadSharingSpec)>,
-}
-
-/// Parses `64` or `20%` (percent in (0, 100]).
-pub fn parse_budget(s: &str) -> std::result::Result<Budget, String> {
-    let s = s.trim();
-    if let Some(p) = s.strip_suffix('%') {
-        let p: f64 = p.trim().parse().map_err(|_| format!("`{s}` is not a percentage"))?;
-        if !(p > 0.0 && p <= 100.0) {
-            return Err(format!("percentage `{s}` must be in (0, 100]"));
-        }
-        Ok(Budget::Percent(p))
-    } else {
-        match s.parse::<usize>() {
-            Ok(0) => Err("a budget needs at least 1 slot".into()),
-            Ok(n) => Ok(Budget::Slots(n)),
-            Err(_) => Err(format!("`{s}` is not a slot count or a percentage like 20%")),
-        }
-    }
 }
 
 impl BudgetedPolicy {
-    /// `family` (optionally with `:k=v,...` extras) at `budget` (`20%`,
-    /// `64`; ignored, and may be anything, for `full`). Checks that the
-    /// result parses, for a long and a short sequence.
+    /// `family` (optionally with `:k=v,...` extras and `+chai:…`) at
+    /// `budget` (`20%`, `64`; ignored, and may be anything, for `full`).
+    /// Reads a CHAI plan here, once, and checks that the result builds for a
+    /// long and a short sequence.
     pub fn new(family: &str, budget: &str) -> Result<Self> {
         let err = |reason: String| EvalError::Budget { family: family.into(), budget: budget.into(), reason };
-        let (token_part, head_text) = match family.trim().split_once('+') {
-            Some((t, h)) => (t.trim(), Some(h.trim())),
-            None => (family.trim(), None),
-        };
-        let head_of = |text: &str| -> Result<(String, HeadSharingSpec)> {
-            let spec = PolicySpec::parse(text)?;
-            match spec.head {
-                Some(h) if spec.token == kvslim_cache::policy::TokenPolicySpec::Full => Ok((text.to_string(), h)),
-                _ => Err(err(format!("`{text}` is not a head policy (chai, chai-static)"))),
-            }
-        };
-        let head_name = token_part.split(':').next().unwrap_or("").trim();
-        if head_name == "chai" || head_name == "chai-static" {
-            if head_text.is_some() {
-                return Err(err("write the token policy first: `h2o+chai:…`".into()));
-            }
-            let head = Some(head_of(token_part)?);
-            return Ok(BudgetedPolicy { family: "full".into(), extra: Vec::new(), sink: 4, budget: None, head });
-        }
-        let head = head_text.map(head_of).transpose()?;
-        let (name, args) = token_part.split_once(':').unwrap_or((token_part, ""));
-        let name = match name.trim() {
-            "local" => "window",
-            n => n,
-        };
-        let mut extra = Vec::new();
-        let mut sink = 4;
-        for a in args.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-            let key = a.split('=').next().unwrap_or("").trim();
-            let owned: &[&str] = match name {
-                "window" => &["recent"],
-                "heavy" => &["heavy"],
-                "random" => &["budget", "recent"],
-                "h2o" => &["heavy", "recent"],
-                "sink" => &["recent"],
-                _ => &[],
-            };
-            if owned.contains(&key) {
-                return Err(err(format!("`{key}` is set by the budget; leave it out of the family")));
-            }
-            if name == "sink" && key == "sink" {
-                sink = a[a.find('=').map_or(a.len(), |i| i + 1)..]
-                    .trim()
-                    .parse()
-                    .map_err(|_| err(format!("`{a}`: sink must be a slot count")))?;
-                continue;
-            }
-            extra.push(a.to_string());
-        }
-        let budget = match name {
-            "full" => None,
-            "window" | "sink" | "heavy" | "random" | "h2o" => Some(parse_budget(budget).map_err(err)?),
-            other => {
-                return Err(err(format!(
-                    "unknown policy family `{other}`; known: full, window, sink, heavy, random, h2o"
-                )))
-            }
-        };
-        let p = BudgetedPolicy { family: name.to_string(), extra, sink, budget, head };
+        let mut f = PolicyFamily::parse(family).map_err(|e| err(e.reason))?;
+        f.load_plans().map_err(|e| err(e.to_string()))?;
+        let budget = f.budget(budget).map_err(err)?;
+        let p = BudgetedPolicy { family: f, budget };
         for n in [1000, 3] {
             p.spec_for(n)?;
         }
@@ -161,51 +67,13 @@ impl BudgetedPolicy {
     /// The family with its extras: `h2o`, `h2o:agg=max`, `h2o+chai:plan=p.json`,
     /// `chai:plan=p.json`.
     pub fn family_label(&self) -> String {
-        let mut extra = self.extra.clone();
-        if self.family == "sink" && self.sink != 4 {
-            extra.insert(0, format!("sink={}", self.sink));
-        }
-        let token = if extra.is_empty() { self.family.clone() } else { format!("{}:{}", self.family, extra.join(",")) };
-        match &self.head {
-            Some((h, _)) if token == "full" => h.clone(),
-            Some((h, _)) => format!("{token}+{h}"),
-            None => token,
-        }
-    }
-
-    /// The spec string for B slots.
-    pub fn spec_string(&self, base_len: usize) -> String {
-        let Some(b) = self.slots(base_len) else {
-            return "full".to_string();
-        };
-        let mut s = match self.family.as_str() {
-            "window" => format!("window:recent={b}"),
-            "sink" => {
-                let s = self.sink.min(b - 1);
-                format!("sink:sink={s},recent={}", b - s)
-            }
-            "heavy" => format!("heavy:heavy={b}"),
-            "random" => format!("random:budget={b},recent={}", b / 2),
-            _ => format!("h2o:heavy={},recent={}", b - b / 2, b / 2),
-        };
-        for e in &self.extra {
-            s.push(',');
-            s.push_str(e);
-        }
-        s
+        self.family.to_string()
     }
 }
 
 impl PolicySource for BudgetedPolicy {
     fn spec_for(&self, base_len: usize) -> Result<PolicySpec> {
-        let token = if self.budget.is_none() && !self.extra.is_empty() {
-            format!("full:{}", self.extra.join(","))
-        } else {
-            self.spec_string(base_len)
-        };
-        let mut spec = PolicySpec::parse(&token)?;
-        spec.head = self.head.as_ref().map(|(_, h)| h.clone());
-        Ok(spec)
+        Ok(self.family.at(self.slots(base_len).unwrap_or(1))?)
     }
 }
 

@@ -23,7 +23,7 @@ fn story_ids(m: &LoadedModel, n: usize) -> Vec<u32> {
 }
 
 fn opts(spec: &str, from: Option<KvDtype>) -> PerplexityOptions {
-    let mut o = PerplexityOptions::new(PolicySpec::parse(spec).unwrap());
+    let mut o = PerplexityOptions::new(PolicySpec::parse_and_load(spec).unwrap());
     o.decisions_from = from;
     o
 }
@@ -64,7 +64,7 @@ fn follower_keeps_the_reference_sets_at_every_step() {
         "h2o:heavy=12,recent=12,prefill=stream:16",
         "h2o:heavy=12,recent=12,page=8,page_score=sum",
     ] {
-        let reference_spec = PolicySpec::parse(spec).unwrap();
+        let reference_spec = PolicySpec::parse_and_load(spec).unwrap();
         let mut quant_spec = reference_spec.clone();
         quant_spec.storage.kv_dtype = KvDtype::Q8;
         let mut reference = Session::new(&m.model, &reference_spec, n, n).unwrap();

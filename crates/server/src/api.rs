@@ -198,7 +198,7 @@ fn submit(
     };
     let mut policy = match &c.kv_policy {
         None => st.default_policy.clone(),
-        Some(p) => PolicySpec::parse_with_page(p, Some(st.scheduler.limits.kv_page_size).filter(|&n| n > 0))
+        Some(p) => PolicySpec::parse_and_load_with_page(p, Some(st.scheduler.limits.kv_page_size).filter(|&n| n > 0))
             .map_err(|e| ApiError::bad(e.to_string(), Some("kv_policy")))?,
     };
     apply_default_page(&mut policy, st.scheduler.limits.kv_page_size);

@@ -53,7 +53,7 @@ fn check_model(m: &LoadedModel, steps: usize) {
     let tok = m.tokenizer.as_ref().expect("tokenizer");
     let model = &m.model;
     let names = policies(m);
-    let specs: Vec<PolicySpec> = names.iter().map(|p| PolicySpec::parse(p).unwrap()).collect();
+    let specs: Vec<PolicySpec> = names.iter().map(|p| PolicySpec::parse_and_load(p).unwrap()).collect();
     let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| tok.encode(p).unwrap()).collect();
     let solo: Vec<Vec<u32>> = (0..8)
         .map(|i| {

@@ -6,18 +6,21 @@
 //! [`SequenceCache`](crate::SequenceCache) calls it; the model never does.
 //! The policy-spec grammar
 //! in [`spec`] is the one parser shared by the CLI, server, evaluation and
-//! config files.
+//! config files; [`budget`] is the same grammar with the budget left open,
+//! so evaluation can give every family the same B slots per sequence.
 
+pub mod budget;
 pub mod chai;
 pub mod follow;
 pub mod sliding;
 pub mod spec;
 pub mod token;
 
+pub use budget::PolicyFamily;
 pub use follow::{FollowDecisions, KeptSets, SharedKeptSets};
 pub use sliding::SlidingWindowLayers;
 pub use spec::{Budget, PolicySpec, PolicySpecError, TokenPolicySpec};
-pub use token::{EvictionEvent, EvictionUnit, PageScore, TokenEviction, VictimRule};
+pub use token::{EvictionConfig, EvictionEvent, EvictionUnit, PageScore, TokenEviction, VictimRule};
 
 use crate::store::HeadSlots;
 

@@ -26,14 +26,25 @@
 //! Every budget is a slot count or `P%` of the evaluated sequence length
 //! (the prompt for generation, the whole sequence for perplexity), turned
 //! into slots once by [`PolicySpec::build`].
+//!
+//! What the grammar knows about each token family sits in one place: its
+//! entry in `FAMILIES` (names, keys, how they are read with their defaults
+//! and checks, and how the family spends a budget of B slots, which
+//! [`super::budget::PolicyFamily`] uses) and its arm of
+//! `TokenPolicySpec::parts` (what `Display` writes and the
+//! [`EvictionConfig`] it builds).
+//!
+//! Parsing never reads a file: a CHAI spec holds its plan's path, and
+//! [`PolicySpec::load_plans`] (or [`PolicySpec::parse_and_load`]) reads it
+//! in one explicit step, so a bad plan is reported once, naming the file,
+//! and never per request or per sequence.
 
-use super::chai::{ChaiPlan, HeadSharingSpec, RepRule};
-use super::token::{EvictionUnit, PageScore, TokenEviction, VictimRule};
+use super::chai::{HeadSharingSpec, PlanError, RepRule};
+use super::token::{EvictionConfig, EvictionUnit, PageScore, TokenEviction, VictimRule};
 use super::{CachePolicy, FullCache, ScoreAgg};
 use crate::store::StoreLayout;
 use kvslim_kernels::kvquant::KvDtype;
 use std::fmt;
-use std::sync::Arc;
 
 /// A budget: absolute slots or a fraction of the evaluated sequence length.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -53,7 +64,17 @@ impl Budget {
         }
     }
 
-    fn parse(v: &str) -> Result<Budget, String> {
+    fn is_zero(self) -> bool {
+        self == Budget::Slots(0)
+    }
+}
+
+impl std::str::FromStr for Budget {
+    type Err = String;
+    /// `64` or `20%` (percent in (0, 100]); `0` is a valid slot count here
+    /// (a part of a policy may be empty; the policy checks its total).
+    fn from_str(v: &str) -> Result<Budget, String> {
+        let v = v.trim();
         if let Some(p) = v.strip_suffix('%') {
             let p: f64 = p.trim().parse().map_err(|_| format!("`{v}` is not a percentage"))?;
             if !(p > 0.0 && p <= 100.0) {
@@ -61,15 +82,8 @@ impl Budget {
             }
             Ok(Budget::Percent(p))
         } else {
-            v.trim()
-                .parse()
-                .map(Budget::Slots)
-                .map_err(|_| format!("`{v}` is not a slot count or a percentage like 10%"))
+            v.parse().map(Budget::Slots).map_err(|_| format!("`{v}` is not a slot count or a percentage like 10%"))
         }
-    }
-
-    fn is_zero(self) -> bool {
-        self == Budget::Slots(0)
     }
 }
 
@@ -173,6 +187,295 @@ impl fmt::Display for StorageSpec {
     }
 }
 
+/// A budget of B slots handed to a family's reader instead of its budget
+/// keys (a budget family, see [`super::budget::PolicyFamily`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Spend {
+    /// B, at least 1.
+    pub b: usize,
+    /// The family's absolute slot count that does not follow B (`sink`'s
+    /// S, see [`Family::fixed`]); unused by other families.
+    pub fixed: usize,
+}
+
+/// Everything the grammar knows about one token family, so a new family is
+/// one entry here, one variant of [`TokenPolicySpec`] and one arm of
+/// `TokenPolicySpec::parts`.
+#[derive(Debug)]
+pub(super) struct Family {
+    /// The name `Display` writes, then accepted aliases.
+    pub names: &'static [&'static str],
+    /// The family's own keys (storage keys come on top).
+    keys: &'static [&'static str],
+    /// The keys a budget family fills from B (so they must not be written).
+    pub budget_keys: &'static [&'static str],
+    /// A key only a budget family takes: an absolute slot count that stays
+    /// put while B follows the sequence, and its default (`sink`: S = 4).
+    pub fixed: Option<(&'static str, usize)>,
+    /// False for `full`: no eviction, so no `compact` or `page_score`.
+    evicts: bool,
+    /// Every slot but the token leaving the window is protected, so page
+    /// eviction would have no page to pick.
+    protects_all: bool,
+    /// Reads the family's keys, their defaults and checks. With a
+    /// [`Spend`], the budget keys are not read but are B's split: the one
+    /// place the family's budget substitution is written.
+    read: fn(&mut Params<'_>, Option<Spend>) -> Result<TokenPolicySpec, String>,
+}
+
+/// The token families, in the order error messages list them.
+pub(super) static FAMILIES: &[Family] = &[
+    Family {
+        names: &["full"],
+        keys: &[],
+        budget_keys: &[],
+        fixed: None,
+        evicts: false,
+        protects_all: false,
+        read: |_, _| Ok(TokenPolicySpec::Full),
+    },
+    Family {
+        names: &["window", "local"],
+        keys: &["recent"],
+        budget_keys: &["recent"],
+        fixed: None,
+        evicts: true,
+        protects_all: true,
+        read: |p, at| Ok(TokenPolicySpec::Window { recent: p.all_of_b("recent", at, "window needs recent ≥ 1")? }),
+    },
+    Family {
+        names: &["sink"],
+        keys: &["sink", "recent"],
+        budget_keys: &["recent"],
+        fixed: Some(("sink", 4)),
+        evicts: true,
+        protects_all: true,
+        read: |p, at| {
+            // S sinks (at most B − 1, so the new token has a place), the rest recent
+            let split = at.map(|a| (a.fixed.min(a.b - 1), a.b - a.fixed.min(a.b - 1)));
+            let sink = p.budget_or("sink", split.map(|s| s.0))?;
+            let recent = p.budget_or("recent", split.map(|s| s.1))?;
+            nonzero(recent, "sink needs recent ≥ 1 (the new token must have a place)")?;
+            Ok(TokenPolicySpec::Sink { sink, recent })
+        },
+    },
+    Family {
+        names: &["heavy"],
+        keys: &["heavy"],
+        budget_keys: &["heavy"],
+        fixed: None,
+        evicts: true,
+        protects_all: false,
+        read: |p, at| Ok(TokenPolicySpec::Heavy { heavy: p.all_of_b("heavy", at, "heavy needs heavy ≥ 1")? }),
+    },
+    Family {
+        names: &["random"],
+        keys: &["budget", "recent", "seed"],
+        budget_keys: &["budget", "recent"],
+        fixed: None,
+        evicts: true,
+        protects_all: false,
+        read: |p, at| {
+            let budget = p.all_of_b("budget", at, "random needs budget ≥ 1")?;
+            let recent = match at {
+                Some(a) => Budget::Slots(a.b / 2),
+                None => p.budget("recent")?.unwrap_or(Budget::Slots(0)),
+            };
+            let seed = match p.take("seed") {
+                Some(s) => s.parse().map_err(|_| format!("seed: `{s}` is not an unsigned integer"))?,
+                None => 0,
+            };
+            if let (Budget::Slots(b), Budget::Slots(r)) = (budget, recent) {
+                if r >= b {
+                    return Err(format!("random: recent ({r}) must be smaller than budget ({b})"));
+                }
+            }
+            Ok(TokenPolicySpec::Random { budget, recent, seed })
+        },
+    },
+    Family {
+        names: &["h2o"],
+        keys: &["heavy", "recent", "agg", "prefill"],
+        budget_keys: &["heavy", "recent"],
+        fixed: None,
+        evicts: true,
+        protects_all: false,
+        read: |p, at| {
+            // half heavy, half recent, as the H2O paper
+            let heavy = p.budget_or("heavy", at.map(|a| a.b - a.b / 2))?;
+            let recent = p.budget_or("recent", at.map(|a| a.b / 2))?;
+            let agg = match p.take("agg") {
+                None | Some("sum") => ScoreAgg::Sum,
+                Some("max") => ScoreAgg::Max,
+                Some(o) => return Err(format!("agg: `{o}` is not `sum` or `max`")),
+            };
+            let prefill = match p.take("prefill") {
+                None | Some("full") => PrefillMode::Full,
+                Some(s) => match s.strip_prefix("stream:").map(str::parse::<usize>) {
+                    Some(Ok(c)) if c > 0 => PrefillMode::Stream(c),
+                    _ => return Err(format!("prefill: `{s}` is not `full` or `stream:C` with C ≥ 1")),
+                },
+            };
+            if heavy.is_zero() && recent.is_zero() {
+                return Err("h2o needs heavy + recent ≥ 1".into());
+            }
+            Ok(TokenPolicySpec::H2o { heavy, recent, agg, prefill })
+        },
+    },
+];
+
+fn nonzero(b: Budget, why: &str) -> Result<(), String> {
+    if b.is_zero() {
+        Err(why.to_string())
+    } else {
+        Ok(())
+    }
+}
+
+const HEAD_POLICIES: &str = "chai, chai-static";
+const STORAGE_KEYS: [&str; 4] = ["page", "compact", "page_score", "kv_dtype"];
+
+impl Family {
+    /// The family called `name` (or an alias); the error lists the known ones.
+    pub(super) fn named(name: &str) -> Result<&'static Family, String> {
+        let known = || FAMILIES.iter().map(|f| f.names[0]).chain([HEAD_POLICIES]).collect::<Vec<_>>().join(", ");
+        match name {
+            "" => Err(format!("empty policy name; known policies: {}", known())),
+            _ => FAMILIES
+                .iter()
+                .find(|f| f.names.contains(&name))
+                .ok_or_else(|| format!("unknown policy `{name}`; known policies: {}", known())),
+        }
+    }
+
+    /// Reads a token policy from its parameters (`at`: a budget family
+    /// spending B slots): storage keys, then the family's own keys.
+    pub(super) fn spec(
+        &self,
+        p: &mut Params<'_>,
+        at: Option<Spend>,
+        default_page: Option<usize>,
+    ) -> Result<(TokenPolicySpec, StorageSpec), String> {
+        let storage = StorageSpec::take(p, self.evicts, default_page)?;
+        if storage.page_score.is_some() && self.protects_all {
+            return Err(format!(
+                "`{}` protects every slot but the token leaving the window, so there is no page to evict: \
+                 page_score needs heavy-hitter slots (h2o, heavy, random)",
+                p.policy
+            ));
+        }
+        if let Some((k, _)) = p.pairs.iter().find(|(k, _)| !self.keys.contains(k)) {
+            let allowed = match self.evicts {
+                true => self.keys.iter().chain(&STORAGE_KEYS).copied().collect::<Vec<_>>().join(", "),
+                false => "page, kv_dtype".to_string(),
+            };
+            return Err(format!("unknown parameter `{k}` for `{}` (allowed: {allowed})", p.policy));
+        }
+        Ok(((self.read)(p, at)?, storage))
+    }
+}
+
+/// This token policy in the terms every family shares.
+struct Parts {
+    /// The family's name as `Display` writes it (and reports show).
+    name: &'static str,
+    /// The parameters `Display` writes, in order (defaults left out where
+    /// the grammar always did).
+    shown: Vec<(&'static str, String)>,
+    /// The eviction it builds, budgets unresolved; `None` keeps everything.
+    evict: Option<Evict>,
+}
+
+/// An [`EvictionConfig`] whose budgets are still slot counts or
+/// percentages, resolved against the base length in [`Evict::resolve`].
+struct Evict {
+    /// B is the sum of these.
+    total: Vec<Budget>,
+    recent: Budget,
+    sinks: Budget,
+    rule: VictimRule,
+    agg: Option<ScoreAgg>,
+    prefill: PrefillMode,
+}
+
+impl Evict {
+    /// B = Σ `total`, victims by `rule`, nothing protected, no scores, one
+    /// prefill chunk; a family's arm overrides the rest.
+    fn new(rule: VictimRule, total: Vec<Budget>) -> Self {
+        let zero = Budget::Slots(0);
+        Evict { total, recent: zero, sinks: zero, rule, agg: None, prefill: PrefillMode::Full }
+    }
+
+    fn resolve(&self, name: &'static str, base_len: usize) -> EvictionConfig {
+        let r = |b: Budget| b.resolve(base_len);
+        let budget: usize = self.total.iter().map(|&b| r(b)).sum();
+        let recent = match self.rule {
+            // a random victim must always exist: the window stays below B
+            VictimRule::Random { .. } => r(self.recent).min(budget.saturating_sub(1)),
+            _ => r(self.recent),
+        };
+        EvictionConfig {
+            name,
+            budget,
+            recent,
+            sinks: r(self.sinks),
+            rule: self.rule,
+            agg: self.agg,
+            prefill_chunk: match self.prefill {
+                PrefillMode::Full => None,
+                PrefillMode::Stream(c) => Some(c),
+            },
+        }
+    }
+}
+
+impl TokenPolicySpec {
+    /// The one per-variant description: what `Display` writes and what
+    /// `build` and `budget` resolve.
+    fn parts(&self) -> Parts {
+        use TokenPolicySpec::*;
+        use VictimRule::{LowestScore, Oldest};
+        let (name, shown, evict) = match *self {
+            Full => ("full", vec![], None),
+            Window { recent } => (
+                "window",
+                vec![("recent", recent.to_string())],
+                Some(Evict { recent, ..Evict::new(Oldest, vec![recent]) }),
+            ),
+            Sink { sink, recent } => (
+                "sink",
+                vec![("sink", sink.to_string()), ("recent", recent.to_string())],
+                Some(Evict { recent, sinks: sink, ..Evict::new(Oldest, vec![sink, recent]) }),
+            ),
+            Heavy { heavy } => (
+                "heavy",
+                vec![("heavy", heavy.to_string())],
+                Some(Evict { agg: Some(ScoreAgg::Sum), ..Evict::new(LowestScore, vec![heavy]) }),
+            ),
+            Random { budget, recent, seed } => (
+                "random",
+                vec![("budget", budget.to_string()), ("recent", recent.to_string()), ("seed", seed.to_string())],
+                Some(Evict { recent, ..Evict::new(VictimRule::Random { seed }, vec![budget]) }),
+            ),
+            H2o { heavy, recent, agg, prefill } => {
+                let mut shown = vec![("heavy", heavy.to_string()), ("recent", recent.to_string())];
+                if agg == ScoreAgg::Max {
+                    shown.push(("agg", "max".into()));
+                }
+                if let PrefillMode::Stream(c) = prefill {
+                    shown.push(("prefill", format!("stream:{c}")));
+                }
+                (
+                    "h2o",
+                    shown,
+                    Some(Evict { recent, agg: Some(agg), prefill, ..Evict::new(LowestScore, vec![heavy, recent]) }),
+                )
+            }
+        };
+        Parts { name, shown, evict }
+    }
+}
+
 /// A parsed policy specification: token eviction, optionally composed with
 /// CHAI head sharing, and how the K/V are stored.
 #[derive(Clone, Debug, PartialEq)]
@@ -182,7 +485,8 @@ pub struct PolicySpec {
     pub storage: StorageSpec,
 }
 
-/// A policy string that could not be parsed; the message names the problem.
+/// A policy string that could not be parsed (or whose plan could not be
+/// loaded); the message names the problem.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid policy spec '{spec}': {reason}")]
 pub struct PolicySpecError {
@@ -190,10 +494,9 @@ pub struct PolicySpecError {
     pub reason: String,
 }
 
-const KNOWN: &str = "full, window, sink, heavy, random, h2o, chai, chai-static";
-
-/// Parses `chai:…` / `chai-static:…`; `None` when `text` is not a head policy.
-fn parse_head_policy(text: &str) -> Option<Result<HeadSharingSpec, String>> {
+/// Parses `chai:…` / `chai-static:…`; `None` when `text` is not a head
+/// policy. Reads no file: the plan stays a path until loaded.
+pub(super) fn parse_head_policy(text: &str) -> Option<Result<HeadSharingSpec, String>> {
     let (name, args) = text.split_once(':').unwrap_or((text, ""));
     let fixed = match name.trim() {
         "chai" => false,
@@ -218,22 +521,28 @@ fn parse_head_policy(text: &str) -> Option<Result<HeadSharingSpec, String>> {
             Some(v) => v.parse().map_err(|_| format!("rep: `{v}` is not `first` or `medoid`"))?,
         };
         p.finish(if fixed { "plan" } else { "plan, probe, rep" })?;
-        let plan = ChaiPlan::load(std::path::Path::new(path)).map_err(|e| e.to_string())?;
-        Ok(HeadSharingSpec { plan_path: path.to_string(), plan: Arc::new(plan), probe, rep, fixed })
+        Ok(HeadSharingSpec { plan_path: path.to_string(), plan: None, probe, rep, fixed })
     })())
 }
 
 /// `k=v` pairs of one policy, consumed as they are read so leftovers can be
 /// reported as unknown parameters.
-struct Params<'a> {
-    policy: &'a str,
+pub(super) struct Params<'a> {
+    /// The policy's name as written, for messages.
+    pub policy: &'a str,
     pairs: Vec<(&'a str, &'a str)>,
 }
 
 impl<'a> Params<'a> {
-    fn parse(policy: &'a str, args: &'a str) -> Result<Self, String> {
+    /// Splits `k=v,k=v` (empty parts skipped).
+    pub(super) fn parse(policy: &'a str, args: &'a str) -> Result<Self, String> {
+        Self::from_parts(policy, args.split(',').map(str::trim).filter(|p| !p.is_empty()))
+    }
+
+    /// From `k=v` parts already split; a key may appear once.
+    pub(super) fn from_parts(policy: &'a str, parts: impl Iterator<Item = &'a str>) -> Result<Self, String> {
         let mut pairs: Vec<(&str, &str)> = Vec::new();
-        for part in args.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        for part in parts {
             let (k, v) = part.split_once('=').ok_or_else(|| format!("`{part}` is not key=value"))?;
             let (k, v) = (k.trim(), v.trim());
             if pairs.iter().any(|(pk, _)| *pk == k) {
@@ -244,17 +553,30 @@ impl<'a> Params<'a> {
         Ok(Params { policy, pairs })
     }
 
-    fn take(&mut self, key: &str) -> Option<&'a str> {
+    pub(super) fn take(&mut self, key: &str) -> Option<&'a str> {
         let i = self.pairs.iter().position(|(k, _)| *k == key)?;
         Some(self.pairs.remove(i).1)
     }
 
     fn budget(&mut self, key: &str) -> Result<Option<Budget>, String> {
-        self.take(key).map(|v| Budget::parse(v).map_err(|e| format!("{key}: {e}"))).transpose()
+        self.take(key).map(|v| v.parse::<Budget>().map_err(|e| format!("{key}: {e}"))).transpose()
     }
 
-    fn required_budget(&mut self, key: &str) -> Result<Budget, String> {
-        self.budget(key)?.ok_or_else(|| format!("`{}` needs `{key}=`", self.policy))
+    /// The required budget key `key`, or `share` slots of a budget family's
+    /// B (then the key is not read).
+    fn budget_or(&mut self, key: &str, share: Option<usize>) -> Result<Budget, String> {
+        match share {
+            Some(n) => Ok(Budget::Slots(n)),
+            None => self.budget(key)?.ok_or_else(|| format!("`{}` needs `{key}=`", self.policy)),
+        }
+    }
+
+    /// The one budget key of a family that B fills whole (`window`'s
+    /// recent, `heavy`, `random`'s budget), at least one slot (`why`).
+    fn all_of_b(&mut self, key: &str, at: Option<Spend>, why: &str) -> Result<Budget, String> {
+        let b = self.budget_or(key, at.map(|a| a.b))?;
+        nonzero(b, why)?;
+        Ok(b)
     }
 
     fn finish(self, allowed: &str) -> Result<(), String> {
@@ -269,87 +591,7 @@ fn parse_token_policy(text: &str, default_page: Option<usize>) -> Result<(TokenP
     let (name, args) = text.split_once(':').unwrap_or((text, ""));
     let name = name.trim();
     let mut p = Params::parse(name, args)?;
-    let storage = StorageSpec::take(&mut p, name != "full", default_page)?;
-    if storage.page_score.is_some() && matches!(name, "window" | "local" | "sink") {
-        return Err(format!(
-            "`{name}` protects every slot but the token leaving the window, so there is no page to evict: \
-             page_score needs heavy-hitter slots (h2o, heavy, random)"
-        ));
-    }
-    const STORAGE_KEYS: &str = "page, compact, page_score, kv_dtype";
-    let spec = match name {
-        "full" => {
-            p.finish("page, kv_dtype")?;
-            TokenPolicySpec::Full
-        }
-        "window" | "local" => {
-            let recent = p.required_budget("recent")?;
-            p.finish(&format!("{}, {STORAGE_KEYS}", "recent"))?;
-            if recent.is_zero() {
-                return Err("window needs recent ≥ 1".into());
-            }
-            TokenPolicySpec::Window { recent }
-        }
-        "sink" => {
-            let sink = p.required_budget("sink")?;
-            let recent = p.required_budget("recent")?;
-            p.finish(&format!("{}, {STORAGE_KEYS}", "sink, recent"))?;
-            if recent.is_zero() {
-                return Err("sink needs recent ≥ 1 (the new token must have a place)".into());
-            }
-            TokenPolicySpec::Sink { sink, recent }
-        }
-        "heavy" => {
-            let heavy = p.required_budget("heavy")?;
-            p.finish(&format!("{}, {STORAGE_KEYS}", "heavy"))?;
-            if heavy.is_zero() {
-                return Err("heavy needs heavy ≥ 1".into());
-            }
-            TokenPolicySpec::Heavy { heavy }
-        }
-        "random" => {
-            let budget = p.required_budget("budget")?;
-            let recent = p.budget("recent")?.unwrap_or(Budget::Slots(0));
-            let seed = match p.take("seed") {
-                Some(s) => s.parse().map_err(|_| format!("seed: `{s}` is not an unsigned integer"))?,
-                None => 0,
-            };
-            p.finish(&format!("{}, {STORAGE_KEYS}", "budget, recent, seed"))?;
-            if budget.is_zero() {
-                return Err("random needs budget ≥ 1".into());
-            }
-            if let (Budget::Slots(b), Budget::Slots(r)) = (budget, recent) {
-                if r >= b {
-                    return Err(format!("random: recent ({r}) must be smaller than budget ({b})"));
-                }
-            }
-            TokenPolicySpec::Random { budget, recent, seed }
-        }
-        "h2o" => {
-            let heavy = p.required_budget("heavy")?;
-            let recent = p.required_budget("recent")?;
-            let agg = match p.take("agg") {
-                None | Some("sum") => ScoreAgg::Sum,
-                Some("max") => ScoreAgg::Max,
-                Some(o) => return Err(format!("agg: `{o}` is not `sum` or `max`")),
-            };
-            let prefill = match p.take("prefill") {
-                None | Some("full") => PrefillMode::Full,
-                Some(s) => match s.strip_prefix("stream:").map(str::parse::<usize>) {
-                    Some(Ok(c)) if c > 0 => PrefillMode::Stream(c),
-                    _ => return Err(format!("prefill: `{s}` is not `full` or `stream:C` with C ≥ 1")),
-                },
-            };
-            p.finish(&format!("{}, {STORAGE_KEYS}", "heavy, recent, agg, prefill"))?;
-            if heavy.is_zero() && recent.is_zero() {
-                return Err("h2o needs heavy + recent ≥ 1".into());
-            }
-            TokenPolicySpec::H2o { heavy, recent, agg, prefill }
-        }
-        "" => return Err(format!("empty policy name; known policies: {KNOWN}")),
-        other => return Err(format!("unknown policy `{other}`; known policies: {KNOWN}")),
-    };
-    Ok((spec, storage))
+    Family::named(name)?.spec(&mut p, None, default_page)
 }
 
 impl PolicySpec {
@@ -358,7 +600,8 @@ impl PolicySpec {
         PolicySpec { token: TokenPolicySpec::Full, head: None, storage: StorageSpec::default() }
     }
 
-    /// Parses the grammar above.
+    /// Parses the grammar above. Pure: a CHAI plan is only named here;
+    /// call [`PolicySpec::load_plans`] before building a cache.
     pub fn parse(spec: &str) -> Result<Self, PolicySpecError> {
         Self::parse_with_page(spec, None)
     }
@@ -392,59 +635,46 @@ impl PolicySpec {
         Ok(PolicySpec { token, head, storage })
     }
 
+    /// The loading step parsing leaves out: reads the CHAI plan a head
+    /// policy names (nothing for a token policy alone; a loaded plan is not
+    /// read again). The error names the file.
+    pub fn load_plans(&mut self) -> Result<(), PlanError> {
+        match &mut self.head {
+            Some(h) => h.load_plan(),
+            None => Ok(()),
+        }
+    }
+
+    /// [`PolicySpec::parse`] then [`PolicySpec::load_plans`]: a spec from
+    /// user input, ready to build caches (the CLI's `--policy`).
+    pub fn parse_and_load(spec: &str) -> Result<Self, PolicySpecError> {
+        Self::parse_and_load_with_page(spec, None)
+    }
+
+    /// [`PolicySpec::parse_with_page`] then [`PolicySpec::load_plans`] (a
+    /// server request's `kv_policy`); errors quote `spec` and the file.
+    pub fn parse_and_load_with_page(spec: &str, default_page: Option<usize>) -> Result<Self, PolicySpecError> {
+        let mut p = Self::parse_with_page(spec, default_page)?;
+        p.load_plans().map_err(|e| PolicySpecError { spec: spec.to_string(), reason: e.to_string() })?;
+        Ok(p)
+    }
+
     /// Total slot budget B for a sequence of `base_len` tokens (`None` for full).
     pub fn budget(&self, base_len: usize) -> Option<usize> {
-        use TokenPolicySpec::*;
-        Some(match self.token {
-            Full => return None,
-            Window { recent } => recent.resolve(base_len),
-            Sink { sink, recent } => sink.resolve(base_len) + recent.resolve(base_len),
-            Heavy { heavy } => heavy.resolve(base_len),
-            Random { budget, .. } => budget.resolve(base_len),
-            H2o { heavy, recent, .. } => heavy.resolve(base_len) + recent.resolve(base_len),
-        })
+        let Parts { name, evict, .. } = self.token.parts();
+        evict.map(|e| e.resolve(name, base_len).budget)
     }
 
     /// Instantiates the per-sequence policy state; percentages are resolved
     /// against `base_len` here, once.
     pub fn build(&self, base_len: usize) -> Box<dyn CachePolicy> {
-        use TokenPolicySpec::*;
-        let r = |b: Budget| b.resolve(base_len);
-        let unit = self.storage.page_score.map_or(EvictionUnit::Token, EvictionUnit::Page);
-        let token = |t: TokenEviction| -> Box<dyn CachePolicy> { Box::new(t.with_unit(unit)) };
-        match self.token {
-            Full => Box::new(FullCache),
-            Window { recent } => {
-                token(TokenEviction::new("window", r(recent), r(recent), 0, VictimRule::Oldest, None, None))
+        let Parts { name, evict, .. } = self.token.parts();
+        match evict {
+            None => Box::new(FullCache),
+            Some(e) => {
+                let unit = self.storage.page_score.map_or(EvictionUnit::Token, EvictionUnit::Page);
+                Box::new(TokenEviction::new(e.resolve(name, base_len)).with_unit(unit))
             }
-            Sink { sink, recent } => token(TokenEviction::new(
-                "sink",
-                r(sink) + r(recent),
-                r(recent),
-                r(sink),
-                VictimRule::Oldest,
-                None,
-                None,
-            )),
-            Heavy { heavy } => {
-                token(TokenEviction::new("heavy", r(heavy), 0, 0, VictimRule::LowestScore, Some(ScoreAgg::Sum), None))
-            }
-            Random { budget, recent, seed } => {
-                let (b, rr) = (r(budget), r(recent).min(r(budget).saturating_sub(1)));
-                token(TokenEviction::new("random", b, rr, 0, VictimRule::Random { seed }, None, None))
-            }
-            H2o { heavy, recent, agg, prefill } => token(TokenEviction::new(
-                "h2o",
-                r(heavy) + r(recent),
-                r(recent),
-                0,
-                VictimRule::LowestScore,
-                Some(agg),
-                match prefill {
-                    PrefillMode::Full => None,
-                    PrefillMode::Stream(c) => Some(c),
-                },
-            )),
         }
     }
 }
@@ -484,24 +714,12 @@ impl fmt::Display for PolicySpec {
 
 impl fmt::Display for TokenPolicySpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use TokenPolicySpec::*;
-        match self {
-            Full => f.write_str("full"),
-            Window { recent } => write!(f, "window:recent={recent}"),
-            Sink { sink, recent } => write!(f, "sink:sink={sink},recent={recent}"),
-            Heavy { heavy } => write!(f, "heavy:heavy={heavy}"),
-            Random { budget, recent, seed } => write!(f, "random:budget={budget},recent={recent},seed={seed}"),
-            H2o { heavy, recent, agg, prefill } => {
-                write!(f, "h2o:heavy={heavy},recent={recent}")?;
-                if *agg == ScoreAgg::Max {
-                    f.write_str(",agg=max")?;
-                }
-                if let PrefillMode::Stream(c) = prefill {
-                    write!(f, ",prefill=stream:{c}")?;
-                }
-                Ok(())
-            }
+        let Parts { name, shown, .. } = self.parts();
+        f.write_str(name)?;
+        for (i, (k, v)) in shown.iter().enumerate() {
+            write!(f, "{}{k}={v}", if i == 0 { ':' } else { ',' })?;
         }
+        Ok(())
     }
 }
 
@@ -555,7 +773,6 @@ mod tests {
             ("", "empty policy name"),
             ("h2o:heavy=1,recent=1+foo", "only a head policy"),
             ("chai:probe=5", "needs `plan=FILE`"),
-            ("chai:plan=/no/such/plan.json", "/no/such/plan.json"),
             ("chai-static:plan=x.json,probe=5", "no probe"),
             ("h2o:heavy=1,recent=1,compact=8", "need a paged store"),
             ("h2o:heavy=1,recent=1,page=0", "page: `0`"),
@@ -570,6 +787,46 @@ mod tests {
             let e = PolicySpec::parse(spec).unwrap_err().to_string();
             assert!(e.contains(want), "{spec:?}: {e}");
         }
+    }
+
+    #[test]
+    fn parsing_reads_no_file_and_loading_names_it() {
+        let text = "h2o:heavy=1,recent=1+chai:plan=/no/such/plan.json";
+        let mut p = PolicySpec::parse(text).unwrap();
+        assert!(p.head.as_ref().is_some_and(|h| h.plan.is_none()));
+        assert_eq!(PolicySpec::parse(&p.to_string()).unwrap(), p, "round-trips unloaded");
+        let e = p.load_plans().unwrap_err().to_string();
+        assert!(e.contains("/no/such/plan.json"), "{e}");
+        let e = PolicySpec::parse_and_load(text).unwrap_err().to_string();
+        assert!(e.contains(text) && e.contains("cannot read"), "{e}");
+        // a spec that skipped loading is refused where a cache would use it
+        let h = PolicySpec::parse("chai:plan=/no/such/plan.json").unwrap().head.unwrap();
+        let e = crate::policy::chai::HeadSharing::new(h, 2, 4, 2).err().unwrap();
+        assert!(e.contains("/no/such/plan.json") && e.contains("not loaded"), "{e}");
+        // a bad plan file is named too
+        let bad = std::env::temp_dir().join(format!("kvslim-spec-bad-plan-{}.json", std::process::id()));
+        std::fs::write(&bad, "{not json").unwrap();
+        let e = PolicySpec::parse_and_load(&format!("chai-static:plan={}", bad.display())).unwrap_err().to_string();
+        assert!(e.contains(&bad.display().to_string()) && e.contains("invalid JSON"), "{e}");
+        std::fs::remove_file(&bad).unwrap();
+    }
+
+    #[test]
+    fn eviction_configs_are_what_each_family_means() {
+        let cfg = |s: &str| {
+            let t = PolicySpec::parse(s).unwrap().token;
+            let Parts { name, evict, .. } = t.parts();
+            evict.map(|e| e.resolve(name, 1000))
+        };
+        assert_eq!(cfg("full"), None);
+        let c = cfg("sink:sink=4,recent=60").unwrap();
+        assert_eq!((c.name, c.budget, c.recent, c.sinks, c.rule), ("sink", 64, 60, 4, VictimRule::Oldest));
+        let c = cfg("random:budget=8,recent=50%,seed=3").unwrap();
+        assert_eq!((c.budget, c.recent, c.rule), (8, 7, VictimRule::Random { seed: 3 }), "B_r < B");
+        let c = cfg("h2o:heavy=10%,recent=5,agg=max,prefill=stream:16").unwrap();
+        assert_eq!((c.budget, c.recent, c.agg, c.prefill_chunk), (105, 5, Some(ScoreAgg::Max), Some(16)));
+        let c = cfg("heavy:heavy=32").unwrap();
+        assert_eq!((c.budget, c.recent, c.rule, c.agg), (32, 0, VictimRule::LowestScore, Some(ScoreAgg::Sum)));
     }
 
     #[test]

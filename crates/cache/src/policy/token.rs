@@ -127,18 +127,32 @@ pub fn head_rng_seed(seed: u64, layer: usize, kv_head: usize) -> u64 {
     SplitMix64::new(seed ^ ((layer as u64) << 32 | kv_head as u64).wrapping_mul(0xd6e8_feb8_6659_fd93)).next_u64()
 }
 
+/// What a token-eviction policy keeps, in resolved slots: the one argument
+/// of [`TokenEviction::new`]. Named fields, because four of them are slot
+/// counts or options that a positional call would let one swap silently.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EvictionConfig {
+    /// Short name for reports (`h2o`, `window`, …).
+    pub name: &'static str,
+    /// B: total slots per (layer, KV head), at least 1.
+    pub budget: usize,
+    /// B_r: the most recent positions are protected (capped at `budget`).
+    pub recent: usize,
+    /// Positions below this are protected (StreamingLLM sinks).
+    pub sinks: usize,
+    /// How the victim is chosen among unprotected slots.
+    pub rule: VictimRule,
+    /// Score aggregation when the rule reads attention; `None` lets the
+    /// forward pass skip handing probabilities over.
+    pub agg: Option<ScoreAgg>,
+    /// Streaming prefill in chunks of this many tokens (`None`: one chunk).
+    pub prefill_chunk: Option<usize>,
+}
+
 impl TokenEviction {
-    /// `budget` = B total slots, `recent` = B_r protected most recent
-    /// positions, `sinks` = positions below this are protected.
-    pub fn new(
-        name: &'static str,
-        budget: usize,
-        recent: usize,
-        sinks: usize,
-        rule: VictimRule,
-        agg: Option<ScoreAgg>,
-        prefill_chunk: Option<usize>,
-    ) -> Self {
+    /// A policy keeping what `config` says; see [`EvictionConfig`].
+    pub fn new(config: EvictionConfig) -> Self {
+        let EvictionConfig { name, budget, recent, sinks, rule, agg, prefill_chunk } = config;
         assert!(budget >= 1, "budget must be at least one slot");
         TokenEviction {
             name,
@@ -418,7 +432,15 @@ mod tests {
     /// SPEC §1 worked example: B = 6 (3 heavy + 3 recent).
     #[test]
     fn spec_worked_example() {
-        let mut h2o = TokenEviction::new("h2o", 6, 3, 0, VictimRule::LowestScore, Some(ScoreAgg::Sum), None);
+        let mut h2o = TokenEviction::new(EvictionConfig {
+            name: "h2o",
+            budget: 6,
+            recent: 3,
+            sinks: 0,
+            rule: VictimRule::LowestScore,
+            agg: Some(ScoreAgg::Sum),
+            prefill_chunk: None,
+        });
         let mut slots = HeadSlots::new(1, 7);
         for (p, s) in [(1, 2.4), (3, 1.7), (5, 1.2), (8, 0.3), (9, 0.2), (10, 0.0)] {
             let i = slots.push(p, &[0.0], &[0.0]).unwrap();
@@ -447,7 +469,15 @@ mod tests {
 
     #[test]
     fn ties_evict_the_smaller_position() {
-        let mut h2o = TokenEviction::new("h2o", 2, 1, 0, VictimRule::LowestScore, Some(ScoreAgg::Sum), None);
+        let mut h2o = TokenEviction::new(EvictionConfig {
+            name: "h2o",
+            budget: 2,
+            recent: 1,
+            sinks: 0,
+            rule: VictimRule::LowestScore,
+            agg: Some(ScoreAgg::Sum),
+            prefill_chunk: None,
+        });
         let mut slots = HeadSlots::new(1, 3);
         for p in [4, 2, 7] {
             slots.push(p, &[0.0], &[0.0]).unwrap();
@@ -460,7 +490,15 @@ mod tests {
 
     #[test]
     fn sink_keeps_first_positions_and_window() {
-        let mut sink = TokenEviction::new("sink", 4, 2, 2, VictimRule::Oldest, None, None);
+        let mut sink = TokenEviction::new(EvictionConfig {
+            name: "sink",
+            budget: 4,
+            recent: 2,
+            sinks: 2,
+            rule: VictimRule::Oldest,
+            agg: None,
+            prefill_chunk: None,
+        });
         let mut slots = HeadSlots::new(1, 5);
         for t in 0..20u32 {
             slots.push(t, &[0.0], &[0.0]).unwrap();

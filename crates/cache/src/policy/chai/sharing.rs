@@ -7,7 +7,7 @@
 //! representative), so the forward pass has one code path.
 
 use super::online::{cluster_heads, probe_feature_len, HeadClusters};
-use super::plan::ChaiPlan;
+use super::plan::{ChaiPlan, PlanError};
 use super::RepRule;
 use crate::store::KvStore;
 use std::sync::Arc;
@@ -16,12 +16,35 @@ use std::sync::Arc;
 #[derive(Clone, Debug)]
 pub struct HeadSharingSpec {
     pub plan_path: String,
-    pub plan: Arc<ChaiPlan>,
+    /// The plan once [`HeadSharingSpec::load_plan`] has read `plan_path`.
+    /// `None` as parsed: parsing a policy string never touches the file
+    /// system, so a spec can be checked, printed and passed around before
+    /// (or without) the plan existing.
+    pub plan: Option<Arc<ChaiPlan>>,
     /// Tokens run dense before clustering (online CHAI).
     pub probe: usize,
     pub rep: RepRule,
     /// `chai-static`: membership fixed from the plan, no probe.
     pub fixed: bool,
+}
+
+impl HeadSharingSpec {
+    /// Reads and self-checks the plan file, once (a loaded spec is left as
+    /// it is, so clones share one plan). The error names the file.
+    pub fn load_plan(&mut self) -> Result<(), PlanError> {
+        if self.plan.is_none() {
+            self.plan = Some(Arc::new(ChaiPlan::load(std::path::Path::new(&self.plan_path))?));
+        }
+        Ok(())
+    }
+
+    /// The loaded plan; an error naming the file when nobody loaded it
+    /// (a spec straight from the parser reached a cache).
+    pub fn plan(&self) -> Result<&Arc<ChaiPlan>, String> {
+        self.plan.as_ref().ok_or_else(|| {
+            format!("CHAI plan {} was not loaded (call PolicySpec::load_plans after parsing)", self.plan_path)
+        })
+    }
 }
 
 impl PartialEq for HeadSharingSpec {
@@ -122,6 +145,8 @@ pub struct LayerClustersReport {
 #[derive(Clone)]
 pub struct HeadSharing {
     pub spec: HeadSharingSpec,
+    /// The spec's plan, checked present and fitting the model.
+    plan: Arc<ChaiPlan>,
     n_heads: usize,
     n_kv_heads: usize,
     /// None until clustering; then per layer (dense layers included).
@@ -133,12 +158,14 @@ pub struct HeadSharing {
 impl HeadSharing {
     /// Checks the plan against the model.
     pub fn new(spec: HeadSharingSpec, n_layers: usize, n_heads: usize, n_kv_heads: usize) -> Result<Self, String> {
-        spec.plan.validate(n_layers, n_heads).map_err(|e| format!("CHAI plan {}: {e}", spec.plan_path))?;
-        if spec.fixed && !spec.plan.has_static() {
+        let plan = Arc::clone(spec.plan()?);
+        plan.validate(n_layers, n_heads).map_err(|e| format!("CHAI plan {}: {e}", spec.plan_path))?;
+        if spec.fixed && !plan.has_static() {
             return Err(format!("CHAI plan {} has no static membership for chai-static", spec.plan_path));
         }
         let feat = probe_feature_len(spec.probe);
         Ok(HeadSharing {
+            plan,
             n_heads,
             n_kv_heads,
             layers: None,
@@ -178,7 +205,7 @@ impl HeadSharing {
             return;
         }
         let g = self.n_heads / self.n_kv_heads;
-        let plan = Arc::clone(&self.spec.plan);
+        let plan = Arc::clone(&self.plan);
         let layers: Vec<LayerHeads> = plan
             .layers
             .iter()
