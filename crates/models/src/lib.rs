@@ -5,7 +5,6 @@
 pub mod chat;
 pub mod config;
 pub mod loader;
-pub mod resolve;
 pub mod tokenizer;
 pub mod transformer;
 pub mod weights;
@@ -47,8 +46,6 @@ pub enum Error {
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("position {pos} is beyond the model's context length {context}")]
     ContextOverflow { pos: usize, context: usize },
-    #[error("model spec `{spec}`: {reason}")]
-    ModelSpec { spec: String, reason: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
