@@ -28,7 +28,7 @@ pub enum Error {
     },
     #[error("{path}: {reason}")]
     Format { path: PathBuf, reason: String },
-    #[error("unknown architecture `{0}`; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, OPTForCausalLM, GPTNeoXForCausalLM, gguf `llama`/`qwen2`/`qwen3`/`gemma3`/`phi3`, llama2.c")]
+    #[error("unknown architecture `{name}`; supported: {list}", name = .0, list = loader::supported_architectures())]
     UnknownArchitecture(String),
     #[error("{path}: tensor `{name}` has unsupported type {dtype}")]
     UnsupportedTensorType { path: PathBuf, name: String, dtype: String },
