@@ -3,8 +3,8 @@
 //! output tied to the token embedding.
 
 use super::reader::Reader;
-use super::{layers, ungated_block, Cfg, ConfigError};
-use crate::config::{Architecture, ModelConfig, NormKind, SourceFormat};
+use super::{layers, ungated_block, ungated_config, Cfg, ConfigError, Sizes};
+use crate::config::{Architecture, ModelConfig};
 use crate::weights::{Linear, Weights};
 use crate::{Error, Result};
 use kvslim_kernels::Matrix;
@@ -12,28 +12,20 @@ use kvslim_kernels::Matrix;
 pub(super) fn config(j: &Cfg) -> Result<ModelConfig, ConfigError> {
     let hidden = j.need(&["n_embd", "hidden_size"])?;
     let heads = j.need(&["n_head", "num_attention_heads"])?;
-    Ok(ModelConfig {
-        architecture: Architecture::Gpt2,
-        format: SourceFormat::HfSafetensors,
+    let sizes = Sizes {
         n_layers: j.need(&["n_layer", "num_hidden_layers"])?,
-        n_heads: heads,
-        n_kv_heads: heads,
-        head_dim: hidden / heads.max(1),
-        hidden_size: hidden,
-        ffn_size: j.usize(&["n_inner"]).unwrap_or(hidden.saturating_mul(4)),
-        vocab_size: j.need(&["vocab_size"])?,
-        context_len: j.need(&["n_positions", "max_position_embeddings"])?,
-        norm: NormKind::Layer,
+        hidden,
+        heads,
+        ffn: j.usize(&["n_inner"]).unwrap_or(hidden.saturating_mul(4)),
+        vocab: j.need(&["vocab_size"])?,
+        context: j.need(&["n_positions", "max_position_embeddings"])?,
+    };
+    let activation = j.activation("activation_function", "gelu_new")?;
+    Ok(ModelConfig {
         norm_eps: j.f32(&["layer_norm_epsilon"]).unwrap_or(1e-5),
-        activation: j.activation("activation_function", "gelu_new")?,
-        gated_mlp: false,
-        rope: None,
         learned_positions: Some(0),
-        parallel_residual: false,
         tied_embeddings: true,
-        bos_token_id: j.bos(),
-        eos_token_ids: j.eos(),
-        features: Default::default(),
+        ..ungated_config(j, Architecture::Gpt2, sizes, activation)
     })
 }
 

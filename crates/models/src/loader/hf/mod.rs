@@ -17,7 +17,7 @@ mod reader;
 
 use super::safetensors::SafetensorsFiles;
 use super::LoadedModel;
-use crate::config::ModelConfig;
+use crate::config::{Architecture, ModelConfig, NormKind, SourceFormat};
 use crate::transformer::Model;
 use crate::weights::{LayerWeights, Linear, NormWeights, Weights};
 use crate::{Error, Result};
@@ -207,6 +207,45 @@ fn head(r: &Reader, c: &ModelConfig, name: &str) -> Result<Option<Linear>> {
         Ok(None)
     } else {
         Ok(Some(Linear::new(r.matrix(name, c.vocab_size, c.hidden_size)?, None)))
+    }
+}
+
+/// The sizes of a model with as many KV heads as query heads.
+struct Sizes {
+    n_layers: usize,
+    hidden: usize,
+    heads: usize,
+    ffn: usize,
+    vocab: usize,
+    context: usize,
+}
+
+/// A LayerNorm model with an ungated MLP, untied, without RoPE, learned
+/// positions or parallel residuals (GPT-2, OPT and GPT-NeoX start here
+/// and set what differs).
+fn ungated_config(j: &Cfg, architecture: Architecture, s: Sizes, activation: Activation) -> ModelConfig {
+    ModelConfig {
+        architecture,
+        format: SourceFormat::HfSafetensors,
+        n_layers: s.n_layers,
+        n_heads: s.heads,
+        n_kv_heads: s.heads,
+        head_dim: s.hidden / s.heads.max(1),
+        hidden_size: s.hidden,
+        ffn_size: s.ffn,
+        vocab_size: s.vocab,
+        context_len: s.context,
+        norm: NormKind::Layer,
+        norm_eps: 1e-5,
+        activation,
+        gated_mlp: false,
+        rope: None,
+        learned_positions: None,
+        parallel_residual: false,
+        tied_embeddings: false,
+        bos_token_id: j.bos(),
+        eos_token_ids: j.eos(),
+        features: Default::default(),
     }
 }
 

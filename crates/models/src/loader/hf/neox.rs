@@ -3,8 +3,8 @@
 //! `query_key_value`.
 
 use super::reader::Reader;
-use super::{head, layers, rotary_dim, ungated_block, Cfg, ConfigError};
-use crate::config::{Architecture, ModelConfig, NormKind, RopeConfig, SourceFormat};
+use super::{head, layers, rotary_dim, ungated_block, ungated_config, Cfg, ConfigError, Sizes};
+use crate::config::{Architecture, ModelConfig, RopeConfig};
 use crate::weights::{Linear, Weights};
 use crate::Result;
 use kvslim_kernels::rope::RopeLayout;
@@ -14,32 +14,25 @@ pub(super) fn config(j: &Cfg) -> Result<ModelConfig, ConfigError> {
     let hidden = j.need(&["hidden_size"])?;
     let heads = j.need(&["num_attention_heads"])?;
     let head_dim = hidden / heads.max(1);
-    Ok(ModelConfig {
-        architecture: Architecture::GptNeoX,
-        format: SourceFormat::HfSafetensors,
+    let sizes = Sizes {
         n_layers: j.need(&["num_hidden_layers"])?,
-        n_heads: heads,
-        n_kv_heads: heads,
-        head_dim,
-        hidden_size: hidden,
-        ffn_size: j.need(&["intermediate_size"])?,
-        vocab_size: j.need(&["vocab_size"])?,
-        context_len: j.need(&["max_position_embeddings"])?,
-        norm: NormKind::Layer,
+        hidden,
+        heads,
+        ffn: j.need(&["intermediate_size"])?,
+        vocab: j.need(&["vocab_size"])?,
+        context: j.need(&["max_position_embeddings"])?,
+    };
+    let activation = j.activation("hidden_act", "gelu")?;
+    Ok(ModelConfig {
         norm_eps: j.f32(&["layer_norm_eps"]).unwrap_or(1e-5),
-        activation: j.activation("hidden_act", "gelu")?,
-        gated_mlp: false,
         rope: Some(RopeConfig {
             theta: j.rope_f32(&["rope_theta", "rotary_emb_base"]).unwrap_or(10000.0),
             rotary_dim: rotary_dim(head_dim, j.rope_f32(&["partial_rotary_factor", "rotary_pct"]).unwrap_or(1.0)),
             layout: RopeLayout::HalfSplit,
         }),
-        learned_positions: None,
         parallel_residual: j.bool("use_parallel_residual").unwrap_or(true),
         tied_embeddings: j.bool("tie_word_embeddings").unwrap_or(false),
-        bos_token_id: j.bos(),
-        eos_token_ids: j.eos(),
-        features: Default::default(),
+        ..ungated_config(j, Architecture::GptNeoX, sizes, activation)
     })
 }
 

@@ -3,8 +3,8 @@
 //! projected embedding width are refused.
 
 use super::reader::Reader;
-use super::{head, layers, ungated_block, Cfg, ConfigError};
-use crate::config::{Architecture, ModelConfig, NormKind, SourceFormat};
+use super::{head, layers, ungated_block, ungated_config, Cfg, ConfigError, Sizes};
+use crate::config::{Architecture, ModelConfig};
 use crate::weights::Weights;
 use crate::Result;
 
@@ -19,28 +19,19 @@ pub(super) fn config(j: &Cfg) -> Result<ModelConfig, ConfigError> {
     if j.usize(&["word_embed_proj_dim"]).is_some_and(|p| p != hidden) {
         return Err(ConfigError::Invalid("OPT with word_embed_proj_dim != hidden_size is not supported".into()));
     }
-    Ok(ModelConfig {
-        architecture: Architecture::Opt,
-        format: SourceFormat::HfSafetensors,
+    let sizes = Sizes {
         n_layers: j.need(&["num_hidden_layers"])?,
-        n_heads: heads,
-        n_kv_heads: heads,
-        head_dim: hidden / heads.max(1),
-        hidden_size: hidden,
-        ffn_size: j.need(&["ffn_dim"])?,
-        vocab_size: j.need(&["vocab_size"])?,
-        context_len: j.need(&["max_position_embeddings"])?,
-        norm: NormKind::Layer,
-        norm_eps: 1e-5,
-        activation: j.activation("activation_function", "relu")?,
-        gated_mlp: false,
-        rope: None,
+        hidden,
+        heads,
+        ffn: j.need(&["ffn_dim"])?,
+        vocab: j.need(&["vocab_size"])?,
+        context: j.need(&["max_position_embeddings"])?,
+    };
+    let activation = j.activation("activation_function", "relu")?;
+    Ok(ModelConfig {
         learned_positions: Some(2),
-        parallel_residual: false,
         tied_embeddings: j.bool("tie_word_embeddings").unwrap_or(true),
-        bos_token_id: j.bos(),
-        eos_token_ids: j.eos(),
-        features: Default::default(),
+        ..ungated_config(j, Architecture::Opt, sizes, activation)
     })
 }
 
