@@ -62,7 +62,7 @@ impl ModelArgs {
     /// [`ModelArgs::load`], also returning the resolved model path.
     pub fn load_with_path(&self) -> CliResult<(LoadedModel, PathBuf)> {
         init_threads(self.threads)?;
-        let path = kvslim_models::resolve::resolve_model(&self.model)?;
+        let path = kvslim_hub::resolve_model(&self.model)?;
         let mut loaded = kvslim_models::load_model(&path)?;
         if let Some(t) = &self.tokenizer {
             let c = &loaded.model.config;

@@ -13,7 +13,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> CliResult {
-    let path = kvslim_models::resolve::resolve_model(&a.model)?;
+    let path = kvslim_hub::resolve_model(&a.model)?;
     println!("{}", path.display());
     Ok(())
 }

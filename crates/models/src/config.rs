@@ -74,8 +74,8 @@ impl SlidingWindow {
 
 /// Block features beyond the classic pre-norm transformer. Each is read by
 /// the forward pass and checked against the weights at load
-/// ([`crate::transformer::Model::new`]), so config and tensors cannot
-/// disagree.
+/// ([`crate::weights::Weights::check_against`]), so config and tensors
+/// cannot disagree.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct BlockFeatures {
     /// Per-head RMS norm of queries and keys before RoPE (Qwen3, Gemma 3).
@@ -117,13 +117,17 @@ pub struct ModelConfig {
     pub norm_eps: f32,
     #[serde(serialize_with = "ser_act")]
     pub activation: Activation,
-    /// SiLU-gated MLP (gate·up → down) instead of up → act → down.
+    /// Gated MLP (act(gate)·up → down) instead of up → act → down; the
+    /// layers carry a gate exactly when this is set
+    /// ([`crate::weights::Weights::check_against`]).
     pub gated_mlp: bool,
     pub rope: Option<RopeConfig>,
     /// Learned absolute positions with this row offset (OPT: 2, GPT-2: 0).
     pub learned_positions: Option<usize>,
     /// GPT-NeoX: x + attn(ln1 x) + mlp(ln2 x) instead of sequential residuals.
     pub parallel_residual: bool,
+    /// The output projection is the token embedding (no separate
+    /// `lm_head` in the weights, checked at load).
     pub tied_embeddings: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,

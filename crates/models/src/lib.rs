@@ -5,7 +5,6 @@
 pub mod chat;
 pub mod config;
 pub mod loader;
-pub mod resolve;
 pub mod tokenizer;
 pub mod transformer;
 pub mod weights;
@@ -29,7 +28,7 @@ pub enum Error {
     },
     #[error("{path}: {reason}")]
     Format { path: PathBuf, reason: String },
-    #[error("unknown architecture `{0}`; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, OPTForCausalLM, GPTNeoXForCausalLM, gguf `llama`/`qwen2`/`qwen3`/`gemma3`/`phi3`, llama2.c")]
+    #[error("unknown architecture `{name}`; supported: {list}", name = .0, list = loader::supported_architectures())]
     UnknownArchitecture(String),
     #[error("{path}: tensor `{name}` has unsupported type {dtype}")]
     UnsupportedTensorType { path: PathBuf, name: String, dtype: String },
@@ -47,8 +46,6 @@ pub enum Error {
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("position {pos} is beyond the model's context length {context}")]
     ContextOverflow { pos: usize, context: usize },
-    #[error("model spec `{spec}`: {reason}")]
-    ModelSpec { spec: String, reason: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

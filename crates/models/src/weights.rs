@@ -1,6 +1,8 @@
 //! Model weights in a layout-neutral form: every loader fills these
 //! structs, and the forward pass reads nothing else.
 
+use crate::config::ModelConfig;
+use crate::{Error, Result};
 use kvslim_kernels::Matrix;
 
 /// A norm's affine parameters (bias only for LayerNorm models).
@@ -74,6 +76,71 @@ pub struct LayerWeights {
     pub post_mlp_norm: Option<NormWeights>,
 }
 
+impl LayerWeights {
+    /// [`Weights::check_against`] for layer `i`.
+    fn check_against(&self, i: usize, c: &ModelConfig) -> Result<()> {
+        let (d, f) = (c.hidden_size, c.ffn_size);
+        let projections = [
+            ("q", &self.q, (c.q_dim(), d)),
+            ("k", &self.k, (c.kv_dim(), d)),
+            ("v", &self.v, (c.kv_dim(), d)),
+            ("o", &self.o, (d, c.q_dim())),
+            ("up", &self.up, (f, d)),
+            ("down", &self.down, (d, f)),
+        ];
+        for (name, lin, want) in projections.into_iter().chain(self.gate.as_ref().map(|g| ("gate", g, (f, d)))) {
+            check_dims(&format!("layer {i} {name}"), &lin.weight, want)?;
+        }
+        match (&self.gate, c.gated_mlp) {
+            (Some(_), true) | (None, false) => {}
+            (Some(_), false) => {
+                return Err(mismatch(format!("layer {i} has an MLP gate but the config says gated_mlp = false")))
+            }
+            (None, true) => return Err(Error::MissingTensor(format!("layer {i} gate (the config says gated_mlp)"))),
+        }
+        let feat = &c.features;
+        let optional = [
+            ("q_norm", self.q_norm.as_ref(), feat.qk_norm, c.head_dim),
+            ("k_norm", self.k_norm.as_ref(), feat.qk_norm, c.head_dim),
+            ("post_attn_norm", self.post_attn_norm.as_ref(), feat.post_norms, d),
+            ("post_mlp_norm", self.post_mlp_norm.as_ref(), feat.post_norms, d),
+        ];
+        for (name, w, wanted, len) in optional {
+            match (w, wanted) {
+                (Some(w), true) if w.weight.len() == len => {}
+                (Some(w), true) => {
+                    return Err(Error::ShapeMismatch {
+                        name: format!("layer {i} {name}"),
+                        expected: vec![len],
+                        got: vec![w.weight.len()],
+                    })
+                }
+                (None, false) => {}
+                (Some(_), false) => {
+                    return Err(mismatch(format!("layer {i} has {name} weights but the config does not use them")))
+                }
+                (None, true) => return Err(Error::MissingTensor(format!("layer {i} {name}"))),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A matrix of the wrong shape, named `name` in the error.
+fn check_dims(name: &str, m: &Matrix, want: (usize, usize)) -> Result<()> {
+    let got = (m.rows(), m.cols());
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::ShapeMismatch { name: name.into(), expected: vec![want.0, want.1], got: vec![got.0, got.1] })
+    }
+}
+
+/// Weights and config disagree on whether a tensor exists.
+fn mismatch(reason: impl Into<String>) -> Error {
+    Error::Format { path: "<model>".into(), reason: reason.into() }
+}
+
 /// All weights of a model.
 #[derive(Debug)]
 pub struct Weights {
@@ -86,6 +153,47 @@ pub struct Weights {
 }
 
 impl Weights {
+    /// Checks that these weights are the ones `c` describes: every matrix
+    /// has the shape the config implies, and every optional tensor (MLP
+    /// gate, untied output head, learned positions, QK and sandwich norms)
+    /// is present exactly when the config's flag asks for it. The forward
+    /// pass reads the flags and the weights; after this check the two
+    /// cannot disagree, so a loader bug is a load error naming the tensor
+    /// instead of a wrong answer or a panic.
+    pub fn check_against(&self, c: &ModelConfig) -> Result<()> {
+        check_dims("token_embedding", &self.token_embedding, (c.vocab_size, c.hidden_size))?;
+        check_dims("output", self.output(), (c.vocab_size, c.hidden_size))?;
+        if self.lm_head.is_none() != c.tied_embeddings {
+            let (has, says) = if c.tied_embeddings { ("a separate", "tied") } else { ("no", "untied") };
+            return Err(mismatch(format!(
+                "the weights have {has} output head but the config says the embeddings are {says} \
+                 (tied_embeddings = {})",
+                c.tied_embeddings
+            )));
+        }
+        match (&self.position_embedding, c.learned_positions) {
+            (Some(pe), Some(offset)) => {
+                check_dims("position_embedding", pe, (c.context_len + offset, c.hidden_size))?;
+            }
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(mismatch("the weights have learned position embeddings but the config uses none"))
+            }
+            (None, Some(_)) => return Err(Error::MissingTensor("position_embedding".into())),
+        }
+        if self.layers.len() != c.n_layers {
+            return Err(Error::ShapeMismatch {
+                name: "layers".into(),
+                expected: vec![c.n_layers],
+                got: vec![self.layers.len()],
+            });
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            l.check_against(i, c)?;
+        }
+        Ok(())
+    }
+
     /// The output projection (tied or not).
     pub fn output(&self) -> &Matrix {
         self.lm_head.as_ref().map_or(&self.token_embedding, |l| &l.weight)
@@ -121,5 +229,146 @@ impl Weights {
             }
         }
         (params + vec_params, bytes + vec_params * 4)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Architecture, BlockFeatures, NormKind, SourceFormat};
+    use crate::transformer::Model;
+    use kvslim_kernels::ops::Activation;
+
+    const D: usize = 8;
+    const F: usize = 16;
+    const V: usize = 12;
+
+    fn config() -> ModelConfig {
+        ModelConfig {
+            architecture: Architecture::Llama,
+            format: SourceFormat::HfSafetensors,
+            n_layers: 2,
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 4,
+            hidden_size: D,
+            ffn_size: F,
+            vocab_size: V,
+            context_len: 32,
+            norm: NormKind::Rms,
+            norm_eps: 1e-5,
+            activation: Activation::Silu,
+            gated_mlp: true,
+            rope: None,
+            learned_positions: None,
+            parallel_residual: false,
+            tied_embeddings: true,
+            bos_token_id: None,
+            eos_token_ids: vec![],
+            features: BlockFeatures::default(),
+        }
+    }
+
+    fn linear(rows: usize, cols: usize) -> Linear {
+        Linear::new(Matrix::from_f32(rows, cols, &vec![0.01; rows * cols]).unwrap(), None)
+    }
+
+    fn norm(len: usize) -> NormWeights {
+        NormWeights { weight: vec![1.0; len], bias: None }
+    }
+
+    /// Weights matching [`config`]: gated MLP, tied output.
+    fn weights() -> Weights {
+        let layer = || LayerWeights {
+            attn_norm: norm(D),
+            q: linear(8, D),
+            k: linear(4, D),
+            v: linear(4, D),
+            o: linear(D, 8),
+            mlp_norm: norm(D),
+            gate: Some(linear(F, D)),
+            up: linear(F, D),
+            down: linear(D, F),
+            q_norm: None,
+            k_norm: None,
+            post_attn_norm: None,
+            post_mlp_norm: None,
+        };
+        Weights {
+            token_embedding: linear(V, D).weight,
+            position_embedding: None,
+            layers: vec![layer(), layer()],
+            final_norm: norm(D),
+            lm_head: None,
+        }
+    }
+
+    /// The error `check_against` gives, also through `Model::new` (an
+    /// error there, never a panic).
+    fn error(w: Weights, c: ModelConfig) -> String {
+        let e = w.check_against(&c).expect_err("a mismatch").to_string();
+        let through_model = Model::new(c, w).err().expect("Model::new refuses it too").to_string();
+        assert_eq!(e, through_model);
+        e
+    }
+
+    #[test]
+    fn consistent_weights_pass() {
+        assert!(weights().check_against(&config()).is_ok());
+        let mut w = weights();
+        w.lm_head = Some(linear(V, D));
+        assert!(w.check_against(&ModelConfig { tied_embeddings: false, ..config() }).is_ok());
+    }
+
+    #[test]
+    fn gate_present_iff_gated_mlp() {
+        let e = error(weights(), ModelConfig { gated_mlp: false, ..config() });
+        assert!(e.contains("layer 0 has an MLP gate") && e.contains("gated_mlp = false"), "{e}");
+        let mut w = weights();
+        w.layers[1].gate = None;
+        let e = error(w, config());
+        assert!(e.contains("`layer 1 gate") && e.contains("missing"), "{e}");
+    }
+
+    #[test]
+    fn output_tied_iff_tied_embeddings() {
+        let e = error(weights(), ModelConfig { tied_embeddings: false, ..config() });
+        assert!(e.contains("no output head") && e.contains("untied"), "{e}");
+        let mut w = weights();
+        w.lm_head = Some(linear(V, D));
+        let e = error(w, config());
+        assert!(e.contains("a separate output head") && e.contains("tied_embeddings = true"), "{e}");
+    }
+
+    #[test]
+    fn learned_positions_need_their_table() {
+        let e = error(weights(), ModelConfig { learned_positions: Some(2), ..config() });
+        assert!(e.contains("position_embedding") && e.contains("missing"), "{e}");
+        let mut w = weights();
+        w.position_embedding = Some(linear(32, D).weight);
+        let e = error(w, ModelConfig { learned_positions: Some(2), ..config() });
+        assert!(e.contains("position_embedding") && e.contains("[34, 8]"), "{e}");
+        let mut w = weights();
+        w.position_embedding = Some(linear(32, D).weight);
+        let e = error(w, config());
+        assert!(e.contains("learned position embeddings"), "{e}");
+    }
+
+    #[test]
+    fn shapes_and_block_features_are_checked() {
+        let mut w = weights();
+        w.layers[0].k = linear(8, D);
+        let e = error(w, config());
+        assert!(e.contains("layer 0 k") && e.contains("[4, 8]"), "{e}");
+        let mut w = weights();
+        w.layers.pop();
+        assert!(error(w, config()).contains("`layers`"));
+        let qk = ModelConfig { features: BlockFeatures { qk_norm: true, ..Default::default() }, ..config() };
+        let e = error(weights(), qk);
+        assert!(e.contains("layer 0 q_norm") && e.contains("missing"), "{e}");
+        let mut w = weights();
+        w.layers[0].post_mlp_norm = Some(norm(D));
+        let e = error(w, config());
+        assert!(e.contains("post_mlp_norm weights but the config does not use them"), "{e}");
     }
 }

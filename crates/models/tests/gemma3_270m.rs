@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 fn model() -> &'static LoadedModel {
     static M: OnceLock<LoadedModel> = OnceLock::new();
     M.get_or_init(|| {
-        let path = kvslim_models::resolve::resolve_model("gemma3-270m")
+        let path = kvslim_hub::resolve_model("gemma3-270m")
             .unwrap_or_else(|e| panic!("Gemma 3 270M is needed (`kvslim fetch gemma3-270m`): {e}"));
         load_model(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
     })

@@ -11,8 +11,8 @@
 mod common;
 
 use common::shared;
+use kvslim_hub::resolve_model;
 use kvslim_models::loader::gguf::GgufFile;
-use kvslim_models::resolve::resolve_model;
 use kvslim_models::tokenizer::{gguf, StreamDecoder, Tokenizer, TokenizerKind};
 use std::path::PathBuf;
 use std::sync::OnceLock;

@@ -49,6 +49,13 @@ pub fn load_model(path: &Path) -> Result<LoadedModel> {
     }
 }
 
+/// Every architecture name some loader accepts, read from the loaders'
+/// own tables (for the unknown-architecture error).
+pub fn supported_architectures() -> String {
+    let hf: Vec<&str> = hf::supported_classes().collect();
+    format!("{} (Hugging Face), gguf `{}`, llama2.c", hf.join(", "), gguf::SUPPORTED_ARCHITECTURES.join("`/`"))
+}
+
 /// Loads a stand-alone tokenizer: `tokenizer.json` or a llama2.c `tokenizer.bin`.
 pub fn load_tokenizer(path: &Path, bos: Option<u32>, eos: Vec<u32>) -> Result<Tokenizer> {
     match path.extension().and_then(|e| e.to_str()) {

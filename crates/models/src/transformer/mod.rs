@@ -53,74 +53,12 @@ pub struct Model {
     layer_rope: Vec<usize>,
 }
 
-/// The optional per-layer weights (QK norms, sandwich norms) are present
-/// exactly when the config's [`BlockFeatures`](crate::config::BlockFeatures)
-/// ask for them, with the right widths: config and tensors cannot disagree.
-fn check_block_features(c: &ModelConfig, weights: &Weights) -> Result<()> {
-    let f = &c.features;
-    for (i, l) in weights.layers.iter().enumerate() {
-        let pairs = [
-            ("q_norm", l.q_norm.as_ref(), f.qk_norm, c.head_dim),
-            ("k_norm", l.k_norm.as_ref(), f.qk_norm, c.head_dim),
-            ("post_attn_norm", l.post_attn_norm.as_ref(), f.post_norms, c.hidden_size),
-            ("post_mlp_norm", l.post_mlp_norm.as_ref(), f.post_norms, c.hidden_size),
-        ];
-        for (name, w, wanted, len) in pairs {
-            match (w, wanted) {
-                (Some(w), true) if w.weight.len() == len => {}
-                (Some(w), true) => {
-                    return Err(Error::ShapeMismatch {
-                        name: format!("layer {i} {name}"),
-                        expected: vec![len],
-                        got: vec![w.weight.len()],
-                    })
-                }
-                (None, false) => {}
-                (Some(_), false) => {
-                    let reason = format!("layer {i} has {name} weights but the config does not use them");
-                    return Err(Error::Format { path: "<model>".into(), reason });
-                }
-                (None, true) => return Err(Error::MissingTensor(format!("layer {i} {name}"))),
-            }
-        }
-    }
-    Ok(())
-}
-
 impl Model {
     /// Checks that weights match the config and precomputes RoPE tables.
     pub fn new(config: ModelConfig, weights: Weights) -> Result<Self> {
         config.validate().map_err(|r| Error::Format { path: "<model>".into(), reason: r })?;
+        weights.check_against(&config)?;
         let c = &config;
-        let check = |name: &str, got: (usize, usize), want: (usize, usize)| {
-            if got != want {
-                Err(Error::ShapeMismatch { name: name.into(), expected: vec![want.0, want.1], got: vec![got.0, got.1] })
-            } else {
-                Ok(())
-            }
-        };
-        let dims = |m: &kvslim_kernels::Matrix| (m.rows(), m.cols());
-        check("token_embedding", dims(&weights.token_embedding), (c.vocab_size, c.hidden_size))?;
-        check("output", dims(weights.output()), (c.vocab_size, c.hidden_size))?;
-        if weights.layers.len() != c.n_layers {
-            return Err(Error::ShapeMismatch {
-                name: "layers".into(),
-                expected: vec![c.n_layers],
-                got: vec![weights.layers.len()],
-            });
-        }
-        for (i, l) in weights.layers.iter().enumerate() {
-            check(&format!("layer {i} q"), dims(&l.q.weight), (c.q_dim(), c.hidden_size))?;
-            check(&format!("layer {i} k"), dims(&l.k.weight), (c.kv_dim(), c.hidden_size))?;
-            check(&format!("layer {i} v"), dims(&l.v.weight), (c.kv_dim(), c.hidden_size))?;
-            check(&format!("layer {i} o"), dims(&l.o.weight), (c.hidden_size, c.q_dim()))?;
-            check(&format!("layer {i} up"), dims(&l.up.weight), (c.ffn_size, c.hidden_size))?;
-            check(&format!("layer {i} down"), dims(&l.down.weight), (c.hidden_size, c.ffn_size))?;
-            if let Some(g) = &l.gate {
-                check(&format!("layer {i} gate"), dims(&g.weight), (c.ffn_size, c.hidden_size))?;
-            }
-        }
-        check_block_features(c, &weights)?;
         let max_hd = MAX_HEAD_DIM;
         if c.head_dim > max_hd {
             let reason = format!("head_dim {} exceeds the {max_hd} the attention kernel supports", c.head_dim);
