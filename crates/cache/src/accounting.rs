@@ -11,11 +11,14 @@
 //!   allocates at creation, exactly. Online CHAI allocates every K before
 //!   its probe ends, so its peak includes them; `chai-static` frees the K no
 //!   representative reads at creation, so this over-counts it by those rows.
-//! * Paged: per layer and KV head, [`worst_case_pages`] pages of K and of V.
+//! * Paged: per layer and KV head, [`worst_case_pages`] pages of K and of V
+//!   (a head never references more than its [`page_cap`]: token eviction
+//!   repacks before its holes would take it further).
 //!   Page tables and per-slot metadata grow with the live tokens and are
 //!   not reserved (they are small next to the pages).
 
 use crate::policy::{PolicySpec, TokenPolicySpec};
+use crate::store::paged::page_cap;
 use crate::{effective_policy, CacheShape};
 
 /// Bytes one slot's position and score take (u32 + f32).
@@ -65,11 +68,11 @@ pub fn reservation(
 /// (K or V each; `None` for fixed slots). With P the page size, C the
 /// layer's capacity (B + 1) and L = `max_len`:
 ///
-/// * `full` → ⌈L/P⌉;
+/// * `full` → ⌈min(L, C)/P⌉;
 /// * page eviction (`page_score`) → ⌈C/P⌉ + 1;
-/// * `compact=N` → ⌈(C+N)/P⌉ + 1;
-/// * token eviction without compaction → ⌈L/P⌉ (holes can keep every page
-///   alive), but never more than C: a live page holds a live token.
+/// * token eviction → the head's [`page_cap`] (it repacks before holes
+///   would take it further), and with `compact=N` no more than
+///   ⌈(C+N)/P⌉ + 1.
 ///
 /// Every bound is also capped by ⌈L/P⌉ + 1.
 pub fn worst_case_pages(policy: &PolicySpec, capacity: usize, max_len: usize) -> Option<usize> {
@@ -79,10 +82,12 @@ pub fn worst_case_pages(policy: &PolicySpec, capacity: usize, max_len: usize) ->
         all.min(capacity.div_ceil(p))
     } else if policy.storage.page_score.is_some() {
         capacity.div_ceil(p) + 1
-    } else if let Some(n) = policy.storage.compact_every {
-        (capacity + n).div_ceil(p) + 1
     } else {
-        all.min(capacity.max(1))
+        let cap = page_cap(capacity, p);
+        match policy.storage.compact_every {
+            Some(n) => cap.min((capacity + n).div_ceil(p) + 1),
+            None => cap,
+        }
     };
     Some(pages.min(all + 1))
 }

@@ -302,6 +302,7 @@ fn clones_share_the_prompt_and_copy_only_the_tail_page_once() {
         let prompt_pages = pool.stats().pages_in_use;
         assert_eq!(prompt_pages, 2 * units * kept.div_ceil(p), "{text}");
         let forks = [base.cache.clone(), base.cache.clone()];
+        let mut repacked = false;
         assert_eq!(pool.stats().pages_in_use, prompt_pages, "{text}: clones allocate nothing");
         assert_eq!(base.cache.store().page_counts().unwrap().shared_pages, units * kept.div_ceil(p));
         for (i, cache) in forks.into_iter().enumerate() {
@@ -310,10 +311,23 @@ fn clones_share_the_prompt_and_copy_only_the_tail_page_once() {
             assert_eq!(first, want[0], "{text}");
             for (j, &t) in more[i].iter().enumerate() {
                 assert_eq!(bits(s.feed(&[t], Logits::Last).unwrap()), want[j + 1], "{text}: fork {i} step {j}");
+                let counts = s.cache.store().page_counts().unwrap();
+                if counts.bytes_moved == 0 {
+                    // until a head reaches its page cap and repacks (which
+                    // may fill holes of shared pages), only the tail page
+                    // is copied: K and V, once per head
+                    assert_eq!(counts.cow_copies, 2 * units as u64, "{text}: fork {i} step {j}");
+                }
             }
-            assert_eq!(s.cache.store().page_counts().unwrap().cow_copies, 2 * units as u64, "{text}: fork {i}");
+            repacked |= s.cache.store().page_counts().unwrap().bytes_moved > 0;
         }
-        assert_eq!(pool.stats().cow_copies, 2 * 2 * units, "{text}: K and V of the tail page, per head, per writer");
+        if !repacked {
+            assert_eq!(
+                pool.stats().cow_copies,
+                2 * 2 * units,
+                "{text}: K and V of the tail page, per head, per writer"
+            );
+        }
         // the original still reads its own prompt
         let want = solo(&m.model, &spec, prompt, &more[1][..1]);
         assert_eq!(bits(base.feed(&more[1][..1], Logits::Last).unwrap()), want[1], "{text}: original");

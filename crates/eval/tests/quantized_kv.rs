@@ -137,7 +137,10 @@ fn paged_statistics_in_reports() {
         assert!((rep.nll - fixed.nll).abs() < 1e-9);
     }
     let (p, pc) = (r.paged.as_ref().unwrap(), c.paged.as_ref().unwrap());
-    assert_eq!(p.bytes_moved, 0, "no compaction");
+    // without compact=N a head repacks only when it reaches its page cap
+    let cap = kvslim_cache::store::paged::page_cap(33, 8);
+    assert!(p.pages_peak <= cap * heads, "{} pages > {cap} per head", p.pages_peak);
+    assert!(p.bytes_moved < pc.bytes_moved, "compact=16 repacks more often: {pc:?} {p:?}");
     assert!(pc.bytes_moved > 0 && pc.bytes_moved_per_step > 0.0);
     assert!((pc.bytes_moved_per_step - pc.bytes_moved as f64 / c.decode_steps as f64).abs() < 1e-9);
     assert!(pc.fragmentation_mean_pct < p.fragmentation_mean_pct, "compaction removes holes: {pc:?} {p:?}");

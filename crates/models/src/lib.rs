@@ -28,6 +28,10 @@ pub enum Error {
     },
     #[error("{path}: {reason}")]
     Format { path: PathBuf, reason: String },
+    /// A model whose config and weights (from any file or built in code)
+    /// cannot run: they disagree, or a dimension is out of the kernels' range.
+    #[error("invalid model: {0}")]
+    InvalidModel(String),
     #[error("unknown architecture `{name}`; supported: {list}", name = .0, list = loader::supported_architectures())]
     UnknownArchitecture(String),
     #[error("{path}: tensor `{name}` has unsupported type {dtype}")]

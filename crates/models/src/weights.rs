@@ -138,7 +138,7 @@ fn check_dims(name: &str, m: &Matrix, want: (usize, usize)) -> Result<()> {
 
 /// Weights and config disagree on whether a tensor exists.
 fn mismatch(reason: impl Into<String>) -> Error {
-    Error::Format { path: "<model>".into(), reason: reason.into() }
+    Error::InvalidModel(reason.into())
 }
 
 /// All weights of a model.

@@ -252,11 +252,18 @@ fn request_bigger_than_the_kv_pool_is_400() {
         &json!({"prompt": "hi", "max_tokens": 500, "kv_policy": "h2o:heavy=8,recent=8,page_score=sum"}),
     );
     assert_eq!(r.status, 200, "{}", r.text());
-    // token eviction in pages may keep a page per live token: 17 pages per head
+    // token eviction in pages is bounded by the page cap: 3 pages per head
+    // for 17 slots of 16-token pages (fits), 7 for 65 slots (does not)
     let r = post(
         &addr,
         "/v1/completions",
         &json!({"prompt": "hi", "max_tokens": 500, "kv_policy": "h2o:heavy=8,recent=8,page=16"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = post(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": "hi", "max_tokens": 500, "kv_policy": "h2o:heavy=32,recent=32,page=16"}),
     );
     assert_error(&r, 400, "KV pool");
     // by default it stays on fixed slots and holds its 17 slots only

@@ -215,10 +215,10 @@ fn paged_reservation_follows_the_worst_case_page_rule() {
     for (policy, pages) in [
         ("full", 7),                                  // ⌈100/16⌉
         ("h2o:heavy=8,recent=8,page_score=sum", 3),   // ⌈17/16⌉ + 1
-        ("h2o:heavy=8,recent=8,compact=16", 4),       // ⌈33/16⌉ + 1
-        ("h2o:heavy=8,recent=8,page=16", 7),          // min(⌈100/16⌉, 17)
-        ("h2o:heavy=2,recent=2,page=16", 5),          // min(⌈100/16⌉, 5)
-        ("h2o:heavy=8,recent=8,page=4,compact=8", 8), // ⌈25/4⌉ + 1, pages of 4
+        ("h2o:heavy=8,recent=8,compact=16", 3),       // min(cap 3, ⌈33/16⌉ + 1)
+        ("h2o:heavy=8,recent=8,page=16", 3),          // page cap: m = ⌈17/16⌉ = 2, max(m + 1, ⌊3m/2⌋)
+        ("h2o:heavy=2,recent=2,page=16", 2),          // page cap: m = 1, m + 1
+        ("h2o:heavy=8,recent=8,page=4,compact=8", 7), // min(cap 7 (m = 5), ⌈25/4⌉ + 1), pages of 4
     ] {
         let r = post(&addr, &body(&prompt(10, 2), 90, 0.0, 0, policy));
         assert_eq!(r.status, 200, "{}", r.text());
@@ -232,7 +232,7 @@ fn paged_reservation_follows_the_worst_case_page_rule() {
 fn paged_admission_by_kv_memory() {
     let per_page = 2 * LAYERS * KV_HEADS * 512; // 20,480 bytes
                                                 // room for 4 pages per head: a page-evicting h2o request (3) fits, a
-                                                // compacting one (4) fits exactly, token eviction (min(32, 17)) does not
+                                                // compacting one (3) fits, token eviction at 65 slots (page cap 7) does not
     let addr =
         start(Limits { kv_memory: 4 * per_page, max_batch: 4, queue_limit: 8, kv_page_size: 16, prefix_cache: 16 });
     let p = prompt(10, 4);
@@ -240,7 +240,7 @@ fn paged_admission_by_kv_memory() {
         let (_, n, _) = complete(&addr, body(&p, 400, 0.0, 0, policy));
         assert_eq!(n, 400, "{policy}");
     }
-    let r = post(&addr, &body(&p, 400, 0.0, 0, "h2o:heavy=8,recent=8,page=16"));
+    let r = post(&addr, &body(&p, 400, 0.0, 0, "h2o:heavy=32,recent=32,page=16"));
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "kv_memory_exceeded");
 

@@ -381,6 +381,15 @@ impl HeadSlots {
         }
     }
 
+    /// Most K/V bytes this head has held at once (fixed slots: all of
+    /// them, from the start).
+    pub fn peak_kv_bytes(&self) -> usize {
+        match &self.kv {
+            Kv::Slots { .. } => self.kv_bytes(),
+            Kv::Paged(p) => p.peak_kv_bytes(),
+        }
+    }
+
     /// Bytes allocated for positions, scores and (paged) the page table.
     pub fn metadata_bytes(&self) -> usize {
         let paged = match &self.kv {
@@ -388,13 +397,6 @@ impl HeadSlots {
             Kv::Paged(p) => p.metadata_bytes(),
         };
         self.positions.capacity() * 4 + self.scores.capacity() * 4 + paged
-    }
-
-    fn clear(&mut self) {
-        if let Kv::Paged(p) = &mut self.kv {
-            p.clear();
-        }
-        self.len = 0;
     }
 }
 
@@ -474,11 +476,11 @@ impl KvStore {
     pub fn head(&self, layer: usize, kv_head: usize) -> &HeadSlots {
         &self.heads[layer * self.kv_heads + kv_head]
     }
-    pub fn head_mut(&mut self, layer: usize, kv_head: usize) -> &mut HeadSlots {
+    pub(crate) fn head_mut(&mut self, layer: usize, kv_head: usize) -> &mut HeadSlots {
         &mut self.heads[layer * self.kv_heads + kv_head]
     }
-    /// All heads of one layer, mutable (the forward pass writes them in parallel).
-    pub fn layer_mut(&mut self, layer: usize) -> &mut [HeadSlots] {
+    /// All heads of one layer, mutable (only [`crate::SequenceCache`] changes a store).
+    pub(crate) fn layer_mut(&mut self, layer: usize) -> &mut [HeadSlots] {
         &mut self.heads[layer * self.kv_heads..(layer + 1) * self.kv_heads]
     }
     pub fn layer(&self, layer: usize) -> &[HeadSlots] {
@@ -491,6 +493,13 @@ impl KvStore {
             kv: a.kv + h.kv_bytes(),
             metadata: a.metadata + h.metadata_bytes(),
         })
+    }
+
+    /// Σ over heads of each head's most K/V bytes at once: a bound on the
+    /// sequence's peak that counts moments inside a step, which reading
+    /// [`KvStore::bytes`] between steps misses.
+    pub fn peak_kv_bytes(&self) -> usize {
+        self.heads.iter().map(HeadSlots::peak_kv_bytes).sum()
     }
 
     /// Allocated bytes of one layer.
@@ -518,13 +527,8 @@ impl KvStore {
             .collect()
     }
 
-    /// Empties every head (a new sequence reusing the allocation).
-    pub fn clear(&mut self) {
-        self.heads.iter_mut().for_each(HeadSlots::clear);
-    }
-
     /// Repacks every paged head into full pages (see [`paged`]).
-    pub fn compact(&mut self) {
+    pub(crate) fn compact(&mut self) {
         self.heads.iter_mut().for_each(HeadSlots::compact);
     }
 
@@ -673,7 +677,10 @@ mod tests {
         let after = h.page_counts().unwrap();
         assert_eq!(after.pages, 16usize.div_ceil(p), "pages in use = ceil(live / page size)");
         assert_eq!(pool.stats().pages_in_use, 2 * after.pages);
-        assert_eq!(after.bytes_moved, 16 * 2 * (d as u64 * 4), "every live K and V row moved once");
+        // in place: the 4 fullest pages stay (2 live each), the 8 tokens of
+        // the other 4 move into their holes, K and V once each
+        assert_eq!(after.bytes_moved, 8 * 2 * (d as u64 * 4), "only the released pages' tokens move");
+        assert_eq!(pool.stats().peak_pages, 2 * 8, "repacking allocates no page");
         assert_eq!(snapshot(&h), want, "compaction keeps slot order and contents");
         // a page whose tokens all leave goes back to the pool at once
         let mut g = HeadSlots::with_layout(d, 8, StoreLayout { page_size: Some(p), kv_dtype: KvDtype::F32 }, None);
@@ -682,6 +689,35 @@ mod tests {
         }
         g.retain_slots(&[4, 5, 6, 7]);
         assert_eq!(g.page_counts().unwrap().pages, 1);
+    }
+
+    /// Token eviction scatters holes over pages; a head never references
+    /// more than its page cap, because it repacks before growing past it,
+    /// and repacking keeps slot order and contents.
+    #[test]
+    fn eviction_churn_stays_within_the_page_cap() {
+        let d = 4;
+        for (p, capacity) in [(4, 25), (8, 25), (16, 129), (3, 7)] {
+            let cap = paged::page_cap(capacity, p);
+            let layout = StoreLayout { page_size: Some(p), kv_dtype: KvDtype::Q8 };
+            let mut h = HeadSlots::with_layout(d, capacity, layout, None);
+            let mut fixed = HeadSlots::with_layout(d, capacity, StoreLayout { page_size: None, ..layout }, None);
+            let mut rng = SplitMix64::new(p as u64);
+            let mut most = 0;
+            for t in 0..2000u32 {
+                if h.len() == capacity {
+                    let v = (rng.next_u64() % capacity as u64) as usize;
+                    h.evict(v);
+                    fixed.evict(v);
+                }
+                h.push(t, &row(t, 0.5, d), &row(t, 1.5, d)).unwrap();
+                fixed.push(t, &row(t, 0.5, d), &row(t, 1.5, d)).unwrap();
+                most = most.max(h.page_counts().unwrap().pages);
+            }
+            assert!(most <= cap, "page={p} capacity={capacity}: {most} pages > cap {cap}");
+            assert!(h.page_counts().unwrap().bytes_moved > 0, "page={p}: holes were repacked");
+            assert_eq!(snapshot(&h), snapshot(&fixed), "page={p}: same slots as the fixed store");
+        }
     }
 
     #[test]

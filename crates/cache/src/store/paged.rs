@@ -184,11 +184,32 @@ pub struct PagedKv {
     value_base: Vec<usize>,
     bytes_moved: u64,
     cow_copies: u64,
+    /// Most pages this head may reference ([`page_cap`]).
+    max_pages: usize,
+    /// Most K/V page bytes this head has referenced at once.
+    peak_kv_bytes: usize,
+}
+
+/// Most pages a paged head of `capacity` slots may reference at once: one
+/// more than its tokens need, or half as many again, whichever is more
+/// (max(m + 1, ⌊3m/2⌋) with m = ⌈capacity / page_size⌉). Token eviction
+/// leaves holes in pages; when the next token would need a page beyond
+/// the cap, the head first repacks its live tokens ([`PagedKv::compact`]),
+/// so a sequence's memory is bounded by its capacity, not by how its
+/// evictions happened to scatter, and a reservation of the cap is within
+/// 1.5× of what a head that fills its capacity holds (m ≥ 2). Repacking
+/// leaves at least one free page of room, so it happens at most once
+/// every `page_size` tokens.
+pub fn page_cap(capacity: usize, page_size: usize) -> usize {
+    let m = capacity.div_ceil(page_size).max(1);
+    (m + 1).max(3 * m / 2)
 }
 
 impl PagedKv {
     pub fn new(pool: PagePool, capacity: usize) -> Self {
         PagedKv {
+            max_pages: page_cap(capacity, pool.page_size()),
+            peak_kv_bytes: 0,
             page_size: pool.page_size(),
             pool,
             has_keys: true,
@@ -237,6 +258,7 @@ impl PagedKv {
             }
         };
         self.refresh_base(e as usize);
+        self.peak_kv_bytes = self.peak_kv_bytes.max(self.kv_bytes());
         e
     }
 
@@ -295,9 +317,17 @@ impl PagedKv {
     /// new page.
     fn next_address(&mut self) -> (u32, u32) {
         match self.tail {
-            Some((e, o)) if (o as usize) < self.page_size => (e, o),
-            _ => (self.new_entry(), 0),
+            Some((e, o)) if (o as usize) < self.page_size => return (e, o),
+            _ => {}
         }
+        if self.pages_referenced() >= self.max_pages {
+            // holes left by evictions: repack before growing past the cap
+            self.compact();
+            if let Some((e, o)) = self.tail.filter(|&(_, o)| (o as usize) < self.page_size) {
+                return (e, o);
+            }
+        }
+        (self.new_entry(), 0)
     }
 
     /// Records a token written at (entry, off) as the next slot.
@@ -348,57 +378,85 @@ impl PagedKv {
         self.key_base.iter_mut().for_each(|b| *b = 0);
     }
 
-    /// Drops every token and page.
-    pub fn clear(&mut self) {
-        self.key_pages.clear();
-        self.value_pages.clear();
-        self.key_base.clear();
-        self.value_base.clear();
-        self.live.clear();
-        self.free_entries.clear();
-        self.addr.clear();
-        self.tail = None;
-    }
-
     fn pages_referenced(&self) -> usize {
         self.value_pages.iter().filter(|p| p.is_some()).count()
     }
 
-    /// Repacks the live slots, in slot order, into `ceil(len / page_size)`
-    /// fresh pages and returns the old ones. Results are unchanged (slot
-    /// order is kept); the bytes copied are counted. Nothing moves when
-    /// the slots already fill their pages in order.
+    /// Repacks the live tokens into `ceil(len / page_size)` pages, in place:
+    /// the pages this sequence owns alone and then those holding the most
+    /// live tokens stay, the tokens of the others move into their holes,
+    /// and the emptied pages return to the pool (a shared page stays with
+    /// its other owners). Only addresses change (slot order and contents are kept, so
+    /// results are unchanged); no page is allocated except a copy of a
+    /// page shared with a clone (copy-on-write), so repacking never holds
+    /// more pages than before it. The bytes copied are counted.
     pub fn compact(&mut self) {
         let p = self.page_size;
-        let len = self.addr.len();
-        let already = self.pages_referenced() == len.div_ceil(p)
-            && self.addr.iter().enumerate().all(|(i, &a)| a as usize == i)
-            && self.free_entries.is_empty();
-        if already {
-            return;
+        let need = self.addr.len().div_ceil(p);
+        // target entries: pages this sequence owns alone first (filling a
+        // shared page's holes would copy it), then the fullest (ties: lower
+        // entry first)
+        let shared = |e: usize| self.value_pages[e].as_ref().is_some_and(|p| Arc::strong_count(p) > 1);
+        let mut entries: Vec<usize> = (0..self.live.len()).filter(|&e| self.live[e] > 0).collect();
+        entries.sort_by_key(|&e| (shared(e), std::cmp::Reverse(self.live[e]), e));
+        entries.truncate(need);
+        let Some(&partial) = entries.last() else { return };
+        let mut used = vec![false; self.live.len() * p];
+        self.addr.iter().for_each(|&a| used[a as usize] = true);
+        let is_target: Vec<bool> = (0..self.live.len()).map(|e| entries.contains(&e)).collect();
+        // holes to fill: the partial page's below the rows it keeps
+        // (`partial_live`, so its free rows end it) first, so it never
+        // empties while its extra rows move out; then every full target's
+        let partial_live = self.addr.len() - (need - 1) * p;
+        let mut holes: Vec<u32> =
+            (partial * p..partial * p + partial_live).filter(|&a| !used[a]).map(|a| a as u32).collect();
+        for &e in entries.iter().filter(|&&e| e != partial) {
+            holes.extend((e * p..(e + 1) * p).filter(|&a| !used[a]).map(|a| a as u32));
         }
-        let mut fresh = PagedKv::new(self.pool.clone(), self.addr.capacity());
-        fresh.has_keys = self.has_keys;
-        fresh.bytes_moved = self.bytes_moved;
-        fresh.cow_copies = self.cow_copies;
+        let mut next_hole = 0;
+        for s in 0..self.addr.len() {
+            let a = self.addr[s] as usize;
+            // a token moves when its page goes, or when it sits in the
+            // partial page beyond the rows that page keeps
+            if is_target[a / p] && !(a / p == partial && a % p >= partial_live) {
+                continue;
+            }
+            self.move_row(s, holes[next_hole]);
+            next_hole += 1;
+        }
+        self.tail = Some((partial as u32, partial_live as u32));
+    }
+
+    /// Moves slot `s`'s K and V rows to the free address `to`.
+    fn move_row(&mut self, s: usize, to: u32) {
+        let p = self.page_size;
+        let from = self.addr[s];
+        let (fe, fo, te, to_off) = ((from as usize) / p, (from as usize) % p, (to as usize) / p, (to as usize) % p);
+        let mut cow = 0;
         let mut moved = 0u64;
-        for &a in &self.addr {
-            let (e, o) = ((a as usize) / p, (a as usize) % p);
-            let (entry, off) = fresh.next_address();
-            let ne = entry as usize;
-            for (src, dst) in
-                [(&self.key_pages[e], &mut fresh.key_pages[ne]), (&self.value_pages[e], &mut fresh.value_pages[ne])]
-            {
-                if let (Some(s), Some(d)) = (src, dst.as_mut()) {
-                    let rows = &mut Arc::get_mut(d).expect("fresh page is unshared").rows;
-                    rows.copy_row(off as usize, &s.rows, o);
+        for pages in [&mut self.key_pages, &mut self.value_pages] {
+            if pages[te].is_none() {
+                continue;
+            }
+            if fe == te {
+                if let Some(rows) = Self::writable(&self.pool, &mut pages[te], p, &mut cow) {
+                    rows.copy_within(fo, to_off);
+                    moved += rows.row_bytes() as u64;
+                }
+            } else {
+                let src = pages[fe].clone().expect("a live token's page exists");
+                if let Some(rows) = Self::writable(&self.pool, &mut pages[te], p, &mut cow) {
+                    rows.copy_row(to_off, &src.rows, fo);
                     moved += rows.row_bytes() as u64;
                 }
             }
-            fresh.occupy(entry, off);
         }
-        fresh.bytes_moved += moved;
-        *self = fresh;
+        self.cow_copies += cow;
+        self.bytes_moved += moved;
+        self.refresh_base(te);
+        self.live[te] += 1;
+        self.addr[s] = to;
+        self.release(from);
     }
 
     /// Page-level counters.
@@ -416,6 +474,12 @@ impl PagedKv {
     }
 
     /// Bytes of the pages this sequence references (shared pages counted in full).
+    /// Most bytes [`PagedKv::kv_bytes`] has been at once (inside a step
+    /// too: a token may take a new page before an eviction frees one).
+    pub fn peak_kv_bytes(&self) -> usize {
+        self.peak_kv_bytes
+    }
+
     pub fn kv_bytes(&self) -> usize {
         let pb = self.pool.inner.page_bytes;
         self.key_pages.iter().chain(&self.value_pages).filter(|p| p.is_some()).count() * pb

@@ -56,13 +56,13 @@ pub struct Model {
 impl Model {
     /// Checks that weights match the config and precomputes RoPE tables.
     pub fn new(config: ModelConfig, weights: Weights) -> Result<Self> {
-        config.validate().map_err(|r| Error::Format { path: "<model>".into(), reason: r })?;
+        config.validate().map_err(Error::InvalidModel)?;
         weights.check_against(&config)?;
         let c = &config;
         let max_hd = MAX_HEAD_DIM;
         if c.head_dim > max_hd {
             let reason = format!("head_dim {} exceeds the {max_hd} the attention kernel supports", c.head_dim);
-            return Err(Error::Format { path: "<model>".into(), reason });
+            return Err(Error::InvalidModel(reason));
         }
         let bf16 = weights.token_embedding.dtype() == kvslim_kernels::DType::BF16;
         let make_rope = |r: crate::config::RopeConfig, theta: f32| {

@@ -1,0 +1,249 @@
+//! The per-step operations of [`SequenceCache`]: a decode step (append,
+//! after-attention: the policy scores and evicts, tied KV heads replay it,
+//! CHAI's probe is recorded) and a prefill chunk (gather the candidates,
+//! commit the policy's choice). The model calls them around its attention.
+
+use super::SequenceCache;
+use crate::error::CacheError;
+use crate::policy::PolicySlots;
+
+impl SequenceCache {
+    /// Appends one token's keys and values at `pos` to every KV head of
+    /// `layer` (`keys`/`values`: one `head_dim` row per KV head).
+    pub fn append(&mut self, layer: usize, pos: usize, keys: &[f32], values: &[f32]) -> Result<(), CacheError> {
+        let d = self.store.head(layer, 0).head_dim();
+        for kv in 0..self.store.kv_heads() {
+            let r = kv * d;
+            if self.store.head_mut(layer, kv).push(pos as u32, &keys[r..r + d], &values[r..r + d]).is_none() {
+                return Err(self.store.full_error(layer, kv).into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails when a representative's KV head of `layer` has no keys (they
+    /// were dropped by head sharing): attention could not read them.
+    pub fn check_keys(&self, layer: usize) -> Result<(), CacheError> {
+        let lh = self.layer_heads(layer);
+        let group = lh.representative_of.len() / self.store.kv_heads();
+        match lh.reps.iter().find(|&&r| !self.store.head(layer, r / group).has_keys()) {
+            Some(&r) => Err(CacheError::MissingKeys { layer, kv_head: r / group }),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a decode step's attention at `pos` into CHAI's probe while
+    /// it is collected: `probs` holds each query head's row at `h · stride`
+    /// over its KV head's slots (a member reads its representative's row).
+    pub fn record_decode_probe(&mut self, layer: usize, pos: usize, probs: &[f32], stride: usize) {
+        let Some(sharing) = self.sharing.as_mut().filter(|h| h.collecting_probe()) else { return };
+        let lh = sharing.layer(layer).unwrap_or(&self.dense).clone();
+        let g = lh.representative_of.len() / self.store.kv_heads();
+        for (h, &r) in lh.representative_of.iter().enumerate() {
+            let positions = self.store.head(layer, r / g).positions();
+            sharing.record_probe(layer, h, pos, positions, &probs[r * stride..r * stride + positions.len()]);
+        }
+    }
+
+    /// Records one query head's attention at `pos` over `positions` into
+    /// CHAI's probe while it is collected (prefill chunks).
+    pub fn record_probe(&mut self, layer: usize, head: usize, pos: usize, positions: &[u32], probs: &[f32]) {
+        if let Some(sharing) = self.sharing.as_mut() {
+            sharing.record_probe(layer, head, pos, positions, probs);
+        }
+    }
+
+    /// After a decode step's attention in `layer` (`probs`: representative
+    /// `r`'s probabilities over its KV head's slots at `r · stride`): the
+    /// token policy scores and evicts once per component of aligned KV
+    /// heads, reading the component's representatives, and every other KV
+    /// head of the component replays the same evictions.
+    pub fn after_decode_attention(&mut self, layer: usize, probs: &[f32], stride: usize) {
+        let lh = self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense);
+        for comp in &lh.components {
+            let len = self.store.head(layer, comp.leader).len();
+            let rows = &mut self.component_probs;
+            rows.resize(comp.reps.len() * len, 0.0);
+            for (i, &r) in comp.reps.iter().enumerate() {
+                rows[i * len..(i + 1) * len].copy_from_slice(&probs[r * stride..r * stride + len]);
+            }
+            let mut view = PolicySlots::new(self.store.head_mut(layer, comp.leader));
+            let victims = self.policy.after_decode_step(layer, comp.leader, &mut view, rows);
+            for &kv in comp.kv_heads.iter().filter(|&&kv| kv != comp.leader) {
+                let head = self.store.head_mut(layer, kv);
+                victims.iter().for_each(|&v| head.evict(v));
+            }
+        }
+    }
+
+    /// Fills `cand` with component `component` of `layer`'s candidates for
+    /// a chunk of `n` tokens at positions `p0..`: the slots held now, then
+    /// the chunk's tokens (`keys`/`values`: `n` rows of every KV head's
+    /// `head_dim` floats). K and V are decoded to f32 per KV head of the
+    /// component; scores start as the held scores (0 for the chunk).
+    pub fn gather_candidates(
+        &self,
+        layer: usize,
+        component: usize,
+        p0: usize,
+        keys: &[f32],
+        values: &[f32],
+        cand: &mut PrefillCandidates,
+    ) -> Result<(), CacheError> {
+        let lh = self.layer_heads(layer);
+        let comp = &lh.components[component];
+        let kv_heads = self.store.kv_heads();
+        let d = self.store.head(layer, 0).head_dim();
+        let kvd = kv_heads * d;
+        let n = values.len() / kvd;
+        let leader = self.store.head(layer, comp.leader);
+        cand.held = leader.len();
+        cand.positions.clear();
+        cand.positions.extend_from_slice(leader.positions());
+        cand.positions.extend((0..n).map(|t| (p0 + t) as u32));
+        cand.scores.clear();
+        cand.scores.extend_from_slice(leader.scores());
+        cand.scores.resize(cand.held + n, 0.0);
+        cand.keys.resize(kv_heads, Vec::new());
+        cand.values.resize(kv_heads, Vec::new());
+        for &kv in &comp.kv_heads {
+            let head = self.store.head(layer, kv);
+            let (ck, cv) = (&mut cand.keys[kv], &mut cand.values[kv]);
+            ck.clear();
+            if head.gather_keys(ck) {
+                (0..n).for_each(|t| ck.extend_from_slice(&keys[t * kvd + kv * d..t * kvd + (kv + 1) * d]));
+            }
+            cv.clear();
+            head.gather_values(cv);
+            (0..n).for_each(|t| cv.extend_from_slice(&values[t * kvd + kv * d..t * kvd + (kv + 1) * d]));
+        }
+        let group = lh.representative_of.len() / kv_heads;
+        match comp.reps.iter().find(|&&r| cand.keys[r / group].is_empty()) {
+            Some(&r) => Err(CacheError::MissingKeys { layer, kv_head: r / group }),
+            None => Ok(()),
+        }
+    }
+
+    /// After the chunk's attention over `cand` (column sums added to its
+    /// scores): the policy picks what stays, and every KV head of the
+    /// component absorbs the same choice. The store never holds more than
+    /// the policy's capacity.
+    pub fn commit_candidates(
+        &mut self,
+        layer: usize,
+        component: usize,
+        cand: &mut PrefillCandidates,
+    ) -> Result<(), CacheError> {
+        let lh = self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense);
+        let comp = &lh.components[component];
+        self.policy.select_after_prefill(layer, comp.leader, &cand.positions, &cand.scores, &mut cand.keep);
+        let d = self.store.head(layer, 0).head_dim();
+        let old = cand.held;
+        for &kv in &comp.kv_heads {
+            let chunk_keys = if cand.keys[kv].is_empty() { &[][..] } else { &cand.keys[kv][old * d..] };
+            let head = self.store.head_mut(layer, kv);
+            let ok = head.absorb_chunk(
+                &cand.keep,
+                &cand.scores,
+                chunk_keys,
+                &cand.values[kv][old * d..],
+                &cand.positions[old..],
+            );
+            if !ok {
+                return Err(self.store.full_error(layer, kv).into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One component's prefill candidates: the slots held before the chunk,
+/// then the chunk's tokens. The cache fills it
+/// ([`SequenceCache::gather_candidates`]), the model attends over it and
+/// adds column sums to its scores, and the cache commits the policy's
+/// choice ([`SequenceCache::commit_candidates`]). Reused across chunks.
+#[derive(Default)]
+pub struct PrefillCandidates {
+    held: usize,
+    positions: Vec<u32>,
+    scores: Vec<f32>,
+    /// Per KV head of the component: K (empty when dropped) and V, f32.
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    keep: Vec<usize>,
+}
+
+impl PrefillCandidates {
+    /// Candidates that were slots before the chunk.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+    /// Original positions of every candidate.
+    pub fn positions(&self) -> &[u32] {
+        &self.positions
+    }
+    /// Scores: the held slots' accumulated scores, 0 for the chunk, plus
+    /// what attention adds.
+    pub fn scores_mut(&mut self) -> &mut [f32] {
+        &mut self.scores
+    }
+    /// KV head `kv`'s candidate keys (`len × head_dim`; empty when it has none).
+    pub fn keys(&self, kv: usize) -> &[f32] {
+        &self.keys[kv]
+    }
+    /// KV head `kv`'s candidate values (`len × head_dim`).
+    pub fn values(&self, kv: usize) -> &[f32] {
+        &self.values[kv]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::cache_of;
+    use super::*;
+    use crate::policy::PolicySpec;
+    use crate::CacheShape;
+
+    #[test]
+    fn append_past_capacity_is_a_cache_full_error() {
+        let shape = CacheShape { layers: 1, heads: 2, kv_heads: 1, head_dim: 4, sliding_window: None };
+        let mut c = SequenceCache::new(&PolicySpec::parse("full").unwrap(), shape, 2, 2).unwrap();
+        c.append(0, 0, &[0.0; 4], &[0.0; 4]).unwrap();
+        c.append(0, 1, &[0.0; 4], &[0.0; 4]).unwrap();
+        let err = c.append(0, 2, &[0.0; 4], &[0.0; 4]).unwrap_err();
+        assert!(matches!(err, CacheError::Full(_)), "{err}");
+    }
+
+    #[test]
+    fn a_decode_step_evicts_through_the_policy() {
+        // h2o with 2 slots: the third token makes the policy evict one
+        let mut c = cache_of("h2o:heavy=1,recent=1", 2);
+        for l in 0..2 {
+            c.append(l, 2, &[2.0; 4], &[-2.0; 4]).unwrap();
+            let stride = c.max_capacity();
+            let mut probs = vec![0f32; 2 * stride];
+            probs[..3].copy_from_slice(&[0.1, 0.6, 0.3]);
+            probs[stride..stride + 3].copy_from_slice(&[0.1, 0.6, 0.3]);
+            c.after_decode_attention(l, &probs, stride);
+            let mut kept = c.store().head(l, 0).positions().to_vec();
+            kept.sort_unstable();
+            assert_eq!(kept, [1, 2], "position 0 has the lowest score");
+        }
+    }
+
+    #[test]
+    fn prefill_candidates_commit_the_policys_choice() {
+        let mut c = cache_of("h2o:heavy=2,recent=1", 2);
+        let mut cand = PrefillCandidates::default();
+        let keys: Vec<f32> = (0..8).map(|i| 10.0 + i as f32).collect();
+        c.gather_candidates(0, 0, 2, &keys, &keys, &mut cand).unwrap();
+        assert_eq!(cand.held(), 2);
+        assert_eq!(cand.positions(), &[0, 1, 2, 3]);
+        assert_eq!(cand.keys(0).len(), 16);
+        cand.scores_mut().copy_from_slice(&[5.0, 0.0, 1.0, 0.0]);
+        c.commit_candidates(0, 0, &mut cand).unwrap();
+        let mut kept = c.store().head(0, 0).positions().to_vec();
+        kept.sort_unstable();
+        assert_eq!(kept, [0, 2, 3], "heavy: 0 and 2; recent: 3");
+    }
+}
