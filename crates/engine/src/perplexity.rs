@@ -477,7 +477,7 @@ pub fn perplexity(
         ppl: nll.exp(),
         kv_bytes_allocated: bytes.kv,
         kv_metadata_bytes: bytes.metadata,
-        kv_bytes_by_layer_kind: LayerKindBytes::of(model, &s.cache.store()),
+        kv_bytes_by_layer_kind: LayerKindBytes::of(model, s.cache.store()),
         policy: opts.policy.to_string(),
         budget_slots: opts.policy.budget(n),
         kv_bytes_peak: kv_peak.max(bytes.kv),
