@@ -70,6 +70,38 @@ def main() -> int:
     assert roles == ["assistant"], roles
     assert "".join(text) == r.choices[0].message.content
 
+    # log-probs with echo (what lm-evaluation-harness sends): the prompt is
+    # scored, its first token has no log-prob, max_tokens 0 generates nothing
+    e = client.completions.create(model=model, prompt="Once upon a time", max_tokens=0, echo=True, logprobs=2)
+    lp = e.choices[0].logprobs
+    assert e.choices[0].text == "Once upon a time"
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert len(lp.tokens) == e.usage.prompt_tokens and e.usage.completion_tokens == 0
+    assert lp.token_logprobs[0] is None and all(x <= 0 for x in lp.token_logprobs[1:])
+    assert all(len(t) >= 2 for t in lp.top_logprobs[1:])
+    g = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=1)
+    glp = g.choices[0].logprobs
+    assert all(tl == max(top.values()) for tl, top in zip(glp.token_logprobs, glp.top_logprobs))
+
+    # several prompts and n samples: one choice per (prompt, sample)
+    b = client.completions.create(model=model, prompt=["Once upon a time", "The dog"], n=2, max_tokens=4, seed=3)
+    assert sorted(ch.index for ch in b.choices) == [0, 1, 2, 3]
+
+    # chat log-probs in OpenAI's chat shape
+    lr = client.chat.completions.create(
+        model=model, messages=msgs, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2
+    )
+    content = lr.choices[0].logprobs.content
+    assert content and all(len(t.top_logprobs) == 2 for t in content)
+    assert all(t.logprob == t.top_logprobs[0].logprob and isinstance(t.bytes, list) for t in content)
+    streamed = []
+    for chunk in client.chat.completions.create(
+        model=model, messages=msgs, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2, stream=True
+    ):
+        if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+            streamed.extend(t.token for t in chunk.choices[0].logprobs.content)
+    assert streamed == [t.token for t in content], (streamed, [t.token for t in content])
+
     # errors come back as OpenAI errors
     try:
         client.completions.create(model=model, prompt="hi", max_tokens=4, extra_body={"kv_policy": "nope"})
@@ -79,6 +111,12 @@ def main() -> int:
     try:
         client.completions.create(model=model, prompt="hi", max_tokens=-1)
         raise AssertionError("negative max_tokens accepted")
+    except Exception as e:
+        assert getattr(e, "status_code", None) == 400, e
+
+    try:
+        client.completions.create(model=model, prompt="hi", max_tokens=4, logprobs=6)
+        raise AssertionError("logprobs above 5 accepted")
     except Exception as e:
         assert getattr(e, "status_code", None) == 400, e
 

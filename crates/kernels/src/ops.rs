@@ -36,9 +36,15 @@ pub fn softmax(x: &mut [f32]) -> f32 {
 
 /// log-softmax value of one entry, computed stably in f64.
 pub fn log_softmax_at(logits: &[f32], i: usize) -> f64 {
+    logits[i] as f64 - log_sum_exp(logits)
+}
+
+/// ln Σ exp(logits), stably in f64: the normaliser of [`log_softmax_at`],
+/// exposed so a caller needing several entries of one row (top-k
+/// log-probs) computes it once and gets bit-identical values.
+pub fn log_sum_exp(logits: &[f32]) -> f64 {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = logits.iter().map(|v| (*v as f64 - max).exp()).sum::<f64>().ln() + max;
-    logits[i] as f64 - lse
+    logits.iter().map(|v| (*v as f64 - max).exp()).sum::<f64>().ln() + max
 }
 
 /// Activation functions used by the supported MLPs.

@@ -3,10 +3,26 @@
 //! * Bodies are parsed by hand from bytes so malformed JSON gets OpenAI's
 //!   error shape (`{"error": {"message", "type", "param", "code"}}`).
 //! * Unknown fields are ignored, as OpenAI does.
-//! * `max_tokens` must be ≥ 1; larger than what the context leaves
-//!   (context − prompt tokens) is clipped to it (finish_reason `length`).
-//!   Defaults: 16 for completions (OpenAI's default), the rest of the
-//!   context for chat.
+//! * `max_tokens` must be ≥ 1 (0 with `echo`: the prompt is scored, nothing
+//!   generated); larger than what the context leaves (context − prompt
+//!   tokens) is clipped to it (finish_reason `length`). Defaults: 16 for
+//!   completions (OpenAI's default), the rest of the context for chat.
+//! * Log-probs (`logprobs: N` ≤ 5 on completions; `logprobs: true` +
+//!   `top_logprobs: N` ≤ 20 on chat) are the log-softmax of the raw logits
+//!   in f64 under the request's own `kv_policy`: temperature and top-p
+//!   never change them. With `echo` the prompt's tokens are scored by the
+//!   request's prefill (every position's logits from one
+//!   [`kvslim_engine::Session::feed`], as `kvslim perplexity --prefill N`
+//!   does), the first one `null`. A completion's `top_logprobs` also holds
+//!   the chosen token (so up to N + 1 entries, as OpenAI); `text_offset`
+//!   counts characters of the choice's `text` from each token's bytes. A
+//!   request ended by EOS lists the EOS token last (its text is not in
+//!   `text`), so `echo` + `max_tokens: 1` always has prompt + 1 entries.
+//! * `prompt` may be a list (strings or token-id lists) and `n` (≤ 16)
+//!   asks for several samples per prompt: choice `index` = prompt × n + j;
+//!   a seeded request samples choice j with seed + j. Streams interleave
+//!   the choices' chunks; `usage` (prompt tokens once per prompt) rides on
+//!   the last finish chunk.
 //! * `kv_policy` (extension) takes the policy grammar of `--policy`.
 //! * `usage.kv_bytes_allocated` is the request's KV reservation;
 //!   `usage.prompt_tokens_reused` the prompt tokens taken from the prefix
@@ -15,7 +31,7 @@
 //!   `compact=`/`page_score=` imply it; token eviction otherwise stays on
 //!   fixed slots (see `scheduler::apply_default_page`).
 
-use crate::scheduler::{apply_default_page, kv_bytes_for, Event, Finish, Request, SubmitError};
+use crate::scheduler::{apply_default_page, kv_bytes_for, Event, Finish, Request, SubmitError, TokenLogprob};
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -23,13 +39,14 @@ use axum::http::{header, StatusCode};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream::{self, Stream};
+use futures_util::stream::{self, Stream, StreamExt};
 use kvslim_cache::PolicySpec;
 use kvslim_engine::SamplingParams;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -74,6 +91,7 @@ enum Prompt {
     Text(String),
     Texts(Vec<String>),
     Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
 }
 
 #[derive(Deserialize)]
@@ -105,6 +123,9 @@ struct Common {
 #[derive(Deserialize)]
 struct CompletionBody {
     prompt: Option<Prompt>,
+    echo: Option<bool>,
+    /// An integer (0..=5); read by hand for a clear error on `true`.
+    logprobs: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -130,6 +151,9 @@ struct Message {
 #[derive(Deserialize)]
 struct ChatBody {
     messages: Option<Vec<Message>>,
+    /// `true`/`false`; read by hand for a clear error on a number.
+    logprobs: Option<Value>,
+    top_logprobs: Option<i64>,
 }
 
 /// The chat fields the template sees as sent: whole message objects and
@@ -159,43 +183,119 @@ fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// Validates the shared fields and queues the request.
+/// Most alternatives per token: OpenAI's limits (`logprobs` ≤ 5 on
+/// completions, `top_logprobs` ≤ 20 on chat).
+const MAX_COMPLETION_LOGPROBS: i64 = 5;
+const MAX_CHAT_TOP_LOGPROBS: i64 = 20;
+/// Most choices per prompt (`n`) and prompts per request; every choice is
+/// its own sequence in the scheduler (and counts against its queue).
+const MAX_N: i64 = 16;
+const MAX_PROMPTS: usize = 64;
+
+/// What a request asks for beyond text, after validation.
+#[derive(Clone, Copy, Default)]
+struct Extras {
+    /// Return the prompt before the completion (completions only).
+    echo: bool,
+    /// Per-token log-probs with this many alternatives.
+    logprobs: Option<usize>,
+    /// Choices per prompt.
+    n: usize,
+}
+
+/// One prompt of a request: its ids and the text `echo` returns for it
+/// (the prompt as sent, or its decoding when sent as token ids).
+struct PromptIn {
+    ids: Vec<u32>,
+    text: String,
+}
+
+/// Reads `logprobs` of `/v1/completions`: an integer 0..=5 (or null).
+fn completion_logprobs_field(v: &Option<Value>) -> Result<Option<usize>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_i64() {
+            Some(k) if (0..=MAX_COMPLETION_LOGPROBS).contains(&k) => Ok(Some(k as usize)),
+            _ => Err(ApiError::bad(
+                format!("logprobs must be an integer between 0 and {MAX_COMPLETION_LOGPROBS}, got {n}"),
+                Some("logprobs"),
+            )),
+        },
+        Some(o) => Err(ApiError::bad(
+            format!("logprobs must be an integer between 0 and {MAX_COMPLETION_LOGPROBS} on /v1/completions, got {o} (`logprobs: true` with `top_logprobs` is the chat form)"),
+            Some("logprobs"),
+        )),
+    }
+}
+
+/// Reads `logprobs` (bool) and `top_logprobs` (0..=20) of chat.
+fn chat_logprobs_fields(logprobs: &Option<Value>, top: Option<i64>) -> Result<Option<usize>, ApiError> {
+    let on = match logprobs {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::Bool(true)) => true,
+        Some(o) => {
+            return Err(ApiError::bad(
+                format!("logprobs must be true or false on /v1/chat/completions, got {o} (the number of alternatives goes in top_logprobs)"),
+                Some("logprobs"),
+            ))
+        }
+    };
+    match (on, top) {
+        (_, Some(k)) if !(0..=MAX_CHAT_TOP_LOGPROBS).contains(&k) => Err(ApiError::bad(
+            format!("top_logprobs must be between 0 and {MAX_CHAT_TOP_LOGPROBS}, got {k}"),
+            Some("top_logprobs"),
+        )),
+        (false, Some(_)) => Err(ApiError::bad("top_logprobs needs `logprobs: true`", Some("top_logprobs"))),
+        (false, None) => Ok(None),
+        (true, k) => Ok(Some(k.unwrap_or(0) as usize)),
+    }
+}
+
+/// Validates the shared fields and queues one sequence per prompt and
+/// choice (prompt-major: choice `index` = prompt × n + j). Choice j of a
+/// seeded request samples with seed + j, so choice 0 is what the same
+/// request with n = 1 gives.
 fn submit(
     st: &AppState,
-    prompt: Vec<u32>,
+    prompts: &[PromptIn],
     c: &Common,
+    x: Extras,
     default_max: Option<usize>,
     extra_stops: Vec<String>,
-) -> Result<(UnboundedReceiver<Event>, usize, usize), ApiError> {
+) -> Result<Vec<UnboundedReceiver<Event>>, ApiError> {
     let model = &st.model;
     let ctx = model.config.context_len;
-    if c.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad("only n = 1 is supported", Some("n")));
-    }
-    if prompt.is_empty() {
-        return Err(ApiError::bad("the prompt is empty", Some("prompt")));
-    }
-    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= model.config.vocab_size) {
-        return Err(ApiError::bad(format!("token id {bad} is outside the vocabulary"), Some("prompt")));
-    }
-    if prompt.len() >= ctx {
-        return Err(ApiError::bad(
-            format!(
-                "the prompt has {} tokens but the model's context is {ctx} tokens (at least one must be left to generate); shorten the prompt",
-                prompt.len()
-            ),
-            Some("prompt"),
-        )
-        .code("context_length_exceeded"));
-    }
-    let room = ctx - prompt.len();
-    let max_tokens = match c.max_tokens.or(c.max_completion_tokens) {
-        Some(m) if m < 1 => {
-            return Err(ApiError::bad(format!("max_tokens must be at least 1, got {m}"), Some("max_tokens")))
-        }
-        Some(m) => (m as u64).min(room as u64) as usize,
-        None => default_max.unwrap_or(room).min(room),
+    let beams = match c.beams {
+        None => 1,
+        Some(b) if (1..=16).contains(&b) => b as usize,
+        Some(b) => return Err(ApiError::bad(format!("beams must be between 1 and 16, got {b}"), Some("beams"))),
     };
+    if beams > 1 && c.stream == Some(true) {
+        return Err(ApiError::bad("beam search results are not streamed; drop `stream` or `beams`", Some("stream")));
+    }
+    if beams > 1 && x.n > 1 {
+        return Err(ApiError::bad("beam search returns one choice; drop `n` or `beams`", Some("n")));
+    }
+    if beams > 1 && x.logprobs.is_some() {
+        return Err(ApiError::bad(
+            "log-probs are not reported for beam search; drop `logprobs` or `beams`",
+            Some("logprobs"),
+        ));
+    }
+    let requested = c.max_tokens.or(c.max_completion_tokens);
+    match requested {
+        Some(0) if x.echo && beams == 1 => {}
+        Some(0) if x.echo => {
+            return Err(ApiError::bad("beam search needs max_tokens of at least 1", Some("max_tokens")))
+        }
+        Some(m) if m < 1 => {
+            return Err(ApiError::bad(
+                format!("max_tokens must be at least 1 (0 only with `echo`), got {m}"),
+                Some("max_tokens"),
+            ))
+        }
+        _ => {}
+    }
     let mut policy = match &c.kv_policy {
         None => st.default_policy.clone(),
         Some(p) => PolicySpec::parse_and_load_with_page(p, Some(st.scheduler.limits.kv_page_size).filter(|&n| n > 0))
@@ -216,54 +316,101 @@ fn submit(
     };
     stop.retain(|s| !s.is_empty());
     stop.extend(extra_stops);
-    let beams = match c.beams {
-        None => 1,
-        Some(b) if (1..=16).contains(&b) => b as usize,
-        Some(b) => return Err(ApiError::bad(format!("beams must be between 1 and 16, got {b}"), Some("beams"))),
-    };
-    if beams > 1 && c.stream == Some(true) {
-        return Err(ApiError::bad("beam search results are not streamed; drop `stream` or `beams`", Some("stream")));
-    }
     let length_penalty = c.length_penalty.unwrap_or(1.0);
     if !length_penalty.is_finite() {
         return Err(ApiError::bad("length_penalty must be a finite number", Some("length_penalty")));
     }
     // beam search holds every live beam's cache plus the children forked at a reorder
     let copies = if beams > 1 { 2 * beams } else { 1 };
-    let kv_bytes = kv_bytes_for(model, &policy, prompt.len(), max_tokens)
-        .map_err(|e| ApiError::bad(format!("kv_policy `{policy}`: {e}"), Some("kv_policy")))?
-        .saturating_mul(copies);
     let limit = st.scheduler.limits.kv_memory;
-    if kv_bytes > limit {
-        return Err(ApiError::bad(
-            format!(
-                "this request needs {kv_bytes} bytes of KV cache (policy `{policy}`, {} prompt + {max_tokens} new tokens) but the server's whole KV pool is {limit} bytes; lower max_tokens or use a bounded kv_policy (paged: with page_score=… or compact=N)",
-                prompt.len()
-            ),
-            Some("max_tokens"),
-        )
-        .code("kv_memory_exceeded"));
+    // every prompt is checked before any sequence is queued
+    let mut plans = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        let prompt = &p.ids;
+        if prompt.is_empty() {
+            return Err(ApiError::bad("the prompt is empty", Some("prompt")));
+        }
+        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= model.config.vocab_size) {
+            return Err(ApiError::bad(format!("token id {bad} is outside the vocabulary"), Some("prompt")));
+        }
+        let only_echo = requested == Some(0);
+        if prompt.len() > ctx || (prompt.len() == ctx && !only_echo) {
+            return Err(ApiError::bad(
+                format!(
+                    "the prompt has {} tokens but the model's context is {ctx} tokens (at least one must be left to generate); shorten the prompt",
+                    prompt.len()
+                ),
+                Some("prompt"),
+            )
+            .code("context_length_exceeded"));
+        }
+        let room = ctx - prompt.len();
+        let max_tokens = match requested {
+            Some(m) => (m as u64).min(room as u64) as usize,
+            None => default_max.unwrap_or(room).min(room),
+        };
+        let kv_bytes = kv_bytes_for(model, &policy, prompt.len(), max_tokens)
+            .map_err(|e| ApiError::bad(format!("kv_policy `{policy}`: {e}"), Some("kv_policy")))?
+            .saturating_mul(copies);
+        if kv_bytes > limit {
+            return Err(ApiError::bad(
+                format!(
+                    "this request needs {kv_bytes} bytes of KV cache (policy `{policy}`, {} prompt + {max_tokens} new tokens) but the server's whole KV pool is {limit} bytes; lower max_tokens or use a bounded kv_policy (paged: with page_score=… or compact=N)",
+                    prompt.len()
+                ),
+                Some("max_tokens"),
+            )
+            .code("kv_memory_exceeded"));
+        }
+        plans.push((max_tokens, kv_bytes));
     }
-    let (tx, rx) = unbounded_channel();
-    let prompt_len = prompt.len();
-    let req = Request { prompt, max_tokens, sampling, policy, stop, kv_bytes, beams, length_penalty, events: tx };
-    match st.scheduler.submit(req) {
-        Ok(()) => Ok((rx, prompt_len, kv_bytes)),
-        Err(SubmitError::QueueFull) => Err(ApiError {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            message: format!("the request queue is full ({} waiting); retry later", st.scheduler.limits.queue_limit),
-            kind: "rate_limit_error",
-            param: None,
-            code: Some("queue_full"),
-        }),
-        Err(SubmitError::Stopped) => Err(ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: "the inference thread has stopped".into(),
-            kind: "server_error",
-            param: None,
-            code: None,
-        }),
+    let mut out = Vec::with_capacity(prompts.len() * x.n);
+    for (p, &(max_tokens, kv_bytes)) in prompts.iter().zip(&plans) {
+        for j in 0..x.n {
+            let (tx, rx) = unbounded_channel();
+            let mut sampling = sampling.clone();
+            sampling.seed = sampling.seed.wrapping_add(j as u64);
+            let req = Request {
+                prompt: p.ids.clone(),
+                max_tokens,
+                sampling,
+                policy: policy.clone(),
+                stop: stop.clone(),
+                kv_bytes,
+                beams,
+                length_penalty,
+                logprobs: x.logprobs,
+                prompt_logprobs: x.logprobs.filter(|_| x.echo),
+                events: tx,
+            };
+            match st.scheduler.submit(req) {
+                Ok(()) => out.push(rx),
+                // the sequences queued so far are cancelled as `out` drops
+                Err(SubmitError::QueueFull) => {
+                    return Err(ApiError {
+                        status: StatusCode::TOO_MANY_REQUESTS,
+                        message: format!(
+                            "the request queue is full ({} waiting); retry later",
+                            st.scheduler.limits.queue_limit
+                        ),
+                        kind: "rate_limit_error",
+                        param: None,
+                        code: Some("queue_full"),
+                    })
+                }
+                Err(SubmitError::Stopped) => {
+                    return Err(ApiError {
+                        status: StatusCode::SERVICE_UNAVAILABLE,
+                        message: "the inference thread has stopped".into(),
+                        kind: "server_error",
+                        param: None,
+                        code: None,
+                    })
+                }
+            }
+        }
     }
+    Ok(out)
 }
 
 fn encode(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -276,23 +423,52 @@ enum Kind {
     Chat,
 }
 
+/// `n` as sent (1..=16).
+fn choices_per_prompt(c: &Common) -> Result<usize, ApiError> {
+    match c.n {
+        None => Ok(1),
+        Some(n) if (1..=MAX_N).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ApiError::bad(format!("n must be between 1 and {MAX_N}, got {n}"), Some("n"))),
+    }
+}
+
 pub async fn completions(State(st): State<AppState>, body: Bytes) -> Response {
     let (b, common): (CompletionBody, Common) = match parse(&body) {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    let prompt = match b.prompt {
-        None => return ApiError::bad("`prompt` is required", Some("prompt")).into_response(),
-        Some(Prompt::Text(t)) => encode(&st, &t),
-        Some(Prompt::Texts(v)) if v.len() == 1 => encode(&st, &v[0]),
-        Some(Prompt::Texts(_)) => Err(ApiError::bad("only one prompt per request is supported", Some("prompt"))),
-        Some(Prompt::Tokens(ids)) => Ok(ids),
-    };
-    let prompt = match prompt {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
-    };
-    respond(st, Kind::Completion, prompt, common, Some(16), Vec::new()).await
+    let prompts = (|| -> Result<Vec<PromptIn>, ApiError> {
+        let text = |t: String| encode(&st, &t).map(|ids| PromptIn { ids, text: t });
+        let ids = |ids: Vec<u32>| PromptIn { text: st.tokenizer.decode(&ids).unwrap_or_default(), ids };
+        let v = match b.prompt {
+            None => return Err(ApiError::bad("`prompt` is required", Some("prompt"))),
+            Some(Prompt::Text(t)) => vec![text(t)?],
+            Some(Prompt::Texts(v)) => v.into_iter().map(text).collect::<Result<_, _>>()?,
+            Some(Prompt::Tokens(t)) => vec![ids(t)],
+            Some(Prompt::TokenLists(v)) => v.into_iter().map(ids).collect(),
+        };
+        if v.is_empty() {
+            return Err(ApiError::bad("`prompt` is an empty list", Some("prompt")));
+        }
+        if v.len() > MAX_PROMPTS {
+            return Err(ApiError::bad(
+                format!("at most {MAX_PROMPTS} prompts per request, got {}", v.len()),
+                Some("prompt"),
+            ));
+        }
+        Ok(v)
+    })();
+    let extras = (|| {
+        Ok::<_, ApiError>(Extras {
+            echo: b.echo.unwrap_or(false),
+            logprobs: completion_logprobs_field(&b.logprobs)?,
+            n: choices_per_prompt(&common)?,
+        })
+    })();
+    match (prompts, extras) {
+        (Ok(p), Ok(x)) => respond(st, Kind::Completion, p, common, x, Some(16), Vec::new()).await,
+        (Err(e), _) | (_, Err(e)) => e.into_response(),
+    }
 }
 
 pub async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
@@ -302,6 +478,10 @@ pub async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Respon
     };
     let Some(messages) = b.messages.filter(|m| !m.is_empty()) else {
         return ApiError::bad("`messages` must be a non-empty list", Some("messages")).into_response();
+    };
+    let extras = match (chat_logprobs_fields(&b.logprobs, b.top_logprobs), choices_per_prompt(&common)) {
+        (Ok(logprobs), Ok(n)) => Extras { echo: false, logprobs, n },
+        (Err(e), _) | (_, Err(e)) => return e.into_response(),
     };
     let chat = match st.chat.as_ref() {
         Ok(c) => c,
@@ -339,28 +519,141 @@ pub async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Respon
         Err(e) => return ApiError::bad(format!("cannot tokenize the prompt: {e}"), Some("messages")).into_response(),
     };
     let stops = chat.stops();
-    respond(st, Kind::Chat, prompt, common, None, stops).await
+    respond(st, Kind::Chat, vec![PromptIn { ids: prompt, text }], common, extras, None, stops).await
 }
 
-fn usage(f: &Finish) -> Value {
+/// Usage summed over a request's choices: prompt tokens (and those reused)
+/// once per prompt, completion tokens and KV bytes over every choice.
+fn usage(fs: &[&Finish], n: usize) -> Value {
+    let per_prompt = |f: fn(&Finish) -> usize| fs.iter().step_by(n.max(1)).map(|x| f(x)).sum::<usize>();
+    let prompt = per_prompt(|f| f.prompt_tokens);
+    let completion: usize = fs.iter().map(|f| f.completion_tokens).sum();
     json!({
-        "prompt_tokens": f.prompt_tokens,
-        "completion_tokens": f.completion_tokens,
-        "total_tokens": f.prompt_tokens + f.completion_tokens,
-        "kv_bytes_allocated": f.kv_bytes,
-        "prompt_tokens_reused": f.prompt_tokens_reused,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "kv_bytes_allocated": fs.iter().map(|f| f.kv_bytes).sum::<usize>(),
+        "prompt_tokens_reused": per_prompt(|f| f.prompt_tokens_reused),
     })
+}
+
+/// A token as OpenAI shows it: its text when its bytes are UTF-8, else
+/// `bytes:\xNN…` (the form OpenAI's completions use for partial
+/// characters); `bytes` are always given alongside in chat.
+fn token_string(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => s.to_string(),
+        Err(_) => {
+            let mut s = String::from("bytes:");
+            for b in bytes {
+                s.push_str(&format!("\\x{b:02x}"));
+            }
+            s
+        }
+    }
+}
+
+/// Renders log-probs in a response's shapes, keeping the running text
+/// offset of one choice across streamed chunks.
+struct LogprobWriter<'a> {
+    tok: &'a kvslim_models::Tokenizer,
+    /// Alternatives asked for (`top` entries beyond it are never listed).
+    k: usize,
+    /// Characters of text before the next token.
+    offset: usize,
+}
+
+impl LogprobWriter<'_> {
+    /// (display string, bytes) of a token, and the characters it adds to
+    /// the text (a special token adds none; a token that ends inside a
+    /// character counts the characters it starts).
+    fn token(&self, id: u32) -> (String, Vec<u8>, usize) {
+        let tb = self
+            .tok
+            .token_bytes(id)
+            .unwrap_or(kvslim_models::tokenizer::TokenBytes { bytes: Vec::new(), special: true });
+        let chars = if tb.special { 0 } else { tb.bytes.iter().filter(|&&b| (b & 0xc0) != 0x80).count() };
+        (token_string(&tb.bytes), tb.bytes, chars)
+    }
+
+    /// `choices[i].logprobs` of a completion: `tokens`, `token_logprobs`,
+    /// `top_logprobs` ({token: logprob}, the chosen token included as OpenAI
+    /// does) and `text_offset` (characters into the choice's `text`).
+    /// `first_prompt` is the echoed prompt's first token (its log-prob is
+    /// null: nothing predicts it).
+    fn completion(&mut self, first_prompt: Option<u32>, lps: &[TokenLogprob]) -> Value {
+        let (mut tokens, mut logprobs, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+        if let Some(id) = first_prompt {
+            let (s, _, chars) = self.token(id);
+            tokens.push(json!(s));
+            logprobs.push(Value::Null);
+            tops.push(Value::Null);
+            offsets.push(json!(self.offset));
+            self.offset += chars;
+        }
+        for lp in lps {
+            let (s, _, chars) = self.token(lp.id);
+            let mut top = serde_json::Map::new();
+            for &(id, l) in lp.top.iter().take(self.k) {
+                top.insert(self.token(id).0, json!(l));
+            }
+            top.entry(s.clone()).or_insert(json!(lp.logprob));
+            tokens.push(json!(s));
+            logprobs.push(json!(lp.logprob));
+            tops.push(Value::Object(top));
+            offsets.push(json!(self.offset));
+            self.offset += chars;
+        }
+        json!({"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets})
+    }
+
+    /// `choices[i].logprobs` of a chat completion: `content` entries
+    /// `{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`.
+    fn chat(&mut self, lps: &[TokenLogprob]) -> Value {
+        let content: Vec<Value> = lps
+            .iter()
+            .map(|lp| {
+                let (s, b, _) = self.token(lp.id);
+                let top: Vec<Value> = lp
+                    .top
+                    .iter()
+                    .take(self.k)
+                    .map(|&(id, l)| {
+                        let (s, b, _) = self.token(id);
+                        json!({"token": s, "logprob": l, "bytes": b})
+                    })
+                    .collect();
+                json!({"token": s, "logprob": lp.logprob, "bytes": b, "top_logprobs": top})
+            })
+            .collect();
+        json!({"content": content, "refusal": null})
+    }
+}
+
+fn server_error(message: String) -> Response {
+    ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message, kind: "server_error", param: None, code: None }
+        .into_response()
+}
+
+/// What one choice gathered (non-streaming).
+#[derive(Default)]
+struct Gathered {
+    text: String,
+    prompt: Option<Vec<TokenLogprob>>,
+    tokens: Vec<TokenLogprob>,
+    finish: Option<Finish>,
 }
 
 async fn respond(
     st: AppState,
     kind: Kind,
-    prompt: Vec<u32>,
+    prompts: Vec<PromptIn>,
     c: Common,
+    x: Extras,
     default_max: Option<usize>,
     stops: Vec<String>,
 ) -> Response {
-    let (mut rx, prompt_len, kv_bytes) = match submit(&st, prompt, &c, default_max, stops) {
+    let rxs = match submit(&st, &prompts, &c, x, default_max, stops) {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
@@ -372,114 +665,201 @@ async fn respond(
     let model = c.model.clone().unwrap_or_else(|| st.model_name.clone());
     let created = now();
     if !c.stream.unwrap_or(false) {
-        let mut text = String::new();
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                Event::Text(t) => text.push_str(&t),
-                Event::Error(e) => {
-                    return ApiError {
-                        status: StatusCode::INTERNAL_SERVER_ERROR,
-                        message: e,
-                        kind: "server_error",
-                        param: None,
-                        code: None,
+        let mut got: Vec<Gathered> = Vec::with_capacity(rxs.len());
+        for mut rx in rxs {
+            let mut g = Gathered::default();
+            while let Some(ev) = rx.recv().await {
+                match ev {
+                    Event::Prompt(p) => g.prompt = Some(p),
+                    Event::Text(t, lps) => {
+                        g.text.push_str(&t);
+                        g.tokens.extend(lps);
                     }
-                    .into_response()
-                }
-                Event::Done(f) => {
-                    let choice = match kind {
-                        Kind::Completion => {
-                            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": f.reason})
-                        }
-                        Kind::Chat => json!({
-                            "index": 0,
-                            "message": {"role": "assistant", "content": text},
-                            "logprobs": null,
-                            "finish_reason": f.reason,
-                        }),
-                    };
-                    let body = json!({
-                        "id": id, "object": object, "created": created, "model": model,
-                        "choices": [choice],
-                        "usage": usage(&f),
-                    });
-                    return Json(body).into_response();
+                    Event::Error(e) => return server_error(e),
+                    Event::Done(f) => {
+                        g.finish = Some(f);
+                        break;
+                    }
                 }
             }
+            if g.finish.is_none() {
+                return server_error("the request ended without a result".into());
+            }
+            got.push(g);
         }
-        return ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: "the request ended without a result".into(),
-            kind: "server_error",
-            param: None,
-            code: None,
+        let mut choices = Vec::with_capacity(got.len());
+        for (i, g) in got.iter().enumerate() {
+            let p = &prompts[i / x.n];
+            let f = g.finish.as_ref().expect("checked above");
+            let mut w = LogprobWriter { tok: &st.tokenizer, k: x.logprobs.unwrap_or(0), offset: 0 };
+            let choice = match kind {
+                Kind::Completion => {
+                    let logprobs = match x.logprobs {
+                        None => Value::Null,
+                        Some(_) => {
+                            let mut all = g.prompt.clone().unwrap_or_default();
+                            all.extend(g.tokens.iter().cloned());
+                            w.completion(x.echo.then(|| p.ids[0]), &all)
+                        }
+                    };
+                    let text = if x.echo { format!("{}{}", p.text, g.text) } else { g.text.clone() };
+                    json!({"index": i, "text": text, "logprobs": logprobs, "finish_reason": f.reason})
+                }
+                Kind::Chat => json!({
+                    "index": i,
+                    "message": {"role": "assistant", "content": g.text},
+                    "logprobs": if x.logprobs.is_some() { w.chat(&g.tokens) } else { Value::Null },
+                    "finish_reason": f.reason,
+                }),
+            };
+            choices.push(choice);
         }
-        .into_response();
+        let finishes: Vec<&Finish> = got.iter().filter_map(|g| g.finish.as_ref()).collect();
+        let body = json!({
+            "id": id, "object": object, "created": created, "model": model,
+            "choices": choices,
+            "usage": usage(&finishes, x.n),
+        });
+        return Json(body).into_response();
     }
     let chunk_object = match kind {
         Kind::Completion => "text_completion",
         Kind::Chat => "chat.completion.chunk",
     };
-    let chunk = move |delta: Option<&str>, finish: Option<&str>, usage: Option<Value>, first: bool| -> SseEvent {
-        let choice = match kind {
-            Kind::Completion => {
-                json!({"index": 0, "text": delta.unwrap_or(""), "logprobs": null, "finish_reason": finish})
+    let head = json!({"id": id, "object": chunk_object, "created": created, "model": model});
+    let total = rxs.len();
+    let merged = stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
+        stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) }).map(move |e| (i, e)).boxed()
+    }));
+    let mut s = Streamer {
+        tok: st.tokenizer.clone(),
+        kind,
+        x,
+        head,
+        prompts,
+        writers: (0..total).map(|_| (false, 0usize)).collect(),
+        finishes: vec![None; total],
+        queue: std::collections::VecDeque::new(),
+        ended: false,
+    };
+    if kind == Kind::Chat {
+        for i in 0..total {
+            let mut d = serde_json::Map::new();
+            d.insert("role".into(), json!("assistant"));
+            d.insert("content".into(), json!(""));
+            s.push(json!({"index": i, "delta": d, "logprobs": null, "finish_reason": null}), None);
+        }
+    }
+    let events = stream::unfold((merged, s), |(mut merged, mut s)| async move {
+        loop {
+            if let Some(ev) = s.queue.pop_front() {
+                return Some((ev, (merged, s)));
             }
-            Kind::Chat => {
-                let mut d = serde_json::Map::new();
-                if first {
-                    d.insert("role".into(), json!("assistant"));
-                }
-                if let Some(t) = delta {
-                    d.insert("content".into(), json!(t));
-                }
-                json!({"index": 0, "delta": d, "logprobs": null, "finish_reason": finish})
+            if s.ended {
+                return None;
             }
-        };
-        let mut v = json!({"id": id, "object": chunk_object, "created": created, "model": model, "choices": [choice]});
+            match merged.next().await {
+                Some((i, ev)) => s.on_event(i, ev),
+                None => {
+                    s.queue.push_back(SseEvent::default().data("[DONE]"));
+                    s.ended = true;
+                }
+            }
+        }
+    });
+    sse(events).into_response()
+}
+
+/// Turns a streamed request's events (every choice's, interleaved) into
+/// SSE chunks: each chunk is one choice's piece with its `index` and, when
+/// asked, its tokens' log-probs; `usage` (summed) rides on the finish
+/// chunk of the choice that ends last; an error ends the stream.
+struct Streamer {
+    tok: Arc<kvslim_models::Tokenizer>,
+    kind: Kind,
+    x: Extras,
+    head: Value,
+    prompts: Vec<PromptIn>,
+    /// Per choice: whether the echo went out, and the text offset so far.
+    writers: Vec<(bool, usize)>,
+    finishes: Vec<Option<Finish>>,
+    queue: std::collections::VecDeque<SseEvent>,
+    ended: bool,
+}
+
+impl Streamer {
+    fn push(&mut self, choice: Value, usage: Option<Value>) {
+        let mut v = self.head.clone();
+        v["choices"] = json!([choice]);
         if let Some(u) = usage {
             v["usage"] = u;
         }
-        SseEvent::default().data(v.to_string())
-    };
-    // state: 0 = before the first chunk, 1 = streaming, 3 = finished
-    let events = stream::unfold((rx, 0u8), move |(mut rx, state)| {
-        let chunk = chunk.clone();
-        async move {
-            if state >= 2 {
-                return None;
+        self.queue.push_back(SseEvent::default().data(v.to_string()));
+    }
+
+    /// Log-probs of tokens for choice `i` in this endpoint's chunk shape
+    /// (`first_prompt`: the echoed prompt's first token, completions only).
+    fn logprobs(&mut self, i: usize, first_prompt: Option<u32>, lps: &[TokenLogprob]) -> Value {
+        if self.x.logprobs.is_none() {
+            return Value::Null;
+        }
+        let mut w = LogprobWriter { tok: &self.tok, k: self.x.logprobs.unwrap_or(0), offset: self.writers[i].1 };
+        let v = match self.kind {
+            Kind::Completion => w.completion(first_prompt, lps),
+            Kind::Chat => w.chat(lps),
+        };
+        self.writers[i].1 = w.offset;
+        v
+    }
+
+    /// The echoed prompt of choice `i` (with its log-probs when given),
+    /// once, before anything else of that choice.
+    fn echo(&mut self, i: usize, prompt_lps: Option<&[TokenLogprob]>) {
+        if !self.x.echo || self.writers[i].0 {
+            return;
+        }
+        self.writers[i].0 = true;
+        let p = i / self.x.n;
+        let first = self.prompts[p].ids[0];
+        let logprobs = self.logprobs(i, Some(first), prompt_lps.unwrap_or(&[]));
+        let text = self.prompts[p].text.clone();
+        self.push(json!({"index": i, "text": text, "logprobs": logprobs, "finish_reason": null}), None);
+    }
+
+    fn on_event(&mut self, i: usize, ev: Event) {
+        match ev {
+            Event::Prompt(lps) => self.echo(i, Some(&lps)),
+            Event::Text(t, lps) => {
+                self.echo(i, None);
+                let logprobs = self.logprobs(i, None, &lps);
+                let choice = match self.kind {
+                    Kind::Completion => json!({"index": i, "text": t, "logprobs": logprobs, "finish_reason": null}),
+                    Kind::Chat => {
+                        json!({"index": i, "delta": {"content": t}, "logprobs": logprobs, "finish_reason": null})
+                    }
+                };
+                self.push(choice, None);
             }
-            if state == 0 && kind == Kind::Chat {
-                return Some((chunk(Some(""), None, None, true), (rx, 1)));
+            Event::Done(f) => {
+                self.echo(i, None);
+                let reason = f.reason;
+                self.finishes[i] = Some(f);
+                let all: Vec<&Finish> = self.finishes.iter().flatten().collect();
+                let usage = (all.len() == self.finishes.len()).then(|| usage(&all, self.x.n));
+                let choice = match self.kind {
+                    Kind::Completion => json!({"index": i, "text": "", "logprobs": null, "finish_reason": reason}),
+                    Kind::Chat => json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": reason}),
+                };
+                self.push(choice, usage);
             }
-            match rx.recv().await {
-                Some(Event::Text(t)) => Some((chunk(Some(&t), None, None, false), (rx, 1))),
-                Some(Event::Done(f)) => {
-                    let u = usage(&f);
-                    let last = chunk(if kind == Kind::Chat { None } else { Some("") }, Some(f.reason), Some(u), false);
-                    Some((last, (rx, 3)))
-                }
-                Some(Event::Error(e)) => {
-                    let err = json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
-                    Some((SseEvent::default().data(err.to_string()), (rx, 3)))
-                }
-                None => None,
+            Event::Error(e) => {
+                let err = json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
+                self.queue.push_back(SseEvent::default().data(err.to_string()));
+                self.queue.push_back(SseEvent::default().data("[DONE]"));
+                self.ended = true;
             }
         }
-    });
-    // after Done/Error (state 3) comes the terminating [DONE]
-    let events = stream::unfold((Box::pin(events), false), |(mut s, ended)| async move {
-        use futures_util::StreamExt;
-        if ended {
-            return None;
-        }
-        match s.next().await {
-            Some(ev) => Some((ev, (s, false))),
-            None => Some((SseEvent::default().data("[DONE]"), (s, true))),
-        }
-    });
-    let _ = (prompt_len, kv_bytes);
-    sse(events).into_response()
+    }
 }
 
 fn sse(events: impl Stream<Item = SseEvent> + Send + 'static) -> impl IntoResponse {
@@ -521,5 +901,78 @@ pub async fn not_found() -> Response {
         param: None,
         code: None,
     }
+    .into_response()
+}
+
+/// `POST /tokenize` body (vLLM's shape, which lm-evaluation-harness's
+/// `remote` tokenizer backend calls).
+#[derive(Deserialize)]
+struct TokenizeBody {
+    prompt: Option<String>,
+    add_special_tokens: Option<bool>,
+}
+
+/// `POST /tokenize`: `{"prompt", "add_special_tokens"}` → `{"tokens",
+/// "count", "max_model_len"}`. The ids are what `/v1/completions` would
+/// run for that prompt (`add_special_tokens`, default true, keeps the BOS
+/// the model's tokenizer adds; false drops it), so a client that tokenizes
+/// here and sends token ids scores exactly what it measured.
+pub async fn tokenize(State(st): State<AppState>, body: Bytes) -> Response {
+    let b: TokenizeBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return ApiError::bad(format!("invalid request: {e}"), None).into_response(),
+    };
+    let Some(text) = b.prompt else {
+        return ApiError::bad("`prompt` is required", Some("prompt")).into_response();
+    };
+    let mut ids = match encode(&st, &text) {
+        Ok(ids) => ids,
+        Err(e) => return e.into_response(),
+    };
+    let tok = &st.tokenizer;
+    let bos_text = tok.bos.and_then(|b| tok.token_text(b));
+    let added_bos = tok.add_bos && tok.bos.is_some() && ids.first().copied() == tok.bos;
+    if b.add_special_tokens == Some(false) && added_bos && !bos_text.is_some_and(|t| text.starts_with(&t)) {
+        ids.remove(0);
+    }
+    Json(json!({"tokens": ids, "count": ids.len(), "max_model_len": st.model.config.context_len})).into_response()
+}
+
+#[derive(Deserialize)]
+struct DetokenizeBody {
+    tokens: Option<Vec<u32>>,
+}
+
+/// `POST /detokenize`: `{"tokens"}` → `{"prompt"}` (special tokens skipped).
+pub async fn detokenize(State(st): State<AppState>, body: Bytes) -> Response {
+    let ids = match serde_json::from_slice::<DetokenizeBody>(&body) {
+        Ok(DetokenizeBody { tokens: Some(t) }) => t,
+        Ok(_) => return ApiError::bad("`tokens` is required", Some("tokens")).into_response(),
+        Err(e) => return ApiError::bad(format!("invalid request: {e}"), None).into_response(),
+    };
+    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= st.model.config.vocab_size) {
+        return ApiError::bad(format!("token id {bad} is outside the vocabulary"), Some("tokens")).into_response();
+    }
+    match st.tokenizer.decode(&ids) {
+        Ok(text) => Json(json!({"prompt": text})).into_response(),
+        Err(e) => ApiError::bad(format!("cannot decode: {e}"), Some("tokens")).into_response(),
+    }
+}
+
+/// `GET /tokenizer_info`: the special tokens (as text) and the chat
+/// template, the facts lm-evaluation-harness's `remote` tokenizer reads.
+pub async fn tokenizer_info(State(st): State<AppState>) -> Response {
+    let tok = &st.tokenizer;
+    let text = |id: Option<u32>| id.and_then(|i| tok.token_text(i));
+    Json(json!({
+        "tokenizer_class": "kvslim",
+        "eos_token": text(tok.eos.first().copied()),
+        "bos_token": text(tok.bos),
+        "pad_token": null,
+        "add_bos_token": tok.add_bos,
+        "chat_template": tok.chat_template,
+        "model_max_length": st.model.config.context_len,
+        "max_model_len": st.model.config.context_len,
+    }))
     .into_response()
 }

@@ -3,8 +3,10 @@
 //!
 //! * [`scheduler`]: admission by KV memory, batched decode, per-request
 //!   policy, sampling, stop strings and cancellation.
-//! * [`api`]: `/v1/completions`, `/v1/chat/completions` (SSE streaming),
-//!   `/v1/models`, `/health`, `/metrics`.
+//! * [`api`]: `/v1/completions`, `/v1/chat/completions` (SSE streaming,
+//!   log-probs, `echo`, several prompts and `n`), `/v1/models`, `/health`,
+//!   `/metrics`, and vLLM's `/tokenize`, `/detokenize`, `/tokenizer_info`
+//!   (what lm-evaluation-harness's `remote` tokenizer backend calls).
 //! * [`http_client`]: a tiny blocking HTTP/1.1 client for tests and
 //!   `kvslim loadtest`.
 
@@ -82,6 +84,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/completions", post(api::completions))
         .route("/v1/chat/completions", post(api::chat_completions))
         .route("/v1/models", get(api::models))
+        .route("/tokenize", post(api::tokenize))
+        .route("/detokenize", post(api::detokenize))
+        .route("/tokenizer_info", get(api::tokenizer_info))
         .route("/health", get(api::health))
         .route("/metrics", get(api::metrics))
         .fallback(api::not_found)

@@ -33,8 +33,16 @@ use tokio::sync::mpsc::UnboundedSender;
 /// What the scheduler tells a request's handler.
 #[derive(Debug)]
 pub enum Event {
-    /// New text (already cut at stop strings, complete UTF-8).
-    Text(String),
+    /// Log-probs of the prompt's tokens after the first (`echo` with
+    /// `logprobs`), from the request's own prefill; sent once, before any
+    /// text.
+    Prompt(Vec<TokenLogprob>),
+    /// New text (already cut at stop strings, complete UTF-8) and, when the
+    /// request asked for log-probs, the generated tokens that start in it
+    /// (a token whose bytes do not complete a character yet travels with
+    /// the text that completes it; the EOS that ends a request comes with
+    /// the last piece, possibly with empty text).
+    Text(String, Vec<TokenLogprob>),
     Done(Finish),
     /// The request failed after it was accepted.
     Error(String),
@@ -52,6 +60,43 @@ pub struct Finish {
     pub prompt_tokens_reused: usize,
 }
 
+/// One token's log-probability and the most likely alternatives at its
+/// position. Log-probs are the log-softmax of the model's raw logits,
+/// computed in f64 ([`kvslim_kernels::ops::log_sum_exp`], the same
+/// arithmetic as `kvslim perplexity`), so sampling settings (temperature,
+/// top-p) never change them, as in OpenAI's API.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f64,
+    /// The `k` most likely ids and their log-probs, most likely first
+    /// (equal logits: lower id first).
+    pub top: Vec<(u32, f64)>,
+}
+
+/// The log-prob of `id` in one row of logits and the row's `k` most
+/// likely ids (one pass for the normaliser, one for the top `k`).
+pub fn token_logprob(row: &[f32], id: u32, k: usize) -> TokenLogprob {
+    let lse = kvslim_kernels::ops::log_sum_exp(row);
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    if k > 0 {
+        for (i, &v) in row.iter().enumerate() {
+            // NaN never enters; ties keep the earlier (lower) id ahead
+            if v.is_nan() || (top.len() == k && v <= top[k - 1].1) {
+                continue;
+            }
+            let at = top.partition_point(|&(_, t)| t >= v);
+            top.insert(at, (i as u32, v));
+            top.truncate(k);
+        }
+    }
+    TokenLogprob {
+        id,
+        logprob: row[id as usize] as f64 - lse,
+        top: top.into_iter().map(|(i, v)| (i, v as f64 - lse)).collect(),
+    }
+}
+
 /// A validated request, ready for admission.
 pub struct Request {
     pub prompt: Vec<u32>,
@@ -65,6 +110,13 @@ pub struct Request {
     /// Beam search when > 1 (greedy; run to completion at admission).
     pub beams: usize,
     pub length_penalty: f32,
+    /// Report each generated token's log-prob with this many alternatives
+    /// (`None`: no log-probs; not with beams).
+    pub logprobs: Option<usize>,
+    /// Report the prompt's log-probs (`echo` + `logprobs`) with this many
+    /// alternatives: the prompt is prefilled with every position's logits,
+    /// so it skips the prefix-cache lookup (it still fills the cache).
+    pub prompt_logprobs: Option<usize>,
     pub events: UnboundedSender<Event>,
 }
 
@@ -308,6 +360,9 @@ struct Running<'m> {
     cancelled: bool,
     /// Prompt tokens that came from the prefix cache.
     reused: usize,
+    /// Log-probs of generated tokens not sent yet, each with the byte
+    /// offset in `text` where its piece starts.
+    pending: VecDeque<(usize, TokenLogprob)>,
 }
 
 /// What admission works with besides the request.
@@ -381,8 +436,10 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
             match result {
                 Ok(()) => {
                     for (i, r) in running.iter_mut().enumerate() {
-                        let id = r.sampler.sample(scratch.logits(i));
-                        on_token(tok, m, r, id);
+                        let row = scratch.logits(i);
+                        let id = r.sampler.sample(row);
+                        let lp = r.req.logprobs.map(|k| token_logprob(row, id, k));
+                        on_token(tok, m, r, id, lp);
                     }
                 }
                 Err(e) => {
@@ -429,7 +486,8 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
     // so a cached prompt can serve later requests with more max_tokens
     let cap_len = if caching && matches!(req.policy.token, TokenPolicySpec::Full) { ctx_len } else { max_len };
     let spec = req.policy.to_string();
-    let hit = if caching {
+    // prompt log-probs need every position's logits: a fresh prefill
+    let hit = if caching && req.prompt_logprobs.is_none() {
         let need = req.policy.build(n).capacity(max_len);
         cx.prefix.lookup(&spec, &req.policy, &req.prompt, need)
     } else {
@@ -463,6 +521,7 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
         finished: None,
         cancelled: false,
         reused,
+        pending: VecDeque::new(),
     };
     m.prompt_tokens_total.fetch_add((n - reused) as u64, Relaxed);
     if r.req.beams > 1 {
@@ -471,15 +530,30 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
         release(m, &mut r);
         return None;
     }
-    let first = match cached_logits {
-        Some(logits) => r.sampler.sample(&logits),
+    let logits = match cached_logits {
+        Some(logits) => logits,
+        None if r.req.prompt_logprobs.is_some() => match prefill_scored(&mut r, &prompt) {
+            Ok(logits) => {
+                if caching {
+                    cx.prefix.insert(spec, &prompt, &r.session.cache, &logits);
+                }
+                logits
+            }
+            Err(e) => {
+                let _ = r.req.events.send(Event::Error(format!("prefill failed: {e}")));
+                r.req.prompt = prompt;
+                r.cancelled = true;
+                release(m, &mut r);
+                return None;
+            }
+        },
         None => match r.session.feed(&prompt[reused..], Logits::Last) {
             Ok(logits) => {
                 let logits = logits.to_vec();
                 if caching {
                     cx.prefix.insert(spec, &prompt, &r.session.cache, &logits);
                 }
-                r.sampler.sample(&logits)
+                logits
             }
             Err(e) => {
                 let _ = r.req.events.send(Event::Error(format!("prefill failed: {e}")));
@@ -491,12 +565,37 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
         },
     };
     r.req.prompt = prompt;
-    on_token(tok, m, &mut r, first);
+    if r.req.max_tokens == 0 {
+        // `echo` with max_tokens 0: the prompt (and its log-probs) is all
+        r.finished = Some("length");
+        release(m, &mut r);
+        return None;
+    }
+    let first = r.sampler.sample(&logits);
+    let lp = r.req.logprobs.map(|k| token_logprob(&logits, first, k));
+    on_token(tok, m, &mut r, first, lp);
     if r.finished.is_some() || r.cancelled {
         release(m, &mut r);
         return None;
     }
     Some(r)
+}
+
+/// Prefills the whole prompt with every position's logits (one
+/// [`Session::feed`], so the policy sees the prompt exactly as a plain
+/// prefill would and as `kvslim perplexity --prefill N` feeds it), sends
+/// the prompt's log-probs and returns the last position's logits.
+fn prefill_scored(r: &mut Running<'_>, prompt: &[u32]) -> kvslim_models::Result<Vec<f32>> {
+    let k = r.req.prompt_logprobs.unwrap_or(0);
+    let v = r.session.model.config.vocab_size;
+    let all = r.session.feed(prompt, Logits::All)?;
+    let scored: Vec<TokenLogprob> =
+        prompt[1..].iter().enumerate().map(|(i, &t)| token_logprob(&all[i * v..(i + 1) * v], t, k)).collect();
+    let last = all[(prompt.len() - 1) * v..prompt.len() * v].to_vec();
+    if r.req.events.send(Event::Prompt(scored)).is_err() {
+        r.cancelled = true;
+    }
+    Ok(last)
 }
 
 /// Beam search for one request, run to completion on the scheduler thread
@@ -525,7 +624,7 @@ fn run_beams(model: &Model, tok: &Tokenizer, m: &Metrics, pools: &Pools, r: &mut
                 return;
             };
             for &id in &best.token_ids {
-                on_token(tok, m, r, id);
+                on_token(tok, m, r, id, None);
                 if r.finished.is_some() {
                     return;
                 }
@@ -566,8 +665,12 @@ fn release(m: &Metrics, r: &mut Running<'_>) {
     }
 }
 
-/// Handles a sampled token: EOS, text with stop strings, max_tokens.
-fn on_token(tok: &Tokenizer, m: &Metrics, r: &mut Running<'_>, id: u32) {
+/// Handles a sampled token (and its log-prob, when asked for): EOS, text
+/// with stop strings, max_tokens.
+fn on_token(tok: &Tokenizer, m: &Metrics, r: &mut Running<'_>, id: u32, lp: Option<TokenLogprob>) {
+    if let Some(lp) = lp {
+        r.pending.push_back((r.text.len(), lp));
+    }
     if tok.is_eos(id) {
         r.finished = Some("stop");
         flush(tok, r);
@@ -590,8 +693,10 @@ fn on_token(tok: &Tokenizer, m: &Metrics, r: &mut Running<'_>, id: u32) {
     if let Some(at) = hit {
         let end = (search + at).max(r.sent);
         let piece = text[r.sent..end].to_string();
-        send(r, &piece);
+        send(r, &piece, end);
         r.sent = end;
+        // tokens starting inside the stop string are not reported
+        r.pending.clear();
         r.finished = Some("stop");
         return;
     }
@@ -611,27 +716,37 @@ fn on_token(tok: &Tokenizer, m: &Metrics, r: &mut Running<'_>, id: u32) {
     let end = text.len() - hold;
     if end > r.sent {
         let piece = text[r.sent..end].to_string();
-        send(r, &piece);
+        send(r, &piece, end);
         r.sent = end;
     }
 }
 
 /// Sends whatever text is left unsent: the whole output decoded once, so
-/// bytes of a character the stream still held back come out too.
+/// bytes of a character the stream still held back come out too; every
+/// pending log-prob goes with it.
 fn flush(tok: &Tokenizer, r: &mut Running<'_>) {
     let text = tok.decode(&r.generated).unwrap_or_default();
-    if text.len() > r.sent && text.is_char_boundary(r.sent) {
-        let piece = text[r.sent..].to_string();
-        send(r, &piece);
+    let piece = if text.len() > r.sent && text.is_char_boundary(r.sent) {
+        let p = text[r.sent..].to_string();
         r.sent = text.len();
-    }
+        p
+    } else {
+        String::new()
+    };
+    send(r, &piece, usize::MAX);
 }
 
-fn send(r: &mut Running<'_>, piece: &str) {
-    if piece.is_empty() {
+/// Sends a piece of text with the pending log-probs of tokens starting
+/// before byte `end` of the output (nothing when both are empty).
+fn send(r: &mut Running<'_>, piece: &str, end: usize) {
+    let mut lps = Vec::new();
+    while r.pending.front().is_some_and(|(start, _)| *start < end) {
+        lps.push(r.pending.pop_front().expect("checked").1);
+    }
+    if piece.is_empty() && lps.is_empty() {
         return;
     }
-    if r.req.events.send(Event::Text(piece.to_string())).is_err() {
+    if r.req.events.send(Event::Text(piece.to_string(), lps)).is_err() {
         r.cancelled = true;
     }
 }

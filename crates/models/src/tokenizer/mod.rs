@@ -89,6 +89,39 @@ impl Tokenizer {
         }
     }
 
+    /// What one id stands for as raw bytes (OpenAI's per-token `bytes` in
+    /// log-probs): byte-level BPE pieces mapped back through GPT-2's
+    /// byte↔character table, `<0xXX>` byte-fallback pieces as their byte,
+    /// the SentencePiece metaspace as a space. A token can be part of a
+    /// UTF-8 character, so these are bytes, not text. Special ids (BOS,
+    /// EOS, control tokens, which [`Self::decode`] skips) give their
+    /// vocabulary string and `special: true`. `None` outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<TokenBytes> {
+        match &self.kind {
+            TokenizerKind::Scored(v) => v.piece_bytes(id).map(|(bytes, special)| TokenBytes { bytes, special }),
+            TokenizerKind::Hf(t) => {
+                let piece = t.id_to_token(id)?;
+                let added = t.get_added_vocabulary();
+                if added.is_special_token(&piece) {
+                    return Some(TokenBytes { bytes: piece.into_bytes(), special: true });
+                }
+                // added (non-special) tokens are stored as plain text
+                if added.get_vocab().contains_key(&piece) {
+                    return Some(TokenBytes { bytes: piece.into_bytes(), special: false });
+                }
+                let byte_level = matches!(t.get_decoder(), Some(tokenizers::decoders::DecoderWrapper::ByteLevel(_)));
+                let bytes = if byte_level {
+                    piece.chars().map(|c| byte_level_byte(c).unwrap_or(b'?')).collect()
+                } else if piece.len() == 6 && piece.starts_with("<0x") && piece.ends_with('>') {
+                    u8::from_str_radix(&piece[3..5], 16).map_or_else(|_| piece.clone().into_bytes(), |b| vec![b])
+                } else {
+                    piece.replace('\u{2581}', " ").into_bytes()
+                };
+                Some(TokenBytes { bytes, special: false })
+            }
+        }
+    }
+
     /// Decodes ids to text (special tokens skipped).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         match &self.kind {
@@ -107,6 +140,27 @@ impl Tokenizer {
     pub fn is_eos(&self, id: u32) -> bool {
         self.eos.contains(&id)
     }
+}
+
+/// One token as bytes: see [`Tokenizer::token_bytes`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenBytes {
+    pub bytes: Vec<u8>,
+    /// A special id: not part of decoded text.
+    pub special: bool,
+}
+
+/// The byte a character of GPT-2's byte-level alphabet stands for: the
+/// printable bytes `!`..`~`, `¡`..`¬` and `®`..`ÿ` are themselves, the other
+/// 68 bytes were moved to U+0100.. in increasing order.
+fn byte_level_byte(c: char) -> Option<u8> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let u = c as u32;
+    if printable(u) {
+        return Some(u as u8);
+    }
+    let k = u.checked_sub(256)? as usize;
+    (0u32..256).filter(|&b| !printable(b)).nth(k).map(|b| b as u8)
 }
 
 /// Turns a growing list of ids into text pieces for a terminal: only
@@ -149,5 +203,19 @@ impl StreamDecoder {
             }
             _ => Ok(String::new()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn byte_level_alphabet_maps_back_to_bytes() {
+        assert_eq!(super::byte_level_byte('a'), Some(b'a'));
+        assert_eq!(super::byte_level_byte('\u{120}'), Some(b' ')); // Ġ
+        assert_eq!(super::byte_level_byte('\u{10a}'), Some(b'\n')); // Ċ
+        assert_eq!(super::byte_level_byte('\u{100}'), Some(0));
+        assert_eq!(super::byte_level_byte('\u{143}'), Some(173));
+        assert_eq!(super::byte_level_byte('ÿ'), Some(255));
+        assert_eq!(super::byte_level_byte('\u{144}'), None);
     }
 }

@@ -177,6 +177,24 @@ impl ScoredVocab {
         self.pieces.get(id as usize).map(String::as_str)
     }
 
+    /// The bytes `id` stands for, without the dummy-prefix removal that
+    /// [`Self::decode`] applies at the start of a text (`<0xXX>` pieces are
+    /// their byte, the metaspace is a space), and whether it is a special
+    /// id (then the bytes are its piece, which decoding never prints).
+    pub fn piece_bytes(&self, id: u32) -> Option<(Vec<u8>, bool)> {
+        let p = self.pieces.get(id as usize)?;
+        if self.special.get(id as usize).copied().unwrap_or(false) {
+            return Some((p.as_bytes().to_vec(), true));
+        }
+        if p.len() == 6 && p.starts_with("<0x") && p.ends_with('>') {
+            if let Ok(b) = u8::from_str_radix(&p[3..5], 16) {
+                return Some((vec![b], false));
+            }
+        }
+        let s = if self.space == SpaceStyle::Metaspace { p.replace('\u{2581}', " ") } else { p.clone() };
+        Some((s.into_bytes(), false))
+    }
+
     /// Encodes text without BOS/EOS. With `parse_special`, control tokens
     /// written in the text (`<start_of_turn>`) become their ids, as chat
     /// templates need; without, only user-defined tokens are (llama.cpp's
