@@ -532,37 +532,28 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
     }
     let logits = match cached_logits {
         Some(logits) => logits,
-        None if r.req.prompt_logprobs.is_some() => match prefill_scored(&mut r, &prompt) {
-            Ok(logits) => {
-                if caching {
-                    cx.prefix.insert(spec, &prompt, &r.session.cache, &logits);
+        None => {
+            let fed = if r.req.prompt_logprobs.is_some() {
+                prefill_scored(&mut r, &prompt)
+            } else {
+                r.session.feed(&prompt[reused..], Logits::Last).map(<[f32]>::to_vec)
+            };
+            match fed {
+                Ok(logits) => {
+                    if caching {
+                        cx.prefix.insert(spec, &prompt, &r.session.cache, &logits);
+                    }
+                    logits
                 }
-                logits
-            }
-            Err(e) => {
-                let _ = r.req.events.send(Event::Error(format!("prefill failed: {e}")));
-                r.req.prompt = prompt;
-                r.cancelled = true;
-                release(m, &mut r);
-                return None;
-            }
-        },
-        None => match r.session.feed(&prompt[reused..], Logits::Last) {
-            Ok(logits) => {
-                let logits = logits.to_vec();
-                if caching {
-                    cx.prefix.insert(spec, &prompt, &r.session.cache, &logits);
+                Err(e) => {
+                    let _ = r.req.events.send(Event::Error(format!("prefill failed: {e}")));
+                    r.req.prompt = prompt;
+                    r.cancelled = true;
+                    release(m, &mut r);
+                    return None;
                 }
-                logits
             }
-            Err(e) => {
-                let _ = r.req.events.send(Event::Error(format!("prefill failed: {e}")));
-                r.req.prompt = prompt;
-                r.cancelled = true;
-                release(m, &mut r);
-                return None;
-            }
-        },
+        }
     };
     r.req.prompt = prompt;
     if r.req.max_tokens == 0 {
