@@ -4,6 +4,7 @@ use crate::common::{require_tokenizer, CliResult, ModelArgs, SamplingArgs};
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{
     beam_search, generate, speculative_generate, BeamOptions, Drafter, GenerateOptions, ModelDrafter, NgramDrafter,
+    Verification,
 };
 use kvslim_models::tokenizer::StreamDecoder;
 use std::io::Write;
@@ -37,10 +38,17 @@ pub struct Args {
     #[arg(long, default_value_t = 1.0)]
     length_penalty: f32,
     /// Greedy speculative decoding with an `ngram` (prompt-lookup) or
-    /// `self` (the model drafting for itself) draft; the output equals
-    /// plain greedy decoding's.
+    /// `self` (the model drafting for itself) draft; the output is plain
+    /// greedy decoding's (bit for bit with --exact-verify; by default up
+    /// to rounding in the verification GEMM, which can flip a near tie).
     #[arg(long, value_parser = ["ngram", "self"])]
     speculative: Option<String>,
+    /// With --speculative: verify drafts with one decode step's arithmetic
+    /// per token, so the output and cache equal plain greedy decoding's bit
+    /// for bit (slower). By default drafts are verified with one GEMM per
+    /// matrix over the chunk, whose logits differ by rounding only.
+    #[arg(long)]
+    exact_verify: bool,
     /// Draft tokens verified per target pass (with --speculative).
     #[arg(long, default_value_t = 4)]
     draft_len: usize,
@@ -95,7 +103,15 @@ pub fn run(a: Args) -> CliResult {
             let mut ngram = NgramDrafter::default();
             let mut model_draft = ModelDrafter::new(&loaded.model, a.policy.clone(), prompt.len() + a.max_tokens);
             let drafter: &mut dyn Drafter = if kind == "self" { &mut model_draft } else { &mut ngram };
-            let (g, st) = speculative_generate(&loaded.model, &prompt, &opts, drafter, a.draft_len, &mut on_token)?;
+            let (g, st) = speculative_generate(
+                &loaded.model,
+                &prompt,
+                &opts,
+                drafter,
+                a.draft_len,
+                if a.exact_verify { Verification::Exact } else { Verification::Fast },
+                &mut on_token,
+            )?;
             (g, Some(st))
         }
     };
@@ -117,6 +133,7 @@ pub fn run(a: Args) -> CliResult {
             "speculative": spec_stats.map(|st| serde_json::json!({
                 "drafter": a.speculative,
                 "draft_len": a.draft_len,
+                "verification": if a.exact_verify { "exact" } else { "fast" },
                 "target_passes": st.target_passes,
                 "drafted": st.drafted,
                 "accepted": st.accepted,

@@ -17,7 +17,9 @@ pub use generate::{generate, GenerateOptions, Generation};
 pub use perplexity::{perplexity, FullComparison, PerplexityOptions, PerplexityReport, Summary};
 pub use sampling::{Sampler, SamplingParams};
 pub use session::Session;
-pub use speculative::{speculative_generate, speculative_run, Drafter, ModelDrafter, NgramDrafter, SpecStats};
+pub use speculative::{
+    speculative_generate, speculative_run, Drafter, ModelDrafter, NgramDrafter, SpecStats, Verification,
+};
 
 /// Errors of the engine: model errors plus request validation.
 #[derive(Debug, thiserror::Error)]

@@ -2,31 +2,37 @@
 //! the target verifies them in one chunk, and the longest agreeing prefix
 //! plus the target's own next token is committed.
 //!
-//! # Equivalence guarantee
+//! # Verification: fast (default) or exact
 //!
-//! With greedy sampling, [`speculative_generate`] yields exactly the tokens
-//! of plain greedy [`generate`](crate::generate()) under the same policy,
-//! whatever the drafter proposes, and the committed cache state (kept
-//! slots, positions, scores, `next_pos`) is bit-identical to plain
-//! decoding's. Verification runs [`Model::forward_sequential`], which
-//! reproduces one decode step per token bit for bit — including each
-//! token's score increments and evictions — so the target's logits for an
-//! accepted prefix are the ones plain decoding would see.
+//! [`Verification::Fast`] runs [`Model::forward_verify`]: per layer each
+//! token's RoPE, attention, score update and eviction in order, exactly the
+//! rules of a decode step, but every matrix product is one GEMM over the
+//! chunk, as prefill does (a weight panel is dequantized once for all
+//! tokens). Its logits differ from one decode step per token by rounding
+//! (about 1e-6), so the greedy output can in principle differ from plain
+//! greedy decoding at a near tie; the acceptance test measures how often.
 //!
-//! # Rollback: snapshot and replay
+//! [`Verification::Exact`] runs [`Model::forward_sequential`], which
+//! reproduces one decode step per token bit for bit: with greedy sampling
+//! the output equals plain greedy [`generate`](crate::generate()) under the
+//! same policy whatever the drafter proposes, and the committed cache state
+//! (kept slots, positions, scores, `next_pos`) is bit-identical to plain
+//! decoding's.
+//!
+//! # Rollback
 //!
 //! Rejected drafts must leave no trace (no score increments, no evicted
-//! victims). Before verification the sequence cache is snapshotted
-//! (`SequenceCache::clone`): the temporary capacity is one extra copy of
-//! the sequence cache (for a bounded policy of budget B that is B + 1
-//! slots per layer and KV head, plus scores and positions). If every draft
-//! is accepted the verified state is kept as is; otherwise the snapshot is
-//! restored and `forward_sequential` replays exactly the accepted tokens
-//! (the pending token plus the accepted drafts), so scoring and eviction
-//! happen only for committed tokens. The cost is re-running the accepted
-//! prefix (a + 1 tokens) on partial acceptance and one cache copy per
-//! round; journaling score deltas and overwritten victim slots would avoid
-//! both and is future work.
+//! victims). While nothing was or can be evicted during the pass (`full`,
+//! or any policy before its budget fills) the cache is rewound by cutting
+//! it back to the committed tokens ([`SequenceCache::truncate`]), which
+//! costs nothing.
+//! Otherwise the cache is snapshotted before verification
+//! (`SequenceCache::clone`: one extra copy, B + 1 slots per layer and KV
+//! head for a budget B) and, unless every draft is accepted, restored and
+//! replayed over exactly the accepted tokens (the pending token plus the
+//! accepted drafts), so scoring and eviction happen only for committed
+//! tokens. Journaling score deltas and overwritten victims would avoid the
+//! replay under eviction too; it is future work.
 
 use crate::generate::start_session;
 use crate::generate::{GenerateOptions, Generation, StopReason};
@@ -114,6 +120,26 @@ impl Drafter for ModelDrafter<'_> {
     }
 }
 
+/// How the target verifies a chunk of drafts (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Verification {
+    /// One GEMM per matrix over the chunk ([`Model::forward_verify`]).
+    #[default]
+    Fast,
+    /// One decode step's arithmetic per token ([`Model::forward_sequential`]):
+    /// output and cache bit-identical to plain greedy decoding.
+    Exact,
+}
+
+impl Verification {
+    fn run(self, model: &Model, chunk: &[u32], session: &mut Session<'_>) -> kvslim_models::Result<()> {
+        match self {
+            Verification::Fast => model.forward_verify(chunk, &mut session.cache, &mut session.scratch),
+            Verification::Exact => model.forward_sequential(chunk, &mut session.cache, &mut session.scratch),
+        }
+    }
+}
+
 /// Acceptance counters of a speculative run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SpecStats {
@@ -151,9 +177,10 @@ pub fn speculative_generate(
     opts: &GenerateOptions,
     draft: &mut dyn Drafter,
     k: usize,
+    verification: Verification,
     on_token: impl FnMut(u32) -> bool,
 ) -> Result<(Generation, SpecStats)> {
-    let o = speculative_run(model, prompt, opts, draft, k, on_token)?;
+    let o = speculative_run(model, prompt, opts, draft, k, verification, on_token)?;
     Ok((o.generation, o.stats))
 }
 
@@ -164,6 +191,7 @@ pub fn speculative_run(
     opts: &GenerateOptions,
     draft: &mut dyn Drafter,
     k: usize,
+    verification: Verification,
     mut on_token: impl FnMut(u32) -> bool,
 ) -> Result<SpecOutcome> {
     opts.sampling.validate().map_err(EngineError::Request)?;
@@ -209,8 +237,9 @@ pub fn speculative_run(
         let mut chunk = Vec::with_capacity(drafts.len() + 1);
         chunk.push(next);
         chunk.extend_from_slice(&drafts);
-        let snapshot = session.cache.clone();
-        model.forward_sequential(&chunk, &mut session.cache, &mut session.scratch)?;
+        let start_pos = session.cache.next_pos();
+        let snapshot = if session.cache.rewindable_after(chunk.len()) { None } else { Some(session.cache.clone()) };
+        verification.run(model, &chunk, &mut session)?;
         let logits = session.scratch.logits();
         let mut accepted = 0;
         let mut target = sampler.sample(&logits[..vocab]);
@@ -220,8 +249,16 @@ pub fn speculative_run(
         }
         stats.accepted += accepted;
         if accepted < drafts.len() {
-            session.cache = snapshot;
-            model.forward_sequential(&chunk[..accepted + 1], &mut session.cache, &mut session.scratch)?;
+            let keep = &chunk[..accepted + 1];
+            match snapshot {
+                // nothing was or could be evicted: the first tokens' state
+                // is theirs alone
+                None => session.cache.truncate(start_pos + keep.len()).map_err(kvslim_models::Error::from)?,
+                Some(snapshot) => {
+                    session.cache = snapshot;
+                    verification.run(model, keep, &mut session)?;
+                }
+            }
         }
         for &d in &drafts[..accepted] {
             if opts.eos.contains(&d) {

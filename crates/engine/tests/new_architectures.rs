@@ -7,7 +7,7 @@
 //! crossed (96 tokens).
 
 use kvslim_cache::{PolicySpec, SequenceCache};
-use kvslim_engine::speculative::{speculative_run, NgramDrafter};
+use kvslim_engine::speculative::{speculative_run, NgramDrafter, Verification};
 use kvslim_engine::{generate, GenerateOptions, SamplingParams, Session};
 use kvslim_models::transformer::{BatchItem, BatchScratch};
 use kvslim_models::{load_model, Logits, Model, Scratch};
@@ -113,7 +113,8 @@ fn speculative_greedy_equals_plain_greedy() {
             let prompt = &tokens[..8];
             let plain = generate(&m, prompt, &o, |_| true).unwrap();
             for k in [2, 4] {
-                let s = speculative_run(&m, prompt, &o, &mut NgramDrafter::default(), k, |_| true).unwrap();
+                let s = speculative_run(&m, prompt, &o, &mut NgramDrafter::default(), k, Verification::Exact, |_| true)
+                    .unwrap();
                 assert_eq!(s.generation.token_ids, plain.token_ids, "{arch} {spec} k={k}");
             }
         }

@@ -2,7 +2,7 @@
 //! policy, bit-exact verification, and no trace of rejected drafts.
 
 use kvslim_cache::{PolicySpec, SequenceCache};
-use kvslim_engine::speculative::{speculative_run, Drafter, ModelDrafter, NgramDrafter};
+use kvslim_engine::speculative::{speculative_run, Drafter, ModelDrafter, NgramDrafter, Verification};
 use kvslim_engine::{generate, GenerateOptions, SamplingParams, Session};
 use kvslim_models::{load_model, Logits, Model, Scratch};
 mod common;
@@ -120,7 +120,7 @@ fn speculative_greedy_equals_plain_greedy() {
                     drafters.pop();
                 }
                 for (name, d) in drafters.iter_mut() {
-                    let s = speculative_run(m, &prompt, &o, d.as_mut(), k, |_| true).unwrap();
+                    let s = speculative_run(m, &prompt, &o, d.as_mut(), k, Verification::Exact, |_| true).unwrap();
                     assert_eq!(s.generation.token_ids, plain.token_ids, "{spec} prompt {pi} k {k} {name}");
                     assert_eq!(s.generation.stop, plain.stop, "{spec} prompt {pi} k {k} {name}");
                     if *name == "self" {
@@ -129,6 +129,63 @@ fn speculative_greedy_equals_plain_greedy() {
                 }
             }
         }
+    }
+}
+
+/// The default, fast verification (one GEMM per matrix over the chunk):
+/// greedy outputs still equal plain greedy decoding on every test prompt,
+/// policy and draft length (rounding could flip a near tie; none does here).
+#[test]
+fn fast_verification_equals_plain_greedy_on_the_test_prompts() {
+    let l = stories();
+    let m = &l.model;
+    let plan = chai_plan(m.config.n_heads, &vec![3; m.config.n_layers]);
+    let specs = [
+        "full".to_string(),
+        "h2o:heavy=8,recent=8".into(),
+        "sink:sink=4,recent=12".into(),
+        format!("h2o:heavy=8,recent=8+chai:plan={plan}"),
+    ];
+    let (mut runs, mut differing) = (0, Vec::new());
+    for spec in &specs {
+        for (pi, text) in SNIPPETS.iter().enumerate() {
+            let prompt = l.tok.encode(text).unwrap();
+            let o = opts(spec, 40, l.tok.eos.clone());
+            let plain = generate(m, &prompt, &o, |_| true).unwrap();
+            for k in 1..=5 {
+                let s = speculative_run(m, &prompt, &o, &mut NgramDrafter::default(), k, Verification::Fast, |_| true)
+                    .unwrap();
+                runs += 1;
+                if s.generation.token_ids != plain.token_ids {
+                    differing.push(format!("{spec} prompt {pi} k {k}"));
+                }
+            }
+        }
+    }
+    assert!(runs >= 40);
+    assert!(differing.is_empty(), "{} of {runs} runs differ: {differing:?}", differing.len());
+}
+
+/// `forward_verify` runs the same rules as `forward_sequential` with GEMM
+/// products: logits agree to rounding and the policy keeps the same slots.
+#[test]
+fn forward_verify_agrees_with_forward_sequential_to_rounding() {
+    let l = stories();
+    let m = &l.model;
+    let ids = l.tok.encode(SNIPPETS[0]).unwrap();
+    for spec in ["full", "h2o:heavy=4,recent=4"] {
+        let spec = PolicySpec::parse_and_load(spec).unwrap();
+        let (split, n) = (ids.len() / 2, ids.len());
+        let mut a = m.new_cache(&spec, n, n).unwrap();
+        let mut b = m.new_cache(&spec, n, n).unwrap();
+        let (mut sa, mut sb) = (Scratch::new(), Scratch::new());
+        m.forward(&ids[..split], &mut a, &mut sa, Logits::Last).unwrap();
+        m.forward(&ids[..split], &mut b, &mut sb, Logits::Last).unwrap();
+        m.forward_sequential(&ids[split..], &mut a, &mut sa).unwrap();
+        m.forward_verify(&ids[split..], &mut b, &mut sb).unwrap();
+        let worst = sa.logits().iter().zip(sb.logits()).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(worst < 1e-3, "{spec}: max |Δ logit| {worst}");
+        assert_eq!(a.store().kept_positions(), b.store().kept_positions(), "{spec}: same kept slots");
     }
 }
 
@@ -175,7 +232,7 @@ fn rejected_drafts_leave_no_trace() {
                 truth: plain.token_ids.clone(),
                 vocab: m.config.vocab_size as u32,
             };
-            let r = speculative_run(m, &prompt, &o, &mut d, k, |_| true).unwrap();
+            let r = speculative_run(m, &prompt, &o, &mut d, k, Verification::Exact, |_| true).unwrap();
             assert_eq!(r.generation.token_ids, plain.token_ids, "{spec} k {k}");
             assert_eq!(r.stats.accepted, 0);
             assert!(r.stats.drafted > 0);

@@ -260,6 +260,19 @@ impl SequenceCache {
         }
     }
 
+    /// Whether, after `n` more tokens are fed, [`SequenceCache::truncate`]
+    /// can cut this cache back to any length from now on: no head sharing,
+    /// every head still holds every token fed (nothing was evicted), and
+    /// `n` more tokens leave a slot free in every head (a token policy
+    /// evicts only once its heads are full). Speculative decoding then
+    /// rolls rejected drafts back by cutting instead of snapshot and replay.
+    pub fn rewindable_after(&self, n: usize) -> bool {
+        self.sharing.is_none()
+            && (0..self.store.layers()).all(|l| {
+                self.store.layer(l).iter().all(|h| h.len() == self.next_pos && self.next_pos + n < h.capacity())
+            })
+    }
+
     /// Cuts the sequence back to its first `len` tokens, as if only they had
     /// been fed: possible only while no token was evicted or reordered
     /// (every head holds positions `0..` in order, as under `full`) and no

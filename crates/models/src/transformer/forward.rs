@@ -81,12 +81,35 @@ impl Model {
     /// runs RoPE, the decode attention and the policy's scoring/eviction in
     /// order, exactly as a decode step does. Only the weight reads are
     /// shared across the chunk (layer-major order is equivalent because
-    /// policy state is per layer and KV head). Speculative decoding
-    /// verifies drafts with it.
+    /// policy state is per layer and KV head). Speculative decoding's
+    /// exact mode verifies drafts with it.
     ///
     /// While online CHAI is still collecting its probe (clustering happens
     /// between two tokens) or a trace is recorded, it runs token by token.
     pub fn forward_sequential(&self, tokens: &[u32], cache: &mut SequenceCache, s: &mut Scratch) -> Result<()> {
+        self.forward_steps(tokens, cache, s, Products::PerRow)
+    }
+
+    /// As [`Model::forward_sequential`] — per layer each token runs RoPE,
+    /// the decode attention and the policy's scoring and eviction in order
+    /// — but every matrix product is one GEMM over the chunk, as prefill
+    /// does: a weight panel is dequantized once for all tokens. Logits
+    /// differ from one decode step per token by rounding only (about 1e-6);
+    /// the policy's decisions are the same rules on those numbers.
+    /// Speculative decoding verifies drafts with it by default.
+    pub fn forward_verify(&self, tokens: &[u32], cache: &mut SequenceCache, s: &mut Scratch) -> Result<()> {
+        self.forward_steps(tokens, cache, s, Products::Gemm)
+    }
+
+    /// Consecutive decode steps over `tokens` sharing weight reads, with
+    /// the matrix products of `products`.
+    fn forward_steps(
+        &self,
+        tokens: &[u32],
+        cache: &mut SequenceCache,
+        s: &mut Scratch,
+        products: Products,
+    ) -> Result<()> {
         let c = &self.config;
         let n = tokens.len();
         if n == 0 {
@@ -115,7 +138,7 @@ impl Model {
         for li in 0..c.n_layers {
             // the chunk's projections move to `rows`; each token then runs
             // alone through the single-token buffers of `a`
-            self.project_qkv(li, &mut s.a, n, Products::PerRow);
+            self.project_qkv(li, &mut s.a, n, products);
             std::mem::swap(&mut s.a.q, &mut s.rows.q);
             std::mem::swap(&mut s.a.k, &mut s.rows.k);
             std::mem::swap(&mut s.a.v, &mut s.rows.v);
@@ -129,10 +152,10 @@ impl Model {
                 self.decode_attention(li, cache, s, pos, scale)?;
                 s.rows.att[t * qd..(t + 1) * qd].copy_from_slice(&s.a.att[..qd]);
             }
-            self.output_and_mlp(li, &mut s.a, Some(&s.rows.att), n, Products::PerRow);
+            self.output_and_mlp(li, &mut s.a, Some(&s.rows.att), n, products);
         }
         cache.advance(n);
-        self.project_logits(&s.a.x[..n * c.hidden_size], &mut s.a.xn, n, &mut s.logits, Products::PerRow);
+        self.project_logits(&s.a.x[..n * c.hidden_size], &mut s.a.xn, n, &mut s.logits, products);
         Ok(())
     }
 
