@@ -179,6 +179,9 @@ impl Matrix {
             out.fill(0.0);
             return;
         }
+        if n < FEW_TOKENS {
+            return self.matmul_few(x, n, out);
+        }
         let k = kernels();
         let xp = pack_tokens(x, n, cols);
         let bytes = self.bytes();
@@ -208,6 +211,53 @@ impl Matrix {
             (0..panels).for_each(work);
         } else {
             (0..panels).into_par_iter().for_each(work);
+        }
+    }
+}
+
+/// Below this many tokens [`Matrix::matmul`] dequantizes each weight row
+/// once and runs one f32 dot per token ([`Matrix::matmul_few`]): packing
+/// panels for the GEMM tile costs more than it saves on a few tokens (a
+/// speculative verification chunk, a short prompt).
+pub const FEW_TOKENS: usize = GEMM_NR;
+
+impl Matrix {
+    /// `matmul` for a few tokens: per weight row, one dequantization into
+    /// f32 and `n` f32 dot products against it (rows threaded when large).
+    /// Agrees with the row dots to rounding.
+    fn matmul_few(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        let k = kernels();
+        let (dt, rb, cols, rows) = (self.dtype, self.row_bytes, self.cols, self.rows);
+        let bytes = self.bytes();
+        let mut transposed = vec![0f32; rows * n];
+        let per_row = |buf: &mut Vec<f32>, r: usize, o: &mut [f32]| {
+            let raw = &bytes[r * rb..(r + 1) * rb];
+            let w: &[f32] = if dt == DType::F32 {
+                bytemuck_f32(raw)
+            } else {
+                buf.resize(cols, 0.0);
+                (k.dequantize)(dt, raw, buf);
+                buf
+            };
+            for (t, v) in o.iter_mut().enumerate() {
+                *v = (k.f32)(w, &x[t * cols..(t + 1) * cols]);
+            }
+        };
+        if rows * cols * n < PARALLEL_MIN_WORK || rayon::current_num_threads() == 1 {
+            let mut buf = Vec::new();
+            transposed.chunks_mut(n).enumerate().for_each(|(r, o)| per_row(&mut buf, r, o));
+        } else {
+            let chunk = (rows / (rayon::current_num_threads() * 4)).max(16);
+            transposed.par_chunks_mut(chunk * n).enumerate().for_each_init(Vec::new, |buf, (c, o)| {
+                for (i, orow) in o.chunks_mut(n).enumerate() {
+                    per_row(buf, c * chunk + i, orow);
+                }
+            });
+        }
+        for (r, tr) in transposed.chunks_exact(n).enumerate() {
+            for (t, &v) in tr.iter().enumerate() {
+                out[t * rows + r] = v;
+            }
         }
     }
 }
