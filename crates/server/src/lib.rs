@@ -13,6 +13,9 @@
 //!   (what lm-evaluation-harness's `remote` tokenizer backend calls).
 //! * [`http_client`]: a tiny blocking HTTP/1.1 client for tests and
 //!   `kvslim loadtest`.
+//! * [`soak`]: the soak driver (`kvslim loadtest --soak`): concurrent
+//!   clients mixing normal, cancelled, malformed, oversized and stalled
+//!   requests, checked against solo runs, KV and peak memory reported.
 
 pub mod api;
 pub mod chat;
@@ -20,6 +23,7 @@ pub mod guard;
 pub mod http_client;
 pub mod metrics;
 pub mod scheduler;
+pub mod soak;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
