@@ -51,9 +51,10 @@ pub struct Args {
     /// buffer (or tokenize) more than this.
     #[arg(long, default_value = "1MiB", value_parser = parse_bytes)]
     max_body_bytes: usize,
-    /// Seconds a client has to send a request's headers (from its first
-    /// byte); a client that stalls gets 408 and its connection is closed.
-    /// Idle kept-alive connections are closed after it too.
+    /// Seconds a client has to send a request's headers, from when the server
+    /// starts waiting for them (connection opened, or the previous response
+    /// on a kept-alive connection sent); a client that stalls mid-request
+    /// gets 408 and its connection is closed, an idle connection is closed.
     #[arg(long, default_value_t = 30.0, value_parser = parse_seconds)]
     header_timeout: f64,
     /// Seconds a client has to send a request's body once its headers

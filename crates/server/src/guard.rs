@@ -40,8 +40,10 @@ pub struct HttpLimits {
     /// Largest request body accepted (413 beyond it).
     pub max_body_bytes: usize,
     /// Time a client has to send a request's line and headers, counted from
-    /// its first byte (on a kept-alive connection, from the first byte of the
-    /// next request; an idle connection is simply closed after it).
+    /// when the server starts waiting for them (the connection opened, or
+    /// the previous response on a kept-alive connection ended). A client
+    /// that sent part of a request by then gets 408; one that sent nothing
+    /// (an idle connection) is closed without an answer.
     pub header_timeout: Duration,
     /// Time a client has to send a request's whole body once its headers
     /// arrived.
