@@ -1,6 +1,8 @@
 //! `kvslim loadtest`: concurrent streaming clients against a running
 //! `kvslim serve`, over plain TCP; reports throughput and latency
-//! percentiles.
+//! percentiles. With `--soak SECONDS` it runs the soak driver instead
+//! ([`kvslim_server::soak`]): normal traffic mixed with cancellations and
+//! abuse, every answer checked.
 
 use crate::common::CliResult;
 use kvslim_server::http_client;
@@ -32,6 +34,68 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// Soak mode: for this many seconds every client loops over a mix of
+    /// greedy (checked against solo runs made first), sampled, cancelled and
+    /// beam requests and malformed, oversized, unknown-policy and
+    /// beyond-context ones (each must get its status code); then waits for
+    /// the server to go idle and checks its KV bytes are back to 0. Fails
+    /// on any unexpected answer. --requests and --prompt are not used.
+    #[arg(long, value_name = "SECONDS")]
+    soak: Option<f64>,
+    /// The server's process ID (soak): its peak resident memory (VmHWM from
+    /// /proc) goes in the report.
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// API key sent as `Authorization: Bearer` (also KVSLIM_API_KEY).
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Body size declared by the soak's oversized requests; must exceed the
+    /// server's --max-body-bytes.
+    #[arg(long, default_value = "2MiB", value_parser = kvslim_server::parse_bytes)]
+    oversize_bytes: usize,
+    /// Soak: also send clients that stall in their headers (each waits for
+    /// the server's --header-timeout, so keep that short).
+    #[arg(long)]
+    stalled: bool,
+    /// Soak: seed of the clients' choices.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// `--soak`: runs [`kvslim_server::soak::run`] and prints its report.
+fn soak(a: &Args, secs: f64) -> CliResult {
+    let (addr, prefix) = http_client::split_url(&a.url)?;
+    if !prefix.is_empty() {
+        return Err("--soak needs a server URL without a path".into());
+    }
+    let cfg = kvslim_server::soak::SoakConfig {
+        addr,
+        clients: a.clients,
+        duration: Duration::from_secs_f64(secs),
+        api_key: a.api_key.clone().or_else(|| std::env::var("KVSLIM_API_KEY").ok()).filter(|k| !k.is_empty()),
+        server_pid: a.server_pid,
+        oversize_bytes: a.oversize_bytes,
+        stalled: a.stalled,
+        max_tokens: a.max_tokens,
+        seed: a.seed,
+    };
+    let report = kvslim_server::soak::run(&cfg)?;
+    if a.json {
+        println!("{}", report.json);
+    } else {
+        println!("{}", serde_json::to_string_pretty(&report.json)?);
+    }
+    for f in &report.failures {
+        eprintln!("unexpected: {f}");
+    }
+    if !report.passed() {
+        return Err(format!(
+            "soak failed: {} unexpected answers, KV bytes at end {}",
+            report.failed, report.kv_bytes_at_end
+        )
+        .into());
+    }
+    Ok(())
 }
 
 struct Sample {
@@ -40,10 +104,11 @@ struct Sample {
     tokens: usize,
 }
 
-fn one(addr: &str, path: &str, body: &str) -> Result<Sample, String> {
+fn one(addr: &str, path: &str, body: &str, auth: Option<&str>) -> Result<Sample, String> {
     let start = Instant::now();
-    let mut s =
-        http_client::open(addr, "POST", path, Some(body), Duration::from_secs(300)).map_err(|e| e.to_string())?;
+    let headers: Vec<(&str, &str)> = auth.map(|a| ("Authorization", a)).into_iter().collect();
+    let mut s = http_client::open_with(addr, "POST", path, Some(body), Duration::from_secs(300), &headers)
+        .map_err(|e| e.to_string())?;
     if s.status != 200 {
         let mut b = String::new();
         let _ = std::io::Read::read_to_string(&mut s.body, &mut b);
@@ -84,6 +149,9 @@ pub fn run(a: Args) -> CliResult {
     if a.clients == 0 || a.requests == 0 {
         return Err("--clients and --requests must be at least 1".into());
     }
+    if let Some(secs) = a.soak {
+        return soak(&a, secs);
+    }
     let (addr, prefix) = http_client::split_url(&a.url)?;
     let path = format!("{prefix}/v1/completions");
     let mut body =
@@ -92,6 +160,12 @@ pub fn run(a: Args) -> CliResult {
         body["kv_policy"] = json!(p);
     }
     let body = body.to_string();
+    let auth = a
+        .api_key
+        .clone()
+        .or_else(|| std::env::var("KVSLIM_API_KEY").ok())
+        .filter(|k| !k.is_empty())
+        .map(|k| format!("Bearer {k}"));
     let next = Arc::new(AtomicUsize::new(0));
     let samples = Arc::new(Mutex::new(Vec::new()));
     let errors = Arc::new(Mutex::new(Vec::new()));
@@ -100,9 +174,10 @@ pub fn run(a: Args) -> CliResult {
         .map(|_| {
             let (next, samples, errors) = (next.clone(), samples.clone(), errors.clone());
             let (addr, path, body, total) = (addr.clone(), path.clone(), body.clone(), a.requests);
+            let auth = auth.clone();
             std::thread::spawn(move || {
                 while next.fetch_add(1, Ordering::Relaxed) < total {
-                    match one(&addr, &path, &body) {
+                    match one(&addr, &path, &body, auth.as_deref()) {
                         Ok(s) => samples.lock().expect("no panics hold it").push(s),
                         Err(e) => errors.lock().expect("no panics hold it").push(e),
                     }

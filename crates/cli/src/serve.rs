@@ -2,14 +2,17 @@
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs};
 use kvslim_cache::PolicySpec;
-use kvslim_server::{parse_bytes, AppState, Limits, ServerConfig};
+use kvslim_server::{parse_bytes, AppState, HttpLimits, Limits, ServeOptions, ServerConfig};
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Address to listen on.
+    /// Address to listen on. The default keeps the server on this machine;
+    /// before `--host 0.0.0.0` (or any other address) set an API key: the
+    /// server runs whatever it is sent.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     #[arg(long, default_value_t = 8080)]
@@ -43,12 +46,76 @@ pub struct Args {
     /// Model name reported by the API (default: the --model value).
     #[arg(long)]
     served_model_name: Option<String>,
+    /// Largest request body accepted (e.g. 1MiB, 64KiB); larger ones get
+    /// 413 before their body is read, so a client cannot make the server
+    /// buffer (or tokenize) more than this.
+    #[arg(long, default_value = "1MiB", value_parser = parse_bytes)]
+    max_body_bytes: usize,
+    /// Seconds a client has to send a request's headers, from when the server
+    /// starts waiting for them (connection opened, or the previous response
+    /// on a kept-alive connection sent); a client that stalls mid-request
+    /// gets 408 and its connection is closed, an idle connection is closed.
+    #[arg(long, default_value_t = 30.0, value_parser = parse_seconds)]
+    header_timeout: f64,
+    /// Seconds a client has to send a request's body once its headers
+    /// arrived; slower ones get 408 and their connection is closed.
+    #[arg(long, default_value_t = 60.0, value_parser = parse_seconds)]
+    body_timeout: f64,
+    /// Deadline of a request in seconds from its arrival (queueing included;
+    /// 0 = none). Past it generation stops, the KV is freed at once and the
+    /// client gets 504 (or an error chunk ending the stream) with code
+    /// `request_timeout`.
+    #[arg(long, default_value_t = 600.0, value_parser = parse_seconds)]
+    request_timeout: f64,
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health
+    /// (401 otherwise). Also read from the KVSLIM_API_KEY environment
+    /// variable, which keeps the key out of the process list.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Read the API key from this file (surrounding whitespace trimmed).
+    #[arg(long, conflicts_with = "api_key")]
+    api_key_file: Option<std::path::PathBuf>,
+    /// On SIGTERM or SIGINT the server stops admitting (503, /health says
+    /// draining) and lets running requests finish for up to this many
+    /// seconds, then exits 0. A second signal exits at once.
+    #[arg(long, default_value_t = 30.0, value_parser = parse_seconds)]
+    grace_period: f64,
+}
+
+/// A non-negative number of seconds.
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}`: expected a number of seconds ≥ 0")),
+    }
+}
+
+/// The API key from --api-key, --api-key-file or KVSLIM_API_KEY (in that
+/// order); an empty key counts as none.
+fn api_key(a: &Args) -> Result<Option<String>, String> {
+    let key = if let Some(k) = &a.api_key {
+        Some(k.clone())
+    } else if let Some(p) = &a.api_key_file {
+        let k = std::fs::read_to_string(p).map_err(|e| format!("--api-key-file {}: {e}", p.display()))?;
+        let k = k.trim().to_string();
+        if k.is_empty() {
+            return Err(format!("--api-key-file {}: the file is empty", p.display()));
+        }
+        Some(k)
+    } else {
+        std::env::var("KVSLIM_API_KEY").ok()
+    };
+    Ok(key.map(|k| k.trim().to_string()).filter(|k| !k.is_empty()))
 }
 
 pub fn run(a: Args) -> CliResult {
     if a.max_batch == 0 {
         return Err("--max-batch must be at least 1".into());
     }
+    if a.header_timeout == 0.0 || a.body_timeout == 0.0 {
+        return Err("--header-timeout and --body-timeout must be more than 0".into());
+    }
+    let key = api_key(&a)?;
     let (loaded, path) = a.model.load_with_path()?;
     require_tokenizer(&loaded.tokenizer)?;
     let tokenizer = loaded.tokenizer.expect("checked above");
@@ -73,11 +140,27 @@ pub fn run(a: Args) -> CliResult {
         },
         model_name: a.served_model_name.unwrap_or_else(|| a.model.model.clone()),
     };
-    let state = AppState::new(Arc::new(loaded.model), Arc::new(tokenizer), config).with_chat(chat);
+    let http = HttpLimits {
+        max_body_bytes: a.max_body_bytes,
+        header_timeout: Duration::from_secs_f64(a.header_timeout),
+        body_timeout: Duration::from_secs_f64(a.body_timeout),
+        request_timeout: (a.request_timeout > 0.0).then(|| Duration::from_secs_f64(a.request_timeout)),
+    };
+    let auth = key.is_some();
+    let state = AppState::new(Arc::new(loaded.model), Arc::new(tokenizer), config)
+        .with_chat(chat)
+        .with_http_limits(http)
+        .with_api_key(key);
     let listener = std::net::TcpListener::bind((a.host.as_str(), a.port))?;
+    let local = listener.local_addr()?;
+    if !local.ip().is_loopback() && !auth {
+        eprintln!(
+            "kvslim serve: warning: listening on {local} without an API key: anyone who can reach it can run the model (set --api-key or KVSLIM_API_KEY)"
+        );
+    }
     eprintln!(
         "kvslim serve: http://{} (policy {}, KV pool {} bytes, page size {}, prefix cache {}, max batch {}, queue limit {})",
-        listener.local_addr()?,
+        local,
         a.policy,
         a.kv_memory,
         a.kv_page_size,
@@ -85,6 +168,10 @@ pub fn run(a: Args) -> CliResult {
         a.max_batch,
         a.queue_limit
     );
-    kvslim_server::serve_blocking(listener, state, 2)?;
+    if auth {
+        eprintln!("kvslim serve: API key required (Authorization: Bearer …) on every endpoint but /health");
+    }
+    let opts = ServeOptions { workers: 2, grace_period: Duration::from_secs_f64(a.grace_period), signals: true };
+    kvslim_server::serve_with(listener, state, &opts)?;
     Ok(())
 }

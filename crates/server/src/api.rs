@@ -74,7 +74,7 @@ impl ApiError {
         self.code = Some(code);
         self
     }
-    fn body(&self) -> Value {
+    pub(crate) fn body(&self) -> Value {
         json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
     }
 }
@@ -364,6 +364,7 @@ fn submit(
         }
         plans.push((max_tokens, kv_bytes));
     }
+    let deadline = st.http.request_timeout.map(|d| std::time::Instant::now() + d);
     let mut out = Vec::with_capacity(prompts.len() * x.n);
     for (p, &(max_tokens, kv_bytes)) in prompts.iter().zip(&plans) {
         for j in 0..x.n {
@@ -381,6 +382,7 @@ fn submit(
                 length_penalty,
                 logprobs: x.logprobs,
                 prompt_logprobs: x.logprobs.filter(|_| x.echo),
+                deadline,
                 events: tx,
             };
             match st.scheduler.submit(req) {
@@ -630,6 +632,21 @@ impl LogprobWriter<'_> {
     }
 }
 
+/// What a request past its deadline is told (504 when not streamed; the
+/// error chunk of a stream).
+fn timed_out(st: &AppState, generated: usize) -> ApiError {
+    let secs = st.http.request_timeout.map_or(0.0, |d| d.as_secs_f64());
+    ApiError {
+        status: StatusCode::GATEWAY_TIMEOUT,
+        message: format!(
+            "the request ran past the server's request timeout of {secs} s (--request-timeout) after {generated} generated tokens and was stopped; lower max_tokens or retry"
+        ),
+        kind: "server_error",
+        param: None,
+        code: Some("request_timeout"),
+    }
+}
+
 fn server_error(message: String) -> Response {
     ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message, kind: "server_error", param: None, code: None }
         .into_response()
@@ -676,6 +693,7 @@ async fn respond(
                         g.tokens.extend(lps);
                     }
                     Event::Error(e) => return server_error(e),
+                    Event::TimedOut(n) => return timed_out(&st, n).into_response(),
                     Event::Done(f) => {
                         g.finish = Some(f);
                         break;
@@ -732,6 +750,7 @@ async fn respond(
         stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) }).map(move |e| (i, e)).boxed()
     }));
     let mut s = Streamer {
+        timeout: st.http.request_timeout,
         tok: st.tokenizer.clone(),
         kind,
         x,
@@ -775,6 +794,8 @@ async fn respond(
 /// asked, its tokens' log-probs; `usage` (summed) rides on the finish
 /// chunk of the choice that ends last; an error ends the stream.
 struct Streamer {
+    /// `--request-timeout`, for the message of a timed-out stream.
+    timeout: Option<std::time::Duration>,
     tok: Arc<kvslim_models::Tokenizer>,
     kind: Kind,
     x: Extras,
@@ -858,6 +879,14 @@ impl Streamer {
                 self.queue.push_back(SseEvent::default().data("[DONE]"));
                 self.ended = true;
             }
+            Event::TimedOut(n) => {
+                let secs = self.timeout.map_or(0.0, |d| d.as_secs_f64());
+                let msg = format!("the request ran past the server's request timeout of {secs} s (--request-timeout) after {n} generated tokens and was stopped");
+                let err = json!({"error": {"message": msg, "type": "server_error", "param": null, "code": "request_timeout"}});
+                self.queue.push_back(SseEvent::default().data(err.to_string()));
+                self.queue.push_back(SseEvent::default().data("[DONE]"));
+                self.ended = true;
+            }
         }
     }
 }
@@ -881,7 +910,14 @@ pub async fn models(State(st): State<AppState>) -> Response {
     .into_response()
 }
 
+/// `GET /health`: 200 `{"status": "ok"}`, or 503 `{"status": "draining"}`
+/// once a graceful shutdown started (load balancers stop sending traffic).
+/// Never needs the API key.
 pub async fn health(State(st): State<AppState>) -> Response {
+    if st.shutdown.is_draining() {
+        let body = json!({"status": "draining", "model": st.model_name, "in_flight": st.shutdown.in_flight()});
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    }
     Json(json!({"status": "ok", "model": st.model_name})).into_response()
 }
 

@@ -62,13 +62,26 @@ impl Streaming {
 
 /// Sends a request and returns once the headers arrived.
 pub fn open(addr: &str, method: &str, path: &str, body: Option<&str>, timeout: Duration) -> io::Result<Streaming> {
+    open_with(addr, method, path, body, timeout, &[])
+}
+
+/// [`open`] with extra request headers (e.g. `Authorization`).
+pub fn open_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    timeout: Duration,
+    headers: &[(&str, &str)],
+) -> io::Result<Streaming> {
     let stream = TcpStream::connect(addr)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_nodelay(true)?;
     let mut w = stream.try_clone()?;
     let body = body.unwrap_or("");
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n",
         body.len()
     );
     w.write_all(head.as_bytes())?;
@@ -105,7 +118,18 @@ pub fn open(addr: &str, method: &str, path: &str, body: Option<&str>, timeout: D
 
 /// Sends a request and reads the whole response.
 pub fn request(addr: &str, method: &str, path: &str, body: Option<&str>) -> io::Result<Response> {
-    let mut s = open(addr, method, path, body, Duration::from_secs(120))?;
+    request_with(addr, method, path, body, &[])
+}
+
+/// [`request`] with extra request headers.
+pub fn request_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> io::Result<Response> {
+    let mut s = open_with(addr, method, path, body, Duration::from_secs(120), headers)?;
     let mut buf = Vec::new();
     s.body.read_to_end(&mut buf)?;
     Ok(Response { status: s.status, headers: s.headers, body: buf })

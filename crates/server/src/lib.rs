@@ -1,6 +1,10 @@
 //! `kvslim serve`: an OpenAI-compatible HTTP server (axum + tokio) in front
 //! of a continuous-batching scheduler that runs on its own thread.
 //!
+//! * [`guard`]: body-size and slow-client limits, the API key, and the
+//!   draining state of a graceful shutdown (middleware in front of every
+//!   route); [`serve_with`] runs the connection loop that enforces the
+//!   header timeout and drains on SIGTERM/SIGINT or [`guard::Shutdown::drain`].
 //! * [`scheduler`]: admission by KV memory, batched decode, per-request
 //!   policy, sampling, stop strings and cancellation.
 //! * [`api`]: `/v1/completions`, `/v1/chat/completions` (SSE streaming,
@@ -9,19 +13,27 @@
 //!   (what lm-evaluation-harness's `remote` tokenizer backend calls).
 //! * [`http_client`]: a tiny blocking HTTP/1.1 client for tests and
 //!   `kvslim loadtest`.
+//! * [`soak`]: the soak driver (`kvslim loadtest --soak`): concurrent
+//!   clients mixing normal, cancelled, malformed, oversized and stalled
+//!   requests, checked against solo runs, KV and peak memory reported.
 
 pub mod api;
 pub mod chat;
+pub mod guard;
 pub mod http_client;
 pub mod metrics;
 pub mod scheduler;
+pub mod soak;
 
+use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 use kvslim_cache::PolicySpec;
 use kvslim_models::{Model, Tokenizer};
 use std::sync::Arc;
+use std::time::Duration;
 
+pub use guard::{HttpLimits, Shutdown};
 pub use scheduler::{Limits, SchedulerHandle};
 
 /// Server settings.
@@ -46,6 +58,13 @@ pub struct AppState {
     /// (then chat requests answer 400 with that message).
     pub chat: Arc<Result<chat::ChatFormat, String>>,
     pub started: u64,
+    /// Body size, slow-client and per-request time limits.
+    pub http: HttpLimits,
+    /// With a key, every endpoint but `/health` requires
+    /// `Authorization: Bearer KEY`.
+    pub api_key: Option<Arc<str>>,
+    /// Draining state; [`Shutdown::drain`] starts a graceful shutdown.
+    pub shutdown: Shutdown,
 }
 
 impl AppState {
@@ -64,7 +83,23 @@ impl AppState {
             model_name: config.model_name,
             chat,
             started,
+            http: HttpLimits::default(),
+            api_key: None,
+            shutdown: Shutdown::default(),
         }
+    }
+
+    /// Replaces the default [`HttpLimits`].
+    pub fn with_http_limits(mut self, http: HttpLimits) -> Self {
+        self.http = http;
+        self
+    }
+
+    /// Requires `Authorization: Bearer KEY` on every endpoint but `/health`
+    /// (`None` or an empty key: no authentication).
+    pub fn with_api_key(mut self, key: Option<String>) -> Self {
+        self.api_key = key.filter(|k| !k.is_empty()).map(Arc::from);
+        self
     }
 }
 
@@ -78,8 +113,10 @@ impl AppState {
     }
 }
 
-/// The HTTP routes.
+/// The HTTP routes, behind the [`guard`] layers (API key, draining, body
+/// limits; outermost first).
 pub fn router(state: AppState) -> Router {
+    use axum::middleware::from_fn_with_state;
     Router::new()
         .route("/v1/completions", post(api::completions))
         .route("/v1/chat/completions", post(api::chat_completions))
@@ -90,19 +127,53 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(api::health))
         .route("/metrics", get(api::metrics))
         .fallback(api::not_found)
+        // bodies are read (and limited) by `guard::read_body`
+        .layer(DefaultBodyLimit::disable())
+        .layer(from_fn_with_state(state.clone(), guard::read_body))
+        .layer(from_fn_with_state(state.clone(), guard::drain))
+        .layer(from_fn_with_state(state.clone(), guard::auth))
         .with_state(state)
 }
 
-/// Serves on an already bound listener until the process ends (blocking;
-/// builds its own tokio runtime with `workers` threads).
-pub fn serve_blocking(listener: std::net::TcpListener, state: AppState, workers: usize) -> std::io::Result<()> {
-    listener.set_nonblocking(true)?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(workers.max(1)).enable_all().build()?;
-    rt.block_on(async move {
-        let l = tokio::net::TcpListener::from_std(listener)?;
-        axum::serve(l, router(state)).await
-    })
+/// How [`serve_with`] runs.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Tokio worker threads for the HTTP side (inference has its own thread).
+    pub workers: usize,
+    /// Once draining, how long admitted requests may still run before the
+    /// server returns anyway.
+    pub grace_period: Duration,
+    /// Drain on SIGTERM or SIGINT (a second one exits at once, status 1).
+    pub signals: bool,
 }
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions { workers: 2, grace_period: Duration::from_secs(30), signals: false }
+    }
+}
+
+/// Serves on an already bound listener until `state.shutdown` is drained
+/// (blocking; builds its own tokio runtime with `workers` threads, no
+/// signal handling).
+pub fn serve_blocking(listener: std::net::TcpListener, state: AppState, workers: usize) -> std::io::Result<()> {
+    serve_with(listener, state, &ServeOptions { workers, ..ServeOptions::default() })
+}
+
+/// Serves on an already bound listener (blocking, own tokio runtime) and
+/// returns after a graceful shutdown: once draining starts (a signal when
+/// `opts.signals`, or [`Shutdown::drain`]) new requests get 503 while the
+/// admitted ones finish, up to `opts.grace_period`.
+pub fn serve_with(listener: std::net::TcpListener, state: AppState, opts: &ServeOptions) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(opts.workers.max(1)).enable_all().build()?;
+    let result = rt.block_on(conn::serve(listener, state, opts.clone()));
+    // connections still open past the grace period are dropped, not awaited
+    rt.shutdown_timeout(Duration::from_millis(100));
+    result
+}
+
+mod conn;
 
 /// Parses a byte size: `2GiB`, `512MiB`, `64KiB`, `1GB`, `1000` (bytes).
 pub fn parse_bytes(s: &str) -> Result<usize, String> {

@@ -16,6 +16,8 @@ pub struct Metrics {
     pub requests_total: AtomicU64,
     pub requests_rejected_total: AtomicU64,
     pub requests_cancelled_total: AtomicU64,
+    /// Requests stopped at their deadline (`--request-timeout`).
+    pub requests_timed_out_total: AtomicU64,
     pub prompt_tokens_total: AtomicU64,
     pub generated_tokens_total: AtomicU64,
     /// Token slots evicted by policies (summed over layers and KV heads).
@@ -72,6 +74,12 @@ impl Metrics {
             "counter",
             "Requests whose client went away.",
             self.requests_cancelled_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_requests_timed_out_total",
+            "counter",
+            "Requests stopped at their deadline (--request-timeout).",
+            self.requests_timed_out_total.load(Relaxed).to_string(),
         );
         put(
             "kvslim_prompt_tokens_total",

@@ -46,6 +46,9 @@ pub enum Event {
     Done(Finish),
     /// The request failed after it was accepted.
     Error(String),
+    /// The request passed its deadline ([`Request::deadline`]) after this
+    /// many generated tokens; it was stopped and its KV freed.
+    TimedOut(usize),
 }
 
 /// End of a request.
@@ -117,6 +120,11 @@ pub struct Request {
     /// alternatives: the prompt is prefilled with every position's logits,
     /// so it skips the prefix-cache lookup (it still fills the cache).
     pub prompt_logprobs: Option<usize>,
+    /// When the request must be done (`--request-timeout` from its
+    /// arrival): past it, a queued request leaves the queue and a running
+    /// one stops between decode steps, freeing its KV (a beam search runs
+    /// to completion at admission and is not interrupted).
+    pub deadline: Option<Instant>,
     pub events: UnboundedSender<Event>,
 }
 
@@ -358,6 +366,8 @@ struct Running<'m> {
     sent: usize,
     finished: Option<&'static str>,
     cancelled: bool,
+    /// Stopped at its deadline (the client was told; no `Done` follows).
+    timed_out: bool,
     /// Prompt tokens that came from the prefix cache.
     reused: usize,
     /// Log-probs of generated tokens not sent yet, each with the byte
@@ -394,13 +404,20 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
         while let Ok(r) = rx.try_recv() {
             waiting.push_back(r);
         }
+        let now = Instant::now();
         waiting.retain(|r| {
-            let alive = !r.events.is_closed();
-            if !alive {
+            if r.events.is_closed() {
                 m.queued.fetch_sub(1, Relaxed);
                 m.requests_cancelled_total.fetch_add(1, Relaxed);
+                return false;
             }
-            alive
+            if r.deadline.is_some_and(|d| now >= d) {
+                m.queued.fetch_sub(1, Relaxed);
+                m.requests_timed_out_total.fetch_add(1, Relaxed);
+                let _ = r.events.send(Event::TimedOut(0));
+                return false;
+            }
+            true
         });
         // admission, in arrival order, while memory and batch room last
         while running.len() < limits.max_batch {
@@ -452,8 +469,17 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
                 }
             }
         }
+        // sequences past their deadline stop here (their KV freed below)
+        let now = Instant::now();
+        for r in running.iter_mut() {
+            if r.finished.is_none() && !r.cancelled && r.req.deadline.is_some_and(|d| now >= d) {
+                let _ = r.req.events.send(Event::TimedOut(r.generated.len()));
+                m.requests_timed_out_total.fetch_add(1, Relaxed);
+                r.timed_out = true;
+            }
+        }
         running.retain_mut(|r| {
-            if r.finished.is_none() && !r.cancelled {
+            if r.finished.is_none() && !r.cancelled && !r.timed_out {
                 return true;
             }
             release(m, r);
@@ -520,6 +546,7 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
         sent: 0,
         finished: None,
         cancelled: false,
+        timed_out: false,
         reused,
         pending: VecDeque::new(),
     };

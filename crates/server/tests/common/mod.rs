@@ -37,6 +37,25 @@ pub fn start_with_chat(limits: Limits, chat: Option<Result<ChatFormat, String>>)
     addr
 }
 
+/// A stories260K server whose state `setup` adjusts (limits, API key),
+/// served with `grace` for draining: its address, its shutdown handle and
+/// the serving thread (which returns once drained).
+pub fn start_with(
+    limits: Limits,
+    grace: std::time::Duration,
+    setup: impl FnOnce(AppState) -> AppState,
+) -> (String, kvslim_server::Shutdown, std::thread::JoinHandle<std::io::Result<()>>) {
+    let m = stories();
+    let config = ServerConfig { policy: PolicySpec::full(), limits, model_name: "stories260k".into() };
+    let state = setup(AppState::new(Arc::new(m.model), Arc::new(m.tokenizer.expect("tokenizer")), config));
+    let shutdown = state.shutdown.clone();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let opts = kvslim_server::ServeOptions { workers: 2, grace_period: grace, signals: false };
+    let thread = std::thread::spawn(move || kvslim_server::serve_with(listener, state, &opts));
+    (addr, shutdown, thread)
+}
+
 /// The value of a `/metrics` line.
 pub fn metric(addr: &str, name: &str) -> f64 {
     let r = http_client::request(addr, "GET", "/metrics", None).unwrap();

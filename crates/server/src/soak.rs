@@ -1,0 +1,483 @@
+//! A soak test driver: many concurrent clients against a running server
+//! for a while, mixing well-formed requests with the abuse the server must
+//! survive, and checking what it answers.
+//!
+//! Every client loops until the time is up, drawing one kind of request at
+//! a time ([`Kind`]); each kind has one expected outcome (a status code, and
+//! for greedy and beam requests the exact text a solo run gave before the
+//! load started). Afterwards the driver waits for the server to go idle and
+//! reads its `/metrics` (KV bytes in use must be back to 0) and, given the
+//! server's PID, its peak resident memory (`VmHWM`).
+//!
+//! Used by `kvslim loadtest --soak SECONDS` and by the short soak test in
+//! `crates/server/tests/soak.rs`.
+
+use crate::http_client;
+use kvslim_cache::rng::SplitMix64;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the soak run does.
+#[derive(Clone, Debug)]
+pub struct SoakConfig {
+    /// `host:port` of the server.
+    pub addr: String,
+    pub clients: usize,
+    pub duration: Duration,
+    /// Sent as `Authorization: Bearer …` when the server wants one.
+    pub api_key: Option<String>,
+    /// The server's process, for its peak resident memory (Linux
+    /// `/proc/PID/status`); `None`: not reported.
+    pub server_pid: Option<u32>,
+    /// Size declared by oversized requests (must exceed the server's
+    /// `--max-body-bytes`).
+    pub oversize_bytes: usize,
+    /// Include clients that stall inside their headers (each waits for the
+    /// server's header timeout, so keep that short).
+    pub stalled: bool,
+    /// Tokens per well-formed request.
+    pub max_tokens: usize,
+    pub seed: u64,
+}
+
+/// The kinds of request the clients send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// Streamed, temperature 0, under one of several policies: must equal
+    /// the solo run's text.
+    Greedy,
+    /// Streamed, sampled (temperature 0.8, seeded): must complete.
+    Sampled,
+    /// Streamed, dropped after a few chunks (its KV must be freed).
+    Cancelled,
+    /// Beam search (not streamed): must equal the solo run's text.
+    Beams,
+    /// Broken JSON: 400.
+    Malformed,
+    /// A body over the server's limit: 413.
+    Oversized,
+    /// A `kv_policy` that does not exist: 400.
+    UnknownPolicy,
+    /// A prompt longer than the context: 400.
+    BeyondContext,
+    /// Headers never finished: 408.
+    Stalled,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Greedy => "greedy",
+            Kind::Sampled => "sampled",
+            Kind::Cancelled => "cancelled",
+            Kind::Beams => "beams",
+            Kind::Malformed => "malformed",
+            Kind::Oversized => "oversized",
+            Kind::UnknownPolicy => "unknown_policy",
+            Kind::BeyondContext => "beyond_context",
+            Kind::Stalled => "stalled",
+        }
+    }
+
+    /// Requests the server must answer with a completion.
+    fn well_formed(self) -> bool {
+        matches!(self, Kind::Greedy | Kind::Sampled | Kind::Beams | Kind::Cancelled)
+    }
+}
+
+const PROMPTS: [&str; 4] = ["Once upon a time", "The little dog", "Lily wanted to", "One day, a boy"];
+const POLICIES: [&str; 3] = ["full", "h2o:heavy=8,recent=8", "window:recent=16"];
+const BEAMS: usize = 3;
+
+/// One request's outcome.
+struct Outcome {
+    kind: Kind,
+    /// HTTP status, or 0 when no response came.
+    status: u16,
+    latency: f64,
+    /// Why the outcome is not the expected one.
+    failure: Option<String>,
+}
+
+/// The soak run's findings.
+#[derive(Debug)]
+pub struct SoakReport {
+    pub json: Value,
+    /// Requests whose outcome was not the expected one (first 20 reasons).
+    pub failures: Vec<String>,
+    pub failed: usize,
+    /// KV bytes the server reported in use once idle after the run.
+    pub kv_bytes_at_end: f64,
+    /// The solo greedy runs every greedy answer was checked against:
+    /// (prompt, policy, max_tokens, text), for checking them against the
+    /// engine without the server.
+    pub greedy_references: Vec<(String, String, usize, String)>,
+}
+
+impl SoakReport {
+    /// Every request got its expected outcome and the KV came back.
+    pub fn passed(&self) -> bool {
+        self.failed == 0 && self.kv_bytes_at_end == 0.0
+    }
+}
+
+/// What every client needs: references from the solo runs and the model's
+/// context.
+struct Shared {
+    cfg: SoakConfig,
+    /// Greedy text per (prompt, policy), from a solo run.
+    greedy: Vec<Vec<String>>,
+    /// Beam text per prompt, from a solo run.
+    beams: Vec<String>,
+    /// A prompt (token ids) one token longer than the context allows.
+    too_long: Vec<u32>,
+}
+
+impl Shared {
+    fn headers(&self) -> Vec<(&str, String)> {
+        self.cfg.api_key.iter().map(|k| ("Authorization", format!("Bearer {k}"))).collect()
+    }
+
+    fn post(&self, body: &Value) -> Result<http_client::Response, String> {
+        let h = self.headers();
+        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        http_client::request_with(&self.cfg.addr, "POST", "/v1/completions", Some(&body.to_string()), &h)
+            .map_err(|e| e.to_string())
+    }
+
+    fn get(&self, path: &str) -> Result<http_client::Response, String> {
+        let h = self.headers();
+        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        http_client::request_with(&self.cfg.addr, "GET", path, None, &h).map_err(|e| e.to_string())
+    }
+
+    fn greedy_body(&self, p: usize, pol: usize) -> Value {
+        json!({"prompt": PROMPTS[p], "max_tokens": self.cfg.max_tokens, "temperature": 0, "kv_policy": POLICIES[pol]})
+    }
+
+    fn beam_body(&self, p: usize) -> Value {
+        json!({"prompt": PROMPTS[p], "max_tokens": self.cfg.max_tokens.min(24), "beams": BEAMS})
+    }
+}
+
+/// The text of a non-streamed completion.
+fn text_of(r: &http_client::Response) -> Result<String, String> {
+    if r.status != 200 {
+        return Err(format!("HTTP {}: {}", r.status, r.text()));
+    }
+    r.json()["choices"][0]["text"].as_str().map(str::to_string).ok_or_else(|| format!("no text in {}", r.text()))
+}
+
+/// Solo runs (one request at a time, before the load) for the references.
+fn prepare(cfg: &SoakConfig) -> Result<Shared, String> {
+    let mut sh = Shared { cfg: cfg.clone(), greedy: Vec::new(), beams: Vec::new(), too_long: Vec::new() };
+    for p in 0..PROMPTS.len() {
+        let row =
+            (0..POLICIES.len()).map(|pol| text_of(&sh.post(&sh.greedy_body(p, pol))?)).collect::<Result<_, _>>()?;
+        sh.greedy.push(row);
+        sh.beams.push(text_of(&sh.post(&sh.beam_body(p))?)?);
+    }
+    let models = sh.get("/v1/models")?.json();
+    let ctx = models["data"][0]["context_length"].as_u64().ok_or("no context_length in /v1/models")? as usize;
+    let ids = sh.post_tokenize(PROMPTS[0])?;
+    sh.too_long = ids.iter().copied().cycle().take(ctx + 1).collect();
+    Ok(sh)
+}
+
+impl Shared {
+    fn post_tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
+        let h = self.headers();
+        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let body = json!({"prompt": text}).to_string();
+        let r = http_client::request_with(&self.cfg.addr, "POST", "/tokenize", Some(&body), &h)
+            .map_err(|e| e.to_string())?;
+        serde_json::from_value(r.json()["tokens"].clone()).map_err(|e| format!("/tokenize: {e}: {}", r.text()))
+    }
+}
+
+/// Draws the next kind: mostly well-formed traffic, a steady share of abuse.
+fn draw(rng: &mut SplitMix64, stalled: bool) -> Kind {
+    let table: &[(Kind, usize)] = &[
+        (Kind::Greedy, 30),
+        (Kind::Sampled, 15),
+        (Kind::Cancelled, 15),
+        (Kind::Beams, 5),
+        (Kind::Malformed, 8),
+        (Kind::Oversized, 6),
+        (Kind::UnknownPolicy, 8),
+        (Kind::BeyondContext, 8),
+        (Kind::Stalled, if stalled { 3 } else { 0 }),
+    ];
+    let total: usize = table.iter().map(|t| t.1).sum();
+    let mut x = rng.below(total);
+    for &(k, w) in table {
+        if x < w {
+            return k;
+        }
+        x -= w;
+    }
+    Kind::Greedy
+}
+
+/// Reads a stream to `[DONE]` and returns its text (choice 0), or why it
+/// is not a complete, error-free stream; `stop_after` drops it after that
+/// many chunks instead (cancellation).
+fn read_stream(sh: &Shared, body: &Value, stop_after: Option<usize>) -> (u16, Result<String, String>) {
+    let h = sh.headers();
+    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let open = http_client::open_with(
+        &sh.cfg.addr,
+        "POST",
+        "/v1/completions",
+        Some(&body.to_string()),
+        Duration::from_secs(600),
+        &h,
+    );
+    let mut s = match open {
+        Ok(s) => s,
+        Err(e) => return (0, Err(format!("no response: {e}"))),
+    };
+    if s.status != 200 {
+        let mut b = String::new();
+        let _ = s.body.read_to_string(&mut b);
+        return (s.status, Err(format!("HTTP {}: {b}", s.status)));
+    }
+    let mut text = String::new();
+    let mut chunks = 0;
+    let mut finished = false;
+    loop {
+        match s.next_event() {
+            Ok(Some(d)) if d == "[DONE]" => break,
+            Ok(Some(d)) => {
+                let v: Value = match serde_json::from_str(&d) {
+                    Ok(v) => v,
+                    Err(e) => return (200, Err(format!("bad chunk {d}: {e}"))),
+                };
+                if let Some(e) = v.get("error") {
+                    return (200, Err(format!("error chunk: {e}")));
+                }
+                text.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
+                finished |= !v["choices"][0]["finish_reason"].is_null();
+                chunks += 1;
+                if stop_after.is_some_and(|n| chunks >= n) {
+                    return (200, Ok(text));
+                }
+            }
+            Ok(None) => return (200, Err("stream ended without [DONE]".into())),
+            Err(e) => return (200, Err(format!("stream broke: {e}"))),
+        }
+    }
+    if !finished {
+        return (200, Err("stream had no finish_reason".into()));
+    }
+    (200, Ok(text))
+}
+
+/// Sends raw bytes on a fresh connection and reads the status line of the
+/// answer (0 when none came).
+fn raw_status(sh: &Shared, head: &str, body: &[u8]) -> u16 {
+    let Ok(mut s) = TcpStream::connect(&sh.cfg.addr) else {
+        return 0;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
+    // the server may answer (and close) before the body is sent: a failed
+    // write is expected then, the answer is still read
+    let _ = s.write_all(head.as_bytes()).and_then(|_| s.write_all(body));
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+}
+
+fn auth_line(sh: &Shared) -> String {
+    sh.cfg.api_key.as_ref().map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default()
+}
+
+/// Runs one request of `kind` and checks its outcome.
+fn one(sh: &Shared, kind: Kind, rng: &mut SplitMix64) -> Outcome {
+    let start = Instant::now();
+    let expect = |status: u16, want: u16| (status != want).then(|| format!("expected HTTP {want}, got {status}"));
+    let (status, failure) = match kind {
+        Kind::Greedy => {
+            let (p, pol) = (rng.below(PROMPTS.len()), rng.below(POLICIES.len()));
+            let mut body = sh.greedy_body(p, pol);
+            body["stream"] = json!(true);
+            match read_stream(sh, &body, None) {
+                (s, Ok(t)) if t == sh.greedy[p][pol] => (s, None),
+                (s, Ok(t)) => (
+                    s,
+                    Some(format!(
+                        "greedy {:?} under {} differs from its solo run: {t:?} vs {:?}",
+                        PROMPTS[p], POLICIES[pol], sh.greedy[p][pol]
+                    )),
+                ),
+                (s, Err(e)) => (s, Some(e)),
+            }
+        }
+        Kind::Sampled => {
+            let body = json!({"prompt": PROMPTS[rng.below(PROMPTS.len())], "max_tokens": sh.cfg.max_tokens,
+                "temperature": 0.8, "seed": rng.below(1 << 20), "stream": true});
+            let (s, r) = read_stream(sh, &body, None);
+            (s, r.err())
+        }
+        Kind::Cancelled => {
+            let body = json!({"prompt": PROMPTS[rng.below(PROMPTS.len())], "max_tokens": 400,
+                "temperature": 0.8, "seed": 7, "stream": true, "n": 1 + rng.below(3)});
+            let (s, r) = read_stream(sh, &body, Some(1 + rng.below(4)));
+            (s, r.err())
+        }
+        Kind::Beams => {
+            let p = rng.below(PROMPTS.len());
+            match sh.post(&sh.beam_body(p)) {
+                Ok(r) => match text_of(&r) {
+                    Ok(t) if t == sh.beams[p] => (r.status, None),
+                    Ok(t) => (r.status, Some(format!("beams differ from the solo run: {t:?} vs {:?}", sh.beams[p]))),
+                    Err(e) => (r.status, Some(e)),
+                },
+                Err(e) => (0, Some(format!("no response: {e}"))),
+            }
+        }
+        Kind::Malformed => {
+            let body = r#"{"prompt": "Once upon", "max_tokens": 8,,}"#;
+            let head = format!(
+                "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                auth_line(sh),
+                body.len()
+            );
+            let s = raw_status(sh, &head, body.as_bytes());
+            (s, expect(s, 400))
+        }
+        Kind::Oversized => {
+            let head = format!(
+                "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                auth_line(sh),
+                sh.cfg.oversize_bytes
+            );
+            // a start of the body, not all of it: the server must answer anyway
+            let s = raw_status(sh, &head, &vec![b' '; sh.cfg.oversize_bytes.min(8192)]);
+            (s, expect(s, 413))
+        }
+        Kind::UnknownPolicy => {
+            let r = sh.post(&json!({"prompt": PROMPTS[0], "max_tokens": 8, "kv_policy": "no-such-policy:x=1"}));
+            let s = r.map_or(0, |r| r.status);
+            (s, expect(s, 400))
+        }
+        Kind::BeyondContext => match sh.post(&json!({"prompt": sh.too_long, "max_tokens": 8})) {
+            Ok(r) if r.status == 400 && r.json()["error"]["code"] == "context_length_exceeded" => (400, None),
+            Ok(r) => (r.status, Some(format!("expected 400 context_length_exceeded, got {}: {}", r.status, r.text()))),
+            Err(e) => (0, Some(format!("no response: {e}"))),
+        },
+        Kind::Stalled => {
+            let s = raw_status(sh, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Len", b"");
+            (s, expect(s, 408))
+        }
+    };
+    Outcome { kind, status, latency: start.elapsed().as_secs_f64(), failure }
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[(((p / 100.0) * (sorted.len() - 1) as f64).round() as usize).min(sorted.len() - 1)]
+}
+
+/// `VmHWM` (peak resident set) of a process, in bytes.
+pub fn peak_rss(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+}
+
+/// A `/metrics` value.
+fn metric(sh: &Shared, name: &str) -> Option<f64> {
+    let r = sh.get("/metrics").ok()?;
+    r.text().lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Runs the soak (see the module doc) and reports; `Err` when the server
+/// could not even give the solo references.
+pub fn run(cfg: &SoakConfig) -> Result<SoakReport, String> {
+    let sh = Arc::new(prepare(cfg)?);
+    let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));
+    let start = Instant::now();
+    let end = start + cfg.duration;
+    let threads: Vec<_> = (0..cfg.clients.max(1))
+        .map(|c| {
+            let (sh, outcomes) = (sh.clone(), outcomes.clone());
+            std::thread::spawn(move || {
+                let mut rng = SplitMix64::new(sh.cfg.seed ^ (c as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                while Instant::now() < end {
+                    let kind = draw(&mut rng, sh.cfg.stalled);
+                    let o = one(&sh, kind, &mut rng);
+                    outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
+                }
+            })
+        })
+        .collect();
+    let panicked = threads.into_iter().map(|t| t.join()).filter(Result::is_err).count();
+    let wall = start.elapsed().as_secs_f64();
+    // the server goes idle once the cancelled streams are noticed
+    let idle_by = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < idle_by
+        && (metric(&sh, "kvslim_running_requests") != Some(0.0) || metric(&sh, "kvslim_queue_length") != Some(0.0))
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let kv_end = metric(&sh, "kvslim_kv_bytes_in_use").unwrap_or(f64::NAN);
+    let outcomes = outcomes.lock().unwrap_or_else(|e| e.into_inner());
+    let mut by_kind: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
+    let mut failed_by_kind: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut failures = Vec::new();
+    let mut lat: Vec<f64> = Vec::new();
+    let mut lat_by_kind: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for o in outcomes.iter() {
+        *by_kind.entry(o.kind.name()).or_default() += 1;
+        let code = if o.status == 0 { "none".to_string() } else { o.status.to_string() };
+        *by_status.entry(code).or_default() += 1;
+        if let Some(f) = &o.failure {
+            *failed_by_kind.entry(o.kind.name()).or_default() += 1;
+            if failures.len() < 20 {
+                failures.push(format!("{}: {f}", o.kind.name()));
+            }
+        }
+        if o.kind.well_formed() && o.kind != Kind::Cancelled {
+            lat.push(o.latency);
+            lat_by_kind.entry(o.kind.name()).or_default().push(o.latency);
+        }
+    }
+    lat.sort_by(f64::total_cmp);
+    let per_kind: serde_json::Map<String, Value> = lat_by_kind
+        .iter_mut()
+        .map(|(k, v)| {
+            v.sort_by(f64::total_cmp);
+            (k.to_string(), json!({"p50_s": pct(v, 50.0), "p99_s": pct(v, 99.0)}))
+        })
+        .collect();
+    let failed = outcomes.iter().filter(|o| o.failure.is_some()).count() + panicked;
+    let json = json!({
+        "clients": cfg.clients,
+        "duration_s": wall,
+        "requests": outcomes.len(),
+        "requests_by_kind": by_kind,
+        "responses_by_status": by_status,
+        "unexpected_by_kind": failed_by_kind,
+        "unexpected": failed,
+        "latency_p50_s": pct(&lat, 50.0),
+        "latency_p99_s": pct(&lat, 99.0),
+        "latency_by_kind": per_kind,
+        "kv_bytes_at_end": kv_end,
+        "peak_rss_bytes": cfg.server_pid.and_then(peak_rss),
+        "requests_timed_out_total": metric(&sh, "kvslim_requests_timed_out_total"),
+        "requests_cancelled_total": metric(&sh, "kvslim_requests_cancelled_total"),
+    });
+    let greedy_references = (0..PROMPTS.len())
+        .flat_map(|p| (0..POLICIES.len()).map(move |pol| (p, pol)))
+        .map(|(p, pol)| (PROMPTS[p].to_string(), POLICIES[pol].to_string(), cfg.max_tokens, sh.greedy[p][pol].clone()))
+        .collect();
+    Ok(SoakReport { json, failures, failed, kv_bytes_at_end: kv_end, greedy_references })
+}
