@@ -89,6 +89,17 @@ fn paged_store_is_bit_identical_to_fixed_slots_for_every_policy() {
         format!("h2o:heavy=12,recent=12+chai:plan={plan}"),
         format!("chai-static:plan={plan}"),
         format!("h2o:heavy=12,recent=12+chai-static:plan={plan}"),
+        // score families and sinks on every family
+        "h2o:heavy=12,recent=12,score=norm".into(),
+        "h2o:heavy=12,recent=12,sink=4,score=decay:0.9".into(),
+        "h2o:heavy=12,recent=12,score=tova,prefill=stream:7".into(),
+        "h2o:heavy=12,recent=12,agg=max,score=vnorm".into(),
+        "h2o:heavy=12,recent=12,score=persist:16".into(),
+        "heavy:heavy=20,sink=4,score=tova".into(),
+        "window:recent=20,sink=4".into(),
+        "random:budget=20,recent=8,seed=5,sink=4".into(),
+        format!("h2o:heavy=12,recent=12,score=vnorm+chai:plan={plan}"),
+        format!("h2o:heavy=12,recent=12,sink=2,score=decay:0.5+chai-static:plan={plan}"),
     ];
     for text in &specs {
         let spec = PolicySpec::parse_and_load(text).unwrap();

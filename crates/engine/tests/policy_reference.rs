@@ -1,53 +1,71 @@
 //! The optimized engine (slot store + SIMD attention + policy) against the
 //! f64 reference in `reference/`, step by step: identical kept position
-//! sets and scores within 1e-5 relative, for every token policy, on random
-//! model shapes and on stories260K.
+//! sets and scores within 1e-5 relative, for every token policy and every
+//! score family (`score=`) with sinks, on random model shapes and on
+//! stories260K.
 
 mod reference;
 
 use kvslim_cache::policy::spec::{PrefillMode, TokenPolicySpec};
+use kvslim_cache::policy::ScoreRule;
 use kvslim_cache::PolicySpec;
 use kvslim_engine::sampling::Rng;
 use kvslim_engine::Session;
 use kvslim_kernels::DType;
 use kvslim_models::config::ModelConfig;
 use kvslim_models::{Logits, Model, Trace};
-use reference::{RefHead, RefPolicy, Rule};
+use reference::{RefHead, RefPolicy, RefScore, Rule};
 mod common;
 
 use common::shared;
 
+/// The reference score family of the engine's parsed one.
+fn ref_score(rule: ScoreRule) -> RefScore {
+    match rule {
+        ScoreRule::Sum => RefScore::Sum,
+        ScoreRule::Norm => RefScore::Norm,
+        ScoreRule::Decay(g) => RefScore::Decay(g as f64),
+        ScoreRule::Tova => RefScore::Tova,
+        ScoreRule::ValueNorm => RefScore::VNorm,
+        ScoreRule::Persist { window, threshold } => RefScore::Persist { window, threshold: threshold as f64 },
+    }
+}
+
 /// The reference parameters of a parsed spec for a base length.
 fn ref_policy(spec: &PolicySpec, base: usize) -> RefPolicy {
     let r = |b: kvslim_cache::policy::Budget| b.resolve(base);
+    let plain =
+        RefPolicy { budget: None, recent: 0, sinks: 0, rule: Rule::Oldest, agg_max: None, score: RefScore::Sum };
     match spec.token {
-        TokenPolicySpec::Full => RefPolicy { budget: None, recent: 0, sinks: 0, rule: Rule::Oldest, agg_max: None },
-        TokenPolicySpec::Window { recent } => {
-            RefPolicy { budget: Some(r(recent)), recent: r(recent), sinks: 0, rule: Rule::Oldest, agg_max: None }
+        TokenPolicySpec::Full => plain,
+        TokenPolicySpec::Window { recent, sink } => {
+            RefPolicy { budget: Some(r(recent) + r(sink)), recent: r(recent), sinks: r(sink), ..plain }
         }
-        TokenPolicySpec::Sink { sink, recent } => RefPolicy {
-            budget: Some(r(sink) + r(recent)),
+        TokenPolicySpec::Sink { sink, recent } => {
+            RefPolicy { budget: Some(r(sink) + r(recent)), recent: r(recent), sinks: r(sink), ..plain }
+        }
+        TokenPolicySpec::Heavy { heavy, sink, score } => RefPolicy {
+            budget: Some(r(heavy) + r(sink)),
+            sinks: r(sink),
+            rule: Rule::LowestScore,
+            agg_max: Some(false),
+            score: ref_score(score),
+            ..plain
+        },
+        TokenPolicySpec::Random { budget, recent, seed, sink } => RefPolicy {
+            budget: Some(r(budget) + r(sink)),
             recent: r(recent),
             sinks: r(sink),
-            rule: Rule::Oldest,
-            agg_max: None,
-        },
-        TokenPolicySpec::Heavy { heavy } => {
-            RefPolicy { budget: Some(r(heavy)), recent: 0, sinks: 0, rule: Rule::LowestScore, agg_max: Some(false) }
-        }
-        TokenPolicySpec::Random { budget, recent, seed } => RefPolicy {
-            budget: Some(r(budget)),
-            recent: r(recent),
-            sinks: 0,
             rule: Rule::Random { seed },
-            agg_max: None,
+            ..plain
         },
-        TokenPolicySpec::H2o { heavy, recent, agg, .. } => RefPolicy {
-            budget: Some(r(heavy) + r(recent)),
+        TokenPolicySpec::H2o { heavy, recent, agg, sink, score, .. } => RefPolicy {
+            budget: Some(r(heavy) + r(recent) + r(sink)),
             recent: r(recent),
-            sinks: 0,
+            sinks: r(sink),
             rule: Rule::LowestScore,
             agg_max: Some(agg == kvslim_cache::ScoreAgg::Max),
+            score: ref_score(score),
         },
     }
 }
@@ -163,6 +181,68 @@ fn optimized_equals_reference_on_stories260k() {
         "h2o:heavy=8,recent=24,agg=max,prefill=stream:7",
         "sink:sink=4,recent=28",
         "heavy:heavy=24",
+    ] {
+        let spec = PolicySpec::parse(spec).unwrap();
+        compare(&m.model, &spec, &ids, 60, &format!("stories260K {spec}"));
+    }
+}
+
+/// The score families (`score=` on h2o and heavy) and `sink=` on every
+/// evicting family: random shapes, budgets, prompts (one chunk or
+/// streamed), aggregations; optimized == reference after every call.
+#[test]
+fn score_families_equal_reference_on_random_shapes() {
+    let mut rng = Rng::new(77);
+    let mut pick = |n: u64| (rng.next_u64() % n) as usize;
+    for case in 0..30 {
+        let (heads, kv_heads) = [(2, 2), (4, 2), (4, 1), (6, 2), (6, 3), (8, 4)][pick(6)];
+        let head_dim = [4, 8, 16][pick(3)];
+        let cfg = tiny_config(heads, kv_heads, head_dim);
+        let model = kvslim_engine::synthetic::random_model(cfg, DType::F32, 100 + case as u64, 3.0).unwrap();
+        let prompt_len = 2 + pick(40);
+        let total = prompt_len + 20 + pick(60);
+        let tokens: Vec<u32> = (0..total).map(|_| pick(64) as u32).collect();
+        let b = 2 + pick(20);
+        let r = 1 + pick(b as u64 - 1);
+        let score = match case % 6 {
+            0 => "norm".to_string(),
+            1 => format!("decay:{}", [0.5, 0.9, 0.99][pick(3)]),
+            2 => "tova".to_string(),
+            3 => "vnorm".to_string(),
+            4 => format!("persist:{}", 1 + pick(24)),
+            _ => format!("persist:{}:{}", 2 + pick(12), [0.5, 2.0][pick(2)]),
+        };
+        let agg = ["sum", "max"][pick(2)];
+        let sink = pick(4);
+        let spec = match case % 5 {
+            0 | 1 => format!("h2o:heavy={},recent={r},agg={agg},sink={sink},score={score}", b - r),
+            2 => format!("h2o:heavy={},recent={r},prefill=stream:{},score={score}", b - r, 1 + pick(12)),
+            3 => format!("heavy:heavy={b},sink={sink},score={score}"),
+            _ => match case % 3 {
+                0 => format!("window:recent={r},sink={}", 1 + sink),
+                1 => format!("random:budget={b},recent={},seed={},sink={sink}", r - 1, pick(1000)),
+                _ => format!("h2o:heavy=20%,recent=15%,sink=2,score={score}"),
+            },
+        };
+        let spec = PolicySpec::parse(&spec).unwrap();
+        compare(&model, &spec, &tokens, prompt_len, &format!("case {case} {spec} H={heads}/{kv_heads} D={head_dim}"));
+    }
+}
+
+#[test]
+fn score_families_equal_reference_on_stories260k() {
+    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
+    let mut ids = tok.encode(&text[..4000]).unwrap();
+    ids.truncate(200);
+    for spec in [
+        "h2o:heavy=16,recent=16,score=norm",
+        "h2o:heavy=16,recent=16,sink=4,score=decay:0.9",
+        "h2o:heavy=16,recent=16,score=tova,prefill=stream:7",
+        "h2o:heavy=16,recent=16,agg=max,score=vnorm",
+        "h2o:heavy=16,recent=16,score=persist:16",
+        "heavy:heavy=24,sink=4,score=tova",
     ] {
         let spec = PolicySpec::parse(spec).unwrap();
         compare(&m.model, &spec, &ids, 60, &format!("stories260K {spec}"));

@@ -210,6 +210,39 @@ fn invalid_kv_policy_is_400() {
     still_serves(&addr);
 }
 
+/// The score families reach the server through `kv_policy`: a request
+/// under each gets what an in-process generation under the same spec gets
+/// (the prompt is longer than the budget, so prefill and decode evict), and
+/// bad score parameters are 400s naming the parameter.
+#[test]
+fn score_families_work_through_kv_policy() {
+    let addr = start(default_limits());
+    let m = stories();
+    let prompt =
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends.";
+    for policy in [
+        "h2o:heavy=8,recent=8,score=tova",
+        "h2o:heavy=8,recent=8,sink=2,score=decay:0.9",
+        "h2o:heavy=8,recent=8,score=norm",
+        "h2o:heavy=8,recent=8,score=vnorm,page=16",
+        "heavy:heavy=16,sink=4,score=persist:8",
+    ] {
+        let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "kv_policy": policy});
+        let r = post(&addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{policy}: {}", r.text());
+        assert_eq!(r.json()["choices"][0]["text"].as_str().unwrap(), solo_text(&m, prompt, policy, 24), "{policy}");
+    }
+    for (policy, needle) in [
+        ("h2o:heavy=8,recent=8,score=decay:-0.5", "decay: `-0.5`"),
+        ("h2o:heavy=8,recent=8,score=fancy", "unknown score family `fancy`"),
+    ] {
+        let r = post(&addr, "/v1/completions", &json!({"prompt": "hi", "kv_policy": policy}));
+        assert_error(&r, 400, needle);
+        assert_eq!(r.json()["error"]["param"], "kv_policy");
+    }
+    still_serves(&addr);
+}
+
 #[test]
 fn negative_max_tokens_is_400() {
     let addr = start(default_limits());

@@ -21,7 +21,10 @@
 //! each B with the family's own reader (its entry in the grammar's family
 //! table, where the split above is written), so a family and its budget
 //! substitution are defined once. Other parameters pass through
-//! (`h2o:agg=max`, `h2o:prefill=stream:16`, `random:seed=3`, storage keys).
+//! (`h2o:agg=max`, `h2o:prefill=stream:16`, `random:seed=3`,
+//! `h2o:score=tova`, storage keys). `sink=S` on a family other than `sink`
+//! takes S of the B slots (at most B − 1) and splits the rest as above
+//! (`h2o:sink=4` at 64: 4 sinks, 30 heavy, 30 recent).
 //!
 //! Head sharing composes: `h2o+chai:plan=FILE` gets the budgeted token
 //! policy plus CHAI, and `chai:plan=FILE` / `chai-static:plan=FILE` alone
@@ -207,6 +210,18 @@ mod tests {
                 ],
             ),
             ("h2o:agg=max,prefill=stream:16", &[("10%", 100, "h2o:heavy=5,recent=5,agg=max,prefill=stream:16")]),
+            ("h2o:score=tova", &[("20%", 1000, "h2o:heavy=100,recent=100,score=tova")]),
+            ("h2o:agg=max,score=decay:0.9", &[("64", 1000, "h2o:heavy=32,recent=32,agg=max,score=decay:0.9")]),
+            ("heavy:score=persist:16", &[("10%", 1000, "heavy:heavy=100,score=persist:16")]),
+            (
+                "h2o:sink=4,score=norm",
+                &[
+                    ("64", 1000, "h2o:heavy=30,recent=30,sink=4,score=norm"),
+                    ("3", 1000, "h2o:heavy=1,recent=0,sink=2,score=norm"),
+                ],
+            ),
+            ("window:sink=4", &[("64", 1000, "window:recent=60,sink=4")]),
+            ("random:sink=4", &[("64", 1000, "random:budget=60,recent=30,seed=0,sink=4")]),
             (
                 "h2o:page=16,compact=64,kv_dtype=q8",
                 &[("20%", 1000, "h2o:heavy=100,recent=100,page=16,compact=64,kv_dtype=q8")],
@@ -223,7 +238,20 @@ mod tests {
 
     #[test]
     fn every_budget_is_exactly_b_slots() {
-        for fam in ["window", "sink", "heavy", "random", "h2o", "sink:sink=2", "random:seed=5"] {
+        for fam in [
+            "window",
+            "sink",
+            "heavy",
+            "random",
+            "h2o",
+            "sink:sink=2",
+            "random:seed=5",
+            "h2o:score=vnorm",
+            "h2o:sink=4,score=persist:8",
+            "heavy:sink=2",
+            "window:sink=4",
+            "random:sink=3",
+        ] {
             let f = PolicyFamily::parse(fam).unwrap();
             for b in [1, 2, 3, 7, 64, 1000] {
                 assert_eq!(f.at(b).unwrap().budget(1000), Some(b), "{fam} B={b}");
@@ -258,6 +286,9 @@ mod tests {
         assert!(err("sink:sink=x").contains("sink must be a slot count"));
         assert!(err("h2o:compact=8").contains("paged store"));
         assert!(err("h2o:x=1").contains("unknown parameter `x`"));
+        assert!(err("h2o:score=decay:-1").contains("score: decay: `-1`"));
+        assert!(err("h2o:score=mean").contains("score: unknown score family `mean`"));
+        assert!(err("h2o:sink=10%").contains("sink: a budget family needs a slot count"));
         assert!(err("chai:plan=p.json+h2o").contains("token policy first"));
         assert!(err("h2o+window:recent=3").contains("head policy"));
         assert!(err("h2o+chai:plan=a+chai:plan=b").contains("at most one `+`"));

@@ -12,12 +12,14 @@
 pub mod budget;
 pub mod chai;
 pub mod follow;
+pub mod score;
 pub mod sliding;
 pub mod spec;
 pub mod token;
 
 pub use budget::PolicyFamily;
 pub use follow::{FollowDecisions, KeptSets, SharedKeptSets};
+pub use score::ScoreRule;
 pub use sliding::SlidingWindowLayers;
 pub use spec::{Budget, PolicySpec, PolicySpecError, TokenPolicySpec};
 pub use token::{EvictionConfig, EvictionEvent, EvictionUnit, PageScore, TokenEviction, VictimRule};
@@ -57,6 +59,17 @@ impl ScoreAgg {
             }
         }
     }
+
+    /// The group's attention to slot `i` folded into one value (Σ or max
+    /// over the `group` rows of a `group × len` block).
+    #[inline]
+    pub fn fold(self, probs: &[f32], group: usize, len: usize, i: usize) -> f32 {
+        let col = (0..group).map(|h| probs[h * len + i]);
+        match self {
+            ScoreAgg::Sum => col.sum(),
+            ScoreAgg::Max => col.fold(0f32, f32::max),
+        }
+    }
 }
 
 /// What a policy may see of and do to one (layer, KV head)'s slots during a
@@ -92,6 +105,20 @@ impl<'a> PolicySlots<'a> {
     /// The page holding `slot` (`None` for fixed slots).
     pub fn page_of(&self, slot: usize) -> Option<u32> {
         self.slots.page_of(slot)
+    }
+    /// ‖v‖ of every occupied slot's stored value row, in slot order, into
+    /// `norms` (`row` is a `head_dim` scratch for decoding coded rows): the
+    /// one thing of the V data a policy may read, for value-weighted
+    /// scores. Allocation-free once the buffers have grown.
+    pub fn value_norms(&self, row: &mut Vec<f32>, norms: &mut Vec<f32>) {
+        use kvslim_kernels::attention::SlotRows;
+        row.resize(self.slots.head_dim(), 0.0);
+        let rows = self.slots.value_rows();
+        norms.clear();
+        for slot in 0..self.slots.len() {
+            let v = rows.row(slot, row);
+            norms.push(v.iter().map(|x| x * x).sum::<f32>().sqrt());
+        }
     }
     /// Evicts `slot` ([`HeadSlots::evict`]: the last slot moves into its place).
     pub fn evict(&mut self, slot: usize) {
@@ -129,6 +156,12 @@ pub trait CachePolicy: Send {
     /// `None` lets the forward pass skip handing them over.
     fn score_aggregation(&self) -> Option<ScoreAgg> {
         None
+    }
+
+    /// How the scores are updated from attention (see [`ScoreRule`]); a
+    /// rule that is not a column sum makes prefill apply it query by query.
+    fn score_rule(&self) -> ScoreRule {
+        ScoreRule::Sum
     }
 
     /// Streaming prefill: the prompt is fed in chunks of this many tokens.

@@ -75,6 +75,10 @@ impl CachePolicy for SlidingWindowLayers {
         self.inner.score_aggregation()
     }
 
+    fn score_rule(&self) -> super::ScoreRule {
+        self.inner.score_rule()
+    }
+
     fn prefill_chunk(&self) -> Option<usize> {
         self.inner.prefill_chunk()
     }

@@ -5,9 +5,18 @@
 //! full
 //! window:recent=N                      recent tokens only ("local")
 //! sink:sink=S,recent=N                 StreamingLLM: first S positions + window
-//! heavy:heavy=N                        heavy hitters only, no window
+//! heavy:heavy=N[,score=R]              heavy hitters only, no window
 //! random:budget=N[,recent=R][,seed=S]  seeded random victims, window protected
-//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C]
+//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C][,score=R]
+//! ```
+//!
+//! `score=R` picks the score family the heavy hitters are ranked by (see
+//! [`super::score`]): `sum` (H2O, the default), `norm`, `decay:G`, `tova`,
+//! `vnorm`, `persist:H[:T]`. `sink=S` is accepted by every evicting family
+//! (window, heavy, random, h2o; `sink` has it already): S more slots that
+//! hold the first S positions, protected like StreamingLLM's sinks.
+//!
+//! ```text
 //! chai:plan=FILE[,probe=5][,rep=first|medoid]   CHAI head sharing (online clusters)
 //! chai-static:plan=FILE                          CHAI with the plan's fixed membership
 //! TOKEN+chai:…                                   token eviction composed with head sharing
@@ -41,7 +50,7 @@
 
 use super::chai::{HeadSharingSpec, PlanError, RepRule};
 use super::token::{EvictionConfig, EvictionUnit, PageScore, TokenEviction, VictimRule};
-use super::{CachePolicy, FullCache, ScoreAgg};
+use super::{CachePolicy, FullCache, ScoreAgg, ScoreRule};
 use crate::store::StoreLayout;
 use kvslim_kernels::kvquant::KvDtype;
 use std::fmt;
@@ -109,11 +118,36 @@ pub enum PrefillMode {
 #[derive(Clone, Debug, PartialEq)]
 pub enum TokenPolicySpec {
     Full,
-    Window { recent: Budget },
-    Sink { sink: Budget, recent: Budget },
-    Heavy { heavy: Budget },
-    Random { budget: Budget, recent: Budget, seed: u64 },
-    H2o { heavy: Budget, recent: Budget, agg: ScoreAgg, prefill: PrefillMode },
+    /// `sink`: extra slots holding the first positions (0 = none), as in
+    /// every family below.
+    Window {
+        recent: Budget,
+        sink: Budget,
+    },
+    Sink {
+        sink: Budget,
+        recent: Budget,
+    },
+    /// `score`: how the heavy hitters are ranked, as in `H2o`.
+    Heavy {
+        heavy: Budget,
+        sink: Budget,
+        score: ScoreRule,
+    },
+    Random {
+        budget: Budget,
+        recent: Budget,
+        seed: u64,
+        sink: Budget,
+    },
+    H2o {
+        heavy: Budget,
+        recent: Budget,
+        agg: ScoreAgg,
+        prefill: PrefillMode,
+        sink: Budget,
+        score: ScoreRule,
+    },
 }
 
 /// How a policy's K and V are stored: the layout, compaction, page-level
@@ -236,12 +270,15 @@ pub(super) static FAMILIES: &[Family] = &[
     },
     Family {
         names: &["window", "local"],
-        keys: &["recent"],
+        keys: &["recent", "sink"],
         budget_keys: &["recent"],
         fixed: None,
         evicts: true,
         protects_all: true,
-        read: |p, at| Ok(TokenPolicySpec::Window { recent: p.all_of_b("recent", at, "window needs recent ≥ 1")? }),
+        read: |p, at| {
+            let (sink, at) = p.sinks(at)?;
+            Ok(TokenPolicySpec::Window { recent: p.all_of_b("recent", at, "window needs recent ≥ 1")?, sink })
+        },
     },
     Family {
         names: &["sink"],
@@ -261,21 +298,26 @@ pub(super) static FAMILIES: &[Family] = &[
     },
     Family {
         names: &["heavy"],
-        keys: &["heavy"],
+        keys: &["heavy", "sink", "score"],
         budget_keys: &["heavy"],
         fixed: None,
         evicts: true,
         protects_all: false,
-        read: |p, at| Ok(TokenPolicySpec::Heavy { heavy: p.all_of_b("heavy", at, "heavy needs heavy ≥ 1")? }),
+        read: |p, at| {
+            let (sink, at) = p.sinks(at)?;
+            let heavy = p.all_of_b("heavy", at, "heavy needs heavy ≥ 1")?;
+            Ok(TokenPolicySpec::Heavy { heavy, sink, score: p.score()? })
+        },
     },
     Family {
         names: &["random"],
-        keys: &["budget", "recent", "seed"],
+        keys: &["budget", "recent", "seed", "sink"],
         budget_keys: &["budget", "recent"],
         fixed: None,
         evicts: true,
         protects_all: false,
         read: |p, at| {
+            let (sink, at) = p.sinks(at)?;
             let budget = p.all_of_b("budget", at, "random needs budget ≥ 1")?;
             let recent = match at {
                 Some(a) => Budget::Slots(a.b / 2),
@@ -290,17 +332,18 @@ pub(super) static FAMILIES: &[Family] = &[
                     return Err(format!("random: recent ({r}) must be smaller than budget ({b})"));
                 }
             }
-            Ok(TokenPolicySpec::Random { budget, recent, seed })
+            Ok(TokenPolicySpec::Random { budget, recent, seed, sink })
         },
     },
     Family {
         names: &["h2o"],
-        keys: &["heavy", "recent", "agg", "prefill"],
+        keys: &["heavy", "recent", "agg", "prefill", "sink", "score"],
         budget_keys: &["heavy", "recent"],
         fixed: None,
         evicts: true,
         protects_all: false,
         read: |p, at| {
+            let (sink, at) = p.sinks(at)?;
             // half heavy, half recent, as the H2O paper
             let heavy = p.budget_or("heavy", at.map(|a| a.b - a.b / 2))?;
             let recent = p.budget_or("recent", at.map(|a| a.b / 2))?;
@@ -319,7 +362,7 @@ pub(super) static FAMILIES: &[Family] = &[
             if heavy.is_zero() && recent.is_zero() {
                 return Err("h2o needs heavy + recent ≥ 1".into());
             }
-            Ok(TokenPolicySpec::H2o { heavy, recent, agg, prefill })
+            Ok(TokenPolicySpec::H2o { heavy, recent, agg, prefill, sink, score: p.score()? })
         },
     },
 ];
@@ -395,6 +438,7 @@ struct Evict {
     sinks: Budget,
     rule: VictimRule,
     agg: Option<ScoreAgg>,
+    score: ScoreRule,
     prefill: PrefillMode,
 }
 
@@ -403,7 +447,7 @@ impl Evict {
     /// prefill chunk; a family's arm overrides the rest.
     fn new(rule: VictimRule, total: Vec<Budget>) -> Self {
         let zero = Budget::Slots(0);
-        Evict { total, recent: zero, sinks: zero, rule, agg: None, prefill: PrefillMode::Full }
+        Evict { total, recent: zero, sinks: zero, rule, agg: None, score: ScoreRule::Sum, prefill: PrefillMode::Full }
     }
 
     fn resolve(&self, name: &'static str, base_len: usize) -> EvictionConfig {
@@ -435,29 +479,34 @@ impl TokenPolicySpec {
     fn parts(&self) -> Parts {
         use TokenPolicySpec::*;
         use VictimRule::{LowestScore, Oldest};
-        let (name, shown, evict) = match *self {
+        let (name, mut shown, evict) = match *self {
             Full => ("full", vec![], None),
-            Window { recent } => (
+            Window { recent, sink } => (
                 "window",
                 vec![("recent", recent.to_string())],
-                Some(Evict { recent, ..Evict::new(Oldest, vec![recent]) }),
+                Some(Evict { recent, sinks: sink, ..Evict::new(Oldest, vec![recent, sink]) }),
             ),
             Sink { sink, recent } => (
                 "sink",
                 vec![("sink", sink.to_string()), ("recent", recent.to_string())],
                 Some(Evict { recent, sinks: sink, ..Evict::new(Oldest, vec![sink, recent]) }),
             ),
-            Heavy { heavy } => (
+            Heavy { heavy, sink, score } => (
                 "heavy",
                 vec![("heavy", heavy.to_string())],
-                Some(Evict { agg: Some(ScoreAgg::Sum), ..Evict::new(LowestScore, vec![heavy]) }),
+                Some(Evict {
+                    agg: Some(ScoreAgg::Sum),
+                    sinks: sink,
+                    score,
+                    ..Evict::new(LowestScore, vec![heavy, sink])
+                }),
             ),
-            Random { budget, recent, seed } => (
+            Random { budget, recent, seed, sink } => (
                 "random",
                 vec![("budget", budget.to_string()), ("recent", recent.to_string()), ("seed", seed.to_string())],
-                Some(Evict { recent, ..Evict::new(VictimRule::Random { seed }, vec![budget]) }),
+                Some(Evict { recent, sinks: sink, ..Evict::new(VictimRule::Random { seed }, vec![budget, sink]) }),
             ),
-            H2o { heavy, recent, agg, prefill } => {
+            H2o { heavy, recent, agg, prefill, sink, score } => {
                 let mut shown = vec![("heavy", heavy.to_string()), ("recent", recent.to_string())];
                 if agg == ScoreAgg::Max {
                     shown.push(("agg", "max".into()));
@@ -468,10 +517,30 @@ impl TokenPolicySpec {
                 (
                     "h2o",
                     shown,
-                    Some(Evict { recent, agg: Some(agg), prefill, ..Evict::new(LowestScore, vec![heavy, recent]) }),
+                    Some(Evict {
+                        recent,
+                        sinks: sink,
+                        agg: Some(agg),
+                        score,
+                        prefill,
+                        ..Evict::new(LowestScore, vec![heavy, recent, sink])
+                    }),
                 )
             }
         };
+        // the keys every family shares, written only when not the default
+        match *self {
+            Window { sink, .. } | Heavy { sink, .. } | Random { sink, .. } | H2o { sink, .. } if !sink.is_zero() => {
+                shown.push(("sink", sink.to_string()))
+            }
+            _ => {}
+        }
+        match *self {
+            Heavy { score, .. } | H2o { score, .. } if score != ScoreRule::Sum => {
+                shown.push(("score", score.to_string()))
+            }
+            _ => {}
+        }
         Parts { name, shown, evict }
     }
 }
@@ -579,6 +648,31 @@ impl<'a> Params<'a> {
         Ok(b)
     }
 
+    /// The `sink=S` every evicting family accepts (0 when absent), and the
+    /// budget family's spend left for the family's own keys: S slots of B
+    /// (at most B − 1, so the rest keeps at least one slot) go to the sinks.
+    fn sinks(&mut self, at: Option<Spend>) -> Result<(Budget, Option<Spend>), String> {
+        let sink = self.budget("sink")?.unwrap_or(Budget::Slots(0));
+        match (at, sink) {
+            (None, _) => Ok((sink, None)),
+            (Some(a), Budget::Slots(s)) => {
+                let s = s.min(a.b - 1);
+                Ok((Budget::Slots(s), Some(Spend { b: a.b - s, ..a })))
+            }
+            (Some(_), Budget::Percent(_)) => {
+                Err("sink: a budget family needs a slot count (the budget is split per sequence)".into())
+            }
+        }
+    }
+
+    /// The `score=` family of `h2o` and `heavy` ([`ScoreRule`]; `sum` when absent).
+    fn score(&mut self) -> Result<ScoreRule, String> {
+        match self.take("score") {
+            None => Ok(ScoreRule::Sum),
+            Some(v) => v.parse().map_err(|e| format!("score: {e}")),
+        }
+    }
+
     fn finish(self, allowed: &str) -> Result<(), String> {
         match self.pairs.first() {
             Some((k, _)) => Err(format!("unknown parameter `{k}` for `{}` (allowed: {allowed})", self.policy)),
@@ -673,7 +767,7 @@ impl PolicySpec {
             None => Box::new(FullCache),
             Some(e) => {
                 let unit = self.storage.page_score.map_or(EvictionUnit::Token, EvictionUnit::Page);
-                Box::new(TokenEviction::new(e.resolve(name, base_len)).with_unit(unit))
+                Box::new(TokenEviction::new(e.resolve(name, base_len)).with_unit(unit).with_score(e.score))
             }
         }
     }
@@ -741,6 +835,16 @@ mod tests {
             "h2o:heavy=32,recent=32,page=8,compact=64,kv_dtype=q4",
             "random:budget=64,recent=16,seed=7,page=16,page_score=topm:4",
             "h2o:heavy=32,recent=32,page=32,page_score=max,kv_dtype=f16",
+            "h2o:heavy=32,recent=32,score=norm",
+            "h2o:heavy=32,recent=32,score=decay:0.9",
+            "h2o:heavy=32,recent=32,agg=max,score=tova",
+            "h2o:heavy=32,recent=32,score=vnorm,page=16",
+            "h2o:heavy=32,recent=32,score=persist:16",
+            "h2o:heavy=10%,recent=10%,sink=4,score=persist:8:0.5",
+            "heavy:heavy=32,sink=2,score=tova",
+            "window:recent=60,sink=4",
+            "random:budget=64,recent=16,seed=7,sink=4",
+            "h2o:heavy=8,recent=8,sink=4,score=decay:0.5+chai:plan=p.json",
         ] {
             let p = PolicySpec::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
             assert_eq!(PolicySpec::parse(&p.to_string()).unwrap(), p, "{s}");
@@ -782,6 +886,12 @@ mod tests {
             ("full:page=8,compact=4", "only apply to a policy that evicts"),
             ("sink:sink=4,recent=60,page=16,page_score=sum", "no page to evict"),
             ("chai:plan=x.json+h2o:heavy=1,recent=1", "token policy first"),
+            ("h2o:heavy=1,recent=1,score=decay:-0.5", "score: decay: `-0.5` is not a factor in [0, 1]"),
+            ("h2o:heavy=1,recent=1,score=fancy", "score: unknown score family `fancy`"),
+            ("heavy:heavy=1,score=persist:30", "score: persist: window `30`"),
+            ("h2o:heavy=1,recent=1,sink=x", "sink: `x`"),
+            ("window:recent=4,score=tova", "unknown parameter `score`"),
+            ("random:budget=4,score=tova", "unknown parameter `score`"),
         ];
         for (spec, want) in cases {
             let e = PolicySpec::parse(spec).unwrap_err().to_string();
@@ -827,6 +937,26 @@ mod tests {
         assert_eq!((c.budget, c.recent, c.agg, c.prefill_chunk), (105, 5, Some(ScoreAgg::Max), Some(16)));
         let c = cfg("heavy:heavy=32").unwrap();
         assert_eq!((c.budget, c.recent, c.rule, c.agg), (32, 0, VictimRule::LowestScore, Some(ScoreAgg::Sum)));
+        // sinks are extra slots protecting the first positions, in every family
+        for (spec, budget, recent) in [
+            ("window:recent=60,sink=4", 64, 60),
+            ("heavy:heavy=30,sink=4", 34, 0),
+            ("random:budget=60,recent=20,sink=4", 64, 20),
+            ("h2o:heavy=30,recent=30,sink=4", 64, 30),
+        ] {
+            let c = cfg(spec).unwrap();
+            assert_eq!((c.budget, c.recent, c.sinks), (budget, recent, 4), "{spec}");
+        }
+        // the score family reaches the built policy; `sum` is today's H2O
+        let rule = |s: &str| PolicySpec::parse(s).unwrap().build(1000).score_rule();
+        assert_eq!(rule("h2o:heavy=4,recent=4"), ScoreRule::Sum);
+        assert_eq!(rule("h2o:heavy=4,recent=4,score=sum"), ScoreRule::Sum);
+        assert_eq!(rule("h2o:heavy=4,recent=4,score=decay:0.25"), ScoreRule::Decay(0.25));
+        assert_eq!(rule("heavy:heavy=4,score=persist:12:2"), ScoreRule::Persist { window: 12, threshold: 2.0 });
+        assert_eq!(
+            PolicySpec::parse("h2o:heavy=4,recent=4,score=sum").unwrap(),
+            PolicySpec::parse("h2o:heavy=4,recent=4").unwrap()
+        );
     }
 
     #[test]

@@ -8,14 +8,15 @@
 //! protected set leaves, and the candidate moves into its slot.
 
 use super::PolicySlots;
-use super::{CachePolicy, ScoreAgg};
+use super::{CachePolicy, ScoreAgg, ScoreRule};
 use crate::rng::SplitMix64;
 use std::collections::HashMap;
 
 /// How the victim is chosen among unprotected slots.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VictimRule {
-    /// Lowest accumulated score; ties → smaller original position (H2O, heavy).
+    /// Lowest score key ([`ScoreRule::key`]; the accumulated score under the
+    /// default `sum`); ties → smaller original position (H2O, heavy).
     LowestScore,
     /// Smallest original position (window, sink).
     Oldest,
@@ -89,6 +90,8 @@ pub struct EvictionEvent {
     pub layer: usize,
     pub kv_head: usize,
     pub victim_pos: u32,
+    /// The victim's ranking key ([`ScoreRule::key`]: its accumulated score
+    /// under H2O's `sum`).
     pub victim_score: f32,
     /// step − victim_pos.
     pub victim_age: u32,
@@ -107,6 +110,8 @@ pub struct TokenEviction {
     sinks: usize,
     rule: VictimRule,
     agg: Option<ScoreAgg>,
+    /// How attention becomes scores and scores rank victims.
+    score: ScoreRule,
     prefill_chunk: Option<usize>,
     rngs: HashMap<(usize, usize), SplitMix64>,
     /// Record events for steps that are multiples of this (0 = off).
@@ -119,6 +124,9 @@ pub struct TokenEviction {
     /// Page eviction workspace: (page, score, position, slot) per slot.
     by_page: Vec<(u32, f32, u32, usize)>,
     page_scores: Vec<f32>,
+    /// Value-norm workspace (`score=vnorm`): one decoded row, ‖v‖ per slot.
+    value_row: Vec<f32>,
+    value_norms: Vec<f32>,
 }
 
 /// The random stream of one (layer, KV head): reproducible and independent
@@ -161,6 +169,7 @@ impl TokenEviction {
             sinks,
             rule,
             agg,
+            score: ScoreRule::Sum,
             prefill_chunk,
             rngs: HashMap::new(),
             trace_every: 0,
@@ -170,7 +179,16 @@ impl TokenEviction {
             victims: Vec::new(),
             by_page: Vec::new(),
             page_scores: Vec::new(),
+            value_row: Vec::new(),
+            value_norms: Vec::new(),
         }
+    }
+
+    /// Scores slots by `rule` instead of H2O's accumulated attention (only
+    /// the lowest-score rule reads scores, so it changes nothing else).
+    pub fn with_score(mut self, rule: ScoreRule) -> Self {
+        self.score = rule;
+        self
     }
 
     /// The random stream of (layer, KV head), created on first use.
@@ -202,7 +220,7 @@ impl TokenEviction {
         self.by_page.clear();
         for (i, (&p, &s)) in slots.positions().iter().zip(slots.scores()).enumerate() {
             let Some(page) = slots.page_of(i) else { return false };
-            self.by_page.push((page, s, p, i));
+            self.by_page.push((page, self.score.key(s, p, newest), p, i));
         }
         // by page, scores descending inside a page
         self.by_page.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
@@ -274,17 +292,18 @@ impl TokenEviction {
         let from = self.recent_from(newest);
         match self.rule {
             VictimRule::LowestScore => {
-                let mut best: Option<usize> = None;
+                let mut best: Option<(f32, u32, usize)> = None;
                 for (i, &p) in positions.iter().enumerate() {
                     if !self.eligible(p, from) {
                         continue;
                     }
+                    let key = self.score.key(scores[i], p, newest);
                     best = match best {
-                        Some(b) if (scores[b], positions[b]) <= (scores[i], p) => Some(b),
-                        _ => Some(i),
+                        Some(b) if (b.0, b.1) <= (key, p) => Some(b),
+                        _ => Some((key, p, i)),
                     };
                 }
-                best
+                best.map(|b| b.2)
             }
             VictimRule::Oldest => positions
                 .iter()
@@ -328,6 +347,10 @@ impl CachePolicy for TokenEviction {
         self.agg
     }
 
+    fn score_rule(&self) -> ScoreRule {
+        self.score
+    }
+
     fn bounded(&self) -> bool {
         true
     }
@@ -346,7 +369,10 @@ impl CachePolicy for TokenEviction {
         let len = slots.len();
         self.victims.clear();
         if let Some(agg) = self.agg {
-            agg.accumulate(probs, probs.len() / len, slots.scores_mut());
+            if self.score.needs_value_norms() {
+                slots.value_norms(&mut self.value_row, &mut self.value_norms);
+            }
+            self.score.update(agg, probs, probs.len() / len, slots.scores_mut(), &self.value_norms);
         }
         if len <= self.budget {
             return &self.victims;
@@ -365,7 +391,8 @@ impl CachePolicy for TokenEviction {
         let tracing = self.trace_every > 0 && newest.is_multiple_of(self.trace_every);
         for k in 0..self.victims.len() {
             let v = self.victims[k];
-            let (victim_pos, victim_score) = (slots.positions()[v], slots.scores()[v]);
+            let victim_pos = slots.positions()[v];
+            let victim_score = self.score.key(slots.scores()[v], victim_pos, newest);
             slots.evict(v);
             if tracing {
                 let from = self.recent_from(newest);
@@ -374,7 +401,7 @@ impl CachePolicy for TokenEviction {
                     .iter()
                     .zip(slots.scores())
                     .filter(|(&p, _)| self.eligible(p, from))
-                    .map(|(_, &s)| s)
+                    .map(|(&p, &s)| self.score.key(s, p, newest))
                     .fold(f32::INFINITY, f32::min);
                 self.events.push(EvictionEvent {
                     step: newest,

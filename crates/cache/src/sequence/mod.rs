@@ -208,6 +208,12 @@ impl SequenceCache {
         self.policy.score_aggregation()
     }
 
+    /// How attention updates the scores ([`policy::ScoreRule`]): prefill
+    /// applies a rule that is not a column sum query by query.
+    pub fn score_rule(&self) -> policy::ScoreRule {
+        self.policy.score_rule()
+    }
+
     /// Streaming prefill: feed the prompt in chunks of this many tokens.
     pub fn prefill_chunk(&self) -> Option<usize> {
         self.policy.prefill_chunk()

@@ -12,6 +12,25 @@ pub enum Rule {
     Random { seed: u64 },
 }
 
+/// Score family (what `score=` selects), written out independently of
+/// the engine's `ScoreRule`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RefScore {
+    /// score += attention (H2O).
+    Sum,
+    /// score += attention; ranked by score / (newest − pos + 1).
+    Norm,
+    /// score = g · score + attention.
+    Decay(f64),
+    /// score = attention of the current query.
+    Tova,
+    /// score += attention · ‖v‖.
+    VNorm,
+    /// The last `window` steps as bits (1 = the group's mean attention was
+    /// ≥ threshold / visible); ranked by the number of ones.
+    Persist { window: u32, threshold: f64 },
+}
+
 /// Policy parameters in slots.
 #[derive(Clone, Copy, Debug)]
 pub struct RefPolicy {
@@ -22,6 +41,7 @@ pub struct RefPolicy {
     pub rule: Rule,
     /// None = no scoring; Some(false) = sum, Some(true) = max.
     pub agg_max: Option<bool>,
+    pub score: RefScore,
 }
 
 #[derive(Clone, Debug)]
@@ -79,16 +99,41 @@ impl RefHead {
             .collect()
     }
 
-    fn accumulate(policy: &RefPolicy, probs: &[Vec<f64>], cands: &mut [Slot]) {
+    /// One query at `qpos` has attended (`probs`: one row per query head of
+    /// the group over `cands`): every candidate's score moves by the family.
+    fn accumulate(policy: &RefPolicy, probs: &[Vec<f64>], cands: &mut [Slot], qpos: u32) {
         let Some(max) = policy.agg_max else { return };
+        let visible = cands.iter().filter(|c| c.pos <= qpos).count() as f64;
         for (i, c) in cands.iter_mut().enumerate() {
             let col = probs.iter().map(|row| row[i]);
-            c.score += if max { col.fold(0.0, f64::max) } else { col.sum() };
+            let a = if max { col.fold(0.0, f64::max) } else { col.sum() };
+            c.score = match policy.score {
+                RefScore::Sum | RefScore::Norm => c.score + a,
+                RefScore::Decay(g) => g * c.score + a,
+                RefScore::Tova => a,
+                RefScore::VNorm => c.score + a * c.v.iter().map(|x| x * x).sum::<f64>().sqrt(),
+                RefScore::Persist { window, threshold } => {
+                    let rows = if max { 1.0 } else { probs.len() as f64 };
+                    let hit = a / rows >= threshold / visible;
+                    let bits = (c.score as u64) * 2 + hit as u64;
+                    (bits % (1u64 << window)) as f64
+                }
+            };
         }
     }
 
-    /// The victim among `cands` (SPEC §1 steps 4–5).
-    fn victim(&mut self, policy: &RefPolicy, cands: &[Slot]) -> Option<usize> {
+    /// What the lowest-score rule ranks: the score, or what the family
+    /// derives from it (`now`: the position of the latest query).
+    fn key(policy: &RefPolicy, c: &Slot, now: u32) -> f64 {
+        match policy.score {
+            RefScore::Norm => c.score / (now - c.pos + 1) as f64,
+            RefScore::Persist { .. } => (c.score as u64).count_ones() as f64,
+            _ => c.score,
+        }
+    }
+
+    /// The victim among `cands` (SPEC §1 steps 4–5) after the query at `now`.
+    fn victim(&mut self, policy: &RefPolicy, cands: &[Slot], now: u32) -> Option<usize> {
         let mut by_pos: Vec<u32> = cands.iter().map(|c| c.pos).collect();
         by_pos.sort_unstable_by(|a, b| b.cmp(a));
         let recent: Vec<u32> = by_pos.iter().take(policy.recent).copied().collect();
@@ -100,7 +145,8 @@ impl RefHead {
         }
         match policy.rule {
             Rule::LowestScore => eligible.into_iter().min_by(|&a, &b| {
-                cands[a].score.partial_cmp(&cands[b].score).unwrap().then(cands[a].pos.cmp(&cands[b].pos))
+                let (ka, kb) = (Self::key(policy, &cands[a], now), Self::key(policy, &cands[b], now));
+                ka.partial_cmp(&kb).unwrap().then(cands[a].pos.cmp(&cands[b].pos))
             }),
             Rule::Oldest => eligible.into_iter().min_by_key(|&i| cands[i].pos),
             Rule::Random { .. } => {
@@ -118,11 +164,12 @@ impl RefHead {
         cands.extend(chunk.iter().map(|(p, _, k, v)| Slot { pos: *p, k: k.clone(), v: v.clone(), score: 0.0 }));
         for (p, q, _, _) in chunk {
             let probs = self.attend(q, *p, &cands);
-            Self::accumulate(policy, &probs, &mut cands);
+            Self::accumulate(policy, &probs, &mut cands, *p);
         }
+        let now = chunk.iter().map(|t| t.0).max().unwrap_or(0);
         if let Some(b) = policy.budget {
             while cands.len() > b {
-                let Some(v) = self.victim(policy, &cands) else { break };
+                let Some(v) = self.victim(policy, &cands, now) else { break };
                 cands.remove(v);
             }
         }
@@ -134,10 +181,10 @@ impl RefHead {
         self.slots.push(Slot { pos, k: k.to_vec(), v: v.to_vec(), score: 0.0 });
         let probs = self.attend(q, pos, &self.slots.clone());
         let mut slots = std::mem::take(&mut self.slots);
-        Self::accumulate(policy, &probs, &mut slots);
+        Self::accumulate(policy, &probs, &mut slots, pos);
         if let Some(b) = policy.budget {
             if slots.len() > b {
-                if let Some(v) = self.victim(policy, &slots) {
+                if let Some(v) = self.victim(policy, &slots, pos) {
                     slots.remove(v);
                 }
             }
