@@ -4,7 +4,8 @@
 //! (representatives compute q·k, members reuse their probabilities with
 //! their own V); column scores are summed when the policy wants them (a
 //! score family that is not a column sum, such as TOVA or a decayed sum,
-//! is applied query by query, in order); the cache commits the policy's choice to every KV head of the component.
+//! is applied query by query, in order); the cache commits the policy's
+//! choice to every KV head of the component.
 //! The store never holds more than the policy's capacity.
 
 use super::scratch::Scratch;
