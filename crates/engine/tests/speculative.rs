@@ -94,17 +94,23 @@ fn forward_sequential_is_bit_identical_to_decode_steps() {
     }
 }
 
-#[test]
-fn speculative_greedy_equals_plain_greedy() {
-    let l = stories();
-    let m = &l.model;
+/// The policies speculative decoding is checked under: full, two token
+/// policies and one composed with online CHAI.
+fn policies(m: &Model) -> [String; 4] {
     let plan = chai_plan(m.config.n_heads, &vec![3; m.config.n_layers]);
-    let specs = [
+    [
         "full".to_string(),
         "h2o:heavy=8,recent=8".into(),
         "sink:sink=4,recent=12".into(),
         format!("h2o:heavy=8,recent=8+chai:plan={plan}"),
-    ];
+    ]
+}
+
+#[test]
+fn speculative_greedy_equals_plain_greedy() {
+    let l = stories();
+    let m = &l.model;
+    let specs = policies(m);
     let max_tokens = 40;
     for spec in &specs {
         for (pi, text) in SNIPPETS.iter().enumerate() {
@@ -139,13 +145,7 @@ fn speculative_greedy_equals_plain_greedy() {
 fn fast_verification_equals_plain_greedy_on_the_test_prompts() {
     let l = stories();
     let m = &l.model;
-    let plan = chai_plan(m.config.n_heads, &vec![3; m.config.n_layers]);
-    let specs = [
-        "full".to_string(),
-        "h2o:heavy=8,recent=8".into(),
-        "sink:sink=4,recent=12".into(),
-        format!("h2o:heavy=8,recent=8+chai:plan={plan}"),
-    ];
+    let specs = policies(m);
     let (mut runs, mut differing) = (0, Vec::new());
     for spec in &specs {
         for (pi, text) in SNIPPETS.iter().enumerate() {
