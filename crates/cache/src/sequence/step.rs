@@ -5,7 +5,7 @@
 
 use super::SequenceCache;
 use crate::error::CacheError;
-use crate::policy::PolicySlots;
+use crate::policy::{PolicySlots, ScoreAgg, ScoreRule};
 
 impl SequenceCache {
     /// Appends one token's keys and values at `pos` to every KV head of
@@ -117,6 +117,17 @@ impl SequenceCache {
             head.gather_values(cv);
             (0..n).for_each(|t| cv.extend_from_slice(&values[t * kvd + kv * d..t * kvd + (kv + 1) * d]));
         }
+        cand.scoring = self.score_aggregation().map(|a| (a, self.score_rule()));
+        cand.columns.clear();
+        cand.value_norms.clear();
+        match cand.scoring {
+            Some((_, rule)) if rule.column_summable() => cand.columns.resize(cand.held + n, 0.0),
+            Some((_, rule)) if rule.needs_value_norms() => {
+                let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+                cand.value_norms.extend(cand.values[comp.leader].chunks_exact(d).map(norm));
+            }
+            _ => {}
+        }
         let group = lh.representative_of.len() / kv_heads;
         match comp.reps.iter().find(|&&r| cand.keys[r / group].is_empty()) {
             Some(&r) => Err(CacheError::MissingKeys { layer, kv_head: r / group }),
@@ -136,6 +147,10 @@ impl SequenceCache {
     ) -> Result<(), CacheError> {
         let lh = self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense);
         let comp = &lh.components[component];
+        if !cand.columns.is_empty() {
+            cand.scores.iter_mut().zip(&cand.columns).for_each(|(sc, p)| *sc += p);
+            cand.columns.clear();
+        }
         self.policy.select_after_prefill(layer, comp.leader, &cand.positions, &cand.scores, &mut cand.keep);
         let d = self.store.head(layer, 0).head_dim();
         let old = cand.held;
@@ -171,6 +186,12 @@ pub struct PrefillCandidates {
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
     keep: Vec<usize>,
+    /// How the policy folds attention into scores (`None`: it does not).
+    scoring: Option<(ScoreAgg, ScoreRule)>,
+    /// Column sums of a summable rule, added to the scores at commit.
+    columns: Vec<f32>,
+    /// ‖v‖ of the leader's candidates, for rules that weight by it.
+    value_norms: Vec<f32>,
 }
 
 impl PrefillCandidates {
@@ -182,10 +203,39 @@ impl PrefillCandidates {
     pub fn positions(&self) -> &[u32] {
         &self.positions
     }
-    /// Scores: the held slots' accumulated scores, 0 for the chunk, plus
-    /// what attention adds.
-    pub fn scores_mut(&mut self) -> &mut [f32] {
-        &mut self.scores
+    /// The policy's score aggregation, when it wants attention at all.
+    pub fn score_aggregation(&self) -> Option<ScoreAgg> {
+        self.scoring.map(|(a, _)| a)
+    }
+
+    /// True when the policy's score rule depends on the order of the
+    /// queries (TOVA, decay, value norms, persistence): the chunk must be
+    /// attended query by query and each query reported with
+    /// [`PrefillCandidates::observe_query`]. Otherwise the rule is a plain
+    /// column sum and may be added in any blocking
+    /// ([`PrefillCandidates::add_column_sums`]).
+    pub fn needs_every_query(&self) -> bool {
+        self.scoring.is_some_and(|(_, rule)| !rule.column_summable())
+    }
+
+    /// Reports one chunk query's attention over the first `visible`
+    /// candidates (`probs`: `group × visible`, the rows reading them): a
+    /// summable rule adds it to the column sums, any other rule updates
+    /// the visible candidates' scores now, as a decode step would.
+    pub fn observe_query(&mut self, visible: usize, probs: &[f32], group: usize) {
+        let Some((agg, rule)) = self.scoring else { return };
+        if rule.column_summable() {
+            agg.accumulate(&probs[..group * visible], group, &mut self.columns[..visible]);
+        } else {
+            let norms = &self.value_norms[..if self.value_norms.is_empty() { 0 } else { visible }];
+            rule.update(agg, &probs[..group * visible], group, &mut self.scores[..visible], norms);
+        }
+    }
+
+    /// Adds column sums computed elsewhere (the tiled kernel's, one block
+    /// of queries at a time, in block order) to the candidates' scores.
+    pub fn add_column_sums(&mut self, sums: &[f32]) {
+        self.scores.iter_mut().zip(sums).for_each(|(sc, p)| *sc += p);
     }
     /// KV head `kv`'s candidate keys (`len × head_dim`; empty when it has none).
     pub fn keys(&self, kv: usize) -> &[f32] {
@@ -240,7 +290,7 @@ mod tests {
         assert_eq!(cand.held(), 2);
         assert_eq!(cand.positions(), &[0, 1, 2, 3]);
         assert_eq!(cand.keys(0).len(), 16);
-        cand.scores_mut().copy_from_slice(&[5.0, 0.0, 1.0, 0.0]);
+        cand.add_column_sums(&[5.0, 0.0, 1.0, 0.0]);
         c.commit_candidates(0, 0, &mut cand).unwrap();
         let mut kept = c.store().head(0, 0).positions().to_vec();
         kept.sort_unstable();

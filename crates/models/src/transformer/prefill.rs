@@ -12,8 +12,7 @@ use super::scratch::Scratch;
 use super::Model;
 use crate::Result;
 use kvslim_cache::policy::chai::Component;
-use kvslim_cache::policy::ScoreRule;
-use kvslim_cache::{ScoreAgg, SequenceCache};
+use kvslim_cache::SequenceCache;
 use kvslim_kernels::attention::{
     attend_causal_tiled, attend_group, pack_keys_tiled, weighted_values, DenseRows, TiledQueries, TiledRep,
     TiledScratch, TiledTarget, Visible,
@@ -47,19 +46,15 @@ impl Model {
     ) -> Result<()> {
         let kvd = self.config.kv_dim();
         let chunk = Chunk { li, p0, n, scale };
-        let agg = cache.score_aggregation();
-        let rule = cache.score_rule();
-        // trace and CHAI's probe need every probability row, and so does a
-        // score rule that depends on the order of the queries: token by token
-        let ordered = agg.is_some() && !rule.column_summable();
-        let observe = s.trace.is_some() || (cache.probe_remaining() > 0) || ordered;
         let components = cache.layer_heads(li).components.clone();
         for (ci, comp) in components.iter().enumerate() {
             cache.gather_candidates(li, ci, p0, &s.a.k[..n * kvd], &s.a.v[..n * kvd], &mut s.cand)?;
-            if observe {
-                self.attend_observed(chunk, comp, cache, s, agg.map(|a| (a, rule)));
+            // trace and CHAI's probe need every probability row, and so does
+            // a score rule that depends on the order of the queries
+            if s.trace.is_some() || cache.probe_remaining() > 0 || s.cand.needs_every_query() {
+                self.attend_observed(chunk, comp, cache, s);
             } else {
-                self.attend_tiled(chunk, comp, cache, s, agg);
+                self.attend_tiled(chunk, comp, cache, s);
             }
             cache.commit_candidates(li, ci, &mut s.cand)?;
         }
@@ -67,20 +62,9 @@ impl Model {
     }
 
     /// Token by token with the decode kernel, recording every head's
-    /// probabilities into the trace and CHAI's probe. A column-summable
-    /// rule adds the chunk's column sums at the end; any other rule updates
-    /// the visible candidates' scores after each query, as decode steps
-    /// would (value norms from the leader's candidate V rows).
-    fn attend_observed(
-        &self,
-        chunk: Chunk,
-        comp: &Component,
-        cache: &mut SequenceCache,
-        s: &mut Scratch,
-        scoring: Option<(ScoreAgg, ScoreRule)>,
-    ) {
-        let agg = scoring.filter(|(_, r)| r.column_summable()).map(|(a, _)| a);
-        let ordered = scoring.filter(|(_, r)| !r.column_summable());
+    /// probabilities into the trace and CHAI's probe, and each query's
+    /// attention into the candidates' scores.
+    fn attend_observed(&self, chunk: Chunk, comp: &Component, cache: &mut SequenceCache, s: &mut Scratch) {
         let c = &self.config;
         let (hd, g, qd) = (c.head_dim, c.group_size(), c.q_dim());
         let Chunk { li, p0, n, scale } = chunk;
@@ -89,14 +73,6 @@ impl Model {
         let rep_index =
             |h: usize| comp.reps.iter().position(|&x| x == lh.representative_of[h]).expect("same component");
         let mut probs = Vec::new();
-        let mut columns = vec![0f32; if agg.is_some() { old + n } else { 0 }];
-        let value_norms: Vec<f32> = match ordered {
-            Some((_, rule)) if rule.needs_value_norms() => s.cand.values(comp.leader)[..(old + n) * hd]
-                .chunks_exact(hd)
-                .map(|v| v.iter().map(|x| x * x).sum::<f32>().sqrt())
-                .collect(),
-            _ => Vec::new(),
-        };
         for t in 0..n {
             let visible = old + t + 1;
             let (cand, q) = (&s.cand, &s.a.q);
@@ -129,29 +105,15 @@ impl Model {
                 }
                 cache.record_probe(li, h, p0 + t, positions, p);
             }
-            if let Some(a) = agg {
-                a.accumulate(&probs[..comp.reps.len() * visible], comp.reps.len(), &mut columns[..visible]);
-            }
-            if let Some((a, rule)) = ordered {
-                let norms = &value_norms[..if value_norms.is_empty() { 0 } else { visible }];
-                let scores = &mut s.cand.scores_mut()[..visible];
-                rule.update(a, &probs[..comp.reps.len() * visible], comp.reps.len(), scores, norms);
-            }
+            s.cand.observe_query(visible, &probs, comp.reps.len());
         }
-        s.cand.scores_mut().iter_mut().zip(&columns).for_each(|(sc, p)| *sc += p);
     }
 
     /// The tiled kernel: each block of TOKEN_BLOCK queries attends tile by
     /// tile over the candidates; representatives' probabilities feed their
     /// members too; column sums come from a second pass per block.
-    fn attend_tiled(
-        &self,
-        chunk: Chunk,
-        comp: &Component,
-        cache: &SequenceCache,
-        s: &mut Scratch,
-        agg: Option<ScoreAgg>,
-    ) {
+    fn attend_tiled(&self, chunk: Chunk, comp: &Component, cache: &SequenceCache, s: &mut Scratch) {
+        let agg = s.cand.score_aggregation();
         let c = &self.config;
         let (hd, g, qd) = (c.head_dim, c.group_size(), c.q_dim());
         let Chunk { li, p0, n, scale } = chunk;
@@ -211,7 +173,7 @@ impl Model {
             })
             .collect();
         for part in &partial_columns {
-            s.cand.scores_mut().iter_mut().zip(part).for_each(|(sc, p)| *sc += p);
+            s.cand.add_column_sums(part);
         }
         s.packed_keys = packed;
     }
