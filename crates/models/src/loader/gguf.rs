@@ -512,6 +512,15 @@ impl GgufFile {
     }
 }
 
+/// Parses and validates a GGUF image held in memory (header, metadata,
+/// tensor table, every tensor's extent) without touching the disk: the
+/// entry point of the fuzz tests. Returns the metadata key count and the
+/// tensor count.
+pub fn check_bytes(data: &[u8]) -> Result<(usize, usize)> {
+    let h = parse(Path::new("<memory>"), data)?;
+    Ok((h.metadata.entries.len(), h.tensors.len()))
+}
+
 struct Header {
     version: u32,
     metadata: Metadata,
