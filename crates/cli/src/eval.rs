@@ -1,11 +1,15 @@
-//! `kvslim eval`: the policy × budget × task matrix on one model.
+//! `kvslim eval`: the policy × budget × task matrix on one model, whole or
+//! one shard of it (`--shard I/N`), and `kvslim eval merge` of the shards.
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs, Progress};
-use kvslim_eval::{run_matrix, MatrixConfig, MatrixEvent, ScoreMode, TaskSpec};
+use kvslim_eval::{run_matrix, MatrixConfig, MatrixEvent, ScoreMode, Shard, TaskSpec};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct Args {
+    #[command(subcommand)]
+    command: Option<EvalCommand>,
     #[command(flatten)]
     model: ModelArgs,
     /// Policy families separated by `;` (full, window, sink, heavy, random,
@@ -24,8 +28,8 @@ pub struct Args {
     /// Tasks separated by `;`: `ppl:FILE[,seq_len=N]`, `mc:FILE`,
     /// `hellaswag:FILE`, `gen:FILE[,max_tokens=N]`, `passkey[:lengths=…,depths=…]`,
     /// each with optional `,limit=N`.
-    #[arg(long)]
-    tasks: String,
+    #[arg(long, required = true)]
+    tasks: Option<String>,
     /// Items per task (windows for ppl) when the task spec sets no limit.
     #[arg(long)]
     limit: Option<usize>,
@@ -64,13 +68,63 @@ pub struct Args {
     /// Decode steps timed per speed point.
     #[arg(long, default_value_t = 8)]
     speed_steps: usize,
+    /// Run only shard I of N (0-based, `0/4` … `3/4`): the matrix's cells in
+    /// their canonical order (task, policy, budget) are dealt round-robin,
+    /// cell k to shard k mod N, so the N shards together run every cell once.
+    /// Give each shard its own --out and otherwise the same flags; its rows
+    /// are tagged with the shard and the run's configuration fingerprint,
+    /// and --out gets shard.json. Combine with `kvslim eval merge`.
+    #[arg(long, value_name = "I/N")]
+    shard: Option<String>,
+}
+
+#[derive(clap::Subcommand)]
+enum EvalCommand {
+    /// Merge the out directories of all shards of one `--shard` run into the
+    /// results.jsonl/csv/md (and plots/) an unsharded run writes, rows in the
+    /// same order. Refuses shards of different runs, duplicate or missing
+    /// shards, and unfinished shards.
+    Merge(MergeArgs),
+}
+
+#[derive(clap::Args)]
+struct MergeArgs {
+    /// Directory for the merged results (must not hold results yet).
+    #[arg(long)]
+    out: PathBuf,
+    /// Skip drawing plots/ from the merged rows.
+    #[arg(long)]
+    no_charts: bool,
+    /// The shards' out directories, one per shard, in any order.
+    #[arg(required = true, value_name = "SHARD_DIR")]
+    shards: Vec<PathBuf>,
+}
+
+fn merge(a: MergeArgs) -> CliResult {
+    let rows = kvslim_eval::merge_shards(&a.shards, &a.out, !a.no_charts)?;
+    eprintln!(
+        "merged {} shards, {} cells; results in {}/results.jsonl, .csv, .md{}",
+        a.shards.len(),
+        rows.len(),
+        a.out.display(),
+        if a.no_charts { "" } else { " and plots/" }
+    );
+    Ok(())
 }
 
 pub fn run(a: Args) -> CliResult {
+    if let Some(EvalCommand::Merge(m)) = a.command {
+        return merge(m);
+    }
+    let shard = a.shard.as_deref().map(|s| s.parse::<Shard>().map_err(|e| format!("--shard: {e}"))).transpose()?;
+    if shard.is_some() && a.contexts.is_some() {
+        return Err("--shard with --contexts: run the speed grid in its own, unsharded run".into());
+    }
+    let task_list = a.tasks.as_deref().ok_or("--tasks is required")?;
     let loaded = a.model.load()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
     let mut tasks = Vec::new();
-    for t in a.tasks.split(';').map(str::trim).filter(|t| !t.is_empty()) {
+    for t in task_list.split(';').map(str::trim).filter(|t| !t.is_empty()) {
         let mut spec = TaskSpec::parse(t)?;
         if spec.limit.is_none() {
             spec.limit = a.limit;
@@ -110,6 +164,9 @@ pub fn run(a: Args) -> CliResult {
         .transpose()?;
     cfg.out_dir = Some(a.out.clone());
     cfg.resume = a.resume;
+    cfg.shard = shard;
+    // a shard draws no charts: `kvslim eval merge` draws them from all rows
+    cfg.charts = shard.is_none();
     let mut progress = Progress::new("eval");
     let rows = run_matrix(&loaded.model, tok, &cfg, |ev| match ev {
         MatrixEvent::TaskLoading { task } => eprintln!("loading {task} …"),
@@ -140,6 +197,13 @@ pub fn run(a: Args) -> CliResult {
         })?;
         kvslim_eval::speed::write_outputs(&a.out, &rows)?;
     }
-    eprintln!("{} cells; results in {}/results.jsonl, .csv, .md and plots/", rows.len(), a.out.display());
+    match shard {
+        Some(s) => eprintln!(
+            "shard {s}: {} cells; results in {}/results.jsonl, .csv, .md, shard.json (combine with `kvslim eval merge`)",
+            rows.len(),
+            a.out.display()
+        ),
+        None => eprintln!("{} cells; results in {}/results.jsonl, .csv, .md and plots/", rows.len(), a.out.display()),
+    }
     Ok(())
 }

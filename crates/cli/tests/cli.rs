@@ -285,3 +285,17 @@ fn chat_reads_turns_from_stdin() {
     );
     assert!(!String::from_utf8_lossy(&o.stdout).trim().is_empty());
 }
+
+#[test]
+fn eval_shard_flag_errors_are_clear() {
+    for (shard, want) in [("3/2", "out of range"), ("x", "expected I/N"), ("1/0", "at least 1")] {
+        let o =
+            kvslim(&["eval", "--model", &stories(), "--tasks", "passkey", "--shard", shard, "--out", "/nonexistent"]);
+        assert!(!o.status.success(), "{shard}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("--shard") && err.contains(want), "{shard}: {err}");
+    }
+    let o = kvslim(&["eval", "merge", "--out", "/nonexistent/m", "/nonexistent/a"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("shard.json"));
+}

@@ -13,7 +13,9 @@
 //!   resume, and `results.csv` / `results.md`;
 //! * [`matrix`]: [`matrix::run_matrix`], the models × policies × budgets ×
 //!   tasks loop with a progress callback;
-//! * [`plots`]: quality-vs-budget charts (PNG + SVG) from result rows.
+//! * [`plots`]: quality-vs-budget charts (PNG + SVG) from result rows;
+//! * [`shard`]: one matrix split over processes (`--shard I/N`) and the
+//!   merge of their outputs into the unsharded run's files.
 
 pub mod budget;
 pub mod matrix;
@@ -21,6 +23,7 @@ pub mod metrics;
 pub mod plots;
 pub mod results;
 pub mod score;
+pub mod shard;
 pub mod speed;
 pub mod tasks;
 
@@ -28,6 +31,7 @@ pub use budget::{BudgetedPolicy, PolicySource};
 pub use matrix::{run_matrix, MatrixConfig, MatrixEvent};
 pub use results::{CellKey, ResultRow, ResultsLog};
 pub use score::{score_choices, Choice, ChoiceScore, McTally, ScoreMode};
+pub use shard::{merge_shards, Shard, ShardManifest};
 pub use tasks::{TaskData, TaskSpec};
 
 use std::path::PathBuf;

@@ -44,6 +44,7 @@ use crate::budget::{BudgetedPolicy, PolicySource};
 use crate::metrics::{first_divergence, identical_prefix_fraction, passkey_hit, positional_agreement};
 use crate::results::{write_summaries, CellKey, ResultRow, ResultsLog};
 use crate::score::{encode_item, score_choices, Choice, McTally, ScoreMode};
+use crate::shard::{config_fingerprint, Shard, ShardManifest};
 use crate::tasks::{passkey_items, TaskData, TaskKind, TaskSpec};
 use crate::{EvalError, Result};
 use kvslim_engine::{generate, perplexity, GenerateOptions, PerplexityOptions, SamplingParams};
@@ -79,6 +80,10 @@ pub struct MatrixConfig {
     /// With `out_dir`, draw quality-vs-budget charts into `out_dir/plots`
     /// at the end ([`crate::plots::write_charts`]).
     pub charts: bool,
+    /// Run only this shard's cells (round-robin over the canonical cell
+    /// order; see [`crate::shard`]); rows are tagged with the shard and the
+    /// run's fingerprint, and `out_dir` gets `shard.json`. `None`: every cell.
+    pub shard: Option<Shard>,
 }
 
 impl MatrixConfig {
@@ -95,6 +100,7 @@ impl MatrixConfig {
             out_dir: None,
             resume: false,
             charts: true,
+            shard: None,
         }
     }
 }
@@ -434,7 +440,9 @@ pub fn ppl_decisions_from(
 /// resumed log included. With `out_dir`, each row is appended to
 /// `results.jsonl` as its cell ends, `results.csv` / `results.md` are
 /// rewritten after every cell, and charts go to `plots/` at the end. Policies and budgets are checked before
-/// anything runs.
+/// anything runs. With [`MatrixConfig::shard`], only that shard's cells
+/// run (and `shard.json` is written first); [`crate::shard::merge_shards`]
+/// combines the shards.
 pub fn run_matrix(
     model: &Model,
     tok: &Tokenizer,
@@ -455,6 +463,38 @@ pub fn run_matrix(
             cells.push(BudgetedPolicy::new(fam, b)?);
         }
     }
+    // every cell's key, in canonical order (task-major)
+    let keys: Vec<Vec<CellKey>> = cfg
+        .tasks
+        .iter()
+        .map(|task| {
+            let label = task.label();
+            cells
+                .iter()
+                .map(|p| {
+                    let follows = match task.kind {
+                        TaskKind::Ppl { .. } => ppl_decisions_from(p, cfg.decisions_from)?,
+                        _ => None,
+                    };
+                    Ok(CellKey {
+                        model: cfg.model_label.clone(),
+                        policy: p.family_label(),
+                        budget: p.budget_label(),
+                        task: label.clone(),
+                        decisions_from: follows.map(|d| d.to_string()),
+                    })
+                })
+                .collect::<Result<Vec<_>>>()
+        })
+        .collect::<Result<_>>()?;
+    let run_id = cfg.shard.map(|shard| {
+        let all: Vec<CellKey> = keys.iter().flatten().cloned().collect();
+        let run = config_fingerprint(cfg, &all);
+        (shard, ShardManifest::new(shard, &run, &all), run)
+    });
+    if let (Some((_, manifest, _)), Some(dir)) = (&run_id, &cfg.out_dir) {
+        manifest.write(dir, cfg.resume)?;
+    }
     let (mut log, mut rows) = match &cfg.out_dir {
         Some(dir) => {
             let (l, r) = ResultsLog::open(dir, cfg.resume)?;
@@ -463,28 +503,18 @@ pub fn run_matrix(
         None => (None, Vec::new()),
     };
     let done = crate::results::finished_keys(&rows);
-    let total = cfg.tasks.len() * cells.len();
+    let total = match &run_id {
+        Some((_, m, _)) => m.cells.len(),
+        None => cfg.tasks.len() * cells.len(),
+    };
     let mut index = 0;
-    for task in &cfg.tasks {
+    for (ti, (task, keys)) in cfg.tasks.iter().zip(&keys).enumerate() {
         let label = task.label();
-        let keys: Vec<CellKey> = cells
-            .iter()
-            .map(|p| {
-                let follows = match task.kind {
-                    TaskKind::Ppl { .. } => ppl_decisions_from(p, cfg.decisions_from)?,
-                    _ => None,
-                };
-                Ok(CellKey {
-                    model: cfg.model_label.clone(),
-                    policy: p.family_label(),
-                    budget: p.budget_label(),
-                    task: label.clone(),
-                    decisions_from: follows.map(|d| d.to_string()),
-                })
-            })
-            .collect::<Result<_>>()?;
         let mut prepared = None;
-        for (p, key) in cells.iter().zip(&keys) {
+        for (ci, (p, key)) in cells.iter().zip(keys).enumerate() {
+            if run_id.as_ref().is_some_and(|(shard, _, _)| !shard.owns(ti * cells.len() + ci)) {
+                continue;
+            }
             index += 1;
             if done.contains(key) {
                 progress(MatrixEvent::CellSkipped { key, index, total });
@@ -504,6 +534,10 @@ pub fn run_matrix(
             let wall = start.elapsed().as_secs_f64();
             row.timings.insert("wall".into(), wall);
             row.timings.insert("per_item".into(), wall / row.items.max(1) as f64);
+            if let Some((shard, _, run)) = &run_id {
+                row.shard = Some(shard.to_string());
+                row.run = Some(run.clone());
+            }
             if let Some(l) = log.as_mut() {
                 l.append(&row)?;
             }

@@ -68,6 +68,14 @@ pub struct ResultRow {
     /// Seconds since the Unix epoch when the row was made.
     #[serde(default)]
     pub unix_time: u64,
+    /// Sharded runs only: the shard (`I/N`) that ran the cell
+    /// ([`crate::shard`]); merged results drop it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
+    /// Sharded runs only: the run's configuration fingerprint
+    /// ([`crate::shard::config_fingerprint`]); merged results drop it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
 }
 
 impl PartialEq for ResultRow {
@@ -83,6 +91,7 @@ impl PartialEq for ResultRow {
             && same(&self.timings, &o.timings)
             && (self.kv_bytes, self.kv_metadata_bytes, self.unix_time) == (o.kv_bytes, o.kv_metadata_bytes, o.unix_time)
             && (&self.kvslim_version, &self.git_commit) == (&o.kvslim_version, &o.git_commit)
+            && (&self.shard, &self.run) == (&o.shard, &o.run)
     }
 }
 
@@ -126,6 +135,8 @@ impl ResultRow {
             kvslim_version: env!("CARGO_PKG_VERSION").into(),
             git_commit: git_commit(),
             unix_time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            shard: None,
+            run: None,
         }
     }
 
