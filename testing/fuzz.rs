@@ -16,7 +16,6 @@ use kvslim_cache::rng::SplitMix64;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,12 +24,15 @@ use std::time::{Duration, Instant};
 /// Records the largest single allocation made by a thread that opted in,
 /// so a target can assert that no input makes it reserve far more memory
 /// than the input holds (e.g. `Vec::with_capacity(untrusted count)`).
+/// Both the switch and the record are per thread: fuzz targets of one test
+/// binary run in parallel, and one target's legitimate large allocation
+/// must not count against another's input.
 pub struct CountingAlloc;
 
 thread_local! {
     static TRACK: Cell<bool> = const { Cell::new(false) };
+    static LARGEST: Cell<usize> = const { Cell::new(0) };
 }
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
 
 // SAFETY: forwards every call to the system allocator unchanged.
 unsafe impl GlobalAlloc for CountingAlloc {
@@ -53,7 +55,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
 
 fn note(size: usize) {
     if TRACK.try_with(|t| t.get()).unwrap_or(false) {
-        LARGEST.fetch_max(size, Ordering::Relaxed);
+        let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
     }
 }
 
@@ -308,11 +310,11 @@ pub fn run<I: Send + 'static>(
                     p.started = Instant::now();
                     p.what = what.clone();
                 }
-                LARGEST.store(0, Ordering::Relaxed);
+                LARGEST.with(|l| l.set(0));
                 TRACK.with(|t| t.set(true));
                 let out = catch_unwind(AssertUnwindSafe(|| target(&input)));
                 TRACK.with(|t| t.set(false));
-                let largest = LARGEST.load(Ordering::Relaxed);
+                let largest = LARGEST.with(Cell::get);
                 rep.inputs += 1;
                 let fail = |why: String| {
                     f2.lock().unwrap().push(format!(
