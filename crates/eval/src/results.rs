@@ -17,7 +17,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Identifies a cell of the evaluation matrix.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct CellKey {
     pub model: String,
     pub policy: String,
@@ -25,6 +25,7 @@ pub struct CellKey {
     pub task: String,
     /// Mode (a) of a quantized KV policy: the dtype whose eviction
     /// decisions the cell followed (`None`: the policy's own decisions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decisions_from: Option<String>,
 }
 

@@ -113,24 +113,8 @@ pub fn config_fingerprint(cfg: &MatrixConfig, cells: &[CellKey]) -> String {
 pub struct ManifestCell {
     /// Canonical number of the cell in the whole run.
     pub n: usize,
-    pub model: String,
-    pub policy: String,
-    pub budget: String,
-    pub task: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decisions_from: Option<String>,
-}
-
-impl ManifestCell {
-    fn key(&self) -> CellKey {
-        CellKey {
-            model: self.model.clone(),
-            policy: self.policy.clone(),
-            budget: self.budget.clone(),
-            task: self.task.clone(),
-            decisions_from: self.decisions_from.clone(),
-        }
-    }
+    #[serde(flatten)]
+    pub key: CellKey,
 }
 
 /// `shard.json` in a shard's out directory, written before its first cell.
@@ -155,14 +139,7 @@ impl ShardManifest {
             .iter()
             .enumerate()
             .filter(|(n, _)| shard.owns(*n))
-            .map(|(n, k)| ManifestCell {
-                n,
-                model: k.model.clone(),
-                policy: k.policy.clone(),
-                budget: k.budget.clone(),
-                task: k.task.clone(),
-                decisions_from: k.decisions_from.clone(),
-            })
+            .map(|(n, k)| ManifestCell { n, key: k.clone() })
             .collect();
         ShardManifest { shard: shard.to_string(), run: run.into(), total_cells: all.len(), cells }
     }
@@ -259,7 +236,7 @@ pub fn merge_shards(dirs: &[PathBuf], out: &Path, charts: bool) -> Result<Vec<Re
         let read = crate::results::read_rows(&log)?;
         let mut owned: BTreeMap<CellKey, usize> = BTreeMap::new();
         for c in &m.cells {
-            if c.n >= m0.total_cells || slots[c.n].is_some() || owned.insert(c.key(), c.n).is_some() {
+            if c.n >= m0.total_cells || slots[c.n].is_some() || owned.insert(c.key.clone(), c.n).is_some() {
                 return Err(EvalError::File {
                     path: d.join(ShardManifest::FILE),
                     reason: format!("cell {} listed twice or out of range", c.n),
@@ -295,9 +272,9 @@ pub fn merge_shards(dirs: &[PathBuf], out: &Path, charts: bool) -> Result<Vec<Re
                     m.shard,
                     got.len(),
                     m.cells.len(),
-                    c.task,
-                    c.policy,
-                    c.budget
+                    c.key.task,
+                    c.key.policy,
+                    c.key.budget
                 ),
             });
         }

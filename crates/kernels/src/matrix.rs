@@ -129,23 +129,38 @@ impl Matrix {
             return self.matvec(x, out);
         }
         let k = kernels();
-        let (dt, rb, cols, rows) = (self.dtype, self.row_bytes, self.cols, self.rows);
+        let (dt, rb, cols) = (self.dtype, self.row_bytes, self.cols);
         let bytes = self.bytes();
-        // [rows, n]: one contiguous run per weight row
-        let mut transposed = vec![0f32; rows * n];
-        let per_row = |r: usize, o: &mut [f32]| {
+        self.row_products(n, self.rows * cols, out, |_: &mut (), r, o| {
             let row = &bytes[r * rb..(r + 1) * rb];
             for (t, v) in o.iter_mut().enumerate() {
                 *v = dot_row(k, dt, row, &x[t * cols..(t + 1) * cols]);
             }
-        };
-        if rows * cols < PARALLEL_MIN_WORK || rayon::current_num_threads() == 1 {
-            transposed.chunks_mut(n).enumerate().for_each(|(r, o)| per_row(r, o));
+        });
+    }
+
+    /// Fills `out[t, r]` (`n` tokens × `rows`) from `row(state, r, o)`,
+    /// which writes weight row `r`'s `n` products into `o`: rows outer,
+    /// tokens inner, so each weight row is read once; threaded over row
+    /// chunks (one `state` per worker) when `work` is large.
+    fn row_products<S: Default>(
+        &self,
+        n: usize,
+        work: usize,
+        out: &mut [f32],
+        row: impl Fn(&mut S, usize, &mut [f32]) + Sync,
+    ) {
+        let rows = self.rows;
+        // [rows, n]: one contiguous run per weight row
+        let mut transposed = vec![0f32; rows * n];
+        if work < PARALLEL_MIN_WORK || rayon::current_num_threads() == 1 {
+            let mut state = S::default();
+            transposed.chunks_mut(n).enumerate().for_each(|(r, o)| row(&mut state, r, o));
         } else {
             let chunk = (rows / (rayon::current_num_threads() * 4)).max(16);
-            transposed.par_chunks_mut(chunk * n).enumerate().for_each(|(c, o)| {
+            transposed.par_chunks_mut(chunk * n).enumerate().for_each_init(S::default, |state, (c, o)| {
                 for (i, orow) in o.chunks_mut(n).enumerate() {
-                    per_row(c * chunk + i, orow);
+                    row(state, c * chunk + i, orow);
                 }
             });
         }
@@ -227,10 +242,9 @@ impl Matrix {
     /// Agrees with the row dots to rounding.
     fn matmul_few(&self, x: &[f32], n: usize, out: &mut [f32]) {
         let k = kernels();
-        let (dt, rb, cols, rows) = (self.dtype, self.row_bytes, self.cols, self.rows);
+        let (dt, rb, cols) = (self.dtype, self.row_bytes, self.cols);
         let bytes = self.bytes();
-        let mut transposed = vec![0f32; rows * n];
-        let per_row = |buf: &mut Vec<f32>, r: usize, o: &mut [f32]| {
+        self.row_products(n, self.rows * cols * n, out, |buf: &mut Vec<f32>, r, o| {
             let raw = &bytes[r * rb..(r + 1) * rb];
             let w: &[f32] = if dt == DType::F32 {
                 bytemuck_f32(raw)
@@ -242,23 +256,7 @@ impl Matrix {
             for (t, v) in o.iter_mut().enumerate() {
                 *v = (k.f32)(w, &x[t * cols..(t + 1) * cols]);
             }
-        };
-        if rows * cols * n < PARALLEL_MIN_WORK || rayon::current_num_threads() == 1 {
-            let mut buf = Vec::new();
-            transposed.chunks_mut(n).enumerate().for_each(|(r, o)| per_row(&mut buf, r, o));
-        } else {
-            let chunk = (rows / (rayon::current_num_threads() * 4)).max(16);
-            transposed.par_chunks_mut(chunk * n).enumerate().for_each_init(Vec::new, |buf, (c, o)| {
-                for (i, orow) in o.chunks_mut(n).enumerate() {
-                    per_row(buf, c * chunk + i, orow);
-                }
-            });
-        }
-        for (r, tr) in transposed.chunks_exact(n).enumerate() {
-            for (t, &v) in tr.iter().enumerate() {
-                out[t * rows + r] = v;
-            }
-        }
+        });
     }
 }
 

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 mod common;
 
-use common::{metric, start, stories};
+use common::{metric, start, stories, stream};
 
 fn default_limits() -> Limits {
     Limits { kv_memory: 64 << 20, max_batch: 16, queue_limit: 64, ..Limits::default() }
@@ -19,24 +19,6 @@ fn default_limits() -> Limits {
 
 fn post(addr: &str, path: &str, body: &Value) -> Response {
     http_client::request(addr, "POST", path, Some(&body.to_string())).unwrap()
-}
-
-/// Collects an SSE stream's `data:` payloads up to `[DONE]`.
-fn stream(addr: &str, path: &str, body: &Value) -> Vec<Value> {
-    let mut s = http_client::open(addr, "POST", path, Some(&body.to_string()), Duration::from_secs(60)).unwrap();
-    assert_eq!(s.status, 200);
-    assert!(s
-        .headers
-        .iter()
-        .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v.starts_with("text/event-stream")));
-    let mut out = Vec::new();
-    while let Some(d) = s.next_event().unwrap() {
-        if d == "[DONE]" {
-            return out;
-        }
-        out.push(serde_json::from_str(&d).unwrap());
-    }
-    panic!("stream ended without [DONE]");
 }
 
 fn solo_text(m: &LoadedModel, prompt: &str, policy: &str, max_tokens: usize) -> String {

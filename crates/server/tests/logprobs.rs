@@ -12,10 +12,9 @@ use kvslim_server::scheduler::apply_default_page;
 use kvslim_server::Limits;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::time::Duration;
 mod common;
 
-use common::{start, stories};
+use common::{start, stories, stream};
 
 const PAGE: usize = 16;
 
@@ -31,20 +30,6 @@ fn ok(addr: &str, path: &str, body: &Value) -> Value {
     let r = post(addr, path, body);
     assert_eq!(r.status, 200, "{}", r.text());
     r.json()
-}
-
-/// Collects an SSE stream's `data:` payloads up to `[DONE]`.
-fn stream(addr: &str, path: &str, body: &Value) -> Vec<Value> {
-    let mut s = http_client::open(addr, "POST", path, Some(&body.to_string()), Duration::from_secs(60)).unwrap();
-    assert_eq!(s.status, 200);
-    let mut out = Vec::new();
-    while let Some(d) = s.next_event().unwrap() {
-        if d == "[DONE]" {
-            return out;
-        }
-        out.push(serde_json::from_str(&d).unwrap());
-    }
-    panic!("stream ended without [DONE]");
 }
 
 fn assert_error(r: &Response, needle: &str, param: &str) {

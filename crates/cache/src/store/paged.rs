@@ -403,7 +403,8 @@ impl PagedKv {
         let Some(&partial) = entries.last() else { return };
         let mut used = vec![false; self.live.len() * p];
         self.addr.iter().for_each(|&a| used[a as usize] = true);
-        let is_target: Vec<bool> = (0..self.live.len()).map(|e| entries.contains(&e)).collect();
+        let mut is_target = vec![false; self.live.len()];
+        entries.iter().for_each(|&e| is_target[e] = true);
         // holes to fill: the partial page's below the rows it keeps
         // (`partial_live`, so its free rows end it) first, so it never
         // empties while its extra rows move out; then every full target's

@@ -16,6 +16,19 @@ use rayon::prelude::*;
 /// Attention work (slots × dims × heads) above which heads run in parallel.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
 
+/// One layer's decode step: where the token is, how attention is scaled,
+/// the probability row stride (the layer's slot capacity), the most slots a
+/// KV head holds, and whether heads run in parallel.
+#[derive(Clone, Copy)]
+struct Step {
+    li: usize,
+    p0: usize,
+    scale: f32,
+    stride: usize,
+    most: usize,
+    parallel: bool,
+}
+
 impl Model {
     /// Layer `li`'s decode attention for the token at `p0` (its Q, K and V
     /// positioned in `s.a`), output in `s.a.att[..q_dim]`.
@@ -30,9 +43,22 @@ impl Model {
         let kvd = self.config.kv_dim();
         cache.append(li, p0, &s.a.k[..kvd], &s.a.v[..kvd])?;
         cache.check_keys(li)?;
-        let stride = cache.layer(li)[0].capacity();
-        self.split_attention(li, cache, s, p0, scale);
-        self.share_probabilities(li, cache, s, stride);
+        let c = &self.config;
+        let layer = cache.layer(li);
+        // KV heads may hold different counts (page eviction removes a page's
+        // live tokens, which differ per head); heads tied by CHAI stay equal
+        let most = layer.iter().map(|h| h.len()).max().unwrap_or(0);
+        let step = Step {
+            li,
+            p0,
+            scale,
+            stride: layer[0].capacity(),
+            most,
+            parallel: most * c.head_dim * c.n_heads >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1,
+        };
+        let stride = step.stride;
+        self.split_attention(step, cache, s);
+        self.share_probabilities(step, cache, s);
         if s.trace.is_some() {
             self.trace_decode(li, cache, s, stride);
         }
@@ -49,15 +75,11 @@ impl Model {
     /// result is the same on any number of threads, and with one chunk it
     /// is the one-pass kernel's bit for bit; every core works on one long
     /// sequence even with few KV heads (Gemma 3 270M has one).
-    fn split_attention(&self, li: usize, cache: &SequenceCache, s: &mut Scratch, p0: usize, scale: f32) {
+    fn split_attention(&self, step: Step, cache: &SequenceCache, s: &mut Scratch) {
+        let Step { li, p0, scale, stride: slots, most, parallel } = step;
         let c = &self.config;
         let (hd, g) = (c.head_dim, c.group_size());
         let (layer, lh) = (cache.layer(li), cache.layer_heads(li));
-        // KV heads may hold different counts (page eviction removes a page's
-        // live tokens, which differ per head); heads tied by CHAI stay equal
-        let slots = layer[0].capacity();
-        let most = layer.iter().map(|h| h.len()).max().unwrap_or(0);
-        let parallel = most * hd * c.n_heads >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1;
         let layout = split_layout(c);
         let bl = layout.block_len();
         let nch = most.div_ceil(SPLIT_SLOTS).max(1);
@@ -117,15 +139,14 @@ impl Model {
     }
 
     /// CHAI members: their representative's probabilities over their own V.
-    fn share_probabilities(&self, li: usize, cache: &SequenceCache, s: &mut Scratch, slots: usize) {
+    fn share_probabilities(&self, step: Step, cache: &SequenceCache, s: &mut Scratch) {
+        let Step { li, stride: slots, parallel, .. } = step;
         let c = &self.config;
         let (hd, g) = (c.head_dim, c.group_size());
         let (layer, lh) = (cache.layer(li), cache.layer_heads(li));
         if lh.reps.len() == c.n_heads {
             return;
         }
-        let most = layer.iter().map(|h| h.len()).max().unwrap_or(0);
-        let parallel = most * hd * c.n_heads >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1;
         let probs = &s.probs;
         let share = |(h, out): (usize, &mut [f32])| {
             let r = lh.representative_of[h];

@@ -1,5 +1,5 @@
 //! Helpers shared by the server tests: the stories260K model from
-//! `../shared`, a server on a free port, and reading `/metrics`.
+//! `../shared`, a server on a free port, reading `/metrics` and SSE streams.
 #![allow(dead_code)] // each test crate uses its own subset
 
 use kvslim_cache::PolicySpec;
@@ -7,7 +7,9 @@ use kvslim_models::chat::ChatFormat;
 use kvslim_models::{load_model, LoadedModel};
 use kvslim_server::http_client;
 use kvslim_server::{AppState, Limits, ServerConfig};
+use serde_json::Value;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[path = "../../../../testing/shared_dir.rs"]
 mod shared_dir;
@@ -63,4 +65,22 @@ pub fn metric(addr: &str, name: &str) -> f64 {
         .lines()
         .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).map(|v| v.parse().unwrap()))
         .unwrap_or_else(|| panic!("metric {name} missing"))
+}
+
+/// Collects an SSE stream's `data:` payloads up to `[DONE]`.
+pub fn stream(addr: &str, path: &str, body: &Value) -> Vec<Value> {
+    let mut s = http_client::open(addr, "POST", path, Some(&body.to_string()), Duration::from_secs(60)).unwrap();
+    assert_eq!(s.status, 200);
+    assert!(s
+        .headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v.starts_with("text/event-stream")));
+    let mut out = Vec::new();
+    while let Some(d) = s.next_event().unwrap() {
+        if d == "[DONE]" {
+            return out;
+        }
+        out.push(serde_json::from_str(&d).unwrap());
+    }
+    panic!("stream ended without [DONE]");
 }
