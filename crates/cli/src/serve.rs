@@ -67,6 +67,11 @@ pub struct Args {
     /// `request_timeout`.
     #[arg(long, default_value_t = 600.0, value_parser = parse_seconds)]
     request_timeout: f64,
+    /// Connections served at once; one more gets 503 (code
+    /// `too_many_connections`) and is closed. Keep it under the process's
+    /// open-file limit (`ulimit -n`).
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
     /// Require `Authorization: Bearer KEY` on every endpoint but /health
     /// (401 otherwise). Also read from the KVSLIM_API_KEY environment
     /// variable, which keeps the key out of the process list.
@@ -112,6 +117,9 @@ pub fn run(a: Args) -> CliResult {
     if a.max_batch == 0 {
         return Err("--max-batch must be at least 1".into());
     }
+    if a.max_connections == 0 {
+        return Err("--max-connections must be at least 1".into());
+    }
     if a.header_timeout == 0.0 || a.body_timeout == 0.0 {
         return Err("--header-timeout and --body-timeout must be more than 0".into());
     }
@@ -145,6 +153,7 @@ pub fn run(a: Args) -> CliResult {
         header_timeout: Duration::from_secs_f64(a.header_timeout),
         body_timeout: Duration::from_secs_f64(a.body_timeout),
         request_timeout: (a.request_timeout > 0.0).then(|| Duration::from_secs_f64(a.request_timeout)),
+        max_connections: a.max_connections,
     };
     let auth = key.is_some();
     let state = AppState::new(Arc::new(loaded.model), Arc::new(tokenizer), config)

@@ -31,7 +31,8 @@
 //!   `compact=`/`page_score=` imply it; token eviction otherwise stays on
 //!   fixed slots (see `scheduler::apply_default_page`).
 
-use crate::scheduler::{apply_default_page, kv_bytes_for, Event, Finish, Request, SubmitError, TokenLogprob};
+use crate::request::{admit_chat, admit_completion, encode, now, plan, queue, Extras, Kind, Plan, PromptIn, NEXT_ID};
+use crate::scheduler::{Event, Finish, TokenLogprob};
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -40,15 +41,11 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
-use kvslim_cache::PolicySpec;
-use kvslim_engine::SamplingParams;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 /// An error response in OpenAI's shape.
 #[derive(Debug)]
@@ -70,7 +67,7 @@ impl ApiError {
             code: None,
         }
     }
-    fn code(mut self, code: &'static str) -> Self {
+    pub(crate) fn code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self
     }
@@ -85,443 +82,18 @@ impl IntoResponse for ApiError {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Prompt {
-    Text(String),
-    Texts(Vec<String>),
-    Tokens(Vec<u32>),
-    TokenLists(Vec<Vec<u32>>),
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Stop {
-    One(String),
-    Many(Vec<String>),
-}
-
-/// Fields shared by both endpoints.
-#[derive(Deserialize, Default)]
-struct Common {
-    model: Option<String>,
-    max_tokens: Option<i64>,
-    max_completion_tokens: Option<i64>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    seed: Option<i64>,
-    stop: Option<Stop>,
-    stream: Option<bool>,
-    n: Option<i64>,
-    kv_policy: Option<String>,
-    /// Extension: beam search with this many beams (greedy, not streamed).
-    beams: Option<i64>,
-    /// Extension: α in score = logprob / len^α for beam search (default 1).
-    length_penalty: Option<f32>,
-}
-
-#[derive(Deserialize)]
-struct CompletionBody {
-    prompt: Option<Prompt>,
-    echo: Option<bool>,
-    /// An integer (0..=5); read by hand for a clear error on `true`.
-    logprobs: Option<Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<Part>),
-}
-
-#[derive(Deserialize)]
-struct Part {
-    #[serde(default)]
-    text: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Message {
-    role: String,
-    #[serde(default)]
-    content: Option<Content>,
-}
-
-#[derive(Deserialize)]
-struct ChatBody {
-    messages: Option<Vec<Message>>,
-    /// `true`/`false`; read by hand for a clear error on a number.
-    logprobs: Option<Value>,
-    top_logprobs: Option<i64>,
-}
-
-/// The chat fields the template sees as sent: whole message objects and
-/// `tools` with their key order (for `tojson`).
-#[derive(Deserialize, Default)]
-struct RawChat {
-    #[serde(default)]
-    messages: Option<Vec<Value>>,
-    #[serde(default)]
-    tools: Option<kvslim_models::chat::JsonValue>,
-}
-
-/// The endpoint's own fields and the shared ones, from one JSON object.
-fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<(T, Common), ApiError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid JSON body: {e}"), None))?;
-    if !v.is_object() {
-        return Err(ApiError::bad("the request body must be a JSON object", None));
-    }
-    let bad = |e: serde_json::Error| ApiError::bad(format!("invalid request: {e}"), None);
-    let common = Common::deserialize(&v).map_err(bad)?;
-    Ok((T::deserialize(&v).map_err(bad)?, common))
-}
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-/// Most alternatives per token: OpenAI's limits (`logprobs` ≤ 5 on
-/// completions, `top_logprobs` ≤ 20 on chat).
-const MAX_COMPLETION_LOGPROBS: i64 = 5;
-const MAX_CHAT_TOP_LOGPROBS: i64 = 20;
-/// Most choices per prompt (`n`) and prompts per request; every choice is
-/// its own sequence in the scheduler (and counts against its queue).
-const MAX_N: i64 = 16;
-const MAX_PROMPTS: usize = 64;
-
-/// What a request asks for beyond text, after validation.
-#[derive(Clone, Copy, Default)]
-struct Extras {
-    /// Return the prompt before the completion (completions only).
-    echo: bool,
-    /// Per-token log-probs with this many alternatives.
-    logprobs: Option<usize>,
-    /// Choices per prompt.
-    n: usize,
-}
-
-/// One prompt of a request: its ids and the text `echo` returns for it
-/// (the prompt as sent, or its decoding when sent as token ids).
-struct PromptIn {
-    ids: Vec<u32>,
-    text: String,
-}
-
-/// Reads `logprobs` of `/v1/completions`: an integer 0..=5 (or null).
-fn completion_logprobs_field(v: &Option<Value>) -> Result<Option<usize>, ApiError> {
-    match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => match n.as_i64() {
-            Some(k) if (0..=MAX_COMPLETION_LOGPROBS).contains(&k) => Ok(Some(k as usize)),
-            _ => Err(ApiError::bad(
-                format!("logprobs must be an integer between 0 and {MAX_COMPLETION_LOGPROBS}, got {n}"),
-                Some("logprobs"),
-            )),
-        },
-        Some(o) => Err(ApiError::bad(
-            format!("logprobs must be an integer between 0 and {MAX_COMPLETION_LOGPROBS} on /v1/completions, got {o} (`logprobs: true` with `top_logprobs` is the chat form)"),
-            Some("logprobs"),
-        )),
-    }
-}
-
-/// Reads `logprobs` (bool) and `top_logprobs` (0..=20) of chat.
-fn chat_logprobs_fields(logprobs: &Option<Value>, top: Option<i64>) -> Result<Option<usize>, ApiError> {
-    let on = match logprobs {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
-        Some(Value::Bool(true)) => true,
-        Some(o) => {
-            return Err(ApiError::bad(
-                format!("logprobs must be true or false on /v1/chat/completions, got {o} (the number of alternatives goes in top_logprobs)"),
-                Some("logprobs"),
-            ))
-        }
-    };
-    match (on, top) {
-        (_, Some(k)) if !(0..=MAX_CHAT_TOP_LOGPROBS).contains(&k) => Err(ApiError::bad(
-            format!("top_logprobs must be between 0 and {MAX_CHAT_TOP_LOGPROBS}, got {k}"),
-            Some("top_logprobs"),
-        )),
-        (false, Some(_)) => Err(ApiError::bad("top_logprobs needs `logprobs: true`", Some("top_logprobs"))),
-        (false, None) => Ok(None),
-        (true, k) => Ok(Some(k.unwrap_or(0) as usize)),
-    }
-}
-
-/// Validates the shared fields and queues one sequence per prompt and
-/// choice (prompt-major: choice `index` = prompt × n + j). Choice j of a
-/// seeded request samples with seed + j, so choice 0 is what the same
-/// request with n = 1 gives.
-fn submit(
-    st: &AppState,
-    prompts: &[PromptIn],
-    c: &Common,
-    x: Extras,
-    default_max: Option<usize>,
-    extra_stops: Vec<String>,
-) -> Result<Vec<UnboundedReceiver<Event>>, ApiError> {
-    let model = &st.model;
-    let ctx = model.config.context_len;
-    let beams = match c.beams {
-        None => 1,
-        Some(b) if (1..=16).contains(&b) => b as usize,
-        Some(b) => return Err(ApiError::bad(format!("beams must be between 1 and 16, got {b}"), Some("beams"))),
-    };
-    if beams > 1 && c.stream == Some(true) {
-        return Err(ApiError::bad("beam search results are not streamed; drop `stream` or `beams`", Some("stream")));
-    }
-    if beams > 1 && x.n > 1 {
-        return Err(ApiError::bad("beam search returns one choice; drop `n` or `beams`", Some("n")));
-    }
-    if beams > 1 && x.logprobs.is_some() {
-        return Err(ApiError::bad(
-            "log-probs are not reported for beam search; drop `logprobs` or `beams`",
-            Some("logprobs"),
-        ));
-    }
-    let requested = c.max_tokens.or(c.max_completion_tokens);
-    match requested {
-        Some(0) if x.echo && beams == 1 => {}
-        Some(0) if x.echo => {
-            return Err(ApiError::bad("beam search needs max_tokens of at least 1", Some("max_tokens")))
-        }
-        Some(m) if m < 1 => {
-            return Err(ApiError::bad(
-                format!("max_tokens must be at least 1 (0 only with `echo`), got {m}"),
-                Some("max_tokens"),
-            ))
-        }
-        _ => {}
-    }
-    let mut policy = match &c.kv_policy {
-        None => st.default_policy.clone(),
-        Some(p) => PolicySpec::parse_and_load_with_page(p, Some(st.scheduler.limits.kv_page_size).filter(|&n| n > 0))
-            .map_err(|e| ApiError::bad(e.to_string(), Some("kv_policy")))?,
-    };
-    apply_default_page(&mut policy, st.scheduler.limits.kv_page_size);
-    let seed = match c.seed {
-        Some(s) => s as u64,
-        None => NEXT_ID.load(Relaxed) ^ now().wrapping_mul(0x9e37_79b9_7f4a_7c15),
-    };
-    let sampling =
-        SamplingParams { temperature: c.temperature.unwrap_or(1.0), top_k: 0, top_p: c.top_p.unwrap_or(1.0), seed };
-    sampling.validate().map_err(|e| ApiError::bad(e, None))?;
-    let mut stop = match &c.stop {
-        None => Vec::new(),
-        Some(Stop::One(s)) => vec![s.clone()],
-        Some(Stop::Many(v)) => v.clone(),
-    };
-    stop.retain(|s| !s.is_empty());
-    stop.extend(extra_stops);
-    let length_penalty = c.length_penalty.unwrap_or(1.0);
-    if !length_penalty.is_finite() {
-        return Err(ApiError::bad("length_penalty must be a finite number", Some("length_penalty")));
-    }
-    // beam search holds every live beam's cache plus the children forked at a reorder
-    let copies = if beams > 1 { 2 * beams } else { 1 };
-    let limit = st.scheduler.limits.kv_memory;
-    // every prompt is checked before any sequence is queued
-    let mut plans = Vec::with_capacity(prompts.len());
-    for p in prompts {
-        let prompt = &p.ids;
-        if prompt.is_empty() {
-            return Err(ApiError::bad("the prompt is empty", Some("prompt")));
-        }
-        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= model.config.vocab_size) {
-            return Err(ApiError::bad(format!("token id {bad} is outside the vocabulary"), Some("prompt")));
-        }
-        let only_echo = requested == Some(0);
-        if prompt.len() > ctx || (prompt.len() == ctx && !only_echo) {
-            return Err(ApiError::bad(
-                format!(
-                    "the prompt has {} tokens but the model's context is {ctx} tokens (at least one must be left to generate); shorten the prompt",
-                    prompt.len()
-                ),
-                Some("prompt"),
-            )
-            .code("context_length_exceeded"));
-        }
-        let room = ctx - prompt.len();
-        let max_tokens = match requested {
-            Some(m) => (m as u64).min(room as u64) as usize,
-            None => default_max.unwrap_or(room).min(room),
-        };
-        let kv_bytes = kv_bytes_for(model, &policy, prompt.len(), max_tokens)
-            .map_err(|e| ApiError::bad(format!("kv_policy `{policy}`: {e}"), Some("kv_policy")))?
-            .saturating_mul(copies);
-        if kv_bytes > limit {
-            return Err(ApiError::bad(
-                format!(
-                    "this request needs {kv_bytes} bytes of KV cache (policy `{policy}`, {} prompt + {max_tokens} new tokens) but the server's whole KV pool is {limit} bytes; lower max_tokens or use a bounded kv_policy (paged: with page_score=… or compact=N)",
-                    prompt.len()
-                ),
-                Some("max_tokens"),
-            )
-            .code("kv_memory_exceeded"));
-        }
-        plans.push((max_tokens, kv_bytes));
-    }
-    let deadline = st.http.request_timeout.map(|d| std::time::Instant::now() + d);
-    let mut out = Vec::with_capacity(prompts.len() * x.n);
-    for (p, &(max_tokens, kv_bytes)) in prompts.iter().zip(&plans) {
-        for j in 0..x.n {
-            let (tx, rx) = unbounded_channel();
-            let mut sampling = sampling.clone();
-            sampling.seed = sampling.seed.wrapping_add(j as u64);
-            let req = Request {
-                prompt: p.ids.clone(),
-                max_tokens,
-                sampling,
-                policy: policy.clone(),
-                stop: stop.clone(),
-                kv_bytes,
-                beams,
-                length_penalty,
-                logprobs: x.logprobs,
-                prompt_logprobs: x.logprobs.filter(|_| x.echo),
-                deadline,
-                events: tx,
-            };
-            match st.scheduler.submit(req) {
-                Ok(()) => out.push(rx),
-                // the sequences queued so far are cancelled as `out` drops
-                Err(SubmitError::QueueFull) => {
-                    return Err(ApiError {
-                        status: StatusCode::TOO_MANY_REQUESTS,
-                        message: format!(
-                            "the request queue is full ({} waiting); retry later",
-                            st.scheduler.limits.queue_limit
-                        ),
-                        kind: "rate_limit_error",
-                        param: None,
-                        code: Some("queue_full"),
-                    })
-                }
-                Err(SubmitError::Stopped) => {
-                    return Err(ApiError {
-                        status: StatusCode::SERVICE_UNAVAILABLE,
-                        message: "the inference thread has stopped".into(),
-                        kind: "server_error",
-                        param: None,
-                        code: None,
-                    })
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn encode(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
-    st.tokenizer.encode(text).map_err(|e| ApiError::bad(format!("cannot tokenize the prompt: {e}"), Some("prompt")))
-}
-
-#[derive(Clone, Copy, PartialEq)]
-enum Kind {
-    Completion,
-    Chat,
-}
-
-/// `n` as sent (1..=16).
-fn choices_per_prompt(c: &Common) -> Result<usize, ApiError> {
-    match c.n {
-        None => Ok(1),
-        Some(n) if (1..=MAX_N).contains(&n) => Ok(n as usize),
-        Some(n) => Err(ApiError::bad(format!("n must be between 1 and {MAX_N}, got {n}"), Some("n"))),
-    }
-}
-
 pub async fn completions(State(st): State<AppState>, body: Bytes) -> Response {
-    let (b, common): (CompletionBody, Common) = match parse(&body) {
-        Ok(b) => b,
-        Err(e) => return e.into_response(),
-    };
-    let prompts = (|| -> Result<Vec<PromptIn>, ApiError> {
-        let text = |t: String| encode(&st, &t).map(|ids| PromptIn { ids, text: t });
-        let ids = |ids: Vec<u32>| PromptIn { text: st.tokenizer.decode(&ids).unwrap_or_default(), ids };
-        let v = match b.prompt {
-            None => return Err(ApiError::bad("`prompt` is required", Some("prompt"))),
-            Some(Prompt::Text(t)) => vec![text(t)?],
-            Some(Prompt::Texts(v)) => v.into_iter().map(text).collect::<Result<_, _>>()?,
-            Some(Prompt::Tokens(t)) => vec![ids(t)],
-            Some(Prompt::TokenLists(v)) => v.into_iter().map(ids).collect(),
-        };
-        if v.is_empty() {
-            return Err(ApiError::bad("`prompt` is an empty list", Some("prompt")));
-        }
-        if v.len() > MAX_PROMPTS {
-            return Err(ApiError::bad(
-                format!("at most {MAX_PROMPTS} prompts per request, got {}", v.len()),
-                Some("prompt"),
-            ));
-        }
-        Ok(v)
-    })();
-    let extras = (|| {
-        Ok::<_, ApiError>(Extras {
-            echo: b.echo.unwrap_or(false),
-            logprobs: completion_logprobs_field(&b.logprobs)?,
-            n: choices_per_prompt(&common)?,
-        })
-    })();
-    match (prompts, extras) {
-        (Ok(p), Ok(x)) => respond(st, Kind::Completion, p, common, x, Some(16), Vec::new()).await,
-        (Err(e), _) | (_, Err(e)) => e.into_response(),
+    match admit_completion(&st, &body).and_then(|a| plan(&st, a)) {
+        Ok(p) => respond(st, p).await,
+        Err(e) => e.into_response(),
     }
 }
 
 pub async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
-    let (b, common): (ChatBody, Common) = match parse(&body) {
-        Ok(b) => b,
-        Err(e) => return e.into_response(),
-    };
-    let Some(messages) = b.messages.filter(|m| !m.is_empty()) else {
-        return ApiError::bad("`messages` must be a non-empty list", Some("messages")).into_response();
-    };
-    let extras = match (chat_logprobs_fields(&b.logprobs, b.top_logprobs), choices_per_prompt(&common)) {
-        (Ok(logprobs), Ok(n)) => Extras { echo: false, logprobs, n },
-        (Err(e), _) | (_, Err(e)) => return e.into_response(),
-    };
-    let chat = match st.chat.as_ref() {
-        Ok(c) => c,
-        Err(e) => return ApiError::bad(e.clone(), Some("messages")).into_response(),
-    };
-    // the template sees each message as sent (tool_calls, name …), with
-    // content parts joined into one string; `tools` keep their key order
-    let raw: RawChat = serde_json::from_slice(&body).unwrap_or_default();
-    let msgs: Vec<Value> = messages
-        .into_iter()
-        .zip(raw.messages.unwrap_or_default())
-        .map(|(m, mut rawm)| {
-            let content = match m.content {
-                None => Value::Null,
-                Some(Content::Text(t)) => Value::String(t),
-                Some(Content::Parts(p)) => {
-                    Value::String(p.into_iter().filter_map(|p| p.text).collect::<Vec<_>>().join(""))
-                }
-            };
-            if let Some(o) = rawm.as_object_mut() {
-                o.insert("role".into(), Value::String(m.role));
-                o.insert("content".into(), content);
-            }
-            rawm
-        })
-        .collect();
-    let msgs = kvslim_models::chat::serde_to_value(&Value::Array(msgs));
-    let tools = raw.tools.map(|t| t.0);
-    let text = match chat.render(msgs, tools) {
-        Ok(t) => t,
-        Err(e) => return ApiError::bad(e.to_string(), Some("messages")).into_response(),
-    };
-    let prompt = match chat.encode(&st.tokenizer, &text) {
-        Ok(p) => p,
-        Err(e) => return ApiError::bad(format!("cannot tokenize the prompt: {e}"), Some("messages")).into_response(),
-    };
-    let stops = chat.stops();
-    respond(st, Kind::Chat, vec![PromptIn { ids: prompt, text }], common, extras, None, stops).await
+    match admit_chat(&st, &body).and_then(|a| plan(&st, a)) {
+        Ok(p) => respond(st, p).await,
+        Err(e) => e.into_response(),
+    }
 }
 
 /// Usage summed over a request's choices: prompt tokens (and those reused)
@@ -661,19 +233,12 @@ struct Gathered {
     finish: Option<Finish>,
 }
 
-async fn respond(
-    st: AppState,
-    kind: Kind,
-    prompts: Vec<PromptIn>,
-    c: Common,
-    x: Extras,
-    default_max: Option<usize>,
-    stops: Vec<String>,
-) -> Response {
-    let rxs = match submit(&st, &prompts, &c, x, default_max, stops) {
+async fn respond(st: AppState, plan: Plan) -> Response {
+    let rxs = match queue(&st, &plan) {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
+    let Plan { kind, prompts, common: c, extras: x, .. } = plan;
     let n = NEXT_ID.fetch_add(1, Relaxed);
     let (id, object) = match kind {
         Kind::Completion => (format!("cmpl-{n}"), "text_completion"),

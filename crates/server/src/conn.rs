@@ -6,6 +6,8 @@
 //!   handle on the socket ([`SharedIo`]) and writes the 408 itself when
 //!   hyper gives up in the middle of a request's headers (an idle
 //!   kept-alive connection is just closed);
+//! * a connection limit: past `HttpLimits::max_connections` a new
+//!   connection gets a 503 and is closed at once;
 //! * a graceful shutdown that keeps answering: while draining, new
 //!   connections are still accepted (their requests get 503 from
 //!   [`crate::guard::drain`]), existing ones finish the request they are on
@@ -111,7 +113,22 @@ pub(crate) async fn serve(listener: std::net::TcpListener, state: AppState, opts
     let conns = Connections::default();
     // true once draining: connections finish their current request and close
     let (close_tx, close_rx) = watch::channel(false);
+    let max_connections = state.http.max_connections;
     let accept = |stream: io::Result<(TcpStream, std::net::SocketAddr)>, draining: bool| match stream {
+        Ok((s, _)) if conns.count() >= max_connections => {
+            let e = ApiError {
+                status: axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                message: format!("the server has {max_connections} open connections (--max-connections); retry later"),
+                kind: "server_error",
+                param: None,
+                code: Some("too_many_connections"),
+            };
+            let open = conns.open();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(1), answer_and_close(&s, &e)).await;
+                drop(open);
+            });
+        }
         Ok((s, _)) => {
             let task = connection(s, app.clone(), state.http.header_timeout, close_rx.clone(), !draining);
             let open = conns.open();
@@ -218,27 +235,30 @@ async fn connection(
     };
     if let Err(e) = result {
         if e.is_timeout() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), request_timeout(&sock, header_timeout)).await;
+            let e = ApiError {
+                status: axum::http::StatusCode::REQUEST_TIMEOUT,
+                message: format!(
+                    "the request's headers did not arrive within {} s (--header-timeout)",
+                    header_timeout.as_secs_f64()
+                ),
+                kind: "invalid_request_error",
+                param: None,
+                code: Some("request_timeout"),
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(1), answer_and_close(&sock, &e)).await;
         }
     }
 }
 
-/// Writes a 408 (OpenAI's error shape) on a socket whose client did not
-/// finish its headers in time, and closes it.
-async fn request_timeout(sock: &TcpStream, header_timeout: Duration) -> io::Result<()> {
-    let e = ApiError {
-        status: axum::http::StatusCode::REQUEST_TIMEOUT,
-        message: format!(
-            "the request's headers did not arrive within {} s (--header-timeout)",
-            header_timeout.as_secs_f64()
-        ),
-        kind: "invalid_request_error",
-        param: None,
-        code: Some("request_timeout"),
-    };
+/// Writes `e` as a whole HTTP response (OpenAI's error shape) on a socket
+/// hyper does not serve (a client that stalled in its headers, one over the
+/// connection limit) and closes it.
+async fn answer_and_close(sock: &TcpStream, e: &ApiError) -> io::Result<()> {
     let body = e.body().to_string();
     let msg = format!(
-        "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        e.status.as_u16(),
+        e.status.canonical_reason().unwrap_or(""),
         body.len()
     );
     let mut left = msg.as_bytes();
@@ -250,5 +270,18 @@ async fn request_timeout(sock: &TcpStream, header_timeout: Duration) -> io::Resu
             Err(e) => return Err(e),
         }
     }
-    shutdown_write(sock)
+    shutdown_write(sock)?;
+    // read what the client still sends until it closes (the caller's
+    // timeout bounds this): closing with unread bytes would reset the
+    // connection and could destroy the answer before the client reads it
+    let mut sink = [0u8; 1024];
+    loop {
+        sock.readable().await?;
+        match sock.try_read(&mut sink) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
 }

@@ -52,6 +52,10 @@ pub struct HttpLimits {
     /// generation); `None`: no deadline. A request past it stops generating
     /// and frees its KV at once; the client gets an error that says so.
     pub request_timeout: Option<Duration>,
+    /// Connections served at once; one more is answered 503 (code
+    /// `too_many_connections`) and closed, so a flood of idle or slow
+    /// clients cannot exhaust the process's file descriptors.
+    pub max_connections: usize,
 }
 
 impl Default for HttpLimits {
@@ -61,6 +65,7 @@ impl Default for HttpLimits {
             header_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(60),
             request_timeout: Some(Duration::from_secs(600)),
+            max_connections: 512,
         }
     }
 }

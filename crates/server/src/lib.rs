@@ -11,6 +11,9 @@
 //!   log-probs, `echo`, several prompts and `n`), `/v1/models`, `/health`,
 //!   `/metrics`, and vLLM's `/tokenize`, `/detokenize`, `/tokenizer_info`
 //!   (what lm-evaluation-harness's `remote` tokenizer backend calls).
+//! * [`request`]: request bodies parsed, validated and sized (every limit
+//!   checked) before the scheduler sees them; [`request::check_body`] is
+//!   the request-JSON fuzz target.
 //! * [`http_client`]: a tiny blocking HTTP/1.1 client for tests and
 //!   `kvslim loadtest`.
 //! * [`soak`]: the soak driver (`kvslim loadtest --soak`): concurrent
@@ -22,6 +25,7 @@ pub mod chat;
 pub mod guard;
 pub mod http_client;
 pub mod metrics;
+pub mod request;
 pub mod scheduler;
 pub mod soak;
 

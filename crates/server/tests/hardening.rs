@@ -24,6 +24,7 @@ fn short(max_body_bytes: usize) -> HttpLimits {
         header_timeout: Duration::from_millis(400),
         body_timeout: Duration::from_millis(400),
         request_timeout: None,
+        max_connections: 512,
     }
 }
 
@@ -109,6 +110,30 @@ fn client_stalling_in_its_headers_gets_408_and_is_closed() {
     let mut stalled: Vec<TcpStream> = (0..32).map(|_| raw(&addr, b"GET /health HTTP/1.1\r\n")).collect();
     for s in &mut stalled {
         assert_eq!(read_until_closed(s).0, 408);
+    }
+    still_serves(&addr);
+}
+
+#[test]
+fn connections_past_the_limit_get_503_and_are_closed() {
+    let http = HttpLimits { max_connections: 4, header_timeout: Duration::from_secs(20), ..short(1 << 20) };
+    let (addr, _, _) = start_with(limits(), Duration::from_secs(5), |s| s.with_http_limits(http));
+    // four idle clients hold every connection the server allows
+    let idle: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    let mut s = raw(&addr, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    let (status, body) = read_until_closed(&mut s);
+    assert_eq!(status, 503, "{body}");
+    assert_openai_error(&body, "server_error", "too_many_connections");
+    assert!(body["error"]["message"].as_str().unwrap().contains("4 open connections"), "{body}");
+    // once they leave, new clients are served again
+    drop(idle);
+    let t = Instant::now();
+    loop {
+        match http_client::request(&addr, "GET", "/health", None) {
+            Ok(r) if r.status == 200 => break,
+            r if t.elapsed() > Duration::from_secs(5) => panic!("still refused after the idle clients left: {r:?}"),
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
     }
     still_serves(&addr);
 }

@@ -21,6 +21,7 @@ fn short_soak_answers_everything_and_returns_the_kv() {
         header_timeout: Duration::from_secs(1),
         body_timeout: Duration::from_secs(5),
         request_timeout: Some(Duration::from_secs(120)),
+        max_connections: 512,
     };
     let limits = Limits { kv_memory: 64 << 20, max_batch: 16, queue_limit: 64, ..Limits::default() };
     let (addr, _, _) =
