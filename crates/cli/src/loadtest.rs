@@ -98,41 +98,77 @@ fn soak(a: &Args, secs: f64) -> CliResult {
     Ok(())
 }
 
+/// Why a request failed, as the load report counts it.
+enum Failure {
+    /// No connection or no response head (e.g. a replica gone before the request).
+    Connect(String),
+    /// An HTTP error status (a balancer's 502, a server's 4xx/5xx).
+    Status(u16, String),
+    /// The stream carried an error chunk.
+    StreamError(String),
+    /// The stream broke off before `[DONE]` (e.g. the server died mid-answer).
+    Cut(String),
+}
+
+impl Failure {
+    /// The report's key for this kind of failure.
+    fn kind(&self) -> String {
+        match self {
+            Failure::Connect(_) => "connect".into(),
+            Failure::Status(code, _) => format!("http_{code}"),
+            Failure::StreamError(_) => "stream_error".into(),
+            Failure::Cut(_) => "stream_cut".into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Connect(e) => write!(f, "connect: {e}"),
+            Failure::Status(code, body) => write!(f, "HTTP {code}: {body}"),
+            Failure::StreamError(e) => write!(f, "stream error: {e}"),
+            Failure::Cut(e) => write!(f, "stream cut off: {e}"),
+        }
+    }
+}
+
 struct Sample {
     latency: f64,
     ttft: f64,
     tokens: usize,
 }
 
-fn one(addr: &str, path: &str, body: &str, auth: Option<&str>) -> Result<Sample, String> {
+fn one(addr: &str, path: &str, body: &str, auth: Option<&str>) -> Result<Sample, Failure> {
     let start = Instant::now();
     let headers: Vec<(&str, &str)> = auth.map(|a| ("Authorization", a)).into_iter().collect();
     let mut s = http_client::open_with(addr, "POST", path, Some(body), Duration::from_secs(300), &headers)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Failure::Connect(e.to_string()))?;
     if s.status != 200 {
         let mut b = String::new();
         let _ = std::io::Read::read_to_string(&mut s.body, &mut b);
-        return Err(format!("HTTP {}: {b}", s.status));
+        return Err(Failure::Status(s.status, b));
     }
     let mut ttft = None;
     let mut tokens = 0;
     let mut done = false;
-    while let Some(data) = s.next_event().map_err(|e| e.to_string())? {
+    while let Some(data) = s.next_event().map_err(|e| Failure::Cut(e.to_string()))? {
         if data == "[DONE]" {
             done = true;
             break;
         }
         ttft.get_or_insert_with(|| start.elapsed().as_secs_f64());
-        let v: serde_json::Value = serde_json::from_str(&data).map_err(|e| format!("bad chunk {data}: {e}"))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&data).map_err(|e| Failure::StreamError(format!("bad chunk {data}: {e}")))?;
         if let Some(e) = v.get("error") {
-            return Err(format!("stream error: {e}"));
+            return Err(Failure::StreamError(e.to_string()));
         }
         if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
             tokens = n as usize;
         }
     }
     if !done {
-        return Err("stream ended without [DONE]".into());
+        return Err(Failure::Cut("the stream ended without [DONE]".into()));
     }
     Ok(Sample { latency: start.elapsed().as_secs_f64(), ttft: ttft.unwrap_or(0.0), tokens })
 }
@@ -196,11 +232,16 @@ pub fn run(a: Args) -> CliResult {
     lat.sort_by(f64::total_cmp);
     ttft.sort_by(f64::total_cmp);
     let tokens: usize = samples.iter().map(|s| s.tokens).sum();
+    let mut by_kind = std::collections::BTreeMap::<String, usize>::new();
+    for e in errors.iter() {
+        *by_kind.entry(e.kind()).or_default() += 1;
+    }
     let report = json!({
         "clients": a.clients,
         "requests": a.requests,
         "ok": samples.len(),
         "errors": errors.len(),
+        "errors_by_kind": by_kind,
         "wall_s": wall,
         "requests_per_s": samples.len() as f64 / wall,
         "tokens": tokens,
@@ -227,6 +268,9 @@ pub fn run(a: Args) -> CliResult {
             pct(&ttft, 50.0) * 1e3,
             pct(&ttft, 99.0) * 1e3
         );
+        if !by_kind.is_empty() {
+            println!("errors by kind: {}", serde_json::to_string(&by_kind)?);
+        }
     }
     for e in errors.iter().take(5) {
         eprintln!("error: {e}");
