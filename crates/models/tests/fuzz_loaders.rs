@@ -160,6 +160,116 @@ fn fuzz_hf_dir() {
     );
 }
 
+/// A small byte-level BPE `tokenizer.json` in the shape Hugging Face saves
+/// (GPT-2/Qwen style: regex split, byte-level, merges, an added special
+/// token), built here because `../shared` holds no `tokenizer.json` small
+/// enough to mutate a million times.
+fn tokenizer_json_seed() -> String {
+    // GPT-2's byte → printable character table
+    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("<|endoftext|>".into(), 0.into());
+    let mut shifted = 0;
+    for b in 0..256u32 {
+        let c = if printable(b) {
+            char::from_u32(b).unwrap()
+        } else {
+            shifted += 1;
+            char::from_u32(255 + shifted).unwrap()
+        };
+        let id = vocab.len();
+        vocab.insert(c.to_string(), id.into());
+    }
+    let merges = ["Ġ t", "h e", "Ġt he", "i n", "a n", "Ġ a", "o n", "a t", "Ġ c", "Ġc at"];
+    for m in merges {
+        let id = vocab.len();
+        vocab.insert(m.replace(' ', ""), id.into());
+    }
+    serde_json::to_string_pretty(&serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [{"id": 0, "content": "<|endoftext|>", "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "\\s?\\p{L}+|\\s?\\p{N}|\\s?[^\\s\\p{L}\\p{N}]+"},
+             "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": merges},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn fuzz_hf_tokenizer_json() {
+    const DICT: &[&str] = &[
+        "\"type\": ",
+        "\"BPE\"",
+        "\"WordPiece\"",
+        "\"Unigram\"",
+        "\"ByteLevel\"",
+        "\"Metaspace\"",
+        "\"Sequence\"",
+        "\"Split\"",
+        "\"Regex\": ",
+        "\"(a*)*$\"",
+        "\"[\"",
+        "\"vocab\": ",
+        "\"merges\": ",
+        "\"added_tokens\": ",
+        "\"id\": ",
+        "\"dropout\": ",
+        "\"unk_token\": ",
+        "\"byte_fallback\": ",
+        "\"<0x41>\"",
+        "null",
+        "true",
+        "[]",
+        "{}",
+        ",",
+    ];
+    let seed = tokenizer_json_seed();
+    let dir = Scratch::new("tokenizer-json");
+    let path = dir.0.join("tokenizer.json");
+    // the seed itself loads and round-trips
+    std::fs::write(&path, &seed).unwrap();
+    let tok = load_tokenizer(&path, Some(0), vec![0]).expect("the seed tokenizer.json loads");
+    let ids = tok.encode(" the cat in the hat").unwrap();
+    assert_eq!(tok.decode(&ids).unwrap(), " the cat in the hat");
+    assert!(ids.len() < " the cat in the hat".len(), "merges apply: {ids:?}");
+    let report = fuzz::run_text("hf-tokenizer-json", iters(300), Limits::default(), vec![seed], DICT, move |text| {
+        std::fs::write(&path, text).expect("write");
+        let tok = load_tokenizer(&path, Some(0), vec![0]).map_err(|e| e.to_string())?;
+        let ids = tok.encode("the cat \u{e9}\u{1F600} <|endoftext|> 42!").map_err(|e| e.to_string())?;
+        tok.decode(&ids).map_err(|e| e.to_string())?;
+        Ok(())
+    });
+    assert!(report.accepted > 0, "{report:?}");
+}
+
+/// Found by `fuzz_hf_tokenizer_json` (cases 17 and 5761): a JSON syntax
+/// error or a number out of range inside `decoder` made the `tokenizers`
+/// crate panic (`expect("Helper")`); the loader now refuses both with an
+/// error naming the file.
+#[test]
+fn tokenizer_json_with_a_broken_decoder_is_an_error() {
+    let dir = Scratch::new("tokenizer-json-regression");
+    let path = dir.0.join("tokenizer.json");
+    let seed = tokenizer_json_seed();
+    assert!(seed.contains("\"decoder\": {"));
+    for broken in ["\"decoder\": {,", "\"decoder\": {\"x\": 1e999,"] {
+        std::fs::write(&path, seed.replace("\"decoder\": {", broken)).unwrap();
+        let e = load_tokenizer(&path, Some(0), vec![0]).err().expect("a broken tokenizer.json must not load");
+        let e = e.to_string();
+        assert!(e.contains("tokenizer.json") && e.contains("not valid JSON"), "{e}");
+    }
+}
+
 // ------------------------------------------------ allocation-cap regressions
 
 /// The smallest GGUF header: magic, version 3, then the counts.

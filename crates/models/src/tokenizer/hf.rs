@@ -8,8 +8,15 @@ use std::path::Path;
 /// pipeline's own post-processor decides about BOS, so `add_bos` is false.
 pub fn load(path: &Path, bos: Option<u32>, eos: Vec<u32>) -> Result<Tokenizer> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let t =
-        tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+    let bad = |e: String| Error::Tokenizer(format!("{}: {e}", path.display()));
+    // `tokenizers` panics on some malformed files (found by fuzzing: its
+    // untagged decoder helper unwraps a JSON error, a syntax error or a
+    // number out of range), so the file is parsed as JSON first and a panic
+    // left inside the library becomes an error
+    serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let t = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(&bytes))
+        .map_err(|_| bad("the tokenizers library could not read this file (it panicked)".into()))?
+        .map_err(|e| bad(e.to_string()))?;
     let chat_template = path.parent().and_then(chat_template_beside);
     Ok(Tokenizer { kind: TokenizerKind::Hf(Box::new(t)), add_bos: false, bos, eos, chat_template })
 }
