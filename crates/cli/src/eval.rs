@@ -2,7 +2,7 @@
 //! one shard of it (`--shard I/N`), and `kvslim eval merge` of the shards.
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs, Progress};
-use kvslim_eval::{run_matrix, MatrixConfig, MatrixEvent, ScoreMode, Shard, TaskSpec};
+use kvslim_eval::{run_matrix, MatrixConfig, MatrixEvent, ScoreMode, Scoring, Shard, TaskSpec};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -38,7 +38,15 @@ pub struct Args {
     seq_len: Option<usize>,
     /// How sequences are fed: `decode` (policy active at every token), `prefill-context`, `prefill`.
     #[arg(long, default_value = "decode")]
-    mode: String,
+    mode: ScoreMode,
+    /// Multiple-choice scoring: `forked` runs an item's context once and
+    /// each choice on a fork of its cache, 16 items' decode steps batched
+    /// (percentage budgets resolve against context + the item's longest
+    /// choice; the plain full cache takes the prefill path, equal up to
+    /// rounding); `per-choice` runs context + choice once per choice
+    /// (percentage budgets against each choice's own sequence).
+    #[arg(long, default_value = "forked")]
+    scoring: Scoring,
     /// Skip the full-cache comparison (KL, top-1, retained mass) of ppl tasks.
     #[arg(long)]
     no_compare_full: bool,
@@ -142,12 +150,6 @@ pub fn run(a: Args) -> CliResult {
     if tasks.is_empty() {
         return Err("--tasks names no task".into());
     }
-    let mode = match a.mode.as_str() {
-        "decode" => ScoreMode::Decode,
-        "prefill-context" => ScoreMode::PrefillContext,
-        "prefill" => ScoreMode::Prefill,
-        m => return Err(format!("--mode `{m}`: expected decode, prefill-context or prefill").into()),
-    };
     let mem_limit = a.mem_limit.as_deref().map(kvslim_eval::speed::parse_bytes).transpose()?;
     if mem_limit.is_some() && a.contexts.is_none() {
         return Err("--mem-limit needs --contexts (the sequence lengths to size batches for)".into());
@@ -155,7 +157,8 @@ pub fn run(a: Args) -> CliResult {
     let mut cfg = MatrixConfig::new(&a.model.model, tasks);
     cfg.policies = a.policies.split(';').map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect();
     cfg.budgets = a.budgets.clone();
-    cfg.mode = mode;
+    cfg.mode = a.mode;
+    cfg.scoring = a.scoring;
     cfg.compare_full = !a.no_compare_full;
     cfg.decisions_from = a
         .decisions_from
@@ -178,7 +181,10 @@ pub fn run(a: Args) -> CliResult {
             eprintln!("[{index}/{total}] {} {} {} (done, skipped)", key.task, key.policy, key.budget)
         }
         MatrixEvent::Items { done, total, .. } => progress.update(done, total),
-        MatrixEvent::CellDone { .. } => {}
+        MatrixEvent::CellDone { row } => {
+            let t = |k: &str| row.timings.get(k).copied().unwrap_or(0.0);
+            eprintln!("  {} items in {:.1} s ({:.2} items/s)", row.items, t("wall"), t("items_per_s"))
+        }
     })?;
     if let Some(contexts) = &a.contexts {
         let grid = kvslim_eval::speed::SpeedGrid {

@@ -18,6 +18,7 @@
 //!   merge of their outputs into the unsharded run's files.
 
 pub mod budget;
+pub mod forked;
 pub mod matrix;
 pub mod metrics;
 pub mod plots;
@@ -30,7 +31,7 @@ pub mod tasks;
 pub use budget::{BudgetedPolicy, PolicySource};
 pub use matrix::{run_matrix, MatrixConfig, MatrixEvent};
 pub use results::{CellKey, ResultRow, ResultsLog};
-pub use score::{score_choices, Choice, ChoiceScore, McTally, ScoreMode};
+pub use score::{score_choices, Choice, ChoiceScore, McTally, ScoreMode, Scoring};
 pub use shard::{merge_shards, Shard, ShardManifest};
 pub use tasks::{TaskData, TaskSpec};
 

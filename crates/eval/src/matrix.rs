@@ -5,9 +5,12 @@
 //! What each task kind measures (metric names as in the rows):
 //!
 //! * `mc` / `hellaswag` — `acc`, `acc_norm` (log-likelihood per character),
-//!   `acc_stderr`, `gold_logprob` (mean); [`score_choices`] in the
-//!   configured [`ScoreMode`], percentage budgets against each choice's
-//!   whole sequence.
+//!   `acc_stderr`, `gold_logprob` (mean); in the configured
+//!   [`ScoreMode`], by default forked ([`score_items`]: the context once,
+//!   each choice on a fork of its cache, 16 items batched; percentage
+//!   budgets against context + the item's longest choice), or per choice
+//!   ([`score_choices`], [`Scoring::PerChoice`]: percentage budgets against
+//!   each choice's whole sequence).
 //! * `ppl` — token-weighted `nll` and `ppl` over BOS-led windows, every
 //!   token a decode step (or one prefill in [`ScoreMode::Prefill`]); with
 //!   `compare_full`, `kl` = mean KL(full‖policy), `top1` = top-1
@@ -36,14 +39,15 @@
 //! * `passkey` — greedy answer after each prompt; `acc` = share containing
 //!   the key, plus `acc_len{L}` and `acc_depth{D}` breakdowns.
 //!
-//! Timings: `wall` seconds for the cell and `per_item`; `gen` cells add
+//! Timings: `wall` seconds for the cell, `per_item` and `items_per_s`; `gen` cells add
 //! `ttft` (prompt prefill and first token) and `tpot` (seconds per later
 //! token), means over prompts.
 
 use crate::budget::{BudgetedPolicy, PolicySource};
+use crate::forked::score_items;
 use crate::metrics::{first_divergence, identical_prefix_fraction, passkey_hit, positional_agreement};
 use crate::results::{write_summaries, CellKey, ResultRow, ResultsLog};
-use crate::score::{encode_item, score_choices, Choice, McTally, ScoreMode};
+use crate::score::{encode_item, score_choices, Choice, McTally, ScoreMode, Scoring};
 use crate::shard::{config_fingerprint, Shard, ShardManifest};
 use crate::tasks::{passkey_items, TaskData, TaskKind, TaskSpec};
 use crate::{EvalError, Result};
@@ -66,6 +70,8 @@ pub struct MatrixConfig {
     pub budgets: Vec<String>,
     pub tasks: Vec<TaskSpec>,
     pub mode: ScoreMode,
+    /// Multiple choice: forked and batched (default) or one session per choice.
+    pub scoring: Scoring,
     /// Perplexity: also run the full cache and report KL / top-1.
     pub compare_full: bool,
     /// Perplexity, mode (a) for quantized KV: cells whose spec stores K/V
@@ -95,6 +101,7 @@ impl MatrixConfig {
             budgets: ["100%", "40%", "20%", "10%", "5%"].map(String::from).to_vec(),
             tasks,
             mode: ScoreMode::Decode,
+            scoring: Scoring::Forked,
             compare_full: true,
             decisions_from: None,
             out_dir: None,
@@ -190,6 +197,10 @@ fn prepare(model: &Model, tok: &Tokenizer, task: &TaskSpec) -> Result<Prepared> 
     })
 }
 
+/// Multiple-choice items scored together by [`score_items`]: their decode
+/// steps share one batch (weights read once per step for all their forks).
+const FORKED_BLOCK: usize = 16;
+
 /// Items are run in parallel blocks of this many, reporting after each.
 fn block_size() -> usize {
     (rayon::current_num_threads() * 2).max(4)
@@ -234,11 +245,23 @@ fn run_cell(
     let (mut kv, mut meta) = (0usize, 0usize);
     match prepared {
         Prepared::Mc(items) => {
-            let scored = par_blocks(
-                items.len(),
-                |i| score_choices(model, policy, &items[i].0, &items[i].1, cfg.mode),
-                |d| report(d, total),
-            )?;
+            let scored = match cfg.scoring {
+                Scoring::PerChoice => par_blocks(
+                    items.len(),
+                    |i| score_choices(model, policy, &items[i].0, &items[i].1, cfg.mode),
+                    |d| report(d, total),
+                )?,
+                Scoring::Forked => {
+                    let mut out = Vec::with_capacity(items.len());
+                    for block in items.chunks(FORKED_BLOCK) {
+                        let views: Vec<(&[u32], &[Choice])> =
+                            block.iter().map(|(c, ch, _)| (&c[..], &ch[..])).collect();
+                        out.extend(score_items(model, policy, &views, cfg.mode)?);
+                        report(out.len(), total);
+                    }
+                    out
+                }
+            };
             let mut t = McTally::default();
             for (s, it) in scored.iter().zip(items.iter()) {
                 t.add(it.2, s);
@@ -534,6 +557,7 @@ pub fn run_matrix(
             let wall = start.elapsed().as_secs_f64();
             row.timings.insert("wall".into(), wall);
             row.timings.insert("per_item".into(), wall / row.items.max(1) as f64);
+            row.timings.insert("items_per_s".into(), row.items as f64 / wall.max(1e-9));
             if let Some((shard, _, run)) = &run_id {
                 row.shard = Some(shard.to_string());
                 row.run = Some(run.clone());

@@ -40,6 +40,30 @@ impl std::str::FromStr for ScoreMode {
     }
 }
 
+/// How a multiple-choice item's choices are run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Scoring {
+    /// The context once, each choice on a fork of its cache, a block of
+    /// items batched ([`crate::forked::score_items`]); percentage budgets
+    /// resolve against context + the item's longest choice. The default.
+    #[default]
+    Forked,
+    /// One session per choice over context + choice ([`score_choices`]);
+    /// percentage budgets resolve against each choice's own sequence.
+    PerChoice,
+}
+
+impl std::str::FromStr for Scoring {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "forked" => Ok(Scoring::Forked),
+            "per-choice" => Ok(Scoring::PerChoice),
+            o => Err(format!("unknown scoring `{o}` (forked, per-choice)")),
+        }
+    }
+}
+
 /// A continuation to score: its token ids and its length in characters
 /// (for length-normalised accuracy).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -85,18 +85,19 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// Identifies a run's configuration: a hash of everything that decides its
 /// cells and their values (model label, policies, budgets, task specs,
-/// scoring mode, full-cache comparison, decisions-from dtype, kvslim version
+/// scoring mode and scoring, full-cache comparison, decisions-from dtype, kvslim version
 /// and commit) and of its cell list. Not the shard, out directory, resume or
 /// charts. Shards of one run share it; [`merge_shards`] refuses to mix others.
 pub fn config_fingerprint(cfg: &MatrixConfig, cells: &[CellKey]) -> String {
     let mut s = format!(
-        "model={:?}\npolicies={:?}\nbudgets={:?}\ntasks={:?}\nmode={:?}\ncompare_full={}\ndecisions_from={:?}\n\
-         version={}\ncommit={}\n",
+        "model={:?}\npolicies={:?}\nbudgets={:?}\ntasks={:?}\nmode={:?}\nscoring={:?}\ncompare_full={}\n\
+         decisions_from={:?}\nversion={}\ncommit={}\n",
         cfg.model_label,
         cfg.policies,
         cfg.budgets,
         cfg.tasks,
         cfg.mode,
+        cfg.scoring,
         cfg.compare_full,
         cfg.decisions_from.map(|d| d.to_string()),
         env!("CARGO_PKG_VERSION"),

@@ -50,6 +50,10 @@ pub enum Error {
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("position {pos} is beyond the model's context length {context}")]
     ContextOverflow { pos: usize, context: usize },
+    /// A call given input it does not handle (e.g. a batched run of a
+    /// sequence whose CHAI probe is still open).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

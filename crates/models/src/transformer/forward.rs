@@ -19,6 +19,16 @@ pub struct BatchItem<'a> {
     pub cache: &'a mut SequenceCache,
 }
 
+/// One sequence's tokens in [`Model::forward_steps_batch`].
+pub struct StepsItem<'a> {
+    /// Tokens to run at `cache.next_pos()..`, each as a decode step.
+    pub tokens: &'a [u32],
+    /// The sequence's own cache and policy state.
+    pub cache: &'a mut SequenceCache,
+    /// Which of its rows get logits.
+    pub want: Logits,
+}
+
 impl Model {
     /// Runs `tokens` at positions `cache.next_pos()..`, appending their
     /// keys and values to the cache. n = 1 is a decode step (GEMV), n > 1 a
@@ -178,7 +188,7 @@ impl Model {
             self.check_input(&[it.token], it.cache)?;
         }
         let (d, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
-        s.ensure(c, n);
+        s.ensure(c, n, n);
         for (i, it) in items.iter().enumerate() {
             let p0 = it.cache.next_pos();
             let seq = &mut s.seqs[i];
@@ -217,6 +227,109 @@ impl Model {
         }
         items.iter_mut().for_each(|it| it.cache.advance(1));
         self.project_logits(&s.a.x, &mut s.a.xn, n, &mut s.logits, Products::Gemm);
+        Ok(())
+    }
+
+    /// Consecutive decode steps for several sequences at once: what
+    /// [`Model::forward_verify`] does for one sequence, with every matrix
+    /// product one GEMM over all the sequences' tokens. Per sequence, each
+    /// token runs RoPE, the decode attention and the policy's scoring and
+    /// eviction in order, exactly as a decode step does, so the policy acts
+    /// at every token; logits differ from solo decode steps by rounding
+    /// only. Logits of the rows each item wants, in item order, land in
+    /// `scratch.logits(r)`.
+    ///
+    /// Multiple-choice scoring runs contexts and forked continuations with
+    /// it. A sequence still collecting an online CHAI probe (clustering must
+    /// happen between two tokens) is refused: feed its probe first.
+    pub fn forward_steps_batch(&self, items: &mut [StepsItem<'_>], s: &mut BatchScratch) -> Result<()> {
+        let c = &self.config;
+        let (d, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let mut offsets = Vec::with_capacity(items.len() + 1);
+        offsets.push(0);
+        for it in items.iter() {
+            if it.cache.collecting_probe() {
+                return Err(Error::Unsupported(
+                    "a sequence collecting its CHAI probe cannot run in a batch of decode steps; feed the probe first"
+                        .into(),
+                ));
+            }
+            self.check_input(it.tokens, it.cache)?;
+            offsets.push(offsets.last().unwrap() + it.tokens.len());
+        }
+        let rows = *offsets.last().unwrap();
+        if rows == 0 {
+            return Ok(());
+        }
+        let logit_rows: usize = items
+            .iter()
+            .map(|it| match it.want {
+                Logits::None => 0,
+                Logits::Last => 1,
+                Logits::All => it.tokens.len(),
+            })
+            .sum();
+        s.ensure(c, rows, logit_rows);
+        for (i, it) in items.iter().enumerate() {
+            let seq = &mut s.seqs[i];
+            seq.ensure(c, 1, it.cache.max_capacity(), 0);
+            seq.trace = None;
+            let r = offsets[i]..offsets[i + 1];
+            self.embed(it.tokens, it.cache.next_pos(), &mut s.a.x[r.start * d..r.end * d], &mut s.a.proj);
+        }
+        let scale = c.attention_scale();
+        for li in 0..c.n_layers {
+            self.project_qkv(li, &mut s.a, rows, Products::Gemm);
+            let (q, k, v) = (&s.a.q, &s.a.k, &s.a.v);
+            let mut outs = Vec::with_capacity(items.len());
+            let mut rest = &mut s.a.att[..rows * qd];
+            for it in items.iter() {
+                let (mine, tail) = rest.split_at_mut(it.tokens.len() * qd);
+                outs.push(mine);
+                rest = tail;
+            }
+            // per sequence, its tokens in order: RoPE, the decode attention, the policy
+            let attend = |((i, it), (seq, out)): ((usize, &mut StepsItem<'_>), (&mut Scratch, &mut &mut [f32]))| {
+                let p0 = it.cache.next_pos();
+                for t in 0..it.tokens.len() {
+                    let row = offsets[i] + t;
+                    seq.a.q[..qd].copy_from_slice(&q[row * qd..(row + 1) * qd]);
+                    seq.a.k[..kvd].copy_from_slice(&k[row * kvd..(row + 1) * kvd]);
+                    seq.a.v[..kvd].copy_from_slice(&v[row * kvd..(row + 1) * kvd]);
+                    self.rope_tables(p0 + t, 1, &mut seq.cos, &mut seq.sin);
+                    self.position_qk(li, &mut seq.a.q, &mut seq.a.k, 1, &seq.cos, &seq.sin);
+                    self.decode_attention(li, it.cache, seq, p0 + t, scale)?;
+                    out[t * qd..(t + 1) * qd].copy_from_slice(&seq.a.att[..qd]);
+                }
+                Ok::<(), Error>(())
+            };
+            let seqs = &mut s.seqs[..items.len()];
+            if items.len() > 1 && rayon::current_num_threads() > 1 {
+                items
+                    .par_iter_mut()
+                    .enumerate()
+                    .zip(seqs.par_iter_mut().zip(outs.par_iter_mut()))
+                    .try_for_each(attend)?;
+            } else {
+                items.iter_mut().enumerate().zip(seqs.iter_mut().zip(outs.iter_mut())).try_for_each(attend)?;
+            }
+            self.output_and_mlp(li, &mut s.a, None, rows, Products::Gemm);
+        }
+        // the rows that get logits, gathered
+        s.picked.clear();
+        for (i, it) in items.iter_mut().enumerate() {
+            let n = it.tokens.len();
+            it.cache.advance(n);
+            let keep = match it.want {
+                Logits::None => 0,
+                Logits::Last => 1,
+                Logits::All => n,
+            };
+            s.picked.extend_from_slice(&s.a.x[(offsets[i + 1] - keep) * d..offsets[i + 1] * d]);
+        }
+        if logit_rows > 0 {
+            self.project_logits(&s.picked, &mut s.a.xn, logit_rows, &mut s.logits, Products::Gemm);
+        }
         Ok(())
     }
 }

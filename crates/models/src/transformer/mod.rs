@@ -20,7 +20,7 @@ mod prefill;
 mod scratch;
 mod trace;
 
-pub use forward::BatchItem;
+pub use forward::{BatchItem, StepsItem};
 pub use scratch::{BatchScratch, Scratch};
 pub use trace::Trace;
 

@@ -106,6 +106,9 @@ pub struct BatchScratch {
     pub(super) logits: Vec<f32>,
     pub(super) vocab: usize,
     pub(super) seqs: Vec<Scratch>,
+    /// [`Model::forward_steps_batch`](super::Model::forward_steps_batch):
+    /// the hidden states of the rows that get logits.
+    pub(super) picked: Vec<f32>,
 }
 
 impl BatchScratch {
@@ -113,10 +116,10 @@ impl BatchScratch {
         Self::default()
     }
 
-    /// Sizes the batch's buffers for `n` sequences.
-    pub(super) fn ensure(&mut self, c: &ModelConfig, n: usize) {
+    /// Sizes the batch's buffers for `n` rows and `logit_rows` rows of logits.
+    pub(super) fn ensure(&mut self, c: &ModelConfig, n: usize, logit_rows: usize) {
         self.a.ensure(c, n);
-        self.logits.resize(n * c.vocab_size, 0.0);
+        self.logits.resize(logit_rows * c.vocab_size, 0.0);
         self.vocab = c.vocab_size;
         if self.seqs.len() < n {
             self.seqs.resize_with(n, Scratch::new);
