@@ -21,6 +21,7 @@ pub mod budget;
 pub mod forked;
 pub mod matrix;
 pub mod metrics;
+pub mod paired;
 pub mod plots;
 pub mod results;
 pub mod score;

@@ -263,8 +263,11 @@ fn run_cell(
                 }
             };
             let mut t = McTally::default();
+            let (mut acc, mut acc_norm) = (Vec::with_capacity(items.len()), Vec::with_capacity(items.len()));
             for (s, it) in scored.iter().zip(items.iter()) {
-                t.add(it.2, s);
+                let (a, b) = t.add(it.2, s);
+                acc.push(f64::from(u8::from(a)));
+                acc_norm.push(f64::from(u8::from(b)));
                 for c in s {
                     kv = kv.max(c.kv_bytes);
                     meta = meta.max(c.kv_metadata_bytes);
@@ -274,6 +277,8 @@ fn run_cell(
             m.insert("acc_norm".into(), t.acc_norm());
             m.insert("acc_stderr".into(), t.acc_stderr());
             m.insert("gold_logprob".into(), t.gold_logprob / t.items.max(1) as f64);
+            row.per_item.insert("acc".into(), acc);
+            row.per_item.insert("acc_norm".into(), acc_norm);
         }
         Prepared::Ppl(windows) => {
             // the plain full cache (no storage keys, no CHAI) is its own reference
@@ -350,6 +355,7 @@ fn run_cell(
             }
             let nll = nll / toks.max(1) as f64;
             m.insert("nll".into(), nll);
+            row.per_item.insert("nll".into(), reps.iter().map(|r| r.nll).collect());
             m.insert("ppl".into(), nll.exp());
             m.insert("tokens".into(), toks as f64);
             if is_full && cfg.compare_full {

@@ -64,6 +64,12 @@ pub struct ResultRow {
     /// Seconds: `wall` for the whole cell, others per kind.
     #[serde(default, deserialize_with = "nan_map")]
     pub timings: BTreeMap<String, f64>,
+    /// Per-item values behind a metric, in item order, for paired
+    /// comparisons against the full cache on the same items
+    /// ([`crate::paired`]): `acc` and `acc_norm` (0 or 1 per item), `nll`
+    /// (per window).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub per_item: BTreeMap<String, Vec<f64>>,
     pub kvslim_version: String,
     pub git_commit: String,
     /// Seconds since the Unix epoch when the row was made.
@@ -90,6 +96,7 @@ impl PartialEq for ResultRow {
             && self.items == o.items
             && same(&self.metrics, &o.metrics)
             && same(&self.timings, &o.timings)
+            && self.per_item == o.per_item
             && (self.kv_bytes, self.kv_metadata_bytes, self.unix_time) == (o.kv_bytes, o.kv_metadata_bytes, o.unix_time)
             && (&self.kvslim_version, &self.git_commit) == (&o.kvslim_version, &o.git_commit)
             && (&self.shard, &self.run) == (&o.shard, &o.run)
@@ -133,6 +140,7 @@ impl ResultRow {
             kv_bytes: 0,
             kv_metadata_bytes: 0,
             timings: BTreeMap::new(),
+            per_item: BTreeMap::new(),
             kvslim_version: env!("CARGO_PKG_VERSION").into(),
             git_commit: git_commit(),
             unix_time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
@@ -450,14 +458,75 @@ pub fn to_markdown(rows: &[ResultRow]) -> String {
                 let unbudgeted = g.iter().find(|r| r.policy_label() == *p && r.budget == "-");
                 for b in &budgets {
                     let r = g.iter().find(|r| r.policy_label() == *p && r.budget == *b).or(unbudgeted);
-                    let v = r.and_then(|r| r.metrics.get(metric)).map_or(String::new(), |v| cell(*v));
-                    out.push_str(&format!(" {v} |"));
+                    let v = r.and_then(|r| {
+                        let v = cell(*r.metrics.get(metric)?);
+                        // accuracy with its standard error
+                        Some(match (metric, r.metrics.get("acc_stderr")) {
+                            ("acc", Some(se)) => format!("{v} ± {}", cell(*se)),
+                            _ => v,
+                        })
+                    });
+                    out.push_str(&format!(" {} |", v.unwrap_or_default()));
                 }
                 out.push('\n');
             }
         }
+        paired_tables(&mut out, task, model, &g, &budgets, &policies);
     }
     out
+}
+
+/// Per-item metrics compared in pairs against the full cache.
+const PAIRED_METRICS: &[&str] = &["acc", "acc_norm", "nll"];
+
+/// For each [`PAIRED_METRICS`] entry with per-item values: a table of each
+/// policy's mean difference from the plain full cache on the same items
+/// with its paired 95% interval (`*`: the interval excludes 0).
+fn paired_tables(
+    out: &mut String,
+    task: &str,
+    model: &str,
+    g: &[&&ResultRow],
+    budgets: &[String],
+    policies: &[String],
+) {
+    let Some(full) = g.iter().find(|r| r.policy == "full" && r.budget == "-" && r.decisions_from.is_none()) else {
+        return;
+    };
+    for &metric in PAIRED_METRICS {
+        let Some(base) = full.per_item.get(metric) else { continue };
+        let others: Vec<&String> = policies.iter().filter(|p| **p != full.policy_label()).collect();
+        if !g.iter().any(|r| r.policy_label() != full.policy_label() && r.per_item.contains_key(metric)) {
+            continue;
+        }
+        out.push_str(&format!(
+            "\n## {} — {metric} − full, paired 95% CI ({}, {} items)\n\n| policy |",
+            md_escape(task),
+            md_escape(model),
+            base.len()
+        ));
+        for b in budgets {
+            out.push_str(&format!(" {} |", md_escape(b)));
+        }
+        out.push_str("\n|---|");
+        out.push_str(&"---:|".repeat(budgets.len()));
+        out.push('\n');
+        for p in others {
+            out.push_str(&format!("| {} |", md_escape(p)));
+            let unbudgeted = g.iter().find(|r| r.policy_label() == *p && r.budget == "-");
+            for b in budgets {
+                let r = g.iter().find(|r| r.policy_label() == *p && r.budget == *b).or(unbudgeted);
+                let v =
+                    r.and_then(|r| crate::paired::paired(r.per_item.get(metric)?, base)).map_or(String::new(), |d| {
+                        let star = if d.significant() { " *" } else { "" };
+                        format!("{:+.4} [{:+.4}, {:+.4}]{star}", d.diff, d.lo, d.hi)
+                    });
+                out.push_str(&format!(" {v} |"));
+            }
+            out.push('\n');
+        }
+        out.push_str("\n`*`: the interval excludes 0 (significant at 5%).\n");
+    }
 }
 
 /// Writes `results.csv` and `results.md` into `dir`.
@@ -489,5 +558,28 @@ mod tests {
         assert_eq!(num(f64::NAN), "");
         assert_eq!(cell(0.51234), "0.5123");
         assert_eq!(cell(12.345), "12.35");
+    }
+
+    #[test]
+    fn markdown_shows_stderr_and_paired_differences_against_full() {
+        let row = |policy: &str, budget: &str, acc: &[f64]| {
+            let mut r = ResultRow::new("m", policy, budget, "mc:x")
+                .metric("acc", acc.iter().sum::<f64>() / acc.len() as f64)
+                .metric("acc_stderr", 0.05);
+            r.per_item.insert("acc".into(), acc.to_vec());
+            r
+        };
+        let full: Vec<f64> = (0..40).map(|i| f64::from(u8::from(i % 2 == 0))).collect();
+        // h2o 20% loses 8 of full's correct items: significant; window loses one, gains one: not
+        let mut worse = full.clone();
+        (0..16).step_by(2).for_each(|i| worse[i] = 0.0);
+        let mut same = full.clone();
+        (same[0], same[1]) = (0.0, 1.0);
+        let md = to_markdown(&[row("full", "-", &full), row("h2o", "20%", &worse), row("window", "20%", &same)]);
+        assert!(md.contains("| full | 0.5000 ± 0.0500 |"), "{md}");
+        assert!(md.contains("## mc:x — acc − full, paired 95% CI (m, 40 items)"), "{md}");
+        let line = |p: &str| md.lines().filter(|l| l.starts_with(&format!("| {p} |"))).last().unwrap().to_string();
+        assert!(line("h2o").starts_with("| h2o | -0.2000 [") && line("h2o").ends_with("* |"), "{md}");
+        assert!(line("window").starts_with("| window | +0.0000 [") && !line("window").contains('*'), "{md}");
     }
 }
