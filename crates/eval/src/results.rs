@@ -578,7 +578,7 @@ mod tests {
         let md = to_markdown(&[row("full", "-", &full), row("h2o", "20%", &worse), row("window", "20%", &same)]);
         assert!(md.contains("| full | 0.5000 ± 0.0500 |"), "{md}");
         assert!(md.contains("## mc:x — acc − full, paired 95% CI (m, 40 items)"), "{md}");
-        let line = |p: &str| md.lines().filter(|l| l.starts_with(&format!("| {p} |"))).last().unwrap().to_string();
+        let line = |p: &str| md.lines().rfind(|l| l.starts_with(&format!("| {p} |"))).unwrap().to_string();
         assert!(line("h2o").starts_with("| h2o | -0.2000 [") && line("h2o").ends_with("* |"), "{md}");
         assert!(line("window").starts_with("| window | +0.0000 [") && !line("window").contains('*'), "{md}");
     }
