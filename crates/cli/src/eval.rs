@@ -26,7 +26,10 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "100%,40%,20%,10%,5%")]
     budgets: Vec<String>,
     /// Tasks separated by `;`: `ppl:FILE[,seq_len=N]`, `mc:FILE`,
-    /// `hellaswag:FILE`, `gen:FILE[,max_tokens=N]`, `passkey[:lengths=…,depths=…]`,
+    /// `hellaswag:FILE`, `gen:FILE[,max_tokens=N]`, and the RULER-style
+    /// long-context tasks made locally from a seed, `passkey`, `niah_single`,
+    /// `niah_multikey`, `niah_multivalue`, `vt` (variable tracking), `cwe`
+    /// (common words), each `[:lengths=…,depths=…,per_cell=N,seed=S,max_tokens=N]`,
     /// each with optional `,limit=N`.
     #[arg(long, required = true)]
     tasks: Option<String>,

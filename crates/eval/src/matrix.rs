@@ -36,8 +36,10 @@
 //!   identical-prefix fraction of the limit), `agree_frac` (positional
 //!   agreement), `identical` (share of prompts with the same output).
 //!   Budgets resolve against each prompt.
-//! * `passkey` — greedy answer after each prompt; `acc` = share containing
-//!   the key, plus `acc_len{L}` and `acc_depth{D}` breakdowns.
+//! * RULER tasks (`passkey`, `niah_*`, `vt`, `cwe`; [`crate::tasks::ruler`])
+//!   — greedy answer after each prompt; `acc` = share of items whose output
+//!   holds every expected answer (with `acc_stderr`), `recall` = mean share
+//!   of answers found, plus `acc_len{L}` and `acc_depth{D}` breakdowns.
 //!
 //! Timings: `wall` seconds for the cell, `per_item` and `items_per_s`; `gen` cells add
 //! `ttft` (prompt prefill and first token) and `tpot` (seconds per later
@@ -45,11 +47,11 @@
 
 use crate::budget::{BudgetedPolicy, PolicySource};
 use crate::forked::score_items;
-use crate::metrics::{first_divergence, identical_prefix_fraction, passkey_hit, positional_agreement};
+use crate::metrics::{first_divergence, identical_prefix_fraction, positional_agreement};
 use crate::results::{write_summaries, CellKey, ResultRow, ResultsLog};
 use crate::score::{encode_item, score_choices, Choice, McTally, ScoreMode, Scoring};
 use crate::shard::{config_fingerprint, Shard, ShardManifest};
-use crate::tasks::{passkey_items, TaskData, TaskKind, TaskSpec};
+use crate::tasks::{answers_found, ruler_items, TaskData, TaskKind, TaskSpec};
 use crate::{EvalError, Result};
 use kvslim_engine::{generate, perplexity, GenerateOptions, PerplexityOptions, SamplingParams};
 use kvslim_models::{Model, Tokenizer};
@@ -131,8 +133,12 @@ pub enum MatrixEvent<'a> {
 enum Prepared {
     Mc(Vec<(Vec<u32>, Vec<Choice>, usize)>),
     Ppl(Vec<Vec<u32>>),
-    Gen { prompts: Vec<(Vec<u32>, usize)>, reference: Option<Vec<Vec<u32>>> },
-    Passkey(Vec<(Vec<u32>, String, usize, f64)>, usize),
+    Gen {
+        prompts: Vec<(Vec<u32>, usize)>,
+        reference: Option<Vec<Vec<u32>>>,
+    },
+    /// Prompt ids, expected answers, target length, depth; max new tokens.
+    Ruler(Vec<(Vec<u32>, Vec<String>, usize, f64)>, usize),
 }
 
 impl Prepared {
@@ -141,7 +147,7 @@ impl Prepared {
             Prepared::Mc(v) => v.len(),
             Prepared::Ppl(v) => v.len(),
             Prepared::Gen { prompts, .. } => prompts.len(),
-            Prepared::Passkey(v, _) => v.len(),
+            Prepared::Ruler(v, _) => v.len(),
         }
     }
 }
@@ -179,19 +185,20 @@ fn prepare(model: &Model, tok: &Tokenizer, task: &TaskSpec) -> Result<Prepared> 
             }
             Prepared::Gen { prompts: out, reference: None }
         }
-        (TaskData::Passkey(cfg), TaskKind::Passkey { max_tokens, .. }) => {
+        (TaskData::Ruler(cfg), TaskKind::Ruler { max_tokens, .. }) => {
             if let Some(&l) = cfg.lengths.iter().find(|&&l| l >= ctx) {
                 return Err(EvalError::Request(format!(
-                    "passkey length {l} does not fit the model's context of {ctx} tokens"
+                    "{} length {l} does not fit the model's context of {ctx} tokens",
+                    cfg.task.name()
                 )));
             }
             let count = |s: &str| tok.encode(s).map_or(usize::MAX, |v| v.len());
-            let items = passkey_items(&cfg, &count);
+            let items = ruler_items(&cfg, &count);
             let mut out = Vec::new();
             for it in items.into_iter().take(limit) {
-                out.push((tok.encode(&it.prompt)?, it.key, it.target_len, it.depth));
+                out.push((tok.encode(&it.prompt)?, it.answers, it.target_len, it.depth));
             }
-            Prepared::Passkey(out, *max_tokens)
+            Prepared::Ruler(out, *max_tokens)
         }
         (d, k) => unreachable!("task data {d:?} for {k:?}"),
     })
@@ -420,29 +427,38 @@ fn run_cell(
             m.insert("agree_frac".into(), agree / k);
             m.insert("identical".into(), same as f64 / k);
         }
-        Prepared::Passkey(items, max_tokens) => {
-            let hits = par_blocks(
+        Prepared::Ruler(items, max_tokens) => {
+            let found = par_blocks(
                 items.len(),
                 |i| {
-                    let (ids, key, _, _) = &items[i];
+                    let (ids, answers, _, _) = &items[i];
                     let g = generate(model, ids, &greedy(policy.spec_for(ids.len())?, *max_tokens, tok), |_| true)?;
-                    Ok((passkey_hit(&tok.decode(&g.token_ids)?, key), g.kv_bytes))
+                    Ok((answers_found(&tok.decode(&g.token_ids)?, answers), g.kv_bytes))
                 },
                 |d| report(d, total),
             )?;
+            // an item counts when every expected answer is in the output
             let mut by: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-            for ((hit, b), (_, _, len, depth)) in hits.iter().zip(items.iter()) {
+            let (mut recall, mut hits) = (0.0, Vec::with_capacity(items.len()));
+            for ((n_found, b), (_, answers, len, depth)) in found.iter().zip(items.iter()) {
                 kv = kv.max(b.kv);
                 meta = meta.max(b.metadata);
+                let hit = *n_found == answers.len();
+                recall += *n_found as f64 / answers.len().max(1) as f64;
+                hits.push(f64::from(u8::from(hit)));
                 for k in ["acc".to_string(), format!("acc_len{len}"), format!("acc_depth{depth}")] {
                     let e = by.entry(k).or_default();
-                    e.0 += usize::from(*hit);
+                    e.0 += usize::from(hit);
                     e.1 += 1;
                 }
             }
             for (k, (h, n)) in by {
                 m.insert(k, h as f64 / n.max(1) as f64);
             }
+            m.insert("recall".into(), recall / items.len().max(1) as f64);
+            let (n, acc) = (hits.len().max(1) as f64, m.get("acc").copied().unwrap_or(0.0));
+            m.insert("acc_stderr".into(), (acc * (1.0 - acc) / (n - 1.0).max(1.0)).sqrt());
+            row.per_item.insert("acc".into(), hits);
         }
     }
     row.items = total;

@@ -108,16 +108,6 @@ pub fn positional_agreement(reference: &[u32], other: &[u32], n: usize) -> f64 {
         / n as f64
 }
 
-/// Whether generated text contains the key (digits kept together: `12345`
-/// inside `123456` does not count).
-pub fn passkey_hit(generated: &str, key: &str) -> bool {
-    generated.match_indices(key).any(|(i, _)| {
-        let before = generated[..i].chars().next_back();
-        let after = generated[i + key.len()..].chars().next();
-        !before.is_some_and(|c| c.is_ascii_digit()) && !after.is_some_and(|c| c.is_ascii_digit())
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,14 +147,5 @@ mod tests {
         assert_eq!(identical_prefix_fraction(&[1, 2, 3, 4], &[1, 2, 3, 4], 2), 1.0);
         assert_eq!(positional_agreement(&[1, 2, 3, 4], &[1, 2, 9, 4], 4), 0.75);
         assert_eq!(positional_agreement(&[1, 2, 3, 4], &[1, 2], 4), 0.5);
-    }
-
-    #[test]
-    fn passkey_hits() {
-        assert!(passkey_hit(" 48213. Remember", "48213"));
-        assert!(passkey_hit("48213", "48213"));
-        assert!(!passkey_hit(" 482130", "48213"));
-        assert!(!passkey_hit(" 4821", "48213"));
-        assert!(passkey_hit("1 48213 2", "48213"));
     }
 }

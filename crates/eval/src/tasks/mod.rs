@@ -5,7 +5,9 @@
 //! mc:FILE[,delim=TEXT]              {"query","choices","gold"} jsonl
 //! hellaswag:FILE                    llama.cpp's 6-line HellaSwag, plain or .bz2
 //! gen:FILE[,max_tokens=N]           prompts, one per line or jsonl {"prompt"} (default N = 128)
-//! passkey[:lengths=A,B,..][,depths=X,Y,..][,per_cell=N][,seed=S][,max_tokens=N]
+//! RULER[:lengths=A,B,..][,depths=X,Y,..][,per_cell=N][,seed=S][,max_tokens=N]
+//!                                   RULER: passkey, niah_single, niah_multikey,
+//!                                   niah_multivalue, vt, cwe (see [`ruler`])
 //! FILE                              kind from the extension: .jsonl → mc,
 //!                                   .bz2 → hellaswag, .raw/.txt/.tokens → ppl
 //! ```
@@ -17,11 +19,11 @@
 //! `\\` are escapes and `\s` is a space (`delim=\nAnswer:\s`).
 
 pub mod mc;
-pub mod passkey;
+pub mod ruler;
 pub mod text;
 
 pub use mc::{load_hellaswag, load_mc_jsonl, McItem};
-pub use passkey::{passkey_items, PasskeyConfig, PasskeyItem};
+pub use ruler::{answers_found, ruler_items, RulerConfig, RulerItem, RulerTask};
 pub use text::{load_gen_prompts, load_ppl_text, token_windows, GenPrompt, PplText};
 
 use crate::{EvalError, Result};
@@ -55,7 +57,7 @@ pub enum TaskKind {
     Mc { path: PathBuf, delimiter: Option<String> },
     HellaSwag { path: PathBuf },
     Gen { path: PathBuf, max_tokens: usize },
-    Passkey { config: PasskeyConfig, max_tokens: usize },
+    Ruler { config: RulerConfig, max_tokens: usize },
 }
 
 /// A parsed task spec (see the module docs for the grammar).
@@ -73,16 +75,13 @@ pub enum TaskData {
     Ppl(PplText),
     Mc(Vec<McItem>),
     Gen(Vec<GenPrompt>),
-    /// Items are made with the model's tokenizer ([`passkey_items`]).
-    Passkey(PasskeyConfig),
+    /// Items are made with the model's tokenizer ([`ruler_items`]).
+    Ruler(RulerConfig),
 }
 
 pub const DEFAULT_SEQ_LEN: usize = 512;
 pub const DEFAULT_GEN_TOKENS: usize = 128;
-/// Enough for a 5-digit key even when every digit is its own token.
-pub const DEFAULT_PASSKEY_TOKENS: usize = 10;
-
-const KINDS: &str = "ppl, mc, hellaswag, gen, passkey";
+const KINDS: &str = "ppl, mc, hellaswag, gen, passkey, niah_single, niah_multikey, niah_multivalue, vt, cwe";
 
 /// Splits `k=v` options, folding bare values into the previous key's list.
 fn options<'a>(parts: impl Iterator<Item = &'a str>) -> std::result::Result<Vec<(&'a str, Vec<&'a str>)>, String> {
@@ -154,16 +153,20 @@ impl TaskSpec {
         if spec.is_empty() {
             return Err(format!("empty task; known kinds: {KINDS}, or a file path"));
         }
+        // a RULER task has no file: `vt`, `vt:lengths=…`, `vt,limit=2`
+        let ruler_name = |k: &str| RulerTask::from_name(k.trim()).map(RulerTask::name);
+        let head = spec.split([':', ',']).next().unwrap_or_default();
         let (kind, rest) = match spec.split_once(':') {
-            Some((k, r)) if ["ppl", "mc", "hellaswag", "gen", "passkey"].contains(&k.trim()) => (k.trim(), r),
-            _ if spec == "passkey" || spec.starts_with("passkey,") => {
-                ("passkey", spec["passkey".len()..].trim_start_matches(','))
+            Some((k, r)) if ["ppl", "mc", "hellaswag", "gen"].contains(&k.trim()) => (k.trim(), r),
+            _ if ruler_name(head).is_some() => {
+                (ruler_name(head).unwrap_or_default(), spec[head.len()..].trim_start_matches([':', ',']))
             }
             _ => ("", spec),
         };
+        let is_ruler = RulerTask::from_name(kind).is_some();
         let mut parts = rest.split(',');
-        let path = if kind == "passkey" { None } else { parts.next().map(str::trim).filter(|p| !p.is_empty()) };
-        if kind != "passkey" && path.is_none() {
+        let path = if is_ruler { None } else { parts.next().map(str::trim).filter(|p| !p.is_empty()) };
+        if !is_ruler && path.is_none() {
             return Err(format!("`{}` needs a file: {kind}:FILE", if kind.is_empty() { "task" } else { kind }));
         }
         let kind = if kind.is_empty() {
@@ -190,8 +193,9 @@ impl TaskSpec {
         let path = PathBuf::from(path.unwrap_or_default());
         let mut seq_len = DEFAULT_SEQ_LEN;
         let mut delimiter = None;
-        let mut max_tokens = if kind == "passkey" { DEFAULT_PASSKEY_TOKENS } else { DEFAULT_GEN_TOKENS };
-        let mut pk = PasskeyConfig::default();
+        let ruler = RulerTask::from_name(kind);
+        let mut max_tokens = ruler.map_or(DEFAULT_GEN_TOKENS, RulerTask::default_max_tokens);
+        let mut pk = RulerConfig::new(ruler.unwrap_or(RulerTask::Passkey));
         for (k, vals) in options(parts)? {
             match (kind, k) {
                 (_, "limit") => {
@@ -208,31 +212,31 @@ impl TaskSpec {
                     }
                 }
                 ("mc", "delim") => delimiter = Some(unescape(single(k, &vals)?)),
-                ("gen" | "passkey", "max_tokens") => {
+                (_, "max_tokens") if kind == "gen" || ruler.is_some() => {
                     max_tokens = number(k, &vals)?;
                     if max_tokens == 0 {
                         return Err("max_tokens must be ≥ 1".into());
                     }
                 }
-                ("passkey", "lengths") => {
+                (_, "lengths") if ruler.is_some() => {
                     pk.lengths = vals.iter().map(|v| number("lengths", &[v])).collect::<std::result::Result<_, _>>()?;
                     if pk.lengths.contains(&0) {
                         return Err("lengths must be ≥ 1".into());
                     }
                 }
-                ("passkey", "depths") => {
+                (_, "depths") if ruler.is_some() => {
                     pk.depths = vals.iter().map(|v| number("depths", &[v])).collect::<std::result::Result<_, _>>()?;
                     if let Some(d) = pk.depths.iter().find(|d: &&f64| !(0.0..=1.0).contains(*d)) {
                         return Err(format!("depth {d} is outside [0, 1]"));
                     }
                 }
-                ("passkey", "per_cell") => {
+                (_, "per_cell") if ruler.is_some() => {
                     pk.per_cell = number(k, &vals)?;
                     if pk.per_cell == 0 {
                         return Err("per_cell must be ≥ 1".into());
                     }
                 }
-                ("passkey", "seed") => pk.seed = number(k, &vals)?,
+                (_, "seed") if ruler.is_some() => pk.seed = number(k, &vals)?,
                 _ => {
                     let allowed = match kind {
                         "ppl" => "seq_len, limit",
@@ -250,7 +254,7 @@ impl TaskSpec {
             "mc" => TaskKind::Mc { path, delimiter },
             "hellaswag" => TaskKind::HellaSwag { path },
             "gen" => TaskKind::Gen { path, max_tokens },
-            _ => TaskKind::Passkey { config: pk, max_tokens },
+            _ => TaskKind::Ruler { config: pk, max_tokens },
         };
         Ok(TaskSpec { kind, limit })
     }
@@ -262,18 +266,19 @@ impl TaskSpec {
             | TaskKind::Mc { path, .. }
             | TaskKind::HellaSwag { path }
             | TaskKind::Gen { path, .. } => Some(path),
-            TaskKind::Passkey { .. } => None,
+            TaskKind::Ruler { .. } => None,
         }
     }
 
-    /// A short kind name: `ppl`, `mc`, `hellaswag`, `gen`, `passkey`.
+    /// A short kind name: `ppl`, `mc`, `hellaswag`, `gen`, or the RULER
+    /// task (`passkey`, `niah_single`, …).
     pub fn kind_name(&self) -> &'static str {
-        match self.kind {
+        match &self.kind {
             TaskKind::Ppl { .. } => "ppl",
             TaskKind::Mc { .. } => "mc",
             TaskKind::HellaSwag { .. } => "hellaswag",
             TaskKind::Gen { .. } => "gen",
-            TaskKind::Passkey { .. } => "passkey",
+            TaskKind::Ruler { config, .. } => config.task.name(),
         }
     }
 
@@ -314,8 +319,8 @@ impl TaskSpec {
                 }
                 s
             }
-            TaskKind::Passkey { config, max_tokens } => {
-                let d = PasskeyConfig::default();
+            TaskKind::Ruler { config, max_tokens } => {
+                let d = RulerConfig::new(config.task);
                 let mut opts = Vec::new();
                 if config.lengths != d.lengths {
                     let v: Vec<String> = config.lengths.iter().map(|l| l.to_string()).collect();
@@ -331,13 +336,13 @@ impl TaskSpec {
                 if config.seed != d.seed {
                     opts.push(format!("seed={}", config.seed));
                 }
-                if *max_tokens != DEFAULT_PASSKEY_TOKENS {
+                if *max_tokens != config.task.default_max_tokens() {
                     opts.push(format!("max_tokens={max_tokens}"));
                 }
                 if opts.is_empty() {
-                    "passkey".to_string()
+                    config.task.name().to_string()
                 } else {
-                    format!("passkey:{}", opts.join(","))
+                    format!("{}:{}", config.task.name(), opts.join(","))
                 }
             }
         };
@@ -347,7 +352,7 @@ impl TaskSpec {
         s
     }
 
-    /// Reads the task's file (nothing for `passkey`) and applies `limit`
+    /// Reads the task's file (nothing for a RULER task) and applies `limit`
     /// where items are known without a tokenizer.
     pub fn load(&self) -> Result<TaskData> {
         let lim = |n: usize| self.limit.unwrap_or(usize::MAX).min(n);
@@ -368,7 +373,7 @@ impl TaskSpec {
                 v.truncate(lim(v.len()));
                 TaskData::Gen(v)
             }
-            TaskKind::Passkey { config, .. } => TaskData::Passkey(config.clone()),
+            TaskKind::Ruler { config, .. } => TaskData::Ruler(config.clone()),
         })
     }
 }
@@ -402,13 +407,17 @@ mod tests {
             "gen:prompts.txt,max_tokens=64",
             "passkey",
             "passkey:lengths=128,256,depths=0,0.5,1,per_cell=3,seed=9,max_tokens=12",
+            "niah_multikey:lengths=1024,2048",
+            "vt:depths=0.5,max_tokens=20",
+            "cwe",
         ] {
             let t = TaskSpec::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
             assert_eq!(TaskSpec::parse(&t.to_string()).unwrap(), t, "{s} → {t}");
         }
         let t = TaskSpec::parse("passkey:lengths=128,256,depths=0,0.5,1").unwrap();
         match &t.kind {
-            TaskKind::Passkey { config, .. } => {
+            TaskKind::Ruler { config, .. } => {
+                assert_eq!(config.task, RulerTask::Passkey);
                 assert_eq!(config.lengths, [128, 256]);
                 assert_eq!(config.depths, [0.0, 0.5, 1.0]);
             }
@@ -443,6 +452,7 @@ mod tests {
             ("passkey:depths=0,1.5", "depth 1.5 is outside [0, 1]"),
             ("passkey:lengths=0", "lengths must be ≥ 1"),
             ("passkey:foo", "`foo` is not key=value"),
+            ("vt:delim=x", "unknown option `delim` for `vt`"),
             ("gen:p.txt,max_tokens=1,2", "takes one value"),
         ];
         for (spec, want) in cases {
