@@ -119,6 +119,43 @@ pub fn charts(rows: &[ResultRow]) -> Vec<(String, Chart)> {
                 out.push((format!("{}__{}__{name}", slug(task), slug(model)), chart));
             }
         }
+        out.extend(breakdown_charts(task, model, &g));
+    }
+    out
+}
+
+/// Long-context tasks: accuracy against the prompt length (`acc_len{L}`,
+/// log x) and against the needle depth (`acc_depth{D}`), one line per
+/// policy and budget.
+fn breakdown_charts(task: &str, model: &str, g: &[&ResultRow]) -> Vec<(String, Chart)> {
+    let mut out = Vec::new();
+    for (prefix, x_label, log, name) in [
+        ("acc_len", "prompt length (tokens)", true, "acc_by_length"),
+        ("acc_depth", "needle depth (0 = start, 1 = end)", false, "acc_by_depth"),
+    ] {
+        let mut chart = Chart::new(format!("{task} - accuracy by {}", if log { "length" } else { "depth" }))
+            .x_label(x_label)
+            .y_label(format!("acc ({model})"))
+            .log_x(log);
+        let mut any = false;
+        for r in g {
+            let mut pts: Vec<(f64, f64)> = r
+                .metrics
+                .iter()
+                .filter_map(|(k, &v)| Some((k.strip_prefix(prefix)?.parse::<f64>().ok()?, v)))
+                .collect();
+            // one depth (or length) says nothing about the trend
+            if pts.len() < 2 {
+                continue;
+            }
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let label = if r.budget == "-" { r.policy_label() } else { format!("{} {}", r.policy_label(), r.budget) };
+            chart = chart.series(label, pts);
+            any = true;
+        }
+        if any {
+            out.push((format!("{}__{}__{name}", slug(task), slug(model)), chart));
+        }
     }
     out
 }
@@ -168,5 +205,25 @@ mod tests {
         assert_eq!(s[1], ("h2o", &vec![(5.0, 0.4), (20.0, 0.5), (100.0, 0.6)]));
         assert_eq!(s[2], ("window", &vec![(20.0, 0.3)]));
         assert!(charts(&[row("full", "-", 0.6)]).is_empty());
+    }
+
+    #[test]
+    fn long_context_rows_get_accuracy_by_length_and_depth() {
+        let ruler = |policy: &str, budget: &str, accs: [f64; 2]| {
+            ResultRow::new("m", policy, budget, "niah_single")
+                .metric("acc", (accs[0] + accs[1]) / 2.0)
+                .metric("acc_len1024", accs[0])
+                .metric("acc_len4096", accs[1])
+                .metric("acc_depth0.5", accs[0])
+        };
+        let c = charts(&[ruler("full", "-", [1.0, 0.5]), ruler("h2o", "20%", [0.5, 0.0])]);
+        let by_len = &c.iter().find(|(n, _)| n.ends_with("acc_by_length")).expect("length chart").1;
+        let s: Vec<(&str, &Vec<(f64, f64)>)> = by_len.series.iter().map(|s| (s.name.as_str(), &s.points)).collect();
+        assert_eq!(
+            s,
+            [("full", &vec![(1024.0, 1.0), (4096.0, 0.5)]), ("h2o 20%", &vec![(1024.0, 0.5), (4096.0, 0.0)])]
+        );
+        // a single depth draws no depth chart
+        assert!(!c.iter().any(|(n, _)| n.ends_with("acc_by_depth")));
     }
 }
