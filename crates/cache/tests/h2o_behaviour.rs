@@ -14,6 +14,7 @@ fn h2o(heavy: usize, recent: usize, agg: ScoreAgg) -> TokenEviction {
         rule: VictimRule::LowestScore,
         agg: Some(agg),
         prefill_chunk: None,
+        observation: None,
     })
 }
 

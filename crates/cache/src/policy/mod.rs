@@ -22,7 +22,7 @@ pub use follow::{FollowDecisions, KeptSets, SharedKeptSets};
 pub use score::ScoreRule;
 pub use sliding::SlidingWindowLayers;
 pub use spec::{Budget, PolicySpec, PolicySpecError, TokenPolicySpec};
-pub use token::{EvictionConfig, EvictionEvent, EvictionUnit, PageScore, TokenEviction, VictimRule};
+pub use token::{EvictionConfig, EvictionEvent, EvictionUnit, Observation, PageScore, TokenEviction, VictimRule};
 
 use crate::store::HeadSlots;
 
@@ -166,6 +166,11 @@ pub trait CachePolicy: Send {
 
     /// Streaming prefill: the prompt is fed in chunks of this many tokens.
     fn prefill_chunk(&self) -> Option<usize> {
+        None
+    }
+
+    /// SnapKV prefill scoring (an observation window of the last queries).
+    fn observation(&self) -> Option<token::Observation> {
         None
     }
 

@@ -83,6 +83,10 @@ impl CachePolicy for SlidingWindowLayers {
         self.inner.prefill_chunk()
     }
 
+    fn observation(&self) -> Option<super::token::Observation> {
+        self.inner.observation()
+    }
+
     fn after_decode_step(
         &mut self,
         layer: usize,

@@ -7,7 +7,7 @@
 //! sink:sink=S,recent=N                 StreamingLLM: first S positions + window
 //! heavy:heavy=N[,score=R]              heavy hitters only, no window
 //! random:budget=N[,recent=R][,seed=S]  seeded random victims, window protected
-//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C][,score=R]
+//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]][,score=R]
 //! ```
 //!
 //! `score=R` picks the score family the heavy hitters are ranked by (see
@@ -49,7 +49,7 @@
 //! and never per request or per sequence.
 
 use super::chai::{HeadSharingSpec, PlanError, RepRule};
-use super::token::{EvictionConfig, EvictionUnit, PageScore, TokenEviction, VictimRule};
+use super::token::{EvictionConfig, EvictionUnit, Observation, PageScore, TokenEviction, VictimRule};
 use super::{CachePolicy, FullCache, ScoreAgg, ScoreRule};
 use crate::store::StoreLayout;
 use kvslim_kernels::kvquant::KvDtype;
@@ -112,6 +112,10 @@ pub enum PrefillMode {
     Full,
     /// Chunks of C tokens, eviction after each chunk.
     Stream(usize),
+    /// SnapKV: one chunk; only the last `window` prompt queries score the
+    /// prompt's tokens (an observation window), the scores max-pooled over
+    /// `pool` neighbouring positions, then keep recent + top heavy.
+    Snap { window: usize, pool: usize },
 }
 
 /// Token-eviction part of a policy.
@@ -354,18 +358,39 @@ pub(super) static FAMILIES: &[Family] = &[
             };
             let prefill = match p.take("prefill") {
                 None | Some("full") => PrefillMode::Full,
-                Some(s) => match s.strip_prefix("stream:").map(str::parse::<usize>) {
-                    Some(Ok(c)) if c > 0 => PrefillMode::Stream(c),
-                    _ => return Err(format!("prefill: `{s}` is not `full` or `stream:C` with C ≥ 1")),
-                },
+                Some(s) => parse_prefill(s)?,
             };
             if heavy.is_zero() && recent.is_zero() {
                 return Err("h2o needs heavy + recent ≥ 1".into());
             }
-            Ok(TokenPolicySpec::H2o { heavy, recent, agg, prefill, sink, score: p.score()? })
+            let score = p.score()?;
+            if matches!(prefill, PrefillMode::Snap { .. }) && !score.column_summable() {
+                return Err(format!("prefill=snap sums the observation window's attention; it needs score=sum or score=norm, not score={score}"));
+            }
+            Ok(TokenPolicySpec::H2o { heavy, recent, agg, prefill, sink, score })
         },
     },
 ];
+
+/// `stream:C` or `snap:W[:K]` (K odd, default 7: SnapKV's pooling kernel).
+fn parse_prefill(s: &str) -> Result<PrefillMode, String> {
+    let bad = || format!("prefill: `{s}` is not `full`, `stream:C` (C ≥ 1) or `snap:W[:K]` (W ≥ 1, K odd)");
+    if let Some(c) = s.strip_prefix("stream:") {
+        return match c.parse::<usize>() {
+            Ok(c) if c > 0 => Ok(PrefillMode::Stream(c)),
+            _ => Err(bad()),
+        };
+    }
+    let rest = s.strip_prefix("snap:").ok_or_else(bad)?;
+    let (w, k) = match rest.split_once(':') {
+        Some((w, k)) => (w.parse::<usize>().map_err(|_| bad())?, k.parse::<usize>().map_err(|_| bad())?),
+        None => (rest.parse::<usize>().map_err(|_| bad())?, 7),
+    };
+    if w == 0 || k % 2 == 0 {
+        return Err(bad());
+    }
+    Ok(PrefillMode::Snap { window: w, pool: k })
+}
 
 fn nonzero(b: Budget, why: &str) -> Result<(), String> {
     if b.is_zero() {
@@ -466,8 +491,12 @@ impl Evict {
             rule: self.rule,
             agg: self.agg,
             prefill_chunk: match self.prefill {
-                PrefillMode::Full => None,
                 PrefillMode::Stream(c) => Some(c),
+                _ => None,
+            },
+            observation: match self.prefill {
+                PrefillMode::Snap { window, pool } => Some(Observation { window, pool }),
+                _ => None,
             },
         }
     }
@@ -511,8 +540,10 @@ impl TokenPolicySpec {
                 if agg == ScoreAgg::Max {
                     shown.push(("agg", "max".into()));
                 }
-                if let PrefillMode::Stream(c) = prefill {
-                    shown.push(("prefill", format!("stream:{c}")));
+                match prefill {
+                    PrefillMode::Stream(c) => shown.push(("prefill", format!("stream:{c}"))),
+                    PrefillMode::Snap { window, pool } => shown.push(("prefill", format!("snap:{window}:{pool}"))),
+                    PrefillMode::Full => {}
                 }
                 (
                     "h2o",
@@ -831,6 +862,8 @@ mod tests {
             "random:budget=64,recent=16,seed=7",
             "h2o:heavy=32,recent=32",
             "h2o:heavy=10%,recent=10%,agg=max,prefill=stream:16",
+            "h2o:heavy=10%,recent=10%,prefill=snap:32:7",
+            "h2o:heavy=8,recent=8,prefill=snap:16:1,score=norm",
             "full:page=16,kv_dtype=q8",
             "h2o:heavy=32,recent=32,page=8,compact=64,kv_dtype=q4",
             "random:budget=64,recent=16,seed=7,page=16,page_score=topm:4",
@@ -870,6 +903,9 @@ mod tests {
             ("h2o:heavy=32,recent=0%", "must be in (0, 100]"),
             ("h2o:heavy=1,recent=1,agg=mean", "agg"),
             ("h2o:heavy=1,recent=1,prefill=stream:0", "prefill"),
+            ("h2o:heavy=1,recent=1,prefill=snap:0", "snap:W[:K]"),
+            ("h2o:heavy=1,recent=1,prefill=snap:8:4", "K odd"),
+            ("h2o:heavy=1,recent=1,prefill=snap:8,score=tova", "needs score=sum or score=norm"),
             ("h2o:heavy=1,heavy=2,recent=1", "given twice"),
             ("h2o:heavy=0,recent=0", "≥ 1"),
             ("random:budget=8,recent=8", "smaller than budget"),

@@ -113,6 +113,7 @@ pub struct TokenEviction {
     /// How attention becomes scores and scores rank victims.
     score: ScoreRule,
     prefill_chunk: Option<usize>,
+    observation: Option<Observation>,
     rngs: HashMap<(usize, usize), SplitMix64>,
     /// Record events for steps that are multiples of this (0 = off).
     trace_every: u32,
@@ -155,12 +156,25 @@ pub struct EvictionConfig {
     pub agg: Option<ScoreAgg>,
     /// Streaming prefill in chunks of this many tokens (`None`: one chunk).
     pub prefill_chunk: Option<usize>,
+    /// SnapKV prefill: only an observation window of the last prompt
+    /// queries scores the prompt (`None`: every query does).
+    pub observation: Option<Observation>,
+}
+
+/// SnapKV's prefill scoring: the attention of the last `window` queries of
+/// a prefill chunk, summed per candidate, then max-pooled over `pool`
+/// neighbouring positions (so a kept token keeps its neighbours' chance).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Observation {
+    pub window: usize,
+    /// Odd kernel width; 1 = no pooling.
+    pub pool: usize,
 }
 
 impl TokenEviction {
     /// A policy keeping what `config` says; see [`EvictionConfig`].
     pub fn new(config: EvictionConfig) -> Self {
-        let EvictionConfig { name, budget, recent, sinks, rule, agg, prefill_chunk } = config;
+        let EvictionConfig { name, budget, recent, sinks, rule, agg, prefill_chunk, observation } = config;
         assert!(budget >= 1, "budget must be at least one slot");
         TokenEviction {
             name,
@@ -171,6 +185,7 @@ impl TokenEviction {
             agg,
             score: ScoreRule::Sum,
             prefill_chunk,
+            observation,
             rngs: HashMap::new(),
             trace_every: 0,
             events: Vec::new(),
@@ -359,6 +374,10 @@ impl CachePolicy for TokenEviction {
         self.prefill_chunk
     }
 
+    fn observation(&self) -> Option<Observation> {
+        self.observation
+    }
+
     fn after_decode_step(
         &mut self,
         layer: usize,
@@ -467,6 +486,7 @@ mod tests {
             rule: VictimRule::LowestScore,
             agg: Some(ScoreAgg::Sum),
             prefill_chunk: None,
+            observation: None,
         });
         let mut slots = HeadSlots::new(1, 7);
         for (p, s) in [(1, 2.4), (3, 1.7), (5, 1.2), (8, 0.3), (9, 0.2), (10, 0.0)] {
@@ -504,6 +524,7 @@ mod tests {
             rule: VictimRule::LowestScore,
             agg: Some(ScoreAgg::Sum),
             prefill_chunk: None,
+            observation: None,
         });
         let mut slots = HeadSlots::new(1, 3);
         for p in [4, 2, 7] {
@@ -525,6 +546,7 @@ mod tests {
             rule: VictimRule::Oldest,
             agg: None,
             prefill_chunk: None,
+            observation: None,
         });
         let mut slots = HeadSlots::new(1, 5);
         for t in 0..20u32 {

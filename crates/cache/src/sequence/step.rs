@@ -5,7 +5,7 @@
 
 use super::SequenceCache;
 use crate::error::CacheError;
-use crate::policy::{PolicySlots, ScoreAgg, ScoreRule};
+use crate::policy::{Observation, PolicySlots, ScoreAgg, ScoreRule};
 
 impl SequenceCache {
     /// Appends one token's keys and values at `pos` to every KV head of
@@ -118,6 +118,7 @@ impl SequenceCache {
             (0..n).for_each(|t| cv.extend_from_slice(&values[t * kvd + kv * d..t * kvd + (kv + 1) * d]));
         }
         cand.scoring = self.score_aggregation().map(|a| (a, self.score_rule()));
+        cand.observation = self.policy.observation().filter(|_| cand.scoring.is_some());
         cand.columns.clear();
         cand.value_norms.clear();
         match cand.scoring {
@@ -148,6 +149,9 @@ impl SequenceCache {
         let lh = self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense);
         let comp = &lh.components[component];
         if !cand.columns.is_empty() {
+            if let Some(o) = cand.observation {
+                cand.pool_columns(o.pool);
+            }
             cand.scores.iter_mut().zip(&cand.columns).for_each(|(sc, p)| *sc += p);
             cand.columns.clear();
         }
@@ -192,6 +196,11 @@ pub struct PrefillCandidates {
     columns: Vec<f32>,
     /// ‖v‖ of the leader's candidates, for rules that weight by it.
     value_norms: Vec<f32>,
+    /// SnapKV: only the chunk's last queries score, their sums max-pooled.
+    observation: Option<Observation>,
+    /// Pooling workspace: candidate indices by position, pooled sums.
+    by_position: Vec<usize>,
+    pooled: Vec<f32>,
 }
 
 impl PrefillCandidates {
@@ -203,9 +212,34 @@ impl PrefillCandidates {
     pub fn positions(&self) -> &[u32] {
         &self.positions
     }
-    /// The policy's score aggregation, when it wants attention at all.
+    /// The policy's score aggregation when every chunk query's attention
+    /// counts (`None`: no scoring, or only an observation window's).
     pub fn score_aggregation(&self) -> Option<ScoreAgg> {
-        self.scoring.map(|(a, _)| a)
+        self.scoring.filter(|_| self.observation.is_none()).map(|(a, _)| a)
+    }
+
+    /// SnapKV: how many of the chunk's last queries score the candidates;
+    /// the model reports each of them with
+    /// [`PrefillCandidates::observe_query`] (`None`: not a SnapKV policy).
+    pub fn observation_queries(&self) -> Option<usize> {
+        self.observation.map(|o| o.window.min(self.positions.len() - self.held))
+    }
+
+    /// Max-pools the column sums over `k` neighbouring candidates by position.
+    fn pool_columns(&mut self, k: usize) {
+        let half = k / 2;
+        let n = self.columns.len();
+        self.by_position.clear();
+        self.by_position.extend(0..n);
+        let positions = &self.positions;
+        self.by_position.sort_by_key(|&i| positions[i]);
+        self.pooled.clear();
+        self.pooled.resize(n, 0.0);
+        for (r, &i) in self.by_position.iter().enumerate() {
+            let window = &self.by_position[r.saturating_sub(half)..(r + half + 1).min(n)];
+            self.pooled[i] = window.iter().map(|&j| self.columns[j]).fold(f32::NEG_INFINITY, f32::max);
+        }
+        std::mem::swap(&mut self.columns, &mut self.pooled);
     }
 
     /// True when the policy's score rule depends on the order of the
@@ -224,6 +258,13 @@ impl PrefillCandidates {
     /// the visible candidates' scores now, as a decode step would.
     pub fn observe_query(&mut self, visible: usize, probs: &[f32], group: usize) {
         let Some((agg, rule)) = self.scoring else { return };
+        if let Some(w) = self.observation_queries() {
+            // chunk query t sees held + t + 1 candidates; only the last w count
+            let (t, n) = (visible - self.held - 1, self.positions.len() - self.held);
+            if t + w < n {
+                return;
+            }
+        }
         if rule.column_summable() {
             agg.accumulate(&probs[..group * visible], group, &mut self.columns[..visible]);
         } else {

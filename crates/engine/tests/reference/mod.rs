@@ -42,6 +42,8 @@ pub struct RefPolicy {
     /// None = no scoring; Some(false) = sum, Some(true) = max.
     pub agg_max: Option<bool>,
     pub score: RefScore,
+    /// SnapKV prefill: (observation window, pooling kernel).
+    pub observe: Option<(usize, usize)>,
 }
 
 #[derive(Clone, Debug)]
@@ -162,9 +164,29 @@ impl RefHead {
     pub fn prefill(&mut self, policy: &RefPolicy, chunk: &[RefToken]) {
         let mut cands = self.slots.clone();
         cands.extend(chunk.iter().map(|(p, _, k, v)| Slot { pos: *p, k: k.clone(), v: v.clone(), score: 0.0 }));
-        for (p, q, _, _) in chunk {
-            let probs = self.attend(q, *p, &cands);
-            Self::accumulate(policy, &probs, &mut cands, *p);
+        match policy.observe {
+            None => {
+                for (p, q, _, _) in chunk {
+                    let probs = self.attend(q, *p, &cands);
+                    Self::accumulate(policy, &probs, &mut cands, *p);
+                }
+            }
+            Some((window, pool)) => {
+                // SnapKV: the last `window` queries' column sums, max-pooled
+                // over `pool` neighbours by position, added to the scores
+                let mut cols: Vec<Slot> = cands.iter().map(|c| Slot { score: 0.0, ..c.clone() }).collect();
+                for (p, q, _, _) in &chunk[chunk.len().saturating_sub(window)..] {
+                    let probs = self.attend(q, *p, &cols);
+                    Self::accumulate(policy, &probs, &mut cols, *p);
+                }
+                let mut order: Vec<usize> = (0..cols.len()).collect();
+                order.sort_by_key(|&i| cols[i].pos);
+                for (r, &i) in order.iter().enumerate() {
+                    let lo = r.saturating_sub(pool / 2);
+                    let hi = (r + pool / 2 + 1).min(order.len());
+                    cands[i].score += order[lo..hi].iter().map(|&j| cols[j].score).fold(f64::NEG_INFINITY, f64::max);
+                }
+            }
         }
         let now = chunk.iter().map(|t| t.0).max().unwrap_or(0);
         if let Some(b) = policy.budget {

@@ -4,8 +4,9 @@
 //! (representatives compute q·k, members reuse their probabilities with
 //! their own V); column scores are summed when the policy wants them (a
 //! score family that is not a column sum, such as TOVA or a decayed sum,
-//! is applied query by query, in order); the cache commits the policy's
-//! choice to every KV head of the component.
+//! is applied query by query, in order; SnapKV's observation window
+//! attends again for its last queries only); the cache commits the
+//! policy's choice to every KV head of the component.
 //! The store never holds more than the policy's capacity.
 
 use super::scratch::Scratch;
@@ -55,6 +56,9 @@ impl Model {
                 self.attend_observed(chunk, comp, cache, s);
             } else {
                 self.attend_tiled(chunk, comp, cache, s);
+                if let Some(w) = s.cand.observation_queries() {
+                    self.observe_window(chunk, comp, s, w);
+                }
             }
             cache.commit_candidates(li, ci, &mut s.cand)?;
         }
@@ -104,6 +108,38 @@ impl Model {
                     tr.record_head_attn(c, h, t, n, positions, p);
                 }
                 cache.record_probe(li, h, p0 + t, positions, p);
+            }
+            s.cand.observe_query(visible, &probs, comp.reps.len());
+        }
+    }
+
+    /// SnapKV's observation window after the tiled kernel: the chunk's last
+    /// `w` queries attend again (representatives only, outputs discarded)
+    /// and report their probabilities to the candidates' scores.
+    fn observe_window(&self, chunk: Chunk, comp: &Component, s: &mut Scratch, w: usize) {
+        let c = &self.config;
+        let (hd, g, qd) = (c.head_dim, c.group_size(), c.q_dim());
+        let Chunk { li, p0, n, scale } = chunk;
+        let (old, window) = (s.cand.held(), c.layer_window(li));
+        let (mut probs, mut out) = (Vec::new(), vec![0f32; hd]);
+        for t in n - w..n {
+            let visible = old + t + 1;
+            let (cand, q) = (&s.cand, &s.a.q);
+            probs.resize(comp.reps.len() * visible, 0.0);
+            for (i, &r) in comp.reps.iter().enumerate() {
+                let kv = r / g;
+                attend_group(
+                    &q[t * qd + r * hd..t * qd + (r + 1) * hd],
+                    &DenseRows { data: &cand.keys(kv)[..visible * hd], d: hd },
+                    &DenseRows { data: &cand.values(kv)[..visible * hd], d: hd },
+                    &cand.positions()[..visible],
+                    Visible::within((p0 + t) as u32, window),
+                    hd,
+                    scale,
+                    &mut probs[i * visible..(i + 1) * visible],
+                    visible,
+                    &mut out,
+                );
             }
             s.cand.observe_query(visible, &probs, comp.reps.len());
         }
