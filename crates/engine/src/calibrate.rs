@@ -20,6 +20,33 @@ pub struct CalibrateOptions {
     pub seq_len: usize,
 }
 
+/// Cuts an encoded calibration text into at most `samples` windows of
+/// `seq_len` tokens, spread evenly over the text; each window is a fresh
+/// sequence led by `bos` (the tokenizer's BOS when it adds one, which is
+/// then also stripped from the head of `ids`). Fewer windows come back when
+/// the text holds fewer.
+pub fn calibration_windows(ids: &[u32], bos: Option<u32>, samples: usize, seq_len: usize) -> Result<Vec<Vec<u32>>> {
+    if seq_len == 0 {
+        return Err(EngineError::Request("the calibration window length must be at least 1".into()));
+    }
+    let lead: Vec<u32> = bos.into_iter().collect();
+    let body = &ids[usize::from(bos.is_some() && ids.first() == bos.as_ref())..];
+    let available = body.len() / seq_len;
+    if available == 0 {
+        return Err(EngineError::Request(format!(
+            "the text has {} tokens, fewer than one window of {seq_len}",
+            body.len()
+        )));
+    }
+    let n = samples.min(available).max(1);
+    Ok((0..n)
+        .map(|i| {
+            let start = i * available / n * seq_len;
+            lead.iter().chain(&body[start..start + seq_len]).copied().collect()
+        })
+        .collect())
+}
+
 /// Runs the first `probe` tokens of every window dense and builds the plan.
 /// The feature of a head is its causal attention over the probe (the
 /// lower triangle), exactly what online CHAI clusters on.

@@ -527,6 +527,24 @@ impl KvStore {
             .collect()
     }
 
+    /// Accumulated scores of the retained slots per layer and KV head, in
+    /// the order of [`KvStore::kept_positions`] (ascending position).
+    pub fn kept_scores(&self) -> Vec<Vec<Vec<f32>>> {
+        (0..self.layers)
+            .map(|l| {
+                self.layer(l)
+                    .iter()
+                    .map(|h| {
+                        let mut pairs: Vec<(u32, f32)> =
+                            h.positions().iter().copied().zip(h.scores().iter().copied()).collect();
+                        pairs.sort_unstable_by_key(|p| p.0);
+                        pairs.into_iter().map(|p| p.1).collect()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
     /// Repacks every paged head into full pages (see [`paged`]).
     pub(crate) fn compact(&mut self) {
         self.heads.iter_mut().for_each(HeadSlots::compact);

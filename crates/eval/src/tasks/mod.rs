@@ -150,6 +150,28 @@ impl TaskSpec {
         Self::parse_inner(spec.trim()).map_err(|reason| EvalError::TaskSpec { spec: spec.to_string(), reason })
     }
 
+    /// [`TaskSpec::parse`], then run-wide defaults for what the spec leaves
+    /// out: `limit` items, and `seq_len` for a `ppl:` window without its
+    /// own `seq_len=` (`kvslim eval --limit/--seq-len`).
+    pub fn parse_with_defaults(spec: &str, limit: Option<usize>, seq_len: Option<usize>) -> Result<TaskSpec> {
+        let mut t = Self::parse(spec)?;
+        if t.limit.is_none() {
+            t.limit = limit;
+        }
+        if let (Some(n), TaskKind::Ppl { seq_len, .. }) = (seq_len, &mut t.kind) {
+            if !spec.contains("seq_len=") {
+                if n < 2 {
+                    return Err(EvalError::TaskSpec {
+                        spec: spec.to_string(),
+                        reason: "seq_len must be at least 2".into(),
+                    });
+                }
+                *seq_len = n;
+            }
+        }
+        Ok(t)
+    }
+
     fn parse_inner(spec: &str) -> std::result::Result<TaskSpec, String> {
         if spec.is_empty() {
             return Err(format!("empty task; known kinds: {KINDS}, or a file path"));
