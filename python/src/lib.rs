@@ -246,10 +246,9 @@ impl Model {
             (None, Some(_)) => None,
         };
         let (ids, r) = py.detach(|| -> PyResult<_> {
-            let mut ids = match (text, tokens, tok) {
-                (Some(t), _, Some(tok)) => tok.encode(t).map_err(model_error)?,
-                (_, Some(ids), _) => ids,
-                _ => unreachable!("checked above"),
+            let mut ids = match (text, tok) {
+                (Some(t), Some(tok)) => tok.encode(t).map_err(model_error)?,
+                _ => tokens.unwrap_or_default(),
             };
             if let Some(n) = max_tokens {
                 ids.truncate(n);

@@ -83,3 +83,20 @@ pub fn calibrate(
     cal.finish(PlanMeta { model: opts.model_name.clone(), probe: p, samples: usable.len(), seq_len: opts.seq_len })
         .map_err(EngineError::Request)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::calibration_windows;
+
+    #[test]
+    fn windows_are_spread_and_led_by_bos() {
+        let ids: Vec<u32> = std::iter::once(1).chain(100..120).collect();
+        let w = calibration_windows(&ids, Some(1), 2, 5).unwrap();
+        assert_eq!(w, vec![vec![1, 100, 101, 102, 103, 104], vec![1, 110, 111, 112, 113, 114]]);
+        // no BOS: the text starts at once; fewer windows than asked when it is short
+        let w = calibration_windows(&ids[1..], None, 9, 8).unwrap();
+        assert_eq!(w, vec![(100..108).collect::<Vec<u32>>(), (108..116).collect()]);
+        assert!(calibration_windows(&ids, Some(1), 4, 21).is_err());
+        assert!(calibration_windows(&ids, None, 4, 0).is_err());
+    }
+}

@@ -588,6 +588,19 @@ mod tests {
     }
 
     #[test]
+    fn kept_scores_follow_kept_positions() {
+        let mut s = KvStore::new(1, 1, 2, 4);
+        let h = s.head_mut(0, 0);
+        for p in 0..4u32 {
+            h.push(p, &[0.0; 2], &[0.0; 2]).unwrap();
+            h.scores_mut()[p as usize] = 10.0 * p as f32;
+        }
+        h.evict(1); // slots now hold positions 0, 3, 2
+        assert_eq!(s.kept_positions(), vec![vec![vec![0, 2, 3]]]);
+        assert_eq!(s.kept_scores(), vec![vec![vec![0.0, 20.0, 30.0]]]);
+    }
+
+    #[test]
     fn bytes_are_exact_and_drop_keys_shrinks_them() {
         let mut s = KvStore::new(2, 3, 8, 10);
         assert_eq!(s.bytes(), KvBytes { kv: 2 * 3 * 2 * 10 * 8 * 4, metadata: 2 * 3 * 10 * 8 });

@@ -414,6 +414,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn run_wide_defaults_fill_only_what_the_spec_leaves_out() {
+        let t = TaskSpec::parse_with_defaults("ppl:t.txt", Some(3), Some(64)).unwrap();
+        assert_eq!((t.limit, &t.kind), (Some(3), &TaskKind::Ppl { path: "t.txt".into(), seq_len: 64 }));
+        let t = TaskSpec::parse_with_defaults("ppl:t.txt,seq_len=32,limit=1", Some(3), Some(64)).unwrap();
+        assert_eq!((t.limit, &t.kind), (Some(1), &TaskKind::Ppl { path: "t.txt".into(), seq_len: 32 }));
+        assert_eq!(
+            TaskSpec::parse_with_defaults("mc:q.jsonl", None, Some(64)).unwrap(),
+            TaskSpec::parse("mc:q.jsonl").unwrap()
+        );
+        assert!(TaskSpec::parse_with_defaults("ppl:t.txt", None, Some(1)).is_err());
+    }
+
+    #[test]
     fn parses_every_kind_and_round_trips() {
         for s in [
             "ppl:../shared/data/wikitext2/wiki.test.raw",
