@@ -115,7 +115,7 @@ class Model:
     ``ValueError`` when its files cannot be read as a model.
     """
 
-    def __init__(self, model: Union[str, os.PathLike], tokenizer: Optional[Union[str, os.PathLike]] = None):
+    def __init__(self, model: Union[str, os.PathLike[str]], tokenizer: Optional[Union[str, os.PathLike[str]]] = None):
         self._m = _native.Model(os.fspath(model), None if tokenizer is None else os.fspath(tokenizer))
 
     def __repr__(self) -> str:
@@ -208,7 +208,7 @@ class Model:
     def calibrate(
         self,
         text: str,
-        out: Optional[Union[str, os.PathLike]] = None,
+        out: Optional[Union[str, os.PathLike[str]]] = None,
         *,
         samples: int = 64,
         seq_len: int = 128,
@@ -254,7 +254,7 @@ def eval(
     seq_len: Optional[int] = None,
     mode: str = "decode",
     compare_full: bool = True,
-    out: Optional[Union[str, os.PathLike]] = None,
+    out: Optional[Union[str, os.PathLike[str]]] = None,
 ) -> List[Dict[str, Any]]:
     """``kvslim eval``: every model × task × policy family × budget.
 

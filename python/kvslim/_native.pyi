@@ -1,12 +1,14 @@
 """Type stubs of the Rust extension ``kvslim._native`` (see ``src/lib.rs``)."""
 
 from os import PathLike
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, final
 
+__all__ = ["Model", "set_threads", "normalize_policy", "aliases", "__version__"]
 __version__: str
 
+@final
 class Model:
-    def __init__(self, model: str, tokenizer: Optional[Union[str, PathLike[str]]] = None) -> None: ...
+    def __new__(cls, model: str, tokenizer: Optional[Union[str, PathLike[str]]] = None) -> Model: ...
     @property
     def spec(self) -> str: ...
     @property
