@@ -8,6 +8,7 @@
 //! bad input (policy specs, task specs, model files, tokens),
 //! `FileNotFoundError` / `OSError` for files, `RuntimeError` for the rest.
 
+use kvslim_cache::policy::chai::{CalibrationConfig, PlanError};
 use kvslim_cache::{KvDtype, PolicySpec};
 use kvslim_engine::calibrate::{calibrate, calibration_windows, CalibrateOptions};
 use kvslim_engine::{generate, perplexity, EngineError, GenerateOptions, PerplexityOptions, SamplingParams};
@@ -288,7 +289,7 @@ impl Model {
         }
         let opts = CalibrateOptions {
             probe,
-            config: kvslim_cache::policy::chai::CalibrationConfig { max_k, dense_layers, restarts, seed },
+            config: CalibrationConfig { max_k, dense_layers, restarts, seed },
             model_name: self.spec.clone(),
             seq_len,
         };
@@ -297,7 +298,10 @@ impl Model {
             let windows =
                 calibration_windows(&ids, tok.bos.filter(|_| tok.add_bos), samples, seq_len).map_err(engine_error)?;
             let plan = calibrate(&self.loaded.model, &windows, &opts, |_, _| {}).map_err(engine_error)?;
-            plan.save(&out).map_err(|e| PyOSError::new_err(e.to_string()))?;
+            plan.save(&out).map_err(|e| match &e {
+                PlanError::Write { source, .. } => io_error(e.to_string(), source.kind()),
+                _ => PyOSError::new_err(e.to_string()),
+            })?;
             Ok(plan)
         })?;
         to_py(py, &json_of(&plan)?)

@@ -190,6 +190,8 @@ def test_calibrate_gives_a_usable_plan(stories, tmp_path):
     assert h.kl > 0 and h.budget_slots == 16
     with pytest.raises(ValueError, match="fewer than one window"):
         stories.calibrate("Once upon a time", tmp_path / "short.json", seq_len=64)
+    with pytest.raises(FileNotFoundError, match="cannot write"):
+        stories.calibrate(text, tmp_path / "no-such-dir" / "plan.json", samples=1, seq_len=32)
 
 
 def test_eval_returns_flat_rows(stories, tmp_path):
