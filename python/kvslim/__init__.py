@@ -54,7 +54,7 @@ class Generation:
         return self.text
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # numpy fields: no element-wise __eq__
 class PerplexityResult:
     """Teacher-forced scoring of one sequence under one policy.
 
