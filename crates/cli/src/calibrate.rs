@@ -2,7 +2,7 @@
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs, Progress};
 use kvslim_cache::policy::chai::CalibrationConfig;
-use kvslim_engine::calibrate::{calibrate, CalibrateOptions};
+use kvslim_engine::calibrate::{calibrate, calibration_windows, CalibrateOptions};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -49,25 +49,14 @@ pub fn run(a: Args) -> CliResult {
     let tok = require_tokenizer(&loaded.tokenizer)?;
     let text = std::fs::read_to_string(&a.text).map_err(|e| format!("cannot read {}: {e}", a.text.display()))?;
     let ids = tok.encode(&text)?;
-    let bos: Vec<u32> = if tok.add_bos { tok.bos.into_iter().collect() } else { Vec::new() };
-    let body = &ids[bos.len().min(ids.len())..];
     if a.seq_len < a.probe {
         return Err(format!("--seq-len {} is shorter than the probe ({})", a.seq_len, a.probe).into());
     }
-    let available = body.len() / a.seq_len;
-    if available == 0 {
-        return Err(format!("the text has {} tokens, fewer than one window of {}", body.len(), a.seq_len).into());
-    }
-    let n = a.samples.min(available).max(1);
+    let windows = calibration_windows(&ids, tok.bos.filter(|_| tok.add_bos), a.samples, a.seq_len)?;
+    let n = windows.len();
     if n < a.samples {
-        eprintln!("note: the text holds {available} windows of {} tokens; using {n}", a.seq_len);
+        eprintln!("note: the text holds only {n} windows of {} tokens; using them all", a.seq_len);
     }
-    let windows: Vec<Vec<u32>> = (0..n)
-        .map(|i| {
-            let start = i * available / n * a.seq_len;
-            bos.iter().chain(&body[start..start + a.seq_len]).copied().collect()
-        })
-        .collect();
     let opts = CalibrateOptions {
         probe: a.probe,
         config: CalibrationConfig { max_k: a.max_k, dense_layers: a.dense_layers, restarts: a.restarts, seed: a.seed },

@@ -136,19 +136,7 @@ pub fn run(a: Args) -> CliResult {
     let tok = require_tokenizer(&loaded.tokenizer)?;
     let mut tasks = Vec::new();
     for t in task_list.split(';').map(str::trim).filter(|t| !t.is_empty()) {
-        let mut spec = TaskSpec::parse(t)?;
-        if spec.limit.is_none() {
-            spec.limit = a.limit;
-        }
-        if let (Some(n), kvslim_eval::tasks::TaskKind::Ppl { seq_len, .. }) = (a.seq_len, &mut spec.kind) {
-            if !t.contains("seq_len=") {
-                if n < 2 {
-                    return Err("--seq-len must be at least 2".into());
-                }
-                *seq_len = n;
-            }
-        }
-        tasks.push(spec);
+        tasks.push(TaskSpec::parse_with_defaults(t, a.limit, a.seq_len)?);
     }
     if tasks.is_empty() {
         return Err("--tasks names no task".into());

@@ -222,6 +222,9 @@ pub struct PerplexityReport {
     /// Retained positions per layer and KV head after the last token.
     #[serde(skip)]
     pub kept: Vec<Vec<Vec<u32>>>,
+    /// Accumulated scores of those positions (same shape and order).
+    #[serde(skip)]
+    pub kept_scores: Vec<Vec<Vec<f32>>>,
     /// Eviction events (when tracing).
     #[serde(skip)]
     pub events: Vec<EvictionEvent>,
@@ -489,6 +492,7 @@ pub fn perplexity(
         chai_clusters: s.cache.head_sharing().map(|h| h.report()),
         logprobs,
         kept: s.cache.store().kept_positions(),
+        kept_scores: s.cache.store().kept_scores(),
         events,
     })
 }

@@ -527,6 +527,24 @@ impl KvStore {
             .collect()
     }
 
+    /// Accumulated scores of the retained slots per layer and KV head, in
+    /// the order of [`KvStore::kept_positions`] (ascending position).
+    pub fn kept_scores(&self) -> Vec<Vec<Vec<f32>>> {
+        (0..self.layers)
+            .map(|l| {
+                self.layer(l)
+                    .iter()
+                    .map(|h| {
+                        let mut pairs: Vec<(u32, f32)> =
+                            h.positions().iter().copied().zip(h.scores().iter().copied()).collect();
+                        pairs.sort_unstable_by_key(|p| p.0);
+                        pairs.into_iter().map(|p| p.1).collect()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
     /// Repacks every paged head into full pages (see [`paged`]).
     pub(crate) fn compact(&mut self) {
         self.heads.iter_mut().for_each(HeadSlots::compact);
@@ -567,6 +585,19 @@ mod tests {
         h.gather_values(&mut v);
         assert_eq!(&k[2..4], &[3.0, 3.0]);
         assert_eq!(&v[2..4], &[13.0, 13.0]);
+    }
+
+    #[test]
+    fn kept_scores_follow_kept_positions() {
+        let mut s = KvStore::new(1, 1, 2, 4);
+        let h = s.head_mut(0, 0);
+        for p in 0..4u32 {
+            h.push(p, &[0.0; 2], &[0.0; 2]).unwrap();
+            h.scores_mut()[p as usize] = 10.0 * p as f32;
+        }
+        h.evict(1); // slots now hold positions 0, 3, 2
+        assert_eq!(s.kept_positions(), vec![vec![vec![0, 2, 3]]]);
+        assert_eq!(s.kept_scores(), vec![vec![vec![0.0, 20.0, 30.0]]]);
     }
 
     #[test]

@@ -149,6 +149,28 @@ impl TaskSpec {
         Self::parse_inner(spec.trim()).map_err(|reason| EvalError::TaskSpec { spec: spec.to_string(), reason })
     }
 
+    /// [`TaskSpec::parse`], then run-wide defaults for what the spec leaves
+    /// out: `limit` items, and `seq_len` for a `ppl:` window without its
+    /// own `seq_len=` (`kvslim eval --limit/--seq-len`).
+    pub fn parse_with_defaults(spec: &str, limit: Option<usize>, seq_len: Option<usize>) -> Result<TaskSpec> {
+        let mut t = Self::parse(spec)?;
+        if t.limit.is_none() {
+            t.limit = limit;
+        }
+        if let (Some(n), TaskKind::Ppl { seq_len, .. }) = (seq_len, &mut t.kind) {
+            if !spec.contains("seq_len=") {
+                if n < 2 {
+                    return Err(EvalError::TaskSpec {
+                        spec: spec.to_string(),
+                        reason: "seq_len must be at least 2".into(),
+                    });
+                }
+                *seq_len = n;
+            }
+        }
+        Ok(t)
+    }
+
     fn parse_inner(spec: &str) -> std::result::Result<TaskSpec, String> {
         if spec.is_empty() {
             return Err(format!("empty task; known kinds: {KINDS}, or a file path"));
@@ -395,6 +417,19 @@ impl std::str::FromStr for TaskSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_wide_defaults_fill_only_what_the_spec_leaves_out() {
+        let t = TaskSpec::parse_with_defaults("ppl:t.txt", Some(3), Some(64)).unwrap();
+        assert_eq!((t.limit, &t.kind), (Some(3), &TaskKind::Ppl { path: "t.txt".into(), seq_len: 64 }));
+        let t = TaskSpec::parse_with_defaults("ppl:t.txt,seq_len=32,limit=1", Some(3), Some(64)).unwrap();
+        assert_eq!((t.limit, &t.kind), (Some(1), &TaskKind::Ppl { path: "t.txt".into(), seq_len: 32 }));
+        assert_eq!(
+            TaskSpec::parse_with_defaults("mc:q.jsonl", None, Some(64)).unwrap(),
+            TaskSpec::parse("mc:q.jsonl").unwrap()
+        );
+        assert!(TaskSpec::parse_with_defaults("ppl:t.txt", None, Some(1)).is_err());
+    }
 
     #[test]
     fn parses_every_kind_and_round_trips() {
