@@ -13,7 +13,7 @@ use super::scratch::Scratch;
 use super::Model;
 use crate::Result;
 use kvslim_cache::policy::chai::Component;
-use kvslim_cache::SequenceCache;
+use kvslim_cache::{PrefillCandidates, SequenceCache};
 use kvslim_kernels::attention::{
     attend_causal_tiled, attend_group, pack_keys_tiled, weighted_values, DenseRows, TiledQueries, TiledRep,
     TiledScratch, TiledTarget, Visible,
@@ -71,33 +71,18 @@ impl Model {
     fn attend_observed(&self, chunk: Chunk, comp: &Component, cache: &mut SequenceCache, s: &mut Scratch) {
         let c = &self.config;
         let (hd, g, qd) = (c.head_dim, c.group_size(), c.q_dim());
-        let Chunk { li, p0, n, scale } = chunk;
+        let Chunk { li, p0, n, .. } = chunk;
         let lh = cache.layer_heads(li).clone();
-        let (old, window) = (s.cand.held(), c.layer_window(li));
+        let old = s.cand.held();
         let rep_index =
             |h: usize| comp.reps.iter().position(|&x| x == lh.representative_of[h]).expect("same component");
         let mut probs = Vec::new();
         for t in 0..n {
             let visible = old + t + 1;
-            let (cand, q) = (&s.cand, &s.a.q);
-            let positions = &cand.positions()[..visible];
             let row = &mut s.a.att[t * qd..(t + 1) * qd];
-            probs.resize(comp.reps.len() * visible, 0.0);
-            for (i, &r) in comp.reps.iter().enumerate() {
-                let kv = r / g;
-                attend_group(
-                    &q[t * qd + r * hd..t * qd + (r + 1) * hd],
-                    &DenseRows { data: &cand.keys(kv)[..visible * hd], d: hd },
-                    &DenseRows { data: &cand.values(kv)[..visible * hd], d: hd },
-                    positions,
-                    Visible::within((p0 + t) as u32, window),
-                    hd,
-                    scale,
-                    &mut probs[i * visible..(i + 1) * visible],
-                    visible,
-                    &mut row[r * hd..(r + 1) * hd],
-                );
-            }
+            self.attend_representatives(chunk, comp, &s.cand, &s.a.q, t, &mut probs, row);
+            let cand = &s.cand;
+            let positions = &cand.positions()[..visible];
             for h in comp.kv_heads.iter().flat_map(|&kv| kv * g..(kv + 1) * g) {
                 let p = &probs[rep_index(h) * visible..(rep_index(h) + 1) * visible];
                 if lh.representative_of[h] != h {
@@ -117,31 +102,46 @@ impl Model {
     /// `w` queries attend again (representatives only, outputs discarded)
     /// and report their probabilities to the candidates' scores.
     fn observe_window(&self, chunk: Chunk, comp: &Component, s: &mut Scratch, w: usize) {
+        let (mut probs, mut discarded) = (Vec::new(), vec![0f32; self.config.q_dim()]);
+        for t in chunk.n - w..chunk.n {
+            self.attend_representatives(chunk, comp, &s.cand, &s.a.q, t, &mut probs, &mut discarded);
+            s.cand.observe_query(s.cand.held() + t + 1, &probs, comp.reps.len());
+        }
+    }
+
+    /// Chunk query `t` of every representative of `comp` over the
+    /// candidates it sees (the decode kernel): probabilities into `probs`
+    /// (`reps × visible`), outputs into the representatives' heads of `row`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_representatives(
+        &self,
+        chunk: Chunk,
+        comp: &Component,
+        cand: &PrefillCandidates,
+        q: &[f32],
+        t: usize,
+        probs: &mut Vec<f32>,
+        row: &mut [f32],
+    ) {
         let c = &self.config;
         let (hd, g, qd) = (c.head_dim, c.group_size(), c.q_dim());
-        let Chunk { li, p0, n, scale } = chunk;
-        let (old, window) = (s.cand.held(), c.layer_window(li));
-        let (mut probs, mut out) = (Vec::new(), vec![0f32; hd]);
-        for t in n - w..n {
-            let visible = old + t + 1;
-            let (cand, q) = (&s.cand, &s.a.q);
-            probs.resize(comp.reps.len() * visible, 0.0);
-            for (i, &r) in comp.reps.iter().enumerate() {
-                let kv = r / g;
-                attend_group(
-                    &q[t * qd + r * hd..t * qd + (r + 1) * hd],
-                    &DenseRows { data: &cand.keys(kv)[..visible * hd], d: hd },
-                    &DenseRows { data: &cand.values(kv)[..visible * hd], d: hd },
-                    &cand.positions()[..visible],
-                    Visible::within((p0 + t) as u32, window),
-                    hd,
-                    scale,
-                    &mut probs[i * visible..(i + 1) * visible],
-                    visible,
-                    &mut out,
-                );
-            }
-            s.cand.observe_query(visible, &probs, comp.reps.len());
+        let visible = cand.held() + t + 1;
+        let window = Visible::within((chunk.p0 + t) as u32, c.layer_window(chunk.li));
+        probs.resize(comp.reps.len() * visible, 0.0);
+        for (i, &r) in comp.reps.iter().enumerate() {
+            let kv = r / g;
+            attend_group(
+                &q[t * qd + r * hd..t * qd + (r + 1) * hd],
+                &DenseRows { data: &cand.keys(kv)[..visible * hd], d: hd },
+                &DenseRows { data: &cand.values(kv)[..visible * hd], d: hd },
+                &cand.positions()[..visible],
+                window,
+                hd,
+                chunk.scale,
+                &mut probs[i * visible..(i + 1) * visible],
+                visible,
+                &mut row[r * hd..(r + 1) * hd],
+            );
         }
     }
 
