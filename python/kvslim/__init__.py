@@ -232,8 +232,9 @@ class Model:
 
 def _flatten(row: Dict[str, Any]) -> Dict[str, Any]:
     """One result row as a flat dict: metrics as columns, timings as
-    ``time_<name>``."""
-    out = {k: v for k, v in row.items() if k not in ("metrics", "timings")}
+    ``time_<name>``. The per-item values behind paired comparisons
+    (``per_item``) stay in results.jsonl."""
+    out = {k: v for k, v in row.items() if k not in ("metrics", "timings", "per_item")}
     out.update({k: (float("nan") if v is None else v) for k, v in row["metrics"].items()})
     out.update({f"time_{k}": v for k, v in row["timings"].items()})
     return out
