@@ -43,10 +43,11 @@ pub struct Args {
     #[arg(long, default_value = "decode")]
     mode: ScoreMode,
     /// Multiple-choice scoring: `forked` runs an item's context once and
-    /// each choice on a fork of its cache, 16 items' decode steps batched
-    /// (percentage budgets resolve against context + the item's longest
-    /// choice; the plain full cache takes the prefill path, equal up to
-    /// rounding); `per-choice` runs context + choice once per choice
+    /// each choice on a fork of its cache, the tokens of 16 items as
+    /// decode steps sharing one GEMM per weight (percentage budgets
+    /// resolve against context + the item's longest choice; the plain full
+    /// cache, the same in every mode up to rounding, always runs this
+    /// way); `per-choice` runs context + choice once per choice
     /// (percentage budgets against each choice's own sequence).
     #[arg(long, default_value = "forked")]
     scoring: Scoring,
