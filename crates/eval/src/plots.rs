@@ -4,7 +4,7 @@
 
 use crate::results::{ResultRow, HEADLINE_METRICS};
 use crate::{EvalError, Result};
-use kvslim_plot::Chart;
+use crate::chart::Chart;
 use std::path::{Path, PathBuf};
 
 /// A budget label as a number on the x axis: `20%` → 20 (percent axis),

@@ -7,7 +7,7 @@ use crate::budget::{BudgetedPolicy, PolicySource};
 use crate::{EvalError, Result};
 use kvslim_engine::bench::step_time;
 use kvslim_models::Model;
-use kvslim_plot::Chart;
+use crate::chart::Chart;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
