@@ -11,7 +11,7 @@
 //!   log-probs, `echo`, several prompts and `n`), `/v1/models`, `/health`,
 //!   `/metrics`, and vLLM's `/tokenize`, `/detokenize`, `/tokenizer_info`
 //!   (what lm-evaluation-harness's `remote` tokenizer backend calls).
-//! * [`http_client`]: a tiny blocking HTTP/1.1 client for tests and
+//! * [`http_client`]: blocking HTTP helpers over `ureq` for tests and
 //!   `kvslim loadtest`.
 //! * [`soak`]: the soak driver (`kvslim loadtest --soak`): concurrent
 //!   clients mixing normal, cancelled, malformed, oversized and stalled
