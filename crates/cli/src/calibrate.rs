@@ -75,7 +75,7 @@ pub fn run(a: Args) -> CliResult {
         seq_len: a.seq_len,
     };
     let start = std::time::Instant::now();
-    let mut progress = Progress::new("calibrate");
+    let mut progress = Progress::new("calibrate", "windows");
     let plan = calibrate(&loaded.model, &windows, &opts, |d, t| progress.update(d, t))?;
     plan.save(&a.out)?;
     if let Some(dir) = &a.plot {
