@@ -231,9 +231,18 @@ impl Chart {
         X: AsRangedCoord<Value = f64>,
         X::CoordDescType: ValueFormatter<f64>,
     {
+        let x_area = if self.x_label.is_empty() { 28 } else { 50 };
+        // axis descriptions shrink (to 10 px) until the y one fits the height
+        let room = area.dim_in_pixel().1.saturating_sub(x_area + 2 * MARGIN);
+        let mut desc_px = LABEL_PX;
+        while desc_px > 10
+            && area.estimate_text_size(&self.y_label, &(FONT, desc_px).into_font().into()).map_or(0, |(w, _)| w) > room
+        {
+            desc_px -= 1;
+        }
         let mut chart = ChartBuilder::on(area)
             .margin(MARGIN)
-            .x_label_area_size(if self.x_label.is_empty() { 28 } else { 50 })
+            .x_label_area_size(x_area)
             .y_label_area_size(if self.y_label.is_empty() { 56 } else { 76 })
             .build_cartesian_2d(x, y0..y1)
             .map_err(draw_err)?;
@@ -247,7 +256,7 @@ impl Chart {
             .x_label_formatter(&fmt)
             .y_label_formatter(&fmt)
             .label_style((FONT, TICK_PX))
-            .axis_desc_style((FONT, LABEL_PX))
+            .axis_desc_style((FONT, desc_px))
             .bold_line_style(RGBColor(0xe4, 0xe4, 0xe4))
             .light_line_style(TRANSPARENT)
             .draw()
