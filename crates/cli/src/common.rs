@@ -130,7 +130,8 @@ impl Progress {
                 indicatif::ProgressDrawTarget::hidden()
             };
             let bar = indicatif::ProgressBar::with_draw_target(Some(total), target);
-            let template = format!("{{prefix}} [{{bar:30}}] {{pos}}/{{len}} {unit} {{per_sec}} ETA {{eta}}", unit = self.unit);
+            let template =
+                format!("{{prefix}} [{{bar:30}}] {{pos}}/{{len}} {unit} {{per_sec}} ETA {{eta}}", unit = self.unit);
             if let Ok(style) = indicatif::ProgressStyle::with_template(&template) {
                 bar.set_style(style.progress_chars("#>-"));
             }

@@ -95,10 +95,7 @@ pub fn open_with(
     };
     let mut names = resp.headers_names();
     names.dedup();
-    let headers = names
-        .iter()
-        .flat_map(|n| resp.all(n).into_iter().map(move |v| (n.clone(), v.to_string())))
-        .collect();
+    let headers = names.iter().flat_map(|n| resp.all(n).into_iter().map(move |v| (n.clone(), v.to_string()))).collect();
     Ok(Streaming { status: resp.status(), headers, body: BufReader::new(resp.into_reader()) })
 }
 
@@ -106,14 +103,10 @@ pub fn open_with(
 /// tell a refused connection or a timeout from other failures.
 fn transport_error(t: ureq::Transport) -> io::Error {
     use std::error::Error as _;
-    let kind = t
-        .source()
-        .and_then(|s| s.downcast_ref::<io::Error>())
-        .map(io::Error::kind)
-        .unwrap_or(match t.kind() {
-            ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns => io::ErrorKind::ConnectionRefused,
-            _ => io::ErrorKind::Other,
-        });
+    let kind = t.source().and_then(|s| s.downcast_ref::<io::Error>()).map(io::Error::kind).unwrap_or(match t.kind() {
+        ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns => io::ErrorKind::ConnectionRefused,
+        _ => io::ErrorKind::Other,
+    });
     io::Error::new(kind, t.to_string())
 }
 

@@ -235,7 +235,8 @@ fn diagnose(path: &Path, map: &[u8], e: safetensors::SafeTensorError) -> Error {
         let Some(dt) = fields.get("dtype").and_then(Value::as_str) else {
             return bad(format!("tensor `{name}` has no dtype"));
         };
-        let Some(dtype) = serde_json::from_value::<Dtype>(Value::from(dt)).ok().filter(|d| StDtype::from_dtype(*d).is_some())
+        let Some(dtype) =
+            serde_json::from_value::<Dtype>(Value::from(dt)).ok().filter(|d| StDtype::from_dtype(*d).is_some())
         else {
             return Error::UnsupportedTensorType { path: path.into(), name: name.clone(), dtype: dt.to_string() };
         };
@@ -246,7 +247,8 @@ fn diagnose(path: &Path, map: &[u8], e: safetensors::SafeTensorError) -> Error {
         let Ok((s, e)) = serde_json::from_value::<(usize, usize)>(field("data_offsets")) else {
             return bad(format!("tensor `{name}` has no valid data_offsets"));
         };
-        let bytes = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).and_then(|n| n.checked_mul(dtype.bitsize() / 8));
+        let bytes =
+            shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).and_then(|n| n.checked_mul(dtype.bitsize() / 8));
         if e < s || Some(e - s) != bytes {
             return bad(format!(
                 "tensor `{name}` of shape {shape:?} {dt} spans bytes {s}..{e}, which does not match its size"
@@ -262,7 +264,9 @@ fn diagnose(path: &Path, map: &[u8], e: safetensors::SafeTensorError) -> Error {
     }
     match e {
         safetensors::SafeTensorError::InvalidOffset(_) | safetensors::SafeTensorError::MetadataIncompleteBuffer => {
-            bad(format!("{e} (the tensors' byte spans must follow each other and cover the data, without gaps or overlaps)"))
+            bad(format!(
+                "{e} (the tensors' byte spans must follow each other and cover the data, without gaps or overlaps)"
+            ))
         }
         e => bad(e.to_string()),
     }
