@@ -3,7 +3,7 @@
 //! legend beside the plot, written as SVG ([`Chart::to_svg`]) or PNG
 //! ([`Chart::to_png`], plotters' bitmap backend encoded by `png`). Text is
 //! measured and, in PNGs, drawn with the DejaVu Sans font embedded in the
-//! binary, so no system fonts are needed.
+//! binary (regular weight only), so no system fonts are needed.
 //!
 //! ```
 //! use kvslim_eval::chart::Chart;
@@ -72,10 +72,11 @@ const PAD: i32 = 8;
 fn register_fonts() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        // the embedded font files are valid TrueType; a failure would only
-        // leave text undrawn, which the tests would catch
+        // the embedded font file is valid TrueType; a failure would only
+        // leave text undrawn, which the tests would catch. Bold text (the
+        // title) falls back to it in PNGs: one font keeps the binary
+        // smaller; SVGs say `font-weight="bold"` and the viewer's font draws it.
         let _ = plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular());
-        let _ = plotters::style::register_font(FONT, FontStyle::Bold, dejavu::sans::bold());
     });
 }
 
