@@ -64,7 +64,7 @@ pub fn run(a: Args) -> CliResult {
         seq_len: a.seq_len,
     };
     let start = std::time::Instant::now();
-    let mut progress = Progress::new("calibrate");
+    let mut progress = Progress::new("calibrate", "windows");
     let plan = calibrate(&loaded.model, &windows, &opts, |d, t| progress.update(d, t))?;
     plan.save(&a.out)?;
     if let Some(dir) = &a.plot {
@@ -72,7 +72,7 @@ pub fn run(a: Args) -> CliResult {
         for (l, lp) in plan.layers.iter().enumerate() {
             let curve: Vec<(f64, f64)> = lp.errors.iter().enumerate().map(|(i, e)| ((i + 1) as f64, *e)).collect();
             let chosen = curve.get(lp.k - 1).copied().into_iter().collect();
-            let chart = kvslim_plot::Chart::new(format!("layer {l}: K-means error, chosen k = {}", lp.k))
+            let chart = kvslim_eval::chart::Chart::new(format!("layer {l}: K-means error, chosen k = {}", lp.k))
                 .x_label("k (clusters)")
                 .y_label("mean inertia")
                 .series("E(k)", curve)

@@ -4,7 +4,7 @@
 use clap::Args;
 use kvslim_models::chat::{ChatError, ChatFormat};
 use kvslim_models::{LoadedModel, Tokenizer};
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
@@ -102,40 +102,47 @@ pub fn init_threads(threads: Option<usize>) -> CliResult {
     Ok(())
 }
 
-/// A one-line progress display on stderr (only when stderr is a terminal).
+/// A progress bar on stderr (`indicatif`), drawn only when stderr is a
+/// terminal: logs and CI output get none of it. One `Progress` can follow
+/// several runs in a row (the eval matrix's cells): a count that starts
+/// over or a new total begins a new bar.
 pub struct Progress {
     label: &'static str,
-    start: std::time::Instant,
-    enabled: bool,
-    last: std::time::Instant,
+    unit: &'static str,
+    bar: Option<indicatif::ProgressBar>,
 }
 
 impl Progress {
-    pub fn new(label: &'static str) -> Self {
-        let now = std::time::Instant::now();
-        Progress { label, start: now, enabled: std::io::stderr().is_terminal(), last: now }
+    /// `unit` names what is counted (`tok`, `items`, `windows`).
+    pub fn new(label: &'static str, unit: &'static str) -> Self {
+        Progress { label, unit, bar: None }
     }
 
-    /// Shows `done/total` with rate and ETA, at most 10 times per second.
+    /// Shows `done/total` with the rate and the time left.
     pub fn update(&mut self, done: usize, total: usize) {
-        if !self.enabled || (self.last.elapsed().as_millis() < 100 && done < total) {
-            return;
+        let (done, total) = (done as u64, total as u64);
+        let stale =
+            self.bar.as_ref().is_none_or(|b| b.is_finished() || b.length() != Some(total) || b.position() > done);
+        if stale {
+            let target = if std::io::stderr().is_terminal() {
+                indicatif::ProgressDrawTarget::stderr()
+            } else {
+                indicatif::ProgressDrawTarget::hidden()
+            };
+            let bar = indicatif::ProgressBar::with_draw_target(Some(total), target);
+            let template =
+                format!("{{prefix}} [{{bar:30}}] {{pos}}/{{len}} {unit} {{per_sec}} ETA {{eta}}", unit = self.unit);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(&template) {
+                bar.set_style(style.progress_chars("#>-"));
+            }
+            bar.set_prefix(self.label);
+            self.bar = Some(bar);
         }
-        self.last = std::time::Instant::now();
-        let secs = self.start.elapsed().as_secs_f64();
-        let rate = done as f64 / secs.max(1e-9);
-        let eta = (total - done) as f64 / rate.max(1e-9);
-        let width = 30;
-        let filled = (done * width) / total.max(1);
-        eprint!(
-            "\r{} [{}{}] {done}/{total} {rate:.1} tok/s ETA {eta:.0}s ",
-            self.label,
-            "#".repeat(filled),
-            " ".repeat(width - filled)
-        );
-        if done >= total {
-            eprintln!();
+        if let Some(bar) = &self.bar {
+            bar.set_position(done);
+            if done >= total {
+                bar.finish();
+            }
         }
-        let _ = std::io::stderr().flush();
     }
 }

@@ -162,7 +162,7 @@ pub fn run(a: Args) -> CliResult {
     cfg.shard = shard;
     // a shard draws no charts: `kvslim eval merge` draws them from all rows
     cfg.charts = shard.is_none();
-    let mut progress = Progress::new("eval");
+    let mut progress = Progress::new("eval", "items");
     let rows = run_matrix(&loaded.model, tok, &cfg, |ev| match ev {
         MatrixEvent::TaskLoading { task } => eprintln!("loading {task} …"),
         MatrixEvent::CellStart { key, index, total } => {

@@ -90,7 +90,7 @@ pub fn run(a: Args) -> CliResult {
         decisions_from: a.decisions_from,
     };
     opts.check_decisions_from()?;
-    let mut progress = Progress::new("perplexity");
+    let mut progress = Progress::new("perplexity", "tok");
     let r = perplexity(&loaded.model, &ids, &opts, |d, t| progress.update(d, t))?;
     if let Some(path) = &a.kept_out {
         let layers: Vec<_> = r.kept.iter().map(|heads| serde_json::json!({ "kv_heads": heads })).collect();

@@ -13,11 +13,13 @@
 //!   resume, and `results.csv` / `results.md`;
 //! * [`matrix`]: [`matrix::run_matrix`], the models × policies × budgets ×
 //!   tasks loop with a progress callback;
-//! * [`plots`]: quality-vs-budget charts (PNG + SVG) from result rows;
+//! * [`plots`]: quality-vs-budget charts (PNG + SVG) from result rows, drawn
+//!   by [`chart`] (line charts with `plotters`);
 //! * [`shard`]: one matrix split over processes (`--shard I/N`) and the
 //!   merge of their outputs into the unsharded run's files.
 
 pub mod budget;
+pub mod chart;
 pub mod forked;
 pub mod matrix;
 pub mod metrics;

@@ -2,9 +2,9 @@
 //! metric, one line per policy over the budget (log x axis); a policy run
 //! without a budget (`full`) is drawn flat across the budget range.
 
+use crate::chart::Chart;
 use crate::results::{ResultRow, HEADLINE_METRICS};
 use crate::{EvalError, Result};
-use kvslim_plot::Chart;
 use std::path::{Path, PathBuf};
 
 /// A budget label as a number on the x axis: `20%` → 20 (percent axis),

@@ -4,10 +4,10 @@
 //! such sequences fit a KV memory limit.
 
 use crate::budget::{BudgetedPolicy, PolicySource};
+use crate::chart::Chart;
 use crate::{EvalError, Result};
 use kvslim_engine::bench::step_time;
 use kvslim_models::Model;
-use kvslim_plot::Chart;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 

@@ -1,11 +1,12 @@
 //! `hf:org/repo[/file]` specs: files of a Hugging Face repository, read
 //! from the same cache layout `huggingface_hub` uses (so downloads are
-//! shared with Python tools) and fetched with `curl` when absent.
+//! shared with Python tools) and fetched with the `hf-hub` client when
+//! absent.
 
-use crate::process::run_teed;
 use crate::{err, Env, Error, Result};
+use hf_hub::api::sync::ApiBuilder;
+use hf_hub::{Cache, Repo, RepoType};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 struct HfSpec<'a> {
     org: &'a str,
@@ -37,10 +38,11 @@ struct HfRepo<'a> {
     env: &'a Env,
     org: &'a str,
     repo: &'a str,
+    /// The hub cache and the repository's folder in it.
+    hub: PathBuf,
     dir: PathBuf,
     /// The commit `refs/main` points to, once known.
     commit: Option<String>,
-    fetched: usize,
 }
 
 impl<'a> HfRepo<'a> {
@@ -50,7 +52,7 @@ impl<'a> HfRepo<'a> {
             .ok()
             .map(|s| s.trim().to_string())
             .filter(|s| valid_commit(s));
-        HfRepo { spec, env, org, repo, dir, commit, fetched: 0 }
+        HfRepo { spec, env, org, repo, hub: hub.to_path_buf(), dir, commit }
     }
 
     /// Snapshot folders to search: the one `refs/main` names, or, without
@@ -76,18 +78,14 @@ impl<'a> HfRepo<'a> {
     }
 
     fn url(&self, file: &str) -> String {
-        format!(
-            "{}/{}/{}/resolve/{}/{}",
-            self.env.hf_endpoint,
-            self.org,
-            self.repo,
-            self.commit.as_deref().unwrap_or("main"),
-            file
-        )
+        format!("{}/{}/{}/resolve/main/{}", self.env.hf_endpoint, self.org, self.repo, file)
     }
 
-    /// Downloads `file` into the snapshot (learning the commit from the
-    /// first response when the cache has no `refs/main`).
+    /// Downloads `file` of the repository's `main` revision with the
+    /// `hf-hub` client into the cache (blob under `blobs/`, linked from
+    /// `snapshots/<commit>/`, `refs/main` updated), with a progress bar on
+    /// a terminal. Every file of one resolution must land in the snapshot
+    /// of the first: a repository that moves on mid-way is an error.
     fn fetch(&mut self, file: &str) -> Result<PathBuf, String> {
         if let Some(c) = &self.commit {
             let p = self.dir.join("snapshots").join(c).join(file);
@@ -95,60 +93,35 @@ impl<'a> HfRepo<'a> {
                 return Ok(p);
             }
         }
-        std::fs::create_dir_all(&self.dir).map_err(|e| format!("cannot create {}: {e}", self.dir.display()))?;
-        self.fetched += 1;
-        let stem = format!(".incomplete-{}-{}", std::process::id(), self.fetched);
-        let tmp = self.dir.join(&stem);
-        let headers = self.dir.join(format!("{stem}.headers"));
-        let cleanup = || {
-            let _ = std::fs::remove_file(&tmp);
-            let _ = std::fs::remove_file(&headers);
-        };
         let url = self.url(file);
         eprintln!("kvslim: downloading {url}");
-        let mut curl = Command::new(&self.env.curl);
-        curl.args(["-fL", "--retry", "2", "-D"]).arg(&headers).arg("-o").arg(&tmp).arg(&url);
-        // the token goes through a config on stdin, not the command line
-        let config = self.env.hf_token.as_ref().map(|t| {
-            let t = t.replace('\\', "\\\\").replace('"', "\\\"");
-            format!("header = \"Authorization: Bearer {t}\"\n")
-        });
-        if config.is_some() {
-            curl.args(["-K", "-"]);
+        let mut builder = ApiBuilder::from_cache(Cache::new(self.hub.clone()))
+            .with_endpoint(self.env.hf_endpoint.clone())
+            .with_retries(2)
+            .with_progress(true);
+        // without HF_TOKEN, hf-hub reads the token file huggingface-cli
+        // login writes next to the hub cache
+        if let Some(t) = &self.env.hf_token {
+            builder = builder.with_token(Some(t.clone()));
         }
-        let run = run_teed(&mut curl, config.as_deref().map(str::as_bytes));
-        let (status, tail) = match run {
-            Ok(r) => r,
-            Err(e) => {
-                cleanup();
-                return Err(format!("cannot run `{}`: {e}", self.env.curl.to_string_lossy()));
+        let api = builder.build().map_err(|e| format!("cannot set up the Hugging Face client: {e}"))?;
+        let repo = api.repo(Repo::new(format!("{}/{}", self.org, self.repo), RepoType::Model));
+        let path = repo.download(file).map_err(|e| format!("downloading {url} failed: {e}"))?;
+        let commit = path
+            .strip_prefix(self.dir.join("snapshots"))
+            .ok()
+            .and_then(|rel| rel.components().next())
+            .map(|c| c.as_os_str().to_string_lossy().into_owned());
+        match (&self.commit, commit) {
+            (_, None) => Err(format!("the download of {url} landed outside {}", self.dir.display())),
+            (Some(pinned), Some(got)) if *pinned != got => Err(format!(
+                "the repository moved from commit {pinned} to {got} while downloading; run the command again"
+            )),
+            (_, Some(got)) => {
+                self.commit = Some(got);
+                Ok(path)
             }
-        };
-        if !status.success() {
-            cleanup();
-            return Err(format!("downloading {url} failed: curl {status}:\n{tail}"));
         }
-        if self.commit.is_none() {
-            let hdr = std::fs::read_to_string(&headers).unwrap_or_default();
-            let commit = hdr
-                .lines()
-                .filter_map(|l| l.split_once(':'))
-                .find(|(k, _)| k.trim().eq_ignore_ascii_case("x-repo-commit"))
-                .map(|(_, v)| v.trim().to_string())
-                .filter(|v| valid_commit(v))
-                .unwrap_or_else(|| "main".to_string());
-            let refs = self.dir.join("refs");
-            std::fs::create_dir_all(&refs).and_then(|_| std::fs::write(refs.join("main"), &commit)).map_err(|e| {
-                cleanup();
-                format!("cannot write {}: {e}", refs.join("main").display())
-            })?;
-            self.commit = Some(commit);
-        }
-        let dest = self.dir.join("snapshots").join(self.commit.as_deref().unwrap_or("main")).join(file);
-        let moved = dest.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|_| std::fs::rename(&tmp, &dest));
-        cleanup();
-        moved.map_err(|e| format!("cannot move the download to {}: {e}", dest.display()))?;
-        Ok(dest)
     }
 
     fn not_cached(&self, what: &str) -> String {
@@ -259,7 +232,7 @@ pub fn resolve(spec: &str, rest: &str, env: &Env) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use crate::resolve_with;
-    use crate::testutil::{env_in, message, scratch, write};
+    use crate::testutil::{closed_port, env_in, message, scratch, write, FakeHub};
     use std::path::{Path, PathBuf};
 
     /// Lays out `models--org--repo` as huggingface_hub does.
@@ -347,77 +320,61 @@ mod tests {
         let mut env = env_in(&t.0);
         env.hf_offline = false;
         env.offline = false;
+        // nothing listens there: refused at once, no hang
+        env.hf_endpoint = format!("http://{}", closed_port());
+        let started = std::time::Instant::now();
         let m = message(resolve_with("hf:o/r/f.gguf", &env));
         assert!(m.contains("not in the Hugging Face cache"), "{m}");
         assert!(m.contains("the download failed"), "{m}");
-        assert!(m.contains("cannot run"), "{m}");
+        assert!(m.contains(&format!("downloading {}/o/r/resolve/main/f.gguf failed", env.hf_endpoint)), "{m}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "{:?}", started.elapsed());
+        let m = message(resolve_with("hf:o/r", &env));
+        assert!(m.contains("complete checkpoint") && m.contains("config.json failed"), "{m}");
     }
 
-    /// A stand-in for curl: writes a body and a commit header, or fails
-    /// like `curl -f` on a 404.
-    #[cfg(unix)]
-    fn fake_curl(dir: &Path) -> PathBuf {
-        crate::testutil::write_script(
-            &dir.join("fake-curl"),
-            r#"#!/bin/sh
-out=""; hdr=""; url=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    -o) out="$2"; shift ;;
-    -D) hdr="$2"; shift ;;
-    --retry|-K) shift ;;
-    -*) ;;
-    *) url="$1" ;;
-  esac
-  shift
-done
-case "$url" in
-  *missing*|*model.safetensors.index.json) echo "curl: (22) The requested URL returned error: 404" >&2; exit 22 ;;
-esac
-printf 'HTTP/1.1 200 OK\r\nX-Repo-Commit: 1111111111111111111111111111111111111111\r\n\r\n' > "$hdr"
-printf '%s' "$url" > "$out"
-"#,
-        )
-    }
-
-    #[cfg(unix)]
     #[test]
     fn hf_download_into_cache_layout() {
         let t = scratch("hf-dl");
+        let hub = FakeHub::start();
         let mut env = env_in(&t.0);
         env.hf_offline = false;
         env.offline = false;
-        env.hf_endpoint = "https://hub.example".into();
-        env.curl = fake_curl(&t.0).into();
+        env.hf_endpoint = hub.endpoint.clone();
+        env.hf_token = Some("hf_secret".into());
         let p = resolve_with("hf:org/repo/dir/w.gguf", &env).unwrap();
         let repo = env.hf_hub.clone().unwrap().join("models--org--repo");
-        let commit = "1111111111111111111111111111111111111111";
+        let commit = FakeHub::COMMIT;
         assert_eq!(p, repo.join("snapshots").join(commit).join("dir/w.gguf"));
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "https://hub.example/org/repo/resolve/main/dir/w.gguf");
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "/org/repo/resolve/main/dir/w.gguf");
         assert_eq!(std::fs::read_to_string(repo.join("refs/main")).unwrap(), commit);
-        // a second file is fetched at the pinned commit
+        // the file is a link into blobs/, as huggingface_hub lays it out
+        assert!(std::fs::symlink_metadata(&p).unwrap().file_type().is_symlink() || !cfg!(unix));
+        assert!(repo.join("blobs").read_dir().unwrap().count() >= 1);
+        assert!(hub.requests().iter().all(|r| r.contains("authorization: Bearer hf_secret")), "{:?}", hub.requests());
+        // a second file lands in the same snapshot
         let p = resolve_with("hf:org/repo/x.bin", &env).unwrap();
-        assert_eq!(
-            std::fs::read_to_string(&p).unwrap(),
-            format!("https://hub.example/org/repo/resolve/{commit}/x.bin")
-        );
-        // now offline, both come from the cache
+        assert_eq!(p, repo.join("snapshots").join(commit).join("x.bin"));
+        // now offline, both come from the cache without a request
         env.hf_offline = true;
+        let before = hub.requests().len();
         assert!(resolve_with("hf:org/repo/dir/w.gguf", &env).is_ok());
-        // failures carry curl's message and leave no temporary files
+        assert!(resolve_with("hf:org/repo/x.bin", &env).is_ok());
+        assert_eq!(hub.requests().len(), before);
+        // failures carry the status and leave no partial files
         env.hf_offline = false;
         let m = message(resolve_with("hf:org/repo/missing.gguf", &env));
-        assert!(m.contains("returned error: 404"), "{m}");
-        let leftovers: Vec<_> = std::fs::read_dir(&repo)
+        assert!(m.contains("404"), "{m}");
+        let partial: Vec<_> = std::fs::read_dir(repo.join("blobs"))
             .unwrap()
             .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with(".incomplete"))
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".part"))
             .collect();
-        assert!(leftovers.is_empty(), "{leftovers:?}");
-        // a whole checkpoint
+        assert!(partial.is_empty(), "{partial:?}");
+        // a whole checkpoint (the index 404s, the single file is there)
         let snap = resolve_with("hf:org/ckpt", &env).unwrap();
         for f in ["config.json", "model.safetensors", "tokenizer.json"] {
             assert!(snap.join(f).is_file(), "{f}");
         }
+        assert_eq!(resolve_with("hf:org/ckpt", &env).unwrap(), snap);
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! This crate turns what a user types after `--model` into a local path;
 //! it knows nothing about checkpoint formats (that is `kvslim-models`), so
-//! the loaders do not carry pip, curl and cache-layout logic.
+//! the loaders do not carry pip, download and cache-layout logic.
 //!
 //! - A local path (file or directory) is used as is; an existing path wins
 //!   over an alias of the same name.
@@ -12,9 +12,11 @@
 //!   Hugging Face cache (`$HF_HUB_CACHE`, else `$HF_HOME/hub`, else
 //!   `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`:
 //!   `models--org--repo/refs/main` holds a commit, files live under
-//!   `snapshots/<commit>/`). When absent they are downloaded with `curl`
-//!   into that same layout, unless `HF_HUB_OFFLINE=1`. `HF_TOKEN` is sent
-//!   as a bearer token and `HF_ENDPOINT` replaces the hub address.
+//!   `snapshots/<commit>/`, links into `blobs/`). When absent they are
+//!   downloaded with the `hf-hub` client into that same layout, unless
+//!   `HF_HUB_OFFLINE=1`. `HF_TOKEN` (else the token file that
+//!   `huggingface-cli login` writes beside the cache) is sent as a bearer
+//!   token and `HF_ENDPOINT` replaces the hub address.
 //! - Aliases ([`known_aliases`]): `smollm2-135m` (the default model) is
 //!   looked for in `$KVSLIM_MODELS` and the user cache
 //!   (`$XDG_CACHE_HOME/kvslim/models`, else `~/.cache/kvslim/models`), and
@@ -83,7 +85,6 @@ struct Env {
     /// `KVSLIM_OFFLINE`: no download of any kind.
     offline: bool,
     home: Option<PathBuf>,
-    curl: OsString,
     python: OsString,
 }
 
@@ -116,7 +117,6 @@ impl Env {
             hf_offline: truthy("HF_HUB_OFFLINE"),
             offline: truthy("KVSLIM_OFFLINE"),
             home,
-            curl: "curl".into(),
             python: "python3".into(),
         }
     }

@@ -1,4 +1,4 @@
-//! Child processes (pip, python, curl) whose progress the user sees, and
+//! Child processes (pip, python) whose progress the user sees, and
 //! scratch folders that clean up after a failed download.
 
 use std::io::{Read, Write};
@@ -35,7 +35,7 @@ pub fn run_checked(
     cannot_run: impl FnOnce(std::io::Error) -> String,
     failed: impl FnOnce(ExitStatus, String) -> String,
 ) -> Result<(), String> {
-    let (status, tail) = run_teed(cmd, None).map_err(cannot_run)?;
+    let (status, tail) = run_teed(cmd).map_err(cannot_run)?;
     if status.success() {
         Ok(())
     } else {
@@ -45,17 +45,9 @@ pub fn run_checked(
 
 /// Runs a command, copying its stdout and stderr to our stderr as they
 /// come (progress), and returns its status with the last lines of output.
-pub fn run_teed(cmd: &mut Command, stdin: Option<&[u8]>) -> std::io::Result<(ExitStatus, String)> {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    });
+pub fn run_teed(cmd: &mut Command) -> std::io::Result<(ExitStatus, String)> {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
     let mut child = cmd.spawn()?;
-    if let (Some(data), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        // the child may exit before reading; its status tells what happened
-        let _ = pipe.write_all(data);
-    }
     let forward = |r: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
             let mut tail: Vec<u8> = Vec::new();

@@ -3,7 +3,10 @@
 
 use crate::process::TempDir;
 use crate::{Env, Result};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// A fresh temporary folder, removed on drop.
 pub fn scratch(name: &str) -> TempDir {
@@ -23,12 +26,11 @@ pub fn env_in(root: &Path) -> Env {
         kvslim_models: vec![root.join("models")],
         user_cache: Some(root.join("cache/kvslim/models")),
         hf_hub: Some(root.join("hf/hub")),
-        hf_endpoint: "http://127.0.0.1:9".into(),
+        hf_endpoint: format!("http://{}", closed_port()),
         hf_token: None,
         hf_offline: true,
         offline: true,
         home: Some(root.join("home")),
-        curl: root.join("no-such-curl").into(),
         python: root.join("no-such-python").into(),
     }
 }
@@ -38,7 +40,7 @@ pub fn write(path: &Path, bytes: &[u8]) {
     std::fs::write(path, bytes).unwrap();
 }
 
-/// Writes an executable shell script (a stand-in for python3 or curl).
+/// Writes an executable shell script (a stand-in for python3).
 #[cfg(unix)]
 pub fn write_script(path: &Path, text: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
@@ -49,4 +51,82 @@ pub fn write_script(path: &Path, text: &str) -> PathBuf {
 
 pub fn message(r: Result<PathBuf>) -> String {
     r.expect_err("expected an error").to_string()
+}
+
+/// A loopback address where nothing listens (a port bound, then released).
+pub fn closed_port() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// A stand-in for the Hugging Face hub on a loopback port: every
+/// `/org/repo/resolve/main/FILE` answers with its own path as the body,
+/// the `X-Repo-Commit`, `ETag` and `Content-Range` headers the hub sends
+/// and honours `Range`; files named `*missing*` and sharded-checkpoint
+/// indexes are 404. Each request's head is recorded (header names in
+/// lower case).
+pub struct FakeHub {
+    pub endpoint: String,
+    requests: Arc<Mutex<Vec<String>>>,
+}
+
+impl FakeHub {
+    pub const COMMIT: &'static str = "1111111111111111111111111111111111111111";
+
+    pub fn start() -> Self {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", l.local_addr().unwrap());
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let log = requests.clone();
+        std::thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(mut s) = conn else { return };
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                let mut head = Vec::new();
+                let mut line = String::new();
+                while r.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                    let l = line.trim_end();
+                    head.push(match l.split_once(':') {
+                        Some((k, v)) => format!("{}:{v}", k.to_ascii_lowercase()),
+                        None => l.to_string(),
+                    });
+                    line.clear();
+                }
+                let path = head.first().and_then(|l| l.split(' ').nth(1)).unwrap_or("").to_string();
+                let range_from = head
+                    .iter()
+                    .find_map(|h| h.strip_prefix("range: bytes="))
+                    .and_then(|r| r.split('-').next())
+                    .and_then(|v| v.parse::<usize>().ok());
+                log.lock().unwrap().push(head.join("\n"));
+                let body = path.as_bytes();
+                let reply = if path.contains("missing") || path.ends_with("model.safetensors.index.json") {
+                    "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".as_bytes().to_vec()
+                } else {
+                    let from = range_from.unwrap_or(0).min(body.len());
+                    let to = if head.iter().any(|h| h == "range: bytes=0-0") { 1 } else { body.len() };
+                    let part = &body[from..to.max(from)];
+                    let mut out = format!(
+                        "HTTP/1.1 206 Partial Content\r\nX-Repo-Commit: {}\r\nETag: \"{:016x}\"\r\n\
+                         Content-Range: bytes {from}-{}/{}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        Self::COMMIT,
+                        path.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3)),
+                        (from + part.len()).max(1) - 1,
+                        body.len(),
+                        part.len()
+                    )
+                    .into_bytes();
+                    out.extend_from_slice(part);
+                    out
+                };
+                let _ = s.write_all(&reply);
+            }
+        });
+        FakeHub { endpoint, requests }
+    }
+
+    /// The heads of the requests received so far.
+    pub fn requests(&self) -> Vec<String> {
+        self.requests.lock().unwrap().clone()
+    }
 }

@@ -102,6 +102,25 @@ impl St {
         with_header(&serde_json::to_vec(&self.header).unwrap(), &self.data)
     }
 
+    /// Drops a tensor's entry and its bytes (later offsets move down), so
+    /// the file stays a valid safetensors file without it.
+    fn remove(&mut self, name: &str) {
+        let offs = |v: &Value| {
+            let o = v["data_offsets"].as_array().unwrap();
+            (o[0].as_u64().unwrap() as usize, o[1].as_u64().unwrap() as usize)
+        };
+        let (s, e) = offs(&self.header.remove(name).unwrap_or_else(|| panic!("fixture has no tensor {name}")));
+        self.data.drain(s..e);
+        for (k, v) in self.header.iter_mut().filter(|(k, _)| *k != "__metadata__") {
+            let (a, b) = offs(v);
+            if a >= e {
+                v["data_offsets"] = json!([a - (e - s), b - (e - s)]);
+            } else {
+                assert!(b <= s, "{k} overlaps {name}");
+            }
+        }
+    }
+
     fn tensor(&mut self, name: &str) -> &mut Map<String, Value> {
         self.header
             .get_mut(name)
@@ -303,6 +322,22 @@ fn safetensors_integer_weight() {
 }
 
 #[test]
+fn safetensors_spans_with_gaps_or_overlaps() {
+    // an entry dropped from the header, its bytes left in the file
+    let mut st = St::llama();
+    st.header.remove(K_PROJ);
+    let s = hf_dir("gap", &st.bytes(), None);
+    expect_load_error("gap", &s.0, &["invalid safetensors", "invalid offset for tensor", "model.safetensors"]);
+    // two tensors over the same bytes
+    let mut st = St::llama();
+    let other = st.tensor(K_PROJ)["data_offsets"].clone();
+    let shape = st.tensor(K_PROJ)["shape"].clone();
+    st.header.insert("extra.weight".into(), json!({"dtype": "F32", "shape": shape, "data_offsets": other}));
+    let s = hf_dir("overlap", &st.bytes(), None);
+    expect_load_error("overlap", &s.0, &["invalid safetensors", "invalid offset for tensor"]);
+}
+
+#[test]
 fn safetensors_header_not_json() {
     let data = St::llama().data;
     for (name, header, needle) in [
@@ -447,7 +482,7 @@ fn hf_missing_tensor() {
         "lm_head.weight", // the fixture's head is untied
     ] {
         let mut st = St::llama();
-        assert!(st.header.remove(name).is_some(), "fixture has {name}");
+        st.remove(name);
         let case = format!("without {name}");
         let s = hf_dir(&case, &st.bytes(), None);
         expect_load_error(&case, &s.0, &[&format!("tensor `{name}` is missing")]);
@@ -470,7 +505,7 @@ fn hf_missing_tensor_other_architectures() {
             .find(|k| k.ends_with(name))
             .cloned()
             .unwrap_or_else(|| panic!("{fixture} has no tensor ending in {name}"));
-        st.header.remove(&key);
+        st.remove(&key);
         let cfg: Value = serde_json::from_slice(&read(&dir.join("config.json"))).unwrap();
         let case = format!("{fixture} without {key}");
         let s = hf_dir(&case, &st.bytes(), Some(&cfg));

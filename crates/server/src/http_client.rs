@@ -1,10 +1,10 @@
-//! A tiny blocking HTTP/1.1 client over `std::net::TcpStream`, enough for
-//! the integration tests and `kvslim loadtest`: one request per connection
-//! (`Connection: close`), content-length or chunked bodies, and a reader for
-//! server-sent events.
+//! Blocking HTTP helpers over `ureq` for the integration tests, the soak
+//! driver and `kvslim loadtest`: a request read whole ([`request`]), or a
+//! response whose body is read as it arrives ([`open`]) with a reader for
+//! server-sent events. An error status (4xx, 5xx) is a response like any
+//! other; only transport failures are errors.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{self, BufRead, BufReader, Read};
 use std::time::Duration;
 
 /// A complete response.
@@ -41,7 +41,7 @@ pub fn split_url(url: &str) -> io::Result<(String, String)> {
 pub struct Streaming {
     pub status: u16,
     pub headers: Vec<(String, String)>,
-    pub body: BufReader<Body>,
+    pub body: BufReader<Box<dyn Read + Send + Sync>>,
 }
 
 impl Streaming {
@@ -60,7 +60,8 @@ impl Streaming {
     }
 }
 
-/// Sends a request and returns once the headers arrived.
+/// Sends a request and returns once the headers arrived; `timeout` bounds
+/// each wait for data (connect, headers, every read of the body).
 pub fn open(addr: &str, method: &str, path: &str, body: Option<&str>, timeout: Duration) -> io::Result<Streaming> {
     open_with(addr, method, path, body, timeout, &[])
 }
@@ -74,46 +75,39 @@ pub fn open_with(
     timeout: Duration,
     headers: &[(&str, &str)],
 ) -> io::Result<Streaming> {
-    let stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_nodelay(true)?;
-    let mut w = stream.try_clone()?;
-    let body = body.unwrap_or("");
-    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n",
-        body.len()
-    );
-    w.write_all(head.as_bytes())?;
-    w.write_all(body.as_bytes())?;
-    w.flush()?;
-    let mut r = BufReader::new(stream);
-    let mut line = String::new();
-    r.read_line(&mut line)?;
-    let status = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("bad status line {line:?}")))?;
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        if r.read_line(&mut line)? == 0 {
-            break;
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = l.split_once(':') {
-            headers.push((k.trim().to_string(), v.trim().to_string()));
-        }
+    let agent = ureq::AgentBuilder::new()
+        .timeout_connect(timeout)
+        .timeout_read(timeout)
+        .timeout_write(timeout)
+        .redirects(0)
+        .build();
+    let mut req = agent.request(method, &format!("http://{addr}{path}")).set("Content-Type", "application/json");
+    for (k, v) in headers {
+        req = req.set(k, v);
     }
-    let find = |n: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(n)).map(|(_, v)| v.clone());
-    let chunked = find("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
-    let length = find("content-length").and_then(|v| v.parse().ok());
-    let body = Body { inner: r, chunked, left: 0, length, done: false };
-    Ok(Streaming { status, headers, body: BufReader::new(body) })
+    let res = match body {
+        Some(b) => req.send_string(b),
+        None => req.call(),
+    };
+    let resp = match res {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(ureq::Error::Transport(t)) => return Err(transport_error(t)),
+    };
+    let mut names = resp.headers_names();
+    names.dedup();
+    let headers = names.iter().flat_map(|n| resp.all(n).into_iter().map(move |v| (n.clone(), v.to_string()))).collect();
+    Ok(Streaming { status: resp.status(), headers, body: BufReader::new(resp.into_reader()) })
+}
+
+/// A transport failure as an I/O error of the matching kind, so callers can
+/// tell a refused connection or a timeout from other failures.
+fn transport_error(t: ureq::Transport) -> io::Error {
+    use std::error::Error as _;
+    let kind = t.source().and_then(|s| s.downcast_ref::<io::Error>()).map(io::Error::kind).unwrap_or(match t.kind() {
+        ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns => io::ErrorKind::ConnectionRefused,
+        _ => io::ErrorKind::Other,
+    });
+    io::Error::new(kind, t.to_string())
 }
 
 /// Sends a request and reads the whole response.
@@ -135,61 +129,51 @@ pub fn request_with(
     Ok(Response { status: s.status, headers: s.headers, body: buf })
 }
 
-/// A response body: chunked, content-length or until EOF.
-pub struct Body {
-    inner: BufReader<TcpStream>,
-    chunked: bool,
-    left: usize,
-    length: Option<usize>,
-    done: bool,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::TcpListener;
 
-impl Read for Body {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.done || buf.is_empty() {
-            return Ok(0);
-        }
-        if self.chunked {
-            if self.left == 0 {
-                let mut line = String::new();
-                if self.inner.read_line(&mut line)? == 0 {
-                    self.done = true;
-                    return Ok(0);
-                }
-                let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
-                    .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("bad chunk size {line:?}")))?;
-                if size == 0 {
-                    self.done = true;
-                    return Ok(0);
-                }
-                self.left = size;
+    /// Answers one connection with `reply` after reading the request head.
+    fn one_shot(reply: &'static [u8]) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut line = String::new();
+            while r.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                line.clear();
             }
-            let want = buf.len().min(self.left);
-            let n = self.inner.read(&mut buf[..want])?;
-            if n == 0 {
-                self.done = true;
-                return Ok(0);
-            }
-            self.left -= n;
-            if self.left == 0 {
-                let mut crlf = String::new();
-                self.inner.read_line(&mut crlf)?;
-            }
-            Ok(n)
-        } else if let Some(len) = self.length.as_mut() {
-            if *len == 0 {
-                self.done = true;
-                return Ok(0);
-            }
-            let want = buf.len().min(*len);
-            let n = self.inner.read(&mut buf[..want])?;
-            *len -= n;
-            if n == 0 {
-                self.done = true;
-            }
-            Ok(n)
-        } else {
-            self.inner.read(buf)
-        }
+            let _ = s.write_all(reply);
+        });
+        addr
+    }
+
+    #[test]
+    fn error_statuses_are_responses_and_chunked_sse_streams() {
+        let addr = one_shot(b"HTTP/1.1 404 Not Found\r\nContent-Length: 5\r\nX-A: 1\r\n\r\nnope!");
+        let r = request(&addr, "GET", "/x", None).unwrap();
+        assert_eq!((r.status, r.text().as_str(), r.header("x-a")), (404, "nope!", Some("1")));
+        let addr = one_shot(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\nA\r\ndata: bc\n\n\r\n0\r\n\r\n",
+        );
+        let mut s = open(&addr, "POST", "/s", Some("{}"), Duration::from_secs(5)).unwrap();
+        assert_eq!(s.next_event().unwrap().as_deref(), Some("a"));
+        assert_eq!(s.next_event().unwrap().as_deref(), Some("bc"));
+        assert_eq!(s.next_event().unwrap(), None);
+    }
+
+    #[test]
+    fn refused_connections_are_io_errors() {
+        let addr = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let e = request(&addr, "GET", "/", None).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
+        assert_eq!(split_url("http://h:1/v1/").unwrap(), ("h:1".to_string(), "/v1".to_string()));
+        assert!(split_url("https://h").is_err());
     }
 }

@@ -14,7 +14,7 @@
 //! * [`request`]: request bodies parsed, validated and sized (every limit
 //!   checked) before the scheduler sees them; [`request::check_body`] is
 //!   the request-JSON fuzz target.
-//! * [`http_client`]: a tiny blocking HTTP/1.1 client for tests and
+//! * [`http_client`]: blocking HTTP helpers over `ureq` for tests and
 //!   `kvslim loadtest`.
 //! * [`soak`]: the soak driver (`kvslim loadtest --soak`): concurrent
 //!   clients mixing normal, cancelled, malformed, oversized and stalled

@@ -1,11 +1,14 @@
-//! `.safetensors` reader: 8-byte little-endian header length, JSON header,
-//! raw data. Also reads sharded checkpoints through
-//! `model.safetensors.index.json`. Every offset and size is checked against
-//! the file before any byte is read.
+//! `.safetensors` reader: the header is parsed and every tensor's dtype,
+//! shape and offsets checked against the mapped file by the `safetensors`
+//! crate before any byte is read. Also reads sharded checkpoints through
+//! `model.safetensors.index.json`. When the crate rejects a file, the
+//! header is looked at once more to name the problem and the tensor.
 
 use crate::{Error, Result};
 use kvslim_kernels::DType;
 use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -22,23 +25,16 @@ pub enum StDtype {
 }
 
 impl StDtype {
-    fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "F32" => StDtype::F32,
-            "F16" => StDtype::F16,
-            "BF16" => StDtype::BF16,
-            "I64" => StDtype::I64,
-            "I32" => StDtype::I32,
-            "F64" => StDtype::F64,
+    fn from_dtype(d: Dtype) -> Option<Self> {
+        Some(match d {
+            Dtype::F32 => StDtype::F32,
+            Dtype::F16 => StDtype::F16,
+            Dtype::BF16 => StDtype::BF16,
+            Dtype::I64 => StDtype::I64,
+            Dtype::I32 => StDtype::I32,
+            Dtype::F64 => StDtype::F64,
             _ => return None,
         })
-    }
-    fn size(self) -> usize {
-        match self {
-            StDtype::F16 | StDtype::BF16 => 2,
-            StDtype::F32 | StDtype::I32 => 4,
-            StDtype::F64 | StDtype::I64 => 8,
-        }
     }
     /// The weight storage type, when this can be a weight.
     pub fn weight_dtype(self) -> Option<DType> {
@@ -163,65 +159,17 @@ impl SafetensorsFiles {
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
         // SAFETY: the file is opened read-only; kvslim never writes model files while reading them.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-        let bad = |why: String| Error::format(path, format!("invalid safetensors: {why}"));
-        if map.len() < 8 {
-            return Err(bad(format!("file is {} bytes, shorter than the 8-byte header length", map.len())));
-        }
-        let hlen = u64::from_le_bytes(map[..8].try_into().expect("8 bytes"));
-        if hlen > (map.len() - 8) as u64 {
-            return Err(bad(format!("header claims {hlen} bytes but the file has {}", map.len() - 8)));
-        }
-        let data_start = 8 + hlen as usize;
-        let header: serde_json::Value =
-            serde_json::from_slice(&map[8..data_start]).map_err(|e| bad(format!("header is not JSON: {e}")))?;
-        let obj = header.as_object().ok_or_else(|| bad("header is not a JSON object".into()))?;
+        let (hlen, meta) = SafeTensors::read_metadata(&map).map_err(|e| diagnose(path, &map, e))?;
+        let data_start = 8 + hlen;
         let fidx = self.maps.len();
-        for (name, info) in obj {
-            if name == "__metadata__" {
-                continue;
-            }
-            if !info.is_object() {
-                return Err(bad(format!("tensor `{name}`: entry is not a JSON object")));
-            }
-            let Some(dt) = info.get("dtype").and_then(|d| d.as_str()) else {
-                return Err(bad(format!("tensor `{name}` has no dtype")));
-            };
-            let dtype = StDtype::parse(dt).ok_or_else(|| Error::UnsupportedTensorType {
+        for (name, info) in meta.tensors() {
+            let dtype = StDtype::from_dtype(info.dtype).ok_or_else(|| Error::UnsupportedTensorType {
                 path: path.into(),
                 name: name.clone(),
-                dtype: dt.to_string(),
+                dtype: info.dtype.to_string(),
             })?;
-            let shape: Vec<usize> = info
-                .get("shape")
-                .and_then(|s| s.as_array())
-                .map(|a| a.iter().map(|d| d.as_u64().map(|v| v as usize)).collect::<Option<Vec<_>>>())
-                .and_then(|s| s)
-                .ok_or_else(|| bad(format!("tensor `{name}` has no valid shape")))?;
-            let offs = info
-                .get("data_offsets")
-                .and_then(|o| o.as_array())
-                .filter(|o| o.len() == 2)
-                .and_then(|o| Some((o[0].as_u64()? as usize, o[1].as_u64()? as usize)))
-                .ok_or_else(|| bad(format!("tensor `{name}` has no valid data_offsets")))?;
-            let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-            let want = numel.and_then(|n| n.checked_mul(dtype.size()));
-            if offs.1 < offs.0 || Some(offs.1 - offs.0) != want {
-                return Err(bad(format!(
-                    "tensor `{name}` of shape {shape:?} {dt} spans bytes {}..{}, which does not match its size",
-                    offs.0, offs.1
-                )));
-            }
-            let (start, end) = match (data_start.checked_add(offs.0), data_start.checked_add(offs.1)) {
-                (Some(s), Some(e)) if e <= map.len() => (s, e),
-                _ => {
-                    return Err(bad(format!(
-                        "tensor `{name}` ends at byte {} but the file has {} bytes (truncated?)",
-                        data_start as u128 + offs.1 as u128,
-                        map.len()
-                    )))
-                }
-            };
-            self.tensors.insert(name.clone(), TensorInfo { dtype, shape, file: fidx, start, end });
+            let (start, end) = (data_start + info.data_offsets.0, data_start + info.data_offsets.1);
+            self.tensors.insert(name, TensorInfo { dtype, shape: info.shape.clone(), file: fidx, start, end });
         }
         self.paths.push(path.to_path_buf());
         self.maps.push(map);
@@ -256,5 +204,70 @@ impl SafetensorsFiles {
     /// First file's path.
     pub fn path(&self) -> &Path {
         &self.paths[0]
+    }
+}
+
+/// Why the `safetensors` crate rejected `map`, named as precisely as the
+/// header allows: the framing (file shorter than the length, header longer
+/// than the file, not JSON, not an object), else the first tensor whose
+/// entry is malformed, whose type kvslim cannot read, whose byte span
+/// disagrees with its shape or lies past the end of the file; else the
+/// crate's own reason (overlapping or uncovered spans, a header too large).
+fn diagnose(path: &Path, map: &[u8], e: safetensors::SafeTensorError) -> Error {
+    let bad = |why: String| Error::format(path, format!("invalid safetensors: {why}"));
+    if map.len() < 8 {
+        return bad(format!("file is {} bytes, shorter than the 8-byte header length", map.len()));
+    }
+    let hlen = u64::from_le_bytes(map[..8].try_into().expect("8 bytes"));
+    if hlen > (map.len() - 8) as u64 {
+        return bad(format!("header claims {hlen} bytes but the file has {}", map.len() - 8));
+    }
+    let data_start = 8 + hlen as usize;
+    let header: Value = match serde_json::from_slice(&map[8..data_start]) {
+        Ok(v) => v,
+        Err(e) => return bad(format!("header is not JSON: {e}")),
+    };
+    let Some(obj) = header.as_object() else { return bad("header is not a JSON object".into()) };
+    for (name, entry) in obj.iter().filter(|(n, _)| *n != "__metadata__") {
+        let Some(fields) = entry.as_object() else {
+            return bad(format!("tensor `{name}`: entry is not a JSON object"));
+        };
+        let Some(dt) = fields.get("dtype").and_then(Value::as_str) else {
+            return bad(format!("tensor `{name}` has no dtype"));
+        };
+        let Some(dtype) =
+            serde_json::from_value::<Dtype>(Value::from(dt)).ok().filter(|d| StDtype::from_dtype(*d).is_some())
+        else {
+            return Error::UnsupportedTensorType { path: path.into(), name: name.clone(), dtype: dt.to_string() };
+        };
+        let field = |key: &str| fields.get(key).cloned().unwrap_or(Value::Null);
+        let Ok(shape) = serde_json::from_value::<Vec<usize>>(field("shape")) else {
+            return bad(format!("tensor `{name}` has no valid shape"));
+        };
+        let Ok((s, e)) = serde_json::from_value::<(usize, usize)>(field("data_offsets")) else {
+            return bad(format!("tensor `{name}` has no valid data_offsets"));
+        };
+        let bytes =
+            shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).and_then(|n| n.checked_mul(dtype.bitsize() / 8));
+        if e < s || Some(e - s) != bytes {
+            return bad(format!(
+                "tensor `{name}` of shape {shape:?} {dt} spans bytes {s}..{e}, which does not match its size"
+            ));
+        }
+        if data_start.checked_add(e).is_none_or(|end| end > map.len()) {
+            return bad(format!(
+                "tensor `{name}` ends at byte {} but the file has {} bytes (truncated?)",
+                data_start as u128 + e as u128,
+                map.len()
+            ));
+        }
+    }
+    match e {
+        safetensors::SafeTensorError::InvalidOffset(_) | safetensors::SafeTensorError::MetadataIncompleteBuffer => {
+            bad(format!(
+                "{e} (the tensors' byte spans must follow each other and cover the data, without gaps or overlaps)"
+            ))
+        }
+        e => bad(e.to_string()),
     }
 }
