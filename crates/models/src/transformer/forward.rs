@@ -187,31 +187,22 @@ impl Model {
         for it in items.iter() {
             self.check_input(&[it.token], it.cache)?;
         }
-        let (d, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let (d, qd) = (c.hidden_size, c.q_dim());
         s.ensure(c, n, n);
         for (i, it) in items.iter().enumerate() {
-            let p0 = it.cache.next_pos();
             let seq = &mut s.seqs[i];
             seq.ensure(c, 1, it.cache.max_capacity(), 0);
             seq.trace = None;
-            self.rope_tables(p0, 1, &mut seq.cos, &mut seq.sin);
-            self.embed(&[it.token], p0, &mut s.a.x[i * d..(i + 1) * d], &mut s.a.proj);
+            self.embed(&[it.token], it.cache.next_pos(), &mut s.a.x[i * d..(i + 1) * d], &mut s.a.proj);
         }
         let scale = c.attention_scale();
         let parallel = n > 1 && rayon::current_num_threads() > 1;
         for li in 0..c.n_layers {
             self.project_qkv(li, &mut s.a, n, Products::Gemm);
-            let (q, k, v) = (&s.a.q, &s.a.k, &s.a.v);
+            let qkv = [&s.a.q[..], &s.a.k[..], &s.a.v[..]];
             // per sequence: RoPE at its position, then the solo decode attention
             let attend = |((i, it), (seq, out)): ((usize, &mut BatchItem<'_>), (&mut Scratch, &mut [f32]))| {
-                seq.a.q[..qd].copy_from_slice(&q[i * qd..(i + 1) * qd]);
-                seq.a.k[..kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
-                seq.a.v[..kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
-                self.position_qk(li, &mut seq.a.q, &mut seq.a.k, 1, &seq.cos, &seq.sin);
-                let p0 = it.cache.next_pos();
-                self.decode_attention(li, it.cache, seq, p0, scale)?;
-                out.copy_from_slice(&seq.a.att[..qd]);
-                Ok::<(), Error>(())
+                self.attend_steps(li, it.cache, seq, qkv, i, 1, scale, out)
             };
             let seqs = &mut s.seqs[..n];
             if parallel {
@@ -244,7 +235,7 @@ impl Model {
     /// happen between two tokens) is refused: feed its probe first.
     pub fn forward_steps_batch(&self, items: &mut [StepsItem<'_>], s: &mut BatchScratch) -> Result<()> {
         let c = &self.config;
-        let (d, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let (d, qd) = (c.hidden_size, c.q_dim());
         let mut offsets = Vec::with_capacity(items.len() + 1);
         offsets.push(0);
         for it in items.iter() {
@@ -280,7 +271,7 @@ impl Model {
         let scale = c.attention_scale();
         for li in 0..c.n_layers {
             self.project_qkv(li, &mut s.a, rows, Products::Gemm);
-            let (q, k, v) = (&s.a.q, &s.a.k, &s.a.v);
+            let qkv = [&s.a.q[..], &s.a.k[..], &s.a.v[..]];
             let mut outs = Vec::with_capacity(items.len());
             let mut rest = &mut s.a.att[..rows * qd];
             for it in items.iter() {
@@ -290,18 +281,7 @@ impl Model {
             }
             // per sequence, its tokens in order: RoPE, the decode attention, the policy
             let attend = |((i, it), (seq, out)): ((usize, &mut StepsItem<'_>), (&mut Scratch, &mut &mut [f32]))| {
-                let p0 = it.cache.next_pos();
-                for t in 0..it.tokens.len() {
-                    let row = offsets[i] + t;
-                    seq.a.q[..qd].copy_from_slice(&q[row * qd..(row + 1) * qd]);
-                    seq.a.k[..kvd].copy_from_slice(&k[row * kvd..(row + 1) * kvd]);
-                    seq.a.v[..kvd].copy_from_slice(&v[row * kvd..(row + 1) * kvd]);
-                    self.rope_tables(p0 + t, 1, &mut seq.cos, &mut seq.sin);
-                    self.position_qk(li, &mut seq.a.q, &mut seq.a.k, 1, &seq.cos, &seq.sin);
-                    self.decode_attention(li, it.cache, seq, p0 + t, scale)?;
-                    out[t * qd..(t + 1) * qd].copy_from_slice(&seq.a.att[..qd]);
-                }
-                Ok::<(), Error>(())
+                self.attend_steps(li, it.cache, seq, qkv, offsets[i], it.tokens.len(), scale, out)
             };
             let seqs = &mut s.seqs[..items.len()];
             if items.len() > 1 && rayon::current_num_threads() > 1 {
@@ -329,6 +309,38 @@ impl Model {
         }
         if logit_rows > 0 {
             self.project_logits(&s.picked, &mut s.a.xn, logit_rows, &mut s.logits, Products::Gemm);
+        }
+        Ok(())
+    }
+
+    /// One sequence's `n` tokens of a batched call in layer `li`, each as a
+    /// decode step in order: its projections are rows `row0..row0 + n` of
+    /// `qkv`; RoPE at its position, the decode attention and the policy, as
+    /// a solo step; attention outputs into `out` (`n` rows of `q_dim`).
+    #[allow(clippy::too_many_arguments)]
+    fn attend_steps(
+        &self,
+        li: usize,
+        cache: &mut SequenceCache,
+        seq: &mut Scratch,
+        qkv: [&[f32]; 3],
+        row0: usize,
+        n: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (qd, kvd) = (self.config.q_dim(), self.config.kv_dim());
+        let [q, k, v] = qkv;
+        let p0 = cache.next_pos();
+        for t in 0..n {
+            let row = row0 + t;
+            seq.a.q[..qd].copy_from_slice(&q[row * qd..(row + 1) * qd]);
+            seq.a.k[..kvd].copy_from_slice(&k[row * kvd..(row + 1) * kvd]);
+            seq.a.v[..kvd].copy_from_slice(&v[row * kvd..(row + 1) * kvd]);
+            self.rope_tables(p0 + t, 1, &mut seq.cos, &mut seq.sin);
+            self.position_qk(li, &mut seq.a.q, &mut seq.a.k, 1, &seq.cos, &seq.sin);
+            self.decode_attention(li, cache, seq, p0 + t, scale)?;
+            out[t * qd..(t + 1) * qd].copy_from_slice(&seq.a.att[..qd]);
         }
         Ok(())
     }
