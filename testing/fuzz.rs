@@ -371,14 +371,15 @@ pub fn run<I: Send + 'static>(
     rep
 }
 
-/// `run` over byte seeds: each case picks a seed, mutates it (positions
-/// biased to `focus` of that seed) and hands the bytes to `target`.
-pub fn run_bytes(
+/// `run` over seeds: each case picks a seed and `mutate(rng, seed)` makes
+/// the input, its size in bytes and a description of its mutations.
+pub fn run_seeded<S: Send + 'static, I: Send + 'static>(
     name: &'static str,
     n: usize,
     limits: Limits,
-    seeds: Vec<(Vec<u8>, std::ops::Range<usize>)>,
-    target: impl Fn(&[u8]) -> Verdict + Send + 'static,
+    seeds: Vec<S>,
+    mutate: impl Fn(&mut SplitMix64, &S) -> (I, usize, String) + Send + 'static,
+    target: impl Fn(&I) -> Verdict + Send + 'static,
 ) -> Report {
     assert!(!seeds.is_empty(), "{name}: no seeds");
     run(
@@ -387,17 +388,31 @@ pub fn run_bytes(
         limits,
         move |r| {
             let k = r.below(seeds.len());
-            let (seed, focus) = &seeds[k];
-            let mut data = seed.clone();
-            let what = format!("seed {k}: {}", mutate_bytes(r, &mut data, focus.clone()));
-            let len = data.len();
-            (data, len, what)
+            let (input, size, what) = mutate(r, &seeds[k]);
+            (input, size, format!("seed {k}: {what}"))
         },
-        move |d: &Vec<u8>| target(d),
+        target,
     )
 }
 
-/// `run` over text seeds with dictionary splicing.
+/// [`run_seeded`] over byte seeds, mutations biased to each seed's `focus`.
+pub fn run_bytes(
+    name: &'static str,
+    n: usize,
+    limits: Limits,
+    seeds: Vec<(Vec<u8>, std::ops::Range<usize>)>,
+    target: impl Fn(&[u8]) -> Verdict + Send + 'static,
+) -> Report {
+    let mutate = |r: &mut SplitMix64, (seed, focus): &(Vec<u8>, std::ops::Range<usize>)| {
+        let mut data = seed.clone();
+        let what = mutate_bytes(r, &mut data, focus.clone());
+        let len = data.len();
+        (data, len, what)
+    };
+    run_seeded(name, n, limits, seeds, mutate, move |d: &Vec<u8>| target(d))
+}
+
+/// [`run_seeded`] over text seeds with dictionary splicing.
 pub fn run_text(
     name: &'static str,
     n: usize,
@@ -406,17 +421,10 @@ pub fn run_text(
     dict: &'static [&'static str],
     target: impl Fn(&str) -> Verdict + Send + 'static,
 ) -> Report {
-    assert!(!seeds.is_empty(), "{name}: no seeds");
-    run(
-        name,
-        n,
-        limits,
-        move |r| {
-            let k = r.below(seeds.len());
-            let (s, what) = mutate_text(r, &seeds[k], dict);
-            let len = s.len();
-            (s, len, format!("seed {k}: {what}"))
-        },
-        move |s: &String| target(s),
-    )
+    let mutate = move |r: &mut SplitMix64, seed: &String| {
+        let (s, what) = mutate_text(r, seed, dict);
+        let len = s.len();
+        (s, len, what)
+    };
+    run_seeded(name, n, limits, seeds, mutate, move |s: &String| target(s))
 }

@@ -11,7 +11,7 @@ mod common;
 #[path = "../../../testing/fuzz.rs"]
 mod fuzz;
 
-use fuzz::{iters, run, Limits};
+use fuzz::{iters, run_seeded, Limits};
 use kvslim_cache::PolicySpec;
 use kvslim_models::chat::{ChatFormat, ChatTemplate};
 use kvslim_server::request::{check_body, Kind};
@@ -97,22 +97,21 @@ fn state() -> AppState {
 #[test]
 fn fuzz_request_json() {
     let st = state();
-    let seeds: Vec<(Kind, &str)> =
+    let seeds: Vec<(Kind, &'static str)> =
         COMPLETIONS.iter().map(|s| (Kind::Completion, *s)).chain(CHATS.iter().map(|s| (Kind::Chat, *s))).collect();
     // every seed is a request the endpoint accepts
     for (kind, s) in &seeds {
         check_body(&st, *kind, s.as_bytes()).unwrap_or_else(|e| panic!("seed {s} refused: {}", e.message));
     }
-    let report = run(
+    let report = run_seeded(
         "request-json",
         iters(3_000),
         Limits::default(),
-        move |r| {
-            let k = r.below(seeds.len());
-            let (kind, seed) = seeds[k];
+        seeds,
+        |r, &(kind, seed): &(Kind, &'static str)| {
             let (body, what) = fuzz::mutate_text(r, seed, DICT);
             let len = body.len();
-            ((kind, body), len, format!("seed {k}: {what}"))
+            ((kind, body), len, what)
         },
         move |(kind, body): &(Kind, String)| check_body(&st, *kind, body.as_bytes()).map(|_| ()).map_err(|e| e.message),
     );
