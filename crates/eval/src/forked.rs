@@ -180,7 +180,6 @@ fn run_steps(
             done[k] += 1;
         }
     }
-    let v = model.config.vocab_size;
     let mut start = 0;
     while start < jobs.len() {
         // the next group: jobs until about MAX_ROWS rows
@@ -203,7 +202,7 @@ fn run_steps(
             let n = jobs[k].tokens.len();
             for j in done[k]..n {
                 if wants(jobs[k].want, j, n) {
-                    on_row(k, j, &scratch.logits(r)[..v]);
+                    on_row(k, j, scratch.logits(r));
                     r += 1;
                 }
             }
