@@ -667,7 +667,7 @@ mod tests {
     /// edge: rows not a multiple of 4 or 16, token counts 2..9, long rows.
     #[test]
     fn matmul_and_matvec_match_reference_on_ragged_shapes() {
-        use crate::matrix::Matrix;
+        use crate::matrix::{Matrix, Products};
         let mut rng = Rng(31337);
         for (dt, rows, cols) in [
             (DType::F32, 19, 37),
@@ -682,7 +682,7 @@ mod tests {
             (DType::Q6_K, 9, 768),
             (DType::Q2_K, 6, 256),
         ] {
-            let m = Matrix::quantized(dt, rows, cols, &rng.vec(rows * cols, 1.0)).unwrap();
+            let m = Matrix::quantized_with(dt, rows, cols, &rng.vec(rows * cols, 1.0), Products::F32).unwrap();
             let w = m.to_f32();
             for n in [1usize, 2, 3, 4, 5, 9] {
                 let x = rng.vec(n * cols, 1.0);

@@ -15,6 +15,7 @@ pub mod attention;
 pub mod dot;
 pub mod dtype;
 pub mod f16;
+pub mod int8;
 pub mod kvquant;
 pub mod matrix;
 pub mod ops;
@@ -23,7 +24,7 @@ pub mod rope;
 mod simd;
 
 pub use dtype::DType;
-pub use matrix::Matrix;
+pub use matrix::{Matrix, Products};
 
 /// Errors raised when raw bytes cannot form the requested tensor.
 #[derive(Debug, thiserror::Error)]

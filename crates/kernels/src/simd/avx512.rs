@@ -586,3 +586,122 @@ pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::KvGroupKernels> {
         axpy: [kv_axpy::<KV_F16>, kv_axpy::<KV_Q8>, kv_axpy::<KV_Q4>],
     })
 }
+
+// ---- integer products on repacked block weights (VNNI) -------------------
+
+use crate::int8::{self, Activations, PANEL_ROWS, TILE_TOKENS};
+use crate::DType;
+
+/// The VNNI micro-kernel of [`crate::int8`], when the CPU has AVX-512 VNNI
+/// besides the features of this module.
+pub(crate) fn int8_tile() -> Option<int8::TileFn> {
+    (kernels().is_some() && is_x86_feature_detected!("avx512vnni")).then_some(int8_tile_dispatch as int8::TileFn)
+}
+
+fn int8_tile_dispatch(
+    dtype: DType,
+    panel: &[u8],
+    x: &Activations,
+    t0: usize,
+    nt: usize,
+    out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS],
+) {
+    let (q, d, s, cols) = x.parts();
+    let blocks = cols / crate::quant::QK;
+    assert!(panel.len() >= blocks * int8::panel_block_bytes(dtype), "int8 panel too short");
+    assert!(nt <= TILE_TOKENS && (t0 + nt) * cols <= q.len() && (t0 + nt) * blocks <= d.len().min(s.len()));
+    let p = Int8Args { panel: panel.as_ptr(), blocks, q: q.as_ptr(), d: d.as_ptr(), s: s.as_ptr(), cols, t0 };
+    // SAFETY: reachable only through `int8_tile`, after feature detection;
+    // the asserts above bound every read.
+    unsafe {
+        match (dtype, nt) {
+            (_, 0) => {}
+            (DType::Q8_0, n) => int8_nt::<Q8>(p, n, out),
+            (DType::Q4_0, n) => int8_nt::<Q40>(p, n, out),
+            (_, n) => int8_nt::<Q41>(p, n, out),
+        }
+    }
+}
+
+const Q40: u8 = 0;
+const Q41: u8 = 1;
+const Q8: u8 = 2;
+
+#[derive(Clone, Copy)]
+struct Int8Args {
+    panel: *const u8,
+    blocks: usize,
+    q: *const i8,
+    d: *const f32,
+    s: *const f32,
+    cols: usize,
+    t0: usize,
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn int8_nt<const KIND: u8>(p: Int8Args, nt: usize, out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS]) {
+    match nt {
+        1 => int8_impl::<KIND, 1>(p, out),
+        2 => int8_impl::<KIND, 2>(p, out),
+        3 => int8_impl::<KIND, 3>(p, out),
+        4 => int8_impl::<KIND, 4>(p, out),
+        5 => int8_impl::<KIND, 5>(p, out),
+        6 => int8_impl::<KIND, 6>(p, out),
+        7 => int8_impl::<KIND, 7>(p, out),
+        _ => int8_impl::<KIND, 8>(p, out),
+    }
+}
+
+/// 16 rows (one per lane) × `NT` tokens. Per block: the integer sums of
+/// 32 products per (row, token) with `vpdpbusd` (the 4-bit quants are split
+/// into low and high nibbles, each lane's four bytes against four
+/// broadcast activation bytes), then `acc = isum·(d·dx) + acc` and
+/// `acc = m·sx + acc`, exactly as `int8::scalar_tile`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS]) {
+    let bb = int8::panel_block_bytes(if KIND == Q8 { DType::Q8_0 } else { DType::Q4_1 });
+    let low = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); NT];
+    for b in 0..p.blocks {
+        let blk = p.panel.add(b * bb);
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+        let m = match KIND {
+            Q41 => _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(int8::MIN_OFFSET) as *const __m256i)),
+            Q40 => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
+            _ => _mm512_mul_ps(d, _mm512_set1_ps(-128.0)),
+        };
+        let quants = blk.add(int8::QUANTS_OFFSET);
+        let mut isum = [_mm512_setzero_si512(); NT];
+        let xat = |t: usize, k: usize| -> __m512i {
+            let at = p.q.add((p.t0 + t) * p.cols + b * 32 + k) as *const i32;
+            _mm512_set1_epi32(at.read_unaligned())
+        };
+        if KIND == Q8 {
+            for j in 0..8 {
+                let w = _mm512_loadu_si512(quants.add(64 * j) as *const __m512i);
+                for (t, s) in isum.iter_mut().enumerate() {
+                    *s = _mm512_dpbusd_epi32(*s, w, xat(t, 4 * j));
+                }
+            }
+        } else {
+            for j in 0..4 {
+                let w = _mm512_loadu_si512(quants.add(64 * j) as *const __m512i);
+                let lo = _mm512_and_si512(w, low);
+                let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+                for (t, s) in isum.iter_mut().enumerate() {
+                    *s = _mm512_dpbusd_epi32(*s, lo, xat(t, 4 * j));
+                    *s = _mm512_dpbusd_epi32(*s, hi, xat(t, 16 + 4 * j));
+                }
+            }
+        }
+        for (t, (a, s)) in acc.iter_mut().zip(&isum).enumerate() {
+            let at = (p.t0 + t) * p.blocks + b;
+            let ds = _mm512_mul_ps(d, _mm512_set1_ps(*p.d.add(at)));
+            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), ds, *a);
+            *a = _mm512_fmadd_ps(m, _mm512_set1_ps(*p.s.add(at)), *a);
+        }
+    }
+    for (o, a) in out.iter_mut().zip(&acc) {
+        _mm512_storeu_ps(o.as_mut_ptr(), *a);
+    }
+}
