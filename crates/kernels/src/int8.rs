@@ -150,32 +150,44 @@ pub struct Activations {
 }
 
 impl Activations {
-    /// Quantizes the `n × cols` row-major `x`, reusing this value's buffers.
+    /// Quantizes the `n × cols` row-major `x`, reusing this value's buffers
+    /// (with AVX-512 when the integer micro-kernel is in use; the result is
+    /// the same bit for bit).
     pub fn quantize(&mut self, x: &[f32], n: usize, cols: usize) {
         let blocks = cols / QK;
         self.cols = cols;
         self.q.resize(n * cols, 0);
         self.d.resize(n * blocks, 0.0);
         self.s.resize(n * blocks, 0.0);
-        for (((xb, qb), d), s) in
-            x[..n * cols].chunks_exact(QK).zip(self.q.chunks_exact_mut(QK)).zip(&mut self.d).zip(&mut self.s)
-        {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let scale = amax / 127.0;
-            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            let mut sum = 0i32;
-            for (q, &v) in qb.iter_mut().zip(xb) {
-                // |v · inv| ≤ 127 (up to rounding); NaN and ±inf saturate
-                *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
-                sum += *q as i32;
-            }
-            *d = scale;
-            *s = scale * sum as f32;
+        let x = &x[..n * cols];
+        #[cfg(target_arch = "x86_64")]
+        if vnni_tile().is_some() {
+            return crate::simd::avx512::int8_quantize(x, &mut self.q, &mut self.d, &mut self.s);
         }
+        quantize_blocks(x, &mut self.q, &mut self.d, &mut self.s);
     }
 
     fn blocks(&self) -> usize {
         self.cols / QK
+    }
+}
+
+/// The portable activation quantizer, per block of 32: `d = amax / 127`,
+/// `q = round_ties_even(x / d)` (as `x · (1 / d)`, clamped to ±127), `s = d ·
+/// Σ q`. A zero block gets `d = 0` and zero quants. Non-finite activations
+/// give unspecified (but bounded) quants.
+pub fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    for (((xb, qb), d), s) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).zip(d).zip(s) {
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let scale = amax / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in qb.iter_mut().zip(xb) {
+            *q = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+            sum += *q as i32;
+        }
+        *d = scale;
+        *s = scale * sum as f32;
     }
 }
 
@@ -340,6 +352,38 @@ mod tests {
         // an all-zero block has a zero scale and zero quants
         a.quantize(&[0.0; 32], 1, 32);
         assert_eq!((a.d[0], a.s[0], a.q.iter().all(|&q| q == 0)), (0.0, 0.0, true));
+    }
+
+    /// The SIMD activation quantizer is the scalar one, bit for bit
+    /// (including ties: values at exactly half a step).
+    #[test]
+    fn simd_quantizer_equals_scalar() {
+        if vnni_tile().is_none() {
+            eprintln!("no AVX-512 VNNI on this CPU: nothing to compare");
+            return;
+        }
+        let mut x = values(40 * QK, 21);
+        // a block whose steps land on exact ties: amax 127 → d = 1
+        for (k, v) in x[..QK].iter_mut().enumerate() {
+            *v = k as f32 - 15.5;
+        }
+        x[QK - 1] = 127.0;
+        x[2 * QK..3 * QK].fill(0.0);
+        let mut a = Activations::default();
+        a.quantize(&x, 40, QK);
+        let (mut q, mut d, mut s) = (vec![0i8; x.len()], vec![0f32; 40], vec![0f32; 40]);
+        quantize_blocks(&x, &mut q, &mut d, &mut s);
+        assert_eq!(a.q, q);
+        assert_eq!(
+            a.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            d.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            a.s.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            s.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        // ties go to even: -15.5 → -16, 0.5 → 0, 1.5 → 2
+        assert_eq!((q[0], q[15], q[16], q[17]), (-16, 0, 0, 2));
     }
 
     /// The SIMD micro-kernel is the scalar one, bit for bit, on every

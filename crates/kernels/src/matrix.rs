@@ -133,6 +133,23 @@ impl Matrix {
     pub fn products(&self) -> Products {
         self.products
     }
+
+    /// Switches to `products` (a no-op for formats without an integer
+    /// path): repacks the same stored weights, bit for bit.
+    pub fn set_products(&mut self, products: Products) {
+        if self.products == products || !int8::supports(self.dtype) {
+            return;
+        }
+        let mut raw = vec![0u8; self.row_bytes * self.rows];
+        for (r, row) in raw.chunks_exact_mut(self.row_bytes.max(1)).enumerate().take(self.rows) {
+            match self.products {
+                Products::F32 => row.copy_from_slice(&self.bytes()[r * self.row_bytes..(r + 1) * self.row_bytes]),
+                Products::Int8 => int8::unpack_row(self.dtype, self.bytes(), self.cols, r, row),
+            }
+        }
+        *self = Self::from_bytes_with(self.dtype, self.rows, self.cols, &raw, products)
+            .expect("the shape was valid when this matrix was built");
+    }
     /// Bytes of weight data (what a GEMV streams from memory).
     pub fn nbytes(&self) -> usize {
         self.len

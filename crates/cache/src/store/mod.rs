@@ -96,6 +96,22 @@ impl SlotRows for Rows<'_> {
         }
     }
     #[inline]
+    fn dot_group_run(&self, start: usize, n: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
+        match self {
+            Rows::Dense(r) => r.dot_group_run(start, n, queries, buf, out),
+            Rows::Coded(r) => r.dot_group_run(start, n, queries, buf, out),
+            Rows::Paged(r) => r.dot_group_run(start, n, queries, buf, out),
+        }
+    }
+    #[inline]
+    fn axpy_group_run(&self, start: usize, n: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
+        match self {
+            Rows::Dense(r) => r.axpy_group_run(start, n, probs, buf, outs),
+            Rows::Coded(r) => r.axpy_group_run(start, n, probs, buf, outs),
+            Rows::Paged(r) => r.axpy_group_run(start, n, probs, buf, outs),
+        }
+    }
+    #[inline]
     fn prefetch(&self, slot: usize) {
         match self {
             Rows::Dense(_) => {}
