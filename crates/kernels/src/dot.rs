@@ -5,8 +5,11 @@
 //! ([`kernels`]): AVX-512 or AVX2+FMA+F16C on x86_64, NEON on aarch64
 //! (`crate::simd`), else the scalar versions here, which are the reference
 //! every SIMD version is tested against. `KVSLIM_SIMD=scalar|avx2|avx512|neon`
-//! forces a level the CPU has. Activations always stay f32: the SIMD kernels
-//! only reorder the f32 sums, so results agree with the reference to rounding.
+//! forces a level the CPU has. Activations stay f32 here: the SIMD kernels
+//! only reorder the f32 sums, so results agree with the reference to
+//! rounding. (Q4_0/Q4_1/Q8_0 matrices use the integer products of
+//! [`crate::int8`] instead when the CPU has AVX-512 VNNI; see
+//! [`crate::matrix::Products`].)
 //!
 //! Measured throughput (`cargo run --release -p kvslim-kernels --example
 //! dotbench`) is recorded in the README.
