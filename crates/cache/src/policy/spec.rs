@@ -7,8 +7,15 @@
 //! sink:sink=S,recent=N                 StreamingLLM: first S positions + window
 //! heavy:heavy=N[,score=R]              heavy hitters only, no window
 //! random:budget=N[,recent=R][,seed=S]  seeded random victims, window protected
-//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]][,score=R]
+//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]][,score=R][,alloc=A]
 //! ```
+//!
+//! `alloc=A` spreads h2o's heavy slots over layers and KV heads under the
+//! same total (see [`super::alloc`]): `pyramid[:R]` (PyramidKV: the top
+//! layer gets R times the bottom layer's heavy slots, an arithmetic series
+//! between), `ada[:F]` (AdaKV: a layer's heavy slots go to the heads whose
+//! prompt attention needs them, each keeping at least ⌊F · heavy⌋), or
+//! `pyramid[:R]/ada[:F]`.
 //!
 //! `score=R` picks the score family the heavy hitters are ranked by (see
 //! [`super::score`]): `sum` (H2O, the default), `norm`, `decay:G`, `tova`,
@@ -48,6 +55,7 @@
 //! in one explicit step, so a bad plan is reported once, naming the file,
 //! and never per request or per sequence.
 
+use super::alloc::{Alloc, Allocated};
 use super::chai::{HeadSharingSpec, PlanError, RepRule};
 use super::token::{EvictionConfig, EvictionUnit, Observation, PageScore, TokenEviction, VictimRule};
 use super::{CachePolicy, FullCache, ScoreAgg, ScoreRule};
@@ -151,6 +159,8 @@ pub enum TokenPolicySpec {
         prefill: PrefillMode,
         sink: Budget,
         score: ScoreRule,
+        /// How the heavy slots are spread over layers and heads.
+        alloc: Alloc,
     },
 }
 
@@ -341,7 +351,7 @@ pub(super) static FAMILIES: &[Family] = &[
     },
     Family {
         names: &["h2o"],
-        keys: &["heavy", "recent", "agg", "prefill", "sink", "score"],
+        keys: &["heavy", "recent", "agg", "prefill", "sink", "score", "alloc"],
         budget_keys: &["heavy", "recent"],
         fixed: None,
         evicts: true,
@@ -367,7 +377,11 @@ pub(super) static FAMILIES: &[Family] = &[
             if matches!(prefill, PrefillMode::Snap { .. }) && !score.column_summable() {
                 return Err(format!("prefill=snap sums the observation window's attention; it needs score=sum or score=norm, not score={score}"));
             }
-            Ok(TokenPolicySpec::H2o { heavy, recent, agg, prefill, sink, score })
+            let alloc = match p.take("alloc") {
+                None => Alloc::default(),
+                Some(v) => v.parse().map_err(|e| format!("alloc: {e}"))?,
+            };
+            Ok(TokenPolicySpec::H2o { heavy, recent, agg, prefill, sink, score, alloc })
         },
     },
 ];
@@ -465,6 +479,9 @@ struct Evict {
     agg: Option<ScoreAgg>,
     score: ScoreRule,
     prefill: PrefillMode,
+    /// The heavy part (what an allocator moves) and how it is spread.
+    heavy: Budget,
+    alloc: Alloc,
 }
 
 impl Evict {
@@ -472,7 +489,17 @@ impl Evict {
     /// prefill chunk; a family's arm overrides the rest.
     fn new(rule: VictimRule, total: Vec<Budget>) -> Self {
         let zero = Budget::Slots(0);
-        Evict { total, recent: zero, sinks: zero, rule, agg: None, score: ScoreRule::Sum, prefill: PrefillMode::Full }
+        Evict {
+            total,
+            recent: zero,
+            sinks: zero,
+            rule,
+            agg: None,
+            score: ScoreRule::Sum,
+            prefill: PrefillMode::Full,
+            heavy: zero,
+            alloc: Alloc::default(),
+        }
     }
 
     fn resolve(&self, name: &'static str, base_len: usize) -> EvictionConfig {
@@ -535,7 +562,7 @@ impl TokenPolicySpec {
                 vec![("budget", budget.to_string()), ("recent", recent.to_string()), ("seed", seed.to_string())],
                 Some(Evict { recent, sinks: sink, ..Evict::new(VictimRule::Random { seed }, vec![budget, sink]) }),
             ),
-            H2o { heavy, recent, agg, prefill, sink, score } => {
+            H2o { heavy, recent, agg, prefill, sink, score, alloc } => {
                 let mut shown = vec![("heavy", heavy.to_string()), ("recent", recent.to_string())];
                 if agg == ScoreAgg::Max {
                     shown.push(("agg", "max".into()));
@@ -554,6 +581,8 @@ impl TokenPolicySpec {
                         agg: Some(agg),
                         score,
                         prefill,
+                        heavy,
+                        alloc,
                         ..Evict::new(LowestScore, vec![heavy, recent, sink])
                     }),
                 )
@@ -571,6 +600,11 @@ impl TokenPolicySpec {
                 shown.push(("score", score.to_string()))
             }
             _ => {}
+        }
+        if let H2o { alloc, .. } = *self {
+            if !alloc.is_uniform() {
+                shown.push(("alloc", alloc.to_string()))
+            }
         }
         Parts { name, shown, evict }
     }
@@ -757,7 +791,35 @@ impl PolicySpec {
                 None => return Err(err(format!("`+{extra}`: only a head policy (chai, chai-static) can follow `+`"))),
             },
         };
-        Ok(PolicySpec { token, head, storage })
+        let spec = PolicySpec { token, head, storage };
+        spec.check_alloc().map_err(err)?;
+        Ok(spec)
+    }
+
+    /// The allocator of the token policy (uniform unless `alloc=` is given).
+    pub fn alloc(&self) -> Alloc {
+        match self.token {
+            TokenPolicySpec::H2o { alloc, .. } => alloc,
+            _ => Alloc::default(),
+        }
+    }
+
+    /// What an allocator cannot compose with: `ada` gives the KV heads of a
+    /// layer different budgets, so it cannot keep heads tied by CHAI
+    /// aligned, nor pick whole pages (which it would count against a share
+    /// a token at a time).
+    pub(super) fn check_alloc(&self) -> Result<(), String> {
+        if self.alloc().ada.is_some() {
+            if self.head.is_some() {
+                return Err("alloc: `ada` gives each KV head its own budget and cannot compose with chai (heads tied by a cluster must keep the same slots); use `alloc=pyramid`".into());
+            }
+            if self.storage.page_score.is_some() {
+                return Err(
+                    "alloc: `ada` evicts token by token within each head's share; it does not take page_score".into()
+                );
+            }
+        }
+        Ok(())
     }
 
     /// The loading step parsing leaves out: reads the CHAI plan a head
@@ -792,15 +854,36 @@ impl PolicySpec {
 
     /// Instantiates the per-sequence policy state; percentages are resolved
     /// against `base_len` here, once.
+    /// One budget for every (layer, KV head): an allocator (`alloc=`) is
+    /// left out, since it needs the model's shape; see
+    /// [`PolicySpec::build_for`].
     pub fn build(&self, base_len: usize) -> Box<dyn CachePolicy> {
-        let Parts { name, evict, .. } = self.token.parts();
-        match evict {
+        match self.token_eviction(base_len) {
             None => Box::new(FullCache),
-            Some(e) => {
-                let unit = self.storage.page_score.map_or(EvictionUnit::Token, EvictionUnit::Page);
-                Box::new(TokenEviction::new(e.resolve(name, base_len)).with_unit(unit).with_score(e.score))
-            }
+            Some((t, _, _)) => Box::new(t),
         }
+    }
+
+    /// [`PolicySpec::build`] for a model of `layers` layers and `kv_heads`
+    /// KV heads: with `alloc=`, each layer and head gets its share of the
+    /// heavy slots ([`Allocated`]).
+    pub fn build_for(&self, base_len: usize, layers: usize, kv_heads: usize) -> Box<dyn CachePolicy> {
+        match self.token_eviction(base_len) {
+            None => Box::new(FullCache),
+            Some((t, heavy, alloc)) if !alloc.is_uniform() => {
+                Box::new(Allocated::new(t, heavy, alloc, layers, kv_heads.max(1)))
+            }
+            Some((t, _, _)) => Box::new(t),
+        }
+    }
+
+    /// The uniform token policy, its resolved heavy slots and allocator.
+    fn token_eviction(&self, base_len: usize) -> Option<(TokenEviction, usize, Alloc)> {
+        let Parts { name, evict, .. } = self.token.parts();
+        let e = evict?;
+        let unit = self.storage.page_score.map_or(EvictionUnit::Token, EvictionUnit::Page);
+        let t = TokenEviction::new(e.resolve(name, base_len)).with_unit(unit).with_score(e.score);
+        Some((t, e.heavy.resolve(base_len), e.alloc))
     }
 }
 

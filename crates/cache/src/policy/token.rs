@@ -284,6 +284,24 @@ impl TokenEviction {
         self.budget
     }
 
+    /// B_r, the protected recent window.
+    pub fn recent(&self) -> usize {
+        self.recent
+    }
+
+    /// Positions below this are protected sinks.
+    pub fn sinks(&self) -> usize {
+        self.sinks
+    }
+
+    /// Gives this unit another budget (an allocator's per-layer or per-head
+    /// share, [`super::alloc`]); the recent window never exceeds it.
+    pub fn set_budget(&mut self, budget: usize) {
+        assert!(budget >= 1, "budget must be at least one slot");
+        self.budget = budget;
+        self.recent = self.recent.min(budget);
+    }
+
     /// Protected: sinks, and the B_r largest positions (with every recent
     /// token resident, those are the positions ≥ newest + 1 − B_r).
     #[inline]
@@ -356,6 +374,10 @@ impl CachePolicy for TokenEviction {
 
     fn capacity(&self, _max_len: usize) -> usize {
         self.budget + 1
+    }
+
+    fn head_budget(&self, _layer: usize, _kv_head: usize) -> Option<usize> {
+        Some(self.budget)
     }
 
     fn score_aggregation(&self) -> Option<ScoreAgg> {

@@ -59,6 +59,10 @@ pub struct SequenceCache {
     /// The probability rows of one component's representatives, handed to
     /// the policy (reused: decode steps do not allocate).
     component_probs: Vec<f32>,
+    /// Prefill candidates of a layer's heads held back until every head's
+    /// are in, for a policy that splits the layer among its heads
+    /// ([`CachePolicy::layer_decision_pending`]); empty otherwise.
+    pending: Vec<PrefillCandidates>,
 }
 
 impl Clone for SequenceCache {
@@ -76,6 +80,7 @@ impl Clone for SequenceCache {
             compact_every: self.compact_every,
             steps_since_compact: self.steps_since_compact,
             component_probs: Vec::new(),
+            pending: Vec::new(),
         }
     }
 }
@@ -87,7 +92,7 @@ pub fn effective_policy(
     shape: &CacheShape,
     base_len: usize,
 ) -> Result<Box<dyn CachePolicy>, CacheError> {
-    let policy = spec.build(base_len);
+    let policy = spec.build_for(base_len, shape.layers, shape.kv_heads);
     let Some((window, local)) = &shape.sliding_window else { return Ok(policy) };
     if local.len() != shape.layers || *window == 0 {
         return Err(CacheError::SlidingPattern { window: *window, pattern: local.len(), layers: shape.layers });
@@ -155,6 +160,7 @@ impl SequenceCache {
             compact_every: spec.storage.compact_every,
             steps_since_compact: 0,
             component_probs: Vec::new(),
+            pending: Vec::new(),
         })
     }
 
@@ -275,7 +281,10 @@ impl SequenceCache {
     pub fn rewindable_after(&self, n: usize) -> bool {
         self.sharing.is_none()
             && (0..self.store.layers()).all(|l| {
-                self.store.layer(l).iter().all(|h| h.len() == self.next_pos && self.next_pos + n < h.capacity())
+                self.store.layer(l).iter().enumerate().all(|(kv, h)| {
+                    let holds = self.policy.head_budget(l, kv).map_or(h.capacity(), |b| (b + 1).min(h.capacity()));
+                    h.len() == self.next_pos && self.next_pos + n < holds
+                })
             })
     }
 

@@ -59,6 +59,14 @@ impl SequenceCache {
     /// heads, reading the component's representatives, and every other KV
     /// head of the component replays the same evictions.
     pub fn after_decode_attention(&mut self, layer: usize, probs: &[f32], stride: usize) {
+        if self.policy.layer_decision_pending(layer, self.store.head(layer, 0).len()) {
+            // the layer overflows for the first time: an allocator splits it
+            // among its heads from every head's candidates (this step's
+            // attention not yet added), before any head evicts
+            let heads: Vec<(&[u32], &[f32])> =
+                self.store.layer(layer).iter().map(|h| (h.positions(), h.scores())).collect();
+            self.policy.decide_layer(layer, &heads);
+        }
         let lh = self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense);
         for comp in &lh.components {
             let len = self.store.head(layer, comp.leader).len();
@@ -146,8 +154,6 @@ impl SequenceCache {
         component: usize,
         cand: &mut PrefillCandidates,
     ) -> Result<(), CacheError> {
-        let lh = self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense);
-        let comp = &lh.components[component];
         if !cand.columns.is_empty() {
             if let Some(o) = cand.observation {
                 cand.pool_columns(o.pool);
@@ -155,6 +161,39 @@ impl SequenceCache {
             cand.scores.iter_mut().zip(&cand.columns).for_each(|(sc, p)| *sc += p);
             cand.columns.clear();
         }
+        if !self.policy.layer_decision_pending(layer, cand.positions.len()) {
+            return self.select_and_absorb(layer, component, cand);
+        }
+        // an allocator splits this layer among its heads from every head's
+        // scored candidates: hold each component's back (moved, not copied)
+        // until the last one is in, then decide and commit them all
+        self.pending.push(std::mem::take(cand));
+        if self.pending.len() < self.layer_heads(layer).components.len() {
+            return Ok(());
+        }
+        let mut pending = std::mem::take(&mut self.pending);
+        let heads: Vec<(&[u32], &[f32])> = pending.iter().map(|c| (&c.positions[..], &c.scores[..])).collect();
+        self.policy.decide_layer(layer, &heads);
+        for (ci, c) in pending.iter_mut().enumerate() {
+            self.select_and_absorb(layer, ci, c)?;
+        }
+        // the reused buffers go back to the caller's scratch
+        if let Some(c) = pending.pop() {
+            *cand = c;
+        }
+        Ok(())
+    }
+
+    /// The policy's choice among `cand`, absorbed by every KV head of the
+    /// component.
+    fn select_and_absorb(
+        &mut self,
+        layer: usize,
+        component: usize,
+        cand: &mut PrefillCandidates,
+    ) -> Result<(), CacheError> {
+        let lh = self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense);
+        let comp = &lh.components[component];
         self.policy.select_after_prefill(layer, comp.leader, &cand.positions, &cand.scores, &mut cand.keep);
         let d = self.store.head(layer, 0).head_dim();
         let old = cand.held;
