@@ -185,6 +185,9 @@ fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, 
             }
             for (kvh, r) in layer_refs.iter_mut().enumerate() {
                 let head = session.cache.store().head(l, kvh);
+                if let Some(b) = session.cache.policy().head_budget(l, kvh) {
+                    assert!(head.len() <= b, "{label}: call {step} layer {l} kv head {kvh} holds {} > {b}", head.len());
+                }
                 let mut got: Vec<(u32, f32)> =
                     head.positions().iter().copied().zip(head.scores().iter().copied()).collect();
                 got.sort_by_key(|x| x.0);

@@ -423,15 +423,22 @@ impl CachePolicy for TokenEviction {
             EvictionUnit::Page(score) => self.page_victims(layer, kv_head, slots, score, newest),
             EvictionUnit::Token => false,
         };
-        if !by_page {
-            let Some(v) = self.victim(layer, kv_head, slots.positions(), slots.scores(), newest) else {
-                return &self.victims;
-            };
-            self.victims.push(v);
-        }
         let tracing = self.trace_every > 0 && newest.is_multiple_of(self.trace_every);
-        for k in 0..self.victims.len() {
+        let mut k = 0;
+        loop {
+            if !by_page {
+                // one victim per step, but as many as it takes after an
+                // allocator lowered the budget below what the head holds
+                if slots.len() <= self.budget {
+                    break;
+                }
+                let Some(v) = self.victim(layer, kv_head, slots.positions(), slots.scores(), newest) else { break };
+                self.victims.push(v);
+            } else if k == self.victims.len() {
+                break;
+            }
             let v = self.victims[k];
+            k += 1;
             let victim_pos = slots.positions()[v];
             let victim_score = self.score.key(slots.scores()[v], victim_pos, newest);
             slots.evict(v);

@@ -59,7 +59,8 @@ impl SequenceCache {
     /// heads, reading the component's representatives, and every other KV
     /// head of the component replays the same evictions.
     pub fn after_decode_attention(&mut self, layer: usize, probs: &[f32], stride: usize) {
-        if self.policy.layer_decision_pending(layer, self.store.head(layer, 0).len()) {
+        let deciding = self.policy.layer_decision_pending(layer, self.store.head(layer, 0).len());
+        if deciding {
             // the layer overflows for the first time: an allocator splits it
             // among its heads from every head's candidates (this step's
             // attention not yet added), before any head evicts
@@ -67,6 +68,25 @@ impl SequenceCache {
                 self.store.layer(layer).iter().map(|h| (h.positions(), h.scores())).collect();
             self.policy.decide_layer(layer, &heads);
         }
+        self.evict_after_decode(layer, probs, stride);
+        if deciding {
+            self.fit_heads_to_budgets(layer);
+        }
+    }
+
+    /// A paged head's capacity follows its share once an allocator has
+    /// split the layer (its pages then follow too); see
+    /// [`crate::store::HeadSlots::limit_capacity`].
+    fn fit_heads_to_budgets(&mut self, layer: usize) {
+        for kv in 0..self.store.kv_heads() {
+            if let Some(b) = self.policy.head_budget(layer, kv) {
+                let head = self.store.head_mut(layer, kv);
+                head.limit_capacity((b + 1).min(head.capacity()));
+            }
+        }
+    }
+
+    fn evict_after_decode(&mut self, layer: usize, probs: &[f32], stride: usize) {
         let lh = self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense);
         for comp in &lh.components {
             let len = self.store.head(layer, comp.leader).len();
@@ -177,6 +197,7 @@ impl SequenceCache {
         for (ci, c) in pending.iter_mut().enumerate() {
             self.select_and_absorb(layer, ci, c)?;
         }
+        self.fit_heads_to_budgets(layer);
         // the reused buffers go back to the caller's scratch
         if let Some(c) = pending.pop() {
             *cand = c;

@@ -228,10 +228,11 @@ impl RefHead {
         let mut slots = std::mem::take(&mut self.slots);
         Self::accumulate(policy, &probs, &mut slots, pos);
         if let Some(b) = policy.budget {
-            if slots.len() > b {
-                if let Some(v) = self.victim(policy, &slots, pos) {
-                    slots.remove(v);
-                }
+            // one victim a step, more only right after an allocator cut
+            // the budget below what the head holds
+            while slots.len() > b {
+                let Some(v) = self.victim(policy, &slots, pos) else { break };
+                slots.remove(v);
             }
         }
         self.slots = slots;
