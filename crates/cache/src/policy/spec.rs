@@ -961,6 +961,11 @@ mod tests {
             "window:recent=60,sink=4",
             "random:budget=64,recent=16,seed=7,sink=4",
             "h2o:heavy=8,recent=8,sink=4,score=decay:0.5+chai:plan=p.json",
+            "h2o:heavy=32,recent=32,alloc=pyramid:0.5",
+            "h2o:heavy=10%,recent=10%,score=norm,alloc=ada:0.2",
+            "h2o:heavy=32,recent=32,alloc=pyramid:0.25/ada:0",
+            "h2o:heavy=32,recent=32,page=16,alloc=ada:0.2",
+            "h2o:heavy=8,recent=8,alloc=pyramid:0.5+chai:plan=p.json",
         ] {
             let p = PolicySpec::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
             assert_eq!(PolicySpec::parse(&p.to_string()).unwrap(), p, "{s}");
@@ -1011,6 +1016,13 @@ mod tests {
             ("h2o:heavy=1,recent=1,sink=x", "sink: `x`"),
             ("window:recent=4,score=tova", "unknown parameter `score`"),
             ("random:budget=4,score=tova", "unknown parameter `score`"),
+            ("h2o:heavy=1,recent=1,alloc=pyramid:0", "alloc: pyramid ratio `0` must be in (0, 1]"),
+            ("h2o:heavy=1,recent=1,alloc=ada:2", "alloc: ada floor `2` must be in [0, 1]"),
+            ("h2o:heavy=1,recent=1,alloc=fancy", "alloc: unknown allocator `fancy`"),
+            ("h2o:heavy=1,recent=1,alloc=ada+chai:plan=p.json", "cannot compose with chai"),
+            ("h2o:heavy=1,recent=1,page=8,page_score=max,alloc=ada", "does not take page_score"),
+            ("heavy:heavy=4,alloc=pyramid", "unknown parameter `alloc`"),
+            ("window:recent=4,alloc=ada", "unknown parameter `alloc`"),
         ];
         for (spec, want) in cases {
             let e = PolicySpec::parse(spec).unwrap_err().to_string();
@@ -1076,6 +1088,37 @@ mod tests {
             PolicySpec::parse("h2o:heavy=4,recent=4,score=sum").unwrap(),
             PolicySpec::parse("h2o:heavy=4,recent=4").unwrap()
         );
+    }
+
+    /// Σ over layers and KV heads of the per-head budgets is the plain
+    /// spec's; layers (pyramid) and heads (ada) get different shares; the
+    /// store is allocated per layer at its own capacity.
+    #[test]
+    fn allocators_keep_the_total_budget() {
+        let (layers, kv) = (30, 3);
+        let total = |p: &dyn CachePolicy| -> usize {
+            (0..layers).flat_map(|l| (0..kv).map(move |h| (l, h))).map(|(l, h)| p.head_budget(l, h).unwrap()).sum()
+        };
+        for text in ["h2o:heavy=102,recent=102", "h2o:heavy=10%,recent=10%,sink=4", "h2o:heavy=51,recent=51,agg=max"] {
+            let plain = PolicySpec::parse(text).unwrap();
+            let b = plain.budget(1024).unwrap();
+            for alloc in ["pyramid", "pyramid:0.5", "pyramid:1", "ada", "ada:0", "pyramid:0.1/ada:0.5"] {
+                let spec = PolicySpec::parse(&format!("{text},alloc={alloc}")).unwrap();
+                assert_eq!(spec.budget(1024), Some(b), "the average per-head budget is unchanged");
+                let p = spec.build_for(1024, layers, kv);
+                assert_eq!(total(p.as_ref()), b * layers * kv, "{text},alloc={alloc}");
+            }
+        }
+        let spec = PolicySpec::parse("h2o:heavy=100,recent=20,alloc=pyramid:0.25").unwrap();
+        let p = spec.build_for(1000, 2, 3);
+        assert_eq!((p.head_budget(0, 2), p.head_budget(1, 0)), (Some(180), Some(60)), "160 + 20 and 40 + 20");
+        assert_eq!((p.layer_capacity(0, 1000), p.layer_capacity(1, 1000)), (181, 61));
+        // ada: each head is allocated for the most it can win, 3·100 − 2·20
+        let p = PolicySpec::parse("h2o:heavy=100,recent=20,alloc=ada:0.2").unwrap().build_for(1000, 2, 3);
+        assert_eq!(p.layer_capacity(0, 1000), 20 + 260 + 1);
+        assert_eq!(p.head_budget(0, 0), Some(120), "the uniform budget until the layer first overflows");
+        // without a model shape (`build`), the plain policy
+        assert_eq!(spec.build(1000).capacity(1000), 121);
     }
 
     #[test]
