@@ -398,3 +398,43 @@ mod tests {
         assert_eq!(kept, [0, 2, 3], "heavy: 0 and 2; recent: 3");
     }
 }
+
+#[cfg(test)]
+mod alloc_tests {
+    use super::*;
+    use crate::policy::PolicySpec;
+    use crate::CacheShape;
+
+    /// `alloc=ada` deciding at the first decode step that overflows: head 0
+    /// spreads its attention, head 1 gives each token all of it once, so
+    /// head 1's old tokens rank higher and it wins three of the layer's
+    /// four heavy slots; head 0 drops to its share in that same step
+    /// (two victims), head 1 keeps growing; on a paged store the heads'
+    /// capacities follow their shares.
+    #[test]
+    fn ada_splits_a_layer_at_its_first_overflow_and_the_loser_shrinks_at_once() {
+        for layout in ["", ",page=2"] {
+            let shape = CacheShape { layers: 1, heads: 2, kv_heads: 2, head_dim: 4, sliding_window: None };
+            let spec = PolicySpec::parse(&format!("h2o:heavy=2,recent=1,alloc=ada:0{layout}")).unwrap();
+            let mut c = SequenceCache::new(&spec, shape, 64, 64).unwrap();
+            let stride = c.max_capacity();
+            for p in 0..4usize {
+                c.append(0, p, &[p as f32; 8], &[p as f32; 8]).unwrap();
+                let len = c.layer(0)[0].len();
+                let mut probs = vec![0f32; 2 * stride];
+                probs[..len].iter_mut().for_each(|x| *x = 1.0 / len as f32);
+                probs[stride + len - 1] = 1.0;
+                c.after_decode_attention(0, &probs, stride);
+                c.advance(1);
+            }
+            assert_eq!((c.policy().head_budget(0, 0), c.policy().head_budget(0, 1)), (Some(2), Some(4)), "{layout}");
+            let mut kept = c.layer(0)[0].positions().to_vec();
+            kept.sort_unstable();
+            assert_eq!(kept, [0, 3], "{layout}: head 0 kept its heaviest and the recent token");
+            assert_eq!(c.layer(0)[1].len(), 4, "{layout}");
+            let caps: Vec<usize> = c.layer(0).iter().map(|h| h.capacity()).collect();
+            let want = if layout.is_empty() { vec![6, 6] } else { vec![3, 5] };
+            assert_eq!(caps, want, "{layout}: fixed rows stay at the layer's most (1 + 4 + 1); pages follow shares");
+        }
+    }
+}
