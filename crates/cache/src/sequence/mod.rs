@@ -241,8 +241,9 @@ impl SequenceCache {
     }
 
     /// Tokens currently held in layer 0's first head (every head holds the
-    /// same count under token eviction; page eviction removes a page's live
-    /// tokens, which may differ per head).
+    /// same count under uniform token eviction; page eviction removes a
+    /// page's live tokens, and `alloc=` gives layers and heads different
+    /// budgets, so counts may differ per head).
     pub fn len(&self) -> usize {
         self.store.head(0, 0).len()
     }
@@ -348,8 +349,10 @@ impl SequenceCache {
         let (mut k, mut v) = (vec![0f32; d], vec![0f32; d]);
         for l in 0..self.store.layers() {
             for h in 0..self.store.kv_heads() {
+                // an allocator's head may have rows beyond its budget
+                let room = self.policy.head_budget(l, h).unwrap_or(usize::MAX);
                 let head = self.store.head_mut(l, h);
-                let held = context.min(head.capacity().saturating_sub(1));
+                let held = context.min(head.capacity().saturating_sub(1)).min(room);
                 for p in context - held..context {
                     fill(&mut k, &mut v);
                     head.push(p as u32, &k, &v).expect("within capacity");
