@@ -59,6 +59,10 @@ pub struct SequenceCache {
     /// The probability rows of one component's representatives, handed to
     /// the policy (reused: decode steps do not allocate).
     component_probs: Vec<f32>,
+    /// Prefill candidates of a layer's heads held back until every head's
+    /// are in, for a policy that splits the layer among its heads
+    /// ([`CachePolicy::layer_decision_pending`]); empty otherwise.
+    pending: Vec<PrefillCandidates>,
 }
 
 impl Clone for SequenceCache {
@@ -76,6 +80,7 @@ impl Clone for SequenceCache {
             compact_every: self.compact_every,
             steps_since_compact: self.steps_since_compact,
             component_probs: Vec::new(),
+            pending: Vec::new(),
         }
     }
 }
@@ -87,7 +92,7 @@ pub fn effective_policy(
     shape: &CacheShape,
     base_len: usize,
 ) -> Result<Box<dyn CachePolicy>, CacheError> {
-    let policy = spec.build(base_len);
+    let policy = spec.build_for(base_len, shape.layers, shape.kv_heads);
     let Some((window, local)) = &shape.sliding_window else { return Ok(policy) };
     if local.len() != shape.layers || *window == 0 {
         return Err(CacheError::SlidingPattern { window: *window, pattern: local.len(), layers: shape.layers });
@@ -155,6 +160,7 @@ impl SequenceCache {
             compact_every: spec.storage.compact_every,
             steps_since_compact: 0,
             component_probs: Vec::new(),
+            pending: Vec::new(),
         })
     }
 
@@ -235,8 +241,9 @@ impl SequenceCache {
     }
 
     /// Tokens currently held in layer 0's first head (every head holds the
-    /// same count under token eviction; page eviction removes a page's live
-    /// tokens, which may differ per head).
+    /// same count under uniform token eviction; page eviction removes a
+    /// page's live tokens, and `alloc=` gives layers and heads different
+    /// budgets, so counts may differ per head).
     pub fn len(&self) -> usize {
         self.store.head(0, 0).len()
     }
@@ -275,7 +282,10 @@ impl SequenceCache {
     pub fn rewindable_after(&self, n: usize) -> bool {
         self.sharing.is_none()
             && (0..self.store.layers()).all(|l| {
-                self.store.layer(l).iter().all(|h| h.len() == self.next_pos && self.next_pos + n < h.capacity())
+                self.store.layer(l).iter().enumerate().all(|(kv, h)| {
+                    let holds = self.policy.head_budget(l, kv).map_or(h.capacity(), |b| (b + 1).min(h.capacity()));
+                    h.len() == self.next_pos && self.next_pos + n < holds
+                })
             })
     }
 
@@ -339,8 +349,10 @@ impl SequenceCache {
         let (mut k, mut v) = (vec![0f32; d], vec![0f32; d]);
         for l in 0..self.store.layers() {
             for h in 0..self.store.kv_heads() {
+                // an allocator's head may have rows beyond its budget
+                let room = self.policy.head_budget(l, h).unwrap_or(usize::MAX);
                 let head = self.store.head_mut(l, h);
-                let held = context.min(head.capacity().saturating_sub(1));
+                let held = context.min(head.capacity().saturating_sub(1)).min(room);
                 for p in context - held..context {
                     fill(&mut k, &mut v);
                     head.push(p as u32, &k, &v).expect("within capacity");

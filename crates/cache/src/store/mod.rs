@@ -160,6 +160,21 @@ impl HeadSlots {
         self.head_dim
     }
 
+    /// Lowers a paged head's capacity to `capacity` (≥ its live slots):
+    /// an allocator's per-head share, decided after the head was made, so
+    /// the head's pages follow its share. Fixed slot arrays were allocated
+    /// once and stay as they are (the policy's budget limits them).
+    pub fn limit_capacity(&mut self, capacity: usize) {
+        if let Kv::Paged(p) = &mut self.kv {
+            assert!(
+                capacity >= self.len && capacity <= self.capacity,
+                "a limit between the live slots and the capacity"
+            );
+            self.capacity = capacity;
+            p.limit(capacity);
+        }
+    }
+
     /// Tokens per page (`None` for the fixed-slot layout).
     pub fn page_size(&self) -> Option<usize> {
         match &self.kv {

@@ -226,6 +226,16 @@ impl PagedKv {
         }
     }
 
+    /// Lowers the head's capacity to `capacity` slots (an allocator's
+    /// share, decided after the head was made): the page cap follows, and
+    /// a head over the new cap repacks at once.
+    pub fn limit(&mut self, capacity: usize) {
+        self.max_pages = page_cap(capacity, self.page_size);
+        if self.pages_referenced() > self.max_pages {
+            self.compact();
+        }
+    }
+
     pub fn page_size(&self) -> usize {
         self.page_size
     }
