@@ -63,6 +63,16 @@ pub struct SequenceCache {
     /// are in, for a policy that splits the layer among its heads
     /// ([`CachePolicy::layer_decision_pending`]); empty otherwise.
     pending: Vec<PrefillCandidates>,
+    /// The policy state and counters at a checkpoint (the heads keep their
+    /// own undo journals); `None` outside one.
+    checkpoint: Option<Checkpoint>,
+}
+
+/// What [`SequenceCache::rollback`] restores besides the heads.
+struct Checkpoint {
+    policy: Box<dyn CachePolicy>,
+    next_pos: usize,
+    steps_since_compact: usize,
 }
 
 impl Clone for SequenceCache {
@@ -81,6 +91,7 @@ impl Clone for SequenceCache {
             steps_since_compact: self.steps_since_compact,
             component_probs: Vec::new(),
             pending: Vec::new(),
+            checkpoint: None,
         }
     }
 }
@@ -161,6 +172,7 @@ impl SequenceCache {
             steps_since_compact: 0,
             component_probs: Vec::new(),
             pending: Vec::new(),
+            checkpoint: None,
         })
     }
 
@@ -287,6 +299,49 @@ impl SequenceCache {
                     h.len() == self.next_pos && self.next_pos + n < holds
                 })
             })
+    }
+
+    /// Starts an undo journal, so that [`SequenceCache::rollback`] can
+    /// return to this moment bit for bit (slots, K/V rows, positions,
+    /// scores, policy state): speculative decoding verifies drafts after a
+    /// checkpoint instead of copying the cache. Every head saves a row only
+    /// when it is about to be overwritten (an eviction moves one row per
+    /// step), plus its positions and scores, and the policy's state is
+    /// cloned (small). Returns false, and starts nothing, where a journal
+    /// does not apply: paged stores (whose clone already shares its pages),
+    /// CHAI head sharing, a pending prefill.
+    pub fn checkpoint(&mut self) -> bool {
+        if self.sharing.is_some() || !self.pending.is_empty() || self.store.head(0, 0).page_size().is_some() {
+            return false;
+        }
+        for l in 0..self.store.layers() {
+            for h in self.store.layer_mut(l) {
+                h.checkpoint();
+            }
+        }
+        self.checkpoint = Some(Checkpoint {
+            policy: self.policy.clone_box(),
+            next_pos: self.next_pos,
+            steps_since_compact: self.steps_since_compact,
+        });
+        true
+    }
+
+    /// Keeps every change since [`SequenceCache::checkpoint`].
+    pub fn commit(&mut self) {
+        if self.checkpoint.take().is_some() {
+            (0..self.store.layers()).for_each(|l| self.store.layer_mut(l).iter_mut().for_each(HeadSlots::commit));
+        }
+    }
+
+    /// Returns to the state at [`SequenceCache::checkpoint`], as if the
+    /// tokens fed since had never been. Panics without a checkpoint.
+    pub fn rollback(&mut self) {
+        let cp = self.checkpoint.take().expect("rollback without a checkpoint");
+        (0..self.store.layers()).for_each(|l| self.store.layer_mut(l).iter_mut().for_each(HeadSlots::rollback));
+        self.policy = cp.policy;
+        self.next_pos = cp.next_pos;
+        self.steps_since_compact = cp.steps_since_compact;
     }
 
     /// Cuts the sequence back to its first `len` tokens, as if only they had

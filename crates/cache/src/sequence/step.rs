@@ -438,3 +438,82 @@ mod alloc_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod journal_tests {
+    use super::*;
+    use crate::policy::PolicySpec;
+    use crate::CacheShape;
+
+    /// Feeds decode step `p` to every layer (deterministic keys, values and
+    /// attention that vary with the position).
+    fn step(c: &mut SequenceCache, p: usize) {
+        let group = 2;
+        for l in 0..c.store().layers() {
+            let kv = c.store().kv_heads();
+            let row: Vec<f32> = (0..kv * 8).map(|i| ((p * 7 + i * 3 + l) % 11) as f32 - 5.0).collect();
+            c.append(l, p, &row, &row.iter().map(|x| x * 0.5).collect::<Vec<_>>()).unwrap();
+            let (len, stride) = (c.layer(l)[0].len(), c.max_capacity());
+            let mut probs = vec![0f32; group * kv * stride];
+            for h in 0..group * kv {
+                let w: Vec<f32> = (0..len).map(|i| 1.0 + ((i * 5 + p + h) % 7) as f32).collect();
+                let total: f32 = w.iter().sum();
+                probs[h * stride..h * stride + len].iter_mut().zip(&w).for_each(|(o, x)| *o = x / total);
+            }
+            c.after_decode_attention(l, &probs, stride);
+        }
+        c.advance(1);
+    }
+
+    /// Per head: positions, then the bits of scores, keys and values.
+    type HeadState = (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>);
+
+    fn state(c: &SequenceCache) -> Vec<HeadState> {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut out = Vec::new();
+        for l in 0..c.store().layers() {
+            for h in c.layer(l) {
+                let keys = h.decoded_keys().unwrap_or_default();
+                out.push((h.positions().to_vec(), bits(h.scores()), bits(&keys), bits(&h.decoded_values())));
+            }
+        }
+        out
+    }
+
+    /// After a checkpoint, steps that evict and then a rollback leave the
+    /// cache exactly as a copy taken at the checkpoint (slots, rows,
+    /// positions, scores, next position), and both continue identically
+    /// (policy state included: `random` draws from its RNG at every
+    /// eviction). A commit keeps the steps. Paged stores decline.
+    #[test]
+    fn rollback_returns_to_the_checkpoint_bit_for_bit() {
+        for spec in
+            ["h2o:heavy=3,recent=2", "random:budget=5,recent=1", "h2o:heavy=3,recent=2,kv_dtype=q8,score=persist:4"]
+        {
+            let shape = CacheShape { layers: 2, heads: 4, kv_heads: 2, head_dim: 8, sliding_window: None };
+            let mut c = SequenceCache::new(&PolicySpec::parse(spec).unwrap(), shape.clone(), 64, 64).unwrap();
+            (0..9).for_each(|p| step(&mut c, p));
+            let copy = c.clone();
+            assert!(c.checkpoint(), "{spec}");
+            (9..13).for_each(|p| step(&mut c, p));
+            assert_ne!(state(&c), state(&copy), "{spec}: the steps changed something");
+            c.rollback();
+            assert_eq!(state(&c), state(&copy), "{spec}: rolled back");
+            assert_eq!(c.next_pos(), copy.next_pos());
+            let mut copy = copy;
+            for p in 9..14 {
+                step(&mut c, p);
+                step(&mut copy, p);
+            }
+            assert_eq!(state(&c), state(&copy), "{spec}: continued");
+            // commit keeps the steps
+            assert!(c.checkpoint());
+            step(&mut c, 14);
+            c.commit();
+            step(&mut copy, 14);
+            assert_eq!(state(&c), state(&copy), "{spec}: committed");
+            let paged = PolicySpec::parse(&format!("{spec},page=4")).unwrap();
+            assert!(!SequenceCache::new(&paged, shape, 64, 64).unwrap().checkpoint(), "paged stores decline");
+        }
+    }
+}

@@ -101,6 +101,21 @@ impl RowBuf {
         self.scales[dst * spr..(dst + 1) * spr].copy_from_slice(from.side(src));
     }
 
+    /// Appends a copy of row `src` of `from` (same dtype and width) as a new
+    /// last row, growing the block (undo journals; amortised).
+    pub fn push_row_from(&mut self, from: &RowBuf, src: usize) {
+        debug_assert!(from.dtype == self.dtype && from.d == self.d);
+        let (rw, spr) = (self.row_words, self.scales_per_row);
+        self.data.extend_from_slice(&from.data[src * rw..(src + 1) * rw]);
+        self.scales.extend_from_slice(&from.scales[src * spr..(src + 1) * spr]);
+    }
+
+    /// Forgets every row, keeping the allocation.
+    pub fn clear(&mut self) {
+        self.data.clear();
+        self.scales.clear();
+    }
+
     /// Moves row `src` onto row `dst` within this block (codes and side values).
     pub fn copy_within(&mut self, src: usize, dst: usize) {
         let rw = self.row_words;
