@@ -115,6 +115,13 @@ impl Model {
     }
 }
 
+/// Runs engine work with the GIL released, on a worker of the engine's
+/// thread pool ([`kvslim_engine::on_workers`]: parallel products then
+/// start at once instead of waking the pool each time).
+fn run_detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> T + Send) -> T {
+    py.detach(|| kvslim_engine::on_workers(f))
+}
+
 #[pymethods]
 impl Model {
     /// Loads a model: a path (HF directory, `.gguf`, llama2.c `.bin`),
@@ -204,7 +211,7 @@ impl Model {
             policy: spec,
             eos: tok.eos.clone(),
         };
-        let (prompt_ids, g, text) = py.detach(|| -> PyResult<_> {
+        let (prompt_ids, g, text) = run_detached(py, || -> PyResult<_> {
             let ids = tok.encode(prompt).map_err(model_error)?;
             let g = generate(&self.loaded.model, &ids, &opts, |_| true).map_err(engine_error)?;
             let text = tok.decode(&g.token_ids).map_err(model_error)?;
@@ -253,7 +260,7 @@ impl Model {
             (Some(_), None) => Some(self.tokenizer()?),
             (None, Some(_)) => None,
         };
-        let (ids, r) = py.detach(|| -> PyResult<_> {
+        let (ids, r) = run_detached(py, || -> PyResult<_> {
             let mut ids = match (text, tok) {
                 (Some(t), Some(tok)) => tok.encode(t).map_err(model_error)?,
                 _ => tokens.unwrap_or_default(),
@@ -300,7 +307,7 @@ impl Model {
             model_name: self.spec.clone(),
             seq_len,
         };
-        let plan = py.detach(|| -> PyResult<_> {
+        let plan = run_detached(py, || -> PyResult<_> {
             let ids = tok.encode(text).map_err(model_error)?;
             let windows =
                 calibration_windows(&ids, tok.bos.filter(|_| tok.add_bos), samples, seq_len).map_err(engine_error)?;
@@ -347,7 +354,7 @@ impl Model {
         cfg.compare_full = compare_full;
         cfg.charts = out.is_some();
         cfg.out_dir = out;
-        let rows = py.detach(|| run_matrix(&self.loaded.model, tok, &cfg, |_| {})).map_err(eval_error)?;
+        let rows = run_detached(py, || run_matrix(&self.loaded.model, tok, &cfg, |_| {})).map_err(eval_error)?;
         to_py(py, &json_of(&rows)?)
     }
 }

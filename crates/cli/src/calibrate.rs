@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
     /// Calibration text (tokenized with the model's tokenizer).
     #[arg(long)]
     text: PathBuf,

@@ -23,7 +23,7 @@ use std::io::{BufRead, IsTerminal, Write};
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
     /// System prompt put first in the conversation.
     #[arg(long)]
     system: Option<String>,

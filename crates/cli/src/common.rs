@@ -103,13 +103,18 @@ pub fn require_tokenizer(t: &Option<Tokenizer>) -> CliResult<&Tokenizer> {
     t.as_ref().ok_or_else(|| "this model has no tokenizer; pass --tokenizer PATH".into())
 }
 
-/// Configures rayon's global pool once.
+/// Configures rayon's global pool once (later calls change nothing: `main`
+/// sets it up before the command loads its model).
 pub fn init_threads(threads: Option<usize>) -> CliResult {
+    static DONE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     if let Some(n) = threads {
         if n == 0 {
             return Err("--threads must be at least 1".into());
         }
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
+        if DONE.get().is_none() {
+            rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
+            let _ = DONE.set(());
+        }
     }
     Ok(())
 }

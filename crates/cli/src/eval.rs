@@ -11,7 +11,7 @@ pub struct Args {
     #[command(subcommand)]
     command: Option<EvalCommand>,
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
     /// Policy families separated by `;` (full, window, sink, heavy, random,
     /// h2o; extras such as `h2o:agg=max`; `h2o+chai:plan=F`). Each budget is
     /// substituted into each family at equal slots (README "Policies").

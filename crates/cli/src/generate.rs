@@ -12,7 +12,7 @@ use std::io::Write;
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
     /// The prompt text.
     #[arg(long, short = 'p')]
     prompt: String,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,

@@ -53,19 +53,46 @@ enum Command {
     Fetch(fetch::Args),
 }
 
+impl Command {
+    /// `--threads` of a command that runs the model on the calling thread,
+    /// which then runs on a worker of rayon's pool
+    /// ([`kvslim_engine::on_workers`]); `None` for the others (the server
+    /// runs its scheduler on a worker itself, `bench` builds its own pools).
+    fn model_threads(&self) -> Option<Option<usize>> {
+        match self {
+            Command::Info(a) => Some(a.model.threads),
+            Command::Generate(a) => Some(a.model.threads),
+            Command::Chat(a) => Some(a.model.threads),
+            Command::Perplexity(a) => Some(a.model.threads),
+            Command::Eval(a) => Some(a.model.threads),
+            Command::Calibrate(a) => Some(a.model.threads),
+            Command::Serve(_) | Command::Bench(_) | Command::Loadtest(_) | Command::Fetch(_) => None,
+        }
+    }
+
+    fn run(self) -> common::CliResult {
+        match self {
+            Command::Info(a) => info::run(a),
+            Command::Generate(a) => generate::run(a),
+            Command::Chat(a) => chat::run(a),
+            Command::Perplexity(a) => perplexity::run(a),
+            Command::Bench(a) => bench::run(a),
+            Command::Calibrate(a) => calibrate::run(a),
+            Command::Eval(a) => eval::run(a),
+            Command::Serve(a) => serve::run(a),
+            Command::Loadtest(a) => loadtest::run(a),
+            Command::Fetch(a) => fetch::run(a),
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Info(a) => info::run(a),
-        Command::Generate(a) => generate::run(a),
-        Command::Chat(a) => chat::run(a),
-        Command::Perplexity(a) => perplexity::run(a),
-        Command::Bench(a) => bench::run(a),
-        Command::Calibrate(a) => calibrate::run(a),
-        Command::Eval(a) => eval::run(a),
-        Command::Serve(a) => serve::run(a),
-        Command::Loadtest(a) => loadtest::run(a),
-        Command::Fetch(a) => fetch::run(a),
+    let command = Cli::parse().command;
+    let result = match command.model_threads() {
+        Some(threads) => common::init_threads(threads).and_then(|()| {
+            kvslim_engine::on_workers(move || command.run().map_err(|e| e.to_string())).map_err(Into::into)
+        }),
+        None => command.run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

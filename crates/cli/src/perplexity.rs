@@ -15,7 +15,7 @@ use std::path::PathBuf;
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
     /// Text file to score (tokenized with the model's tokenizer, BOS as the tokenizer says).
     #[arg(long, conflicts_with = "tokens", required_unless_present = "tokens")]
     text: Option<PathBuf>,

@@ -9,7 +9,7 @@ use std::time::Duration;
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
     /// Address to listen on. The default keeps the server on this machine;
     /// before `--host 0.0.0.0` (or any other address) set an API key: the
     /// server runs whatever it is sent.

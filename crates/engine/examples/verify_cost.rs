@@ -18,6 +18,11 @@ fn main() {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    // on a pool worker, as the CLI runs the model (see `on_workers`)
+    kvslim_engine::on_workers(|| table(&m, &prompt, &spec, median));
+}
+
+fn table(m: &kvslim_models::Model, prompt: &[u32], spec: &PolicySpec, median: impl Fn(Vec<f64>) -> f64) {
     println!("| chunk | decode step ms | sequential ms | verify ms |");
     println!("|---:|---:|---:|---:|");
     for n in [1usize, 2, 3, 5, 8] {
@@ -25,9 +30,9 @@ fn main() {
         let (mut step, mut seq, mut ver) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..15 {
             for (mode, out) in [(0, &mut step), (1, &mut seq), (2, &mut ver)] {
-                let mut cache = m.new_cache(&spec, 128, 128).expect("cache");
+                let mut cache = m.new_cache(spec, 128, 128).expect("cache");
                 let mut s = Scratch::new();
-                m.forward(&prompt, &mut cache, &mut s, Logits::Last).expect("prefill");
+                m.forward(prompt, &mut cache, &mut s, Logits::Last).expect("prefill");
                 let t = Instant::now();
                 match mode {
                     0 => m.forward(&chunk[..1], &mut cache, &mut s, Logits::Last).expect("step"),

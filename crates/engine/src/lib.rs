@@ -13,6 +13,18 @@ pub mod speculative;
 pub mod synthetic;
 
 pub use beam::{beam_search, BeamOptions, Hypothesis};
+
+/// Runs `f` on a worker thread of rayon's global pool and returns its
+/// result. A forward pass issues a few hundred parallel products per token;
+/// from a thread outside the pool each one is injected into the pool and
+/// waits for a sleeping worker to wake (tens of microseconds each, about
+/// half a small model's decode step), while from a worker the same calls
+/// start at once. Callers that drive the model in a loop (the CLI
+/// commands, the server's scheduler, the Python bindings) run the loop
+/// here.
+pub fn on_workers<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    rayon::join(f, || ()).0
+}
 pub use generate::{generate, GenerateOptions, Generation};
 pub use perplexity::{perplexity, FullComparison, PerplexityOptions, PerplexityReport, Summary};
 pub use sampling::{Sampler, SamplingParams};

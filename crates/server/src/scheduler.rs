@@ -252,7 +252,22 @@ pub fn spawn(model: Arc<Model>, tokenizer: Arc<Tokenizer>, limits: Limits) -> Sc
     let p = pools.clone();
     std::thread::Builder::new()
         .name("kvslim-scheduler".into())
-        .spawn(move || run(&model, &tokenizer, &l, &m, &p, rx))
+        .spawn(move || {
+            // the loop runs on a worker of a pool of its own (as many
+            // threads as the global pool): its parallel products then start
+            // at once instead of waking a pool for each, and a loop idling
+            // on its queue holds no worker another server needs (tests
+            // start several in one process)
+            let threads = rayon::current_num_threads();
+            match rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("kvslim-worker-{i}"))
+                .build()
+            {
+                Ok(pool) => pool.install(|| run(&model, &tokenizer, &l, &m, &p, rx)),
+                Err(_) => run(&model, &tokenizer, &l, &m, &p, rx),
+            }
+        })
         .expect("spawn scheduler thread");
     SchedulerHandle { tx, metrics, limits, pools }
 }
