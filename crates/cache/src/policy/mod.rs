@@ -16,12 +16,14 @@ pub mod score;
 pub mod sliding;
 pub mod spec;
 pub mod token;
+pub mod tuned;
 
 pub use budget::PolicyFamily;
 pub use follow::{FollowDecisions, KeptSets, SharedKeptSets};
 pub use score::ScoreRule;
 pub use sliding::SlidingWindowLayers;
 pub use spec::{Budget, PolicySpec, PolicySpecError, TokenPolicySpec};
+pub use tuned::{LoadError, TunedRef};
 pub use token::{EvictionConfig, EvictionEvent, EvictionUnit, Observation, PageScore, TokenEviction, VictimRule};
 
 use crate::store::HeadSlots;
