@@ -91,7 +91,13 @@ pub fn candidate_grid(b: usize, grid: Grid) -> Vec<PolicySpec> {
         }
     };
     for (_, s) in baselines(b) {
-        if grid == Grid::Tiny && matches!(s.token, kvslim_cache::policy::TokenPolicySpec::Heavy { .. } | kvslim_cache::policy::TokenPolicySpec::Random { .. }) {
+        if grid == Grid::Tiny
+            && matches!(
+                s.token,
+                kvslim_cache::policy::TokenPolicySpec::Heavy { .. }
+                    | kvslim_cache::policy::TokenPolicySpec::Random { .. }
+            )
+        {
             continue;
         }
         push(s);
@@ -593,7 +599,13 @@ pub const OBJECTIVE: &str = "mean KL(full||policy) per predicted token over the 
 
 impl TuneFile {
     /// The record of `search` (whose first candidate is the chosen one).
-    pub fn new(model: &str, cfg: &TuneConfig, calibration: TextWindows, searches: Vec<BudgetSearch>, chosen: usize) -> Self {
+    pub fn new(
+        model: &str,
+        cfg: &TuneConfig,
+        calibration: TextWindows,
+        searches: Vec<BudgetSearch>,
+        chosen: usize,
+    ) -> Self {
         let s = &searches[chosen];
         let best = &s.candidates[0];
         let full_nll = best.total.full_nll_sum / best.total.rows as f64;
@@ -643,7 +655,14 @@ mod tests {
             let s = spec.to_string();
             self.calls.push((s.clone(), window));
             let kl = self.kl[&s][window];
-            Ok(WindowScore { rows: 10, nll_sum: 10.0 * (1.0 + kl), kl_sum: 10.0 * kl, top1_sum: 9.0, full_nll_sum: 10.0, kv_bytes_allocated: 64 })
+            Ok(WindowScore {
+                rows: 10,
+                nll_sum: 10.0 * (1.0 + kl),
+                kl_sum: 10.0 * kl,
+                top1_sum: 9.0,
+                full_nll_sum: 10.0,
+                kv_bytes_allocated: 64,
+            })
         }
     }
 

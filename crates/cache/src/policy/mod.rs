@@ -23,8 +23,8 @@ pub use follow::{FollowDecisions, KeptSets, SharedKeptSets};
 pub use score::ScoreRule;
 pub use sliding::SlidingWindowLayers;
 pub use spec::{Budget, PolicySpec, PolicySpecError, TokenPolicySpec};
-pub use tuned::{LoadError, TunedRef};
 pub use token::{EvictionConfig, EvictionEvent, EvictionUnit, Observation, PageScore, TokenEviction, VictimRule};
+pub use tuned::{LoadError, TunedRef};
 
 use crate::store::HeadSlots;
 

@@ -52,8 +52,8 @@
 //! `load_plans` replaces it with the spec the file records.
 
 use super::chai::{HeadSharingSpec, RepRule};
-use super::tuned::{read_tuned_spec, LoadError, TunedRef};
 use super::token::{EvictionConfig, EvictionUnit, Observation, PageScore, TokenEviction, VictimRule};
+use super::tuned::{read_tuned_spec, LoadError, TunedRef};
 use super::{CachePolicy, FullCache, ScoreAgg, ScoreRule};
 use crate::store::StoreLayout;
 use kvslim_kernels::kvquant::KvDtype;
