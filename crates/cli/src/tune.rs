@@ -99,7 +99,7 @@ pub fn run(a: Args) -> CliResult {
         &cal.windows_sha256[..16]
     );
     let cfg = TuneConfig { seq_len: a.seq_len, windows: a.windows, eta: a.eta, grid: a.grid };
-    let mut scorer = ModelScorer { model: &loaded.model, windows: &cal.windows };
+    let mut scorer = ModelScorer::new(&loaded.model, &cal.windows);
     let mut progress = Progress::new("tune", "runs");
     let (searches, chosen) = match (a.budget, a.max_kl) {
         (Some(b), _) => (vec![search_budget(b, &cfg, &mut scorer, |d, t| progress.update(d, t))?], 0),

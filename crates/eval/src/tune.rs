@@ -30,13 +30,15 @@
 //! as `ppl:FILE,seq_len=L,limit=K` takes them) lie entirely before that
 //! offset ([`check_disjoint`]).
 
+use crate::metrics::{kl_divergence, top1_agree};
 use crate::tasks::{load_ppl_text, token_windows};
 use crate::{EvalError, Result};
 use kvslim_cache::policy::tuned::TUNE_FILE_KIND;
 use kvslim_cache::policy::Budget;
 use kvslim_cache::PolicySpec;
-use kvslim_engine::{perplexity, PerplexityOptions};
-use kvslim_models::{Model, Tokenizer};
+use kvslim_engine::{perplexity, PerplexityOptions, Session};
+use kvslim_kernels::ops::log_softmax_at;
+use kvslim_models::{Logits, Model, Tokenizer};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::ops::Range;
@@ -174,16 +176,85 @@ pub trait WindowScorer {
     fn score(&mut self, spec: &PolicySpec, window: usize) -> Result<WindowScore>;
 }
 
-/// The real scorer: teacher-forced perplexity with the full cache alongside.
+/// The real scorer: teacher forcing, every token a decode step, against
+/// the full cache. The full cache's logits of one window are kept while the
+/// search scores every candidate on it (the search goes window by window),
+/// so each window's full run happens once, not once per candidate: half the
+/// work of [`score_window`], which runs both. Memory: one window's logits,
+/// (L − 1) × vocab floats.
 pub struct ModelScorer<'a> {
-    pub model: &'a Model,
-    pub windows: &'a [Vec<u32>],
+    model: &'a Model,
+    windows: &'a [Vec<u32>],
+    full: Option<FullWindow>,
+}
+
+/// The full cache's logits (one row per predicted token) on one window.
+struct FullWindow {
+    window: usize,
+    logits: Vec<f32>,
+    nll_sum: f64,
+}
+
+impl<'a> ModelScorer<'a> {
+    pub fn new(model: &'a Model, windows: &'a [Vec<u32>]) -> Self {
+        ModelScorer { model, windows, full: None }
+    }
+
+    fn full(&mut self, window: usize) -> Result<&FullWindow> {
+        if self.full.as_ref().is_none_or(|f| f.window != window) {
+            self.full = None;
+            let ids = &self.windows[window];
+            let v = self.model.config.vocab_size;
+            let mut s = Session::new(self.model, &PolicySpec::full(), ids.len(), ids.len())?;
+            let mut logits = Vec::with_capacity((ids.len() - 1) * v);
+            let mut nll_sum = 0.0;
+            for i in 0..ids.len() - 1 {
+                let row = s.feed(&ids[i..=i], Logits::Last)?;
+                nll_sum -= log_softmax_at(row, ids[i + 1] as usize);
+                logits.extend_from_slice(row);
+            }
+            self.full = Some(FullWindow { window, logits, nll_sum });
+        }
+        Ok(self.full.as_ref().expect("set above"))
+    }
 }
 
 impl WindowScorer for ModelScorer<'_> {
     fn score(&mut self, spec: &PolicySpec, window: usize) -> Result<WindowScore> {
-        score_window(self.model, spec, &self.windows[window])
+        let (model, ids) = (self.model, &self.windows[window]);
+        check_window(model, ids)?;
+        let v = model.config.vocab_size;
+        let full = self.full(window)?;
+        let mut s = Session::new(model, spec, ids.len(), ids.len())?;
+        let rows = ids.len() - 1;
+        let mut out = WindowScore { rows, full_nll_sum: full.nll_sum, ..WindowScore::default() };
+        for i in 0..rows {
+            let row = s.feed(&ids[i..=i], Logits::Last)?;
+            let f = &full.logits[i * v..(i + 1) * v];
+            out.nll_sum -= log_softmax_at(row, ids[i + 1] as usize);
+            out.kl_sum += kl_divergence(f, row);
+            out.top1_sum += f64::from(u8::from(top1_agree(f, row)));
+        }
+        out.kv_bytes_allocated = s.kv_bytes().kv;
+        Ok(out)
     }
+}
+
+/// What the engine's perplexity checks before it runs, for windows scored
+/// here directly: at least 2 tokens, within the model's context and vocab.
+fn check_window(model: &Model, ids: &[u32]) -> Result<()> {
+    let c = &model.config;
+    if ids.len() < 2 || ids.len() > c.context_len {
+        return Err(EvalError::Request(format!(
+            "tune: a window of {} tokens does not fit: needs 2..={} (the model's context)",
+            ids.len(),
+            c.context_len
+        )));
+    }
+    if let Some(&id) = ids.iter().find(|&&id| id as usize >= c.vocab_size) {
+        return Err(kvslim_models::Error::TokenOutOfRange { id, vocab: c.vocab_size }.into());
+    }
+    Ok(())
 }
 
 /// One teacher-forced run of `spec` on `ids`, compared with the full cache.
@@ -302,13 +373,19 @@ pub fn successive_halving(
             alive = ranked.into_iter().take(k).map(|(i, _)| i).collect();
             alive.sort_unstable();
         }
-        for &i in &alive {
-            for win in seen[i]..w {
-                let s = scorer.score(&candidates[i], win)?;
-                totals[i].add(&s);
-                done += 1;
-                progress(done, total_evals);
+        // window by window, so a scorer can keep one window's reference
+        // run for all candidates (every survivor has seen the same windows)
+        let from = alive.iter().map(|&i| seen[i]).min().unwrap_or(w);
+        for win in from..w {
+            for &i in &alive {
+                if seen[i] <= win {
+                    totals[i].add(&scorer.score(&candidates[i], win)?);
+                    done += 1;
+                    progress(done, total_evals);
+                }
             }
+        }
+        for &i in &alive {
             seen[i] = w;
             reached[i] = rung;
         }
@@ -522,18 +599,21 @@ pub fn held_out(
     let mut specs = vec![("tuned".to_string(), tuned.clone())];
     specs.extend(baselines(budget_slots));
     let total = specs.len() * eval.windows.len();
+    let mut scorer = ModelScorer::new(model, &eval.windows);
+    let mut totals = vec![WindowScore::default(); specs.len()];
     let mut done = 0;
-    let mut full_nll = f64::NAN;
-    let mut rows = Vec::new();
-    for (label, spec) in specs {
-        let mut t = WindowScore::default();
-        for w in &eval.windows {
-            t.add(&score_window(model, &spec, w)?);
+    for w in 0..eval.windows.len() {
+        for (t, (_, spec)) in totals.iter_mut().zip(&specs) {
+            t.add(&scorer.score(spec, w)?);
             done += 1;
             progress(done, total);
         }
-        full_nll = t.full_nll_sum / t.rows as f64;
-        rows.push(HeldOutRow {
+    }
+    let full_nll = totals[0].full_nll_sum / totals[0].rows as f64;
+    let rows = specs
+        .into_iter()
+        .zip(&totals)
+        .map(|((label, spec), t)| HeldOutRow {
             label,
             spec: spec.to_string(),
             kl: t.kl(),
@@ -541,8 +621,8 @@ pub fn held_out(
             ppl: t.nll().exp(),
             top1_agreement: t.top1_sum / t.rows as f64,
             kv_bytes_allocated: t.kv_bytes_allocated,
-        });
-    }
+        })
+        .collect();
     Ok((rows, full_nll))
 }
 
