@@ -298,12 +298,8 @@ pub fn rung_sizes(n: usize, eta: usize) -> Vec<usize> {
     let eta = eta.max(2);
     let mut out = Vec::new();
     let mut w = 1;
-    while n > 0 {
-        let w_now = w.min(n);
-        out.push(w_now);
-        if w_now == n {
-            break;
-        }
+    while out.last() != Some(&n) && n > 0 {
+        out.push(w.min(n));
         w = w.saturating_mul(eta);
     }
     out
@@ -756,6 +752,7 @@ mod tests {
         assert_eq!(rung_sizes(9, 3), vec![1, 3, 9]);
         assert_eq!(rung_sizes(1, 3), vec![1]);
         assert_eq!(rung_sizes(4, 2), vec![1, 2, 4]);
+        assert_eq!(rung_sizes(0, 3), Vec::<usize>::new());
         assert_eq!(survivors(46, 3, 3), vec![46, 16, 6]);
         // 46 on 1 window, 16 on 2 more, 6 on 5 more
         assert_eq!(planned_evaluations(46, 8, 3), 46 + 16 * 2 + 6 * 5);
