@@ -113,9 +113,64 @@ fn tune_writes_a_spec_that_perplexity_accepts() {
     let r: serde_json::Value = serde_json::from_str(&r).unwrap();
     assert_eq!(r["policy"].as_str().unwrap(), spec);
     assert_eq!(r["budget_slots"], v["budget_slots"]);
-    // held-out window 1 under the tuned spec is what the file says
     let tuned_row = &held["rows"][0];
     assert_eq!(tuned_row["spec"].as_str().unwrap(), spec);
+
+    // the evaluation matrix: one cell at the tuned budget, on exactly the
+    // held-out windows (`ppl:…,seq_len=128,limit=2` cuts the same tokens)
+    let dir = std::env::temp_dir().join(format!("kvslim-cli-tune-eval-{}", std::process::id()));
+    let task = format!("ppl:{text},seq_len=128");
+    let d = dir.display().to_string();
+    ok(&kvslim(&[
+        "eval",
+        "--model",
+        &m,
+        "--policies",
+        &format!("window;{policy}"),
+        "--budgets",
+        "20%,10%",
+        "--tasks",
+        &task,
+        "--limit",
+        "2",
+        "--threads",
+        "1",
+        "--out",
+        &d,
+    ]));
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("results.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let cells: Vec<(&str, &str)> =
+        rows.iter().map(|r| (r["policy"].as_str().unwrap(), r["budget"].as_str().unwrap())).collect();
+    assert_eq!(cells, [("window", "20%"), ("window", "10%"), (policy.as_str(), "20%")]);
+    let t = &rows[2]["metrics"];
+    let w = &rows[0]["metrics"];
+    for (key, held_key) in [("kl", "kl"), ("nll", "nll")] {
+        let (a, b) = (t[key].as_f64().unwrap(), tuned_row[held_key].as_f64().unwrap());
+        assert!((a - b).abs() < 1e-6, "matrix {key} {a} vs tune's held-out {b}");
+        let (a, b) = (w[key].as_f64().unwrap(), held["rows"][1][held_key].as_f64().unwrap());
+        assert!((a - b).abs() < 1e-6, "window {key} {a} vs {b}");
+    }
+    // at another sequence length the recorded slots would not be 20%: refused
+    std::fs::remove_dir_all(&dir).unwrap();
+    let e = err(&kvslim(&[
+        "eval",
+        "--model",
+        &m,
+        "--policies",
+        &policy,
+        "--tasks",
+        &format!("ppl:{text},seq_len=256"),
+        "--limit",
+        "1",
+        "--out",
+        &d,
+    ]));
+    assert!(e.contains("tuned for 128-token sequences"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::remove_file(&out).unwrap();
 }
 
