@@ -110,13 +110,24 @@ class Model:
     """A model: a path (HF directory, ``.gguf``, llama2.c ``.bin``),
     ``hf:org/repo[/file]`` or an alias (``smollm2-135m``, ``stories260k``).
     ``tokenizer`` names a tokenizer file for models that carry none.
+    ``f32_activations=True`` multiplies Q4_0/Q4_1/Q8_0 weights with f32
+    activations, so results equal the dequantized model's to rounding; by
+    default (AVX-512 VNNI CPUs) activations are quantized to 8 bits per
+    block of 32, as llama.cpp does: faster, slightly less accurate.
 
     Raises ``FileNotFoundError`` when the model cannot be found and
     ``ValueError`` when its files cannot be read as a model.
     """
 
-    def __init__(self, model: Union[str, os.PathLike[str]], tokenizer: Optional[Union[str, os.PathLike[str]]] = None):
-        self._m = _native.Model(os.fspath(model), None if tokenizer is None else os.fspath(tokenizer))
+    def __init__(
+        self,
+        model: Union[str, os.PathLike[str]],
+        tokenizer: Optional[Union[str, os.PathLike[str]]] = None,
+        f32_activations: bool = False,
+    ):
+        self._m = _native.Model(
+            os.fspath(model), None if tokenizer is None else os.fspath(tokenizer), f32_activations
+        )
 
     def __repr__(self) -> str:
         return f"kvslim.Model({self.spec!r})"

@@ -8,7 +8,9 @@ __version__: str
 
 @final
 class Model:
-    def __new__(cls, model: str, tokenizer: Optional[Union[str, PathLike[str]]] = None) -> Model: ...
+    def __new__(
+        cls, model: str, tokenizer: Optional[Union[str, PathLike[str]]] = None, f32_activations: bool = False
+    ) -> Model: ...
     @property
     def spec(self) -> str: ...
     @property

@@ -119,12 +119,19 @@ impl Model {
 impl Model {
     /// Loads a model: a path (HF directory, `.gguf`, llama2.c `.bin`),
     /// `hf:org/repo[/file]`, or an alias (`smollm2-135m`, `stories260k`).
+    /// `f32_activations=True` multiplies Q4_0/Q4_1/Q8_0 weights with f32
+    /// activations (results equal the dequantized model's to rounding)
+    /// instead of the faster 8-bit activations (the CLI's
+    /// `--f32-activations`).
     #[new]
-    #[pyo3(signature = (model, tokenizer=None))]
-    fn new(py: Python<'_>, model: String, tokenizer: Option<PathBuf>) -> PyResult<Self> {
+    #[pyo3(signature = (model, tokenizer=None, f32_activations=false))]
+    fn new(py: Python<'_>, model: String, tokenizer: Option<PathBuf>, f32_activations: bool) -> PyResult<Self> {
         py.detach(|| {
             let path = kvslim_hub::resolve_model(&model).map_err(|e| PyFileNotFoundError::new_err(e.to_string()))?;
             let mut loaded = kvslim_models::load_model(&path).map_err(model_error)?;
+            if f32_activations {
+                loaded.model.weights.set_products(kvslim_kernels::Products::F32);
+            }
             if let Some(t) = tokenizer {
                 let c = &loaded.model.config;
                 loaded.tokenizer = Some(

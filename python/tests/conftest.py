@@ -47,6 +47,14 @@ def smollm2() -> kvslim.Model:
 
 
 @pytest.fixture(scope="session")
+def smollm2_f32() -> kvslim.Model:
+    """f32 activations: parity with transformers on the dequantized weights."""
+    return kvslim.Model(
+        shared("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"), f32_activations=True
+    )
+
+
+@pytest.fixture(scope="session")
 def stories() -> kvslim.Model:
     return kvslim.Model(shared("models/stories260K/stories260K.bin"))
 

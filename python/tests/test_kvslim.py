@@ -37,23 +37,39 @@ def h2o96(smollm2, ids96):
     return smollm2.perplexity(tokens=ids96, policy=H2O)
 
 
-def test_nll_matches_hf_reference(full96, smollm2_ref):
+def test_nll_matches_hf_reference(smollm2_f32, ids96, full96, smollm2_ref):
     want = smollm2_ref["next_token_logprob"].astype(np.float64)
-    assert full96.logprobs.dtype == np.float64 and full96.logprobs.shape == want.shape
-    mean_abs = np.abs(full96.logprobs - want).mean()
-    print(f"SmolLM2 NLL {full96.nll:.5f} (HF 3.3168), mean |Δ log-prob| {mean_abs:.2e}")
+    exact = smollm2_f32.perplexity(tokens=ids96)
+    assert exact.logprobs.dtype == np.float64 and exact.logprobs.shape == want.shape
+    mean_abs = np.abs(exact.logprobs - want).mean()
+    print(f"SmolLM2 NLL {exact.nll:.5f} (HF 3.3168), mean |Δ log-prob| {mean_abs:.2e}")
     assert mean_abs < 0.01
-    assert np.abs(full96.logprobs - want).max() < 0.1
-    assert abs(full96.nll - 3.3168) < 0.005
-    assert full96.nll == pytest.approx(-full96.logprobs.mean(), abs=1e-12)
-    assert full96.ppl == pytest.approx(np.exp(full96.nll))
-    assert full96.kl is None and full96.policy == "full"
+    assert np.abs(exact.logprobs - want).max() < 0.1
+    assert abs(exact.nll - 3.3168) < 0.005
+    assert exact.nll == pytest.approx(-exact.logprobs.mean(), abs=1e-12)
+    assert exact.ppl == pytest.approx(np.exp(exact.nll))
+    assert exact.kl is None and exact.policy == "full"
+    # the default 8-bit activations: a few hundredths of a nat per token
+    int8_abs = np.abs(full96.logprobs - want).mean()
+    print(f"8-bit activations: NLL {full96.nll:.5f}, mean |Δ log-prob| {int8_abs:.3f}")
+    assert int8_abs < 0.1 and abs(full96.nll - 3.3168) < 0.033
 
 
-def test_prefill_scores_like_decode(smollm2, ids96, full96):
-    r = smollm2.perplexity(tokens=ids96, prefill=len(ids96))
+def test_prefill_scores_like_decode(smollm2, smollm2_f32, ids96, full96):
+    # the same model through the two paths: equal to f32 rounding ...
+    decode = smollm2_f32.perplexity(tokens=ids96)
+    r = smollm2_f32.perplexity(tokens=ids96, prefill=len(ids96))
     assert r.report["decode_steps"] == 0
-    np.testing.assert_allclose(r.logprobs, full96.logprobs, atol=1e-3)
+    np.testing.assert_allclose(r.logprobs, decode.logprobs, atol=1e-3)
+    # ... while with 8-bit activations a rounding-level difference between
+    # the paths moves an activation across a quantization step, and the
+    # change spreads through the layers: the two paths then differ like two
+    # draws of quantization noise (measured mean |Δ| 0.053 nats, about
+    # what separates either from the f32 products)
+    r8 = smollm2.perplexity(tokens=ids96, prefill=len(ids96))
+    gap = np.abs(r8.logprobs - full96.logprobs)
+    print(f"8-bit activations, prefill vs decode: mean |Δ| {gap.mean():.2e}, max {gap.max():.2e}")
+    assert gap.mean() < 0.1 and abs(r8.nll - full96.nll) < 0.01 * full96.nll
 
 
 def test_greedy_matches_reference(smollm2, smollm2_ref):

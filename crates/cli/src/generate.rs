@@ -44,9 +44,11 @@ pub struct Args {
     #[arg(long, value_parser = ["ngram", "self"])]
     speculative: Option<String>,
     /// With --speculative: verify drafts with one GEMM per matrix over the
-    /// chunk instead of one decode step's arithmetic per token; logits then
-    /// differ from plain decoding by rounding, which can flip a near tie.
-    /// Pays only where a decode step is memory-bound (see README).
+    /// chunk instead of one decode step's arithmetic per token; with f32
+    /// products logits then differ from plain decoding by rounding, which
+    /// can flip a near tie. (With the default integer products of
+    /// Q4_0/Q4_1/Q8_0 weights both are the same arithmetic: a product over
+    /// several tokens equals single-token products bit for bit.)
     #[arg(long)]
     fast_verify: bool,
     /// Draft tokens verified per target pass (with --speculative).

@@ -30,13 +30,14 @@
 //! or any policy before its budget fills) the cache is rewound by cutting
 //! it back to the committed tokens ([`SequenceCache::truncate`]), which
 //! costs nothing.
-//! Otherwise the cache is snapshotted before verification
-//! (`SequenceCache::clone`: one extra copy, B + 1 slots per layer and KV
-//! head for a budget B) and, unless every draft is accepted, restored and
-//! replayed over exactly the accepted tokens (the pending token plus the
+//! Otherwise the cache starts an undo journal before verification
+//! ([`SequenceCache::checkpoint`]: each head's positions and scores, the
+//! policy's state, and then only the rows an eviction overwrites — no
+//! copy of the K/V slots) and, unless every draft is accepted, rolls back
+//! and replays exactly the accepted tokens (the pending token plus the
 //! accepted drafts), so scoring and eviction happen only for committed
-//! tokens. Journaling score deltas and overwritten victims would avoid the
-//! replay under eviction too; it is future work.
+//! tokens. Where a journal does not apply (paged stores, whose copies
+//! share pages anyway; CHAI head sharing) the cache is copied instead.
 
 use crate::generate::start_session;
 use crate::generate::{GenerateOptions, Generation, StopReason};
@@ -46,6 +47,16 @@ use crate::{EngineError, Result};
 use kvslim_cache::{PolicySpec, SequenceCache};
 use kvslim_models::{Logits, Model};
 use std::time::Instant;
+
+/// How a verification pass is undone when drafts are rejected.
+enum Rollback {
+    /// Cut the cache back (nothing was or can be evicted).
+    Cut,
+    /// The cache's undo journal ([`SequenceCache::checkpoint`]).
+    Journal,
+    /// A copy taken before the pass (paged stores, CHAI).
+    Snapshot(Box<SequenceCache>),
+}
 
 /// Proposes draft continuations of a token sequence.
 pub trait Drafter {
@@ -242,7 +253,13 @@ pub fn speculative_run(
         chunk.push(next);
         chunk.extend_from_slice(&drafts);
         let start_pos = session.cache.next_pos();
-        let snapshot = if session.cache.rewindable_after(chunk.len()) { None } else { Some(session.cache.clone()) };
+        let rollback = if session.cache.rewindable_after(chunk.len()) {
+            Rollback::Cut
+        } else if session.cache.checkpoint() {
+            Rollback::Journal
+        } else {
+            Rollback::Snapshot(Box::new(session.cache.clone()))
+        };
         verification.run(model, &chunk, &mut session)?;
         let logits = session.scratch.logits();
         let mut accepted = 0;
@@ -254,15 +271,21 @@ pub fn speculative_run(
         stats.accepted += accepted;
         if accepted < drafts.len() {
             let keep = &chunk[..accepted + 1];
-            match snapshot {
+            match rollback {
                 // nothing was or could be evicted: the first tokens' state
                 // is theirs alone
-                None => session.cache.truncate(start_pos + keep.len()).map_err(kvslim_models::Error::from)?,
-                Some(snapshot) => {
-                    session.cache = snapshot;
+                Rollback::Cut => session.cache.truncate(start_pos + keep.len()).map_err(kvslim_models::Error::from)?,
+                Rollback::Journal => {
+                    session.cache.rollback();
+                    verification.run(model, keep, &mut session)?;
+                }
+                Rollback::Snapshot(snapshot) => {
+                    session.cache = *snapshot;
                     verification.run(model, keep, &mut session)?;
                 }
             }
+        } else if let Rollback::Journal = rollback {
+            session.cache.commit();
         }
         for &d in &drafts[..accepted] {
             if opts.eos.contains(&d) {

@@ -15,8 +15,13 @@ mod common;
 
 use common::shared;
 
+/// The Q8_0 fixture with f32 products: these tests compare computation
+/// paths to f32 rounding, which 8-bit activations would turn into whole
+/// quantization steps.
 fn model(arch: &str) -> Model {
-    load_model(&shared().join("fixtures/gguf").join(arch).join("Q8_0.gguf")).unwrap().model
+    let mut m = load_model(&shared().join("fixtures/gguf").join(arch).join("Q8_0.gguf")).unwrap().model;
+    m.weights.set_products(kvslim_kernels::Products::F32);
+    m
 }
 
 /// The fixture's 96 token ids (BOS first).

@@ -100,6 +100,13 @@ fn paged_store_is_bit_identical_to_fixed_slots_for_every_policy() {
         "random:budget=20,recent=8,seed=5,sink=4".into(),
         format!("h2o:heavy=12,recent=12,score=vnorm+chai:plan={plan}"),
         format!("h2o:heavy=12,recent=12,sink=2,score=decay:0.5+chai-static:plan={plan}"),
+        // budget allocators: ada decided in prefill (the prompt overflows)
+        // and at the first overflowing decode step
+        "h2o:heavy=12,recent=12,alloc=pyramid".into(),
+        "h2o:heavy=12,recent=12,alloc=ada".into(),
+        "h2o:heavy=24,recent=24,alloc=ada:0".into(),
+        "h2o:heavy=12,recent=12,sink=2,score=norm,alloc=pyramid:0.5/ada:0.5".into(),
+        format!("h2o:heavy=12,recent=12,alloc=pyramid+chai:plan={plan}"),
     ];
     for text in &specs {
         let spec = PolicySpec::parse_and_load(text).unwrap();

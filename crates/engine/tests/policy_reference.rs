@@ -14,7 +14,7 @@ use kvslim_engine::Session;
 use kvslim_kernels::DType;
 use kvslim_models::config::ModelConfig;
 use kvslim_models::{Logits, Model, Trace};
-use reference::{RefHead, RefPolicy, RefScore, Rule};
+use reference::{ref_ada_shares, ref_pyramid, RefHead, RefPolicy, RefScore, Rule};
 mod common;
 
 use common::shared;
@@ -66,7 +66,7 @@ fn ref_policy(spec: &PolicySpec, base: usize) -> RefPolicy {
             rule: Rule::Random { seed },
             ..plain
         },
-        TokenPolicySpec::H2o { heavy, recent, agg, sink, score, prefill } => RefPolicy {
+        TokenPolicySpec::H2o { heavy, recent, agg, sink, score, prefill, .. } => RefPolicy {
             budget: Some(r(heavy) + r(recent) + r(sink)),
             recent: r(recent),
             sinks: r(sink),
@@ -88,13 +88,39 @@ fn tiny_config(heads: usize, kv_heads: usize, head_dim: usize) -> ModelConfig {
     }
 }
 
+/// The reference's per-layer heavy slots under the spec's allocator (its
+/// written heavy for every layer when uniform), and ada's floor.
+fn ref_alloc(spec: &PolicySpec, base: usize, layers: usize) -> (Vec<usize>, Option<f64>) {
+    let heavy = match spec.token {
+        TokenPolicySpec::H2o { heavy, .. } => heavy.resolve(base),
+        _ => 0,
+    };
+    let alloc = spec.alloc();
+    let per_layer = match alloc.pyramid {
+        Some(r) => ref_pyramid(heavy, layers, r),
+        None => vec![heavy; layers],
+    };
+    (per_layer, alloc.ada)
+}
+
 /// Runs `tokens` through the engine under `spec` (prompt of `prompt_len`,
 /// the rest decoded one by one) and the reference on the same q/k/v
-/// streams; compares after every forward call.
+/// streams; compares after every forward call. Under `alloc=`, each
+/// (layer, KV head) of the reference gets its own budget: pyramid's per
+/// layer, and ada's per head once the layer first overflows (decided
+/// from every head's candidates, before any evicts).
 fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, label: &str) {
     let c = &model.config;
     let (hd, g) = (c.head_dim, c.group_size());
     let policy = ref_policy(spec, tokens.len());
+    let (layer_heavy, ada) = ref_alloc(spec, tokens.len(), c.n_layers);
+    let fixed = policy.recent + policy.sinks;
+    let alloc = !spec.alloc().is_uniform();
+    let layer_budget: Vec<Option<usize>> =
+        layer_heavy.iter().map(|&h| policy.budget.map(|b| if alloc { (fixed + h).max(1) } else { b })).collect();
+    let mut policies: Vec<Vec<RefPolicy>> =
+        layer_budget.iter().map(|&budget| vec![RefPolicy { budget, ..policy }; c.n_kv_heads]).collect();
+    let mut decided = vec![false; c.n_layers];
     let mut session = Session::new(model, spec, tokens.len(), tokens.len()).unwrap();
     let mut refs: Vec<Vec<RefHead>> =
         (0..c.n_layers).map(|l| (0..c.n_kv_heads).map(|h| RefHead::new(hd, g, &policy, l, h)).collect()).collect();
@@ -113,21 +139,55 @@ fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, 
         let n = part.len();
         for (l, layer_refs) in refs.iter_mut().enumerate() {
             let [q, k, v] = &trace.qkv[l];
-            for (kvh, r) in layer_refs.iter_mut().enumerate() {
-                let tok = |t: usize| {
-                    let qs = f64s(&q[t * c.q_dim() + kvh * g * hd..t * c.q_dim() + (kvh + 1) * g * hd]);
-                    let ks = f64s(&k[t * c.kv_dim() + kvh * hd..t * c.kv_dim() + (kvh + 1) * hd]);
-                    let vs = f64s(&v[t * c.kv_dim() + kvh * hd..t * c.kv_dim() + (kvh + 1) * hd]);
-                    ((p0 + t) as u32, qs, ks, vs)
-                };
-                if n == 1 {
-                    let (p, qs, ks, vs) = tok(0);
-                    r.decode(&policy, p, &qs, &ks, &vs);
-                } else {
-                    let chunk: Vec<_> = (0..n).map(tok).collect();
-                    r.prefill(&policy, &chunk);
+            let tok = |kvh: usize, t: usize| {
+                let qs = f64s(&q[t * c.q_dim() + kvh * g * hd..t * c.q_dim() + (kvh + 1) * g * hd]);
+                let ks = f64s(&k[t * c.kv_dim() + kvh * hd..t * c.kv_dim() + (kvh + 1) * hd]);
+                let vs = f64s(&v[t * c.kv_dim() + kvh * hd..t * c.kv_dim() + (kvh + 1) * hd]);
+                ((p0 + t) as u32, qs, ks, vs)
+            };
+            // ada splits the layer once, when its heads first hold more
+            // candidates than the layer's per-head budget
+            let mut decide = |cands: &[Vec<reference::Slot>], pols: &mut Vec<RefPolicy>| {
+                if let (Some(floor), false, Some(b)) = (ada, decided[l], layer_budget[l]) {
+                    if cands[0].len() > b {
+                        let shares = ref_ada_shares(layer_heavy[l], floor, &policy, cands);
+                        for (p, s) in pols.iter_mut().zip(shares) {
+                            p.budget = Some((fixed + s).max(1));
+                        }
+                        decided[l] = true;
+                    }
                 }
+            };
+            if n == 1 {
+                for (kvh, r) in layer_refs.iter_mut().enumerate() {
+                    let (p, _, ks, vs) = tok(kvh, 0);
+                    r.push(p, &ks, &vs);
+                }
+                let slots: Vec<Vec<reference::Slot>> = layer_refs.iter().map(|r| r.slots.clone()).collect();
+                decide(&slots, &mut policies[l]);
+                for (kvh, r) in layer_refs.iter_mut().enumerate() {
+                    let (p, qs, _, _) = tok(kvh, 0);
+                    r.decode_pushed(&policies[l][kvh], p, &qs);
+                }
+            } else {
+                let cands: Vec<Vec<reference::Slot>> = layer_refs
+                    .iter()
+                    .enumerate()
+                    .map(|(kvh, r)| {
+                        let chunk: Vec<_> = (0..n).map(|t| tok(kvh, t)).collect();
+                        r.prefill_candidates(&policies[l][kvh], &chunk)
+                    })
+                    .collect();
+                decide(&cands, &mut policies[l]);
+                for ((kvh, r), cand) in layer_refs.iter_mut().enumerate().zip(cands) {
+                    r.prefill_commit(&policies[l][kvh], cand, (p0 + n - 1) as u32);
+                }
+            }
+            for (kvh, r) in layer_refs.iter_mut().enumerate() {
                 let head = session.cache.store().head(l, kvh);
+                if let Some(b) = session.cache.policy().head_budget(l, kvh) {
+                    assert!(head.len() <= b, "{label}: call {step} layer {l} kv head {kvh} holds {} > {b}", head.len());
+                }
                 let mut got: Vec<(u32, f32)> =
                     head.positions().iter().copied().zip(head.scores().iter().copied()).collect();
                 got.sort_by_key(|x| x.0);
@@ -329,4 +389,80 @@ fn assert_tiled_keeps_what_traced_keeps(model: &Model, spec: &PolicySpec, prompt
         all
     };
     assert_eq!(kept(false), kept(true), "{label}: tiled + observation pass vs query by query");
+}
+
+/// Budget allocators (`alloc=` on h2o): PyramidKV's per-layer heavy slots
+/// and AdaKV's per-head shares, alone and together, with score families,
+/// sinks, max aggregation and streamed prefill; random shapes (prompts
+/// shorter and longer than the budget, so ada decides in prefill or at
+/// the first decode step that overflows); optimized == reference after
+/// every call, and the total budget is the plain spec's.
+#[test]
+fn allocators_equal_reference_on_random_shapes() {
+    let mut rng = Rng::new(1414);
+    let mut pick = |n: u64| (rng.next_u64() % n) as usize;
+    let mut uneven = [0; 2];
+    for case in 0..30 {
+        let (heads, kv_heads) = [(2, 2), (4, 2), (4, 1), (6, 2), (6, 3), (8, 4)][pick(6)];
+        let head_dim = [4, 8, 16][pick(3)];
+        let layers = 2 + pick(4);
+        let cfg = ModelConfig {
+            context_len: 1024,
+            ..kvslim_engine::synthetic::llama_config(layers, 32, 48, heads, kv_heads, head_dim, 64)
+        };
+        let model = kvslim_engine::synthetic::random_model(cfg, DType::F32, 500 + case as u64, 3.0).unwrap();
+        let prompt_len = 2 + pick(50);
+        let total = prompt_len + 20 + pick(60);
+        let tokens: Vec<u32> = (0..total).map(|_| pick(64) as u32).collect();
+        let heavy = 1 + pick(16);
+        let recent = 1 + pick(8);
+        let alloc = match case % 3 {
+            0 => format!("pyramid:{}", [0.1, 0.25, 0.5, 1.0][pick(4)]),
+            1 => format!("ada:{}", [0.0, 0.2, 0.5, 1.0][pick(4)]),
+            _ => format!("pyramid:{}/ada:{}", [0.2, 0.5][pick(2)], [0.0, 0.3][pick(2)]),
+        };
+        let extra = match pick(5) {
+            0 => ",agg=max".to_string(),
+            1 => format!(",sink={}", 1 + pick(3)),
+            2 => format!(",prefill=stream:{}", 1 + pick(12)),
+            3 => format!(",score={}", ["norm", "decay:0.9", "tova", "vnorm", "persist:8"][pick(5)]),
+            _ => String::new(),
+        };
+        let text = format!("h2o:heavy={heavy},recent={recent}{extra},alloc={alloc}");
+        let spec = PolicySpec::parse(&text).unwrap();
+        let label = format!("case {case} {spec} L={layers} H={heads}/{kv_heads} D={head_dim}");
+        compare(&model, &spec, &tokens, prompt_len, &label);
+        // the total budget is the plain spec's: Σ over layers and KV heads
+        let mut session = Session::new(&model, &spec, tokens.len(), tokens.len()).unwrap();
+        session.feed(&tokens, Logits::Last).unwrap();
+        let plain = PolicySpec::parse(&text[..text.find(",alloc").unwrap()]).unwrap().budget(tokens.len()).unwrap();
+        let held: usize = (0..layers)
+            .flat_map(|l| (0..kv_heads).map(move |h| (l, h)))
+            .map(|(l, h)| session.cache.policy().head_budget(l, h).unwrap())
+            .sum();
+        assert_eq!(held, plain * layers * kv_heads, "{label}: total budget");
+        // the allocators really move slots: between layers, between heads
+        let b = |l, h| session.cache.policy().head_budget(l, h).unwrap();
+        uneven[0] += usize::from(b(0, 0) != b(layers - 1, 0));
+        uneven[1] += usize::from((0..layers).any(|l| (0..kv_heads).any(|h| b(l, h) != b(l, 0))));
+    }
+    assert!(uneven[0] >= 5 && uneven[1] >= 5, "layers, heads with different budgets: {uneven:?}");
+}
+
+#[test]
+fn allocators_equal_reference_on_stories260k() {
+    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
+    let mut ids = tok.encode(&text[..4000]).unwrap();
+    ids.truncate(200);
+    for (spec, prompt) in [
+        ("h2o:heavy=16,recent=16,alloc=pyramid", 60),
+        ("h2o:heavy=16,recent=16,alloc=ada", 60),
+        ("h2o:heavy=16,recent=16,alloc=ada:0.5", 10),
+        ("h2o:heavy=12,recent=12,sink=2,score=norm,alloc=pyramid:0.5/ada", 60),
+    ] {
+        let spec = PolicySpec::parse(spec).unwrap();
+        compare(&m.model, &spec, &ids, prompt, &format!("stories260K {spec}"));
+    }
 }

@@ -234,17 +234,18 @@ fn kernel_only(secs: f64, types: &[DType]) {
     }
     println!();
     for &dt in types {
-        let m = Matrix::quantized(dt, ROWS, N, &data).unwrap();
+        let raw = kvslim_kernels::quant::quantize(dt, &data[..ROWS * N]);
+        let rb = raw.len() / ROWS;
         print!("| {dt} |");
         for k in &sets {
             let mut sink = 0f32;
             let per_sec = rate(secs, || {
                 for r in 0..ROWS {
-                    sink += kvslim_kernels::dot::dot_row(k, dt, m.row_bytes(r), x);
+                    sink += kvslim_kernels::dot::dot_row(k, dt, &raw[r * rb..(r + 1) * rb], x);
                 }
             });
             std::hint::black_box(sink);
-            print!(" {:.1} ({:.2}) |", per_sec * m.nbytes() as f64 / 1e9, per_sec * ROWS as f64 / 1e6);
+            print!(" {:.1} ({:.2}) |", per_sec * raw.len() as f64 / 1e9, per_sec * ROWS as f64 / 1e6);
         }
         println!();
     }
@@ -334,17 +335,20 @@ fn gemm(secs: f64, types: &[DType]) {
     }
 }
 
-/// Prefill-sized `Matrix::matmul`: 512 tokens against the 576×576 (q/o
-/// projections) and 1536×576 (gate/up) weight shapes of SmolLM2-135M, in
-/// GFLOP/s (2·rows·cols·n / time), best of five trials. K-quant rows are
-/// padded to 768 columns (super-blocks of 256).
+/// Prefill- and decode-sized products at the weight shapes of SmolLM2-135M
+/// (576×576 q/o projections, 1536×576 gate/up): `Matrix::matmul` over 512
+/// tokens and `Matrix::matvec` (n = 1), with f32 products and, for the
+/// formats that have them, integer products, in GFLOP/s (2·rows·cols·n /
+/// time), best of five trials. K-quant rows are padded to 768 columns
+/// (super-blocks of 256).
 fn prefill(secs: f64, types: &[DType]) {
+    use kvslim_kernels::Products;
     const TOKENS: usize = 512;
     const SHAPES: [(usize, usize); 2] = [(576, 576), (1536, 576)];
     let k = kvslim_kernels::dot::kernels();
-    println!("matmul, n = {TOKENS} tokens, kernels {}, GFLOP/s", k.isa);
-    println!("| dtype | rows×cols | 1T | 2T |");
-    println!("|---|---|---:|---:|");
+    println!("matmul (n = {TOKENS}) and matvec (n = 1), kernels {}, GFLOP/s", k.isa);
+    println!("| dtype | products | rows×cols | n | 1T | 2T |");
+    println!("|---|---|---|---:|---:|---:|");
     let mut seed = 7u64;
     let mut rnd = |len: usize| -> Vec<f32> {
         (0..len)
@@ -355,19 +359,26 @@ fn prefill(secs: f64, types: &[DType]) {
             .collect()
     };
     for &dt in types {
-        for (rows, cols) in SHAPES {
-            // K-quants need whole 256-element super-blocks: 576 → 768
-            let cols = cols.next_multiple_of(dt.block_elems());
-            let m = Matrix::quantized(dt, rows, cols, &rnd(rows * cols)).unwrap();
-            let x = rnd(TOKENS * cols);
-            let mut out = vec![0f32; TOKENS * rows];
-            let flops = 2.0 * (rows * cols * TOKENS) as f64;
-            let mut line = format!("| {dt} | {rows}×{cols} |");
-            for t in THREADS {
-                let r = pool(t).install(|| rate(secs, || m.matmul(&x, TOKENS, &mut out)));
-                line += &format!(" {:.1} |", r * flops / 1e9);
+        for products in [Products::F32, Products::Int8] {
+            if products == Products::Int8 && Products::preferred(dt) != Products::Int8 {
+                continue;
             }
-            println!("{line}");
+            for (rows, cols) in SHAPES {
+                // K-quants need whole 256-element super-blocks: 576 → 768
+                let cols = cols.next_multiple_of(dt.block_elems());
+                let m = Matrix::quantized_with(dt, rows, cols, &rnd(rows * cols), products).unwrap();
+                let x = rnd(TOKENS * cols);
+                let mut out = vec![0f32; TOKENS * rows];
+                for n in [TOKENS, 1] {
+                    let flops = 2.0 * (rows * cols * n) as f64;
+                    let mut line = format!("| {dt} | {products:?} | {rows}×{cols} | {n} |");
+                    for t in THREADS {
+                        let r = pool(t).install(|| rate(secs, || m.matmul(&x[..n * cols], n, &mut out[..n * rows])));
+                        line += &format!(" {:.1} |", r * flops / 1e9);
+                    }
+                    println!("{line}");
+                }
+            }
         }
     }
 }

@@ -34,6 +34,31 @@ pub trait SlotRows: Sync {
         dot_group_f32(self.row(slot, buf), &queries[..out.len() * d], out);
     }
 
+    /// [`dot_group`](Self::dot_group) for the `n` slots `start..start + n`:
+    /// `out[j·g + h]` (`out` is `n × g`), bit for bit the per-slot results.
+    /// Storage with consecutive rows overrides it with the run kernels.
+    #[inline]
+    fn dot_group_run(&self, start: usize, n: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
+        let g = out.len() / n.max(1);
+        for j in 0..n {
+            self.dot_group(start + j, queries, buf, &mut out[j * g..(j + 1) * g]);
+        }
+    }
+
+    /// `outs_h += Σ_j probs[j·g + h] · value(start + j)` over the `n` slots
+    /// `start..start + n` in order (`probs` is `n × g`), as
+    /// [`axpy_group`](Self::axpy_group) slot after slot.
+    #[inline]
+    fn axpy_group_run(&self, start: usize, n: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
+        let g = probs.len() / n.max(1);
+        for j in 0..n {
+            let w = &probs[j * g..(j + 1) * g];
+            if w.iter().any(|&x| x != 0.0) {
+                self.axpy_group(start + j, w, buf, outs);
+            }
+        }
+    }
+
     /// `outs_h += probs[h] · value(slot)` for `g = probs.len()` heads
     /// (`outs` is `g × d`, `d = buf.len()`), reading the row once; coded
     /// storage overrides it to accumulate straight from its codes.
@@ -197,6 +222,10 @@ pub fn attend_group<K: SlotRows + ?Sized, V: SlotRows + ?Sized>(
     }
 }
 
+/// Slots per run of [`SlotRows::dot_group_run`] / `axpy_group_run` in the
+/// split decode kernel (one page of the paged store).
+const RUN_SLOTS: usize = 16;
+
 /// Slots per chunk of split decode attention ([`attend_chunk`]).
 ///
 /// The chunk boundaries are multiples of this constant whatever the thread
@@ -242,8 +271,8 @@ impl SplitLayout {
 /// `positions.len()`) and the `g` query heads of `queries`, stores in
 /// `block` (see [`SplitLayout`]) per head the chunk's max score `m`, the
 /// weights `e_i = exp(s_i − m)` and `Σ e_i` (slot order). Each K row is
-/// read once for the whole group through [`SlotRows::dot_group`] (coded
-/// rows never decode to memory). Chunks are independent, so they run on
+/// read once for the whole group, 16 slots at a time through
+/// [`SlotRows::dot_group_run`] (coded rows never decode to memory). Chunks are independent, so they run on
 /// any threads. Allocates nothing.
 #[allow(clippy::too_many_arguments)]
 pub fn chunk_scores<K: SlotRows + ?Sized>(
@@ -262,17 +291,19 @@ pub fn chunk_scores<K: SlotRows + ?Sized>(
     let (start, end) = chunk_range(chunk, positions.len());
     let (e, max, sum, _) = layout.parts_mut(block);
     let mut buf = [0f32; MAX_HEAD_DIM];
-    for (j, &pos) in positions[start..end].iter().enumerate() {
-        let i = start + j;
-        if i + PREFETCH_AHEAD < end {
-            keys.prefetch(i + PREFETCH_AHEAD);
+    for r0 in (start..end).step_by(RUN_SLOTS) {
+        let n = (end - r0).min(RUN_SLOTS);
+        for i in (r0 + RUN_SLOTS..end).take(RUN_SLOTS) {
+            keys.prefetch(i);
         }
-        let row = &mut e[j * g..(j + 1) * g];
-        if visible.contains(pos) {
-            keys.dot_group(i, &queries[..g * d], &mut buf[..d], row);
-            row.iter_mut().for_each(|x| *x *= scale);
-        } else {
-            row.fill(f32::NEG_INFINITY);
+        let rows = &mut e[(r0 - start) * g..(r0 - start + n) * g];
+        keys.dot_group_run(r0, n, &queries[..g * d], &mut buf[..d], rows);
+        for (row, &pos) in rows.chunks_exact_mut(g).zip(&positions[r0..r0 + n]) {
+            if visible.contains(pos) {
+                row.iter_mut().for_each(|x| *x *= scale);
+            } else {
+                row.fill(f32::NEG_INFINITY);
+            }
         }
     }
     let e = &mut e[..(end - start) * g];
@@ -314,7 +345,7 @@ pub fn chunk_factors(blocks: &mut [f32], layout: SplitLayout, len: usize, h: usi
 
 /// Pass 2 of one chunk: normalises its weights in place (`p_i = e_i·f_c`)
 /// and accumulates `Σ p_i·v_i` per head, reading each V row once for the
-/// group ([`SlotRows::axpy_group`]) and skipping rows no head attends to.
+/// group, 16 slots at a time ([`SlotRows::axpy_group_run`]).
 pub fn chunk_values<V: SlotRows + ?Sized>(
     values: &V,
     len: usize,
@@ -327,16 +358,16 @@ pub fn chunk_values<V: SlotRows + ?Sized>(
     let (e, _, f, acc) = layout.parts_mut(block);
     let mut buf = [0f32; MAX_HEAD_DIM];
     acc.fill(0.0);
-    for (j, w) in e[..(end - start) * g].chunks_exact_mut(g).enumerate() {
-        let i = start + j;
-        if i + PREFETCH_AHEAD < end {
-            values.prefetch(i + PREFETCH_AHEAD);
+    for r0 in (start..end).step_by(RUN_SLOTS) {
+        let n = (end - r0).min(RUN_SLOTS);
+        for i in (r0 + RUN_SLOTS..end).take(RUN_SLOTS) {
+            values.prefetch(i);
         }
-        w.iter_mut().zip(f.iter()).for_each(|(x, &f)| *x *= f);
-        if w.iter().all(|&x| x == 0.0) {
-            continue;
+        let w = &mut e[(r0 - start) * g..(r0 - start + n) * g];
+        for row in w.chunks_exact_mut(g) {
+            row.iter_mut().zip(f.iter()).for_each(|(x, &f)| *x *= f);
         }
-        values.axpy_group(i, w, &mut buf[..d], acc);
+        values.axpy_group_run(r0, n, w, &mut buf[..d], acc);
     }
 }
 

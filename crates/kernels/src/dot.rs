@@ -5,8 +5,11 @@
 //! ([`kernels`]): AVX-512 or AVX2+FMA+F16C on x86_64, NEON on aarch64
 //! (`crate::simd`), else the scalar versions here, which are the reference
 //! every SIMD version is tested against. `KVSLIM_SIMD=scalar|avx2|avx512|neon`
-//! forces a level the CPU has. Activations always stay f32: the SIMD kernels
-//! only reorder the f32 sums, so results agree with the reference to rounding.
+//! forces a level the CPU has. Activations stay f32 here: the SIMD kernels
+//! only reorder the f32 sums, so results agree with the reference to
+//! rounding. (Q4_0/Q4_1/Q8_0 matrices use the integer products of
+//! [`crate::int8`] instead when the CPU has AVX-512 VNNI; see
+//! [`crate::matrix::Products`].)
 //!
 //! Measured throughput (`cargo run --release -p kvslim-kernels --example
 //! dotbench`) is recorded in the README.
@@ -667,7 +670,7 @@ mod tests {
     /// edge: rows not a multiple of 4 or 16, token counts 2..9, long rows.
     #[test]
     fn matmul_and_matvec_match_reference_on_ragged_shapes() {
-        use crate::matrix::Matrix;
+        use crate::matrix::{Matrix, Products};
         let mut rng = Rng(31337);
         for (dt, rows, cols) in [
             (DType::F32, 19, 37),
@@ -682,7 +685,7 @@ mod tests {
             (DType::Q6_K, 9, 768),
             (DType::Q2_K, 6, 256),
         ] {
-            let m = Matrix::quantized(dt, rows, cols, &rng.vec(rows * cols, 1.0)).unwrap();
+            let m = Matrix::quantized_with(dt, rows, cols, &rng.vec(rows * cols, 1.0), Products::F32).unwrap();
             let w = m.to_f32();
             for n in [1usize, 2, 3, 4, 5, 9] {
                 let x = rng.vec(n * cols, 1.0);

@@ -467,6 +467,46 @@ pub struct KvGroupKernels {
     pub isa: &'static str,
     pub dot: [KvGroupFn; 3],
     pub axpy: [KvGroupFn; 3],
+    /// Run kernels (see [`KvRunFn`]), where a set has them; otherwise
+    /// runs go row by row through `dot` / `axpy`.
+    pub dot_run: Option<[KvRunFn; 3]>,
+    pub axpy_run: Option<[KvRunFn; 3]>,
+}
+
+/// A group kernel over a run of `n` consecutive rows (codes `stride` bytes
+/// apart, side values `spr` apart; `n` is how many rows `codes` reaches):
+/// `dot(codes, stride, scales, spr, queries, out)` sets `out[j·g + h] =
+/// queries_h · row_j` (`queries` is `g × d`); `axpy(.., probs, outs)` adds
+/// `Σ_j probs[j·g + h] · row_j` to `outs_h` (`outs` is `g × d`).
+/// Bit for bit what the per-row kernels give, row after row (for finite
+/// rows: a run also adds the rows whose weights are all zero).
+pub type KvRunFn = fn(&[u8], usize, &[f32], usize, &[f32], &mut [f32]);
+
+/// Rows, heads and width of a run (`n`, `g`, `d`), after checking that the
+/// codes, side values, queries (or weights) and outputs cover them: the
+/// SIMD run kernels read through raw pointers and rely on this. `n` is the
+/// number of rows the codes hold (`codes = (n − 1)·stride + row bytes`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_run(
+    kind: u8,
+    codes: usize,
+    stride: usize,
+    scales: usize,
+    spr: usize,
+    a: usize,
+    b: usize,
+    dot: bool,
+) -> (usize, usize, usize) {
+    let dt = [KvDtype::F16, KvDtype::Q8, KvDtype::Q4][kind as usize];
+    assert!(stride > 0, "run stride");
+    let n = codes.div_ceil(stride);
+    // dot: a = g·d queries, b = n·g scores; axpy: a = n·g weights, b = g·d outputs
+    let g = if dot { b / n.max(1) } else { a / n.max(1) };
+    let d = if dot { a.checked_div(g).unwrap_or(0) } else { b.checked_div(g).unwrap_or(0) };
+    assert!(n * g == if dot { b } else { a }, "run of {n} rows × {g} heads");
+    assert!(n == 0 || (codes >= (n - 1) * stride + dt.data_bytes(d) && stride >= dt.data_bytes(d)), "{dt} run codes");
+    assert!(n == 0 || scales >= (n - 1) * spr + dt.scale_count(d), "{dt} run side values");
+    (n, g, d)
 }
 
 /// Panics unless a coded row of kind `kind` (0 F16, 1 Q8, 2 Q4) has at least
@@ -503,6 +543,8 @@ impl KvGroupKernels {
         isa: "scalar",
         dot: [scalar_dot::<0>, scalar_dot::<1>, scalar_dot::<2>],
         axpy: [scalar_axpy::<0>, scalar_axpy::<1>, scalar_axpy::<2>],
+        dot_run: None,
+        axpy_run: None,
     };
 
     /// The set for the instruction set `isa` ("scalar", "avx2", "avx512"),
@@ -543,6 +585,66 @@ impl KvDtype {
                 }
             }
             _ => (group_kernels().dot[self as usize - 1])(data, scales, queries, out),
+        }
+    }
+
+    /// [`KvDtype::dot_group`] for the `n` rows of a run (`codes` and
+    /// `scales` start at the first row; rows are `stride` bytes and `spr`
+    /// side values apart): `out[j·g + h]` (`out` is `n × g`). Bit for bit
+    /// the per-row results; the run kernels only do less work per row.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dot_group_run(
+        self,
+        codes: &[u8],
+        stride: usize,
+        scales: &[f32],
+        spr: usize,
+        n: usize,
+        queries: &[f32],
+        out: &mut [f32],
+    ) {
+        let g = out.len().checked_div(n).unwrap_or(0);
+        let (row, side) = (self.data_bytes(queries.len().checked_div(g).unwrap_or(0)), spr);
+        let codes = &codes[..n.saturating_sub(1) * stride + if n > 0 { row } else { 0 }];
+        match group_kernels().dot_run {
+            Some(run) if self != KvDtype::F32 && n > 0 => {
+                run[self as usize - 1](codes, stride, scales, spr, queries, out)
+            }
+            _ => {
+                for j in 0..n {
+                    let c = &codes[j * stride..j * stride + row];
+                    self.dot_group(c, &scales[j * side..], queries, &mut out[j * g..(j + 1) * g]);
+                }
+            }
+        }
+    }
+
+    /// [`KvDtype::axpy_group`] for the `n` rows of a run (as in
+    /// [`KvDtype::dot_group_run`]; `probs` is `n × g`), rows in order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn axpy_group_run(
+        self,
+        codes: &[u8],
+        stride: usize,
+        scales: &[f32],
+        spr: usize,
+        n: usize,
+        probs: &[f32],
+        outs: &mut [f32],
+    ) {
+        let g = probs.len().checked_div(n).unwrap_or(0);
+        let row = self.data_bytes(outs.len().checked_div(g).unwrap_or(0));
+        let codes = &codes[..n.saturating_sub(1) * stride + if n > 0 { row } else { 0 }];
+        match group_kernels().axpy_run {
+            Some(run) if self != KvDtype::F32 && n > 0 => {
+                run[self as usize - 1](codes, stride, scales, spr, probs, outs)
+            }
+            _ => {
+                for j in 0..n {
+                    let c = &codes[j * stride..j * stride + row];
+                    self.axpy_group(c, &scales[j * spr..], &probs[j * g..(j + 1) * g], outs);
+                }
+            }
         }
     }
 
@@ -893,6 +995,64 @@ mod tests {
             KvDtype::Q8.decode(&data, &scales, &mut a);
             q8_decode_scalar(&data[..d], &scales, &mut b);
             assert_eq!(a, b, "d = {d}");
+        }
+    }
+
+    /// Run kernels equal the per-row group kernels bit for bit: every coded
+    /// type, head counts across the 4-head (scores) and 8-head (sums)
+    /// splits, widths with and without a 16-element tail, runs across the
+    /// 16-row reduction, rows further apart than their size.
+    #[test]
+    fn run_kernels_equal_per_row_kernels_bit_for_bit() {
+        let mut seed = 99u64;
+        let mut rnd = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+                })
+                .collect()
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for dt in [KvDtype::F16, KvDtype::Q8, KvDtype::Q4] {
+            for d in [64usize, 80, 256] {
+                for g in [1usize, 3, 5, 9] {
+                    for n in [1usize, 5, 16, 17, 40] {
+                        let (rb, spr) = (dt.data_bytes(d), dt.scale_count(d));
+                        let stride = rb + 8;
+                        let (mut codes, mut scales) = (vec![0u8; n * stride], vec![0f32; n * spr]);
+                        for j in 0..n {
+                            dt.encode(
+                                &rnd(d),
+                                &mut codes[j * stride..j * stride + rb],
+                                &mut scales[j * spr..(j + 1) * spr],
+                            );
+                        }
+                        let (queries, mut probs) = (rnd(g * d), rnd(n * g));
+                        probs[0] = 0.0;
+                        let (mut run, mut rows) = (vec![0f32; n * g], vec![0f32; n * g]);
+                        dt.dot_group_run(&codes, stride, &scales, spr, n, &queries, &mut run);
+                        let start = rnd(g * d);
+                        let (mut run_out, mut rows_out) = (start.clone(), start.clone());
+                        dt.axpy_group_run(&codes, stride, &scales, spr, n, &probs, &mut run_out);
+                        for j in 0..n {
+                            let (c, sc) = (&codes[j * stride..j * stride + rb], &scales[j * spr..(j + 1) * spr]);
+                            dt.dot_group(c, sc, &queries, &mut rows[j * g..(j + 1) * g]);
+                            let w = &probs[j * g..(j + 1) * g];
+                            // the per-row path with every weight applied
+                            for (h, &p) in w.iter().enumerate() {
+                                let mut one = vec![0f32; d];
+                                one.copy_from_slice(&rows_out[h * d..(h + 1) * d]);
+                                dt.axpy_group(c, sc, &[p], &mut one);
+                                rows_out[h * d..(h + 1) * d].copy_from_slice(&one);
+                            }
+                        }
+                        let what = format!("{dt:?} d={d} g={g} n={n}");
+                        assert_eq!(bits(&run), bits(&rows), "scores {what}");
+                        assert_eq!(bits(&run_out), bits(&rows_out), "sums {what}");
+                    }
+                }
+            }
         }
     }
 }

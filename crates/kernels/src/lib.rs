@@ -6,6 +6,8 @@
 //! * [`dot`] — fused dequantize-dot products with runtime SIMD dispatch
 //! * [`matrix`] — a weight matrix kept in its stored type; GEMV (decode) and
 //!   GEMM (prefill), threaded with rayon
+//! * [`int8`] — integer products for Q4_0/Q4_1/Q8_0: 8-bit activations,
+//!   16-row weight panels, AVX-512 VNNI (the default for those formats)
 //! * [`ops`] — norms, activations, softmax
 //! * [`rope`] — rotary position embedding, both layouts, partial rotary
 //! * [`attention`] — attention of a query-head group over cache slots
@@ -15,6 +17,7 @@ pub mod attention;
 pub mod dot;
 pub mod dtype;
 pub mod f16;
+pub mod int8;
 pub mod kvquant;
 pub mod matrix;
 pub mod ops;
@@ -23,7 +26,7 @@ pub mod rope;
 mod simd;
 
 pub use dtype::DType;
-pub use matrix::Matrix;
+pub use matrix::{Matrix, Products};
 
 /// Errors raised when raw bytes cannot form the requested tensor.
 #[derive(Debug, thiserror::Error)]

@@ -3,6 +3,7 @@
 
 use crate::dot::{bytemuck_f32, dot_row, kernels, DotKernels, GEMM_MR, GEMM_NR};
 use crate::dtype::DType;
+use crate::int8::{self, Activations, PANEL_ROWS, TILE_TOKENS};
 use crate::quant::dequantize;
 use crate::KernelError;
 use rayon::prelude::*;
@@ -15,13 +16,40 @@ const PARALLEL_MIN_WORK: usize = 1 << 16;
 #[repr(C, align(64))]
 struct CacheLine([u8; 64]);
 
-/// Row-major `rows × cols` matrix (rows = output features), 64-byte aligned.
+/// How a matrix's products treat the activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Products {
+    /// Weights dequantized to f32 (in registers or panels), f32 activations.
+    F32,
+    /// Q4_0/Q4_1/Q8_0 only: weights repacked into 16-row panels, activations
+    /// quantized to 8 bits per block of 32, exact integer block sums
+    /// (`crate::int8`; what llama.cpp does for these formats).
+    Int8,
+}
+
+impl Products {
+    /// What [`Matrix::from_bytes`] uses for `dtype` on this CPU: `Int8` for
+    /// the formats that have it when the CPU has AVX-512 VNNI (unless
+    /// `KVSLIM_INT8=0`), else `F32`.
+    pub fn preferred(dtype: DType) -> Products {
+        if int8::supports(dtype) && int8::tile_kernel().is_some() {
+            Products::Int8
+        } else {
+            Products::F32
+        }
+    }
+}
+
+/// A `rows × cols` weight matrix (rows = output features), 64-byte aligned:
+/// row-major in its stored type, or repacked into integer panels.
 pub struct Matrix {
     rows: usize,
     cols: usize,
     dtype: DType,
     row_bytes: usize,
+    products: Products,
     lines: Vec<CacheLine>,
+    len: usize,
 }
 
 impl std::fmt::Debug for Matrix {
@@ -31,8 +59,21 @@ impl std::fmt::Debug for Matrix {
 }
 
 impl Matrix {
-    /// Builds a matrix from raw little-endian bytes in `dtype`'s layout.
+    /// Builds a matrix from raw little-endian bytes in `dtype`'s layout,
+    /// with this CPU's preferred products ([`Products::preferred`]).
     pub fn from_bytes(dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Self, KernelError> {
+        Self::from_bytes_with(dtype, rows, cols, bytes, Products::preferred(dtype))
+    }
+
+    /// As [`Matrix::from_bytes`] with the products chosen (`Int8` falls back
+    /// to `F32` for formats without an integer path).
+    pub fn from_bytes_with(
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+        products: Products,
+    ) -> Result<Self, KernelError> {
         if !cols.is_multiple_of(dtype.block_elems()) {
             return Err(KernelError::BlockAlignment { dtype, block: dtype.block_elems(), cols });
         }
@@ -41,11 +82,19 @@ impl Matrix {
         if bytes.len() != expected {
             return Err(KernelError::ByteLength { dtype, rows, cols, expected, got: bytes.len() });
         }
-        let mut lines = vec![CacheLine([0; 64]); expected.div_ceil(64)];
-        // SAFETY: `lines` owns at least `expected` bytes; CacheLine is plain bytes.
-        let dst = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, expected) };
-        dst.copy_from_slice(bytes);
-        Ok(Matrix { rows, cols, dtype, row_bytes, lines })
+        let products = if int8::supports(dtype) { products } else { Products::F32 };
+        let len = match products {
+            Products::F32 => expected,
+            Products::Int8 => int8::packed_len(dtype, rows, cols),
+        };
+        let mut lines = vec![CacheLine([0; 64]); len.div_ceil(64)];
+        // SAFETY: `lines` owns at least `len` bytes; CacheLine is plain bytes.
+        let dst = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, len) };
+        match products {
+            Products::F32 => dst.copy_from_slice(bytes),
+            Products::Int8 => int8::pack(dtype, rows, cols, bytes, dst),
+        }
+        Ok(Matrix { rows, cols, dtype, row_bytes, products, lines, len })
     }
 
     /// Builds an f32 matrix.
@@ -60,6 +109,17 @@ impl Matrix {
         Self::from_bytes(dtype, rows, cols, &crate::quant::quantize(dtype, data))
     }
 
+    /// As [`Matrix::quantized`] with the products chosen.
+    pub fn quantized_with(
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        data: &[f32],
+        products: Products,
+    ) -> Result<Self, KernelError> {
+        Self::from_bytes_with(dtype, rows, cols, &crate::quant::quantize(dtype, data), products)
+    }
+
     pub fn rows(&self) -> usize {
         self.rows
     }
@@ -69,30 +129,54 @@ impl Matrix {
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// The products this matrix computes with.
+    pub fn products(&self) -> Products {
+        self.products
+    }
+
+    /// Switches to `products` (a no-op for formats without an integer
+    /// path): repacks the same stored weights, bit for bit.
+    pub fn set_products(&mut self, products: Products) {
+        if self.products == products || !int8::supports(self.dtype) {
+            return;
+        }
+        let mut raw = vec![0u8; self.row_bytes * self.rows];
+        for (r, row) in raw.chunks_exact_mut(self.row_bytes.max(1)).enumerate().take(self.rows) {
+            match self.products {
+                Products::F32 => row.copy_from_slice(&self.bytes()[r * self.row_bytes..(r + 1) * self.row_bytes]),
+                Products::Int8 => int8::unpack_row(self.dtype, self.bytes(), self.cols, r, row),
+            }
+        }
+        *self = Self::from_bytes_with(self.dtype, self.rows, self.cols, &raw, products)
+            .expect("the shape was valid when this matrix was built");
+    }
     /// Bytes of weight data (what a GEMV streams from memory).
     pub fn nbytes(&self) -> usize {
-        self.row_bytes * self.rows
+        self.len
     }
 
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `lines` holds at least row_bytes*rows initialised bytes.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const u8, self.row_bytes * self.rows) }
-    }
-
-    /// Raw bytes of row `r`.
-    pub fn row_bytes(&self, r: usize) -> &[u8] {
-        &self.bytes()[r * self.row_bytes..(r + 1) * self.row_bytes]
+        // SAFETY: `lines` holds at least `len` initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const u8, self.len) }
     }
 
     /// Dequantizes row `r` into `out` (embedding lookup).
     pub fn row_into(&self, r: usize, out: &mut [f32]) {
-        dequantize(self.dtype, self.row_bytes(r), &mut out[..self.cols]);
+        match self.products {
+            Products::F32 => {
+                let raw = &self.bytes()[r * self.row_bytes..(r + 1) * self.row_bytes];
+                dequantize(self.dtype, raw, &mut out[..self.cols])
+            }
+            Products::Int8 => int8::dequantize_row(self.dtype, self.bytes(), self.cols, r, out),
+        }
     }
 
     /// The whole matrix as f32 (tests, conversions).
     pub fn to_f32(&self) -> Vec<f32> {
         let mut v = vec![0f32; self.rows * self.cols];
-        dequantize(self.dtype, self.bytes(), &mut v);
+        for (r, row) in v.chunks_exact_mut(self.cols.max(1)).enumerate().take(self.rows) {
+            self.row_into(r, row);
+        }
         v
     }
 
@@ -100,6 +184,9 @@ impl Matrix {
     pub fn matvec(&self, x: &[f32], out: &mut [f32]) {
         assert_eq!(x.len(), self.cols, "matvec input length");
         assert_eq!(out.len(), self.rows, "matvec output length");
+        if self.products == Products::Int8 {
+            return self.int8_products(x, 1, out);
+        }
         let k = kernels();
         let (dt, rb) = (self.dtype, self.row_bytes);
         let bytes = self.bytes();
@@ -125,8 +212,8 @@ impl Matrix {
     pub fn matvec_many(&self, x: &[f32], n: usize, out: &mut [f32]) {
         assert_eq!(x.len(), n * self.cols, "matvec_many input length");
         assert_eq!(out.len(), n * self.rows, "matvec_many output length");
-        if n == 1 {
-            return self.matvec(x, out);
+        if n == 1 || self.products == Products::Int8 {
+            return self.int8_or_matvec(x, n, out);
         }
         let k = kernels();
         let (dt, rb, cols) = (self.dtype, self.row_bytes, self.cols);
@@ -186,8 +273,8 @@ impl Matrix {
     pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
         assert_eq!(x.len(), n * self.cols, "matmul input length");
         assert_eq!(out.len(), n * self.rows, "matmul output length");
-        if n == 1 {
-            return self.matvec(x, out);
+        if n == 1 || self.products == Products::Int8 {
+            return self.int8_or_matvec(x, n, out);
         }
         let (rows, cols) = (self.rows, self.cols);
         if rows == 0 || cols == 0 {
@@ -227,6 +314,64 @@ impl Matrix {
         } else {
             (0..panels).into_par_iter().for_each(work);
         }
+    }
+}
+
+impl Matrix {
+    /// One token's `matvec`, or the integer products of `n` tokens (which
+    /// equal `n` single-token products bit for bit).
+    fn int8_or_matvec(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        match self.products {
+            Products::Int8 => self.int8_products(x, n, out),
+            Products::F32 => self.matvec(x, out),
+        }
+    }
+
+    /// `out[t, r]` by the integer micro-kernel: the activations quantized
+    /// once (into a per-thread buffer, so decode allocates nothing), then
+    /// per 16-row panel every tile of [`TILE_TOKENS`] tokens; threaded over
+    /// panels when the product is large.
+    fn int8_products(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        thread_local! {
+            static SCRATCH: std::cell::Cell<Activations> = std::cell::Cell::new(Activations::default());
+        }
+        let (rows, cols, dt) = (self.rows, self.cols, self.dtype);
+        if rows == 0 || cols == 0 {
+            out.fill(0.0);
+            return;
+        }
+        // taken, not borrowed: a nested product on this thread (rayon work
+        // stealing) finds an empty buffer instead of a conflict
+        let mut acts = SCRATCH.with(|s| s.take());
+        acts.quantize(x, n, cols);
+        let tile = int8::tile_kernel().or_else(int8::vnni_tile).unwrap_or(int8::scalar_tile);
+        let panel_len = int8::packed_len(dt, PANEL_ROWS, cols);
+        let bytes = self.bytes();
+        let out_ptr = SyncPtr(out.as_mut_ptr());
+        let acts_ref = &acts;
+        let work = |g: usize| {
+            let panel = &bytes[g * panel_len..(g + 1) * panel_len];
+            let (r0, nr) = (g * PANEL_ROWS, (rows - g * PANEL_ROWS).min(PANEL_ROWS));
+            let mut o = [[0f32; PANEL_ROWS]; TILE_TOKENS];
+            for t0 in (0..n).step_by(TILE_TOKENS) {
+                let nt = (n - t0).min(TILE_TOKENS);
+                tile(dt, panel, acts_ref, t0, nt, &mut o);
+                for (j, v) in o.iter().enumerate().take(nt) {
+                    // SAFETY: token t0 + j < n and rows r0..r0 + nr ≤ rows, so
+                    // the write is inside `out`; tasks own disjoint row ranges.
+                    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out_ptr.at((t0 + j) * rows + r0), nr) };
+                }
+            }
+        };
+        let groups = rows.div_ceil(PANEL_ROWS);
+        let threads = rayon::current_num_threads();
+        if rows * cols * n < PARALLEL_MIN_WORK || threads == 1 {
+            (0..groups).for_each(work);
+        } else {
+            let min_len = (groups / (threads * 4)).max(1);
+            (0..groups).into_par_iter().with_min_len(min_len).for_each(work);
+        }
+        SCRATCH.with(|s| s.set(acts));
     }
 }
 
@@ -332,8 +477,8 @@ mod tests {
     fn matvec_many_equals_separate_matvecs_bit_for_bit() {
         for dt in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_1] {
             // the large shape takes the threaded path
-            for (rows, cols) in [(300, 128), (1024, 256)] {
-                let m = Matrix::quantized(dt, rows, cols, &data(rows, cols)).unwrap();
+            for ((rows, cols), products) in [(300, 128), (1024, 256)].into_iter().zip([Products::F32, Products::Int8]) {
+                let m = Matrix::quantized_with(dt, rows, cols, &data(rows, cols), products).unwrap();
                 let n = 5;
                 let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7 % 29) as f32 - 14.0) / 9.0).collect();
                 let mut many = vec![0f32; n * rows];
@@ -352,7 +497,7 @@ mod tests {
     fn matvec_and_matmul_agree_with_naive() {
         for dt in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_1] {
             let (rows, cols, n) = (300, 128, 5);
-            let m = Matrix::quantized(dt, rows, cols, &data(rows, cols)).unwrap();
+            let m = Matrix::quantized_with(dt, rows, cols, &data(rows, cols), Products::F32).unwrap();
             let w = m.to_f32();
             let x: Vec<f32> = (0..n * cols).map(|i| ((i % 17) as f32 - 8.0) / 9.0).collect();
             let mut out = vec![0f32; n * rows];
@@ -378,7 +523,7 @@ mod tests {
         for dt in DType::ALL {
             let cols = if dt.is_k_quant() { 512 } else { 96 };
             for (rows, ns) in [(1, &[2usize, 3][..]), (31, &[13]), (33, &[12, 25]), (70, &[5, 37])] {
-                let m = Matrix::quantized(dt, rows, cols, &data(rows, cols)).unwrap();
+                let m = Matrix::quantized_with(dt, rows, cols, &data(rows, cols), Products::F32).unwrap();
                 let w = m.to_f32();
                 for &n in ns {
                     let x: Vec<f32> = (0..n * cols).map(|i| ((i * 13 % 37) as f32 - 18.0) / 17.0).collect();

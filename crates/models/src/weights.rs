@@ -3,7 +3,7 @@
 
 use crate::config::ModelConfig;
 use crate::{Error, Result};
-use kvslim_kernels::Matrix;
+use kvslim_kernels::{Matrix, Products};
 
 /// A norm's affine parameters (bias only for LayerNorm models).
 #[derive(Debug)]
@@ -153,6 +153,27 @@ pub struct Weights {
 }
 
 impl Weights {
+    /// Switches every weight matrix to `products` (see
+    /// [`kvslim_kernels::Products`]): `F32` for results that equal the
+    /// dequantized model's to f32 rounding (parity tests), `Int8` for speed.
+    pub fn set_products(&mut self, products: Products) {
+        let linears = self.layers.iter_mut().flat_map(|l| {
+            [
+                Some(&mut l.q),
+                Some(&mut l.k),
+                Some(&mut l.v),
+                Some(&mut l.o),
+                l.gate.as_mut(),
+                Some(&mut l.up),
+                Some(&mut l.down),
+            ]
+        });
+        for lin in linears.flatten().chain(self.lm_head.as_mut()) {
+            lin.weight.set_products(products);
+        }
+        self.token_embedding.set_products(products);
+    }
+
     /// Checks that these weights are the ones `c` describes: every matrix
     /// has the shape the config implies, and every optional tensor (MLP
     /// gate, untied output head, learned positions, QK and sandwich norms)

@@ -38,7 +38,10 @@ fn ids(v: &Value) -> Vec<u32> {
 
 fn load(arch: &str, ty: &str) -> LoadedModel {
     let p = dir(arch).join(format!("{ty}.gguf"));
-    load_model(&p).unwrap_or_else(|e| panic!("loading {}: {e}", p.display()))
+    let mut m = load_model(&p).unwrap_or_else(|e| panic!("loading {}: {e}", p.display()));
+    // parity with transformers on the dequantized weights: f32 products
+    m.model.weights.set_products(kvslim_kernels::Products::F32);
+    m
 }
 
 /// Teacher-forced logits of every position, as one prefill chunk.
@@ -122,7 +125,8 @@ fn gemma3_window_is_what_makes_it_match() {
         c.features.sliding_window.as_mut().unwrap().window = window;
         let path = dir("gemma3").join("Q8_0.gguf");
         let file = kvslim_models::loader::gguf::GgufFile::open(&path).unwrap();
-        let (_, weights) = kvslim_models::loader::gguf::build(&file).unwrap();
+        let (_, mut weights) = kvslim_models::loader::gguf::build(&file).unwrap();
+        weights.set_products(kvslim_kernels::Products::F32);
         let other = LoadedModel { model: kvslim_models::Model::new(c, weights).unwrap(), tokenizer: None };
         let logits = all_logits(&other, &tokens);
         // positions below both windows see the same keys

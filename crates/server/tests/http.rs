@@ -259,6 +259,38 @@ fn tuned_files_work_through_kv_policy() {
     still_serves(&addr);
 }
 
+/// Budget allocators (`alloc=`) reach the server through `kv_policy`: a
+/// request under each gets what an in-process generation under the same
+/// spec gets (the prompt is longer than the budget, so ada splits each
+/// layer in prefill), and bad allocator parameters are 400s naming them.
+#[test]
+fn budget_allocators_work_through_kv_policy() {
+    let addr = start(default_limits());
+    let m = stories();
+    let prompt =
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends.";
+    for policy in [
+        "h2o:heavy=8,recent=8,alloc=pyramid",
+        "h2o:heavy=8,recent=8,alloc=ada:0.2",
+        "h2o:heavy=8,recent=8,alloc=pyramid:0.5/ada,page=16",
+    ] {
+        let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "kv_policy": policy});
+        let r = post(&addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{policy}: {}", r.text());
+        assert_eq!(r.json()["choices"][0]["text"].as_str().unwrap(), solo_text(&m, prompt, policy, 24), "{policy}");
+    }
+    for (policy, needle) in [
+        ("h2o:heavy=8,recent=8,alloc=pyramid:0", "alloc: pyramid ratio `0` must be in (0, 1]"),
+        ("h2o:heavy=8,recent=8,alloc=fancy", "alloc: unknown allocator `fancy`"),
+        ("h2o:heavy=8,recent=8,alloc=ada:1.5", "alloc: ada floor `1.5`"),
+    ] {
+        let r = post(&addr, "/v1/completions", &json!({"prompt": "hi", "kv_policy": policy}));
+        assert_error(&r, 400, needle);
+        assert_eq!(r.json()["error"]["param"], "kv_policy");
+    }
+    still_serves(&addr);
+}
+
 #[test]
 fn negative_max_tokens_is_400() {
     let addr = start(default_limits());

@@ -144,7 +144,9 @@ impl PolicyFamily {
         let mut p = Params::from_parts(self.family.names[0], self.extra.iter().map(String::as_str)).map_err(err)?;
         let spend = Spend { b: slots.max(1), fixed: self.fixed };
         let (token, storage) = self.family.spec(&mut p, Some(spend), None).map_err(err)?;
-        Ok(PolicySpec { token, head: self.head.as_ref().map(|(_, h)| h.clone()), storage, tuned: None })
+        let spec = PolicySpec { token, head: self.head.as_ref().map(|(_, h)| h.clone()), storage, tuned: None };
+        spec.check_alloc().map_err(err)?;
+        Ok(spec)
     }
 }
 
@@ -221,6 +223,8 @@ mod tests {
                 ],
             ),
             ("window:sink=4", &[("64", 1000, "window:recent=60,sink=4")]),
+            ("h2o:alloc=pyramid:0.5", &[("20%", 1000, "h2o:heavy=100,recent=100,alloc=pyramid:0.5")]),
+            ("h2o:score=norm,alloc=ada:0.2", &[("64", 1000, "h2o:heavy=32,recent=32,score=norm,alloc=ada:0.2")]),
             ("random:sink=4", &[("64", 1000, "random:budget=60,recent=30,seed=0,sink=4")]),
             (
                 "h2o:page=16,compact=64,kv_dtype=q8",
@@ -291,6 +295,8 @@ mod tests {
         assert!(err("h2o:sink=10%").contains("sink: a budget family needs a slot count"));
         assert!(err("chai:plan=p.json+h2o").contains("token policy first"));
         assert!(err("h2o+window:recent=3").contains("head policy"));
+        assert!(err("h2o:alloc=pyramid:2").contains("alloc: pyramid ratio `2` must be in (0, 1]"));
+        assert!(err("h2o:alloc=ada+chai:plan=p.json").contains("cannot compose with chai"));
         assert!(err("h2o+chai:plan=a+chai:plan=b").contains("at most one `+`"));
     }
 

@@ -9,6 +9,7 @@
 //! config files; [`budget`] is the same grammar with the budget left open,
 //! so evaluation can give every family the same B slots per sequence.
 
+pub mod alloc;
 pub mod budget;
 pub mod chai;
 pub mod follow;
@@ -18,6 +19,7 @@ pub mod spec;
 pub mod token;
 pub mod tuned;
 
+pub use alloc::{Alloc, Allocated};
 pub use budget::PolicyFamily;
 pub use follow::{FollowDecisions, KeptSets, SharedKeptSets};
 pub use score::ScoreRule;
@@ -147,6 +149,27 @@ pub trait CachePolicy: Send {
     fn layer_capacity(&self, _layer: usize, max_len: usize) -> usize {
         self.capacity(max_len)
     }
+
+    /// The most slots (layer, KV head) holds before the policy evicts
+    /// (`None`: only the store's capacity limits it). Below the capacity
+    /// when an allocator gives heads of one layer different shares inside
+    /// rows allocated at the layer's largest ([`alloc`]).
+    fn head_budget(&self, _layer: usize, _kv_head: usize) -> Option<usize> {
+        None
+    }
+
+    /// True when the policy must see every KV head of `layer` before any of
+    /// them evicts, because it has not yet split the layer's slots among
+    /// its heads and a head now has `candidates` (more than the layer's
+    /// per-head budget). The cache then calls [`CachePolicy::decide_layer`]
+    /// once with every head's candidates.
+    fn layer_decision_pending(&self, _layer: usize, _candidates: usize) -> bool {
+        false
+    }
+
+    /// Splits `layer`'s slots among its KV heads from their candidates
+    /// (`heads[h]`: positions and scores of head h), once ([`alloc`]'s `ada`).
+    fn decide_layer(&mut self, _layer: usize, _heads: &[(&[u32], &[f32])]) {}
 
     /// True when the policy keeps a fixed number of slots whatever the
     /// sequence length.

@@ -67,6 +67,18 @@ impl CachePolicy for SlidingWindowLayers {
         }
     }
 
+    fn head_budget(&self, layer: usize, kv_head: usize) -> Option<usize> {
+        self.inner.head_budget(layer, kv_head)
+    }
+
+    fn layer_decision_pending(&self, layer: usize, candidates: usize) -> bool {
+        self.inner.layer_decision_pending(layer, candidates)
+    }
+
+    fn decide_layer(&mut self, layer: usize, heads: &[(&[u32], &[f32])]) {
+        self.inner.decide_layer(layer, heads)
+    }
+
     fn bounded(&self) -> bool {
         self.inner.bounded() || self.local.iter().all(|&l| l)
     }

@@ -7,8 +7,15 @@
 //! sink:sink=S,recent=N                 StreamingLLM: first S positions + window
 //! heavy:heavy=N[,score=R]              heavy hitters only, no window
 //! random:budget=N[,recent=R][,seed=S]  seeded random victims, window protected
-//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]][,score=R]
+//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]][,score=R][,alloc=A]
 //! ```
+//!
+//! `alloc=A` spreads h2o's heavy slots over layers and KV heads under the
+//! same total (see [`super::alloc`]): `pyramid[:R]` (PyramidKV: the top
+//! layer gets R times the bottom layer's heavy slots, an arithmetic series
+//! between), `ada[:F]` (AdaKV: a layer's heavy slots go to the heads whose
+//! prompt attention needs them, each keeping at least ⌊F · heavy⌋), or
+//! `pyramid[:R]/ada[:F]`.
 //!
 //! `score=R` picks the score family the heavy hitters are ranked by (see
 //! [`super::score`]): `sum` (H2O, the default), `norm`, `decay:G`, `tova`,
@@ -51,6 +58,7 @@
 //! same way (see [`super::tuned`]): the spec names the file until
 //! `load_plans` replaces it with the spec the file records.
 
+use super::alloc::{Alloc, Allocated};
 use super::chai::{HeadSharingSpec, RepRule};
 use super::token::{EvictionConfig, EvictionUnit, Observation, PageScore, TokenEviction, VictimRule};
 use super::tuned::{read_tuned_spec, LoadError, TunedRef};
@@ -155,6 +163,8 @@ pub enum TokenPolicySpec {
         prefill: PrefillMode,
         sink: Budget,
         score: ScoreRule,
+        /// How the heavy slots are spread over layers and heads.
+        alloc: Alloc,
     },
 }
 
@@ -345,7 +355,7 @@ pub(super) static FAMILIES: &[Family] = &[
     },
     Family {
         names: &["h2o"],
-        keys: &["heavy", "recent", "agg", "prefill", "sink", "score"],
+        keys: &["heavy", "recent", "agg", "prefill", "sink", "score", "alloc"],
         budget_keys: &["heavy", "recent"],
         fixed: None,
         evicts: true,
@@ -371,7 +381,11 @@ pub(super) static FAMILIES: &[Family] = &[
             if matches!(prefill, PrefillMode::Snap { .. }) && !score.column_summable() {
                 return Err(format!("prefill=snap sums the observation window's attention; it needs score=sum or score=norm, not score={score}"));
             }
-            Ok(TokenPolicySpec::H2o { heavy, recent, agg, prefill, sink, score })
+            let alloc = match p.take("alloc") {
+                None => Alloc::default(),
+                Some(v) => v.parse().map_err(|e| format!("alloc: {e}"))?,
+            };
+            Ok(TokenPolicySpec::H2o { heavy, recent, agg, prefill, sink, score, alloc })
         },
     },
 ];
@@ -469,6 +483,9 @@ struct Evict {
     agg: Option<ScoreAgg>,
     score: ScoreRule,
     prefill: PrefillMode,
+    /// The heavy part (what an allocator moves) and how it is spread.
+    heavy: Budget,
+    alloc: Alloc,
 }
 
 impl Evict {
@@ -476,7 +493,17 @@ impl Evict {
     /// prefill chunk; a family's arm overrides the rest.
     fn new(rule: VictimRule, total: Vec<Budget>) -> Self {
         let zero = Budget::Slots(0);
-        Evict { total, recent: zero, sinks: zero, rule, agg: None, score: ScoreRule::Sum, prefill: PrefillMode::Full }
+        Evict {
+            total,
+            recent: zero,
+            sinks: zero,
+            rule,
+            agg: None,
+            score: ScoreRule::Sum,
+            prefill: PrefillMode::Full,
+            heavy: zero,
+            alloc: Alloc::default(),
+        }
     }
 
     fn resolve(&self, name: &'static str, base_len: usize) -> EvictionConfig {
@@ -539,7 +566,7 @@ impl TokenPolicySpec {
                 vec![("budget", budget.to_string()), ("recent", recent.to_string()), ("seed", seed.to_string())],
                 Some(Evict { recent, sinks: sink, ..Evict::new(VictimRule::Random { seed }, vec![budget, sink]) }),
             ),
-            H2o { heavy, recent, agg, prefill, sink, score } => {
+            H2o { heavy, recent, agg, prefill, sink, score, alloc } => {
                 let mut shown = vec![("heavy", heavy.to_string()), ("recent", recent.to_string())];
                 if agg == ScoreAgg::Max {
                     shown.push(("agg", "max".into()));
@@ -558,6 +585,8 @@ impl TokenPolicySpec {
                         agg: Some(agg),
                         score,
                         prefill,
+                        heavy,
+                        alloc,
                         ..Evict::new(LowestScore, vec![heavy, recent, sink])
                     }),
                 )
@@ -575,6 +604,11 @@ impl TokenPolicySpec {
                 shown.push(("score", score.to_string()))
             }
             _ => {}
+        }
+        if let H2o { alloc, .. } = *self {
+            if !alloc.is_uniform() {
+                shown.push(("alloc", alloc.to_string()))
+            }
         }
         Parts { name, shown, evict }
     }
@@ -787,7 +821,35 @@ impl PolicySpec {
                 None => return Err(err(format!("`+{extra}`: only a head policy (chai, chai-static) can follow `+`"))),
             },
         };
-        Ok(PolicySpec { token, head, storage, tuned: None })
+        let spec = PolicySpec { token, head, storage, tuned: None };
+        spec.check_alloc().map_err(err)?;
+        Ok(spec)
+    }
+
+    /// The allocator of the token policy (uniform unless `alloc=` is given).
+    pub fn alloc(&self) -> Alloc {
+        match self.token {
+            TokenPolicySpec::H2o { alloc, .. } => alloc,
+            _ => Alloc::default(),
+        }
+    }
+
+    /// What an allocator cannot compose with: `ada` gives the KV heads of a
+    /// layer different budgets, so it cannot keep heads tied by CHAI
+    /// aligned, nor pick whole pages (which it would count against a share
+    /// a token at a time).
+    pub(super) fn check_alloc(&self) -> Result<(), String> {
+        if self.alloc().ada.is_some() {
+            if self.head.is_some() {
+                return Err("alloc: `ada` gives each KV head its own budget and cannot compose with chai (heads tied by a cluster must keep the same slots); use `alloc=pyramid`".into());
+            }
+            if self.storage.page_score.is_some() {
+                return Err(
+                    "alloc: `ada` evicts token by token within each head's share; it does not take page_score".into()
+                );
+            }
+        }
+        Ok(())
     }
 
     /// The loading step parsing leaves out: reads the file a `tuned:` spec
@@ -832,15 +894,36 @@ impl PolicySpec {
 
     /// Instantiates the per-sequence policy state; percentages are resolved
     /// against `base_len` here, once.
+    /// One budget for every (layer, KV head): an allocator (`alloc=`) is
+    /// left out, since it needs the model's shape; see
+    /// [`PolicySpec::build_for`].
     pub fn build(&self, base_len: usize) -> Box<dyn CachePolicy> {
-        let Parts { name, evict, .. } = self.token.parts();
-        match evict {
+        match self.token_eviction(base_len) {
             None => Box::new(FullCache),
-            Some(e) => {
-                let unit = self.storage.page_score.map_or(EvictionUnit::Token, EvictionUnit::Page);
-                Box::new(TokenEviction::new(e.resolve(name, base_len)).with_unit(unit).with_score(e.score))
-            }
+            Some((t, _, _)) => Box::new(t),
         }
+    }
+
+    /// [`PolicySpec::build`] for a model of `layers` layers and `kv_heads`
+    /// KV heads: with `alloc=`, each layer and head gets its share of the
+    /// heavy slots ([`Allocated`]).
+    pub fn build_for(&self, base_len: usize, layers: usize, kv_heads: usize) -> Box<dyn CachePolicy> {
+        match self.token_eviction(base_len) {
+            None => Box::new(FullCache),
+            Some((t, heavy, alloc)) if !alloc.is_uniform() => {
+                Box::new(Allocated::new(t, heavy, alloc, layers, kv_heads.max(1)))
+            }
+            Some((t, _, _)) => Box::new(t),
+        }
+    }
+
+    /// The uniform token policy, its resolved heavy slots and allocator.
+    fn token_eviction(&self, base_len: usize) -> Option<(TokenEviction, usize, Alloc)> {
+        let Parts { name, evict, .. } = self.token.parts();
+        let e = evict?;
+        let unit = self.storage.page_score.map_or(EvictionUnit::Token, EvictionUnit::Page);
+        let t = TokenEviction::new(e.resolve(name, base_len)).with_unit(unit).with_score(e.score);
+        Some((t, e.heavy.resolve(base_len), e.alloc))
     }
 }
 
@@ -921,6 +1004,11 @@ mod tests {
             "window:recent=60,sink=4",
             "random:budget=64,recent=16,seed=7,sink=4",
             "h2o:heavy=8,recent=8,sink=4,score=decay:0.5+chai:plan=p.json",
+            "h2o:heavy=32,recent=32,alloc=pyramid:0.5",
+            "h2o:heavy=10%,recent=10%,score=norm,alloc=ada:0.2",
+            "h2o:heavy=32,recent=32,alloc=pyramid:0.25/ada:0",
+            "h2o:heavy=32,recent=32,page=16,alloc=ada:0.2",
+            "h2o:heavy=8,recent=8,alloc=pyramid:0.5+chai:plan=p.json",
         ] {
             let p = PolicySpec::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
             assert_eq!(PolicySpec::parse(&p.to_string()).unwrap(), p, "{s}");
@@ -971,6 +1059,13 @@ mod tests {
             ("h2o:heavy=1,recent=1,sink=x", "sink: `x`"),
             ("window:recent=4,score=tova", "unknown parameter `score`"),
             ("random:budget=4,score=tova", "unknown parameter `score`"),
+            ("h2o:heavy=1,recent=1,alloc=pyramid:0", "alloc: pyramid ratio `0` must be in (0, 1]"),
+            ("h2o:heavy=1,recent=1,alloc=ada:2", "alloc: ada floor `2` must be in [0, 1]"),
+            ("h2o:heavy=1,recent=1,alloc=fancy", "alloc: unknown allocator `fancy`"),
+            ("h2o:heavy=1,recent=1,alloc=ada+chai:plan=p.json", "cannot compose with chai"),
+            ("h2o:heavy=1,recent=1,page=8,page_score=max,alloc=ada", "does not take page_score"),
+            ("heavy:heavy=4,alloc=pyramid", "unknown parameter `alloc`"),
+            ("window:recent=4,alloc=ada", "unknown parameter `alloc`"),
         ];
         for (spec, want) in cases {
             let e = PolicySpec::parse(spec).unwrap_err().to_string();
@@ -1036,6 +1131,37 @@ mod tests {
             PolicySpec::parse("h2o:heavy=4,recent=4,score=sum").unwrap(),
             PolicySpec::parse("h2o:heavy=4,recent=4").unwrap()
         );
+    }
+
+    /// Σ over layers and KV heads of the per-head budgets is the plain
+    /// spec's; layers (pyramid) and heads (ada) get different shares; the
+    /// store is allocated per layer at its own capacity.
+    #[test]
+    fn allocators_keep_the_total_budget() {
+        let (layers, kv) = (30, 3);
+        let total = |p: &dyn CachePolicy| -> usize {
+            (0..layers).flat_map(|l| (0..kv).map(move |h| (l, h))).map(|(l, h)| p.head_budget(l, h).unwrap()).sum()
+        };
+        for text in ["h2o:heavy=102,recent=102", "h2o:heavy=10%,recent=10%,sink=4", "h2o:heavy=51,recent=51,agg=max"] {
+            let plain = PolicySpec::parse(text).unwrap();
+            let b = plain.budget(1024).unwrap();
+            for alloc in ["pyramid", "pyramid:0.5", "pyramid:1", "ada", "ada:0", "pyramid:0.1/ada:0.5"] {
+                let spec = PolicySpec::parse(&format!("{text},alloc={alloc}")).unwrap();
+                assert_eq!(spec.budget(1024), Some(b), "the average per-head budget is unchanged");
+                let p = spec.build_for(1024, layers, kv);
+                assert_eq!(total(p.as_ref()), b * layers * kv, "{text},alloc={alloc}");
+            }
+        }
+        let spec = PolicySpec::parse("h2o:heavy=100,recent=20,alloc=pyramid:0.25").unwrap();
+        let p = spec.build_for(1000, 2, 3);
+        assert_eq!((p.head_budget(0, 2), p.head_budget(1, 0)), (Some(180), Some(60)), "160 + 20 and 40 + 20");
+        assert_eq!((p.layer_capacity(0, 1000), p.layer_capacity(1, 1000)), (181, 61));
+        // ada: each head is allocated for the most it can win, 3·100 − 2·20
+        let p = PolicySpec::parse("h2o:heavy=100,recent=20,alloc=ada:0.2").unwrap().build_for(1000, 2, 3);
+        assert_eq!(p.layer_capacity(0, 1000), 20 + 260 + 1);
+        assert_eq!(p.head_budget(0, 0), Some(120), "the uniform budget until the layer first overflows");
+        // without a model shape (`build`), the plain policy
+        assert_eq!(spec.build(1000).capacity(1000), 121);
     }
 
     #[test]

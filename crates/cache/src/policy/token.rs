@@ -284,6 +284,24 @@ impl TokenEviction {
         self.budget
     }
 
+    /// B_r, the protected recent window.
+    pub fn recent(&self) -> usize {
+        self.recent
+    }
+
+    /// Positions below this are protected sinks.
+    pub fn sinks(&self) -> usize {
+        self.sinks
+    }
+
+    /// Gives this unit another budget (an allocator's per-layer or per-head
+    /// share, [`super::alloc`]); the recent window never exceeds it.
+    pub fn set_budget(&mut self, budget: usize) {
+        assert!(budget >= 1, "budget must be at least one slot");
+        self.budget = budget;
+        self.recent = self.recent.min(budget);
+    }
+
     /// Protected: sinks, and the B_r largest positions (with every recent
     /// token resident, those are the positions ≥ newest + 1 − B_r).
     #[inline]
@@ -358,6 +376,10 @@ impl CachePolicy for TokenEviction {
         self.budget + 1
     }
 
+    fn head_budget(&self, _layer: usize, _kv_head: usize) -> Option<usize> {
+        Some(self.budget)
+    }
+
     fn score_aggregation(&self) -> Option<ScoreAgg> {
         self.agg
     }
@@ -401,15 +423,22 @@ impl CachePolicy for TokenEviction {
             EvictionUnit::Page(score) => self.page_victims(layer, kv_head, slots, score, newest),
             EvictionUnit::Token => false,
         };
-        if !by_page {
-            let Some(v) = self.victim(layer, kv_head, slots.positions(), slots.scores(), newest) else {
-                return &self.victims;
-            };
-            self.victims.push(v);
-        }
         let tracing = self.trace_every > 0 && newest.is_multiple_of(self.trace_every);
-        for k in 0..self.victims.len() {
+        let mut k = 0;
+        loop {
+            if !by_page {
+                // one victim per step, but as many as it takes after an
+                // allocator lowered the budget below what the head holds
+                if slots.len() <= self.budget {
+                    break;
+                }
+                let Some(v) = self.victim(layer, kv_head, slots.positions(), slots.scores(), newest) else { break };
+                self.victims.push(v);
+            } else if k == self.victims.len() {
+                break;
+            }
             let v = self.victims[k];
+            k += 1;
             let victim_pos = slots.positions()[v];
             let victim_score = self.score.key(slots.scores()[v], victim_pos, newest);
             slots.evict(v);

@@ -59,6 +59,20 @@ pub struct SequenceCache {
     /// The probability rows of one component's representatives, handed to
     /// the policy (reused: decode steps do not allocate).
     component_probs: Vec<f32>,
+    /// Prefill candidates of a layer's heads held back until every head's
+    /// are in, for a policy that splits the layer among its heads
+    /// ([`CachePolicy::layer_decision_pending`]); empty otherwise.
+    pending: Vec<PrefillCandidates>,
+    /// The policy state and counters at a checkpoint (the heads keep their
+    /// own undo journals); `None` outside one.
+    checkpoint: Option<Checkpoint>,
+}
+
+/// What [`SequenceCache::rollback`] restores besides the heads.
+struct Checkpoint {
+    policy: Box<dyn CachePolicy>,
+    next_pos: usize,
+    steps_since_compact: usize,
 }
 
 impl Clone for SequenceCache {
@@ -76,6 +90,8 @@ impl Clone for SequenceCache {
             compact_every: self.compact_every,
             steps_since_compact: self.steps_since_compact,
             component_probs: Vec::new(),
+            pending: Vec::new(),
+            checkpoint: None,
         }
     }
 }
@@ -93,7 +109,7 @@ pub fn effective_policy(
             t.path
         )));
     }
-    let policy = spec.build(base_len);
+    let policy = spec.build_for(base_len, shape.layers, shape.kv_heads);
     let Some((window, local)) = &shape.sliding_window else { return Ok(policy) };
     if local.len() != shape.layers || *window == 0 {
         return Err(CacheError::SlidingPattern { window: *window, pattern: local.len(), layers: shape.layers });
@@ -161,6 +177,8 @@ impl SequenceCache {
             compact_every: spec.storage.compact_every,
             steps_since_compact: 0,
             component_probs: Vec::new(),
+            pending: Vec::new(),
+            checkpoint: None,
         })
     }
 
@@ -241,8 +259,9 @@ impl SequenceCache {
     }
 
     /// Tokens currently held in layer 0's first head (every head holds the
-    /// same count under token eviction; page eviction removes a page's live
-    /// tokens, which may differ per head).
+    /// same count under uniform token eviction; page eviction removes a
+    /// page's live tokens, and `alloc=` gives layers and heads different
+    /// budgets, so counts may differ per head).
     pub fn len(&self) -> usize {
         self.store.head(0, 0).len()
     }
@@ -281,8 +300,54 @@ impl SequenceCache {
     pub fn rewindable_after(&self, n: usize) -> bool {
         self.sharing.is_none()
             && (0..self.store.layers()).all(|l| {
-                self.store.layer(l).iter().all(|h| h.len() == self.next_pos && self.next_pos + n < h.capacity())
+                self.store.layer(l).iter().enumerate().all(|(kv, h)| {
+                    let holds = self.policy.head_budget(l, kv).map_or(h.capacity(), |b| (b + 1).min(h.capacity()));
+                    h.len() == self.next_pos && self.next_pos + n < holds
+                })
             })
+    }
+
+    /// Starts an undo journal, so that [`SequenceCache::rollback`] can
+    /// return to this moment bit for bit (slots, K/V rows, positions,
+    /// scores, policy state): speculative decoding verifies drafts after a
+    /// checkpoint instead of copying the cache. Every head saves a row only
+    /// when it is about to be overwritten (an eviction moves one row per
+    /// step), plus its positions and scores, and the policy's state is
+    /// cloned (small). Returns false, and starts nothing, where a journal
+    /// does not apply: paged stores (whose clone already shares its pages),
+    /// CHAI head sharing, a pending prefill.
+    pub fn checkpoint(&mut self) -> bool {
+        if self.sharing.is_some() || !self.pending.is_empty() || self.store.head(0, 0).page_size().is_some() {
+            return false;
+        }
+        for l in 0..self.store.layers() {
+            for h in self.store.layer_mut(l) {
+                h.checkpoint();
+            }
+        }
+        self.checkpoint = Some(Checkpoint {
+            policy: self.policy.clone_box(),
+            next_pos: self.next_pos,
+            steps_since_compact: self.steps_since_compact,
+        });
+        true
+    }
+
+    /// Keeps every change since [`SequenceCache::checkpoint`].
+    pub fn commit(&mut self) {
+        if self.checkpoint.take().is_some() {
+            (0..self.store.layers()).for_each(|l| self.store.layer_mut(l).iter_mut().for_each(HeadSlots::commit));
+        }
+    }
+
+    /// Returns to the state at [`SequenceCache::checkpoint`], as if the
+    /// tokens fed since had never been. Panics without a checkpoint.
+    pub fn rollback(&mut self) {
+        let cp = self.checkpoint.take().expect("rollback without a checkpoint");
+        (0..self.store.layers()).for_each(|l| self.store.layer_mut(l).iter_mut().for_each(HeadSlots::rollback));
+        self.policy = cp.policy;
+        self.next_pos = cp.next_pos;
+        self.steps_since_compact = cp.steps_since_compact;
     }
 
     /// Cuts the sequence back to its first `len` tokens, as if only they had
@@ -345,8 +410,10 @@ impl SequenceCache {
         let (mut k, mut v) = (vec![0f32; d], vec![0f32; d]);
         for l in 0..self.store.layers() {
             for h in 0..self.store.kv_heads() {
+                // an allocator's head may have rows beyond its budget
+                let room = self.policy.head_budget(l, h).unwrap_or(usize::MAX);
                 let head = self.store.head_mut(l, h);
-                let held = context.min(head.capacity().saturating_sub(1));
+                let held = context.min(head.capacity().saturating_sub(1)).min(room);
                 for p in context - held..context {
                     fill(&mut k, &mut v);
                     head.push(p as u32, &k, &v).expect("within capacity");

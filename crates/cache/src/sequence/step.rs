@@ -59,6 +59,34 @@ impl SequenceCache {
     /// heads, reading the component's representatives, and every other KV
     /// head of the component replays the same evictions.
     pub fn after_decode_attention(&mut self, layer: usize, probs: &[f32], stride: usize) {
+        let deciding = self.policy.layer_decision_pending(layer, self.store.head(layer, 0).len());
+        if deciding {
+            // the layer overflows for the first time: an allocator splits it
+            // among its heads from every head's candidates (this step's
+            // attention not yet added), before any head evicts
+            let heads: Vec<(&[u32], &[f32])> =
+                self.store.layer(layer).iter().map(|h| (h.positions(), h.scores())).collect();
+            self.policy.decide_layer(layer, &heads);
+        }
+        self.evict_after_decode(layer, probs, stride);
+        if deciding {
+            self.fit_heads_to_budgets(layer);
+        }
+    }
+
+    /// A paged head's capacity follows its share once an allocator has
+    /// split the layer (its pages then follow too); see
+    /// [`crate::store::HeadSlots::limit_capacity`].
+    fn fit_heads_to_budgets(&mut self, layer: usize) {
+        for kv in 0..self.store.kv_heads() {
+            if let Some(b) = self.policy.head_budget(layer, kv) {
+                let head = self.store.head_mut(layer, kv);
+                head.limit_capacity((b + 1).min(head.capacity()));
+            }
+        }
+    }
+
+    fn evict_after_decode(&mut self, layer: usize, probs: &[f32], stride: usize) {
         let lh = self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense);
         for comp in &lh.components {
             let len = self.store.head(layer, comp.leader).len();
@@ -146,8 +174,6 @@ impl SequenceCache {
         component: usize,
         cand: &mut PrefillCandidates,
     ) -> Result<(), CacheError> {
-        let lh = self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense);
-        let comp = &lh.components[component];
         if !cand.columns.is_empty() {
             if let Some(o) = cand.observation {
                 cand.pool_columns(o.pool);
@@ -155,6 +181,40 @@ impl SequenceCache {
             cand.scores.iter_mut().zip(&cand.columns).for_each(|(sc, p)| *sc += p);
             cand.columns.clear();
         }
+        if !self.policy.layer_decision_pending(layer, cand.positions.len()) {
+            return self.select_and_absorb(layer, component, cand);
+        }
+        // an allocator splits this layer among its heads from every head's
+        // scored candidates: hold each component's back (moved, not copied)
+        // until the last one is in, then decide and commit them all
+        self.pending.push(std::mem::take(cand));
+        if self.pending.len() < self.layer_heads(layer).components.len() {
+            return Ok(());
+        }
+        let mut pending = std::mem::take(&mut self.pending);
+        let heads: Vec<(&[u32], &[f32])> = pending.iter().map(|c| (&c.positions[..], &c.scores[..])).collect();
+        self.policy.decide_layer(layer, &heads);
+        for (ci, c) in pending.iter_mut().enumerate() {
+            self.select_and_absorb(layer, ci, c)?;
+        }
+        self.fit_heads_to_budgets(layer);
+        // the reused buffers go back to the caller's scratch
+        if let Some(c) = pending.pop() {
+            *cand = c;
+        }
+        Ok(())
+    }
+
+    /// The policy's choice among `cand`, absorbed by every KV head of the
+    /// component.
+    fn select_and_absorb(
+        &mut self,
+        layer: usize,
+        component: usize,
+        cand: &mut PrefillCandidates,
+    ) -> Result<(), CacheError> {
+        let lh = self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense);
+        let comp = &lh.components[component];
         self.policy.select_after_prefill(layer, comp.leader, &cand.positions, &cand.scores, &mut cand.keep);
         let d = self.store.head(layer, 0).head_dim();
         let old = cand.held;
@@ -336,5 +396,124 @@ mod tests {
         let mut kept = c.store().head(0, 0).positions().to_vec();
         kept.sort_unstable();
         assert_eq!(kept, [0, 2, 3], "heavy: 0 and 2; recent: 3");
+    }
+}
+
+#[cfg(test)]
+mod alloc_tests {
+    use super::*;
+    use crate::policy::PolicySpec;
+    use crate::CacheShape;
+
+    /// `alloc=ada` deciding at the first decode step that overflows: head 0
+    /// spreads its attention, head 1 gives each token all of it once, so
+    /// head 1's old tokens rank higher and it wins three of the layer's
+    /// four heavy slots; head 0 drops to its share in that same step
+    /// (two victims), head 1 keeps growing; on a paged store the heads'
+    /// capacities follow their shares.
+    #[test]
+    fn ada_splits_a_layer_at_its_first_overflow_and_the_loser_shrinks_at_once() {
+        for layout in ["", ",page=2"] {
+            let shape = CacheShape { layers: 1, heads: 2, kv_heads: 2, head_dim: 4, sliding_window: None };
+            let spec = PolicySpec::parse(&format!("h2o:heavy=2,recent=1,alloc=ada:0{layout}")).unwrap();
+            let mut c = SequenceCache::new(&spec, shape, 64, 64).unwrap();
+            let stride = c.max_capacity();
+            for p in 0..4usize {
+                c.append(0, p, &[p as f32; 8], &[p as f32; 8]).unwrap();
+                let len = c.layer(0)[0].len();
+                let mut probs = vec![0f32; 2 * stride];
+                probs[..len].iter_mut().for_each(|x| *x = 1.0 / len as f32);
+                probs[stride + len - 1] = 1.0;
+                c.after_decode_attention(0, &probs, stride);
+                c.advance(1);
+            }
+            assert_eq!((c.policy().head_budget(0, 0), c.policy().head_budget(0, 1)), (Some(2), Some(4)), "{layout}");
+            let mut kept = c.layer(0)[0].positions().to_vec();
+            kept.sort_unstable();
+            assert_eq!(kept, [0, 3], "{layout}: head 0 kept its heaviest and the recent token");
+            assert_eq!(c.layer(0)[1].len(), 4, "{layout}");
+            let caps: Vec<usize> = c.layer(0).iter().map(|h| h.capacity()).collect();
+            let want = if layout.is_empty() { vec![6, 6] } else { vec![3, 5] };
+            assert_eq!(caps, want, "{layout}: fixed rows stay at the layer's most (1 + 4 + 1); pages follow shares");
+        }
+    }
+}
+
+#[cfg(test)]
+mod journal_tests {
+    use super::*;
+    use crate::policy::PolicySpec;
+    use crate::CacheShape;
+
+    /// Feeds decode step `p` to every layer (deterministic keys, values and
+    /// attention that vary with the position).
+    fn step(c: &mut SequenceCache, p: usize) {
+        let group = 2;
+        for l in 0..c.store().layers() {
+            let kv = c.store().kv_heads();
+            let row: Vec<f32> = (0..kv * 8).map(|i| ((p * 7 + i * 3 + l) % 11) as f32 - 5.0).collect();
+            c.append(l, p, &row, &row.iter().map(|x| x * 0.5).collect::<Vec<_>>()).unwrap();
+            let (len, stride) = (c.layer(l)[0].len(), c.max_capacity());
+            let mut probs = vec![0f32; group * kv * stride];
+            for h in 0..group * kv {
+                let w: Vec<f32> = (0..len).map(|i| 1.0 + ((i * 5 + p + h) % 7) as f32).collect();
+                let total: f32 = w.iter().sum();
+                probs[h * stride..h * stride + len].iter_mut().zip(&w).for_each(|(o, x)| *o = x / total);
+            }
+            c.after_decode_attention(l, &probs, stride);
+        }
+        c.advance(1);
+    }
+
+    /// Per head: positions, then the bits of scores, keys and values.
+    type HeadState = (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>);
+
+    fn state(c: &SequenceCache) -> Vec<HeadState> {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut out = Vec::new();
+        for l in 0..c.store().layers() {
+            for h in c.layer(l) {
+                let keys = h.decoded_keys().unwrap_or_default();
+                out.push((h.positions().to_vec(), bits(h.scores()), bits(&keys), bits(&h.decoded_values())));
+            }
+        }
+        out
+    }
+
+    /// After a checkpoint, steps that evict and then a rollback leave the
+    /// cache exactly as a copy taken at the checkpoint (slots, rows,
+    /// positions, scores, next position), and both continue identically
+    /// (policy state included: `random` draws from its RNG at every
+    /// eviction). A commit keeps the steps. Paged stores decline.
+    #[test]
+    fn rollback_returns_to_the_checkpoint_bit_for_bit() {
+        for spec in
+            ["h2o:heavy=3,recent=2", "random:budget=5,recent=1", "h2o:heavy=3,recent=2,kv_dtype=q8,score=persist:4"]
+        {
+            let shape = CacheShape { layers: 2, heads: 4, kv_heads: 2, head_dim: 8, sliding_window: None };
+            let mut c = SequenceCache::new(&PolicySpec::parse(spec).unwrap(), shape.clone(), 64, 64).unwrap();
+            (0..9).for_each(|p| step(&mut c, p));
+            let copy = c.clone();
+            assert!(c.checkpoint(), "{spec}");
+            (9..13).for_each(|p| step(&mut c, p));
+            assert_ne!(state(&c), state(&copy), "{spec}: the steps changed something");
+            c.rollback();
+            assert_eq!(state(&c), state(&copy), "{spec}: rolled back");
+            assert_eq!(c.next_pos(), copy.next_pos());
+            let mut copy = copy;
+            for p in 9..14 {
+                step(&mut c, p);
+                step(&mut copy, p);
+            }
+            assert_eq!(state(&c), state(&copy), "{spec}: continued");
+            // commit keeps the steps
+            assert!(c.checkpoint());
+            step(&mut c, 14);
+            c.commit();
+            step(&mut copy, 14);
+            assert_eq!(state(&c), state(&copy), "{spec}: committed");
+            let paged = PolicySpec::parse(&format!("{spec},page=4")).unwrap();
+            assert!(!SequenceCache::new(&paged, shape, 64, 64).unwrap().checkpoint(), "paged stores decline");
+        }
     }
 }

@@ -60,6 +60,24 @@ pub struct HeadSlots {
     kv: Kv,
     positions: Vec<u32>,
     scores: Vec<f32>,
+    /// Undo journal since a checkpoint (fixed slots only; see
+    /// [`HeadSlots::checkpoint`]); kept allocated between checkpoints.
+    undo: Option<Box<Undo>>,
+}
+
+/// What a fixed-slot head looked like at a checkpoint, and the old contents
+/// of every row overwritten since, in order: rolling back restores the
+/// metadata and writes the rows back newest first.
+#[derive(Clone)]
+struct Undo {
+    active: bool,
+    len: usize,
+    capacity: usize,
+    positions: Vec<u32>,
+    scores: Vec<f32>,
+    slots: Vec<usize>,
+    keys: Option<RowBuf>,
+    values: RowBuf,
 }
 
 /// Slot-order view of a head's K or V rows, for the attention kernel.
@@ -96,6 +114,22 @@ impl SlotRows for Rows<'_> {
         }
     }
     #[inline]
+    fn dot_group_run(&self, start: usize, n: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
+        match self {
+            Rows::Dense(r) => r.dot_group_run(start, n, queries, buf, out),
+            Rows::Coded(r) => r.dot_group_run(start, n, queries, buf, out),
+            Rows::Paged(r) => r.dot_group_run(start, n, queries, buf, out),
+        }
+    }
+    #[inline]
+    fn axpy_group_run(&self, start: usize, n: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
+        match self {
+            Rows::Dense(r) => r.axpy_group_run(start, n, probs, buf, outs),
+            Rows::Coded(r) => r.axpy_group_run(start, n, probs, buf, outs),
+            Rows::Paged(r) => r.axpy_group_run(start, n, probs, buf, outs),
+        }
+    }
+    #[inline]
     fn prefetch(&self, slot: usize) {
         match self {
             Rows::Dense(_) => {}
@@ -128,7 +162,77 @@ impl HeadSlots {
         // fixed slots allocate their metadata up front too; a paged head grows
         // it with its live tokens (amortised), like its pages
         let meta = if layout.page_size.is_some() { 0 } else { capacity };
-        HeadSlots { head_dim, capacity, len: 0, kv, positions: vec![0; meta], scores: vec![0.0; meta] }
+        HeadSlots { head_dim, capacity, len: 0, kv, positions: vec![0; meta], scores: vec![0.0; meta], undo: None }
+    }
+
+    /// Starts an undo journal (fixed slots only: returns false for a paged
+    /// head, whose clone already shares its pages): from now on every row
+    /// about to be overwritten is saved first, and [`HeadSlots::rollback`]
+    /// returns the head to this moment bit for bit. Costs a copy of the
+    /// positions and scores, and one saved row per overwrite (no K/V copy
+    /// of the whole head, unlike a clone). The buffers are reused.
+    pub fn checkpoint(&mut self) -> bool {
+        let Kv::Slots { keys, values } = &self.kv else { return false };
+        let undo = self.undo.get_or_insert_with(|| {
+            Box::new(Undo {
+                active: false,
+                len: 0,
+                capacity: 0,
+                positions: Vec::new(),
+                scores: Vec::new(),
+                slots: Vec::new(),
+                keys: keys.as_ref().map(|k| RowBuf::new(k.dtype(), self.head_dim, 0)),
+                values: RowBuf::new(values.dtype(), self.head_dim, 0),
+            })
+        });
+        undo.active = true;
+        (undo.len, undo.capacity) = (self.len, self.capacity);
+        undo.positions.clone_from(&self.positions);
+        undo.scores.clone_from(&self.scores);
+        undo.slots.clear();
+        if let Some(k) = undo.keys.as_mut() {
+            k.clear();
+        }
+        undo.values.clear();
+        true
+    }
+
+    /// Ends the journal keeping every change since the checkpoint.
+    pub fn commit(&mut self) {
+        if let Some(u) = self.undo.as_mut() {
+            u.active = false;
+        }
+    }
+
+    /// Returns to the checkpoint: metadata restored, overwritten rows
+    /// written back newest first. Panics without an active checkpoint.
+    pub fn rollback(&mut self) {
+        let u = self.undo.as_mut().filter(|u| u.active).expect("rollback without a checkpoint");
+        let Kv::Slots { keys, values } = &mut self.kv else { unreachable!("journals are for fixed slots") };
+        for (i, &slot) in u.slots.iter().enumerate().rev() {
+            if let (Some(k), Some(saved)) = (keys.as_mut(), u.keys.as_ref()) {
+                k.copy_row(slot, saved, i);
+            }
+            values.copy_row(slot, &u.values, i);
+        }
+        self.len = u.len;
+        self.capacity = u.capacity;
+        self.positions.clone_from(&u.positions);
+        self.scores.clone_from(&u.scores);
+        u.active = false;
+    }
+
+    /// Saves row `slot` into the active journal before it is overwritten.
+    #[inline]
+    fn save_row(&mut self, slot: usize) {
+        let Some(u) = self.undo.as_mut().filter(|u| u.active) else { return };
+        if let Kv::Slots { keys, values } = &self.kv {
+            if let (Some(saved), Some(k)) = (u.keys.as_mut(), keys.as_ref()) {
+                saved.push_row_from(k, slot);
+            }
+            u.values.push_row_from(values, slot);
+            u.slots.push(slot);
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -142,6 +246,21 @@ impl HeadSlots {
     }
     pub fn head_dim(&self) -> usize {
         self.head_dim
+    }
+
+    /// Lowers a paged head's capacity to `capacity` (≥ its live slots):
+    /// an allocator's per-head share, decided after the head was made, so
+    /// the head's pages follow its share. Fixed slot arrays were allocated
+    /// once and stay as they are (the policy's budget limits them).
+    pub fn limit_capacity(&mut self, capacity: usize) {
+        if let Kv::Paged(p) = &mut self.kv {
+            assert!(
+                capacity >= self.len && capacity <= self.capacity,
+                "a limit between the live slots and the capacity"
+            );
+            self.capacity = capacity;
+            p.limit(capacity);
+        }
     }
 
     /// Tokens per page (`None` for the fixed-slot layout).
@@ -168,6 +287,7 @@ impl HeadSlots {
             return None;
         }
         let s = self.len;
+        self.save_row(s);
         match &mut self.kv {
             Kv::Slots { keys, values } => {
                 if let Some(k) = keys.as_mut() {
@@ -230,6 +350,9 @@ impl HeadSlots {
     pub fn evict(&mut self, victim: usize) {
         assert!(victim < self.len, "evicting an empty slot");
         let last = self.len - 1;
+        if victim != last {
+            self.save_row(victim);
+        }
         match &mut self.kv {
             Kv::Slots { keys, values } => {
                 if victim != last {
@@ -255,6 +378,7 @@ impl HeadSlots {
         }
         for (dst, &src) in keep.iter().enumerate() {
             if dst != src {
+                self.save_row(dst);
                 if let Kv::Slots { keys, values } = &mut self.kv {
                     if let Some(k) = keys.as_mut() {
                         k.copy_within(src, dst);

@@ -226,6 +226,16 @@ impl PagedKv {
         }
     }
 
+    /// Lowers the head's capacity to `capacity` slots (an allocator's
+    /// share, decided after the head was made): the page cap follows, and
+    /// a head over the new cap repacks at once.
+    pub fn limit(&mut self, capacity: usize) {
+        self.max_pages = page_cap(capacity, self.page_size);
+        if self.pages_referenced() > self.max_pages {
+            self.compact();
+        }
+    }
+
     pub fn page_size(&self) -> usize {
         self.page_size
     }
@@ -534,6 +544,15 @@ impl PagedRows<'_> {
         }
     }
 
+    /// How many of the `max` slots from `slot` on sit on consecutive rows
+    /// of `slot`'s page (at least 1).
+    #[inline]
+    fn stretch(&self, slot: usize, max: usize) -> usize {
+        let (a, in_page) = (self.addr[slot], self.split(slot).1);
+        let room = (self.page_size - in_page).min(max);
+        (1..room).find(|&k| self.addr[slot + k] != a + k as u32).unwrap_or(room)
+    }
+
     #[inline]
     fn locate(&self, slot: usize) -> (&RowBuf, usize) {
         let (p, r) = self.split(slot);
@@ -576,6 +595,47 @@ impl SlotRows for PagedRows<'_> {
         }
         let (rows, r) = self.locate(slot);
         rows.axpy_group(r, probs, buf, outs)
+    }
+
+    /// Coded pages: the fixed store's run kernel over each stretch of
+    /// slots that sit on consecutive rows of one page (bit-identical to
+    /// slot by slot, so paged and fixed stay equal).
+    #[inline]
+    fn dot_group_run(&self, start: usize, n: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
+        let g = out.len() / n.max(1);
+        let mut j = 0;
+        while j < n {
+            let m = self.stretch(start + j, n - j);
+            if !self.base.is_empty() {
+                (0..m)
+                    .for_each(|k| self.dot_group(start + j + k, queries, buf, &mut out[(j + k) * g..(j + k + 1) * g]));
+            } else {
+                let (rows, r) = self.locate(start + j);
+                rows.dot_group_run(r, m, queries, buf, &mut out[j * g..(j + m) * g]);
+            }
+            j += m;
+        }
+    }
+
+    #[inline]
+    fn axpy_group_run(&self, start: usize, n: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
+        let g = probs.len() / n.max(1);
+        let mut j = 0;
+        while j < n {
+            let m = self.stretch(start + j, n - j);
+            if !self.base.is_empty() {
+                for k in j..j + m {
+                    let w = &probs[k * g..(k + 1) * g];
+                    if w.iter().any(|&x| x != 0.0) {
+                        self.axpy_group(start + k, w, buf, outs);
+                    }
+                }
+            } else {
+                let (rows, r) = self.locate(start + j);
+                rows.axpy_group_run(r, m, &probs[j * g..(j + m) * g], buf, outs);
+            }
+            j += m;
+        }
     }
 
     #[inline]

@@ -62,6 +62,13 @@ impl RowBuf {
         unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr().cast::<u8>(), w.len() * 4) }
     }
 
+    /// The codes of rows `i..` (runs of consecutive rows).
+    fn codes_from(&self, i: usize) -> &[u8] {
+        let w = &self.data[i * self.row_words..];
+        // SAFETY: as in `codes`.
+        unsafe { std::slice::from_raw_parts(w.as_ptr().cast::<u8>(), w.len() * 4) }
+    }
+
     fn side(&self, i: usize) -> &[f32] {
         &self.scales[i * self.scales_per_row..(i + 1) * self.scales_per_row]
     }
@@ -92,6 +99,21 @@ impl RowBuf {
         }
         let spr = self.scales_per_row;
         self.scales[dst * spr..(dst + 1) * spr].copy_from_slice(from.side(src));
+    }
+
+    /// Appends a copy of row `src` of `from` (same dtype and width) as a new
+    /// last row, growing the block (undo journals; amortised).
+    pub fn push_row_from(&mut self, from: &RowBuf, src: usize) {
+        debug_assert!(from.dtype == self.dtype && from.d == self.d);
+        let (rw, spr) = (self.row_words, self.scales_per_row);
+        self.data.extend_from_slice(&from.data[src * rw..(src + 1) * rw]);
+        self.scales.extend_from_slice(&from.scales[src * spr..(src + 1) * spr]);
+    }
+
+    /// Forgets every row, keeping the allocation.
+    pub fn clear(&mut self) {
+        self.data.clear();
+        self.scales.clear();
     }
 
     /// Moves row `src` onto row `dst` within this block (codes and side values).
@@ -154,6 +176,35 @@ impl SlotRows for RowBuf {
             return axpy_group_f32(self.row(slot, buf), probs, &mut outs[..probs.len() * self.d]);
         }
         self.dtype.axpy_group(self.codes(slot), self.side(slot), probs, &mut outs[..probs.len() * self.d]);
+    }
+
+    /// Coded rows: the run kernels (16 rows per horizontal reduction).
+    #[inline]
+    fn dot_group_run(&self, start: usize, n: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
+        if self.dtype == KvDtype::F32 {
+            let g = out.len() / n.max(1);
+            for j in 0..n {
+                self.dot_group(start + j, queries, buf, &mut out[j * g..(j + 1) * g]);
+            }
+            return;
+        }
+        let (stride, spr) = (self.row_words * 4, self.scales_per_row);
+        let q = &queries[..out.len() / n.max(1) * self.d];
+        self.dtype.dot_group_run(self.codes_from(start), stride, &self.scales[start * spr..], spr, n, q, out);
+    }
+
+    #[inline]
+    fn axpy_group_run(&self, start: usize, n: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
+        let g = probs.len() / n.max(1);
+        if self.dtype == KvDtype::F32 {
+            for j in 0..n {
+                self.axpy_group(start + j, &probs[j * g..(j + 1) * g], buf, outs);
+            }
+            return;
+        }
+        let (stride, spr) = (self.row_words * 4, self.scales_per_row);
+        let outs = &mut outs[..g * self.d];
+        self.dtype.axpy_group_run(self.codes_from(start), stride, &self.scales[start * spr..], spr, n, probs, outs);
     }
 
     #[inline]

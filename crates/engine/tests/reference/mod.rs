@@ -162,6 +162,14 @@ impl RefHead {
     /// A prefill chunk: tokens `(pos, q, k, v)`, all attending causally over
     /// the held slots and the chunk, then evictions down to the budget.
     pub fn prefill(&mut self, policy: &RefPolicy, chunk: &[RefToken]) {
+        let cands = self.prefill_candidates(policy, chunk);
+        let now = chunk.iter().map(|t| t.0).max().unwrap_or(0);
+        self.prefill_commit(policy, cands, now);
+    }
+
+    /// The held slots and the chunk's tokens with the chunk's attention
+    /// added to their scores (nothing evicted yet).
+    pub fn prefill_candidates(&self, policy: &RefPolicy, chunk: &[RefToken]) -> Vec<Slot> {
         let mut cands = self.slots.clone();
         cands.extend(chunk.iter().map(|(p, _, k, v)| Slot { pos: *p, k: k.clone(), v: v.clone(), score: 0.0 }));
         match policy.observe {
@@ -188,7 +196,12 @@ impl RefHead {
                 }
             }
         }
-        let now = chunk.iter().map(|t| t.0).max().unwrap_or(0);
+        cands
+    }
+
+    /// Evicts among scored prefill candidates (after the query at `now`)
+    /// down to the budget; the rest become the slots.
+    pub fn prefill_commit(&mut self, policy: &RefPolicy, mut cands: Vec<Slot>, now: u32) {
         if let Some(b) = policy.budget {
             while cands.len() > b {
                 let Some(v) = self.victim(policy, &cands, now) else { break };
@@ -200,15 +213,26 @@ impl RefHead {
 
     /// One decode step.
     pub fn decode(&mut self, policy: &RefPolicy, pos: u32, q: &[f64], k: &[f64], v: &[f64]) {
+        self.push(pos, k, v);
+        self.decode_pushed(policy, pos, q);
+    }
+
+    /// A decode step's new token joins the slots (score 0).
+    pub fn push(&mut self, pos: u32, k: &[f64], v: &[f64]) {
         self.slots.push(Slot { pos, k: k.to_vec(), v: v.to_vec(), score: 0.0 });
+    }
+
+    /// The rest of a decode step once the token is in: attend, score, evict.
+    pub fn decode_pushed(&mut self, policy: &RefPolicy, pos: u32, q: &[f64]) {
         let probs = self.attend(q, pos, &self.slots.clone());
         let mut slots = std::mem::take(&mut self.slots);
         Self::accumulate(policy, &probs, &mut slots, pos);
         if let Some(b) = policy.budget {
-            if slots.len() > b {
-                if let Some(v) = self.victim(policy, &slots, pos) {
-                    slots.remove(v);
-                }
+            // one victim a step, more only right after an allocator cut
+            // the budget below what the head holds
+            while slots.len() > b {
+                let Some(v) = self.victim(policy, &slots, pos) else { break };
+                slots.remove(v);
             }
         }
         self.slots = slots;
@@ -220,4 +244,68 @@ impl RefHead {
         v.sort_by_key(|x| x.0);
         v
     }
+}
+
+/// PyramidKV's heavy slots per layer, written out again: the ideal series
+/// runs from 2H/(1+R) at the bottom to R times that at the top (mean H);
+/// each layer gets the floor, and the slots still missing from L·H go one
+/// each to the largest fractional parts (ties: lower layer).
+pub fn ref_pyramid(heavy: usize, layers: usize, ratio: f64) -> Vec<usize> {
+    if layers <= 1 || heavy == 0 {
+        return vec![heavy; layers];
+    }
+    let bottom = 2.0 * heavy as f64 / (1.0 + ratio);
+    let step = (ratio * bottom - bottom) / (layers - 1) as f64;
+    let ideal: Vec<f64> = (0..layers).map(|l| (bottom + step * l as f64).max(0.0)).collect();
+    let mut out: Vec<usize> = ideal.iter().map(|x| x.floor() as usize).collect();
+    let mut by_frac: Vec<usize> = (0..layers).collect();
+    by_frac.sort_by(|&a, &b| {
+        let (fa, fb) = (ideal[a] - ideal[a].floor(), ideal[b] - ideal[b].floor());
+        fb.partial_cmp(&fa).unwrap().then(a.cmp(&b))
+    });
+    let missing = heavy * layers - out.iter().sum::<usize>();
+    for i in 0..missing {
+        out[by_frac[i % layers]] += 1;
+    }
+    out
+}
+
+/// AdaKV's split of a layer's `heads.len() · heavy` heavy slots, written
+/// out again: per head, its eligible candidates (not among the `recent`
+/// newest, not sinks) best first by the family's key (ties: later
+/// position); the first ⌊floor · heavy⌋ are the head's own; every other
+/// eligible candidate of the layer competes (key, then later position,
+/// then lower head) for the remaining slots; unclaimed slots are dealt
+/// round-robin from head 0. Returns each head's heavy share.
+pub fn ref_ada_shares(heavy: usize, floor: f64, policy: &RefPolicy, heads: &[Vec<Slot>]) -> Vec<usize> {
+    let kv = heads.len();
+    let own = ((floor * heavy as f64).floor() as usize).min(heavy);
+    let mut contest: Vec<(f64, u32, usize)> = Vec::new();
+    for (h, slots) in heads.iter().enumerate() {
+        let now = slots.iter().map(|c| c.pos).max().unwrap_or(0);
+        let mut by_pos: Vec<u32> = slots.iter().map(|c| c.pos).collect();
+        by_pos.sort_unstable_by(|a, b| b.cmp(a));
+        let recent: Vec<u32> = by_pos.iter().take(policy.recent).copied().collect();
+        let mut eligible: Vec<(f64, u32)> = slots
+            .iter()
+            .filter(|c| !recent.contains(&c.pos) && c.pos as usize >= policy.sinks)
+            .map(|c| (RefHead::key(policy, c, now), c.pos))
+            .collect();
+        eligible.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap().then(b.1.cmp(&a.1)));
+        contest.extend(eligible.iter().skip(own).map(|&(k, p)| (k, p, h)));
+    }
+    contest.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap().then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+    let pool = kv * (heavy - own);
+    let mut shares = vec![own; kv];
+    for c in contest.iter().take(pool) {
+        shares[c.2] += 1;
+    }
+    let mut left = pool.saturating_sub(contest.len());
+    let mut h = 0;
+    while left > 0 {
+        shares[h % kv] += 1;
+        h += 1;
+        left -= 1;
+    }
+    shares
 }

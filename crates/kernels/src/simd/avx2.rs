@@ -1231,5 +1231,7 @@ pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::KvGroupKernels> {
         isa: "avx2",
         dot: [kv_dot::<KV_F16>, kv_dot::<KV_Q8>, kv_dot::<KV_Q4>],
         axpy: [kv_axpy::<KV_F16>, kv_axpy::<KV_Q8>, kv_axpy::<KV_Q4>],
+        dot_run: None,
+        axpy_run: None,
     })
 }

@@ -584,5 +584,326 @@ pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::KvGroupKernels> {
         isa: "avx512",
         dot: [kv_dot::<KV_F16>, kv_dot::<KV_Q8>, kv_dot::<KV_Q4>],
         axpy: [kv_axpy::<KV_F16>, kv_axpy::<KV_Q8>, kv_axpy::<KV_Q4>],
+        dot_run: Some([kv_dot_run::<KV_F16>, kv_dot_run::<KV_Q8>, kv_dot_run::<KV_Q4>]),
+        axpy_run: Some([kv_axpy_run::<KV_F16>, kv_axpy_run::<KV_Q8>, kv_axpy_run::<KV_Q4>]),
     })
+}
+
+// ---- runs of consecutive coded rows ----------------------------------------
+//
+// The same per-row arithmetic as `kv_dot_impl` / `kv_axpy_impl`, bit for
+// bit, with less work per row: scores sum 16 rows' accumulators at once
+// (a transposed reduction that pairs lanes as `_mm512_reduce_add_ps` does),
+// and weighted sums keep each 16-column slice of every head's output in a
+// register across the run instead of loading and storing it per row.
+
+/// Rows per reduction of [`kv_dot_run`].
+const RUN: usize = 16;
+
+/// Lane `j` of the result is the sum of `v[j]`'s lanes, added in the order
+/// of `_mm512_reduce_add_ps`: (i, i+8), then (i, i+4), (i, i+2), (i, i+1).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn transpose_sum16(v: &[__m512; RUN]) -> __m512 {
+    let pair =
+        |a: __m512, b: __m512| _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(a, b), _mm512_shuffle_f32x4::<0xEE>(a, b));
+    let t: [__m512; 8] = std::array::from_fn(|k| pair(v[2 * k], v[2 * k + 1]));
+    let quad =
+        |a: __m512, b: __m512| _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(a, b), _mm512_shuffle_f32x4::<0xDD>(a, b));
+    let u: [__m512; 4] = std::array::from_fn(|m| quad(t[2 * m], t[2 * m + 1]));
+    let w0 = _mm512_add_ps(_mm512_shuffle_ps::<0x44>(u[0], u[1]), _mm512_shuffle_ps::<0xEE>(u[0], u[1]));
+    let w1 = _mm512_add_ps(_mm512_shuffle_ps::<0x44>(u[2], u[3]), _mm512_shuffle_ps::<0xEE>(u[2], u[3]));
+    let z = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(w0, w1), _mm512_shuffle_ps::<0xDD>(w0, w1));
+    // lane 4k + l holds row 4l + k
+    let rows = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_permutexvar_ps(rows, z)
+}
+
+/// Scores of `n ≤ 16` rows for `N` heads: `out[j·g + h]` (`out` points at
+/// head `h0` of row 0).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn kv_dot_run_impl<const T: u8, const N: usize>(
+    rows: (*const u8, usize, *const f32, usize),
+    n: usize,
+    q: *const f32,
+    d: usize,
+    g: usize,
+    out: *mut f32,
+) {
+    let (data, stride, scales, spr) = rows;
+    let full = d / 16 * 16;
+    let mut accs = [[_mm512_setzero_ps(); RUN]; N];
+    // SAFETY: the caller checked n rows of `stride` bytes / `spr` side
+    // values and N query rows of d.
+    unsafe {
+        for j in 0..n {
+            let (rd, rs) = (data.add(j * stride), scales.add(j * spr));
+            let mut acc = [_mm512_setzero_ps(); N];
+            let mut i = 0;
+            while i < full {
+                let k = kv_load16::<T>(rd, rs, i);
+                for (h, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(k, _mm512_loadu_ps(q.add(h * d + i)), *a);
+                }
+                i += 16;
+            }
+            for (slot, a) in accs.iter_mut().zip(acc) {
+                slot[j] = a;
+            }
+        }
+        for (h, a) in accs.iter().enumerate() {
+            let mut sums = [0f32; RUN];
+            _mm512_storeu_ps(sums.as_mut_ptr(), transpose_sum16(a));
+            for (j, &sum) in sums.iter().enumerate().take(n) {
+                let (rd, rs) = (data.add(j * stride), scales.add(j * spr));
+                let mut s = sum;
+                for e in full..d {
+                    s += kv_elem::<T>(rd, rs, e) * *q.add(h * d + e);
+                }
+                *out.add(j * g + h) = s;
+            }
+        }
+    }
+}
+
+/// `outs_h += Σ_j p[j·g + h] · row_j` for `N` heads over `n` rows, in row
+/// order (zero weights included: `0·v` adds nothing to a finite sum).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn kv_axpy_run_impl<const T: u8, const N: usize>(
+    rows: (*const u8, usize, *const f32, usize),
+    n: usize,
+    p: *const f32,
+    g: usize,
+    d: usize,
+    out: *mut f32,
+) {
+    let (data, stride, scales, spr) = rows;
+    let full = d / 16 * 16;
+    // SAFETY: as in `kv_dot_run_impl`; `out` holds N rows of d.
+    unsafe {
+        let mut i = 0;
+        while i < full {
+            let mut acc: [__m512; N] = std::array::from_fn(|h| _mm512_loadu_ps(out.add(h * d + i)));
+            for j in 0..n {
+                let v = kv_load16::<T>(data.add(j * stride), scales.add(j * spr), i);
+                for (h, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(j * g + h)), v, *a);
+                }
+            }
+            for (h, a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(out.add(h * d + i), *a);
+            }
+            i += 16;
+        }
+        for j in 0..n {
+            let (rd, rs) = (data.add(j * stride), scales.add(j * spr));
+            for e in full..d {
+                let v = kv_elem::<T>(rd, rs, e);
+                for h in 0..N {
+                    *out.add(h * d + e) += *p.add(j * g + h) * v;
+                }
+            }
+        }
+    }
+}
+
+/// Scores of a run of rows (see `crate::kvquant::KvRunFn`).
+fn kv_dot_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: usize, queries: &[f32], out: &mut [f32]) {
+    let (n, g, d) =
+        crate::kvquant::check_run(T, codes.len(), stride, scales.len(), spr, queries.len(), out.len(), true);
+    let rows = (codes.as_ptr(), stride, scales.as_ptr(), spr);
+    for r0 in (0..n).step_by(RUN) {
+        let nr = (n - r0).min(RUN);
+        let rows = (rows.0.wrapping_add(r0 * stride), stride, rows.2.wrapping_add(r0 * spr), spr);
+        let mut h = 0;
+        while h < g {
+            let m = (g - h).min(4);
+            let (q, o) = (queries[h * d..].as_ptr(), out[r0 * g + h..].as_mut_ptr());
+            // SAFETY: reachable only after AVX-512 detection; `check_run`
+            // bounded every row, query and output read or written.
+            unsafe {
+                match m {
+                    1 => kv_dot_run_impl::<T, 1>(rows, nr, q, d, g, o),
+                    2 => kv_dot_run_impl::<T, 2>(rows, nr, q, d, g, o),
+                    3 => kv_dot_run_impl::<T, 3>(rows, nr, q, d, g, o),
+                    _ => kv_dot_run_impl::<T, 4>(rows, nr, q, d, g, o),
+                }
+            }
+            h += m;
+        }
+    }
+}
+
+/// Weighted sums over a run of rows (see `crate::kvquant::KvRunFn`).
+fn kv_axpy_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: usize, probs: &[f32], outs: &mut [f32]) {
+    let (n, g, d) =
+        crate::kvquant::check_run(T, codes.len(), stride, scales.len(), spr, probs.len(), outs.len(), false);
+    let rows = (codes.as_ptr(), stride, scales.as_ptr(), spr);
+    let mut h = 0;
+    while h < g {
+        let m = (g - h).min(8);
+        let (p, o) = (probs[h..].as_ptr(), outs[h * d..].as_mut_ptr());
+        // SAFETY: as in `kv_dot_run`.
+        unsafe {
+            match m {
+                1 => kv_axpy_run_impl::<T, 1>(rows, n, p, g, d, o),
+                2 => kv_axpy_run_impl::<T, 2>(rows, n, p, g, d, o),
+                3 => kv_axpy_run_impl::<T, 3>(rows, n, p, g, d, o),
+                4 => kv_axpy_run_impl::<T, 4>(rows, n, p, g, d, o),
+                5 => kv_axpy_run_impl::<T, 5>(rows, n, p, g, d, o),
+                6 => kv_axpy_run_impl::<T, 6>(rows, n, p, g, d, o),
+                7 => kv_axpy_run_impl::<T, 7>(rows, n, p, g, d, o),
+                _ => kv_axpy_run_impl::<T, 8>(rows, n, p, g, d, o),
+            }
+        }
+        h += m;
+    }
+}
+
+// ---- integer products on repacked block weights (VNNI) -------------------
+
+use crate::int8::{self, Activations, PANEL_ROWS, TILE_TOKENS};
+use crate::DType;
+
+/// The VNNI micro-kernel of [`crate::int8`], when the CPU has AVX-512 VNNI
+/// besides the features of this module.
+pub(crate) fn int8_tile() -> Option<int8::TileFn> {
+    (kernels().is_some() && is_x86_feature_detected!("avx512vnni")).then_some(int8_tile_dispatch as int8::TileFn)
+}
+
+fn int8_tile_dispatch(
+    dtype: DType,
+    panel: &[u8],
+    x: &Activations,
+    t0: usize,
+    nt: usize,
+    out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS],
+) {
+    let (q, d, s, cols) = x.parts();
+    let blocks = cols / crate::quant::QK;
+    assert!(panel.len() >= blocks * int8::panel_block_bytes(dtype), "int8 panel too short");
+    assert!(nt <= TILE_TOKENS && (t0 + nt) * cols <= q.len() && (t0 + nt) * blocks <= d.len().min(s.len()));
+    let p = Int8Args { panel: panel.as_ptr(), blocks, q: q.as_ptr(), d: d.as_ptr(), s: s.as_ptr(), cols, t0 };
+    // SAFETY: reachable only through `int8_tile`, after feature detection;
+    // the asserts above bound every read.
+    unsafe {
+        match (dtype, nt) {
+            (_, 0) => {}
+            (DType::Q8_0, n) => int8_nt::<Q8>(p, n, out),
+            (DType::Q4_0, n) => int8_nt::<Q40>(p, n, out),
+            (_, n) => int8_nt::<Q41>(p, n, out),
+        }
+    }
+}
+
+const Q40: u8 = 0;
+const Q41: u8 = 1;
+const Q8: u8 = 2;
+
+#[derive(Clone, Copy)]
+struct Int8Args {
+    panel: *const u8,
+    blocks: usize,
+    q: *const i8,
+    d: *const f32,
+    s: *const f32,
+    cols: usize,
+    t0: usize,
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn int8_nt<const KIND: u8>(p: Int8Args, nt: usize, out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS]) {
+    match nt {
+        1 => int8_impl::<KIND, 1>(p, out),
+        2 => int8_impl::<KIND, 2>(p, out),
+        3 => int8_impl::<KIND, 3>(p, out),
+        4 => int8_impl::<KIND, 4>(p, out),
+        5 => int8_impl::<KIND, 5>(p, out),
+        6 => int8_impl::<KIND, 6>(p, out),
+        7 => int8_impl::<KIND, 7>(p, out),
+        _ => int8_impl::<KIND, 8>(p, out),
+    }
+}
+
+/// 16 rows (one per lane) × `NT` tokens. Per block: the integer sums of
+/// 32 products per (row, token) with `vpdpbusd` (the 4-bit quants are split
+/// into low and high nibbles, each lane's four bytes against four
+/// broadcast activation bytes), then `acc = isum·(d·dx) + acc` and
+/// `acc = m·sx + acc`, exactly as `int8::scalar_tile`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS]) {
+    let bb = int8::panel_block_bytes(if KIND == Q8 { DType::Q8_0 } else { DType::Q4_1 });
+    let low = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); NT];
+    for b in 0..p.blocks {
+        let blk = p.panel.add(b * bb);
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+        let m = match KIND {
+            Q41 => _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(int8::MIN_OFFSET) as *const __m256i)),
+            Q40 => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
+            _ => _mm512_mul_ps(d, _mm512_set1_ps(-128.0)),
+        };
+        let quants = blk.add(int8::QUANTS_OFFSET);
+        let mut isum = [_mm512_setzero_si512(); NT];
+        let xat = |t: usize, k: usize| -> __m512i {
+            let at = p.q.add((p.t0 + t) * p.cols + b * 32 + k) as *const i32;
+            _mm512_set1_epi32(at.read_unaligned())
+        };
+        if KIND == Q8 {
+            for j in 0..8 {
+                let w = _mm512_loadu_si512(quants.add(64 * j) as *const __m512i);
+                for (t, s) in isum.iter_mut().enumerate() {
+                    *s = _mm512_dpbusd_epi32(*s, w, xat(t, 4 * j));
+                }
+            }
+        } else {
+            for j in 0..4 {
+                let w = _mm512_loadu_si512(quants.add(64 * j) as *const __m512i);
+                let lo = _mm512_and_si512(w, low);
+                let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+                for (t, s) in isum.iter_mut().enumerate() {
+                    *s = _mm512_dpbusd_epi32(*s, lo, xat(t, 4 * j));
+                    *s = _mm512_dpbusd_epi32(*s, hi, xat(t, 16 + 4 * j));
+                }
+            }
+        }
+        for (t, (a, s)) in acc.iter_mut().zip(&isum).enumerate() {
+            let at = (p.t0 + t) * p.blocks + b;
+            let ds = _mm512_mul_ps(d, _mm512_set1_ps(*p.d.add(at)));
+            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), ds, *a);
+            *a = _mm512_fmadd_ps(m, _mm512_set1_ps(*p.s.add(at)), *a);
+        }
+    }
+    for (o, a) in out.iter_mut().zip(&acc) {
+        _mm512_storeu_ps(o.as_mut_ptr(), *a);
+    }
+}
+
+/// `int8::quantize_blocks` with 512-bit vectors, bit for bit (the maximum
+/// is exact in any order, the scale and products are the same IEEE
+/// operations, `vcvtps2dq` rounds ties to even).
+pub(crate) fn int8_quantize(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    let blocks = x.len() / 32;
+    assert!(q.len() >= blocks * 32 && d.len() >= blocks && s.len() >= blocks);
+    assert!(int8_tile().is_some(), "int8_quantize needs the features of int8_tile");
+    // SAFETY: features checked above; every block index is below `blocks`.
+    unsafe { int8_quantize_impl(x.as_ptr(), blocks, q.as_mut_ptr(), d.as_mut_ptr(), s.as_mut_ptr()) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn int8_quantize_impl(x: *const f32, blocks: usize, q: *mut i8, d: *mut f32, s: *mut f32) {
+    let (lo, hi) = (_mm512_set1_epi32(-127), _mm512_set1_epi32(127));
+    for b in 0..blocks {
+        let v0 = _mm512_loadu_ps(x.add(32 * b));
+        let v1 = _mm512_loadu_ps(x.add(32 * b + 16));
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        let scale = amax / 127.0;
+        let inv = _mm512_set1_ps(if scale > 0.0 { 1.0 / scale } else { 0.0 });
+        let r0 = _mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))));
+        let r1 = _mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv))));
+        _mm_storeu_si128(q.add(32 * b) as *mut __m128i, _mm512_cvtepi32_epi8(r0));
+        _mm_storeu_si128(q.add(32 * b + 16) as *mut __m128i, _mm512_cvtepi32_epi8(r1));
+        *d.add(b) = scale;
+        *s.add(b) = scale * _mm512_reduce_add_epi32(_mm512_add_epi32(r0, r1)) as f32;
+    }
 }

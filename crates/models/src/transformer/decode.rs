@@ -52,7 +52,9 @@ impl Model {
             li,
             p0,
             scale,
-            stride: layer[0].capacity(),
+            // heads of a layer may have different capacities (an allocator's
+            // per-head shares on a paged store)
+            stride: layer.iter().map(|h| h.capacity()).max().unwrap_or(0),
             most,
             parallel: most * c.head_dim * c.n_heads >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1,
         };
