@@ -54,6 +54,7 @@ pub struct Args {
     /// it is the calibration text and those windows overlap the tune windows.
     #[arg(long, value_name = "FILE")]
     eval_text: Option<PathBuf>,
+    /// Held-out windows compared with --eval-text.
     #[arg(long, default_value_t = 8, value_name = "K")]
     eval_windows: usize,
     /// Write the result here (JSON; use it as `--policy tuned:file=FILE`).
