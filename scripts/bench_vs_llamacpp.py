@@ -8,7 +8,7 @@ Builds nothing. llama.cpp comes from a llama-cpp-python build as in
 ../shared/perf/README.md; run this script with that environment's python:
 
     ~/.venv-llamacpp/bin/python scripts/bench_vs_llamacpp.py MODEL.gguf \
-        [--contexts 512,2048] [--rounds 2] [--gen 64] [--threads 2] \
+        [--contexts 512,2048] [--rounds 2] [--gen 64] [--threads 2] [--repeats 3] \
         [--policy full:kv_dtype=f16 --policy full ...] [--out bench.json]
 
 kvslim is `target/release/kvslim` (cargo build --release first). llama.cpp
@@ -36,10 +36,10 @@ def llamacpp(model, threads, ctx, gen, text):
     return float(m.group(1)), float(m.group(2))
 
 
-def kvslim(model, threads, ctx, gen, policy, text):
+def kvslim(model, threads, ctx, gen, policy, text, repeats):
     exe = os.path.join(ROOT, "target", "release", "kvslim")
     out = subprocess.run([exe, "bench", "--model", model, "--threads", str(threads), "--prompt-len", str(ctx),
-                          "--gen-len", str(gen), "--repeats", "3", "--policy", policy, "--prompt-file", text,
+                          "--gen-len", str(gen), "--repeats", str(repeats), "--policy", policy, "--prompt-file", text,
                           "--json"], capture_output=True, text=True, check=True).stdout
     row = json.loads(out)[0]
     return row["prefill_tok_s"], row["decode_tok_s"]
@@ -52,6 +52,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="kvslim repeats per measurement (median)")
     ap.add_argument("--policy", action="append", help="kvslim policy (repeatable); default full:kv_dtype=f16 and full")
     ap.add_argument("--text", default=os.path.join(SHARED, "data", "wikitext2", "wiki.test.raw"))
     ap.add_argument("--out", help="write every measurement as JSON")
@@ -62,7 +63,7 @@ def main():
     for r in range(a.rounds):
         for ctx in contexts:
             engines = [("llama.cpp", lambda: llamacpp(a.model, a.threads, ctx, a.gen, a.text))]
-            engines += [(f"kvslim {p}", lambda p=p: kvslim(a.model, a.threads, ctx, a.gen, p, a.text)) for p in policies]
+            engines += [(f"kvslim {p}", lambda p=p: kvslim(a.model, a.threads, ctx, a.gen, p, a.text, a.repeats)) for p in policies]
             if r % 2 == 1:  # alternate which engine goes first
                 engines.reverse()
             for name, run in engines:

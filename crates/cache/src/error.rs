@@ -20,6 +20,10 @@ pub enum CacheError {
     /// A CHAI plan does not fit the model (the message names the plan file).
     #[error("{0}")]
     HeadSharing(String),
+    /// A spec still names a file nobody read (`tuned:file=…` straight from
+    /// the parser); the message names the file.
+    #[error("{0}")]
+    NotLoaded(String),
     /// [`SequenceCache::truncate`](crate::SequenceCache::truncate) was asked
     /// for something the cache's state does not allow.
     #[error("cannot cut the cache back: {0}")]

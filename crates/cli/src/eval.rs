@@ -20,6 +20,8 @@ pub struct Args {
     /// `kv_dtype=f32|f16|q8|q4`, e.g. `h2o:page=16,compact=64;h2o:kv_dtype=q8;full:kv_dtype=q8`.
     /// Paged ppl cells report `pages_peak`, `fragmentation` and
     /// `bytes_moved_per_step`; every ppl cell `kv_bytes_peak`.
+    /// `tuned:file=FILE` (from `kvslim tune --out`) is one cell at the
+    /// budget the file records, for sequences of the length it was tuned on.
     #[arg(long, default_value = "full;window;sink;heavy;random;h2o")]
     policies: String,
     /// Budgets: percentages of each sequence or slot counts.

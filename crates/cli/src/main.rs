@@ -11,6 +11,7 @@ mod info;
 mod loadtest;
 mod perplexity;
 mod serve;
+mod tune;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -45,6 +46,8 @@ enum Command {
     Eval(eval::Args),
     /// CHAI offline calibration: per-layer error curves, elbow k, static membership → plan.json.
     Calibrate(calibrate::Args),
+    /// Search policies × score families on calibration text at a budget (or a KL target); write the best spec.
+    Tune(tune::Args),
     /// OpenAI-compatible HTTP server with continuous batching and per-request KV policies.
     Serve(serve::Args),
     /// Load-test a running server with concurrent streaming clients.
@@ -66,6 +69,7 @@ impl Command {
             Command::Perplexity(a) => Some(a.model.threads),
             Command::Eval(a) => Some(a.model.threads),
             Command::Calibrate(a) => Some(a.model.threads),
+            Command::Tune(a) => Some(a.model.threads),
             Command::Serve(_) | Command::Bench(_) | Command::Loadtest(_) | Command::Fetch(_) => None,
         }
     }
@@ -79,6 +83,7 @@ impl Command {
             Command::Bench(a) => bench::run(a),
             Command::Calibrate(a) => calibrate::run(a),
             Command::Eval(a) => eval::run(a),
+            Command::Tune(a) => tune::run(a),
             Command::Serve(a) => serve::run(a),
             Command::Loadtest(a) => loadtest::run(a),
             Command::Fetch(a) => fetch::run(a),

@@ -10,6 +10,13 @@
 //! parameters belong to the policy grammar: see
 //! [`kvslim_cache::policy::budget`]. This module pairs a family with a
 //! budget and hands the session the spec for each sequence.
+//!
+//! A `kvslim tune` result (`tuned:file=FILE`) is a cell too, but not a
+//! family: its spec was measured at one budget for one sequence length, so
+//! it is one cell at that budget (labelled with it, next to the baselines
+//! at the same budget), run as recorded, and refused for sequences whose
+//! budget would resolve to other slots (no silent comparison at unequal
+//! slots).
 
 use crate::{EvalError, Result};
 use kvslim_cache::policy::{Budget, PolicyFamily};
@@ -31,10 +38,30 @@ impl PolicySource for PolicySpec {
 /// A policy family at a budget: one cell of the evaluation matrix.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BudgetedPolicy {
-    /// The family, its parameters and head sharing (plan loaded).
+    /// The family, its parameters and head sharing (plan loaded); `full`
+    /// for a tuned cell.
     pub family: PolicyFamily,
-    /// `None` for `full` and CHAI alone.
+    /// `None` for `full` and CHAI alone; a tuned cell's recorded budget.
     pub budget: Option<Budget>,
+    /// `tuned:file=FILE`: the recorded spec, run as is.
+    pub tuned: Option<TunedCell>,
+}
+
+/// A `tuned:file=FILE` cell: the spec `kvslim tune` chose and what it was
+/// chosen for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TunedCell {
+    /// `tuned:file=FILE` as written (the results' policy label).
+    pub label: String,
+    pub spec: PolicySpec,
+    pub budget_slots: usize,
+    pub seq_len: usize,
+}
+
+/// Whether `family` names a tune file (`tuned:file=…`), so the matrix makes
+/// one cell of it at its own budget.
+pub fn is_tuned(family: &str) -> bool {
+    PolicySpec::parse(family).is_ok_and(|p| p.tuned.is_some())
 }
 
 impl BudgetedPolicy {
@@ -44,14 +71,51 @@ impl BudgetedPolicy {
     /// long and a short sequence.
     pub fn new(family: &str, budget: &str) -> Result<Self> {
         let err = |reason: String| EvalError::Budget { family: family.into(), budget: budget.into(), reason };
+        if is_tuned(family) {
+            return Self::tuned(family);
+        }
         let mut f = PolicyFamily::parse(family).map_err(|e| err(e.reason))?;
         f.load_plans().map_err(|e| err(e.to_string()))?;
         let budget = f.budget(budget).map_err(err)?;
-        let p = BudgetedPolicy { family: f, budget };
+        let p = BudgetedPolicy { family: f, budget, tuned: None };
         for n in [1000, 3] {
             p.spec_for(n)?;
         }
         Ok(p)
+    }
+
+    /// The cell of a `tuned:file=FILE` policy: the spec the file records
+    /// (read through the grammar's loader, errors naming the file), at the
+    /// budget it records.
+    pub fn tuned(text: &str) -> Result<Self> {
+        let err = |reason: String| EvalError::Budget { family: text.into(), budget: "-".into(), reason };
+        let mut spec = PolicySpec::parse(text)?;
+        let path = spec.tuned.as_ref().map(|t| t.path.clone()).ok_or_else(|| err("not `tuned:file=FILE`".into()))?;
+        spec.load_plans().map_err(|e| err(e.to_string()))?;
+        let bad = |what: &str| err(format!("tune file {path}: no `{what}` (written by an older or other tool?)"));
+        let raw: serde_json::Value = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .ok_or_else(|| bad("JSON"))?;
+        let budget: Budget = raw["budget"].as_str().ok_or_else(|| bad("budget"))?.parse().map_err(err)?;
+        let seq_len = raw["seq_len"].as_u64().ok_or_else(|| bad("seq_len"))? as usize;
+        let budget_slots =
+            spec.budget(seq_len).ok_or_else(|| err(format!("tune file {path}: `{spec}` has no budget")))?;
+        Ok(BudgetedPolicy {
+            family: PolicyFamily::parse("full")?,
+            budget: Some(budget),
+            tuned: Some(TunedCell { label: text.trim().to_string(), spec, budget_slots, seq_len }),
+        })
+    }
+
+    /// The spec's kind, for questions that do not depend on the length
+    /// (is it the full cache, does it evict, head sharing, dtype): a tuned
+    /// cell's recorded spec, a family's at 1,000 tokens.
+    pub fn sample_spec(&self) -> Result<PolicySpec> {
+        match &self.tuned {
+            Some(t) => Ok(t.spec.clone()),
+            None => self.spec_for(1000),
+        }
     }
 
     /// B for a sequence of `base_len` tokens (`None` for `full`).
@@ -67,12 +131,30 @@ impl BudgetedPolicy {
     /// The family with its extras: `h2o`, `h2o:agg=max`, `h2o+chai:plan=p.json`,
     /// `chai:plan=p.json`.
     pub fn family_label(&self) -> String {
-        self.family.to_string()
+        match &self.tuned {
+            Some(t) => t.label.clone(),
+            None => self.family.to_string(),
+        }
     }
 }
 
 impl PolicySource for BudgetedPolicy {
     fn spec_for(&self, base_len: usize) -> Result<PolicySpec> {
+        if let Some(t) = &self.tuned {
+            let want = self.slots(base_len).unwrap_or(t.budget_slots);
+            if want != t.budget_slots {
+                return Err(EvalError::Budget {
+                    family: t.label.clone(),
+                    budget: self.budget_label(),
+                    reason: format!(
+                        "tuned for {}-token sequences ({} slots); a {base_len}-token sequence would get {want} at this budget: \
+                         evaluate it on `ppl:FILE,seq_len={}` or tune with --seq-len {base_len}",
+                        t.seq_len, t.budget_slots, t.seq_len
+                    ),
+                });
+            }
+            return Ok(t.spec.clone());
+        }
         Ok(self.family.at(self.slots(base_len).unwrap_or(1))?)
     }
 }
@@ -165,6 +247,30 @@ mod tests {
         let e = BudgetedPolicy::new("h2o+window:recent=3", "20%").unwrap_err().to_string();
         assert!(e.contains("head policy"), "{e}");
         std::fs::remove_file(&plan).unwrap();
+    }
+
+    #[test]
+    fn a_tune_file_is_one_cell_at_its_budget_and_length() {
+        let path = std::env::temp_dir().join(format!("kvslim-eval-tuned-{}.json", std::process::id()));
+        let body = r#"{"kind": "kvslim-tune", "spec": "h2o:heavy=26,recent=76,score=decay:0.98", "budget": "20%", "seq_len": 512}"#;
+        std::fs::write(&path, body).unwrap();
+        let text = format!("tuned:file={}", path.display());
+        assert!(is_tuned(&text) && !is_tuned("h2o") && !is_tuned("tuned"));
+        // whatever budget the matrix passes, the cell is the file's
+        let p = BudgetedPolicy::new(&text, "10%").unwrap();
+        assert_eq!((p.family_label(), p.budget_label()), (text.clone(), "20%".to_string()));
+        for n in [510, 512, 514] {
+            assert_eq!(p.spec_for(n).unwrap().to_string(), "h2o:heavy=26,recent=76,score=decay:0.98");
+        }
+        let e = p.spec_for(1024).unwrap_err().to_string();
+        assert!(e.contains("tuned for 512-token sequences (102 slots)") && e.contains("seq_len=512"), "{e}");
+        // bad files are named
+        std::fs::write(&path, r#"{"kind": "kvslim-tune", "spec": "window:recent=8"}"#).unwrap();
+        let e = BudgetedPolicy::new(&text, "-").unwrap_err().to_string();
+        assert!(e.contains(&path.display().to_string()) && e.contains("no `budget`"), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        let e = BudgetedPolicy::new(&text, "-").unwrap_err().to_string();
+        assert!(e.contains(&path.display().to_string()) && e.contains("cannot read"), "{e}");
     }
 
     #[test]

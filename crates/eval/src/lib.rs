@@ -16,7 +16,9 @@
 //! * [`plots`]: quality-vs-budget charts (PNG + SVG) from result rows, drawn
 //!   by [`chart`] (line charts with `plotters`);
 //! * [`shard`]: one matrix split over processes (`--shard I/N`) and the
-//!   merge of their outputs into the unsharded run's files.
+//!   merge of their outputs into the unsharded run's files;
+//! * [`tune`]: `kvslim tune`, the search for the best policy at a budget
+//!   (or the smallest budget meeting a KL target) on calibration text.
 
 pub mod budget;
 pub mod chart;
@@ -30,6 +32,7 @@ pub mod score;
 pub mod shard;
 pub mod speed;
 pub mod tasks;
+pub mod tune;
 
 pub use budget::{BudgetedPolicy, PolicySource};
 pub use matrix::{run_matrix, MatrixConfig, MatrixEvent};

@@ -289,7 +289,7 @@ fn run_cell(
         }
         Prepared::Ppl(windows) => {
             // the plain full cache (no storage keys, no CHAI) is its own reference
-            let is_full = policy.spec_for(1000)? == kvslim_cache::PolicySpec::full();
+            let is_full = policy.sample_spec()? == kvslim_cache::PolicySpec::full();
             let prefill = |n: usize| if cfg.mode == ScoreMode::Prefill { n } else { 0 };
             let follows = ppl_decisions_from(policy, cfg.decisions_from)?;
             row.decisions_from = follows.map(|d| d.to_string());
@@ -476,7 +476,7 @@ pub fn ppl_decisions_from(
     decisions_from: Option<kvslim_cache::KvDtype>,
 ) -> Result<Option<kvslim_cache::KvDtype>> {
     let Some(d) = decisions_from else { return Ok(None) };
-    let spec = policy.spec_for(1000)?;
+    let spec = policy.sample_spec()?;
     let evicts = spec.token != kvslim_cache::policy::TokenPolicySpec::Full;
     Ok((evicts && spec.head.is_none() && spec.storage.kv_dtype != d).then_some(d))
 }
@@ -497,6 +497,11 @@ pub fn run_matrix(
     // every (policy, budget) pair, validated up front
     let mut cells: Vec<BudgetedPolicy> = Vec::new();
     for fam in &cfg.policies {
+        // a tune file is one cell, at the budget it was tuned for
+        if crate::budget::is_tuned(fam) {
+            cells.push(BudgetedPolicy::tuned(fam)?);
+            continue;
+        }
         if BudgetedPolicy::new(fam, "100%")?.budget.is_none() {
             cells.push(BudgetedPolicy::new(fam, "-")?);
             continue;

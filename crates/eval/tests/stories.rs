@@ -238,3 +238,32 @@ fn speed_grid_counts_paged_bytes() {
     // same K/V (64 tokens fill 4 pages of 16 exactly); metadata differs
     assert!(kv(paged) >= kv(fixed) * 9 / 10 && kv(paged) <= kv(fixed) * 11 / 10, "{} vs {}", kv(paged), kv(fixed));
 }
+
+/// The tuner's scorer (full cache run once per window, kept across
+/// candidates) measures what `kvslim perplexity --compare-full` measures.
+#[test]
+fn the_tune_scorer_matches_perplexity_compare_full() {
+    use kvslim_eval::tune::{calibration_windows, score_window, ModelScorer, WindowScorer};
+    let m = stories();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let text = shared_dir().join("data/tinystories/tinystories_val.txt");
+    let cal = calibration_windows(&text, tok, 96, None, 2).unwrap();
+    assert!(cal.windows.iter().all(|w| w.len() == 96 && w[0] == 1), "BOS + 95 body tokens");
+    let mut scorer = ModelScorer::new(&m.model, &cal.windows);
+    for w in [0, 1, 0] {
+        for spec in ["h2o:heavy=10,recent=9,score=decay:0.9", "window:recent=19", "sink:sink=4,recent=15"] {
+            let spec = PolicySpec::parse(spec).unwrap();
+            let a = scorer.score(&spec, w).unwrap();
+            let b = score_window(&m.model, &spec, &cal.windows[w]).unwrap();
+            assert_eq!((a.rows, a.kv_bytes_allocated), (b.rows, b.kv_bytes_allocated), "{spec}");
+            for (x, y, what) in [
+                (a.nll_sum, b.nll_sum, "nll"),
+                (a.kl_sum, b.kl_sum, "kl"),
+                (a.top1_sum, b.top1_sum, "top1"),
+                (a.full_nll_sum, b.full_nll_sum, "full nll"),
+            ] {
+                assert!((x - y).abs() < 1e-6 * (1.0 + y.abs()), "{spec} window {w} {what}: {x} vs {y}");
+            }
+        }
+    }
+}

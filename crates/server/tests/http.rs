@@ -225,6 +225,40 @@ fn score_families_work_through_kv_policy() {
     still_serves(&addr);
 }
 
+/// A `kvslim tune` result reaches the server as `kv_policy:
+/// "tuned:file=PATH"`: the request runs the spec the file records, and a
+/// missing or foreign file is a 400 naming the path.
+#[test]
+fn tuned_files_work_through_kv_policy() {
+    let addr = start(default_limits());
+    let m = stories();
+    let dir = std::env::temp_dir();
+    let tuned = dir.join(format!("kvslim-server-tuned-{}.json", std::process::id()));
+    let spec = "h2o:heavy=6,recent=10,sink=2,score=decay:0.9";
+    std::fs::write(&tuned, json!({"kind": "kvslim-tune", "spec": spec, "kl": 0.01}).to_string()).unwrap();
+    let prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
+    let policy = format!("tuned:file={}", tuned.display());
+    let r = post(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "kv_policy": policy}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["text"].as_str().unwrap(), solo_text(&m, prompt, spec, 24));
+    let foreign = dir.join(format!("kvslim-server-not-tuned-{}.json", std::process::id()));
+    std::fs::write(&foreign, r#"{"layers": []}"#).unwrap();
+    for (path, needle) in
+        [("/no/such/tuned.json".to_string(), "cannot read"), (foreign.display().to_string(), "kvslim-tune")]
+    {
+        let r = post(&addr, "/v1/completions", &json!({"prompt": "hi", "kv_policy": format!("tuned:file={path}")}));
+        assert_error(&r, 400, &path);
+        assert_error(&r, 400, needle);
+    }
+    std::fs::remove_file(&tuned).unwrap();
+    std::fs::remove_file(&foreign).unwrap();
+    still_serves(&addr);
+}
+
 /// Budget allocators (`alloc=`) reach the server through `kv_policy`: a
 /// request under each gets what an in-process generation under the same
 /// spec gets (the prompt is longer than the budget, so ada splits each

@@ -17,6 +17,7 @@ pub mod score;
 pub mod sliding;
 pub mod spec;
 pub mod token;
+pub mod tuned;
 
 pub use alloc::{Alloc, Allocated};
 pub use budget::PolicyFamily;
@@ -25,6 +26,7 @@ pub use score::ScoreRule;
 pub use sliding::SlidingWindowLayers;
 pub use spec::{Budget, PolicySpec, PolicySpecError, TokenPolicySpec};
 pub use token::{EvictionConfig, EvictionEvent, EvictionUnit, Observation, PageScore, TokenEviction, VictimRule};
+pub use tuned::{LoadError, TunedRef};
 
 use crate::store::HeadSlots;
 

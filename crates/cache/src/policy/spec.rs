@@ -27,6 +27,7 @@
 //! chai:plan=FILE[,probe=5][,rep=first|medoid]   CHAI head sharing (online clusters)
 //! chai-static:plan=FILE                          CHAI with the plan's fixed membership
 //! TOKEN+chai:…                                   token eviction composed with head sharing
+//! tuned:file=FILE                                the spec `kvslim tune` chose, read from its output
 //! ```
 //!
 //! Storage keys, accepted by every token policy (write `full:…` to give
@@ -53,11 +54,14 @@
 //! Parsing never reads a file: a CHAI spec holds its plan's path, and
 //! [`PolicySpec::load_plans`] (or [`PolicySpec::parse_and_load`]) reads it
 //! in one explicit step, so a bad plan is reported once, naming the file,
-//! and never per request or per sequence.
+//! and never per request or per sequence. `tuned:file=FILE` is loaded the
+//! same way (see [`super::tuned`]): the spec names the file until
+//! `load_plans` replaces it with the spec the file records.
 
 use super::alloc::{Alloc, Allocated};
-use super::chai::{HeadSharingSpec, PlanError, RepRule};
+use super::chai::{HeadSharingSpec, RepRule};
 use super::token::{EvictionConfig, EvictionUnit, Observation, PageScore, TokenEviction, VictimRule};
+use super::tuned::{read_tuned_spec, LoadError, TunedRef};
 use super::{CachePolicy, FullCache, ScoreAgg, ScoreRule};
 use crate::store::StoreLayout;
 use kvslim_kernels::kvquant::KvDtype;
@@ -414,7 +418,7 @@ fn nonzero(b: Budget, why: &str) -> Result<(), String> {
     }
 }
 
-const HEAD_POLICIES: &str = "chai, chai-static";
+const HEAD_POLICIES: &str = "chai, chai-static, tuned";
 const STORAGE_KEYS: [&str; 4] = ["page", "compact", "page_score", "kv_dtype"];
 
 impl Family {
@@ -617,6 +621,10 @@ pub struct PolicySpec {
     pub token: TokenPolicySpec,
     pub head: Option<HeadSharingSpec>,
     pub storage: StorageSpec,
+    /// `tuned:file=FILE` as parsed, before [`PolicySpec::load_plans`] read
+    /// the file (then `None`, and the fields above are the file's spec).
+    /// A cache refuses a spec that still has one.
+    pub tuned: Option<TunedRef>,
 }
 
 /// A policy string that could not be parsed (or whose plan could not be
@@ -656,6 +664,21 @@ pub(super) fn parse_head_policy(text: &str) -> Option<Result<HeadSharingSpec, St
         };
         p.finish(if fixed { "plan" } else { "plan, probe, rep" })?;
         Ok(HeadSharingSpec { plan_path: path.to_string(), plan: None, probe, rep, fixed })
+    })())
+}
+
+/// Parses `tuned:file=FILE`; `None` when `text` is not a tuned policy.
+/// Reads no file.
+fn parse_tuned(text: &str, default_page: Option<usize>) -> Option<Result<TunedRef, String>> {
+    let (name, args) = text.split_once(':').unwrap_or((text, ""));
+    if name.trim() != "tuned" {
+        return None;
+    }
+    Some((|| {
+        let mut p = Params::parse("tuned", args)?;
+        let path = p.take("file").ok_or("`tuned` needs `file=FILE` (written by `kvslim tune --out`)")?;
+        p.finish("file")?;
+        Ok(TunedRef { path: path.to_string(), default_page })
     })())
 }
 
@@ -756,7 +779,7 @@ fn parse_token_policy(text: &str, default_page: Option<usize>) -> Result<(TokenP
 impl PolicySpec {
     /// The default: keep every token.
     pub fn full() -> Self {
-        PolicySpec { token: TokenPolicySpec::Full, head: None, storage: StorageSpec::default() }
+        PolicySpec { token: TokenPolicySpec::Full, head: None, storage: StorageSpec::default(), tuned: None }
     }
 
     /// Parses the grammar above. Pure: a CHAI plan is only named here;
@@ -773,6 +796,12 @@ impl PolicySpec {
         if parts.len() > 2 {
             return Err(err("at most one `+` (token policy + head policy)".into()));
         }
+        if let Some(tuned) = parse_tuned(parts[0], default_page) {
+            if parts.len() > 1 {
+                return Err(err("`tuned:file=FILE` is a whole policy: nothing may follow `+`".into()));
+            }
+            return Ok(PolicySpec { tuned: Some(tuned.map_err(err)?), ..PolicySpec::full() });
+        }
         if let Some(head) = parse_head_policy(parts[0]) {
             if parts.len() > 1 {
                 return Err(err("write the token policy first: `h2o:…+chai:…`".into()));
@@ -781,6 +810,7 @@ impl PolicySpec {
                 token: TokenPolicySpec::Full,
                 head: Some(head.map_err(err)?),
                 storage: StorageSpec::default(),
+                tuned: None,
             });
         }
         let (token, storage) = parse_token_policy(parts[0], default_page).map_err(err)?;
@@ -791,7 +821,7 @@ impl PolicySpec {
                 None => return Err(err(format!("`+{extra}`: only a head policy (chai, chai-static) can follow `+`"))),
             },
         };
-        let spec = PolicySpec { token, head, storage };
+        let spec = PolicySpec { token, head, storage, tuned: None };
         spec.check_alloc().map_err(err)?;
         Ok(spec)
     }
@@ -822,12 +852,22 @@ impl PolicySpec {
         Ok(())
     }
 
-    /// The loading step parsing leaves out: reads the CHAI plan a head
-    /// policy names (nothing for a token policy alone; a loaded plan is not
-    /// read again). The error names the file.
-    pub fn load_plans(&mut self) -> Result<(), PlanError> {
+    /// The loading step parsing leaves out: reads the file a `tuned:` spec
+    /// names and becomes the spec it records, then reads the CHAI plan a
+    /// head policy names (nothing for a token policy alone; a loaded plan is
+    /// not read again). The error names the file.
+    pub fn load_plans(&mut self) -> Result<(), LoadError> {
+        if let Some(t) = self.tuned.take() {
+            let bad = |reason: String| LoadError::Tuned { path: t.path.clone(), reason };
+            let text = read_tuned_spec(&t.path)?;
+            let resolved = PolicySpec::parse_with_page(&text, t.default_page).map_err(|e| bad(e.to_string()))?;
+            if resolved.tuned.is_some() {
+                return Err(bad(format!("records `{text}`, another tune file; record the spec itself")));
+            }
+            *self = resolved;
+        }
         match &mut self.head {
-            Some(h) => h.load_plan(),
+            Some(h) => Ok(h.load_plan()?),
             None => Ok(()),
         }
     }
@@ -906,6 +946,9 @@ impl fmt::Display for HeadSharingSpec {
 
 impl fmt::Display for PolicySpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(t) = &self.tuned {
+            return write!(f, "tuned:file={}", t.path);
+        }
         let storage = &self.storage;
         match (&self.token, &self.head, storage.is_default()) {
             (TokenPolicySpec::Full, Some(h), true) => return write!(f, "{h}"),

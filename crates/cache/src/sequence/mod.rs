@@ -103,6 +103,12 @@ pub fn effective_policy(
     shape: &CacheShape,
     base_len: usize,
 ) -> Result<Box<dyn CachePolicy>, CacheError> {
+    if let Some(t) = &spec.tuned {
+        return Err(CacheError::NotLoaded(format!(
+            "tuned policy file {} was not loaded (call PolicySpec::load_plans after parsing)",
+            t.path
+        )));
+    }
     let policy = spec.build_for(base_len, shape.layers, shape.kv_heads);
     let Some((window, local)) = &shape.sliding_window else { return Ok(policy) };
     if local.len() != shape.layers || *window == 0 {
