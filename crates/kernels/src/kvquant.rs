@@ -482,6 +482,12 @@ pub struct KvGroupKernels {
 /// rows: a run also adds the rows whose weights are all zero).
 pub type KvRunFn = fn(&[u8], usize, &[f32], usize, &[f32], &mut [f32]);
 
+/// The codes of a run of `n` rows of `row` bytes, `stride` apart: exactly
+/// as many bytes as the run kernels count rows by.
+fn run_codes(codes: &[u8], stride: usize, n: usize, row: usize) -> &[u8] {
+    &codes[..n.saturating_sub(1) * stride + if n > 0 { row } else { 0 }]
+}
+
 /// Rows, heads and width of a run (`n`, `g`, `d`), after checking that the
 /// codes, side values, queries (or weights) and outputs cover them: the
 /// SIMD run kernels read through raw pointers and rely on this. `n` is the
@@ -604,8 +610,8 @@ impl KvDtype {
         out: &mut [f32],
     ) {
         let g = out.len().checked_div(n).unwrap_or(0);
-        let (row, side) = (self.data_bytes(queries.len().checked_div(g).unwrap_or(0)), spr);
-        let codes = &codes[..n.saturating_sub(1) * stride + if n > 0 { row } else { 0 }];
+        let row = self.data_bytes(queries.len().checked_div(g).unwrap_or(0));
+        let codes = run_codes(codes, stride, n, row);
         match group_kernels().dot_run {
             Some(run) if self != KvDtype::F32 && n > 0 => {
                 run[self as usize - 1](codes, stride, scales, spr, queries, out)
@@ -613,7 +619,7 @@ impl KvDtype {
             _ => {
                 for j in 0..n {
                     let c = &codes[j * stride..j * stride + row];
-                    self.dot_group(c, &scales[j * side..], queries, &mut out[j * g..(j + 1) * g]);
+                    self.dot_group(c, &scales[j * spr..], queries, &mut out[j * g..(j + 1) * g]);
                 }
             }
         }
@@ -634,7 +640,7 @@ impl KvDtype {
     ) {
         let g = probs.len().checked_div(n).unwrap_or(0);
         let row = self.data_bytes(outs.len().checked_div(g).unwrap_or(0));
-        let codes = &codes[..n.saturating_sub(1) * stride + if n > 0 { row } else { 0 }];
+        let codes = run_codes(codes, stride, n, row);
         match group_kernels().axpy_run {
             Some(run) if self != KvDtype::F32 && n > 0 => {
                 run[self as usize - 1](codes, stride, scales, spr, probs, outs)
