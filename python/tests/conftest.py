@@ -41,17 +41,18 @@ def read_safetensors(path: Path) -> dict:
     return out
 
 
+SMOLLM2 = "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> kvslim.Model:
-    return kvslim.Model(shared("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    return kvslim.Model(shared(SMOLLM2))
 
 
 @pytest.fixture(scope="session")
 def smollm2_f32() -> kvslim.Model:
     """f32 activations: parity with transformers on the dequantized weights."""
-    return kvslim.Model(
-        shared("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"), f32_activations=True
-    )
+    return kvslim.Model(shared(SMOLLM2), f32_activations=True)
 
 
 @pytest.fixture(scope="session")

@@ -39,10 +39,7 @@ pub trait SlotRows: Sync {
     /// Storage with consecutive rows overrides it with the run kernels.
     #[inline]
     fn dot_group_run(&self, start: usize, n: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
-        let g = out.len() / n.max(1);
-        for j in 0..n {
-            self.dot_group(start + j, queries, buf, &mut out[j * g..(j + 1) * g]);
-        }
+        dot_group_each(self, start, n, queries, buf, out);
     }
 
     /// `outs_h += Σ_j probs[j·g + h] · value(start + j)` over the `n` slots
@@ -50,13 +47,7 @@ pub trait SlotRows: Sync {
     /// [`axpy_group`](Self::axpy_group) slot after slot.
     #[inline]
     fn axpy_group_run(&self, start: usize, n: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
-        let g = probs.len() / n.max(1);
-        for j in 0..n {
-            let w = &probs[j * g..(j + 1) * g];
-            if w.iter().any(|&x| x != 0.0) {
-                self.axpy_group(start + j, w, buf, outs);
-            }
-        }
+        axpy_group_each(self, start, n, probs, buf, outs);
     }
 
     /// `outs_h += probs[h] · value(slot)` for `g = probs.len()` heads
@@ -66,6 +57,43 @@ pub trait SlotRows: Sync {
     fn axpy_group(&self, slot: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
         let d = buf.len();
         axpy_group_f32(self.row(slot, buf), probs, &mut outs[..probs.len() * d]);
+    }
+}
+
+/// [`SlotRows::dot_group_run`] slot by slot (the default, and what
+/// storage without a run kernel falls back to).
+#[inline]
+pub fn dot_group_each<S: SlotRows + ?Sized>(
+    rows: &S,
+    start: usize,
+    n: usize,
+    queries: &[f32],
+    buf: &mut [f32],
+    out: &mut [f32],
+) {
+    let g = out.len() / n.max(1);
+    for j in 0..n {
+        rows.dot_group(start + j, queries, buf, &mut out[j * g..(j + 1) * g]);
+    }
+}
+
+/// [`SlotRows::axpy_group_run`] slot by slot, skipping slots no head
+/// attends to.
+#[inline]
+pub fn axpy_group_each<S: SlotRows + ?Sized>(
+    rows: &S,
+    start: usize,
+    n: usize,
+    probs: &[f32],
+    buf: &mut [f32],
+    outs: &mut [f32],
+) {
+    let g = probs.len() / n.max(1);
+    for j in 0..n {
+        let w = &probs[j * g..(j + 1) * g];
+        if w.iter().any(|&x| x != 0.0) {
+            rows.axpy_group(start + j, w, buf, outs);
+        }
     }
 }
 
@@ -226,6 +254,12 @@ pub fn attend_group<K: SlotRows + ?Sized, V: SlotRows + ?Sized>(
 /// split decode kernel (one page of the paged store).
 const RUN_SLOTS: usize = 16;
 
+/// Hints the run after the one starting at `r0` (slots before `end`).
+#[inline]
+fn prefetch_next_run<R: SlotRows + ?Sized>(rows: &R, r0: usize, end: usize) {
+    (r0 + RUN_SLOTS..end).take(RUN_SLOTS).for_each(|i| rows.prefetch(i));
+}
+
 /// Slots per chunk of split decode attention ([`attend_chunk`]).
 ///
 /// The chunk boundaries are multiples of this constant whatever the thread
@@ -293,9 +327,7 @@ pub fn chunk_scores<K: SlotRows + ?Sized>(
     let mut buf = [0f32; MAX_HEAD_DIM];
     for r0 in (start..end).step_by(RUN_SLOTS) {
         let n = (end - r0).min(RUN_SLOTS);
-        for i in (r0 + RUN_SLOTS..end).take(RUN_SLOTS) {
-            keys.prefetch(i);
-        }
+        prefetch_next_run(keys, r0, end);
         let rows = &mut e[(r0 - start) * g..(r0 - start + n) * g];
         keys.dot_group_run(r0, n, &queries[..g * d], &mut buf[..d], rows);
         for (row, &pos) in rows.chunks_exact_mut(g).zip(&positions[r0..r0 + n]) {
@@ -360,9 +392,7 @@ pub fn chunk_values<V: SlotRows + ?Sized>(
     acc.fill(0.0);
     for r0 in (start..end).step_by(RUN_SLOTS) {
         let n = (end - r0).min(RUN_SLOTS);
-        for i in (r0 + RUN_SLOTS..end).take(RUN_SLOTS) {
-            values.prefetch(i);
-        }
+        prefetch_next_run(values, r0, end);
         let w = &mut e[(r0 - start) * g..(r0 - start + n) * g];
         for row in w.chunks_exact_mut(g) {
             row.iter_mut().zip(f.iter()).for_each(|(x, &f)| *x *= f);

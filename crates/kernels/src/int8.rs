@@ -31,24 +31,21 @@ pub const PANEL_ROWS: usize = 16;
 /// Tokens per micro-tile: 8 integer and 8 f32 accumulators, 16 of the 32
 /// vector registers.
 pub const TILE_TOKENS: usize = 8;
-/// Bytes of a panel block's header: 16 f16 scales, then 16 f16 minimums.
-const HEADER: usize = 64;
+/// Bytes of a panel block's header: 16 f16 scales, then 16 f16 minimums;
+/// the quants follow it.
+pub(crate) const HEADER: usize = 64;
+/// Offset of the minimums inside a panel block's header.
+pub(crate) const MIN_OFFSET: usize = 32;
 
 /// Whether `dtype` has an integer path.
 pub fn supports(dtype: DType) -> bool {
     matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
 }
 
-/// Bytes of one panel block (16 rows × 32 columns).
-fn block_bytes(dtype: DType) -> usize {
-    HEADER + quant_bytes(dtype)
-}
-
-fn quant_bytes(dtype: DType) -> usize {
-    match dtype {
-        DType::Q8_0 => PANEL_ROWS * QK,
-        _ => PANEL_ROWS * QK / 2,
-    }
+/// Bytes of one panel block (16 rows × 32 columns): the header, then a
+/// byte (Q8_0) or a nibble (Q4_x) per quant.
+pub(crate) fn block_bytes(dtype: DType) -> usize {
+    HEADER + if dtype == DType::Q8_0 { PANEL_ROWS * QK } else { PANEL_ROWS * QK / 2 }
 }
 
 /// Bytes of a `rows × cols` matrix in panel layout (rows padded to 16).
@@ -75,7 +72,7 @@ pub fn pack(dtype: DType, rows: usize, cols: usize, raw: &[u8], out: &mut [u8]) 
             dst[2 * i..2 * i + 2].copy_from_slice(&src[0..2]);
             match dtype {
                 DType::Q4_1 => {
-                    dst[32 + 2 * i..32 + 2 * i + 2].copy_from_slice(&src[2..4]);
+                    dst[MIN_OFFSET + 2 * i..MIN_OFFSET + 2 * i + 2].copy_from_slice(&src[2..4]);
                     spread_nibbles(&src[4..20], i, &mut dst[HEADER..]);
                 }
                 DType::Q4_0 => spread_nibbles(&src[2..18], i, &mut dst[HEADER..]),
@@ -115,7 +112,7 @@ fn unpack_block(dtype: DType, src: &[u8], i: usize, dst: &mut [u8]) {
     let gather = |k: usize| quants[(k / 4) * 64 + 4 * i + k % 4];
     match dtype {
         DType::Q4_1 => {
-            dst[2..4].copy_from_slice(&src[32 + 2 * i..32 + 2 * i + 2]);
+            dst[2..4].copy_from_slice(&src[MIN_OFFSET + 2 * i..MIN_OFFSET + 2 * i + 2]);
             (0..16).for_each(|k| dst[4 + k] = gather(k));
         }
         DType::Q4_0 => (0..16).for_each(|k| dst[2 + k] = gather(k)),
@@ -170,6 +167,11 @@ impl Activations {
     fn blocks(&self) -> usize {
         self.cols / QK
     }
+
+    /// Raw parts for the SIMD kernels: (quants, scales, sums, cols).
+    pub(crate) fn parts(&self) -> (&[i8], &[f32], &[f32], usize) {
+        (&self.q, &self.d, &self.s, self.cols)
+    }
 }
 
 /// The portable activation quantizer, per block of 32: `d = amax / 127`,
@@ -216,7 +218,9 @@ pub fn scalar_tile(
                 let blk = &panel[b * bb..(b + 1) * bb];
                 let d = f16_to_f32(u16::from_le_bytes([blk[2 * i], blk[2 * i + 1]]));
                 let m = match dtype {
-                    DType::Q4_1 => f16_to_f32(u16::from_le_bytes([blk[32 + 2 * i], blk[33 + 2 * i]])),
+                    DType::Q4_1 => {
+                        f16_to_f32(u16::from_le_bytes([blk[MIN_OFFSET + 2 * i], blk[MIN_OFFSET + 2 * i + 1]]))
+                    }
                     DType::Q4_0 => d * -8.0,
                     _ => d * -128.0,
                 };
@@ -262,33 +266,19 @@ pub fn tile_kernel() -> Option<TileFn> {
 }
 
 /// The VNNI micro-kernel when the CPU has it (tests compare it with
-/// [`scalar_tile`] directly).
+/// [`scalar_tile`] directly). Detected once: every product asks.
 pub fn vnni_tile() -> Option<TileFn> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        crate::simd::avx512::int8_tile()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        None
-    }
-}
-
-/// Header offset of the minimums inside a panel block.
-pub(crate) const MIN_OFFSET: usize = 32;
-/// Offset of the quants inside a panel block.
-pub(crate) const QUANTS_OFFSET: usize = HEADER;
-
-/// Bytes of one panel block, for the SIMD kernels.
-pub(crate) fn panel_block_bytes(dtype: DType) -> usize {
-    block_bytes(dtype)
-}
-
-impl Activations {
-    /// Raw parts for the SIMD kernels: (quants, scales, sums, cols).
-    pub(crate) fn parts(&self) -> (&[i8], &[f32], &[f32], usize) {
-        (&self.q, &self.d, &self.s, self.cols)
-    }
+    static VNNI: OnceLock<Option<TileFn>> = OnceLock::new();
+    *VNNI.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            crate::simd::avx512::int8_tile()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            None
+        }
+    })
 }
 
 #[cfg(test)]

@@ -482,12 +482,6 @@ pub struct KvGroupKernels {
 /// rows: a run also adds the rows whose weights are all zero).
 pub type KvRunFn = fn(&[u8], usize, &[f32], usize, &[f32], &mut [f32]);
 
-/// The codes of a run of `n` rows of `row` bytes, `stride` apart: exactly
-/// as many bytes as the run kernels count rows by.
-fn run_codes(codes: &[u8], stride: usize, n: usize, row: usize) -> &[u8] {
-    &codes[..n.saturating_sub(1) * stride + if n > 0 { row } else { 0 }]
-}
-
 /// Rows, heads and width of a run (`n`, `g`, `d`), after checking that the
 /// codes, side values, queries (or weights) and outputs cover them: the
 /// SIMD run kernels read through raw pointers and rely on this. `n` is the
@@ -610,19 +604,11 @@ impl KvDtype {
         out: &mut [f32],
     ) {
         let g = out.len().checked_div(n).unwrap_or(0);
-        let row = self.data_bytes(queries.len().checked_div(g).unwrap_or(0));
-        let codes = run_codes(codes, stride, n, row);
-        match group_kernels().dot_run {
-            Some(run) if self != KvDtype::F32 && n > 0 => {
-                run[self as usize - 1](codes, stride, scales, spr, queries, out)
-            }
-            _ => {
-                for j in 0..n {
-                    let c = &codes[j * stride..j * stride + row];
-                    self.dot_group(c, &scales[j * spr..], queries, &mut out[j * g..(j + 1) * g]);
-                }
-            }
-        }
+        let d = queries.len().checked_div(g).unwrap_or(0);
+        let run = group_kernels().dot_run;
+        self.run((codes, stride, scales, spr, n), d, run, queries, out, |c, sc, j, out| {
+            self.dot_group(c, sc, queries, &mut out[j * g..(j + 1) * g])
+        });
     }
 
     /// [`KvDtype::axpy_group`] for the `n` rows of a run (as in
@@ -639,18 +625,29 @@ impl KvDtype {
         outs: &mut [f32],
     ) {
         let g = probs.len().checked_div(n).unwrap_or(0);
-        let row = self.data_bytes(outs.len().checked_div(g).unwrap_or(0));
-        let codes = run_codes(codes, stride, n, row);
-        match group_kernels().axpy_run {
-            Some(run) if self != KvDtype::F32 && n > 0 => {
-                run[self as usize - 1](codes, stride, scales, spr, probs, outs)
-            }
-            _ => {
-                for j in 0..n {
-                    let c = &codes[j * stride..j * stride + row];
-                    self.axpy_group(c, &scales[j * spr..], &probs[j * g..(j + 1) * g], outs);
-                }
-            }
+        let d = outs.len().checked_div(g).unwrap_or(0);
+        let run = group_kernels().axpy_run;
+        self.run((codes, stride, scales, spr, n), d, run, probs, outs, |c, sc, j, outs| {
+            self.axpy_group(c, sc, &probs[j * g..(j + 1) * g], outs)
+        });
+    }
+
+    /// A run through `kernels` (coded types, when the set has run kernels)
+    /// or row by row through `per_row(codes, side values, j, b)`.
+    fn run(
+        self,
+        (codes, stride, scales, spr, n): (&[u8], usize, &[f32], usize, usize),
+        d: usize,
+        kernels: Option<[KvRunFn; 3]>,
+        a: &[f32],
+        b: &mut [f32],
+        per_row: impl Fn(&[u8], &[f32], usize, &mut [f32]),
+    ) {
+        let row = self.data_bytes(d);
+        let codes = &codes[..n.saturating_sub(1) * stride + if n > 0 { row } else { 0 }];
+        match kernels {
+            Some(run) if self != KvDtype::F32 && n > 0 => run[self as usize - 1](codes, stride, scales, spr, a, b),
+            _ => (0..n).for_each(|j| per_row(&codes[j * stride..j * stride + row], &scales[j * spr..], j, b)),
         }
     }
 

@@ -212,8 +212,11 @@ impl Matrix {
     pub fn matvec_many(&self, x: &[f32], n: usize, out: &mut [f32]) {
         assert_eq!(x.len(), n * self.cols, "matvec_many input length");
         assert_eq!(out.len(), n * self.rows, "matvec_many output length");
-        if n == 1 || self.products == Products::Int8 {
-            return self.int8_or_matvec(x, n, out);
+        if self.products == Products::Int8 {
+            return self.int8_products(x, n, out);
+        }
+        if n == 1 {
+            return self.matvec(x, out);
         }
         let k = kernels();
         let (dt, rb, cols) = (self.dtype, self.row_bytes, self.cols);
@@ -273,8 +276,11 @@ impl Matrix {
     pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
         assert_eq!(x.len(), n * self.cols, "matmul input length");
         assert_eq!(out.len(), n * self.rows, "matmul output length");
-        if n == 1 || self.products == Products::Int8 {
-            return self.int8_or_matvec(x, n, out);
+        if self.products == Products::Int8 {
+            return self.int8_products(x, n, out);
+        }
+        if n == 1 {
+            return self.matvec(x, out);
         }
         let (rows, cols) = (self.rows, self.cols);
         if rows == 0 || cols == 0 {
@@ -318,16 +324,8 @@ impl Matrix {
 }
 
 impl Matrix {
-    /// One token's `matvec`, or the integer products of `n` tokens (which
-    /// equal `n` single-token products bit for bit).
-    fn int8_or_matvec(&self, x: &[f32], n: usize, out: &mut [f32]) {
-        match self.products {
-            Products::Int8 => self.int8_products(x, n, out),
-            Products::F32 => self.matvec(x, out),
-        }
-    }
-
-    /// `out[t, r]` by the integer micro-kernel: the activations quantized
+    /// `out[t, r]` by the integer micro-kernel (equal to `n` single-token
+    /// products bit for bit): the activations quantized
     /// once (into a per-thread buffer, so decode allocates nothing), then
     /// per 16-row panel every tile of [`TILE_TOKENS`] tokens; threaded over
     /// panels when the product is large.

@@ -17,7 +17,9 @@
 //! leaks into another's.
 
 use super::rows::RowBuf;
-use kvslim_kernels::attention::{axpy_group_f32, dot_group_f32, prefetch_bytes, SlotRows};
+use kvslim_kernels::attention::{
+    axpy_group_each, axpy_group_f32, dot_group_each, dot_group_f32, prefetch_bytes, SlotRows,
+};
 use kvslim_kernels::kvquant::KvDtype;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -599,41 +601,33 @@ impl SlotRows for PagedRows<'_> {
 
     /// Coded pages: the fixed store's run kernel over each stretch of
     /// slots that sit on consecutive rows of one page (bit-identical to
-    /// slot by slot, so paged and fixed stay equal).
+    /// slot by slot, so paged and fixed stay equal); f32 pages slot by slot.
     #[inline]
     fn dot_group_run(&self, start: usize, n: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
+        if !self.base.is_empty() {
+            return dot_group_each(self, start, n, queries, buf, out);
+        }
         let g = out.len() / n.max(1);
         let mut j = 0;
         while j < n {
             let m = self.stretch(start + j, n - j);
-            if !self.base.is_empty() {
-                (0..m)
-                    .for_each(|k| self.dot_group(start + j + k, queries, buf, &mut out[(j + k) * g..(j + k + 1) * g]));
-            } else {
-                let (rows, r) = self.locate(start + j);
-                rows.dot_group_run(r, m, queries, buf, &mut out[j * g..(j + m) * g]);
-            }
+            let (rows, r) = self.locate(start + j);
+            rows.dot_group_run(r, m, queries, buf, &mut out[j * g..(j + m) * g]);
             j += m;
         }
     }
 
     #[inline]
     fn axpy_group_run(&self, start: usize, n: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
+        if !self.base.is_empty() {
+            return axpy_group_each(self, start, n, probs, buf, outs);
+        }
         let g = probs.len() / n.max(1);
         let mut j = 0;
         while j < n {
             let m = self.stretch(start + j, n - j);
-            if !self.base.is_empty() {
-                for k in j..j + m {
-                    let w = &probs[k * g..(k + 1) * g];
-                    if w.iter().any(|&x| x != 0.0) {
-                        self.axpy_group(start + k, w, buf, outs);
-                    }
-                }
-            } else {
-                let (rows, r) = self.locate(start + j);
-                rows.axpy_group_run(r, m, &probs[j * g..(j + m) * g], buf, outs);
-            }
+            let (rows, r) = self.locate(start + j);
+            rows.axpy_group_run(r, m, &probs[j * g..(j + m) * g], buf, outs);
             j += m;
         }
     }

@@ -4,7 +4,9 @@
 //! with another row's scale would still decode to finite numbers, so the
 //! mistake would never announce itself.
 
-use kvslim_kernels::attention::{axpy_group_f32, dot_group_f32, prefetch_bytes, SlotRows};
+use kvslim_kernels::attention::{
+    axpy_group_each, axpy_group_f32, dot_group_each, dot_group_f32, prefetch_bytes, SlotRows,
+};
 use kvslim_kernels::kvquant::KvDtype;
 
 /// `rows` rows of `d` elements stored as `dtype`.
@@ -182,11 +184,7 @@ impl SlotRows for RowBuf {
     #[inline]
     fn dot_group_run(&self, start: usize, n: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
         if self.dtype == KvDtype::F32 {
-            let g = out.len() / n.max(1);
-            for j in 0..n {
-                self.dot_group(start + j, queries, buf, &mut out[j * g..(j + 1) * g]);
-            }
-            return;
+            return dot_group_each(self, start, n, queries, buf, out);
         }
         let (stride, spr) = (self.row_words * 4, self.scales_per_row);
         let q = &queries[..out.len() / n.max(1) * self.d];
@@ -195,13 +193,10 @@ impl SlotRows for RowBuf {
 
     #[inline]
     fn axpy_group_run(&self, start: usize, n: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
-        let g = probs.len() / n.max(1);
         if self.dtype == KvDtype::F32 {
-            for j in 0..n {
-                self.axpy_group(start + j, &probs[j * g..(j + 1) * g], buf, outs);
-            }
-            return;
+            return axpy_group_each(self, start, n, probs, buf, outs);
         }
+        let g = probs.len() / n.max(1);
         let (stride, spr) = (self.row_words * 4, self.scales_per_row);
         let outs = &mut outs[..g * self.d];
         self.dtype.axpy_group_run(self.codes_from(start), stride, &self.scales[start * spr..], spr, n, probs, outs);

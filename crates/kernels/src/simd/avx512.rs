@@ -781,7 +781,7 @@ fn int8_tile_dispatch(
 ) {
     let (q, d, s, cols) = x.parts();
     let blocks = cols / crate::quant::QK;
-    assert!(panel.len() >= blocks * int8::panel_block_bytes(dtype), "int8 panel too short");
+    assert!(panel.len() >= blocks * int8::block_bytes(dtype), "int8 panel too short");
     assert!(nt <= TILE_TOKENS && (t0 + nt) * cols <= q.len() && (t0 + nt) * blocks <= d.len().min(s.len()));
     let p = Int8Args { panel: panel.as_ptr(), blocks, q: q.as_ptr(), d: d.as_ptr(), s: s.as_ptr(), cols, t0 };
     // SAFETY: reachable only through `int8_tile`, after feature detection;
@@ -832,7 +832,7 @@ unsafe fn int8_nt<const KIND: u8>(p: Int8Args, nt: usize, out: &mut [[f32; PANEL
 /// `acc = m·sx + acc`, exactly as `int8::scalar_tile`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS]) {
-    let bb = int8::panel_block_bytes(if KIND == Q8 { DType::Q8_0 } else { DType::Q4_1 });
+    let bb = int8::block_bytes(if KIND == Q8 { DType::Q8_0 } else { DType::Q4_1 });
     let low = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); NT];
     for b in 0..p.blocks {
@@ -843,7 +843,7 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f3
             Q40 => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
             _ => _mm512_mul_ps(d, _mm512_set1_ps(-128.0)),
         };
-        let quants = blk.add(int8::QUANTS_OFFSET);
+        let quants = blk.add(int8::HEADER);
         let mut isum = [_mm512_setzero_si512(); NT];
         let xat = |t: usize, k: usize| -> __m512i {
             let at = p.q.add((p.t0 + t) * p.cols + b * 32 + k) as *const i32;
