@@ -535,18 +535,22 @@ fn sample_plan() -> ChaiPlan {
         restarts: 10,
         seed: 0,
         feature: "probe-lower-triangle".into(),
+        group: 0,
+        quality: None,
         layers: vec![
             LayerPlan {
                 k: 4,
                 errors: vec![3.0, 1.0, 0.5, 0.0],
                 elbow_k: Some(2),
                 static_clusters: vec![vec![0], vec![1], vec![2], vec![3]],
+                ..LayerPlan::default()
             },
             LayerPlan {
                 k: 2,
                 errors: vec![3.0, 1.0, 0.5, 0.0],
                 elbow_k: Some(2),
                 static_clusters: vec![vec![0, 3], vec![1, 2]],
+                ..LayerPlan::default()
             },
         ],
     }

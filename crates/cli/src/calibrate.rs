@@ -2,7 +2,7 @@
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs, Progress};
 use kvslim_cache::policy::chai::CalibrationConfig;
-use kvslim_engine::calibrate::{calibrate, calibration_windows, CalibrateOptions};
+use kvslim_engine::calibrate::{calibrate_quality, calibration_windows, probe_features, CalibrateOptions};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -35,12 +35,28 @@ pub struct Args {
     restarts: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Choose each layer's sharing by measured quality instead of the elbow:
+    /// GQA-aware sharing (`kv_keep` per layer: KV heads that keep K; the
+    /// query heads of the others use their most similar kept head's scores)
+    /// under this budget of mean KL(full‖plan) per token, measured on
+    /// --kl-windows windows of --kl-seq-len tokens from the second half of
+    /// the text. Layers where sharing costs most stay dense. Several budgets
+    /// (`0.05,0.2,1`) share one set of measurements and write one plan each,
+    /// named `OUT-kl<budget>.json`.
+    #[arg(long, value_name = "NATS", value_delimiter = ',', num_args = 1..)]
+    max_kl: Vec<f64>,
+    /// Windows the quality search measures KL on (with --max-kl).
+    #[arg(long, default_value_t = 2)]
+    kl_windows: usize,
+    /// Tokens per quality window (with --max-kl).
+    #[arg(long, default_value_t = 512)]
+    kl_seq_len: usize,
     /// Where to write the plan (JSON).
     #[arg(long)]
     out: PathBuf,
     /// Also draw every layer's error curve with the chosen k marked
     /// (`layer_NN.png` and `.svg` in this directory).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "max_kl")]
     plot: Option<PathBuf>,
 }
 
@@ -65,7 +81,37 @@ pub fn run(a: Args) -> CliResult {
     };
     let start = std::time::Instant::now();
     let mut progress = Progress::new("calibrate", "windows");
-    let plan = calibrate(&loaded.model, &windows, &opts, |d, t| progress.update(d, t))?;
+    let (cal, plan) = probe_features(&loaded.model, &windows, &opts, |d, t| progress.update(d, t))?;
+    if !a.max_kl.is_empty() {
+        // quality windows from the second half: the first stays free for evaluation
+        let second = &ids[ids.len() / 2..];
+        let bos = tok.bos.filter(|_| tok.add_bos);
+        let fits = loaded.model.config.context_len - usize::from(bos.is_some());
+        if a.kl_seq_len > fits {
+            eprintln!("note: quality windows cut to {fits} tokens (the model's context)");
+        }
+        let kl_windows = calibration_windows(second, bos, a.kl_windows, a.kl_seq_len.min(fits))?;
+        let mut progress = Progress::new("quality", "plans");
+        let plans = calibrate_quality(&loaded.model, &cal, plan, &kl_windows, &a.max_kl, |d, t| progress.update(d, t))?;
+        let several = plans.len() > 1;
+        for p in &plans {
+            let q = p.quality.as_ref().expect("quality plans carry their record");
+            let path = if several { budget_path(&a.out, q.max_kl) } else { a.out.clone() };
+            let keeps: Vec<String> = p.layers.iter().map(|l| l.kv_keep.map_or("-".into(), |k| k.to_string())).collect();
+            eprintln!(
+                "max KL {}: {} KV heads' K freed, KL {:.4} measured ({:.4} predicted); kv_keep per layer (- dense): [{}] -> {}",
+                q.max_kl,
+                q.kv_heads_freed,
+                q.measured_kl,
+                q.predicted_kl,
+                keeps.join(", "),
+                path.display()
+            );
+            p.save(&path)?;
+        }
+        eprintln!("calibrated in {:.1} s", start.elapsed().as_secs_f64());
+        return Ok(());
+    }
     plan.save(&a.out)?;
     if let Some(dir) = &a.plot {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -93,4 +139,11 @@ pub fn run(a: Args) -> CliResult {
         a.out.display()
     );
     Ok(())
+}
+
+/// `plan.json` + 0.05 → `plan-kl0.05.json` (one file per budget).
+fn budget_path(out: &std::path::Path, max_kl: f64) -> PathBuf {
+    let stem = out.file_stem().map_or("plan".into(), |s| s.to_string_lossy().into_owned());
+    let ext = out.extension().map_or("json".into(), |e| e.to_string_lossy().into_owned());
+    out.with_file_name(format!("{stem}-kl{max_kl}.{ext}"))
 }

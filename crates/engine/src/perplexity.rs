@@ -230,7 +230,7 @@ pub struct PerplexityReport {
     pub events: Vec<EvictionEvent>,
 }
 
-fn kl(p_logits: &[f32], q_logits: &[f32]) -> f64 {
+pub(crate) fn kl(p_logits: &[f32], q_logits: &[f32]) -> f64 {
     let lse = |l: &[f32]| {
         let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
         l.iter().map(|v| (*v as f64 - m).exp()).sum::<f64>().ln() + m

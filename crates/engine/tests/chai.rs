@@ -201,3 +201,83 @@ fn plan_for_another_model_is_a_clear_error() {
     let e = Session::new(&m, &spec, 10, 10).err().expect("5 layers × 8 heads vs a 2-layer 4-head plan").to_string();
     assert!(e.contains("layer") || e.contains("head"), "{e}");
 }
+
+/// A stories260K plan (group 2: 8 query / 4 KV heads) with GQA-aware
+/// sharing keeping `keep` KV heads in every layer.
+fn kv_plan(name: &str, keep: usize) -> String {
+    let layers: Vec<_> = (0..5).map(|_| serde_json::json!({ "k": 2 * keep, "errors": [], "kv_keep": keep })).collect();
+    let path = std::env::temp_dir().join(format!("kvslim-chai-{}-{name}.json", std::process::id()));
+    std::fs::write(&path, serde_json::json!({ "group": 2, "layers": layers }).to_string()).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn kv_group_sharing_frees_the_keys_of_the_dropped_kv_heads() {
+    let m = stories();
+    let spec = PolicySpec::parse_and_load(&format!("chai:plan={}", kv_plan("keep1", 1))).unwrap();
+    let mut s = Session::new(&m, &spec, 64, 64).unwrap();
+    let per_head_k = s.cache.store().head(0, 0).kv_bytes() / 2;
+    let dense = s.cache.store().bytes().kv;
+    s.feed(&ids(30, 512), Logits::Last).unwrap();
+    s.scratch.trace = Some(Trace::default());
+    s.feed(&[7], Logits::Last).unwrap();
+    let tr = s.scratch.trace.take().unwrap();
+    assert_eq!(s.cache.store().bytes().kv, dense - 5 * 3 * per_head_k, "3 of 4 KV heads lose K in each of 5 layers");
+    for (l, layer) in s.cache.head_sharing().unwrap().report().iter().enumerate() {
+        // both query heads of the one kept KV head represent; everyone else reads them
+        let kept = layer.representatives[0] / 2;
+        let mut reps = layer.representatives.clone();
+        reps.sort_unstable();
+        assert_eq!(reps, vec![2 * kept, 2 * kept + 1], "layer {l}");
+        for (cl, &rep) in layer.clusters.iter().zip(&layer.representatives) {
+            for &h in cl {
+                let row = |h: usize| &tr.attn[l][h * tr.ctx..(h + 1) * tr.ctx];
+                assert_eq!(row(h), row(rep), "layer {l}: head {h} uses {rep}'s probabilities");
+            }
+        }
+    }
+    // a plan whose kv_keep does not match k for this model's groups is refused by name
+    let bad = std::env::temp_dir().join(format!("kvslim-chai-{}-bad.json", std::process::id()));
+    let layer = serde_json::json!({ "k": 4, "errors": [], "kv_keep": 3 });
+    std::fs::write(&bad, serde_json::json!({ "layers": vec![layer; 5] }).to_string()).unwrap();
+    let spec = PolicySpec::parse_and_load(&format!("chai:plan={}", bad.display())).unwrap();
+    let e = Session::new(&m, &spec, 10, 10).err().expect("3 kept KV heads are 6 query heads, not k = 4").to_string();
+    assert!(e.contains("kv_keep"), "{e}");
+}
+
+#[test]
+fn quality_calibration_keeps_the_measured_kl_within_each_budget() {
+    use kvslim_engine::calibrate::{calibrate_quality, calibration_windows, probe_features, CalibrateOptions};
+    let loaded = common::stories();
+    let m = &loaded.model;
+    let ids = common::tokens(&loaded, 900);
+    let opts = CalibrateOptions { probe: 5, config: Default::default(), model_name: "stories260K".into(), seq_len: 64 };
+    let (cal, plan) =
+        probe_features(m, &calibration_windows(&ids[..450], Some(1), 16, 64).unwrap(), &opts, |_, _| {}).unwrap();
+    let windows = calibration_windows(&ids[450..], Some(1), 1, 300).unwrap();
+    let plans = calibrate_quality(m, &cal, plan.clone(), &windows, &[0.0, 0.1, 1e9], |_, _| {}).unwrap();
+    let q: Vec<_> = plans.iter().map(|p| p.quality.clone().unwrap()).collect();
+    assert_eq!((q[0].kv_heads_freed, q[0].measured_kl), (0, 0.0), "a zero budget keeps every layer dense");
+    assert!(plans[0].layers.iter().all(|l| l.kv_keep.is_none() && l.k == 8));
+    assert_eq!(q[2].kv_heads_freed, 15, "an unbounded budget shares every layer down to one KV head");
+    assert!(q[1].measured_kl <= 0.1 && q[1].kv_heads_freed > 0 && q[1].kv_heads_freed < 15, "{:?}", q[1]);
+    // every layer's single-layer KLs are recorded, dearer with fewer kept heads
+    for l in &plans[1].layers {
+        assert_eq!(l.kl_by_kv_keep.len(), 3);
+        assert!(l.kl_by_kv_keep[0] > l.kl_by_kv_keep[2], "{:?}", l.kl_by_kv_keep);
+    }
+    // the recorded KL is what perplexity --compare-full measures with the written plan
+    for (p, q) in plans.iter().zip(&q) {
+        let path = std::env::temp_dir().join(format!("kvslim-chai-{}-quality-{}.json", std::process::id(), q.max_kl));
+        p.save(&path).unwrap();
+        let spec = PolicySpec::parse_and_load(&format!("chai:plan={}", path.display())).unwrap();
+        let opts = PerplexityOptions { prefill: windows[0].len(), compare_full: true, ..PerplexityOptions::new(spec) };
+        let r = perplexity(m, &windows[0], &opts, |_, _| {}).unwrap();
+        let kl = r.compare_full.unwrap().kl_mean;
+        assert!((kl - q.measured_kl).abs() < 1e-9, "budget {}: {kl} vs {}", q.max_kl, q.measured_kl);
+    }
+    assert!(calibrate_quality(m, &cal, plan, &windows, &[-0.1], |_, _| {})
+        .unwrap_err()
+        .to_string()
+        .contains("--max-kl"));
+}

@@ -29,6 +29,22 @@ fn chai_plan(name: &str) -> String {
     path.display().to_string()
 }
 
+/// A stories260K plan with GQA-aware sharing: one of the 4 KV heads keeps
+/// K in every layer (`kv_keep`), static membership as calibrated would
+/// write it.
+fn kv_keep_plan(name: &str) -> String {
+    let layer = serde_json::json!({
+        "k": 2,
+        "errors": [],
+        "kv_keep": 1,
+        "static_clusters": [[0, 1, 4], [2, 3, 5, 6, 7]],
+        "static_representatives": [4, 5],
+    });
+    let path = std::env::temp_dir().join(format!("kvslim-paged-kvkeep-{}-{name}.json", std::process::id()));
+    std::fs::write(&path, serde_json::json!({ "group": 2, "layers": vec![layer; 5] }).to_string()).unwrap();
+    path.display().to_string()
+}
+
 /// `spec` with its storage switched to pages of `page` tokens (and the
 /// other storage keys given).
 fn paged(spec: &PolicySpec, page: usize) -> PolicySpec {
@@ -76,6 +92,7 @@ fn paged_store_is_bit_identical_to_fixed_slots_for_every_policy() {
     let ids = tokens(&m, 300);
     let prompt_len = 40;
     let plan = chai_plan("identity");
+    let kv_plan = kv_keep_plan("identity");
     let specs = [
         "full".to_string(),
         "window:recent=24".into(),
@@ -107,6 +124,10 @@ fn paged_store_is_bit_identical_to_fixed_slots_for_every_policy() {
         "h2o:heavy=24,recent=24,alloc=ada:0".into(),
         "h2o:heavy=12,recent=12,sink=2,score=norm,alloc=pyramid:0.5/ada:0.5".into(),
         format!("h2o:heavy=12,recent=12,alloc=pyramid+chai:plan={plan}"),
+        // GQA-aware sharing (kv_keep), online and static
+        format!("chai:plan={kv_plan}"),
+        format!("h2o:heavy=12,recent=12+chai:plan={kv_plan}"),
+        format!("h2o:heavy=12,recent=12+chai-static:plan={kv_plan}"),
     ];
     for text in &specs {
         let spec = PolicySpec::parse_and_load(text).unwrap();

@@ -147,7 +147,7 @@ impl LayerAccumulator {
         let k = if dense { self.n_heads } else { elbow_k };
         let dist = cosine_distances(&self.mean_features());
         let static_clusters = clusters_from_labels(&average_linkage(&dist, k));
-        Ok(LayerPlan { k, errors, elbow_k: Some(elbow_k), static_clusters })
+        Ok(LayerPlan { k, errors, elbow_k: Some(elbow_k), static_clusters, ..LayerPlan::default() })
     }
 }
 
@@ -209,6 +209,8 @@ impl Calibrator {
             restarts: self.cfg.restarts.max(1),
             seed: self.cfg.seed,
             feature: FEATURE_PROBE_LOWER_TRIANGLE.to_string(),
+            group: 0,
+            quality: None,
             layers,
         })
     }

@@ -25,6 +25,8 @@ pub use linkage::{
     average_linkage, canonicalize, clusters_from_labels, cosine_distances, labels_from_clusters, medoid,
     representatives, RepRule,
 };
-pub use online::{cluster_heads, probe_feature, probe_feature_len, probe_feature_strided, HeadClusters};
-pub use plan::{ChaiPlan, LayerPlan, PlanError};
+pub use online::{
+    cluster_by_kv_groups, cluster_heads, probe_feature, probe_feature_len, probe_feature_strided, HeadClusters,
+};
+pub use plan::{ChaiPlan, LayerPlan, PlanError, QualityRecord};
 pub use sharing::{Component, HeadSharing, HeadSharingSpec, LayerClustersReport, LayerHeads};

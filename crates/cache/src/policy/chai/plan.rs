@@ -10,6 +10,10 @@
 //!  "layers": [{"k": 3, "errors": [E(1), E(2), ...], "elbow_k": 3,
 //!              "static_clusters": [[0, 2], [1], ...]}, ...]}
 //! ```
+//! Plans chosen by a quality target (`kvslim calibrate --max-kl`) add
+//! `"group"` (query heads per KV head), `"quality"` (budget and measured KL)
+//! and per layer `"kv_keep"` (GQA-aware sharing), `"kl_by_kv_keep"` and
+//! `"static_representatives"`.
 //! Only `layers` with each layer's `k` and `errors` are required on load;
 //! the other fields default (0 / empty: unknown) so a hand-written plan works.
 
@@ -61,12 +65,22 @@ pub struct ChaiPlan {
     /// Which head feature the curves were computed from.
     #[serde(default)]
     pub feature: String,
+    /// Query heads per KV head when the plan uses `kv_keep` (0 = not recorded).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub group: usize,
+    /// Present when the per-layer sharing was chosen by a quality target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quality: Option<QualityRecord>,
     /// One entry per layer, in layer order.
     pub layers: Vec<LayerPlan>,
 }
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 /// One layer's part of the plan.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LayerPlan {
     /// Cluster count used online (k = n_heads: layer left dense).
     pub k: usize,
@@ -80,6 +94,35 @@ pub struct LayerPlan {
     /// when not calibrated).
     #[serde(default)]
     pub static_clusters: Vec<Vec<usize>>,
+    /// Representative of each static cluster (same order); empty → the
+    /// cluster's first head.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub static_representatives: Vec<usize>,
+    /// GQA-aware sharing ([`super::online::cluster_by_kv_groups`]): keep K
+    /// for this many KV heads; query heads of the others use their most
+    /// similar kept head's scores. `k` must then be `kv_keep × group`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_keep: Option<usize>,
+    /// KL(full‖this layer alone shared) on the calibration windows for
+    /// `kv_keep` = 1, 2, … (index `keep − 1`), when calibrated by quality.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kl_by_kv_keep: Vec<f64>,
+}
+
+/// What `kvslim calibrate --max-kl` measured (recorded in the plan).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QualityRecord {
+    /// The error budget: mean KL(full‖plan) per token, nats.
+    pub max_kl: f64,
+    /// KL of the chosen plan, measured on the calibration windows.
+    pub measured_kl: f64,
+    /// Sum of the chosen layers' single-layer KLs (the selection's estimate).
+    pub predicted_kl: f64,
+    /// KV heads whose K the plan frees, over all layers.
+    pub kv_heads_freed: usize,
+    /// Calibration windows and their length the KLs were measured on.
+    pub windows: usize,
+    pub seq_len: usize,
 }
 
 /// Why a plan could not be loaded or saved.
@@ -153,6 +196,28 @@ impl ChaiPlan {
             }
             if let Some(i) = lp.errors.iter().position(|e| !e.is_finite() || *e < 0.0) {
                 return Err(format!("layer {l}: errors[{i}] = {} is not a finite non-negative number", lp.errors[i]));
+            }
+            if let Some(keep) = lp.kv_keep {
+                if keep == 0 {
+                    return Err(format!("layer {l}: kv_keep must be at least 1"));
+                }
+                if self.group != 0 && lp.k != keep * self.group {
+                    return Err(format!(
+                        "layer {l}: kv_keep = {keep} keeps {} query heads (group {}), but k = {}",
+                        keep * self.group,
+                        self.group,
+                        lp.k
+                    ));
+                }
+            }
+            if !lp.static_representatives.is_empty() {
+                let ok = lp.static_representatives.len() == lp.static_clusters.len()
+                    && lp.static_clusters.iter().zip(&lp.static_representatives).all(|(c, r)| c.contains(r));
+                if !ok {
+                    return Err(format!(
+                        "layer {l}: static_representatives must name one member of each static cluster"
+                    ));
+                }
             }
             if !lp.static_clusters.is_empty() {
                 check_partition(&lp.static_clusters, lp.k).map_err(|e| format!("layer {l}: static_clusters {e}"))?;

@@ -6,7 +6,7 @@
 //! Dense layers are described the same way (every head its own
 //! representative), so the forward pass has one code path.
 
-use super::online::{cluster_heads, probe_feature_len, HeadClusters};
+use super::online::{cluster_by_kv_groups, cluster_heads, probe_feature_len, HeadClusters};
 use super::plan::{ChaiPlan, PlanError};
 use super::RepRule;
 use crate::store::KvStore;
@@ -160,6 +160,23 @@ impl HeadSharing {
     pub fn new(spec: HeadSharingSpec, n_layers: usize, n_heads: usize, n_kv_heads: usize) -> Result<Self, String> {
         let plan = Arc::clone(spec.plan()?);
         plan.validate(n_layers, n_heads).map_err(|e| format!("CHAI plan {}: {e}", spec.plan_path))?;
+        let group = n_heads / n_kv_heads.max(1);
+        if plan.group != 0 && plan.group != group {
+            return Err(format!(
+                "CHAI plan {}: made for {} query heads per KV head, the model has {group}",
+                spec.plan_path, plan.group
+            ));
+        }
+        for (l, lp) in plan.layers.iter().enumerate() {
+            if lp.kv_keep.is_some_and(|keep| keep > n_kv_heads || lp.k != keep * group) {
+                return Err(format!(
+                    "CHAI plan {}: layer {l}: kv_keep = {} does not fit {n_kv_heads} KV heads of {group} query heads with k = {}",
+                    spec.plan_path,
+                    lp.kv_keep.unwrap_or(0),
+                    lp.k
+                ));
+            }
+        }
         if spec.fixed && !plan.has_static() {
             return Err(format!("CHAI plan {} has no static membership for chai-static", spec.plan_path));
         }
@@ -213,10 +230,15 @@ impl HeadSharing {
             .map(|(l, lp)| {
                 if lp.k >= self.n_heads {
                     LayerHeads::dense(self.n_heads, self.n_kv_heads)
+                } else if self.spec.fixed && !lp.static_representatives.is_empty() {
+                    let pairs = lp.static_representatives.iter().copied().zip(lp.static_clusters.iter().cloned());
+                    LayerHeads::from_clusters(&HeadClusters::with_representatives(pairs.collect()), self.n_kv_heads)
                 } else if self.spec.fixed {
                     // static membership; representatives are the first head of each cluster
                     let hc = HeadClusters::from_clusters(lp.static_clusters.clone(), &[], RepRule::First);
                     LayerHeads::from_clusters(&hc, self.n_kv_heads)
+                } else if let Some(keep) = lp.kv_keep {
+                    LayerHeads::from_clusters(&cluster_by_kv_groups(&self.probe_rows[l], g, keep), self.n_kv_heads)
                 } else {
                     let hc = cluster_heads(&self.probe_rows[l], lp.k, self.spec.rep);
                     LayerHeads::from_clusters(&hc, self.n_kv_heads)
