@@ -254,6 +254,7 @@ fn mean_kl(model: &Model, plan: &ChaiPlan, windows: &[Vec<u32>], full: &[Vec<f32
         probe: plan.probe,
         rep: RepRule::First,
         fixed: false,
+        drift: None,
     });
     let (mut sum, mut rows) = (0.0, 0usize);
     for (w, f) in windows.iter().zip(full) {

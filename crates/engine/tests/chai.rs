@@ -281,3 +281,40 @@ fn quality_calibration_keeps_the_measured_kl_within_each_budget() {
         .to_string()
         .contains("--max-kl"));
 }
+
+#[test]
+fn drift_checks_keep_every_key_and_recluster_from_a_reprobe() {
+    let m = stories();
+    let p = plan("drift", 8, &[2; 5]);
+    let dense_bytes = Session::new(&m, &PolicySpec::full(), 64, 64).unwrap().cache.store().bytes().kv;
+    // threshold ~0: every re-probe re-clusters; 2 (the largest cosine distance): none does
+    for (threshold, every_layer_reclustered) in [("0.000001", true), ("2", false)] {
+        let spec = PolicySpec::parse_and_load(&format!("chai:plan={p},drift=4:{threshold}")).unwrap();
+        let mut s = Session::new(&m, &spec, 64, 64).unwrap();
+        // probe (5 tokens), 4 tokens shared, then the re-probe's 5 steps run dense
+        s.feed(&ids(9, 512), Logits::Last).unwrap();
+        assert!(s.cache.collecting_probe(), "the re-probe is due");
+        s.scratch.trace = Some(Trace::default());
+        s.feed(&[7], Logits::Last).unwrap();
+        let tr = s.scratch.trace.take().unwrap();
+        let (h0, h1) = (&tr.attn[0][..tr.ctx], &tr.attn[0][tr.ctx..2 * tr.ctx]);
+        assert_ne!(h0, h1, "a re-probe step runs every head on its own keys");
+        s.feed(&ids(4, 512), Logits::Last).unwrap();
+        assert!(!s.cache.collecting_probe());
+        assert_eq!(s.cache.store().bytes().kv, dense_bytes, "drift checks keep every KV head's K");
+        let report = s.cache.head_sharing().unwrap().report();
+        for (l, layer) in report.iter().enumerate() {
+            assert_eq!(layer.clusters.len(), 2, "layer {l}: re-clustering keeps the plan's k");
+            assert_eq!(layer.reclustered > 0, every_layer_reclustered, "layer {l} at threshold {threshold}");
+            assert!(layer.max_drift > 0.0 && layer.max_drift <= 2.0, "layer {l}: {}", layer.max_drift);
+        }
+        // shared again after the re-probe: members read their representative's row
+        s.scratch.trace = Some(Trace::default());
+        s.feed(&[9], Logits::Last).unwrap();
+        let tr = s.scratch.trace.take().unwrap();
+        let rep_of = &s.cache.head_sharing().unwrap().layer(0).unwrap().representative_of;
+        for (h, &r) in rep_of.iter().enumerate() {
+            assert_eq!(&tr.attn[0][h * tr.ctx..(h + 1) * tr.ctx], &tr.attn[0][r * tr.ctx..(r + 1) * tr.ctx]);
+        }
+    }
+}

@@ -24,7 +24,10 @@
 //! hold the first S positions, protected like StreamingLLM's sinks.
 //!
 //! ```text
-//! chai:plan=FILE[,probe=5][,rep=first|medoid]   CHAI head sharing (online clusters)
+//! chai:plan=FILE[,probe=5][,rep=first|medoid][,drift=T[:D]]
+//!                                                 CHAI head sharing (online clusters;
+//!                                                 drift: re-cluster every T tokens when a
+//!                                                 member drifts past distance D)
 //! chai-static:plan=FILE                          CHAI with the plan's fixed membership
 //! TOKEN+chai:…                                   token eviction composed with head sharing
 //! tuned:file=FILE                                the spec `kvslim tune` chose, read from its output
@@ -59,7 +62,7 @@
 //! `load_plans` replaces it with the spec the file records.
 
 use super::alloc::{Alloc, Allocated};
-use super::chai::{HeadSharingSpec, RepRule};
+use super::chai::{Drift, HeadSharingSpec, RepRule};
 use super::token::{EvictionConfig, EvictionUnit, Observation, PageScore, TokenEviction, VictimRule};
 use super::tuned::{read_tuned_spec, LoadError, TunedRef};
 use super::{CachePolicy, FullCache, ScoreAgg, ScoreRule};
@@ -662,9 +665,36 @@ pub(super) fn parse_head_policy(text: &str) -> Option<Result<HeadSharingSpec, St
             Some(_) if fixed => return Err("chai-static always uses the first head of each cluster".into()),
             Some(v) => v.parse().map_err(|_| format!("rep: `{v}` is not `first` or `medoid`"))?,
         };
-        p.finish(if fixed { "plan" } else { "plan, probe, rep" })?;
-        Ok(HeadSharingSpec { plan_path: path.to_string(), plan: None, probe, rep, fixed })
+        let drift = match p.take("drift") {
+            None => None,
+            Some(_) if fixed => return Err("chai-static keeps its membership: use `chai:plan=FILE,drift=T`".into()),
+            Some(v) => Some(parse_drift(v)?),
+        };
+        p.finish(if fixed { "plan" } else { "plan, probe, rep, drift" })?;
+        Ok(HeadSharingSpec { plan_path: path.to_string(), plan: None, probe, rep, fixed, drift })
     })())
+}
+
+/// `drift=T[:D]`: a check every T ≥ 1 tokens, re-clustering above cosine
+/// distance D in (0, 2] (default [`Drift::DEFAULT_THRESHOLD`]).
+fn parse_drift(v: &str) -> Result<Drift, String> {
+    let (every, threshold) = v.split_once(':').map_or((v, None), |(a, b)| (a, Some(b)));
+    let every = every
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&n: &usize| n >= 1)
+        .ok_or_else(|| format!("drift: `{every}` is not a check interval ≥ 1 token"))?;
+    let threshold = match threshold {
+        None => Drift::DEFAULT_THRESHOLD,
+        Some(t) => t
+            .trim()
+            .parse()
+            .ok()
+            .filter(|d: &f64| *d > 0.0 && *d <= 2.0)
+            .ok_or_else(|| format!("drift: threshold `{t}` is not a cosine distance in (0, 2]"))?,
+    };
+    Ok(Drift { every, threshold })
 }
 
 /// Parses `tuned:file=FILE`; `None` when `text` is not a tuned policy.
@@ -823,6 +853,9 @@ impl PolicySpec {
         };
         let spec = PolicySpec { token, head, storage, tuned: None };
         spec.check_alloc().map_err(err)?;
+        if spec.head.as_ref().is_some_and(|h| h.drift.is_some()) {
+            return Err(err("drift: re-clustering ties KV heads anew, which needs their full slot sets; use `chai:…,drift=T` without a token policy".into()));
+        }
         Ok(spec)
     }
 
@@ -939,7 +972,11 @@ impl fmt::Display for HeadSharingSpec {
         if self.fixed {
             write!(f, "chai-static:plan={}", self.plan_path)
         } else {
-            write!(f, "chai:plan={},probe={},rep={}", self.plan_path, self.probe, self.rep)
+            write!(f, "chai:plan={},probe={},rep={}", self.plan_path, self.probe, self.rep)?;
+            match self.drift {
+                Some(d) => write!(f, ",drift={}:{}", d.every, d.threshold),
+                None => Ok(()),
+            }
         }
     }
 }
@@ -1009,6 +1046,7 @@ mod tests {
             "h2o:heavy=32,recent=32,alloc=pyramid:0.25/ada:0",
             "h2o:heavy=32,recent=32,page=16,alloc=ada:0.2",
             "h2o:heavy=8,recent=8,alloc=pyramid:0.5+chai:plan=p.json",
+            "chai:plan=p.json,probe=5,rep=first,drift=64:0.5",
         ] {
             let p = PolicySpec::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
             assert_eq!(PolicySpec::parse(&p.to_string()).unwrap(), p, "{s}");
@@ -1045,6 +1083,10 @@ mod tests {
             ("h2o:heavy=1,recent=1+foo", "only a head policy"),
             ("chai:probe=5", "needs `plan=FILE`"),
             ("chai-static:plan=x.json,probe=5", "no probe"),
+            ("chai:plan=x.json,drift=0", "drift: `0` is not a check interval"),
+            ("chai:plan=x.json,drift=8:3", "drift: threshold `3`"),
+            ("chai-static:plan=x.json,drift=8", "chai-static keeps its membership"),
+            ("h2o:heavy=1,recent=1+chai:plan=x.json,drift=8", "drift: re-clustering"),
             ("h2o:heavy=1,recent=1,compact=8", "need a paged store"),
             ("h2o:heavy=1,recent=1,page=0", "page: `0`"),
             ("h2o:heavy=1,recent=1,page=8,compact=8,page_score=sum", "choose one"),

@@ -243,9 +243,11 @@ impl SequenceCache {
         self.policy.prefill_chunk()
     }
 
-    /// Online CHAI is still collecting its probe.
+    /// Online CHAI wants every head's attention this token: it is still
+    /// collecting its probe, or a drift check step is due (`drift=`). The
+    /// model then runs token by token and records every head's row.
     pub fn collecting_probe(&self) -> bool {
-        self.sharing.as_ref().is_some_and(|h| h.collecting_probe())
+        self.sharing.as_ref().is_some_and(|h| h.recording())
     }
 
     /// Tokens still to feed before the probe is complete (0 when not
@@ -287,6 +289,8 @@ impl SequenceCache {
         if let Some(h) = self.sharing.as_mut() {
             if h.collecting_probe() && self.next_pos >= h.probe_len() {
                 h.finish(&mut self.store);
+            } else {
+                h.after_tokens(n);
             }
         }
     }

@@ -36,7 +36,7 @@ impl SequenceCache {
     /// it is collected: `probs` holds each query head's row at `h · stride`
     /// over its KV head's slots (a member reads its representative's row).
     pub fn record_decode_probe(&mut self, layer: usize, pos: usize, probs: &[f32], stride: usize) {
-        let Some(sharing) = self.sharing.as_mut().filter(|h| h.collecting_probe()) else { return };
+        let Some(sharing) = self.sharing.as_mut().filter(|h| h.recording()) else { return };
         let lh = sharing.layer(layer).unwrap_or(&self.dense).clone();
         let g = lh.representative_of.len() / self.store.kv_heads();
         for (h, &r) in lh.representative_of.iter().enumerate() {

@@ -29,4 +29,4 @@ pub use online::{
     cluster_by_kv_groups, cluster_heads, probe_feature, probe_feature_len, probe_feature_strided, HeadClusters,
 };
 pub use plan::{ChaiPlan, LayerPlan, PlanError, QualityRecord};
-pub use sharing::{Component, HeadSharing, HeadSharingSpec, LayerClustersReport, LayerHeads};
+pub use sharing::{Component, Drift, HeadSharing, HeadSharingSpec, LayerClustersReport, LayerHeads};

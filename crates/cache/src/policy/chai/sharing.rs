@@ -8,7 +8,7 @@
 
 use super::online::{cluster_by_kv_groups, cluster_heads, probe_feature_len, HeadClusters};
 use super::plan::{ChaiPlan, PlanError};
-use super::RepRule;
+use super::{cosine_distances, RepRule};
 use crate::store::KvStore;
 use std::sync::Arc;
 
@@ -26,6 +26,26 @@ pub struct HeadSharingSpec {
     pub rep: RepRule,
     /// `chai-static`: membership fixed from the plan, no probe.
     pub fixed: bool,
+    /// `drift=T[:D]`: re-cluster when attention drifts from the probe.
+    pub drift: Option<Drift>,
+}
+
+/// Drift checks (`drift=T[:D]`): every `every` tokens after clustering a
+/// re-probe of `probe` decode steps runs every head on its own keys, and a
+/// layer where some member's attention rows (concatenated over the
+/// re-probe) lie farther than `threshold` (cosine distance) from its
+/// representative's is re-clustered from those rows. Members may become representatives, so every KV head
+/// keeps its K: drift checks trade CHAI's K saving for its quality.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Drift {
+    pub every: usize,
+    pub threshold: f64,
+}
+
+impl Drift {
+    /// Cosine distance above which a layer is re-clustered, when `drift=T`
+    /// gives none.
+    pub const DEFAULT_THRESHOLD: f64 = 0.3;
 }
 
 impl HeadSharingSpec {
@@ -49,7 +69,11 @@ impl HeadSharingSpec {
 
 impl PartialEq for HeadSharingSpec {
     fn eq(&self, o: &Self) -> bool {
-        self.plan_path == o.plan_path && self.probe == o.probe && self.rep == o.rep && self.fixed == o.fixed
+        self.plan_path == o.plan_path
+            && self.probe == o.probe
+            && self.rep == o.rep
+            && self.fixed == o.fixed
+            && self.drift == o.drift
     }
 }
 
@@ -138,6 +162,10 @@ impl LayerHeads {
 pub struct LayerClustersReport {
     pub clusters: Vec<Vec<usize>>,
     pub representatives: Vec<usize>,
+    /// Drift checks that re-clustered this layer (`drift=`).
+    pub reclustered: usize,
+    /// Largest member-to-representative distance seen at a drift check.
+    pub max_drift: f64,
 }
 
 /// Per-request CHAI state. Cloning it (beam search) gives a beam the
@@ -153,6 +181,15 @@ pub struct HeadSharing {
     layers: Option<Vec<LayerHeads>>,
     /// [layer][head]: flattened lower-triangle probe rows.
     probe_rows: Vec<Vec<Vec<f32>>>,
+    /// Drift checks: tokens since the last one, steps of the current
+    /// re-probe still to run (layers then run dense), its attention rows
+    /// [layer][head] concatenated, and per layer the re-clusterings and
+    /// largest distance.
+    since_check: usize,
+    check_left: usize,
+    check_rows: Vec<Vec<Vec<f32>>>,
+    reclustered: Vec<usize>,
+    max_drift: Vec<f64>,
 }
 
 impl HeadSharing {
@@ -187,6 +224,11 @@ impl HeadSharing {
             n_kv_heads,
             layers: None,
             probe_rows: vec![vec![vec![0f32; feat]; n_heads]; n_layers],
+            since_check: 0,
+            check_left: 0,
+            check_rows: if spec.drift.is_some() { vec![vec![Vec::new(); n_heads]; n_layers] } else { Vec::new() },
+            reclustered: vec![0; n_layers],
+            max_drift: vec![0.0; n_layers],
             spec,
         })
     }
@@ -194,6 +236,12 @@ impl HeadSharing {
     /// True while the probe is still being collected (online CHAI only).
     pub fn collecting_probe(&self) -> bool {
         self.layers.is_none() && !self.spec.fixed
+    }
+
+    /// True while every head's attention is wanted: the probe, or a drift
+    /// check step (every head then runs on its own keys).
+    pub fn recording(&self) -> bool {
+        self.collecting_probe() || self.check_left > 0
     }
 
     /// Probe length in tokens.
@@ -204,6 +252,12 @@ impl HeadSharing {
     /// Records query head `head`'s attention at position `pos` (< probe)
     /// over the slots with `positions` (probabilities aligned with them).
     pub fn record_probe(&mut self, layer: usize, head: usize, pos: usize, positions: &[u32], probs: &[f32]) {
+        if self.check_left > 0 {
+            // the step's whole row (every KV head holds the same positions:
+            // drift checks need the full token policy)
+            self.check_rows[layer][head].extend_from_slice(&probs[..positions.len()]);
+            return;
+        }
         if pos >= self.spec.probe || !self.collecting_probe() {
             return;
         }
@@ -245,18 +299,64 @@ impl HeadSharing {
                 }
             })
             .collect();
-        for (l, lh) in layers.iter().enumerate() {
-            for (kv, used) in lh.kv_heads_with_keys(g).into_iter().enumerate() {
-                if !used {
-                    store.head_mut(l, kv).drop_keys();
+        if self.spec.drift.is_none() {
+            for (l, lh) in layers.iter().enumerate() {
+                for (kv, used) in lh.kv_heads_with_keys(g).into_iter().enumerate() {
+                    if !used {
+                        store.head_mut(l, kv).drop_keys();
+                    }
                 }
             }
         }
         self.layers = Some(layers);
     }
 
-    /// The layer's head structure once clustered.
+    /// After `n` tokens (once clustered, with `drift=`): starts a re-probe
+    /// every `every` tokens, and after its last step re-clusters each shared
+    /// layer whose largest member-to-representative distance exceeds the
+    /// threshold, from the re-probe's rows.
+    pub fn after_tokens(&mut self, n: usize) {
+        let (Some(drift), Some(layers)) = (self.spec.drift, self.layers.as_mut()) else { return };
+        if self.check_left == 0 {
+            self.since_check += n;
+            if self.since_check >= drift.every {
+                self.check_left = self.spec.probe;
+                self.check_rows.iter_mut().flatten().for_each(Vec::clear);
+            }
+            return;
+        }
+        self.check_left = self.check_left.saturating_sub(n);
+        if self.check_left > 0 {
+            return;
+        }
+        self.since_check = 0;
+        let g = self.n_heads / self.n_kv_heads;
+        for (l, lp) in self.plan.layers.iter().enumerate() {
+            let rows = &self.check_rows[l];
+            if lp.k >= self.n_heads || rows.iter().any(Vec::is_empty) {
+                continue;
+            }
+            let dist = cosine_distances(rows);
+            let lh = &layers[l];
+            let worst = (0..self.n_heads).map(|h| dist[h][lh.representative_of[h]]).fold(0.0, f64::max);
+            self.max_drift[l] = self.max_drift[l].max(worst);
+            if worst > drift.threshold {
+                let hc = match lp.kv_keep {
+                    Some(keep) => cluster_by_kv_groups(rows, g, keep),
+                    None => cluster_heads(rows, lp.k, self.spec.rep),
+                };
+                layers[l] = LayerHeads::from_clusters(&hc, self.n_kv_heads);
+                self.reclustered[l] += 1;
+            }
+        }
+    }
+
+    /// The layer's head structure once clustered (`None` before, and during
+    /// a drift check step, when every head attends on its own).
     pub fn layer(&self, l: usize) -> Option<&LayerHeads> {
+        if self.check_left > 0 {
+            return None;
+        }
         self.layers.as_ref().map(|v| &v[l])
     }
 
@@ -265,9 +365,12 @@ impl HeadSharing {
         self.layers
             .iter()
             .flatten()
-            .map(|l| LayerClustersReport {
+            .enumerate()
+            .map(|(i, l)| LayerClustersReport {
                 clusters: l.clusters.clone(),
                 representatives: l.clusters.iter().map(|c| l.representative_of[c[0]]).collect(),
+                reclustered: self.reclustered[i],
+                max_drift: self.max_drift[i],
             })
             .collect()
     }
