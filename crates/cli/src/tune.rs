@@ -45,7 +45,8 @@ pub struct Args {
     #[arg(long, default_value_t = 3)]
     eta: usize,
     /// Candidate grid: `default` (baselines + H2O × 7 score families × sink
-    /// 0/4 × 3 heavy/recent splits) or `tiny` (window, sink, H2O, H2O decay:0.9).
+    /// 0/4 × 3 heavy/recent splits + paper H2O × sum/norm scores × the
+    /// pyramid/ada allocators) or `tiny` (window, sink, H2O, H2O decay:0.9).
     #[arg(long, default_value = "default")]
     grid: Grid,
     /// After tuning, compare the chosen spec with window, sink, heavy,

@@ -129,6 +129,15 @@ pub fn candidate_grid(b: usize, grid: Grid) -> Vec<PolicySpec> {
             }
         }
     }
+    if grid == Grid::Default && b >= 4 {
+        // the layer/head allocators on the paper split, with plain and age-normalised scores
+        for score in ["", ",score=norm"] {
+            for alloc in ["pyramid", "ada"] {
+                let s = format!("h2o:heavy={},recent={}{score},alloc={alloc}", b - b / 2, b / 2);
+                push(PolicySpec::parse(&s).expect("grid specs are valid"));
+            }
+        }
+    }
     out
 }
 
@@ -845,8 +854,9 @@ mod tests {
             }
         }
         let g = candidate_grid(102, Grid::Default);
-        // 5 baselines + 7 families × 2 sink settings × 3 splits, less the paper H2O counted twice
-        assert_eq!(g.len(), 5 + 7 * 2 * 3 - 1);
+        // 5 baselines + 7 families × 2 sink settings × 3 splits, less the paper H2O
+        // counted twice, + 2 allocators × 2 score families
+        assert_eq!(g.len(), 5 + 7 * 2 * 3 - 1 + 4);
         let names: Vec<String> = g.iter().map(|s| s.to_string()).collect();
         for want in [
             "window:recent=102",
@@ -856,6 +866,8 @@ mod tests {
             "h2o:heavy=51,recent=51",
             "h2o:heavy=26,recent=76,score=decay:0.9",
             "h2o:heavy=74,recent=24,sink=4,score=persist:16",
+            "h2o:heavy=51,recent=51,alloc=pyramid:0.25",
+            "h2o:heavy=51,recent=51,score=norm,alloc=ada:0.2",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }
