@@ -14,27 +14,29 @@
 //! lane, so the sums come out as a vector of 16 rows with no horizontal
 //! reduction — and, for the 5- and 6-bit formats, bit planes:
 //!
-//! | format | header | quants | bit planes | bits per weight (file) |
+//! | format | header (per row) | quants | bit planes | bits per weight (file) |
 //! |---|---|---|---|---|
 //! | Q8_0 | 64 B: f16 `d` | 512 B: `q + 128` | — | 9.0 (8.5) |
 //! | Q4_0, Q4_1 | 64 B: f16 `d`, f16 `m` | 256 B nibbles | — | 5.0 (4.5, 5.0) |
 //! | Q5_0, Q5_1 | 64 B: f16 `d`, f16 `m` | 256 B nibbles | bit 4 | 6.0 (5.5, 6.0) |
-//! | Q4_K | 128 B: f32 `d·sc`, f32 `−dmin·m` | 256 B nibbles | — | 6.5 (4.5) |
-//! | Q5_K | 128 B: f32 `d·sc`, f32 `−dmin·m` | 256 B nibbles | bit 4 | 7.5 (5.5) |
-//! | Q6_K | 128 B: f32 `d·sc` of both halves | 256 B nibbles | bits 4, 5 | 8.56 (6.56) |
+//! | Q4_K | 96 B: f16 `d`, `dmin`, u8 `sc`, `m` | 256 B nibbles | — | 5.5 (4.5) |
+//! | Q5_K | 96 B: f16 `d`, `dmin`, u8 `sc`, `m` | 256 B nibbles | bit 4 | 6.5 (5.5) |
+//! | Q6_K | 64 B: f16 `d`, i8 `sc` of both halves | 256 B nibbles | bits 4, 5 | 7.0 (6.56) |
 //!
 //! Nibble byte `4j + b` of lane `i` holds column `4j + b` (low nibble) and
 //! `16 + 4j + b` (high nibble); bit plane `p` is 8 little-endian `u64`
 //! masks, mask `c / 4` bit `4i + c % 4` being bit `4 + p` of column `c`'s
-//! quant, so a masked byte add restores it. The K-quant headers are the
-//! exact f32 products GGML's dequantizer forms (`d·sc` of an f16 and a 6-
-//! or 8-bit integer); each row group's panel ends with the rows' original
-//! super-block headers (Q4_K/Q5_K: `d`, `dmin` and the 12 scale bytes;
-//! Q6_K: the 16 scales and `d`), so [`unpack_row`] restores the file's
-//! bytes exactly and [`dequantize_row`] is GGML's dequantization bit for
-//! bit. The bit planes cost what the file's own fifth and sixth bits cost;
-//! the f32 headers and kept super-block headers are the 1.4× of Q4_K (1.3×
-//! for Q5_K/Q6_K): one panel layout for every format kept the kernel simple.
+//! quant, so a masked byte add restores it. The K-quant headers repeat the
+//! super-block's `d` (and `dmin`) in each of its 8 blocks of 32 next to the
+//! block's own 6-bit scale and minimum (Q6_K: its two 8-bit scales), and
+//! the kernels form `d·sc` and `−dmin·m` from them (exact f32 products, as
+//! GGML's dequantizer forms them); every bit of the file's super-block
+//! header is there, so [`unpack_row`] restores the file's bytes exactly
+//! and [`dequantize_row`] is GGML's dequantization bit for bit. The bit
+//! planes cost what the file's own fifth and sixth bits cost; the repeated
+//! `d`/`dmin` are the 1.2× of Q4_K (1.18× Q5_K, 1.07× Q6_K): an f32 header
+//! of `d·sc` and `−dmin·m` would save the kernel four conversions and two
+//! products per block but cost 1.4× (and a copy of the file's header).
 //!
 //! Every output is computed lane by lane with the same operations whatever
 //! the number of tokens, so a product over `n` tokens equals `n` single-token
@@ -59,11 +61,16 @@ pub const TILE_TOKENS: usize = 8;
 pub(crate) const HEADER: usize = 64;
 /// Offset of the minimums inside a panel block's f16 header.
 pub(crate) const MIN_OFFSET: usize = 32;
-/// Bytes of the K-quants' f32 header: 16 f32 scales, then 16 f32 minimums
-/// (Q6_K: the second halves' scales) at [`WIDE_MIN_OFFSET`].
-pub(crate) const WIDE_HEADER: usize = 128;
-/// Offset of the second f32 array inside the K-quants' header.
-pub(crate) const WIDE_MIN_OFFSET: usize = 64;
+/// Bytes of the Q4_K/Q5_K header: 16 f16 `d`, 16 f16 `dmin` (at
+/// [`MIN_OFFSET`]), then the 6-bit scales at [`K_SCALE_OFFSET`] and
+/// minimums at [`K_MIN_OFFSET`], a byte each. (Q6_K's header is
+/// [`HEADER`] bytes: 16 f16 `d`, then the two halves' i8 scales at
+/// [`MIN_OFFSET`] and [`MIN_OFFSET`] + 16.)
+pub(crate) const K_HEADER: usize = 96;
+/// Offset of the Q4_K/Q5_K scales inside the header.
+pub(crate) const K_SCALE_OFFSET: usize = 64;
+/// Offset of the Q4_K/Q5_K minimums inside the header.
+pub(crate) const K_MIN_OFFSET: usize = 80;
 /// Bytes of the nibble quants of a panel block (16 rows × 32 columns).
 pub(crate) const NIBBLES: usize = PANEL_ROWS * QK / 2;
 /// Bytes of one bit plane (16 rows × 32 columns, one bit each).
@@ -78,17 +85,15 @@ pub fn supports(dtype: DType) -> bool {
 }
 
 /// Bytes of a panel block's header.
-#[inline]
 pub(crate) fn header_bytes(dtype: DType) -> usize {
-    if dtype.is_k_quant() {
-        WIDE_HEADER
+    if matches!(dtype, DType::Q4_K | DType::Q5_K) {
+        K_HEADER
     } else {
         HEADER
     }
 }
 
 /// Bit planes above the nibbles (the fifth and sixth bits of the quants).
-#[inline]
 pub(crate) fn planes(dtype: DType) -> usize {
     match dtype {
         DType::Q5_0 | DType::Q5_1 | DType::Q5_K => 1,
@@ -99,24 +104,23 @@ pub(crate) fn planes(dtype: DType) -> usize {
 
 /// Bytes of one panel block (16 rows × 32 columns): the header, then a
 /// byte (Q8_0) or a nibble per quant, then the bit planes.
-#[inline]
 pub(crate) fn block_bytes(dtype: DType) -> usize {
     let quants = if dtype == DType::Q8_0 { PANEL_ROWS * QK } else { NIBBLES };
     header_bytes(dtype) + quants + planes(dtype) * PLANE
 }
 
-/// Bytes kept per row and super-block of the original header (K-quants).
-fn kept_bytes(dtype: DType) -> usize {
-    match dtype {
-        DType::Q4_K | DType::Q5_K => 16,
-        DType::Q6_K => 18,
-        _ => 0,
-    }
+/// Bytes of one row group's panel.
+fn panel_bytes(dtype: DType, cols: usize) -> usize {
+    (cols / QK) * block_bytes(dtype)
 }
 
-/// Bytes of one row group's panel: its blocks, then the kept headers.
-fn panel_bytes(dtype: DType, cols: usize) -> usize {
-    (cols / QK) * block_bytes(dtype) + PANEL_ROWS * (cols / QK_K) * kept_bytes(dtype)
+/// Offsets of the one-byte scales in a K-quant header.
+fn byte_scales_at(dtype: DType) -> Option<(usize, usize)> {
+    match dtype {
+        DType::Q4_K | DType::Q5_K => Some((K_SCALE_OFFSET, K_MIN_OFFSET)),
+        DType::Q6_K => Some((MIN_OFFSET, MIN_OFFSET + PANEL_ROWS)),
+        _ => None,
+    }
 }
 
 /// Bytes of a `rows × cols` matrix in panel layout (rows padded to 16).
@@ -173,15 +177,24 @@ fn half(b: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
+/// One row's header values in one panel block: f16 bits of `d` and of
+/// `m` (Q4_K/Q5_K: `dmin`), and the K-quants' integer scales (Q4_K/Q5_K:
+/// scale and minimum; Q6_K: the two halves' scales, as bytes).
+#[derive(Clone, Copy, Default)]
+struct Head {
+    d: u16,
+    m: u16,
+    sc: [u8; 2],
+}
+
 /// One stored block (`src`: 32 or 256 elements) as the panel holds it: per
-/// 32 columns the unsigned quants, and the two header values (f16 bytes of
-/// `d` and `m` for the 32-element formats, f32 bits for the K-quants).
-fn split_block(dtype: DType, src: &[u8], q: &mut [[u8; QK]], head: &mut [[u32; 2]]) {
+/// 32 columns the unsigned quants and the header values.
+fn split_block(dtype: DType, src: &[u8], q: &mut [[u8; QK]], head: &mut [Head]) {
     let nib = |b: u8, high: bool| if high { b >> 4 } else { b & 0x0f };
-    let f16 = |at: usize| u16::from_le_bytes([src[at], src[at + 1]]) as u32;
+    let f16 = |at: usize| u16::from_le_bytes([src[at], src[at + 1]]);
     match dtype {
         DType::Q8_0 => {
-            head[0] = [f16(0), 0];
+            head[0] = Head { d: f16(0), ..Head::default() };
             (0..QK).for_each(|k| q[0][k] = src[2 + k] ^ 0x80); // q + 128
         }
         DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
@@ -191,20 +204,18 @@ fn split_block(dtype: DType, src: &[u8], q: &mut [[u8; QK]], head: &mut [[u32; 2
                 DType::Q5_0 => (0, Some(2), 6),
                 _ => (f16(2), Some(4), 8),
             };
-            head[0] = [f16(0), m];
+            head[0] = Head { d: f16(0), m, sc: [0; 2] };
             let qh = qh.map_or(0, |at| u32::from_le_bytes(src[at..at + 4].try_into().unwrap()));
             for k in 0..QK {
                 q[0][k] = nib(src[qs + k % 16], k >= 16) | ((((qh >> k) & 1) as u8) << 4);
             }
         }
         DType::Q4_K | DType::Q5_K => {
-            let (d, dmin) = (half(src, 0), half(src, 2));
             let five = dtype == DType::Q5_K;
             let (qh, qs) = (&src[16..48], &src[if five { 48 } else { 16 }..]);
             for g in 0..QK_K / QK {
                 let (s, m) = crate::quant::k4_scale_min(&src[4..16], g);
-                // as GGML: x = (d·s)·q − (dmin·m)
-                head[g] = [(d * s as f32).to_bits(), (-(dmin * m as f32)).to_bits()];
+                head[g] = Head { d: f16(0), m: f16(2), sc: [s, m] };
                 for l in 0..QK {
                     let hi = if five { ((qh[l] >> g) & 1) << 4 } else { 0 };
                     q[g][l] = nib(qs[32 * (g / 2) + l], g % 2 == 1) | hi;
@@ -213,11 +224,8 @@ fn split_block(dtype: DType, src: &[u8], q: &mut [[u8; QK]], head: &mut [[u32; 2
         }
         DType::Q6_K => {
             let (ql, qh, sc) = (&src[0..128], &src[128..192], &src[192..208]);
-            let d = half(src, 208);
             for b in 0..QK_K / QK {
-                // as GGML: x = (d·s)·(q − 32), s per 16 elements
-                let s = |g: usize| (d * (sc[g] as i8) as f32).to_bits();
-                head[b] = [s(2 * b), s(2 * b + 1)];
+                head[b] = Head { d: f16(208), m: 0, sc: [sc[2 * b], sc[2 * b + 1]] };
                 let (h, k) = (b / 4, b % 4);
                 for l in 0..QK {
                     let lo = nib(ql[64 * h + 32 * (k % 2) + l], k >= 2);
@@ -229,30 +237,47 @@ fn split_block(dtype: DType, src: &[u8], q: &mut [[u8; QK]], head: &mut [[u32; 2
     }
 }
 
-/// The inverse of [`split_block`]: the stored block from its quants, its
-/// 32-element header (`head`, f16 bits) or kept super-block header (`kept`).
-fn join_block(dtype: DType, q: &[[u8; QK]], head: [u16; 2], kept: &[u8], dst: &mut [u8]) {
+/// The inverse of [`split_block`]: the stored block from its quants and
+/// header values.
+fn join_block(dtype: DType, q: &[[u8; QK]], head: &[Head], dst: &mut [u8]) {
     let pair = |q: &[u8; QK], j: usize| (q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4);
     let qh = |q: &[u8; QK]| (0..QK).fold(0u32, |a, k| a | ((((q[k] >> 4) & 1) as u32) << k));
-    dst[0..2].copy_from_slice(&head[0].to_le_bytes());
+    let (d, m) = (head[0].d.to_le_bytes(), head[0].m.to_le_bytes());
     match dtype {
-        DType::Q8_0 => (0..QK).for_each(|k| dst[2 + k] = q[0][k] ^ 0x80),
-        DType::Q4_0 => (0..16).for_each(|j| dst[2 + j] = pair(&q[0], j)),
+        DType::Q8_0 => {
+            dst[0..2].copy_from_slice(&d);
+            (0..QK).for_each(|k| dst[2 + k] = q[0][k] ^ 0x80);
+        }
+        DType::Q4_0 => {
+            dst[0..2].copy_from_slice(&d);
+            (0..16).for_each(|j| dst[2 + j] = pair(&q[0], j));
+        }
         DType::Q4_1 => {
-            dst[2..4].copy_from_slice(&head[1].to_le_bytes());
+            dst[0..2].copy_from_slice(&d);
+            dst[2..4].copy_from_slice(&m);
             (0..16).for_each(|j| dst[4 + j] = pair(&q[0], j));
         }
         DType::Q5_0 => {
+            dst[0..2].copy_from_slice(&d);
             dst[2..6].copy_from_slice(&qh(&q[0]).to_le_bytes());
             (0..16).for_each(|j| dst[6 + j] = pair(&q[0], j));
         }
         DType::Q5_1 => {
-            dst[2..4].copy_from_slice(&head[1].to_le_bytes());
+            dst[0..2].copy_from_slice(&d);
+            dst[2..4].copy_from_slice(&m);
             dst[4..8].copy_from_slice(&qh(&q[0]).to_le_bytes());
             (0..16).for_each(|j| dst[8 + j] = pair(&q[0], j));
         }
         DType::Q4_K | DType::Q5_K => {
-            dst[0..16].copy_from_slice(&kept[..16]);
+            dst[0..2].copy_from_slice(&d);
+            dst[2..4].copy_from_slice(&m);
+            // the inverse of `quant::k4_scale_min`
+            let (s, mn) = (|g: usize| head[g].sc[0], |g: usize| head[g].sc[1]);
+            for j in 0..4 {
+                dst[4 + j] = (s(j) & 63) | ((s(j + 4) >> 4) << 6);
+                dst[8 + j] = (mn(j) & 63) | ((mn(j + 4) >> 4) << 6);
+                dst[12 + j] = (s(j + 4) & 0x0f) | ((mn(j + 4) & 0x0f) << 4);
+            }
             let five = dtype == DType::Q5_K;
             let qs = if five { 48 } else { 16 };
             for c in 0..4 {
@@ -267,7 +292,6 @@ fn join_block(dtype: DType, q: &[[u8; QK]], head: [u16; 2], kept: &[u8], dst: &m
             }
         }
         DType::Q6_K => {
-            dst[192..210].copy_from_slice(&kept[..18]);
             dst[..192].fill(0);
             for (b, qb) in q.iter().enumerate().take(QK_K / QK) {
                 let (h, k) = (b / 4, b % 4);
@@ -275,7 +299,9 @@ fn join_block(dtype: DType, q: &[[u8; QK]], head: [u16; 2], kept: &[u8], dst: &m
                     dst[64 * h + 32 * (k % 2) + l] |= (v & 0x0f) << (4 * (k / 2));
                     dst[128 + 32 * h + l] |= (v >> 4) << (2 * k);
                 }
+                dst[192 + 2 * b..194 + 2 * b].copy_from_slice(&head[b].sc);
             }
+            dst[208..210].copy_from_slice(&d);
         }
         _ => unreachable!("{dtype} has no integer path"),
     }
@@ -287,33 +313,28 @@ pub fn pack(dtype: DType, rows: usize, cols: usize, raw: &[u8], out: &mut [u8]) 
     debug_assert!(supports(dtype));
     let (be, rb) = (dtype.block_elems(), dtype.block_bytes());
     let (sub, bb, hb, pb) = (be / QK, block_bytes(dtype), header_bytes(dtype), panel_bytes(dtype, cols));
-    let (blocks, kb) = (cols / QK, kept_bytes(dtype));
-    let mut q = vec![[0u8; QK]; sub];
-    let mut head = vec![[0u32; 2]; sub];
+    let mut q = [[0u8; QK]; QK_K / QK];
+    let mut head = [Head::default(); QK_K / QK];
     out.fill(0);
     for r in 0..rows {
         let (g, i) = (r / PANEL_ROWS, r % PANEL_ROWS);
         let panel = &mut out[g * pb..(g + 1) * pb];
         for s in 0..cols / be {
             let src = &raw[(r * (cols / be) + s) * rb..][..rb];
-            split_block(dtype, src, &mut q, &mut head);
-            for (j, (qj, hj)) in q.iter().zip(&head).enumerate() {
+            split_block(dtype, src, &mut q[..sub], &mut head[..sub]);
+            for (j, (qj, hj)) in q.iter().zip(&head).take(sub).enumerate() {
                 let dst = &mut panel[(s * sub + j) * bb..][..bb];
-                if dtype.is_k_quant() {
-                    dst[4 * i..4 * i + 4].copy_from_slice(&hj[0].to_le_bytes());
-                    dst[WIDE_MIN_OFFSET + 4 * i..][..4].copy_from_slice(&hj[1].to_le_bytes());
-                } else {
-                    dst[2 * i..2 * i + 2].copy_from_slice(&(hj[0] as u16).to_le_bytes());
-                    dst[MIN_OFFSET + 2 * i..][..2].copy_from_slice(&(hj[1] as u16).to_le_bytes());
+                dst[2 * i..2 * i + 2].copy_from_slice(&hj.d.to_le_bytes());
+                match byte_scales_at(dtype) {
+                    Some((s0, s1)) => {
+                        if dtype != DType::Q6_K {
+                            dst[MIN_OFFSET + 2 * i..][..2].copy_from_slice(&hj.m.to_le_bytes());
+                        }
+                        (dst[s0 + i], dst[s1 + i]) = (hj.sc[0], hj.sc[1]);
+                    }
+                    None => dst[MIN_OFFSET + 2 * i..][..2].copy_from_slice(&hj.m.to_le_bytes()),
                 }
                 put_quants(dtype, qj, i, &mut dst[hb..]);
-            }
-            if kb > 0 {
-                let keep = &mut panel[blocks * bb + (i * (cols / be) + s) * kb..][..kb];
-                match dtype {
-                    DType::Q6_K => keep.copy_from_slice(&src[192..210]),
-                    _ => keep.copy_from_slice(&src[..16]),
-                }
             }
         }
     }
@@ -323,19 +344,21 @@ pub fn pack(dtype: DType, rows: usize, cols: usize, raw: &[u8], out: &mut [u8]) 
 pub fn unpack_row(dtype: DType, packed: &[u8], cols: usize, r: usize, raw: &mut [u8]) {
     let (be, rb) = (dtype.block_elems(), dtype.block_bytes());
     let (sub, bb, hb, pb) = (be / QK, block_bytes(dtype), header_bytes(dtype), panel_bytes(dtype, cols));
-    let (blocks, kb) = (cols / QK, kept_bytes(dtype));
     let (g, i) = (r / PANEL_ROWS, r % PANEL_ROWS);
     let panel = &packed[g * pb..(g + 1) * pb];
     let mut q = [[0u8; QK]; QK_K / QK];
+    let mut head = [Head::default(); QK_K / QK];
+    let f16 = |blk: &[u8], at: usize| u16::from_le_bytes([blk[at], blk[at + 1]]);
     for s in 0..cols / be {
-        for (j, qj) in q.iter_mut().enumerate().take(sub) {
+        for (j, (qj, hj)) in q.iter_mut().zip(&mut head).take(sub).enumerate() {
             let blk = &panel[(s * sub + j) * bb..][..bb];
             (0..QK).for_each(|k| qj[k] = quant_at(dtype, &blk[hb..], i, k));
+            *hj = Head { d: f16(blk, 2 * i), m: f16(blk, MIN_OFFSET + 2 * i), sc: [0; 2] };
+            if let Some((s0, s1)) = byte_scales_at(dtype) {
+                hj.sc = [blk[s0 + i], blk[s1 + i]];
+            }
         }
-        let blk = &panel[s * sub * bb..];
-        let head = [0, MIN_OFFSET].map(|o| u16::from_le_bytes([blk[o + 2 * i], blk[o + 2 * i + 1]]));
-        let kept = &panel[blocks * bb + (i * (cols / be) + s) * kb..][..kb];
-        join_block(dtype, &q[..sub], head, kept, &mut raw[s * rb..(s + 1) * rb]);
+        join_block(dtype, &q[..sub], &head[..sub], &mut raw[s * rb..(s + 1) * rb]);
     }
 }
 
@@ -427,18 +450,21 @@ pub type TileFn = fn(DType, &[u8], &Activations, usize, usize, &mut [[f32; PANEL
 /// minimum (Q6_K: the scales of the two halves).
 #[inline]
 fn scale_min(dtype: DType, blk: &[u8], i: usize) -> (f32, f32) {
-    if dtype.is_k_quant() {
-        let f = |at: usize| f32::from_le_bytes(blk[at..at + 4].try_into().unwrap());
-        return (f(4 * i), f(WIDE_MIN_OFFSET + 4 * i));
-    }
     let d = half(blk, 2 * i);
-    let m = match dtype {
-        DType::Q4_1 | DType::Q5_1 => half(blk, MIN_OFFSET + 2 * i),
-        DType::Q4_0 => d * -8.0,
-        DType::Q5_0 => d * -16.0,
-        _ => d * -128.0,
-    };
-    (d, m)
+    match dtype {
+        DType::Q4_K | DType::Q5_K => {
+            let dmin = half(blk, MIN_OFFSET + 2 * i);
+            (d * blk[K_SCALE_OFFSET + i] as f32, -dmin * blk[K_MIN_OFFSET + i] as f32)
+        }
+        DType::Q6_K => {
+            let s = |at: usize| d * (blk[at + i] as i8) as f32;
+            (s(MIN_OFFSET), s(MIN_OFFSET + PANEL_ROWS))
+        }
+        DType::Q4_1 | DType::Q5_1 => (d, half(blk, MIN_OFFSET + 2 * i)),
+        DType::Q4_0 => (d, d * -8.0),
+        DType::Q5_0 => (d, d * -16.0),
+        _ => (d, d * -128.0),
+    }
 }
 
 /// The portable micro-kernel: the arithmetic every SIMD version reproduces
@@ -636,9 +662,9 @@ mod tests {
             (DType::Q4_1, 5.0),
             (DType::Q5_0, 6.0),
             (DType::Q5_1, 6.0),
-            (DType::Q4_K, 6.5),
-            (DType::Q5_K, 7.5),
-            (DType::Q6_K, 8.5625),
+            (DType::Q4_K, 5.5),
+            (DType::Q5_K, 6.5),
+            (DType::Q6_K, 7.0),
         ] {
             assert_eq!(packed_len(dt, rows, cols) as f64 * 8.0 / (rows * cols) as f64, bits, "{dt}");
         }
@@ -706,10 +732,21 @@ mod tests {
             eprintln!("no AVX-512 VNNI on this CPU: nothing to compare");
             return;
         };
-        for dt in DTYPES {
+        for (dt, random) in DTYPES.into_iter().flat_map(|dt| [(dt, false), (dt, true)]) {
             // 37 rows: two full panels and one padded
             let (rows, cols, n) = (37, if dt.is_k_quant() { 512 } else { 160 }, 19);
-            let raw = quantize(dt, &values(rows * cols, 7));
+            let raw = if random {
+                // every quant and integer scale, finite f16 scales (2^-14..2)
+                let mut raw = bytes(dt.bytes_for(cols) * rows, 23);
+                for blk in raw.chunks_exact_mut(dt.block_bytes()) {
+                    for &at in f16_fields(dt) {
+                        blk[at + 1] = (blk[at + 1] & 0x83) | 0x04 | (blk[at] & 0x38);
+                    }
+                }
+                raw
+            } else {
+                quantize(dt, &values(rows * cols, 7))
+            };
             let mut packed = vec![0u8; packed_len(dt, rows, cols)];
             pack(dt, rows, cols, &raw, &mut packed);
             let mut x = values(n * cols, 9);

@@ -877,20 +877,28 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f3
     let mut acc = [_mm512_setzero_ps(); NT];
     for b in 0..p.blocks {
         let blk = p.panel.add(b * bb);
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+        let f16_at = |at: usize| _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(at) as *const __m256i));
+        let bytes_at = |at: usize| _mm_loadu_si128(blk.add(at) as *const __m128i);
         let (d, m) = match KIND {
-            K4 | K5 | K6 => {
-                (_mm512_loadu_ps(blk as *const f32), _mm512_loadu_ps(blk.add(int8::WIDE_MIN_OFFSET) as *const f32))
+            K4 | K5 => {
+                // d·sc and −dmin·m, as `int8::scale_min`
+                let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes_at(int8::K_SCALE_OFFSET)));
+                let mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes_at(int8::K_MIN_OFFSET)));
+                let sign = _mm512_set1_epi32(i32::MIN);
+                let dmin = _mm512_castps_si512(f16_at(int8::MIN_OFFSET));
+                let neg_dmin = _mm512_castsi512_ps(_mm512_xor_si512(dmin, sign));
+                (_mm512_mul_ps(d, sc), _mm512_mul_ps(neg_dmin, mn))
             }
-            _ => {
-                let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
-                let m = match KIND {
-                    Q41 | Q51 => _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(int8::MIN_OFFSET) as *const __m256i)),
-                    Q40 => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
-                    Q50 => _mm512_mul_ps(d, _mm512_set1_ps(-16.0)),
-                    _ => _mm512_mul_ps(d, _mm512_set1_ps(-128.0)),
-                };
-                (d, m)
+            K6 => {
+                let s0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(int8::MIN_OFFSET)));
+                let s1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(int8::MIN_OFFSET + PANEL_ROWS)));
+                (_mm512_mul_ps(d, s0), _mm512_mul_ps(d, s1))
             }
+            Q41 | Q51 => (d, f16_at(int8::MIN_OFFSET)),
+            Q40 => (d, _mm512_mul_ps(d, _mm512_set1_ps(-8.0))),
+            Q50 => (d, _mm512_mul_ps(d, _mm512_set1_ps(-16.0))),
+            _ => (d, _mm512_mul_ps(d, _mm512_set1_ps(-128.0))),
         };
         let quants = blk.add(hb);
         let mut isum = [_mm512_setzero_si512(); NT];
