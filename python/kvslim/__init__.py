@@ -110,10 +110,11 @@ class Model:
     """A model: a path (HF directory, ``.gguf``, llama2.c ``.bin``),
     ``hf:org/repo[/file]`` or an alias (``smollm2-135m``, ``stories260k``).
     ``tokenizer`` names a tokenizer file for models that carry none.
-    ``f32_activations=True`` multiplies Q4_0/Q4_1/Q8_0 weights with f32
-    activations, so results equal the dequantized model's to rounding; by
-    default (AVX-512 VNNI CPUs) activations are quantized to 8 bits per
-    block of 32, as llama.cpp does: faster, slightly less accurate.
+    ``f32_activations=True`` multiplies quantized weights (Q4_0, Q4_1,
+    Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) with f32 activations, so results
+    equal the dequantized model's to rounding; by default (AVX-512 VNNI
+    CPUs) activations are quantized to 8 bits per block of 32, as llama.cpp
+    does: faster, slightly less accurate.
 
     Raises ``FileNotFoundError`` when the model cannot be found and
     ``ValueError`` when its files cannot be read as a model.

@@ -126,7 +126,7 @@ fn run_detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> T + Send) -> T {
 impl Model {
     /// Loads a model: a path (HF directory, `.gguf`, llama2.c `.bin`),
     /// `hf:org/repo[/file]`, or an alias (`smollm2-135m`, `stories260k`).
-    /// `f32_activations=True` multiplies Q4_0/Q4_1/Q8_0 weights with f32
+    /// `f32_activations=True` multiplies quantized weights with f32
     /// activations (results equal the dequantized model's to rounding)
     /// instead of the faster 8-bit activations (the CLI's
     /// `--f32-activations`).

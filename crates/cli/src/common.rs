@@ -51,13 +51,14 @@ pub struct ModelArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Multiply Q4_0/Q4_1/Q8_0 weights with f32 activations, so results
-    /// equal the dequantized model's to f32 rounding. By default (on CPUs
-    /// with AVX-512 VNNI) activations are quantized to 8 bits per block of
-    /// 32 and the products are integer sums, as llama.cpp does: about twice
-    /// as fast, at a small cost in accuracy (SmolLM2-135M Q4_1: WikiText-2
-    /// perplexity 13.65 → 13.77 over 1,024 tokens). `KVSLIM_INT8=0` does the
-    /// same for every command and library user.
+    /// Multiply quantized weights (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0,
+    /// Q4_K/Q5_K/Q6_K) with f32 activations, so results equal the
+    /// dequantized model's to f32 rounding. By default (on CPUs with AVX-512
+    /// VNNI) activations are quantized to 8 bits per block of 32 and the
+    /// products are integer sums, as llama.cpp does: about twice as fast, at
+    /// a small cost in accuracy (WikiText-2 perplexity over 1,024 tokens:
+    /// SmolLM2-135M Q4_1 13.65 → 13.77, Gemma 3 270M Q4_K_M 10.17 → 10.19).
+    /// `KVSLIM_INT8=0` does the same for every command and library user.
     #[arg(long)]
     pub f32_activations: bool,
 }

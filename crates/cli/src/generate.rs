@@ -46,8 +46,8 @@ pub struct Args {
     /// With --speculative: verify drafts with one GEMM per matrix over the
     /// chunk instead of one decode step's arithmetic per token; with f32
     /// products logits then differ from plain decoding by rounding, which
-    /// can flip a near tie. (With the default integer products of
-    /// Q4_0/Q4_1/Q8_0 weights both are the same arithmetic: a product over
+    /// can flip a near tie. (With the default integer products of quantized
+    /// weights both are the same arithmetic: a product over
     /// several tokens equals single-token products bit for bit.)
     #[arg(long)]
     fast_verify: bool,

@@ -7,8 +7,9 @@
 //! every SIMD version is tested against. `KVSLIM_SIMD=scalar|avx2|avx512|neon`
 //! forces a level the CPU has. Activations stay f32 here: the SIMD kernels
 //! only reorder the f32 sums, so results agree with the reference to
-//! rounding. (Q4_0/Q4_1/Q8_0 matrices use the integer products of
-//! [`crate::int8`] instead when the CPU has AVX-512 VNNI; see
+//! rounding. (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and Q4_K/Q5_K/Q6_K matrices use the
+//! integer products of [`crate::int8`] instead when the CPU has AVX-512
+//! VNNI; see
 //! [`crate::matrix::Products`].)
 //!
 //! Measured throughput (`cargo run --release -p kvslim-kernels --example

@@ -1,29 +1,54 @@
-//! Integer products for the 32-element block formats Q4_0, Q4_1 and Q8_0:
-//! the activations are quantized to 8 bits per block of 32 (one f32 scale
-//! per block, as GGML's Q8 activations) and every product of a weight block
-//! with an activation block is an exact integer sum (AVX-512 VNNI
-//! `vpdpbusd`: 64 unsigned × signed byte products per instruction), scaled
-//! once per block. That replaces dequantizing every weight to f32, which is
-//! what bounds the f32 path on a small quantized model.
+//! Integer products for the block formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and
+//! the K-quants Q4_K, Q5_K and Q6_K: the activations are quantized to 8 bits
+//! per block of 32 (one f32 scale per block, as GGML's Q8 activations) and
+//! every product of a 32-column weight block with an activation block is an
+//! exact integer sum (AVX-512 VNNI `vpdpbusd`: 64 unsigned × signed byte
+//! products per instruction), scaled once per block (twice for Q6_K, whose
+//! scales cover 16 columns). That replaces dequantizing every weight to f32,
+//! which is what bounds the f32 path on a small quantized model.
 //!
 //! The weights are repacked once, at load, into panels of [`PANEL_ROWS`]
-//! rows: per block of 32 columns a 64-byte header (the 16 rows' f16 scales
-//! `d`, then their f16 minimums `m` for Q4_1) and the quants interleaved so
-//! that one 64-byte load holds four consecutive quants of each of the 16
-//! rows — one row per 32-bit lane, so the sums come out as a vector of 16
-//! rows with no horizontal reduction. The panel keeps the stored precision
-//! (4-bit quants stay 4-bit) and takes the same bytes as the original rows
-//! (Q4_0: 11% more, its header has room for the unused minimums).
+//! rows. Per block of 32 columns a panel block holds a header (the 16 rows'
+//! scales and minimums), the quants interleaved so that one 64-byte load
+//! holds four consecutive quants of each of the 16 rows — one row per 32-bit
+//! lane, so the sums come out as a vector of 16 rows with no horizontal
+//! reduction — and, for the 5- and 6-bit formats, bit planes:
+//!
+//! | format | header (per row) | quants | bit planes | bits per weight (file) |
+//! |---|---|---|---|---|
+//! | Q8_0 | 64 B: f16 `d` | 512 B: `q + 128` | — | 9.0 (8.5) |
+//! | Q4_0, Q4_1 | 64 B: f16 `d`, f16 `m` | 256 B nibbles | — | 5.0 (4.5, 5.0) |
+//! | Q5_0, Q5_1 | 64 B: f16 `d`, f16 `m` | 256 B nibbles | bit 4 | 6.0 (5.5, 6.0) |
+//! | Q4_K | 96 B: f16 `d`, `dmin`, u8 `sc`, `m` | 256 B nibbles | — | 5.5 (4.5) |
+//! | Q5_K | 96 B: f16 `d`, `dmin`, u8 `sc`, `m` | 256 B nibbles | bit 4 | 6.5 (5.5) |
+//! | Q6_K | 64 B: f16 `d`, i8 `sc` of both halves | 256 B nibbles | bits 4, 5 | 7.0 (6.56) |
+//!
+//! Nibble byte `4j + b` of lane `i` holds column `4j + b` (low nibble) and
+//! `16 + 4j + b` (high nibble); bit plane `p` is 8 little-endian `u64`
+//! masks, mask `c / 4` bit `4i + c % 4` being bit `4 + p` of column `c`'s
+//! quant, so a masked byte add restores it. The K-quant headers repeat the
+//! super-block's `d` (and `dmin`) in each of its 8 blocks of 32 next to the
+//! block's own 6-bit scale and minimum (Q6_K: its two 8-bit scales), and
+//! the kernels form `d·sc` and `−dmin·m` from them (exact f32 products, as
+//! GGML's dequantizer forms them); every bit of the file's super-block
+//! header is there, so [`unpack_row`] restores the file's bytes exactly
+//! and [`dequantize_row`] is GGML's dequantization bit for bit. The bit
+//! planes cost what the file's own fifth and sixth bits cost; the repeated
+//! `d`/`dmin` are the 1.2× of Q4_K (1.18× Q5_K, 1.07× Q6_K): an f32 header
+//! of `d·sc` and `−dmin·m` would save the kernel four conversions and two
+//! products per block but cost 1.4× (and a copy of the file's header).
 //!
 //! Every output is computed lane by lane with the same operations whatever
 //! the number of tokens, so a product over `n` tokens equals `n` single-token
 //! products bit for bit, and the portable [`scalar_tile`] equals the SIMD
 //! kernel bit for bit (the integer sums are exact; each block then adds
-//! `isum · (d · dx)` and `m · sx` with fused multiply-adds, in that order).
+//! `isum · (d · dx)` and `m · sx` with fused multiply-adds, in that order;
+//! Q6_K adds `(isum_h − 32·Σx_h) · (d_h · dx)` for its halves `h` = 0, 1,
+//! with `Σx_h` the activation quants' exact sum over the half).
 
 use crate::dtype::DType;
 use crate::f16::f16_to_f32;
-use crate::quant::QK;
+use crate::quant::{QK, QK_K};
 use std::sync::OnceLock;
 
 /// Weight rows per panel: one per 32-bit lane of a 512-bit vector.
@@ -31,119 +56,331 @@ pub const PANEL_ROWS: usize = 16;
 /// Tokens per micro-tile: 8 integer and 8 f32 accumulators, 16 of the 32
 /// vector registers.
 pub const TILE_TOKENS: usize = 8;
-/// Bytes of a panel block's header: 16 f16 scales, then 16 f16 minimums;
-/// the quants follow it.
+/// Bytes of a panel block's f16 header: 16 f16 scales, then 16 f16
+/// minimums; the quants follow it.
 pub(crate) const HEADER: usize = 64;
-/// Offset of the minimums inside a panel block's header.
+/// Offset of the minimums inside a panel block's f16 header.
 pub(crate) const MIN_OFFSET: usize = 32;
+/// Bytes of the Q4_K/Q5_K header: 16 f16 `d`, 16 f16 `dmin` (at
+/// [`MIN_OFFSET`]), then the 6-bit scales at [`K_SCALE_OFFSET`] and
+/// minimums at [`K_MIN_OFFSET`], a byte each. (Q6_K's header is
+/// [`HEADER`] bytes: 16 f16 `d`, then the two halves' i8 scales at
+/// [`MIN_OFFSET`] and [`MIN_OFFSET`] + 16.)
+pub(crate) const K_HEADER: usize = 96;
+/// Offset of the Q4_K/Q5_K scales inside the header.
+pub(crate) const K_SCALE_OFFSET: usize = 64;
+/// Offset of the Q4_K/Q5_K minimums inside the header.
+pub(crate) const K_MIN_OFFSET: usize = 80;
+/// Bytes of the nibble quants of a panel block (16 rows × 32 columns).
+pub(crate) const NIBBLES: usize = PANEL_ROWS * QK / 2;
+/// Bytes of one bit plane (16 rows × 32 columns, one bit each).
+pub(crate) const PLANE: usize = PANEL_ROWS * QK / 8;
 
 /// Whether `dtype` has an integer path.
 pub fn supports(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+    matches!(
+        dtype,
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4_K | DType::Q5_K | DType::Q6_K
+    )
+}
+
+/// Bytes of a panel block's header.
+pub(crate) fn header_bytes(dtype: DType) -> usize {
+    if matches!(dtype, DType::Q4_K | DType::Q5_K) {
+        K_HEADER
+    } else {
+        HEADER
+    }
+}
+
+/// Bit planes above the nibbles (the fifth and sixth bits of the quants).
+pub(crate) fn planes(dtype: DType) -> usize {
+    match dtype {
+        DType::Q5_0 | DType::Q5_1 | DType::Q5_K => 1,
+        DType::Q6_K => 2,
+        _ => 0,
+    }
 }
 
 /// Bytes of one panel block (16 rows × 32 columns): the header, then a
-/// byte (Q8_0) or a nibble (Q4_x) per quant.
+/// byte (Q8_0) or a nibble per quant, then the bit planes.
 pub(crate) fn block_bytes(dtype: DType) -> usize {
-    HEADER + if dtype == DType::Q8_0 { PANEL_ROWS * QK } else { PANEL_ROWS * QK / 2 }
+    let quants = if dtype == DType::Q8_0 { PANEL_ROWS * QK } else { NIBBLES };
+    header_bytes(dtype) + quants + planes(dtype) * PLANE
+}
+
+/// Bytes of one row group's panel.
+fn panel_bytes(dtype: DType, cols: usize) -> usize {
+    (cols / QK) * block_bytes(dtype)
+}
+
+/// Offsets of the one-byte scales in a K-quant header.
+fn byte_scales_at(dtype: DType) -> Option<(usize, usize)> {
+    match dtype {
+        DType::Q4_K | DType::Q5_K => Some((K_SCALE_OFFSET, K_MIN_OFFSET)),
+        DType::Q6_K => Some((MIN_OFFSET, MIN_OFFSET + PANEL_ROWS)),
+        _ => None,
+    }
 }
 
 /// Bytes of a `rows × cols` matrix in panel layout (rows padded to 16).
 pub fn packed_len(dtype: DType, rows: usize, cols: usize) -> usize {
-    rows.div_ceil(PANEL_ROWS) * (cols / QK) * block_bytes(dtype)
+    rows.div_ceil(PANEL_ROWS) * panel_bytes(dtype, cols)
 }
 
-/// Bytes of one stored block of 32 in the original row layout.
-fn raw_block_bytes(dtype: DType) -> usize {
-    dtype.bytes_for(QK)
+/// Where column `k`'s quant of lane `i` lives: (nibble byte, high nibble?).
+#[inline]
+fn nibble_at(i: usize, k: usize) -> (usize, bool) {
+    let kk = k % 16;
+    ((kk / 4) * 64 + 4 * i + kk % 4, k >= 16)
+}
+
+/// Writes row `i`'s 32 quants (`q`, unsigned, as the kernels multiply them)
+/// into a panel block's quant area (`quants`, after the header).
+fn put_quants(dtype: DType, q: &[u8; QK], i: usize, quants: &mut [u8]) {
+    if dtype == DType::Q8_0 {
+        for (k, &v) in q.iter().enumerate() {
+            quants[(k / 4) * 64 + 4 * i + k % 4] = v;
+        }
+        return;
+    }
+    for (k, &v) in q.iter().enumerate() {
+        let (at, high) = nibble_at(i, k);
+        quants[at] |= if high { (v & 0x0f) << 4 } else { v & 0x0f };
+        for p in 0..planes(dtype) {
+            let bit = ((v >> (4 + p)) & 1) as u64;
+            let m = NIBBLES + p * PLANE + 8 * (k / 4);
+            let mut mask = u64::from_le_bytes(quants[m..m + 8].try_into().unwrap());
+            mask |= bit << (4 * i + k % 4);
+            quants[m..m + 8].copy_from_slice(&mask.to_le_bytes());
+        }
+    }
+}
+
+/// Column `k`'s quant of lane `i` from a panel block's quant area.
+#[inline]
+fn quant_at(dtype: DType, quants: &[u8], i: usize, k: usize) -> u8 {
+    if dtype == DType::Q8_0 {
+        return quants[(k / 4) * 64 + 4 * i + k % 4];
+    }
+    let (at, high) = nibble_at(i, k);
+    let mut v = if high { quants[at] >> 4 } else { quants[at] & 0x0f };
+    for p in 0..planes(dtype) {
+        let m = NIBBLES + p * PLANE + 8 * (k / 4);
+        let mask = u64::from_le_bytes(quants[m..m + 8].try_into().unwrap());
+        v |= (((mask >> (4 * i + k % 4)) & 1) as u8) << (4 + p);
+    }
+    v
+}
+
+fn half(b: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// One row's header values in one panel block: f16 bits of `d` and of
+/// `m` (Q4_K/Q5_K: `dmin`), and the K-quants' integer scales (Q4_K/Q5_K:
+/// scale and minimum; Q6_K: the two halves' scales, as bytes).
+#[derive(Clone, Copy, Default)]
+struct Head {
+    d: u16,
+    m: u16,
+    sc: [u8; 2],
+}
+
+/// One stored block (`src`: 32 or 256 elements) as the panel holds it: per
+/// 32 columns the unsigned quants and the header values.
+fn split_block(dtype: DType, src: &[u8], q: &mut [[u8; QK]], head: &mut [Head]) {
+    let nib = |b: u8, high: bool| if high { b >> 4 } else { b & 0x0f };
+    let f16 = |at: usize| u16::from_le_bytes([src[at], src[at + 1]]);
+    match dtype {
+        DType::Q8_0 => {
+            head[0] = Head { d: f16(0), ..Head::default() };
+            (0..QK).for_each(|k| q[0][k] = src[2 + k] ^ 0x80); // q + 128
+        }
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
+            let (m, qh, qs) = match dtype {
+                DType::Q4_0 => (0, None, 2),
+                DType::Q4_1 => (f16(2), None, 4),
+                DType::Q5_0 => (0, Some(2), 6),
+                _ => (f16(2), Some(4), 8),
+            };
+            head[0] = Head { d: f16(0), m, sc: [0; 2] };
+            let qh = qh.map_or(0, |at| u32::from_le_bytes(src[at..at + 4].try_into().unwrap()));
+            for k in 0..QK {
+                q[0][k] = nib(src[qs + k % 16], k >= 16) | ((((qh >> k) & 1) as u8) << 4);
+            }
+        }
+        DType::Q4_K | DType::Q5_K => {
+            let five = dtype == DType::Q5_K;
+            let (qh, qs) = (&src[16..48], &src[if five { 48 } else { 16 }..]);
+            for g in 0..QK_K / QK {
+                let (s, m) = crate::quant::k4_scale_min(&src[4..16], g);
+                head[g] = Head { d: f16(0), m: f16(2), sc: [s, m] };
+                for l in 0..QK {
+                    let hi = if five { ((qh[l] >> g) & 1) << 4 } else { 0 };
+                    q[g][l] = nib(qs[32 * (g / 2) + l], g % 2 == 1) | hi;
+                }
+            }
+        }
+        DType::Q6_K => {
+            let (ql, qh, sc) = (&src[0..128], &src[128..192], &src[192..208]);
+            for b in 0..QK_K / QK {
+                head[b] = Head { d: f16(208), m: 0, sc: [sc[2 * b], sc[2 * b + 1]] };
+                let (h, k) = (b / 4, b % 4);
+                for l in 0..QK {
+                    let lo = nib(ql[64 * h + 32 * (k % 2) + l], k >= 2);
+                    q[b][l] = lo | (((qh[32 * h + l] >> (2 * k)) & 3) << 4);
+                }
+            }
+        }
+        _ => unreachable!("{dtype} has no integer path"),
+    }
+}
+
+/// The inverse of [`split_block`]: the stored block from its quants and
+/// header values.
+fn join_block(dtype: DType, q: &[[u8; QK]], head: &[Head], dst: &mut [u8]) {
+    let pair = |q: &[u8; QK], j: usize| (q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4);
+    let qh = |q: &[u8; QK]| (0..QK).fold(0u32, |a, k| a | ((((q[k] >> 4) & 1) as u32) << k));
+    let (d, m) = (head[0].d.to_le_bytes(), head[0].m.to_le_bytes());
+    match dtype {
+        DType::Q8_0 => {
+            dst[0..2].copy_from_slice(&d);
+            (0..QK).for_each(|k| dst[2 + k] = q[0][k] ^ 0x80);
+        }
+        DType::Q4_0 => {
+            dst[0..2].copy_from_slice(&d);
+            (0..16).for_each(|j| dst[2 + j] = pair(&q[0], j));
+        }
+        DType::Q4_1 => {
+            dst[0..2].copy_from_slice(&d);
+            dst[2..4].copy_from_slice(&m);
+            (0..16).for_each(|j| dst[4 + j] = pair(&q[0], j));
+        }
+        DType::Q5_0 => {
+            dst[0..2].copy_from_slice(&d);
+            dst[2..6].copy_from_slice(&qh(&q[0]).to_le_bytes());
+            (0..16).for_each(|j| dst[6 + j] = pair(&q[0], j));
+        }
+        DType::Q5_1 => {
+            dst[0..2].copy_from_slice(&d);
+            dst[2..4].copy_from_slice(&m);
+            dst[4..8].copy_from_slice(&qh(&q[0]).to_le_bytes());
+            (0..16).for_each(|j| dst[8 + j] = pair(&q[0], j));
+        }
+        DType::Q4_K | DType::Q5_K => {
+            dst[0..2].copy_from_slice(&d);
+            dst[2..4].copy_from_slice(&m);
+            // the inverse of `quant::k4_scale_min`
+            let (s, mn) = (|g: usize| head[g].sc[0], |g: usize| head[g].sc[1]);
+            for j in 0..4 {
+                dst[4 + j] = (s(j) & 63) | ((s(j + 4) >> 4) << 6);
+                dst[8 + j] = (mn(j) & 63) | ((mn(j + 4) >> 4) << 6);
+                dst[12 + j] = (s(j + 4) & 0x0f) | ((mn(j + 4) & 0x0f) << 4);
+            }
+            let five = dtype == DType::Q5_K;
+            let qs = if five { 48 } else { 16 };
+            for c in 0..4 {
+                for l in 0..QK {
+                    dst[qs + 32 * c + l] = (q[2 * c][l] & 0x0f) | ((q[2 * c + 1][l] & 0x0f) << 4);
+                }
+            }
+            if five {
+                for l in 0..QK {
+                    dst[16 + l] = (0..8).fold(0u8, |a, g| a | (((q[g][l] >> 4) & 1) << g));
+                }
+            }
+        }
+        DType::Q6_K => {
+            dst[..192].fill(0);
+            for (b, qb) in q.iter().enumerate().take(QK_K / QK) {
+                let (h, k) = (b / 4, b % 4);
+                for (l, &v) in qb.iter().enumerate() {
+                    dst[64 * h + 32 * (k % 2) + l] |= (v & 0x0f) << (4 * (k / 2));
+                    dst[128 + 32 * h + l] |= (v >> 4) << (2 * k);
+                }
+                dst[192 + 2 * b..194 + 2 * b].copy_from_slice(&head[b].sc);
+            }
+            dst[208..210].copy_from_slice(&d);
+        }
+        _ => unreachable!("{dtype} has no integer path"),
+    }
 }
 
 /// Repacks `rows` rows in the original block layout (`raw`) into panels
 /// written to `out` (`packed_len` bytes; padding rows are zero).
 pub fn pack(dtype: DType, rows: usize, cols: usize, raw: &[u8], out: &mut [u8]) {
     debug_assert!(supports(dtype));
-    let (blocks, rb, bb) = (cols / QK, raw_block_bytes(dtype), block_bytes(dtype));
+    let (be, rb) = (dtype.block_elems(), dtype.block_bytes());
+    let (sub, bb, hb, pb) = (be / QK, block_bytes(dtype), header_bytes(dtype), panel_bytes(dtype, cols));
+    let mut q = [[0u8; QK]; QK_K / QK];
+    let mut head = [Head::default(); QK_K / QK];
     out.fill(0);
     for r in 0..rows {
         let (g, i) = (r / PANEL_ROWS, r % PANEL_ROWS);
-        for b in 0..blocks {
-            let src = &raw[(r * blocks + b) * rb..(r * blocks + b + 1) * rb];
-            let dst = &mut out[(g * blocks + b) * bb..(g * blocks + b + 1) * bb];
-            dst[2 * i..2 * i + 2].copy_from_slice(&src[0..2]);
-            match dtype {
-                DType::Q4_1 => {
-                    dst[MIN_OFFSET + 2 * i..MIN_OFFSET + 2 * i + 2].copy_from_slice(&src[2..4]);
-                    spread_nibbles(&src[4..20], i, &mut dst[HEADER..]);
-                }
-                DType::Q4_0 => spread_nibbles(&src[2..18], i, &mut dst[HEADER..]),
-                _ => {
-                    for (k, &q) in src[2..34].iter().enumerate() {
-                        // unsigned for vpdpbusd: q + 128
-                        dst[HEADER + (k / 4) * 64 + 4 * i + k % 4] = q ^ 0x80;
+        let panel = &mut out[g * pb..(g + 1) * pb];
+        for s in 0..cols / be {
+            let src = &raw[(r * (cols / be) + s) * rb..][..rb];
+            split_block(dtype, src, &mut q[..sub], &mut head[..sub]);
+            for (j, (qj, hj)) in q.iter().zip(&head).take(sub).enumerate() {
+                let dst = &mut panel[(s * sub + j) * bb..][..bb];
+                dst[2 * i..2 * i + 2].copy_from_slice(&hj.d.to_le_bytes());
+                match byte_scales_at(dtype) {
+                    Some((s0, s1)) => {
+                        if dtype != DType::Q6_K {
+                            dst[MIN_OFFSET + 2 * i..][..2].copy_from_slice(&hj.m.to_le_bytes());
+                        }
+                        (dst[s0 + i], dst[s1 + i]) = (hj.sc[0], hj.sc[1]);
                     }
+                    None => dst[MIN_OFFSET + 2 * i..][..2].copy_from_slice(&hj.m.to_le_bytes()),
                 }
+                put_quants(dtype, qj, i, &mut dst[hb..]);
             }
         }
     }
 }
 
-/// Lane `i` of load `j` holds nibble bytes `4j..4j + 4` (low nibbles are
-/// columns `4j..4j + 4`, high nibbles columns `16 + 4j..`).
-fn spread_nibbles(nibbles: &[u8], i: usize, quants: &mut [u8]) {
-    for (k, &q) in nibbles.iter().enumerate() {
-        quants[(k / 4) * 64 + 4 * i + k % 4] = q;
-    }
-}
-
 /// Writes row `r`'s original block bytes (as stored in the file) into `raw`.
 pub fn unpack_row(dtype: DType, packed: &[u8], cols: usize, r: usize, raw: &mut [u8]) {
-    let (blocks, rb, bb) = (cols / QK, raw_block_bytes(dtype), block_bytes(dtype));
+    let (be, rb) = (dtype.block_elems(), dtype.block_bytes());
+    let (sub, bb, hb, pb) = (be / QK, block_bytes(dtype), header_bytes(dtype), panel_bytes(dtype, cols));
     let (g, i) = (r / PANEL_ROWS, r % PANEL_ROWS);
-    for b in 0..blocks {
-        let at = (g * blocks + b) * bb;
-        unpack_block(dtype, &packed[at..at + bb], i, &mut raw[b * rb..(b + 1) * rb]);
-    }
-}
-
-/// Row `i`'s original block (`dst`) from one panel block (`src`).
-fn unpack_block(dtype: DType, src: &[u8], i: usize, dst: &mut [u8]) {
-    dst[0..2].copy_from_slice(&src[2 * i..2 * i + 2]);
-    let quants = &src[HEADER..];
-    let gather = |k: usize| quants[(k / 4) * 64 + 4 * i + k % 4];
-    match dtype {
-        DType::Q4_1 => {
-            dst[2..4].copy_from_slice(&src[MIN_OFFSET + 2 * i..MIN_OFFSET + 2 * i + 2]);
-            (0..16).for_each(|k| dst[4 + k] = gather(k));
+    let panel = &packed[g * pb..(g + 1) * pb];
+    let mut q = [[0u8; QK]; QK_K / QK];
+    let mut head = [Head::default(); QK_K / QK];
+    let f16 = |blk: &[u8], at: usize| u16::from_le_bytes([blk[at], blk[at + 1]]);
+    for s in 0..cols / be {
+        for (j, (qj, hj)) in q.iter_mut().zip(&mut head).take(sub).enumerate() {
+            let blk = &panel[(s * sub + j) * bb..][..bb];
+            (0..QK).for_each(|k| qj[k] = quant_at(dtype, &blk[hb..], i, k));
+            *hj = Head { d: f16(blk, 2 * i), m: f16(blk, MIN_OFFSET + 2 * i), sc: [0; 2] };
+            if let Some((s0, s1)) = byte_scales_at(dtype) {
+                hj.sc = [blk[s0 + i], blk[s1 + i]];
+            }
         }
-        DType::Q4_0 => (0..16).for_each(|k| dst[2 + k] = gather(k)),
-        _ => (0..32).for_each(|k| dst[2 + k] = gather(k) ^ 0x80),
+        join_block(dtype, &q[..sub], &head[..sub], &mut raw[s * rb..(s + 1) * rb]);
     }
 }
 
 /// Dequantizes row `r` of a panel matrix into `out` (`cols` values), bit
 /// for bit as [`crate::quant::dequantize`] of the original row.
 pub fn dequantize_row(dtype: DType, packed: &[u8], cols: usize, r: usize, out: &mut [f32]) {
-    let blocks = cols / QK;
-    let mut raw = [0u8; 34];
-    let rb = raw_block_bytes(dtype);
-    let (g, i) = (r / PANEL_ROWS, r % PANEL_ROWS);
-    let bb = block_bytes(dtype);
-    for (b, o) in out[..cols].chunks_exact_mut(QK).enumerate() {
-        let at = (g * blocks + b) * bb;
-        unpack_block(dtype, &packed[at..at + bb], i, &mut raw[..rb]);
-        crate::quant::dequantize(dtype, &raw[..rb], o);
-    }
+    let mut raw = vec![0u8; dtype.bytes_for(cols)];
+    unpack_row(dtype, packed, cols, r, &mut raw);
+    crate::quant::dequantize(dtype, &raw, &mut out[..cols]);
 }
 
 /// `n` activation rows quantized to 8 bits per block of 32: `q` (n × cols),
-/// per block the scale `d` (`x ≈ d · q`) and `s = d · Σ q` (for the
-/// weights' minimums), both n × blocks.
+/// per block the scale `d` (`x ≈ d · q`), `s = d · Σ q` (for the weights'
+/// minimums), both n × blocks, and the exact sums of `q` over each block's
+/// halves (n × blocks × 2, for Q6_K's offset of 32 under 16-column scales).
 #[derive(Default)]
 pub struct Activations {
     cols: usize,
     q: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
+    h: Vec<i32>,
 }
 
 impl Activations {
@@ -156,21 +393,32 @@ impl Activations {
         self.q.resize(n * cols, 0);
         self.d.resize(n * blocks, 0.0);
         self.s.resize(n * blocks, 0.0);
+        self.h.resize(2 * n * blocks, 0);
         let x = &x[..n * cols];
         #[cfg(target_arch = "x86_64")]
         if vnni_tile().is_some() {
-            return crate::simd::avx512::int8_quantize(x, &mut self.q, &mut self.d, &mut self.s);
+            crate::simd::avx512::int8_quantize(x, &mut self.q, &mut self.d, &mut self.s);
+            return half_sums(&self.q, &mut self.h);
         }
         quantize_blocks(x, &mut self.q, &mut self.d, &mut self.s);
+        half_sums(&self.q, &mut self.h);
     }
 
     fn blocks(&self) -> usize {
         self.cols / QK
     }
 
-    /// Raw parts for the SIMD kernels: (quants, scales, sums, cols).
-    pub(crate) fn parts(&self) -> (&[i8], &[f32], &[f32], usize) {
-        (&self.q, &self.d, &self.s, self.cols)
+    /// Raw parts for the SIMD kernels: (quants, scales, sums, half sums,
+    /// cols).
+    pub(crate) fn parts(&self) -> (&[i8], &[f32], &[f32], &[i32], usize) {
+        (&self.q, &self.d, &self.s, &self.h, self.cols)
+    }
+}
+
+/// The sums of every 16 quants of `q` (integers: exact in any order).
+fn half_sums(q: &[i8], h: &mut [i32]) {
+    for (qh, h) in q.chunks_exact(QK / 2).zip(h) {
+        *h = qh.iter().map(|&v| v as i32).sum();
     }
 }
 
@@ -198,6 +446,27 @@ pub fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
 /// `out[j][i]` = row `i` · token `t0 + j`.
 pub type TileFn = fn(DType, &[u8], &Activations, usize, usize, &mut [[f32; PANEL_ROWS]; TILE_TOKENS]);
 
+/// Row `i`'s two header values in a panel block: the scale and the
+/// minimum (Q6_K: the scales of the two halves).
+#[inline]
+fn scale_min(dtype: DType, blk: &[u8], i: usize) -> (f32, f32) {
+    let d = half(blk, 2 * i);
+    match dtype {
+        DType::Q4_K | DType::Q5_K => {
+            let dmin = half(blk, MIN_OFFSET + 2 * i);
+            (d * blk[K_SCALE_OFFSET + i] as f32, -dmin * blk[K_MIN_OFFSET + i] as f32)
+        }
+        DType::Q6_K => {
+            let s = |at: usize| d * (blk[at + i] as i8) as f32;
+            (s(MIN_OFFSET), s(MIN_OFFSET + PANEL_ROWS))
+        }
+        DType::Q4_1 | DType::Q5_1 => (d, half(blk, MIN_OFFSET + 2 * i)),
+        DType::Q4_0 => (d, d * -8.0),
+        DType::Q5_0 => (d, d * -16.0),
+        _ => (d, d * -128.0),
+    }
+}
+
 /// The portable micro-kernel: the arithmetic every SIMD version reproduces
 /// bit for bit.
 pub fn scalar_tile(
@@ -208,7 +477,7 @@ pub fn scalar_tile(
     nt: usize,
     out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS],
 ) {
-    let (blocks, bb, cols) = (x.blocks(), block_bytes(dtype), x.cols);
+    let (blocks, bb, hb, cols) = (x.blocks(), block_bytes(dtype), header_bytes(dtype), x.cols);
     for (j, o) in out.iter_mut().enumerate().take(nt) {
         let t = t0 + j;
         let xq = &x.q[t * cols..(t + 1) * cols];
@@ -216,35 +485,22 @@ pub fn scalar_tile(
             let mut sum = 0f32;
             for b in 0..blocks {
                 let blk = &panel[b * bb..(b + 1) * bb];
-                let d = f16_to_f32(u16::from_le_bytes([blk[2 * i], blk[2 * i + 1]]));
-                let m = match dtype {
-                    DType::Q4_1 => {
-                        f16_to_f32(u16::from_le_bytes([blk[MIN_OFFSET + 2 * i], blk[MIN_OFFSET + 2 * i + 1]]))
-                    }
-                    DType::Q4_0 => d * -8.0,
-                    _ => d * -128.0,
-                };
-                let quants = &blk[HEADER..];
+                let (d, m) = scale_min(dtype, blk, i);
                 let xb = &xq[b * QK..(b + 1) * QK];
-                let mut isum = 0i32;
-                for k in 0..QK {
-                    let w = match dtype {
-                        DType::Q8_0 => quants[(k / 4) * 64 + 4 * i + k % 4],
-                        _ => {
-                            let kk = k % 16;
-                            let byte = quants[(kk / 4) * 64 + 4 * i + kk % 4];
-                            if k < 16 {
-                                byte & 0x0f
-                            } else {
-                                byte >> 4
-                            }
-                        }
-                    };
-                    isum += w as i32 * xb[k] as i32;
+                let mut isum = [0i32; 2];
+                for (k, &xk) in xb.iter().enumerate() {
+                    isum[k / 16] += quant_at(dtype, &blk[hb..], i, k) as i32 * xk as i32;
                 }
-                let (xd, xs) = (x.d[t * blocks + b], x.s[t * blocks + b]);
-                sum = (isum as f32).mul_add(d * xd, sum);
-                sum = m.mul_add(xs, sum);
+                let at = t * blocks + b;
+                let xd = x.d[at];
+                if dtype == DType::Q6_K {
+                    let (h0, h1) = (x.h[2 * at], x.h[2 * at + 1]);
+                    sum = ((isum[0] - 32 * h0) as f32).mul_add(d * xd, sum);
+                    sum = ((isum[1] - 32 * h1) as f32).mul_add(m * xd, sum);
+                } else {
+                    sum = ((isum[0] + isum[1]) as f32).mul_add(d * xd, sum);
+                    sum = m.mul_add(x.s[at], sum);
+                }
             }
             *acc = sum;
         }
@@ -287,7 +543,34 @@ mod tests {
     use crate::matrix::{Matrix, Products};
     use crate::quant::{dequantize, quantize};
 
-    const DTYPES: [DType; 3] = [DType::Q4_0, DType::Q4_1, DType::Q8_0];
+    const DTYPES: [DType; 8] =
+        [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K];
+
+    /// Columns of the test shapes: `c` blocks of 32, or of 256 for the
+    /// K-quants.
+    fn cols_of(dt: DType, c: usize) -> usize {
+        c * dt.block_elems()
+    }
+
+    /// Deterministic bytes (any bytes are a valid block of these formats).
+    fn bytes(n: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (s >> 56) as u8
+            })
+            .collect()
+    }
+
+    /// Byte offsets of a stored block's f16 scales (`d`, and `m` or `dmin`).
+    fn f16_fields(dt: DType) -> &'static [usize] {
+        match dt {
+            DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+            DType::Q6_K => &[208],
+            _ => &[0],
+        }
+    }
 
     /// Deterministic values with a spread of magnitudes and signs.
     fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -304,7 +587,8 @@ mod tests {
     #[test]
     fn panels_keep_every_row_bit_for_bit() {
         for dt in DTYPES {
-            for (rows, cols) in [(1, 32), (17, 64), (40, 96)] {
+            for (rows, c) in [(1, 1), (17, 2), (40, 3)] {
+                let cols = cols_of(dt, c);
                 let raw = quantize(dt, &values(rows * cols, 3));
                 let mut packed = vec![0u8; packed_len(dt, rows, cols)];
                 pack(dt, rows, cols, &raw, &mut packed);
@@ -319,6 +603,70 @@ mod tests {
                     assert_eq!(want, got, "{dt} row {r}");
                 }
             }
+        }
+    }
+
+    /// Random bytes are valid blocks of every format: pack → unpack gives
+    /// them back, `dequantize_row` equals `dequantize` bit for bit, and
+    /// `set_products(F32)` restores the original bytes, with extreme f16
+    /// scales (zero, ±subnormal, ±max, ±inf, NaN) in some blocks.
+    #[test]
+    fn random_blocks_survive_pack_and_set_products() {
+        let extremes = [0x0000u16, 0x8000, 0x0001, 0x83ff, 0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e01, 0x3c00];
+        for dt in DTYPES {
+            for (rows, c) in [(3, 1), (19, 2), (33, 5)] {
+                let cols = cols_of(dt, c);
+                let mut raw = bytes(dt.bytes_for(cols) * rows, 17 + rows as u64);
+                for (b, blk) in raw.chunks_exact_mut(dt.block_bytes()).enumerate() {
+                    for (f, &at) in f16_fields(dt).iter().enumerate() {
+                        if (b + f) % 3 != 0 {
+                            let v = extremes[(b * 7 + f) % extremes.len()];
+                            blk[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                }
+                let mut packed = vec![0u8; packed_len(dt, rows, cols)];
+                pack(dt, rows, cols, &raw, &mut packed);
+                let rb = dt.bytes_for(cols);
+                let mut back = vec![0u8; rb];
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                for r in 0..rows {
+                    unpack_row(dt, &packed, cols, r, &mut back);
+                    assert_eq!(back, raw[r * rb..(r + 1) * rb], "{dt} {rows}x{cols} row {r}");
+                    let (mut want, mut got) = (vec![0f32; cols], vec![0f32; cols]);
+                    dequantize(dt, &raw[r * rb..(r + 1) * rb], &mut want);
+                    dequantize_row(dt, &packed, cols, r, &mut got);
+                    assert_eq!(bits(&want), bits(&got), "{dt} {rows}x{cols} row {r}");
+                }
+                let mut m = Matrix::from_bytes_with(dt, rows, cols, &raw, Products::Int8).unwrap();
+                assert_eq!((m.products(), m.nbytes()), (Products::Int8, packed.len()));
+                m.set_products(Products::F32);
+                assert_eq!(m.products(), Products::F32);
+                let mut f = vec![0f32; rows * cols];
+                dequantize(dt, &raw, &mut f);
+                assert_eq!(bits(&m.to_f32()), bits(&f), "{dt} {rows}x{cols}");
+                m.set_products(Products::Int8);
+                assert_eq!(bits(&m.to_f32()), bits(&f), "{dt} {rows}x{cols}");
+            }
+        }
+    }
+
+    /// Bytes per weight of the panels against the file's (the module doc's
+    /// table).
+    #[test]
+    fn panel_sizes_are_as_documented() {
+        let (rows, cols) = (64, 1024);
+        for (dt, bits) in [
+            (DType::Q8_0, 9.0),
+            (DType::Q4_0, 5.0),
+            (DType::Q4_1, 5.0),
+            (DType::Q5_0, 6.0),
+            (DType::Q5_1, 6.0),
+            (DType::Q4_K, 5.5),
+            (DType::Q5_K, 6.5),
+            (DType::Q6_K, 7.0),
+        ] {
+            assert_eq!(packed_len(dt, rows, cols) as f64 * 8.0 / (rows * cols) as f64, bits, "{dt}");
         }
     }
 
@@ -384,9 +732,21 @@ mod tests {
             eprintln!("no AVX-512 VNNI on this CPU: nothing to compare");
             return;
         };
-        for dt in DTYPES {
-            let (rows, cols, n) = (16, 160, 11);
-            let raw = quantize(dt, &values(rows * cols, 7));
+        for (dt, random) in DTYPES.into_iter().flat_map(|dt| [(dt, false), (dt, true)]) {
+            // 37 rows: two full panels and one padded
+            let (rows, cols, n) = (37, if dt.is_k_quant() { 512 } else { 160 }, 19);
+            let raw = if random {
+                // every quant and integer scale, finite f16 scales (2^-14..2)
+                let mut raw = bytes(dt.bytes_for(cols) * rows, 23);
+                for blk in raw.chunks_exact_mut(dt.block_bytes()) {
+                    for &at in f16_fields(dt) {
+                        blk[at + 1] = (blk[at + 1] & 0x83) | 0x04 | (blk[at] & 0x38);
+                    }
+                }
+                raw
+            } else {
+                quantize(dt, &values(rows * cols, 7))
+            };
             let mut packed = vec![0u8; packed_len(dt, rows, cols)];
             pack(dt, rows, cols, &raw, &mut packed);
             let mut x = values(n * cols, 9);
@@ -394,14 +754,18 @@ mod tests {
             x[40] = -3e-8;
             let mut a = Activations::default();
             a.quantize(&x, n, cols);
-            for t0 in [0, 3] {
-                for nt in 1..=TILE_TOKENS {
-                    let (mut want, mut got) = ([[0f32; PANEL_ROWS]; TILE_TOKENS], [[1f32; PANEL_ROWS]; TILE_TOKENS]);
-                    scalar_tile(dt, &packed, &a, t0, nt, &mut want);
-                    vnni(dt, &packed, &a, t0, nt, &mut got);
-                    for j in 0..nt {
-                        let bits = |v: &[f32; PANEL_ROWS]| v.map(f32::to_bits);
-                        assert_eq!(bits(&got[j]), bits(&want[j]), "{dt} t0={t0} nt={nt} token {j}");
+            let pl = packed_len(dt, PANEL_ROWS, cols);
+            for (g, panel) in packed.chunks_exact(pl).enumerate() {
+                for t0 in [0, 3, 8, 16] {
+                    for nt in 1..=TILE_TOKENS.min(n - t0) {
+                        let (mut want, mut got) =
+                            ([[0f32; PANEL_ROWS]; TILE_TOKENS], [[1f32; PANEL_ROWS]; TILE_TOKENS]);
+                        scalar_tile(dt, panel, &a, t0, nt, &mut want);
+                        vnni(dt, panel, &a, t0, nt, &mut got);
+                        for j in 0..nt {
+                            let bits = |v: &[f32; PANEL_ROWS]| v.map(f32::to_bits);
+                            assert_eq!(bits(&got[j]), bits(&want[j]), "{dt} panel {g} t0={t0} nt={nt} token {j}");
+                        }
                     }
                 }
             }
@@ -415,7 +779,8 @@ mod tests {
     #[test]
     fn integer_products_match_references() {
         for dt in DTYPES {
-            for (rows, cols, n) in [(5, 64, 3), (37, 96, 13), (600, 256, 9)] {
+            for (rows, c, n) in [(5, 2, 3), (37, 3, 13), (600, 8, 9)] {
+                let cols = if dt.is_k_quant() { c * 256 } else { c * 32 };
                 let raw = quantize(dt, &values(rows * cols, 11));
                 let m = Matrix::from_bytes_with(dt, rows, cols, &raw, Products::Int8).unwrap();
                 assert_eq!(m.products(), Products::Int8);

@@ -6,7 +6,8 @@
 //! * [`dot`] — fused dequantize-dot products with runtime SIMD dispatch
 //! * [`matrix`] — a weight matrix kept in its stored type; GEMV (decode) and
 //!   GEMM (prefill), threaded with rayon
-//! * [`int8`] — integer products for Q4_0/Q4_1/Q8_0: 8-bit activations,
+//! * [`int8`] — integer products for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and
+//!   Q4_K/Q5_K/Q6_K: 8-bit activations,
 //!   16-row weight panels, AVX-512 VNNI (the default for those formats)
 //! * [`ops`] — norms, activations, softmax
 //! * [`rope`] — rotary position embedding, both layouts, partial rotary

@@ -21,7 +21,8 @@ struct CacheLine([u8; 64]);
 pub enum Products {
     /// Weights dequantized to f32 (in registers or panels), f32 activations.
     F32,
-    /// Q4_0/Q4_1/Q8_0 only: weights repacked into 16-row panels, activations
+    /// Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and Q4_K/Q5_K/Q6_K only
+    /// ([`int8::supports`]): weights repacked into 16-row panels, activations
     /// quantized to 8 bits per block of 32, exact integer block sums
     /// (`crate::int8`; what llama.cpp does for these formats).
     Int8,

@@ -779,11 +779,21 @@ fn int8_tile_dispatch(
     nt: usize,
     out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS],
 ) {
-    let (q, d, s, cols) = x.parts();
+    let (q, d, s, h, cols) = x.parts();
     let blocks = cols / crate::quant::QK;
     assert!(panel.len() >= blocks * int8::block_bytes(dtype), "int8 panel too short");
     assert!(nt <= TILE_TOKENS && (t0 + nt) * cols <= q.len() && (t0 + nt) * blocks <= d.len().min(s.len()));
-    let p = Int8Args { panel: panel.as_ptr(), blocks, q: q.as_ptr(), d: d.as_ptr(), s: s.as_ptr(), cols, t0 };
+    assert!(2 * (t0 + nt) * blocks <= h.len());
+    let p = Int8Args {
+        panel: panel.as_ptr(),
+        blocks,
+        q: q.as_ptr(),
+        d: d.as_ptr(),
+        s: s.as_ptr(),
+        h: h.as_ptr(),
+        cols,
+        t0,
+    };
     // SAFETY: reachable only through `int8_tile`, after feature detection;
     // the asserts above bound every read.
     unsafe {
@@ -791,7 +801,13 @@ fn int8_tile_dispatch(
             (_, 0) => {}
             (DType::Q8_0, n) => int8_nt::<Q8>(p, n, out),
             (DType::Q4_0, n) => int8_nt::<Q40>(p, n, out),
-            (_, n) => int8_nt::<Q41>(p, n, out),
+            (DType::Q4_1, n) => int8_nt::<Q41>(p, n, out),
+            (DType::Q5_0, n) => int8_nt::<Q50>(p, n, out),
+            (DType::Q5_1, n) => int8_nt::<Q51>(p, n, out),
+            (DType::Q4_K, n) => int8_nt::<K4>(p, n, out),
+            (DType::Q5_K, n) => int8_nt::<K5>(p, n, out),
+            (DType::Q6_K, n) => int8_nt::<K6>(p, n, out),
+            _ => unreachable!("{dtype} has no integer path"),
         }
     }
 }
@@ -799,6 +815,25 @@ fn int8_tile_dispatch(
 const Q40: u8 = 0;
 const Q41: u8 = 1;
 const Q8: u8 = 2;
+const Q50: u8 = 3;
+const Q51: u8 = 4;
+const K4: u8 = 5;
+const K5: u8 = 6;
+const K6: u8 = 7;
+
+/// The format a kernel constant stands for.
+const fn kind_dtype(kind: u8) -> DType {
+    match kind {
+        Q40 => DType::Q4_0,
+        Q41 => DType::Q4_1,
+        Q8 => DType::Q8_0,
+        Q50 => DType::Q5_0,
+        Q51 => DType::Q5_1,
+        K4 => DType::Q4_K,
+        K5 => DType::Q5_K,
+        _ => DType::Q6_K,
+    }
+}
 
 #[derive(Clone, Copy)]
 struct Int8Args {
@@ -807,6 +842,7 @@ struct Int8Args {
     q: *const i8,
     d: *const f32,
     s: *const f32,
+    h: *const i32,
     cols: usize,
     t0: usize,
 }
@@ -827,24 +863,46 @@ unsafe fn int8_nt<const KIND: u8>(p: Int8Args, nt: usize, out: &mut [[f32; PANEL
 
 /// 16 rows (one per lane) × `NT` tokens. Per block: the integer sums of
 /// 32 products per (row, token) with `vpdpbusd` (the 4-bit quants are split
-/// into low and high nibbles, each lane's four bytes against four
-/// broadcast activation bytes), then `acc = isum·(d·dx) + acc` and
-/// `acc = m·sx + acc`, exactly as `int8::scalar_tile`.
+/// into low and high nibbles, the bit planes added back with masked byte
+/// adds, each lane's four bytes against four broadcast activation bytes),
+/// then `acc = isum·(d·dx) + acc` and `acc = m·sx + acc` (Q6_K: per half
+/// `acc = (isum_h − 32·Σx_h)·(d_h·dx) + acc`), exactly as
+/// `int8::scalar_tile`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS]) {
-    let bb = int8::block_bytes(if KIND == Q8 { DType::Q8_0 } else { DType::Q4_1 });
+    let dtype = kind_dtype(KIND);
+    let (bb, hb, planes) = (int8::block_bytes(dtype), int8::header_bytes(dtype), int8::planes(dtype));
+    let split = KIND == K6;
     let low = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); NT];
     for b in 0..p.blocks {
         let blk = p.panel.add(b * bb);
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
-        let m = match KIND {
-            Q41 => _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(int8::MIN_OFFSET) as *const __m256i)),
-            Q40 => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
-            _ => _mm512_mul_ps(d, _mm512_set1_ps(-128.0)),
+        let f16_at = |at: usize| _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(at) as *const __m256i));
+        let bytes_at = |at: usize| _mm_loadu_si128(blk.add(at) as *const __m128i);
+        let (d, m) = match KIND {
+            K4 | K5 => {
+                // d·sc and −dmin·m, as `int8::scale_min`
+                let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes_at(int8::K_SCALE_OFFSET)));
+                let mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes_at(int8::K_MIN_OFFSET)));
+                let sign = _mm512_set1_epi32(i32::MIN);
+                let dmin = _mm512_castps_si512(f16_at(int8::MIN_OFFSET));
+                let neg_dmin = _mm512_castsi512_ps(_mm512_xor_si512(dmin, sign));
+                (_mm512_mul_ps(d, sc), _mm512_mul_ps(neg_dmin, mn))
+            }
+            K6 => {
+                let s0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(int8::MIN_OFFSET)));
+                let s1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(int8::MIN_OFFSET + PANEL_ROWS)));
+                (_mm512_mul_ps(d, s0), _mm512_mul_ps(d, s1))
+            }
+            Q41 | Q51 => (d, f16_at(int8::MIN_OFFSET)),
+            Q40 => (d, _mm512_mul_ps(d, _mm512_set1_ps(-8.0))),
+            Q50 => (d, _mm512_mul_ps(d, _mm512_set1_ps(-16.0))),
+            _ => (d, _mm512_mul_ps(d, _mm512_set1_ps(-128.0))),
         };
-        let quants = blk.add(int8::HEADER);
+        let quants = blk.add(hb);
         let mut isum = [_mm512_setzero_si512(); NT];
+        let mut isum_hi = [_mm512_setzero_si512(); NT];
         let xat = |t: usize, k: usize| -> __m512i {
             let at = p.q.add((p.t0 + t) * p.cols + b * 32 + k) as *const i32;
             _mm512_set1_epi32(at.read_unaligned())
@@ -857,21 +915,40 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f3
                 }
             }
         } else {
+            let mask = |plane: usize, j: usize| -> __mmask64 {
+                let at = quants.add(int8::NIBBLES + plane * int8::PLANE + 8 * j) as *const u64;
+                _cvtu64_mask64(at.read_unaligned())
+            };
             for j in 0..4 {
                 let w = _mm512_loadu_si512(quants.add(64 * j) as *const __m512i);
-                let lo = _mm512_and_si512(w, low);
-                let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
-                for (t, s) in isum.iter_mut().enumerate() {
-                    *s = _mm512_dpbusd_epi32(*s, lo, xat(t, 4 * j));
+                let mut lo = _mm512_and_si512(w, low);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+                for plane in 0..planes {
+                    let bit = _mm512_set1_epi8(16 << plane);
+                    lo = _mm512_mask_add_epi8(lo, mask(plane, j), lo, bit);
+                    hi = _mm512_mask_add_epi8(hi, mask(plane, 4 + j), hi, bit);
+                }
+                for t in 0..NT {
+                    isum[t] = _mm512_dpbusd_epi32(isum[t], lo, xat(t, 4 * j));
+                    let s = if split { &mut isum_hi[t] } else { &mut isum[t] };
                     *s = _mm512_dpbusd_epi32(*s, hi, xat(t, 16 + 4 * j));
                 }
             }
         }
-        for (t, (a, s)) in acc.iter_mut().zip(&isum).enumerate() {
+        for (t, a) in acc.iter_mut().enumerate() {
             let at = (p.t0 + t) * p.blocks + b;
-            let ds = _mm512_mul_ps(d, _mm512_set1_ps(*p.d.add(at)));
-            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), ds, *a);
-            *a = _mm512_fmadd_ps(m, _mm512_set1_ps(*p.s.add(at)), *a);
+            let dx = _mm512_set1_ps(*p.d.add(at));
+            if split {
+                let h0 = _mm512_set1_epi32(32 * *p.h.add(2 * at));
+                let h1 = _mm512_set1_epi32(32 * *p.h.add(2 * at + 1));
+                let s0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[t], h0));
+                let s1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(isum_hi[t], h1));
+                *a = _mm512_fmadd_ps(s0, _mm512_mul_ps(d, dx), *a);
+                *a = _mm512_fmadd_ps(s1, _mm512_mul_ps(m, dx), *a);
+            } else {
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, dx), *a);
+                *a = _mm512_fmadd_ps(m, _mm512_set1_ps(*p.s.add(at)), *a);
+            }
         }
     }
     for (o, a) in out.iter_mut().zip(&acc) {
