@@ -141,13 +141,11 @@ pub fn calibrate_quality(
     }
     let group = n_heads / n_kv;
     plan.group = group;
-    let dense = |p: &mut ChaiPlan| {
-        for lp in &mut p.layers {
-            (lp.k, lp.kv_keep, lp.static_clusters, lp.static_representatives) =
-                (n_heads, None, (0..n_heads).map(|h| vec![h]).collect(), Vec::new());
-        }
-    };
-    dense(&mut plan);
+    // every layer dense to start from (the elbow's error curves stay as a record)
+    for lp in &mut plan.layers {
+        (lp.k, lp.kv_keep, lp.static_clusters, lp.static_representatives) =
+            (n_heads, None, (0..n_heads).map(|h| vec![h]).collect(), Vec::new());
+    }
     let full: Vec<Vec<f32>> = windows
         .iter()
         .map(|w| Ok(Session::new(model, &PolicySpec::full(), w.len(), w.len())?.feed(w, Logits::All)?.to_vec()))
