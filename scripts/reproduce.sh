@@ -10,6 +10,22 @@ cargo build --release -q
 K=./target/release/kvslim
 SMOL=$S/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
 
+# Whole task sets (every item of the six zero-shot tasks, 64 WikiText-2
+# windows of 512): `WHOLE=1 bash scripts/reproduce.sh OUT`. The full-cache
+# cell alone takes about 45 minutes on 2 cores (measured items/s: COPA 44,
+# PIQA 15.5, ARC-E 11.7, ARC-C 6.0, BoolQ and HellaSwag see docs/results.md);
+# each policy × budget cell about as long, so the 25-cell matrix is
+# ~17 hours: shard it (`SHARD=I/N`, one out directory per shard, then
+# `kvslim eval merge OUT/smollm2-whole-shard-*`; deploy/slurm and deploy/k8s
+# run the same shards as a job array / indexed Job).
+if [ -n "${WHOLE:-}" ]; then
+  dir="$OUT/smollm2-whole${SHARD:+-shard-${SHARD%/*}}"
+  $K eval --model "$SMOL" --out "$dir" --resume ${SHARD:+--shard "$SHARD"} \
+    --policies "${POLICIES:-full;window;sink;heavy;random;h2o}" --budgets "${BUDGETS:-40%,20%,10%,5%}" \
+    --tasks "ppl:$S/data/wikitext2/wiki.test.raw,seq_len=512,limit=64;mc:$S/data/copa/copa.jsonl;mc:$S/data/piqa/piqa_llmfoundry.jsonl;mc:$S/data/arc/arc_easy.jsonl;mc:$S/data/arc/arc_challenge.jsonl;mc:$S/data/boolq/boolq.jsonl;hellaswag:$S/data/hellaswag/hellaswag_val_full.txt.bz2"
+  exit 0
+fi
+
 # token policies at equal slots, SmolLM2 on every task
 $K eval --model "$SMOL" --out "$OUT/smollm2" --resume \
   --policies "full;window;sink;heavy;random;h2o" --budgets 100%,40%,20%,10%,5% \
