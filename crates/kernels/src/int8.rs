@@ -14,7 +14,7 @@
 //! lane, so the sums come out as a vector of 16 rows with no horizontal
 //! reduction — and, for the 5- and 6-bit formats, bit planes:
 //!
-//! | format | header (per row) | quants | bit planes | bits per weight (file) |
+//! | format | header (16 rows) | quants | bit planes | bits per weight (file) |
 //! |---|---|---|---|---|
 //! | Q8_0 | 64 B: f16 `d` | 512 B: `q + 128` | — | 9.0 (8.5) |
 //! | Q4_0, Q4_1 | 64 B: f16 `d`, f16 `m` | 256 B nibbles | — | 5.0 (4.5, 5.0) |
