@@ -342,32 +342,42 @@ pub fn pack(dtype: DType, rows: usize, cols: usize, raw: &[u8], out: &mut [u8]) 
 
 /// Writes row `r`'s original block bytes (as stored in the file) into `raw`.
 pub fn unpack_row(dtype: DType, packed: &[u8], cols: usize, r: usize, raw: &mut [u8]) {
-    let (be, rb) = (dtype.block_elems(), dtype.block_bytes());
-    let (sub, bb, hb, pb) = (be / QK, block_bytes(dtype), header_bytes(dtype), panel_bytes(dtype, cols));
-    let (g, i) = (r / PANEL_ROWS, r % PANEL_ROWS);
-    let panel = &packed[g * pb..(g + 1) * pb];
-    let mut q = [[0u8; QK]; QK_K / QK];
-    let mut head = [Head::default(); QK_K / QK];
-    let f16 = |blk: &[u8], at: usize| u16::from_le_bytes([blk[at], blk[at + 1]]);
+    let (be, rb, pb) = (dtype.block_elems(), dtype.block_bytes(), panel_bytes(dtype, cols));
+    let panel = &packed[r / PANEL_ROWS * pb..][..pb];
     for s in 0..cols / be {
-        for (j, (qj, hj)) in q.iter_mut().zip(&mut head).take(sub).enumerate() {
-            let blk = &panel[(s * sub + j) * bb..][..bb];
-            (0..QK).for_each(|k| qj[k] = quant_at(dtype, &blk[hb..], i, k));
-            *hj = Head { d: f16(blk, 2 * i), m: f16(blk, MIN_OFFSET + 2 * i), sc: [0; 2] };
-            if let Some((s0, s1)) = byte_scales_at(dtype) {
-                hj.sc = [blk[s0 + i], blk[s1 + i]];
-            }
-        }
-        join_block(dtype, &q[..sub], &head[..sub], &mut raw[s * rb..(s + 1) * rb]);
+        unpack_stored_block(dtype, panel, s, r % PANEL_ROWS, &mut raw[s * rb..(s + 1) * rb]);
     }
 }
 
+/// Lane `i`'s stored block `s` (the file's bytes, `raw`) from its row
+/// group's `panel`.
+fn unpack_stored_block(dtype: DType, panel: &[u8], s: usize, i: usize, raw: &mut [u8]) {
+    let (sub, bb, hb) = (dtype.block_elems() / QK, block_bytes(dtype), header_bytes(dtype));
+    let mut q = [[0u8; QK]; QK_K / QK];
+    let mut head = [Head::default(); QK_K / QK];
+    let f16 = |blk: &[u8], at: usize| u16::from_le_bytes([blk[at], blk[at + 1]]);
+    for (j, (qj, hj)) in q.iter_mut().zip(&mut head).take(sub).enumerate() {
+        let blk = &panel[(s * sub + j) * bb..][..bb];
+        (0..QK).for_each(|k| qj[k] = quant_at(dtype, &blk[hb..], i, k));
+        *hj = Head { d: f16(blk, 2 * i), m: f16(blk, MIN_OFFSET + 2 * i), sc: [0; 2] };
+        if let Some((s0, s1)) = byte_scales_at(dtype) {
+            hj.sc = [blk[s0 + i], blk[s1 + i]];
+        }
+    }
+    join_block(dtype, &q[..sub], &head[..sub], raw);
+}
+
 /// Dequantizes row `r` of a panel matrix into `out` (`cols` values), bit
-/// for bit as [`crate::quant::dequantize`] of the original row.
+/// for bit as [`crate::quant::dequantize`] of the original row; one stored
+/// block at a time on the stack (embedding lookups run it every token).
 pub fn dequantize_row(dtype: DType, packed: &[u8], cols: usize, r: usize, out: &mut [f32]) {
-    let mut raw = vec![0u8; dtype.bytes_for(cols)];
-    unpack_row(dtype, packed, cols, r, &mut raw);
-    crate::quant::dequantize(dtype, &raw, &mut out[..cols]);
+    let (be, rb, pb) = (dtype.block_elems(), dtype.block_bytes(), panel_bytes(dtype, cols));
+    let panel = &packed[r / PANEL_ROWS * pb..][..pb];
+    let mut raw = [0u8; 256]; // the largest stored block (Q6_K: 210 bytes)
+    for s in 0..cols / be {
+        unpack_stored_block(dtype, panel, s, r % PANEL_ROWS, &mut raw[..rb]);
+        crate::quant::dequantize(dtype, &raw[..rb], &mut out[s * be..(s + 1) * be]);
+    }
 }
 
 /// `n` activation rows quantized to 8 bits per block of 32: `q` (n × cols),
