@@ -382,8 +382,9 @@ pub fn dequantize_row(dtype: DType, packed: &[u8], cols: usize, r: usize, out: &
 
 /// `n` activation rows quantized to 8 bits per block of 32: `q` (n × cols),
 /// per block the scale `d` (`x ≈ d · q`), `s = d · Σ q` (for the weights'
-/// minimums), both n × blocks, and the exact sums of `q` over each block's
-/// halves (n × blocks × 2, for Q6_K's offset of 32 under 16-column scales).
+/// minimums), both n × blocks, and for Q6_K weights the exact sums of `q`
+/// over each block's halves (n × blocks × 2, for its offset of 32 under
+/// 16-column scales).
 #[derive(Default)]
 pub struct Activations {
     cols: usize,
@@ -394,24 +395,31 @@ pub struct Activations {
 }
 
 impl Activations {
-    /// Quantizes the `n × cols` row-major `x`, reusing this value's buffers
-    /// (with AVX-512 when the integer micro-kernel is in use; the result is
-    /// the same bit for bit).
-    pub fn quantize(&mut self, x: &[f32], n: usize, cols: usize) {
+    /// Quantizes the `n × cols` row-major `x` for a product with `dtype`
+    /// weights, reusing this value's buffers (with AVX-512 when the integer
+    /// micro-kernel is in use; the result is the same bit for bit). The half
+    /// sums only Q6_K reads are computed for Q6_K alone.
+    pub fn quantize(&mut self, dtype: DType, x: &[f32], n: usize, cols: usize) {
         let blocks = cols / QK;
         self.cols = cols;
         self.q.resize(n * cols, 0);
         self.d.resize(n * blocks, 0.0);
         self.s.resize(n * blocks, 0.0);
-        self.h.resize(2 * n * blocks, 0);
         let x = &x[..n * cols];
         #[cfg(target_arch = "x86_64")]
-        if vnni_tile().is_some() {
+        let simd = vnni_tile().is_some();
+        #[cfg(not(target_arch = "x86_64"))]
+        let simd = false;
+        if simd {
+            #[cfg(target_arch = "x86_64")]
             crate::simd::avx512::int8_quantize(x, &mut self.q, &mut self.d, &mut self.s);
-            return half_sums(&self.q, &mut self.h);
+        } else {
+            quantize_blocks(x, &mut self.q, &mut self.d, &mut self.s);
         }
-        quantize_blocks(x, &mut self.q, &mut self.d, &mut self.s);
-        half_sums(&self.q, &mut self.h);
+        if dtype == DType::Q6_K {
+            self.h.resize(2 * n * blocks, 0);
+            half_sums(&self.q, &mut self.h);
+        }
     }
 
     fn blocks(&self) -> usize {
@@ -684,7 +692,7 @@ mod tests {
     fn activations_round_trip_within_half_a_step() {
         let x = values(3 * 64, 5);
         let mut a = Activations::default();
-        a.quantize(&x, 3, 64);
+        a.quantize(DType::Q8_0, &x, 3, 64);
         for (b, xb) in x.chunks_exact(QK).enumerate() {
             let d = a.d[b];
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -698,7 +706,7 @@ mod tests {
             assert_eq!(a.s[b], d * sum as f32);
         }
         // an all-zero block has a zero scale and zero quants
-        a.quantize(&[0.0; 32], 1, 32);
+        a.quantize(DType::Q8_0, &[0.0; 32], 1, 32);
         assert_eq!((a.d[0], a.s[0], a.q.iter().all(|&q| q == 0)), (0.0, 0.0, true));
     }
 
@@ -718,7 +726,7 @@ mod tests {
         x[QK - 1] = 127.0;
         x[2 * QK..3 * QK].fill(0.0);
         let mut a = Activations::default();
-        a.quantize(&x, 40, QK);
+        a.quantize(DType::Q8_0, &x, 40, QK);
         let (mut q, mut d, mut s) = (vec![0i8; x.len()], vec![0f32; 40], vec![0f32; 40]);
         quantize_blocks(&x, &mut q, &mut d, &mut s);
         assert_eq!(a.q, q);
@@ -763,7 +771,7 @@ mod tests {
             x[5] = 1e6;
             x[40] = -3e-8;
             let mut a = Activations::default();
-            a.quantize(&x, n, cols);
+            a.quantize(dt, &x, n, cols);
             let pl = packed_len(dt, PANEL_ROWS, cols);
             for (g, panel) in packed.chunks_exact(pl).enumerate() {
                 for t0 in [0, 3, 8, 16] {
@@ -801,7 +809,7 @@ mod tests {
                 let mut many = vec![f32::NAN; n * rows];
                 m.matvec_many(&x, n, &mut many);
                 let mut a = Activations::default();
-                a.quantize(&x, n, cols);
+                a.quantize(dt, &x, n, cols);
                 for t in 0..n {
                     let mut one = vec![f32::NAN; rows];
                     m.matvec(&x[t * cols..(t + 1) * cols], &mut one);

@@ -342,7 +342,7 @@ impl Matrix {
         // taken, not borrowed: a nested product on this thread (rayon work
         // stealing) finds an empty buffer instead of a conflict
         let mut acts = SCRATCH.with(|s| s.take());
-        acts.quantize(x, n, cols);
+        acts.quantize(dt, x, n, cols);
         let tile = int8::tile_kernel().or_else(int8::vnni_tile).unwrap_or(int8::scalar_tile);
         let panel_len = int8::packed_len(dt, PANEL_ROWS, cols);
         let bytes = self.bytes();
