@@ -20,7 +20,7 @@ use crate::session::Session;
 use crate::{EngineError, Result};
 use kvslim_cache::policy::{EvictionEvent, FollowDecisions, SharedKeptSets};
 use kvslim_cache::{KvDtype, PolicySpec};
-use kvslim_kernels::ops::log_softmax_at;
+use kvslim_kernels::ops::{kl_divergence as kl, log_softmax_at};
 use kvslim_models::{Logits, Model, Trace};
 use serde::Serialize;
 
@@ -228,22 +228,6 @@ pub struct PerplexityReport {
     /// Eviction events (when tracing).
     #[serde(skip)]
     pub events: Vec<EvictionEvent>,
-}
-
-pub(crate) fn kl(p_logits: &[f32], q_logits: &[f32]) -> f64 {
-    let lse = |l: &[f32]| {
-        let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-        l.iter().map(|v| (*v as f64 - m).exp()).sum::<f64>().ln() + m
-    };
-    let (lp, lq) = (lse(p_logits), lse(q_logits));
-    p_logits
-        .iter()
-        .zip(q_logits)
-        .map(|(a, b)| {
-            let la = *a as f64 - lp;
-            la.exp() * (la - (*b as f64 - lq))
-        })
-        .sum()
 }
 
 /// The reference session of mode (a) and what is compared against it.

@@ -2,37 +2,10 @@
 //! distributions (KL, top-1) and greedy generations (first divergence),
 //! plus the passkey check.
 //!
-//! `kvslim_engine::perplexity` computes the same KL internally but does not
-//! export it, so it is implemented once here, in f64 with log-sum-exp.
+//! KL is [`kvslim_kernels::ops::kl_divergence`], the one the perplexity
+//! engine uses.
 
-/// ln Σ exp(l) computed stably in f64.
-fn log_sum_exp(l: &[f32]) -> f64 {
-    let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    if !m.is_finite() {
-        return m;
-    }
-    l.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m
-}
-
-/// KL(p ‖ q) in nats between the softmax distributions of two logit rows
-/// of equal length. Never negative (rounding is clamped at 0).
-pub fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 {
-    assert_eq!(p_logits.len(), q_logits.len(), "logit rows differ in length");
-    let (lp, lq) = (log_sum_exp(p_logits), log_sum_exp(q_logits));
-    let kl: f64 = p_logits
-        .iter()
-        .zip(q_logits)
-        .map(|(&a, &b)| {
-            let la = a as f64 - lp;
-            if la == f64::NEG_INFINITY {
-                0.0
-            } else {
-                la.exp() * (la - (b as f64 - lq))
-            }
-        })
-        .sum();
-    kl.max(0.0)
-}
+pub use kvslim_kernels::ops::kl_divergence;
 
 /// Index of the largest logit (first on ties).
 pub fn top1(logits: &[f32]) -> usize {

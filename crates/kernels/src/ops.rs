@@ -39,12 +39,136 @@ pub fn log_softmax_at(logits: &[f32], i: usize) -> f64 {
     logits[i] as f64 - log_sum_exp(logits)
 }
 
-/// ln Σ exp(logits), stably in f64: the normaliser of [`log_softmax_at`],
-/// exposed so a caller needing several entries of one row (top-k
-/// log-probs) computes it once and gets bit-identical values.
-pub fn log_sum_exp(logits: &[f32]) -> f64 {
-    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    logits.iter().map(|v| (*v as f64 - max).exp()).sum::<f64>().ln() + max
+/// Defines `pub fn $name` running `$lanes` (an `#[inline(always)]` loop
+/// written over independent lanes) compiled for the widest vectors the CPU
+/// has. Rust forms no fused multiply-adds on its own, so every copy gives
+/// the baseline's bits.
+macro_rules! widest_vectors {
+    ($(#[$m:meta])* pub fn $name:ident($($a:ident: $t:ty),*) -> $r:ty = $lanes:ident) => {
+        $(#[$m])*
+        pub fn $name($($a: $t),*) -> $r {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                unsafe fn avx512($($a: $t),*) -> $r {
+                    $lanes($($a),*)
+                }
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2($($a: $t),*) -> $r {
+                    $lanes($($a),*)
+                }
+                // SAFETY: each copy runs only where its one feature is present.
+                if is_x86_feature_detected!("avx512f") {
+                    return unsafe { avx512($($a),*) };
+                }
+                if is_x86_feature_detected!("avx2") {
+                    return unsafe { avx2($($a),*) };
+                }
+            }
+            $lanes($($a),*)
+        }
+    };
+}
+
+widest_vectors! {
+    /// ln Σ exp(logits), stably: the normaliser of [`log_softmax_at`],
+    /// exposed so a caller needing several entries of one row (top-k
+    /// log-probs) computes it once and gets bit-identical values. Each term
+    /// is [`exp_nonpositive`] (relative error below 3e-7) summed in f64:
+    /// scoring takes one of these per predicted token over the whole
+    /// vocabulary, and a scalar libm `exp` per entry was a tenth of an
+    /// evaluation's time (the 512-bit copy is about 8× faster on a
+    /// 49,152-entry row).
+    pub fn log_sum_exp(logits: &[f32]) -> f64 = log_sum_exp_lanes
+}
+
+widest_vectors! {
+    /// KL(p ‖ q) in nats between the softmax distributions of two logit
+    /// rows of equal length (the full cache's and a policy's), in f64 with
+    /// [`exp_nonpositive`] terms; never negative (rounding is clamped at 0).
+    /// Panics if the rows differ in length.
+    pub fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 = kl_divergence_lanes
+}
+
+const LANES: usize = 16;
+
+#[inline(always)]
+fn kl_divergence_lanes(p_logits: &[f32], q_logits: &[f32]) -> f64 {
+    assert_eq!(p_logits.len(), q_logits.len(), "logit rows differ in length");
+    let (lp, lq) = (log_sum_exp_lanes(p_logits), log_sum_exp_lanes(q_logits));
+    let term = |a: f32, b: f32| {
+        let la = a as f64 - lp;
+        let p = exp_nonpositive(la as f32) as f64;
+        // p = 0 (a = −∞ or negligible) adds nothing, even where q is −∞
+        if p == 0.0 {
+            0.0
+        } else {
+            p * (la - (b as f64 - lq))
+        }
+    };
+    let mut lane_sum = [0f64; LANES];
+    let (pc, qc) = (p_logits.chunks_exact(LANES), q_logits.chunks_exact(LANES));
+    let tail: f64 = pc.remainder().iter().zip(qc.remainder()).map(|(a, b)| term(*a, *b)).sum();
+    for (p, q) in pc.zip(qc) {
+        for ((s, a), b) in lane_sum.iter_mut().zip(p).zip(q) {
+            *s += term(*a, *b);
+        }
+    }
+    (lane_sum.iter().sum::<f64>() + tail).max(0.0)
+}
+
+#[inline(always)]
+fn log_sum_exp_lanes(logits: &[f32]) -> f64 {
+    let mut lane_max = [f32::NEG_INFINITY; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks.clone() {
+        for (m, v) in lane_max.iter_mut().zip(c) {
+            *m = if *v > *m { *v } else { *m };
+        }
+    }
+    let max = tail.iter().chain(&lane_max).cloned().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        // every entry −∞ or NaN: the lane sums below would not see a NaN
+        return if logits.iter().any(|v| v.is_nan()) { f64::NAN } else { f64::NEG_INFINITY };
+    }
+    let mut lane_sum = [0f64; LANES];
+    for c in chunks {
+        for (s, v) in lane_sum.iter_mut().zip(c) {
+            *s += exp_nonpositive(*v - max) as f64;
+        }
+    }
+    let sum = lane_sum.iter().sum::<f64>() + tail.iter().map(|v| exp_nonpositive(*v - max) as f64).sum::<f64>();
+    sum.ln() + max as f64
+}
+
+/// e^x for x ≤ 0 without a libm call, branch-free so loops over it
+/// vectorize: x = n·ln2 + r with |r| ≤ ln2/2, e^r by its degree-7 Taylor
+/// polynomial, 2^n put into the exponent bits. Relative error below 3e-7;
+/// below −87 (e^x < 1.7e-38) it returns 0; NaN in, NaN out (so a NaN
+/// logit makes [`log_sum_exp`] NaN, as the maximum ignores it).
+#[inline(always)]
+pub fn exp_nonpositive(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // adding 1.5·2^23 rounds to an integer, held in the low mantissa bits
+    const ROUND: f32 = 12_582_912.0;
+    let xc = if x < -87.0 { -87.0 } else { x };
+    let t = xc * LOG2E + ROUND;
+    let n = t - ROUND;
+    let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    let scale = f32::from_bits((ni.wrapping_add(127) << 23) as u32);
+    if x < -87.0 {
+        0.0
+    } else {
+        p * scale
+    }
 }
 
 /// Activation functions used by the supported MLPs.
@@ -143,6 +267,66 @@ mod tests {
     fn log_softmax_matches_definition() {
         let l = [0.5f32, -1.0, 2.0];
         let z: f64 = l.iter().map(|v| (*v as f64).exp()).sum();
-        assert!((log_softmax_at(&l, 2) - (2.0 - z.ln())).abs() < 1e-12);
+        assert!((log_softmax_at(&l, 2) - (2.0 - z.ln())).abs() < 1e-7);
+    }
+
+    #[test]
+    fn kl_divergence_matches_f64_reference() {
+        let p: Vec<f32> = (0..5003u32).map(|i| ((i * 7919 % 1000) as f32 / 100.0).cos() * 6.0).collect();
+        let mut q: Vec<f32> = p.iter().enumerate().map(|(i, v)| v + ((i % 13) as f32 - 6.0) * 0.05).collect();
+        let lse = |l: &[f32]| {
+            let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            l.iter().map(|v| (*v as f64 - m).exp()).sum::<f64>().ln() + m
+        };
+        let (lp, lq) = (lse(&p), lse(&q));
+        let want: f64 =
+            p.iter().zip(&q).map(|(a, b)| (*a as f64 - lp).exp() * ((*a as f64 - lp) - (*b as f64 - lq))).sum();
+        assert!(want > 1e-3);
+        assert!((kl_divergence(&p, &q) - want).abs() < 1e-6 * want.max(1.0), "{} vs {want}", kl_divergence(&p, &q));
+        assert!(kl_divergence(&p, &p) < 1e-9);
+        // a token impossible under both adds nothing
+        q[7] = f32::NEG_INFINITY;
+        let mut p2 = p.clone();
+        p2[7] = f32::NEG_INFINITY;
+        assert!(kl_divergence(&p2, &q).is_finite());
+        assert_eq!(log_sum_exp(&[f32::NEG_INFINITY; 3]), f64::NEG_INFINITY);
+        assert!(log_sum_exp(&[f32::NAN, f32::NEG_INFINITY]).is_nan());
+    }
+
+    #[test]
+    fn exp_nonpositive_is_accurate_over_its_range() {
+        let mut worst = 0f64;
+        for i in 0..=870_000 {
+            let x = -(i as f32) * 1e-4;
+            let want = (x as f64).exp();
+            worst = worst.max(((exp_nonpositive(x) as f64 - want) / want).abs());
+        }
+        assert!(worst < 3e-7, "worst relative error {worst}");
+        assert_eq!(exp_nonpositive(-100.0), 0.0);
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert!(exp_nonpositive(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn log_sum_exp_matches_f64_reference_on_a_vocabulary_row() {
+        // a vocabulary-sized row with a spread like real logits, and a tail
+        // that is not a multiple of the lane count
+        let row: Vec<f32> = (0..49_157u32)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 8) as f32 / 65536.0).sin() * 12.0 - 3.0)
+            .collect();
+        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let want = row.iter().map(|v| (*v as f64 - max).exp()).sum::<f64>().ln() + max;
+        assert!((log_sum_exp(&row) - want).abs() < 1e-6, "{} vs {want}", log_sum_exp(&row));
+        // the wide copies the CPU dispatches to give the baseline's bits
+        assert_eq!(log_sum_exp(&row).to_bits(), log_sum_exp_lanes(&row).to_bits());
+        for n in [1, 15, 16, 17] {
+            let short = &row[..n];
+            let m = short.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let w = short.iter().map(|v| (*v as f64 - m).exp()).sum::<f64>().ln() + m;
+            assert!((log_sum_exp(short) - w).abs() < 1e-6, "n = {n}");
+        }
+        let mut bad = row.clone();
+        bad[40_000] = f32::NAN;
+        assert!(log_sum_exp(&bad).is_nan());
     }
 }
