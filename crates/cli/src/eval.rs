@@ -68,7 +68,9 @@ pub struct Args {
     /// Output directory: results.jsonl (one line per finished cell), results.csv, results.md, plots/.
     #[arg(long, default_value = "eval-out")]
     out: PathBuf,
-    /// Continue an interrupted run in --out, skipping finished cells.
+    /// Continue an interrupted run in --out, skipping finished cells; a
+    /// multiple-choice cell cut off midway continues after its last
+    /// finished block of 16 items (kept in partial.jsonl).
     #[arg(long)]
     resume: bool,
     /// Also time decode steps at these context lengths for every policy and

@@ -10,7 +10,9 @@
 //!   each choice on a fork of its cache, 16 items batched; percentage
 //!   budgets against context + the item's longest choice), or per choice
 //!   ([`score_choices`], [`Scoring::PerChoice`]: percentage budgets against
-//!   each choice's whole sequence).
+//!   each choice's whole sequence). With an out directory, each finished
+//!   block of items is kept in `partial.jsonl` until the cell's row is
+//!   written, and a resumed run continues the cell from there.
 //! * `ppl` — token-weighted `nll` and `ppl` over BOS-led windows, every
 //!   token a decode step (or one prefill in [`ScoreMode::Prefill`]); with
 //!   `compare_full`, `kl` = mean KL(full‖policy), `top1` = top-1
@@ -48,8 +50,8 @@
 use crate::budget::{BudgetedPolicy, PolicySource};
 use crate::forked::score_items;
 use crate::metrics::{first_divergence, identical_prefix_fraction, positional_agreement};
-use crate::results::{write_summaries, CellKey, ResultRow, ResultsLog};
-use crate::score::{encode_item, score_choices, Choice, McTally, ScoreMode, Scoring};
+use crate::results::{write_summaries, CellKey, PartialCell, ResultRow, ResultsLog};
+use crate::score::{encode_item, score_choices, Choice, ChoiceScore, McTally, ScoreMode, Scoring};
 use crate::shard::{config_fingerprint, Shard, ShardManifest};
 use crate::tasks::{answers_found, ruler_items, TaskData, TaskKind, TaskSpec};
 use crate::{EvalError, Result};
@@ -236,7 +238,9 @@ fn greedy(policy: kvslim_cache::PolicySpec, max_tokens: usize, tok: &Tokenizer) 
     GenerateOptions { max_tokens, sampling: SamplingParams::default(), policy, eos: tok.eos.clone() }
 }
 
-/// Runs one cell and fills the row's metrics, items and memory.
+/// Runs one cell and fills the row's metrics, items and memory. A
+/// multiple-choice cell starts after the items `resumed` holds (scored by
+/// an interrupted run) and appends each finished block to `partial`.
 #[allow(clippy::too_many_arguments)]
 fn run_cell(
     model: &Model,
@@ -245,6 +249,7 @@ fn run_cell(
     prepared: &mut Prepared,
     cfg: &MatrixConfig,
     row: &mut ResultRow,
+    (mut partial, resumed): (Option<&mut PartialCell>, Vec<Vec<ChoiceScore>>),
     report: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
     let total = prepared.len();
@@ -252,23 +257,34 @@ fn run_cell(
     let (mut kv, mut meta) = (0usize, 0usize);
     match prepared {
         Prepared::Mc(items) => {
-            let scored = match cfg.scoring {
-                Scoring::PerChoice => par_blocks(
-                    items.len(),
-                    |i| score_choices(model, policy, &items[i].0, &items[i].1, cfg.mode),
-                    |d| report(d, total),
-                )?,
-                Scoring::Forked => {
-                    let mut out = Vec::with_capacity(items.len());
-                    for block in items.chunks(FORKED_BLOCK) {
-                        let views: Vec<(&[u32], &[Choice])> =
-                            block.iter().map(|(c, ch, _)| (&c[..], &ch[..])).collect();
-                        out.extend(score_items(model, policy, &views, cfg.mode)?);
-                        report(out.len(), total);
-                    }
-                    out
-                }
+            // blocks of items: forked blocks share their batched decode steps,
+            // per-choice blocks run their items in parallel
+            let block = match cfg.scoring {
+                Scoring::Forked => FORKED_BLOCK,
+                Scoring::PerChoice => block_size(),
             };
+            let mut scored = resumed;
+            if !scored.is_empty() {
+                report(scored.len(), total);
+            }
+            while scored.len() < items.len() {
+                let part = &items[scored.len()..(scored.len() + block).min(items.len())];
+                let scores = match cfg.scoring {
+                    Scoring::PerChoice => part
+                        .par_iter()
+                        .map(|(c, ch, _)| score_choices(model, policy, c, ch, cfg.mode))
+                        .collect::<Result<Vec<_>>>()?,
+                    Scoring::Forked => {
+                        let views: Vec<(&[u32], &[Choice])> = part.iter().map(|(c, ch, _)| (&c[..], &ch[..])).collect();
+                        score_items(model, policy, &views, cfg.mode)?
+                    }
+                };
+                if let Some(p) = partial.as_deref_mut() {
+                    p.append(scored.len(), &scores)?;
+                }
+                scored.extend(scores);
+                report(scored.len(), total);
+            }
             let mut t = McTally::default();
             let (mut acc, mut acc_norm) = (Vec::with_capacity(items.len()), Vec::with_capacity(items.len()));
             for (s, it) in scored.iter().zip(items.iter()) {
@@ -484,7 +500,9 @@ pub fn ppl_decisions_from(
 /// Runs every cell of `cfg` on one model. Returns all rows, those of a
 /// resumed log included. With `out_dir`, each row is appended to
 /// `results.jsonl` as its cell ends, `results.csv` / `results.md` are
-/// rewritten after every cell, and charts go to `plots/` at the end. Policies and budgets are checked before
+/// rewritten after every cell, and charts go to `plots/` at the end; a
+/// multiple-choice cell in flight keeps its finished blocks in
+/// `partial.jsonl` ([`PartialCell`]). Policies and budgets are checked before
 /// anything runs. With [`MatrixConfig::shard`], only that shard's cells
 /// run (and `shard.json` is written first); [`crate::shard::merge_shards`]
 /// combines the shards.
@@ -577,8 +595,16 @@ pub fn run_matrix(
             let prep = prepared.as_mut().expect("set above");
             progress(MatrixEvent::CellStart { key, index, total });
             let mut row = ResultRow::new(&key.model, &key.policy, &key.budget, &key.task);
+            // a multiple-choice cell keeps its finished blocks until its row is written
+            let (mut partial, resumed) = match (&cfg.out_dir, &*prep) {
+                (Some(dir), Prepared::Mc(items)) => {
+                    let (p, done) = PartialCell::open(dir, key, items.len(), cfg.resume)?;
+                    (Some(p), done)
+                }
+                _ => (None, Vec::new()),
+            };
             let start = Instant::now();
-            run_cell(model, tok, p, prep, cfg, &mut row, &mut |d, t| {
+            run_cell(model, tok, p, prep, cfg, &mut row, (partial.as_mut(), resumed), &mut |d, t| {
                 progress(MatrixEvent::Items { key, done: d, total: t })
             })?;
             let wall = start.elapsed().as_secs_f64();
@@ -591,6 +617,9 @@ pub fn run_matrix(
             }
             if let Some(l) = log.as_mut() {
                 l.append(&row)?;
+            }
+            if let Some(p) = partial {
+                p.finish()?;
             }
             rows.push(row);
             if let Some(dir) = &cfg.out_dir {

@@ -8,7 +8,13 @@
 //! * `results.csv` — every row, one metric per column ([`to_csv`]).
 //! * `results.md` — per task and model, one table per headline metric:
 //!   rows are policies, columns budgets ([`to_markdown`]).
+//! * `partial.jsonl` — the scored items of the multiple-choice cell in
+//!   flight, a block per line ([`PartialCell`]), so a resumed run continues
+//!   that cell from its last finished block instead of its first item (a
+//!   whole HellaSwag cell is most of an hour); removed when the cell's row
+//!   is written.
 
+use crate::score::ChoiceScore;
 use crate::{EvalError, Result};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -297,6 +303,81 @@ impl ResultsLog {
         self.file.write_all(line.as_bytes()).map_err(io)?;
         self.file.flush().map_err(io)?;
         self.file.sync_data().map_err(io)
+    }
+}
+
+/// One block of a multiple-choice cell's scored items, as a line of
+/// `partial.jsonl`.
+#[derive(Serialize, Deserialize)]
+struct PartialBlock {
+    key: CellKey,
+    /// Items in the cell, so a changed task file is not resumed.
+    items: usize,
+    /// Index of the block's first item.
+    start: usize,
+    scores: Vec<Vec<ChoiceScore>>,
+}
+
+/// The scored items of the multiple-choice cell in flight (`partial.jsonl`).
+/// Blocks are appended and flushed as they finish; on resume only the
+/// blocks of the same cell (key and item count) that continue one another
+/// from item 0 are taken, up to a truncated or foreign line, and the file
+/// is rewritten with just those. Scores round-trip bit for bit (serde_json
+/// `float_roundtrip`), so a resumed cell's row equals an uninterrupted one.
+pub struct PartialCell {
+    path: PathBuf,
+    file: File,
+    key: CellKey,
+    items: usize,
+}
+
+impl PartialCell {
+    pub const FILE: &'static str = "partial.jsonl";
+
+    /// Opens the partial file of cell `key` (`items` items) in `dir`; with
+    /// `resume`, also returns the items it already holds for that cell,
+    /// otherwise starts it empty.
+    pub fn open(dir: &Path, key: &CellKey, items: usize, resume: bool) -> Result<(Self, Vec<Vec<ChoiceScore>>)> {
+        let path = dir.join(Self::FILE);
+        let mut done: Vec<Vec<ChoiceScore>> = Vec::new();
+        let mut kept = String::new();
+        if resume {
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                Err(e) => return Err(EvalError::io(&path, e)),
+            };
+            for line in text.lines() {
+                let Ok(b) = serde_json::from_str::<PartialBlock>(line) else { break };
+                if b.key != *key || b.items != items || b.start != done.len() || done.len() + b.scores.len() > items {
+                    break;
+                }
+                done.extend(b.scores);
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+        std::fs::write(&path, &kept).map_err(|e| EvalError::io(&path, e))?;
+        let file = OpenOptions::new().append(true).open(&path).map_err(|e| EvalError::io(&path, e))?;
+        Ok((PartialCell { path, file, key: key.clone(), items }, done))
+    }
+
+    /// Appends the scores of items `start..start + scores.len()` and
+    /// flushes them to the file system.
+    pub fn append(&mut self, start: usize, scores: &[Vec<ChoiceScore>]) -> Result<()> {
+        let block = PartialBlock { key: self.key.clone(), items: self.items, start, scores: scores.to_vec() };
+        let mut line = serde_json::to_string(&block).map_err(|e| EvalError::Request(format!("partial block: {e}")))?;
+        line.push('\n');
+        let io = |e| EvalError::io(&self.path, e);
+        self.file.write_all(line.as_bytes()).map_err(io)?;
+        self.file.flush().map_err(io)?;
+        self.file.sync_data().map_err(io)
+    }
+
+    /// The cell is finished (its row is in `results.jsonl`): removes the file.
+    pub fn finish(self) -> Result<()> {
+        drop(self.file);
+        std::fs::remove_file(&self.path).map_err(|e| EvalError::io(&self.path, e))
     }
 }
 

@@ -73,7 +73,7 @@ pub struct Choice {
 }
 
 /// The log-likelihood of one continuation given the context.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ChoiceScore {
     /// Σ ln p(continuation token | everything before it), nats.
     pub logprob_sum: f64,

@@ -151,3 +151,59 @@ fn csv_and_markdown_content() {
     assert_eq!(std::fs::read_to_string(dir.0.join("results.csv")).unwrap(), csv);
     assert_eq!(std::fs::read_to_string(dir.0.join("results.md")).unwrap(), md);
 }
+
+/// Only blocks of the same cell that continue one another from item 0 are
+/// resumed; a truncated line, another cell's blocks or a changed item count
+/// end what is taken, and the file keeps just what was taken.
+#[test]
+fn partial_cell_takes_only_its_own_contiguous_blocks() {
+    use kvslim_eval::results::PartialCell;
+    use kvslim_eval::ChoiceScore;
+    let dir = TempDir::new("partial");
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let score = |lp: f64| ChoiceScore {
+        logprob_sum: lp,
+        n_tokens: 3,
+        n_chars: 11,
+        greedy: false,
+        kv_bytes: 4096,
+        kv_metadata_bytes: 64,
+    };
+    let item = |lp: f64| vec![score(lp), score(lp - 1.0)];
+    let (k, other) = (key("h2o", "20%", "mc:copa"), key("h2o", "10%", "mc:copa"));
+    // an awkward value that must come back bit for bit
+    let awkward = -12.345_678_901_234_567_f64 / 3.0;
+    let (mut p, done) = PartialCell::open(&dir.0, &k, 5, true).unwrap();
+    assert!(done.is_empty());
+    p.append(0, &[item(awkward), item(-2.0)]).unwrap();
+    p.append(2, &[item(-3.0)]).unwrap();
+    drop(p);
+    let (_, done) = PartialCell::open(&dir.0, &k, 5, true).unwrap();
+    assert_eq!(done, vec![item(awkward), item(-2.0), item(-3.0)]);
+    assert_eq!(done[0][0].logprob_sum.to_bits(), awkward.to_bits());
+    // another cell, or the same cell with another item count, takes nothing
+    assert!(PartialCell::open(&dir.0, &k, 6, true).unwrap().1.is_empty());
+    let (mut p, _) = PartialCell::open(&dir.0, &k, 5, true).unwrap();
+    p.append(0, &[item(-1.0)]).unwrap();
+    drop(p);
+    assert!(PartialCell::open(&dir.0, &other, 5, true).unwrap().1.is_empty());
+    // a block that does not continue (gap) or a truncated line ends it
+    let (mut p, _) = PartialCell::open(&dir.0, &k, 5, false).unwrap();
+    p.append(0, &[item(-1.0)]).unwrap();
+    p.append(2, &[item(-5.0)]).unwrap();
+    drop(p);
+    assert_eq!(PartialCell::open(&dir.0, &k, 5, true).unwrap().1, vec![item(-1.0)]);
+    let path = dir.0.join(PartialCell::FILE);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.lines().count(), 1, "rewritten with what was taken");
+    text.push_str("{\"key\":{\"model\":\"stories");
+    std::fs::write(&path, text).unwrap();
+    let (p, done) = PartialCell::open(&dir.0, &k, 5, true).unwrap();
+    assert_eq!(done, vec![item(-1.0)]);
+    // without resume it starts empty; finishing removes the file
+    drop(p);
+    let (p, done) = PartialCell::open(&dir.0, &k, 5, false).unwrap();
+    assert!(done.is_empty());
+    p.finish().unwrap();
+    assert!(!path.exists());
+}

@@ -213,6 +213,79 @@ fn matrix_end_to_end_and_resume() {
     assert!(run_matrix(&m.model, tok, &cfg, |_| {}).is_err());
 }
 
+/// A multiple-choice cell cut off midway (here: a panic after its first
+/// block of 16 items) resumes after that block, and its row equals an
+/// uninterrupted run's bit for bit; the partial file is gone afterwards.
+#[test]
+fn an_interrupted_multiple_choice_cell_resumes_after_its_last_block() {
+    use kvslim_eval::results::PartialCell;
+    let m = stories();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let tmp = TempDir(std::env::temp_dir().join(format!("kvslim-eval-partial-{}", std::process::id())));
+    let copa = shared_dir().join("data/copa/copa.jsonl");
+    let task = TaskSpec::parse(&format!("mc:{},limit=40", copa.display())).unwrap();
+    let config = |dir: &str| {
+        let mut c = MatrixConfig::new("stories260K", vec![task.clone()]);
+        c.policies = vec!["h2o".to_string()];
+        c.budgets = vec!["50%".to_string()];
+        c.out_dir = Some(tmp.0.join(dir));
+        c.charts = false;
+        c
+    };
+    let whole = run_matrix(&m.model, tok, &config("whole"), |_| {}).unwrap();
+    assert!(!tmp.0.join("whole").join(PartialCell::FILE).exists());
+
+    let mut cut = config("cut");
+    let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_matrix(&m.model, tok, &cut, |e| {
+            if let MatrixEvent::Items { done, .. } = e {
+                assert!(done < 16, "interrupted after the first block");
+            }
+        })
+    }));
+    assert!(crashed.is_err());
+    let partial = std::fs::read_to_string(tmp.0.join("cut").join(PartialCell::FILE)).unwrap();
+    assert_eq!(partial.lines().count(), 1, "one finished block");
+    assert_eq!(read_rows(&tmp.0.join("cut").join(ResultsLog::FILE)).unwrap().rows.len(), 0);
+
+    // the kept block is what a resumed cell uses: a copy whose block says
+    // choice 0 wins every item scores those items by choice 0
+    let tampered = tmp.0.join("tampered");
+    std::fs::create_dir_all(&tampered).unwrap();
+    let mut block: serde_json::Value = serde_json::from_str(partial.trim()).unwrap();
+    for item in block["scores"].as_array_mut().unwrap() {
+        for (c, choice) in item.as_array_mut().unwrap().iter_mut().enumerate() {
+            choice["logprob_sum"] = serde_json::json!(if c == 0 { 0.0 } else { -1000.0 });
+        }
+    }
+    std::fs::write(tampered.join(PartialCell::FILE), format!("{block}\n")).unwrap();
+    let mut t = config("tampered");
+    t.resume = true;
+    let from_block = run_matrix(&m.model, tok, &t, |_| {}).unwrap();
+    let golds: Vec<usize> = load_mc_jsonl(&copa, None).unwrap().iter().map(|i| i.gold).collect();
+    let by_choice0: Vec<f64> = golds[..16].iter().map(|&g| f64::from(u8::from(g == 0))).collect();
+    assert_eq!(from_block[0].per_item["acc"][..16], by_choice0[..]);
+    assert_ne!(whole[0].per_item["acc"][..16], by_choice0[..], "the test needs the model to differ from 'always 0'");
+    assert_eq!(from_block[0].per_item["acc"][16..], whole[0].per_item["acc"][16..]);
+
+    cut.resume = true;
+    let mut reported = Vec::new();
+    let resumed = run_matrix(&m.model, tok, &cut, |e| {
+        if let MatrixEvent::Items { done, .. } = e {
+            reported.push(done)
+        }
+    })
+    .unwrap();
+    assert_eq!(reported, [16, 32, 40], "starts after the kept block");
+    assert!(!tmp.0.join("cut").join(PartialCell::FILE).exists());
+    let (a, b) = (&whole[0], &resumed[0]);
+    assert_eq!((a.items, b.items), (40, 40));
+    assert_eq!(a.per_item, b.per_item);
+    for (k, v) in &a.metrics {
+        assert_eq!(v.to_bits(), b.metrics[k].to_bits(), "{k}: {v} vs {}", b.metrics[k]);
+    }
+}
+
 /// The speed grid's bytes per sequence are measured after the context is
 /// held, so a paged store (which allocates as tokens arrive) is not
 /// counted as empty: paged `full` holds as many K/V bytes as fixed slots.
