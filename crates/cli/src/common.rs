@@ -6,6 +6,7 @@ use kvslim_models::chat::{ChatError, ChatFormat};
 use kvslim_models::{LoadedModel, Tokenizer};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
@@ -120,20 +121,28 @@ pub fn init_threads(threads: Option<usize>) -> CliResult {
     Ok(())
 }
 
-/// A progress bar on stderr (`indicatif`), drawn only when stderr is a
-/// terminal: logs and CI output get none of it. One `Progress` can follow
-/// several runs in a row (the eval matrix's cells): a count that starts
-/// over or a new total begins a new bar.
+/// A progress bar on stderr (`indicatif`) when stderr is a terminal;
+/// otherwise (logs, `nohup`, CI) a plain line at most once a minute, so a
+/// long run in the background still says how far it is. One `Progress`
+/// can follow several runs in a row (the eval matrix's cells): a count
+/// that starts over or a new total begins a new bar.
 pub struct Progress {
     label: &'static str,
     unit: &'static str,
     bar: Option<indicatif::ProgressBar>,
+    /// Without a terminal: when the current run began and the last line was printed.
+    started: Instant,
+    last_line: Instant,
 }
+
+/// Seconds between the plain progress lines written when stderr is not a terminal.
+const LINE_EVERY_S: u64 = 60;
 
 impl Progress {
     /// `unit` names what is counted (`tok`, `items`, `windows`).
     pub fn new(label: &'static str, unit: &'static str) -> Self {
-        Progress { label, unit, bar: None }
+        let now = Instant::now();
+        Progress { label, unit, bar: None, started: now, last_line: now }
     }
 
     /// Shows `done/total` with the rate and the time left.
@@ -141,8 +150,9 @@ impl Progress {
         let (done, total) = (done as u64, total as u64);
         let stale =
             self.bar.as_ref().is_none_or(|b| b.is_finished() || b.length() != Some(total) || b.position() > done);
+        let terminal = std::io::stderr().is_terminal();
         if stale {
-            let target = if std::io::stderr().is_terminal() {
+            let target = if terminal {
                 indicatif::ProgressDrawTarget::stderr()
             } else {
                 indicatif::ProgressDrawTarget::hidden()
@@ -155,6 +165,21 @@ impl Progress {
             }
             bar.set_prefix(self.label);
             self.bar = Some(bar);
+            self.started = Instant::now();
+            self.last_line = self.started;
+        }
+        if !terminal && self.last_line.elapsed().as_secs() >= LINE_EVERY_S {
+            self.last_line = Instant::now();
+            let spent = self.started.elapsed().as_secs_f64();
+            let left = if done > 0 { spent / done as f64 * total.saturating_sub(done) as f64 } else { f64::NAN };
+            eprintln!(
+                "{}: {done}/{total} {} ({:.0}%), {:.1} min so far, about {:.1} min left",
+                self.label,
+                self.unit,
+                100.0 * done as f64 / total.max(1) as f64,
+                spent / 60.0,
+                left / 60.0
+            );
         }
         if let Some(bar) = &self.bar {
             bar.set_position(done);
