@@ -7,6 +7,7 @@
 //! cargo run --release -p kvslim-kernels --example dotbench -- --gemm
 //! cargo run --release -p kvslim-kernels --example dotbench -- --prefill --types q4_1,q8_0,q4_k,q5_0,q6_k
 //! cargo run --release -p kvslim-kernels --example dotbench -- --mem
+//! cargo run --release -p kvslim-kernels --example dotbench -- --softmax
 //! cargo run --release -p kvslim-kernels --example dotbench -- --kernels --types q4_1,q4_k,q5_0,q6_k,q8_0
 //! ```
 //!
@@ -26,6 +27,9 @@
 //! against one-dot-per-token. `--prefill`: `Matrix::matmul` alone at
 //! prefill shapes of SmolLM2-135M (n = 512 tokens × 576×576 and
 //! 1536×576), 1 and 2 threads. `--mem`: only the bandwidth test.
+//! `--softmax`: `ops::log_sum_exp` and `ops::kl_divergence` on a
+//! vocabulary row (SmolLM2's 49,152 and Gemma 3's 262,144 logits) against
+//! a scalar libm `exp` in f64, the per-token cost of scoring.
 
 use kvslim_kernels::dot::available;
 use kvslim_kernels::{DType, Matrix};
@@ -70,6 +74,9 @@ fn main() {
     }
     if args.iter().any(|a| a == "--prefill") {
         return prefill(secs, &types);
+    }
+    if args.iter().any(|a| a == "--softmax") {
+        return softmax(secs);
     }
 
     println!("memory bandwidth (sum over a 1 GiB f32 array):");
@@ -380,5 +387,43 @@ fn prefill(secs: f64, types: &[DType]) {
                 }
             }
         }
+    }
+}
+
+/// Microseconds per call of `f`, best of five trials of about `secs` each.
+fn best_us(secs: f64, mut f: impl FnMut() -> f64) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let (start, mut calls, mut sink) = (Instant::now(), 0u32, 0.0);
+        while calls == 0 || start.elapsed().as_secs_f64() < secs {
+            sink += f();
+            calls += 1;
+        }
+        std::hint::black_box(sink);
+        best = best.min(start.elapsed().as_secs_f64() * 1e6 / calls as f64);
+    }
+    best
+}
+
+fn softmax(secs: f64) {
+    use kvslim_kernels::ops::{kl_divergence, log_sum_exp};
+    // the scalar f64 form these kernels replaced
+    let libm_lse = |l: &[f32]| {
+        let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        l.iter().map(|v| (*v as f64 - m).exp()).sum::<f64>().ln() + m
+    };
+    let libm_kl = |p: &[f32], q: &[f32]| {
+        let (lp, lq) = (libm_lse(p), libm_lse(q));
+        p.iter().zip(q).map(|(a, b)| (*a as f64 - lp).exp() * ((*a as f64 - lp) - (*b as f64 - lq))).sum::<f64>()
+    };
+    println!("vocab  op            libm µs  kernel µs  speed-up");
+    for n in [49_152usize, 262_144] {
+        let p: Vec<f32> =
+            (0..n as u32).map(|i| ((i.wrapping_mul(2_654_435_761) >> 8) as f32 / 65536.0).sin() * 12.0 - 3.0).collect();
+        let q: Vec<f32> = p.iter().enumerate().map(|(i, v)| v + ((i % 13) as f32 - 6.0) * 0.05).collect();
+        let (a, b) = (best_us(secs, || libm_lse(&p)), best_us(secs, || log_sum_exp(&p)));
+        println!("{n:>7}  log_sum_exp  {a:>8.1}  {b:>9.1}  {:>7.2}x", a / b);
+        let (a, b) = (best_us(secs, || libm_kl(&p, &q)), best_us(secs, || kl_divergence(&p, &q)));
+        println!("{n:>7}  kl_divergence{a:>8.1}  {b:>9.1}  {:>7.2}x", a / b);
     }
 }
