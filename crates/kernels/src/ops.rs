@@ -76,9 +76,9 @@ widest_vectors! {
     /// log-probs) computes it once and gets bit-identical values. Each term
     /// is [`exp_nonpositive`] (relative error below 3e-7) summed in f64:
     /// scoring takes one of these per predicted token over the whole
-    /// vocabulary, and a scalar libm `exp` per entry was a tenth of an
-    /// evaluation's time (the 512-bit copy is about 8× faster on a
-    /// 49,152-entry row).
+    /// vocabulary, where a scalar libm `exp` per entry cost 0.28 ms on
+    /// SmolLM2's 49,152 logits; the 512-bit copy takes 0.04 ms
+    /// (`dotbench --softmax`).
     pub fn log_sum_exp(logits: &[f32]) -> f64 = log_sum_exp_lanes
 }
 
