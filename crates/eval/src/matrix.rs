@@ -50,8 +50,8 @@
 use crate::budget::{BudgetedPolicy, PolicySource};
 use crate::forked::score_items;
 use crate::metrics::{first_divergence, identical_prefix_fraction, positional_agreement};
-use crate::results::{write_summaries, CellKey, PartialCell, ResultRow, ResultsLog};
-use crate::score::{encode_item, score_choices, Choice, ChoiceScore, McTally, ScoreMode, Scoring};
+use crate::results::{write_summaries, CellKey, PartialCell, ResultRow, ResultsLog, Resumed};
+use crate::score::{encode_item, score_choices, Choice, McTally, ScoreMode, Scoring};
 use crate::shard::{config_fingerprint, Shard, ShardManifest};
 use crate::tasks::{answers_found, ruler_items, TaskData, TaskKind, TaskSpec};
 use crate::{EvalError, Result};
@@ -249,7 +249,7 @@ fn run_cell(
     prepared: &mut Prepared,
     cfg: &MatrixConfig,
     row: &mut ResultRow,
-    (mut partial, resumed): (Option<&mut PartialCell>, Vec<Vec<ChoiceScore>>),
+    (mut partial, resumed): (Option<&mut PartialCell>, Resumed),
     report: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
     let total = prepared.len();
@@ -263,11 +263,12 @@ fn run_cell(
                 Scoring::Forked => FORKED_BLOCK,
                 Scoring::PerChoice => block_size(),
             };
-            let mut scored = resumed;
+            let mut scored = resumed.scores;
             if !scored.is_empty() {
                 report(scored.len(), total);
             }
             while scored.len() < items.len() {
+                let block_start = Instant::now();
                 let part = &items[scored.len()..(scored.len() + block).min(items.len())];
                 let scores = match cfg.scoring {
                     Scoring::PerChoice => part
@@ -280,7 +281,7 @@ fn run_cell(
                     }
                 };
                 if let Some(p) = partial.as_deref_mut() {
-                    p.append(scored.len(), &scores)?;
+                    p.append(scored.len(), &scores, block_start.elapsed().as_secs_f64())?;
                 }
                 scored.extend(scores);
                 report(scored.len(), total);
@@ -601,13 +602,15 @@ pub fn run_matrix(
                     let (p, done) = PartialCell::open(dir, key, items.len(), cfg.resume)?;
                     (Some(p), done)
                 }
-                _ => (None, Vec::new()),
+                _ => (None, Resumed::default()),
             };
+            let earlier_s = resumed.seconds;
             let start = Instant::now();
             run_cell(model, tok, p, prep, cfg, &mut row, (partial.as_mut(), resumed), &mut |d, t| {
                 progress(MatrixEvent::Items { key, done: d, total: t })
             })?;
-            let wall = start.elapsed().as_secs_f64();
+            // a resumed cell's wall time includes its earlier runs' blocks
+            let wall = earlier_s + start.elapsed().as_secs_f64();
             row.timings.insert("wall".into(), wall);
             row.timings.insert("per_item".into(), wall / row.items.max(1) as f64);
             row.timings.insert("items_per_s".into(), row.items as f64 / wall.max(1e-9));

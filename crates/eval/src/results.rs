@@ -316,6 +316,16 @@ struct PartialBlock {
     /// Index of the block's first item.
     start: usize,
     scores: Vec<Vec<ChoiceScore>>,
+    /// Seconds the block took, so the finished cell's `wall` counts every run.
+    seconds: f64,
+}
+
+/// What an interrupted run of a cell left: its items' scores, in order,
+/// and the seconds spent on them.
+#[derive(Debug, Default, PartialEq)]
+pub struct Resumed {
+    pub scores: Vec<Vec<ChoiceScore>>,
+    pub seconds: f64,
 }
 
 /// The scored items of the multiple-choice cell in flight (`partial.jsonl`).
@@ -337,9 +347,9 @@ impl PartialCell {
     /// Opens the partial file of cell `key` (`items` items) in `dir`; with
     /// `resume`, also returns the items it already holds for that cell,
     /// otherwise starts it empty.
-    pub fn open(dir: &Path, key: &CellKey, items: usize, resume: bool) -> Result<(Self, Vec<Vec<ChoiceScore>>)> {
+    pub fn open(dir: &Path, key: &CellKey, items: usize, resume: bool) -> Result<(Self, Resumed)> {
         let path = dir.join(Self::FILE);
-        let mut done: Vec<Vec<ChoiceScore>> = Vec::new();
+        let mut done = Resumed::default();
         let mut kept = String::new();
         if resume {
             let text = match std::fs::read_to_string(&path) {
@@ -349,10 +359,12 @@ impl PartialCell {
             };
             for line in text.lines() {
                 let Ok(b) = serde_json::from_str::<PartialBlock>(line) else { break };
-                if b.key != *key || b.items != items || b.start != done.len() || done.len() + b.scores.len() > items {
+                let n = done.scores.len();
+                if b.key != *key || b.items != items || b.start != n || n + b.scores.len() > items {
                     break;
                 }
-                done.extend(b.scores);
+                done.scores.extend(b.scores);
+                done.seconds += b.seconds;
                 kept.push_str(line);
                 kept.push('\n');
             }
@@ -362,10 +374,10 @@ impl PartialCell {
         Ok((PartialCell { path, file, key: key.clone(), items }, done))
     }
 
-    /// Appends the scores of items `start..start + scores.len()` and
-    /// flushes them to the file system.
-    pub fn append(&mut self, start: usize, scores: &[Vec<ChoiceScore>]) -> Result<()> {
-        let block = PartialBlock { key: self.key.clone(), items: self.items, start, scores: scores.to_vec() };
+    /// Appends the scores of items `start..start + scores.len()`, which
+    /// took `seconds`, and flushes them to the file system.
+    pub fn append(&mut self, start: usize, scores: &[Vec<ChoiceScore>], seconds: f64) -> Result<()> {
+        let block = PartialBlock { key: self.key.clone(), items: self.items, start, scores: scores.to_vec(), seconds };
         let mut line = serde_json::to_string(&block).map_err(|e| EvalError::Request(format!("partial block: {e}")))?;
         line.push('\n');
         let io = |e| EvalError::io(&self.path, e);

@@ -174,36 +174,37 @@ fn partial_cell_takes_only_its_own_contiguous_blocks() {
     // an awkward value that must come back bit for bit
     let awkward = -12.345_678_901_234_567_f64 / 3.0;
     let (mut p, done) = PartialCell::open(&dir.0, &k, 5, true).unwrap();
-    assert!(done.is_empty());
-    p.append(0, &[item(awkward), item(-2.0)]).unwrap();
-    p.append(2, &[item(-3.0)]).unwrap();
+    assert!(done.scores.is_empty());
+    p.append(0, &[item(awkward), item(-2.0)], 1.5).unwrap();
+    p.append(2, &[item(-3.0)], 0.25).unwrap();
     drop(p);
     let (_, done) = PartialCell::open(&dir.0, &k, 5, true).unwrap();
-    assert_eq!(done, vec![item(awkward), item(-2.0), item(-3.0)]);
-    assert_eq!(done[0][0].logprob_sum.to_bits(), awkward.to_bits());
+    assert_eq!(done.scores, vec![item(awkward), item(-2.0), item(-3.0)]);
+    assert_eq!(done.scores[0][0].logprob_sum.to_bits(), awkward.to_bits());
+    assert_eq!(done.seconds, 1.75, "the blocks' seconds add up");
     // another cell, or the same cell with another item count, takes nothing
-    assert!(PartialCell::open(&dir.0, &k, 6, true).unwrap().1.is_empty());
+    assert!(PartialCell::open(&dir.0, &k, 6, true).unwrap().1.scores.is_empty());
     let (mut p, _) = PartialCell::open(&dir.0, &k, 5, true).unwrap();
-    p.append(0, &[item(-1.0)]).unwrap();
+    p.append(0, &[item(-1.0)], 1.0).unwrap();
     drop(p);
-    assert!(PartialCell::open(&dir.0, &other, 5, true).unwrap().1.is_empty());
+    assert!(PartialCell::open(&dir.0, &other, 5, true).unwrap().1.scores.is_empty());
     // a block that does not continue (gap) or a truncated line ends it
     let (mut p, _) = PartialCell::open(&dir.0, &k, 5, false).unwrap();
-    p.append(0, &[item(-1.0)]).unwrap();
-    p.append(2, &[item(-5.0)]).unwrap();
+    p.append(0, &[item(-1.0)], 1.0).unwrap();
+    p.append(2, &[item(-5.0)], 1.0).unwrap();
     drop(p);
-    assert_eq!(PartialCell::open(&dir.0, &k, 5, true).unwrap().1, vec![item(-1.0)]);
+    assert_eq!(PartialCell::open(&dir.0, &k, 5, true).unwrap().1.scores, vec![item(-1.0)]);
     let path = dir.0.join(PartialCell::FILE);
     let mut text = std::fs::read_to_string(&path).unwrap();
     assert_eq!(text.lines().count(), 1, "rewritten with what was taken");
     text.push_str("{\"key\":{\"model\":\"stories");
     std::fs::write(&path, text).unwrap();
     let (p, done) = PartialCell::open(&dir.0, &k, 5, true).unwrap();
-    assert_eq!(done, vec![item(-1.0)]);
+    assert_eq!(done.scores, vec![item(-1.0)]);
     // without resume it starts empty; finishing removes the file
     drop(p);
     let (p, done) = PartialCell::open(&dir.0, &k, 5, false).unwrap();
-    assert!(done.is_empty());
+    assert!(done.scores.is_empty());
     p.finish().unwrap();
     assert!(!path.exists());
 }

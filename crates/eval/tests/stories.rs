@@ -258,6 +258,8 @@ fn an_interrupted_multiple_choice_cell_resumes_after_its_last_block() {
             choice["logprob_sum"] = serde_json::json!(if c == 0 { 0.0 } else { -1000.0 });
         }
     }
+    // and its time counts in the cell's wall time
+    block["seconds"] = serde_json::json!(1000.0);
     std::fs::write(tampered.join(PartialCell::FILE), format!("{block}\n")).unwrap();
     let mut t = config("tampered");
     t.resume = true;
@@ -267,6 +269,8 @@ fn an_interrupted_multiple_choice_cell_resumes_after_its_last_block() {
     assert_eq!(from_block[0].per_item["acc"][..16], by_choice0[..]);
     assert_ne!(whole[0].per_item["acc"][..16], by_choice0[..], "the test needs the model to differ from 'always 0'");
     assert_eq!(from_block[0].per_item["acc"][16..], whole[0].per_item["acc"][16..]);
+    let wall = from_block[0].timings["wall"];
+    assert!((1000.0..1060.0).contains(&wall), "wall {wall}");
 
     cut.resume = true;
     let mut reported = Vec::new();
