@@ -19,7 +19,7 @@
 #   bash scripts/whole_matrix.sh merge         all 21 shards → docs/whole/merged
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MATRIX_COMMIT=${MATRIX_COMMIT:-8bd2e679261f589bd1eeb9876085420557e60f80}
+MATRIX_COMMIT=${MATRIX_COMMIT:-a3ab26066a58c58717bc003262a70710909e5648}
 SHARDS=21
 ROOT=$PWD
 OUT=$ROOT/docs/whole
