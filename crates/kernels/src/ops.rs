@@ -74,11 +74,10 @@ widest_vectors! {
     /// ln Σ exp(logits), stably: the normaliser of [`log_softmax_at`],
     /// exposed so a caller needing several entries of one row (top-k
     /// log-probs) computes it once and gets bit-identical values. Each term
-    /// is [`exp_nonpositive`] (relative error below 3e-7) summed in f64:
-    /// scoring takes one of these per predicted token over the whole
-    /// vocabulary, where a scalar libm `exp` per entry cost 0.28 ms on
-    /// SmolLM2's 49,152 logits; the 512-bit copy takes 0.04 ms
-    /// (`dotbench --softmax`).
+    /// is [`exp_nonpositive`] in f64 (within a few ulps of libm's `exp`),
+    /// summed in f64: scoring takes one of these per predicted token over
+    /// the whole vocabulary, where a scalar libm `exp` per entry cost
+    /// 0.28 ms on SmolLM2's 49,152 logits (`dotbench --softmax`).
     pub fn log_sum_exp(logits: &[f32]) -> f64 = log_sum_exp_lanes
 }
 
@@ -98,7 +97,7 @@ fn kl_divergence_lanes(p_logits: &[f32], q_logits: &[f32]) -> f64 {
     let (lp, lq) = (log_sum_exp_lanes(p_logits), log_sum_exp_lanes(q_logits));
     let term = |a: f32, b: f32| {
         let la = a as f64 - lp;
-        let p = exp_nonpositive(la as f32) as f64;
+        let p = exp_nonpositive(la);
         // p = 0 (a = −∞ or negligible) adds nothing, even where q is −∞
         if p == 0.0 {
             0.0
@@ -132,39 +131,51 @@ fn log_sum_exp_lanes(logits: &[f32]) -> f64 {
         // every entry −∞ or NaN: the lane sums below would not see a NaN
         return if logits.iter().any(|v| v.is_nan()) { f64::NAN } else { f64::NEG_INFINITY };
     }
+    let max = max as f64;
     let mut lane_sum = [0f64; LANES];
     for c in chunks {
         for (s, v) in lane_sum.iter_mut().zip(c) {
-            *s += exp_nonpositive(*v - max) as f64;
+            *s += exp_nonpositive(*v as f64 - max);
         }
     }
-    let sum = lane_sum.iter().sum::<f64>() + tail.iter().map(|v| exp_nonpositive(*v - max) as f64).sum::<f64>();
-    sum.ln() + max as f64
+    let sum = lane_sum.iter().sum::<f64>() + tail.iter().map(|v| exp_nonpositive(*v as f64 - max)).sum::<f64>();
+    sum.ln() + max
 }
 
-/// e^x for x ≤ 0 without a libm call, branch-free so loops over it
-/// vectorize: x = n·ln2 + r with |r| ≤ ln2/2, e^r by its degree-7 Taylor
-/// polynomial, 2^n put into the exponent bits. Relative error below 3e-7;
-/// below −87 (e^x < 1.7e-38) it returns 0; NaN in, NaN out (so a NaN
-/// logit makes [`log_sum_exp`] NaN, as the maximum ignores it).
+/// e^x for x ≤ 0 in f64 without a libm call, branch-free so loops over it
+/// vectorize: x = n·ln2 + r with |r| ≤ ln2/2, e^r by its degree-12 Taylor
+/// polynomial (truncation below 2e-16), 2^n put into the exponent bits.
+/// Within a few ulps of the exact value; below −708 (e^x < 3.3e-308) it
+/// returns 0; NaN in, NaN out (so a NaN logit makes [`log_sum_exp`] NaN,
+/// as the maximum ignores it).
 #[inline(always)]
-pub fn exp_nonpositive(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // adding 1.5·2^23 rounds to an integer, held in the low mantissa bits
-    const ROUND: f32 = 12_582_912.0;
-    let xc = if x < -87.0 { -87.0 } else { x };
+pub fn exp_nonpositive(x: f64) -> f64 {
+    const LOG2E: f64 = std::f64::consts::LOG2_E;
+    // ln 2 split so that n·LN2_HI is exact for every |n| < 2^20
+    const LN2_HI: f64 = 6.931_471_803_691_238e-1;
+    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+    // adding 1.5·2^52 rounds to an integer, held in the low mantissa bits
+    const ROUND: f64 = 6_755_399_441_055_744.0;
+    const C: [f64; 13] = {
+        let mut c = [1.0; 13];
+        let mut k = 1;
+        while k < 13 {
+            c[k] = c[k - 1] / k as f64;
+            k += 1;
+        }
+        c
+    };
+    let xc = if x < -708.0 { -708.0 } else { x };
     let t = xc * LOG2E + ROUND;
     let n = t - ROUND;
-    let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let ni = (t.to_bits() as i64).wrapping_sub(ROUND.to_bits() as i64);
     let r = (xc - n * LN2_HI) - n * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    let scale = f32::from_bits((ni.wrapping_add(127) << 23) as u32);
-    if x < -87.0 {
+    let mut p = C[12];
+    for &c in C[..12].iter().rev() {
+        p = p * r + c;
+    }
+    let scale = f64::from_bits((ni.wrapping_add(1023) << 52) as u64);
+    if x < -708.0 {
         0.0
     } else {
         p * scale
@@ -267,7 +278,7 @@ mod tests {
     fn log_softmax_matches_definition() {
         let l = [0.5f32, -1.0, 2.0];
         let z: f64 = l.iter().map(|v| (*v as f64).exp()).sum();
-        assert!((log_softmax_at(&l, 2) - (2.0 - z.ln())).abs() < 1e-7);
+        assert!((log_softmax_at(&l, 2) - (2.0 - z.ln())).abs() < 1e-12);
     }
 
     #[test]
@@ -282,8 +293,16 @@ mod tests {
         let want: f64 =
             p.iter().zip(&q).map(|(a, b)| (*a as f64 - lp).exp() * ((*a as f64 - lp) - (*b as f64 - lq))).sum();
         assert!(want > 1e-3);
-        assert!((kl_divergence(&p, &q) - want).abs() < 1e-6 * want.max(1.0), "{} vs {want}", kl_divergence(&p, &q));
-        assert!(kl_divergence(&p, &p) < 1e-9);
+        assert!((kl_divergence(&p, &q) - want).abs() < 1e-12, "{} vs {want}", kl_divergence(&p, &q));
+        assert_eq!(kl_divergence(&p, &p), 0.0);
+        // rows that differ by rounding only: KL stays at their true, tiny value
+        let nudged: Vec<f32> =
+            p.iter().enumerate().map(|(i, v)| if i % 3 == 0 { v + v.abs() * 1e-7 } else { *v }).collect();
+        let tiny: f64 = {
+            let ln = lse(&nudged);
+            p.iter().zip(&nudged).map(|(a, b)| (*a as f64 - lp).exp() * ((*a as f64 - lp) - (*b as f64 - ln))).sum()
+        };
+        assert!((kl_divergence(&p, &nudged) - tiny.max(0.0)).abs() < 1e-14, "{} vs {tiny}", kl_divergence(&p, &nudged));
         // a token impossible under both adds nothing
         q[7] = f32::NEG_INFINITY;
         let mut p2 = p.clone();
@@ -296,15 +315,15 @@ mod tests {
     #[test]
     fn exp_nonpositive_is_accurate_over_its_range() {
         let mut worst = 0f64;
-        for i in 0..=870_000 {
-            let x = -(i as f32) * 1e-4;
-            let want = (x as f64).exp();
-            worst = worst.max(((exp_nonpositive(x) as f64 - want) / want).abs());
+        for i in 0..7_079_000 {
+            let x = -(i as f64) * 1e-4 - (i % 7) as f64 * 1.3e-6;
+            let want = x.exp();
+            worst = worst.max(((exp_nonpositive(x) - want) / want).abs());
         }
-        assert!(worst < 3e-7, "worst relative error {worst}");
-        assert_eq!(exp_nonpositive(-100.0), 0.0);
+        assert!(worst < 1e-15, "worst relative error {worst}");
+        assert_eq!(exp_nonpositive(-800.0), 0.0);
         assert_eq!(exp_nonpositive(0.0), 1.0);
-        assert!(exp_nonpositive(f32::NAN).is_nan());
+        assert!(exp_nonpositive(f64::NAN).is_nan());
     }
 
     #[test]
@@ -316,14 +335,14 @@ mod tests {
             .collect();
         let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
         let want = row.iter().map(|v| (*v as f64 - max).exp()).sum::<f64>().ln() + max;
-        assert!((log_sum_exp(&row) - want).abs() < 1e-6, "{} vs {want}", log_sum_exp(&row));
+        assert!((log_sum_exp(&row) - want).abs() < 1e-12, "{} vs {want}", log_sum_exp(&row));
         // the wide copies the CPU dispatches to give the baseline's bits
         assert_eq!(log_sum_exp(&row).to_bits(), log_sum_exp_lanes(&row).to_bits());
         for n in [1, 15, 16, 17] {
             let short = &row[..n];
             let m = short.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
             let w = short.iter().map(|v| (*v as f64 - m).exp()).sum::<f64>().ln() + m;
-            assert!((log_sum_exp(short) - w).abs() < 1e-6, "n = {n}");
+            assert!((log_sum_exp(short) - w).abs() < 1e-12, "n = {n}");
         }
         let mut bad = row.clone();
         bad[40_000] = f32::NAN;
