@@ -19,7 +19,7 @@
 #   bash scripts/whole_matrix.sh merge         all 21 shards → docs/whole/merged
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MATRIX_COMMIT=${MATRIX_COMMIT:-a3ab26066a58c58717bc003262a70710909e5648}
+MATRIX_COMMIT=${MATRIX_COMMIT:-92581f9b666b02235bd1af2c1d5f606d0aaec584}
 SHARDS=21
 ROOT=$PWD
 OUT=$ROOT/docs/whole
