@@ -260,7 +260,7 @@ fn mean_kl(model: &Model, plan: &ChaiPlan, windows: &[Vec<u32>], full: &[Vec<f32
         let logits = s.feed(w, Logits::All)?;
         // the last position predicts nothing in the window
         for r in 0..w.len() - 1 {
-            sum += kvslim_kernels::ops::kl_divergence(&f[r * v..(r + 1) * v], &logits[r * v..(r + 1) * v]).max(0.0);
+            sum += kvslim_kernels::ops::kl_divergence(&f[r * v..(r + 1) * v], &logits[r * v..(r + 1) * v]);
             rows += 1;
         }
     }

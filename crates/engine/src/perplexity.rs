@@ -381,7 +381,7 @@ pub fn perplexity(
             }
             if let (Some(f), Some(rl)) = (follow.as_mut(), &ref_logits) {
                 let rr = &rl[r * v..(r + 1) * v];
-                f.kl += kl(rr, row).max(0.0);
+                f.kl += kl(rr, row);
                 f.agree += usize::from(crate::sampling::argmax(rr) == crate::sampling::argmax(row));
                 f.nll -= log_softmax_at(rr, target);
                 f.rows += 1;
@@ -495,7 +495,7 @@ impl CompareAcc {
     }
 
     fn logits(&mut self, full: &[f32], policy: &[f32], target: usize) {
-        self.kl.push(kl(full, policy).max(0.0));
+        self.kl.push(kl(full, policy));
         if crate::sampling::argmax(full) == crate::sampling::argmax(policy) {
             self.agree += 1;
         }
