@@ -16,6 +16,7 @@
 #   bash scripts/whole_matrix.sh run I [J …]   shards in parallel, 1 thread each
 #   bash scripts/whole_matrix.sh pack          gzip partial.jsonl files to commit them
 #   bash scripts/whole_matrix.sh status        finished cells per shard
+#   bash scripts/whole_matrix.sh peek          finished cells so far → docs/whole/partial
 #   bash scripts/whole_matrix.sh merge         all 21 shards → docs/whole/merged
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +66,14 @@ case "${1:-}" in
       echo "$(basename "$d"): ${n:-0} of 7 cells${p:+, cell in flight past item ${p#*:}}"
     done
     ;;
+  peek)
+    # this checkout's binary: `merge --partial` only renders finished rows
+    cargo build --release -q -p kvslim
+    dirs=()
+    for d in "$OUT"/smollm2-whole-shard-*; do [ -f "$d/results.jsonl" ] && dirs+=("$d"); done
+    rm -rf "$OUT/partial"
+    ./target/release/kvslim eval merge --partial --no-charts --out "$OUT/partial" "${dirs[@]}"
+    ;;
   merge)
     build
     dirs=()
@@ -72,7 +81,7 @@ case "${1:-}" in
     "$TREE/target/release/kvslim" eval merge --out "$OUT/merged" "${dirs[@]}"
     ;;
   *)
-    sed -n '2,20p' "$0" >&2
+    sed -n '2,21p' "$0" >&2
     exit 2
     ;;
 esac

@@ -125,7 +125,9 @@ pub fn init_threads(threads: Option<usize>) -> CliResult {
 /// otherwise (logs, `nohup`, CI) a plain line at most once a minute, so a
 /// long run in the background still says how far it is. One `Progress`
 /// can follow several runs in a row (the eval matrix's cells): a count
-/// that starts over or a new total begins a new bar.
+/// that starts over or a new total begins a new bar. A run that begins
+/// part-way (a resumed cell) takes its rate from what it counts itself,
+/// not from the items done before it started.
 pub struct Progress {
     label: &'static str,
     unit: &'static str,
@@ -133,6 +135,8 @@ pub struct Progress {
     /// Without a terminal: when the current run began and the last line was printed.
     started: Instant,
     last_line: Instant,
+    /// The count the current run began at (non-zero when it resumed).
+    first: u64,
 }
 
 /// Seconds between the plain progress lines written when stderr is not a terminal.
@@ -142,7 +146,7 @@ impl Progress {
     /// `unit` names what is counted (`tok`, `items`, `windows`).
     pub fn new(label: &'static str, unit: &'static str) -> Self {
         let now = Instant::now();
-        Progress { label, unit, bar: None, started: now, last_line: now }
+        Progress { label, unit, bar: None, started: now, last_line: now, first: 0 }
     }
 
     /// Shows `done/total` with the rate and the time left.
@@ -164,14 +168,18 @@ impl Progress {
                 bar.set_style(style.progress_chars("#>-"));
             }
             bar.set_prefix(self.label);
+            // a resumed run starts part-way: its rate counts from here
+            bar.set_position(done);
+            bar.reset_eta();
             self.bar = Some(bar);
             self.started = Instant::now();
             self.last_line = self.started;
+            self.first = done;
         }
         if !terminal && self.last_line.elapsed().as_secs() >= LINE_EVERY_S {
             self.last_line = Instant::now();
             let spent = self.started.elapsed().as_secs_f64();
-            let left = if done > 0 { spent / done as f64 * total.saturating_sub(done) as f64 } else { f64::NAN };
+            let left = seconds_left(spent, done.saturating_sub(self.first), total.saturating_sub(done));
             eprintln!(
                 "{}: {done}/{total} {} ({:.0}%), {:.1} min so far, about {:.1} min left",
                 self.label,
@@ -187,5 +195,33 @@ impl Progress {
                 bar.finish();
             }
         }
+    }
+}
+
+/// Time left at the rate of this run: `spent` seconds for `counted` items,
+/// `remaining` to go (NaN before the first item is counted).
+fn seconds_left(spent: f64, counted: u64, remaining: u64) -> f64 {
+    if counted == 0 {
+        return f64::NAN;
+    }
+    spent / counted as f64 * remaining as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_left_counts_only_this_runs_items() {
+        // resumed at 3,000 of 10,000, 100 items in 50 s: 6,900 left at 2/s
+        assert_eq!(seconds_left(50.0, 3_100 - 3_000, 10_000 - 3_100), 3_450.0);
+        assert!(seconds_left(5.0, 0, 10).is_nan());
+        let mut p = Progress::new("t", "items");
+        p.update(3_000, 10_000);
+        assert_eq!(p.first, 3_000);
+        p.update(3_016, 10_000);
+        assert_eq!(p.first, 3_000, "a growing count continues the run");
+        p.update(0, 7);
+        assert_eq!(p.first, 0, "a new total starts a new run");
     }
 }

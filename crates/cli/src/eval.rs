@@ -99,7 +99,7 @@ enum EvalCommand {
     /// Merge the out directories of all shards of one `--shard` run into the
     /// results.jsonl/csv/md (and plots/) an unsharded run writes, rows in the
     /// same order. Refuses shards of different runs, duplicate or missing
-    /// shards, and unfinished shards.
+    /// shards, and unfinished shards (`--partial` takes what is finished).
     Merge(MergeArgs),
 }
 
@@ -111,17 +111,29 @@ struct MergeArgs {
     /// Skip drawing plots/ from the merged rows.
     #[arg(long)]
     no_charts: bool,
+    /// Merge the cells finished so far, leaving out missing shards and
+    /// cells still running, to look at a long run midway (results.md says
+    /// how many cells it holds).
+    #[arg(long)]
+    partial: bool,
     /// The shards' out directories, one per shard, in any order.
     #[arg(required = true, value_name = "SHARD_DIR")]
     shards: Vec<PathBuf>,
 }
 
 fn merge(a: MergeArgs) -> CliResult {
-    let rows = kvslim_eval::merge_shards(&a.shards, &a.out, !a.no_charts)?;
+    let opts = kvslim_eval::MergeOptions { charts: !a.no_charts, partial: a.partial };
+    let merged = kvslim_eval::merge_shards(&a.shards, &a.out, opts)?;
+    let of = if merged.rows.len() < merged.total_cells { format!(" of {}", merged.total_cells) } else { String::new() };
+    let missing = if merged.missing_shards.is_empty() {
+        String::new()
+    } else {
+        format!(" (shards not given: {})", merged.missing_shards.join(", "))
+    };
     eprintln!(
-        "merged {} shards, {} cells; results in {}/results.jsonl, .csv, .md{}",
+        "merged {} shards{missing}, {}{of} cells; results in {}/results.jsonl, .csv, .md{}",
         a.shards.len(),
-        rows.len(),
+        merged.rows.len(),
         a.out.display(),
         if a.no_charts { "" } else { " and plots/" }
     );

@@ -38,7 +38,7 @@ pub use budget::{BudgetedPolicy, PolicySource};
 pub use matrix::{run_matrix, MatrixConfig, MatrixEvent};
 pub use results::{CellKey, ResultRow, ResultsLog};
 pub use score::{score_choices, Choice, ChoiceScore, McTally, ScoreMode, Scoring};
-pub use shard::{merge_shards, Shard, ShardManifest};
+pub use shard::{merge_shards, MergeOptions, Merged, Shard, ShardManifest};
 pub use tasks::{TaskData, TaskSpec};
 
 use std::path::PathBuf;

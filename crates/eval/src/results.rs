@@ -624,7 +624,18 @@ fn paired_tables(
 
 /// Writes `results.csv` and `results.md` into `dir`.
 pub fn write_summaries(dir: &Path, rows: &[ResultRow]) -> Result<()> {
-    for (name, text) in [("results.csv", to_csv(rows)), ("results.md", to_markdown(rows))] {
+    write_summaries_noted(dir, rows, None)
+}
+
+/// [`write_summaries`] with a paragraph under `results.md`'s title (what
+/// the rows are, e.g. a partial merge).
+pub fn write_summaries_noted(dir: &Path, rows: &[ResultRow], note: Option<&str>) -> Result<()> {
+    let mut md = to_markdown(rows);
+    if let Some(note) = note {
+        let title_end = md.find('\n').map_or(md.len(), |i| i + 1);
+        md.insert_str(title_end, &format!("\n{note}\n"));
+    }
+    for (name, text) in [("results.csv", to_csv(rows)), ("results.md", md)] {
         let p = dir.join(name);
         std::fs::write(&p, text).map_err(|e| EvalError::io(&p, e))?;
     }

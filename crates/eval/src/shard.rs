@@ -16,7 +16,9 @@
 //!   finish, and writes the unsharded run's files: `results.jsonl` with the
 //!   rows in canonical order and without the shard tags, `results.csv`,
 //!   `results.md` and (optionally) `plots/`, regenerated from the merged
-//!   rows.
+//!   rows. A `partial` merge takes whatever is finished so far (missing
+//!   shards, cells still running), so a long run can be looked at midway;
+//!   its `results.md` says how many cells it holds.
 //!
 //! Each row keeps the timings and the `unix_time` measured in its shard,
 //! so those (the `time_*` CSV columns) differ from any other run, sharded
@@ -26,7 +28,7 @@
 //! [`run_matrix`]: crate::run_matrix
 
 use crate::matrix::MatrixConfig;
-use crate::results::{write_summaries, CellKey, ResultRow, ResultsLog};
+use crate::results::{write_summaries_noted, CellKey, ResultRow, ResultsLog};
 use crate::{EvalError, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -177,17 +179,38 @@ impl ShardManifest {
     }
 }
 
+/// How [`merge_shards`] merges.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MergeOptions {
+    /// Draw `plots/` from the merged rows.
+    pub charts: bool,
+    /// Merge what is finished so far: missing shards and unfinished cells
+    /// are left out instead of refused.
+    pub partial: bool,
+}
+
+/// What [`merge_shards`] wrote.
+#[derive(Clone, Debug)]
+pub struct Merged {
+    /// The merged rows, in the unsharded run's order.
+    pub rows: Vec<ResultRow>,
+    /// Cells of the whole run (more than `rows.len()` only in a partial merge).
+    pub total_cells: usize,
+    /// Shards not given (`I/N`; a partial merge only).
+    pub missing_shards: Vec<String>,
+}
+
 /// Merges the out directories of all `N` shards of one run into `out`
 /// (created if needed; must not hold results yet): `results.jsonl` with
 /// every row in the unsharded run's order and without shard tags,
-/// `results.csv`, `results.md`, and with `charts` the `plots/`. Returns
-/// the merged rows.
+/// `results.csv`, `results.md`, and with `charts` the `plots/`.
 ///
 /// Errors, each naming the directory: a directory that is no shard (no
 /// `shard.json`), shards of different runs (fingerprints differ), a shard
-/// given twice, a missing shard, a shard whose `results.jsonl` lacks one of
-/// its cells (not finished) or holds a cell it does not own.
-pub fn merge_shards(dirs: &[PathBuf], out: &Path, charts: bool) -> Result<Vec<ResultRow>> {
+/// given twice, a shard whose `results.jsonl` holds a cell it does not
+/// own, and unless `partial`, a missing shard or one whose `results.jsonl`
+/// lacks one of its cells (not finished).
+pub fn merge_shards(dirs: &[PathBuf], out: &Path, opts: MergeOptions) -> Result<Merged> {
     if dirs.is_empty() {
         return Err(EvalError::Request("merge: no shard directories given".into()));
     }
@@ -223,7 +246,7 @@ pub fn merge_shards(dirs: &[PathBuf], out: &Path, charts: bool) -> Result<Vec<Re
     let (_, s0, m0) = first.expect("dirs is not empty");
     let missing: Vec<String> =
         (0..s0.count).filter(|i| !by_index.contains_key(i)).map(|i| format!("{i}/{}", s0.count)).collect();
-    if !missing.is_empty() {
+    if !missing.is_empty() && !opts.partial {
         return Err(EvalError::Request(format!(
             "merge: run {} has {} shards; missing shard {}",
             m0.run,
@@ -264,7 +287,7 @@ pub fn merge_shards(dirs: &[PathBuf], out: &Path, charts: bool) -> Result<Vec<Re
             // a resumed log may repeat a cell: the last row wins, as in results.csv
             got.insert(n, r);
         }
-        if let Some(c) = m.cells.iter().find(|c| !got.contains_key(&c.n)) {
+        if let Some(c) = m.cells.iter().find(|c| !got.contains_key(&c.n) && !opts.partial) {
             return Err(EvalError::File {
                 path: log,
                 reason: format!(
@@ -285,20 +308,29 @@ pub fn merge_shards(dirs: &[PathBuf], out: &Path, charts: bool) -> Result<Vec<Re
             slots[n] = Some(r);
         }
     }
-    let rows: Vec<ResultRow> = slots
-        .into_iter()
-        .enumerate()
-        .map(|(n, r)| r.ok_or_else(|| EvalError::Request(format!("merge: no shard owns cell {n}"))))
-        .collect::<Result<_>>()?;
+    let rows: Vec<ResultRow> = if opts.partial {
+        slots.into_iter().flatten().collect()
+    } else {
+        slots
+            .into_iter()
+            .enumerate()
+            .map(|(n, r)| r.ok_or_else(|| EvalError::Request(format!("merge: no shard owns cell {n}"))))
+            .collect::<Result<_>>()?
+    };
     let mut log = ResultsLog::create(out)?;
     for r in &rows {
         log.append(r)?;
     }
-    write_summaries(out, &rows)?;
-    if charts {
+    let note = opts.partial.then(|| {
+        let shards =
+            if missing.is_empty() { String::new() } else { format!("; shards not given: {}", missing.join(", ")) };
+        format!("Partial merge of run {}: {} of its {} cells are finished{shards}.", m0.run, rows.len(), m0.total_cells)
+    });
+    write_summaries_noted(out, &rows, note.as_deref())?;
+    if opts.charts {
         crate::plots::write_charts(&out.join("plots"), &rows)?;
     }
-    Ok(rows)
+    Ok(Merged { rows, total_cells: m0.total_cells, missing_shards: missing })
 }
 
 #[cfg(test)]

@@ -3,7 +3,9 @@
 //! missing, duplicate, unfinished and foreign shards.
 
 use kvslim_eval::results::read_rows;
-use kvslim_eval::{merge_shards, run_matrix, MatrixConfig, ResultRow, ResultsLog, Shard, ShardManifest, TaskSpec};
+use kvslim_eval::{
+    merge_shards, run_matrix, MatrixConfig, MergeOptions, ResultRow, ResultsLog, Shard, ShardManifest, TaskSpec,
+};
 use std::path::{Path, PathBuf};
 mod common;
 
@@ -15,6 +17,11 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Merge options: with plots, without, and a partial merge.
+const CHARTS: MergeOptions = MergeOptions { charts: true, partial: false };
+const PLAIN: MergeOptions = MergeOptions { charts: false, partial: false };
+const PARTIAL: MergeOptions = MergeOptions { charts: false, partial: true };
 
 fn config(budgets: &[&str]) -> MatrixConfig {
     let specs = [
@@ -103,7 +110,7 @@ fn three_shards_merge_to_the_unsharded_results() {
 
     // shards in any order
     let merged_dir = tmp.0.join("merged");
-    let merged = merge_shards(&[shard_dir(2), shard_dir(0), shard_dir(1)], &merged_dir, true).unwrap();
+    let merged = merge_shards(&[shard_dir(2), shard_dir(0), shard_dir(1)], &merged_dir, CHARTS).unwrap().rows;
     assert_eq!(merged.len(), whole.len());
     assert!(merged.iter().all(|r| r.shard.is_none() && r.run.is_none()));
 
@@ -146,16 +153,16 @@ fn three_shards_merge_to_the_unsharded_results() {
     );
 
     // a merged directory is not overwritten
-    let err = merge_shards(&[shard_dir(0), shard_dir(1), shard_dir(2)], &merged_dir, false).unwrap_err().to_string();
+    let err = merge_shards(&[shard_dir(0), shard_dir(1), shard_dir(2)], &merged_dir, PLAIN).unwrap_err().to_string();
     assert!(err.contains("already holds results"), "{err}");
 
     // errors
     let fresh = |name: &str| tmp.0.join(name);
-    let err = merge_shards(&[shard_dir(0), shard_dir(2)], &fresh("e1"), false).unwrap_err().to_string();
+    let err = merge_shards(&[shard_dir(0), shard_dir(2)], &fresh("e1"), PLAIN).unwrap_err().to_string();
     assert!(err.contains("missing shard 1/3"), "{err}");
-    let err = merge_shards(&[shard_dir(0), shard_dir(1), shard_dir(1)], &fresh("e2"), false).unwrap_err().to_string();
+    let err = merge_shards(&[shard_dir(0), shard_dir(1), shard_dir(1)], &fresh("e2"), PLAIN).unwrap_err().to_string();
     assert!(err.contains("shard 1/3 given twice"), "{err}");
-    let err = merge_shards(&[shard_dir(0), a.clone(), shard_dir(2)], &fresh("e3"), false).unwrap_err().to_string();
+    let err = merge_shards(&[shard_dir(0), a.clone(), shard_dir(2)], &fresh("e3"), PLAIN).unwrap_err().to_string();
     assert!(err.contains("shard.json"), "an unsharded run is no shard: {err}");
     // a shard of another configuration (other budgets)
     let mut other = config(&["100%", "25%"]);
@@ -164,7 +171,7 @@ fn three_shards_merge_to_the_unsharded_results() {
     other.charts = false;
     run_matrix(&m.model, tok, &other, |_| {}).unwrap();
     let err =
-        merge_shards(&[shard_dir(0), fresh("other1"), shard_dir(2)], &fresh("e4"), false).unwrap_err().to_string();
+        merge_shards(&[shard_dir(0), fresh("other1"), shard_dir(2)], &fresh("e4"), PLAIN).unwrap_err().to_string();
     assert!(err.contains("different runs"), "{err}");
     // an unfinished shard: its log lost its last cell
     let cut = fresh("cut2");
@@ -173,10 +180,25 @@ fn three_shards_merge_to_the_unsharded_results() {
     let log = std::fs::read_to_string(shard_dir(2).join(ResultsLog::FILE)).unwrap();
     let keep: Vec<&str> = log.lines().take(2).collect();
     std::fs::write(cut.join(ResultsLog::FILE), keep.join("\n") + "\n").unwrap();
-    let err = merge_shards(&[shard_dir(0), shard_dir(1), cut.clone()], &fresh("e5"), false).unwrap_err().to_string();
+    let err = merge_shards(&[shard_dir(0), shard_dir(1), cut.clone()], &fresh("e5"), PLAIN).unwrap_err().to_string();
     assert!(err.contains("shard 2/3 is not finished: 2 of its 3 cells are done"), "{err}");
+    // a partial merge takes the finished cells of the shards it is given, in run order
+    let part = merge_shards(&[cut.clone(), shard_dir(0)], &fresh("part"), PARTIAL).unwrap();
+    assert_eq!((part.rows.len(), part.total_cells), (4 + 2, 10));
+    assert_eq!(part.missing_shards, ["1/3"]);
+    let whole_keys: Vec<_> = whole.iter().map(|r| r.key()).collect();
+    let order: Vec<usize> =
+        part.rows.iter().map(|r| whole_keys.iter().position(|k| *k == r.key()).expect("a cell of the run")).collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "run order: {order:?}");
+    assert!(order.iter().all(|n| n % 3 == 0 || n % 3 == 2));
+    let md = std::fs::read_to_string(fresh("part").join("results.md")).unwrap();
+    assert!(md.contains("6 of its 10 cells are finished; shards not given: 1/3"), "{md}");
+    assert_eq!(read_rows(&fresh("part").join(ResultsLog::FILE)).unwrap().rows.len(), 6);
+    // a partial merge still refuses shards of another run
+    let err = merge_shards(&[shard_dir(0), fresh("other1")], &fresh("e6"), PARTIAL).unwrap_err().to_string();
+    assert!(err.contains("different runs"), "{err}");
     // nothing was written by a refused merge
-    for e in ["e1", "e2", "e3", "e4", "e5"] {
+    for e in ["e1", "e2", "e3", "e4", "e5", "e6"] {
         assert!(!fresh(e).exists(), "{e}");
     }
 
@@ -194,7 +216,7 @@ fn three_shards_merge_to_the_unsharded_results() {
     })
     .unwrap();
     assert_eq!(started, 1);
-    merge_shards(&[shard_dir(0), shard_dir(1), cut.clone()], &fresh("ok2"), false).unwrap();
+    merge_shards(&[shard_dir(0), shard_dir(1), cut.clone()], &fresh("ok2"), PLAIN).unwrap();
     assert_eq!(
         std::fs::read_to_string(fresh("ok2").join("results.md")).unwrap(),
         std::fs::read_to_string(a.join("results.md")).unwrap()
