@@ -14,6 +14,7 @@
 # `eval --resume` continues the cell from partial.jsonl.
 #
 #   bash scripts/whole_matrix.sh run I [J …]   shards in parallel, 1 thread each
+#   bash scripts/whole_matrix.sh continue      every unfinished shard, LANES=2 at a time
 #   bash scripts/whole_matrix.sh pack          gzip partial.jsonl files to commit them
 #   bash scripts/whole_matrix.sh status        finished cells per shard
 #   bash scripts/whole_matrix.sh peek          finished cells so far → docs/whole/partial
@@ -52,6 +53,25 @@ case "${1:-}" in
     done
     wait
     ;;
+  continue)
+    # unfinished shards, H2O first; lane k runs every LANES-th of them in turn
+    lanes=${LANES:-2}
+    todo=()
+    for i in 0 17 18 19 20 $(seq 1 16); do
+      n=$(grep -c . "$OUT/smollm2-whole-shard-$i/results.jsonl" 2>/dev/null || true)
+      [ "${n:-0}" -ge 7 ] || todo+=("$i")
+    done
+    echo "unfinished shards: ${todo[*]:-none}"
+    build
+    for lane in $(seq 0 $((lanes - 1))); do
+      (
+        for k in "${!todo[@]}"; do
+          [ $((k % lanes)) -eq "$lane" ] && bash "$ROOT/scripts/whole_matrix.sh" run "${todo[$k]}"
+        done
+      ) &
+    done
+    wait
+    ;;
   pack)
     for f in "$OUT"/smollm2-whole-shard-*/partial.jsonl; do
       [ -s "$f" ] && gzip -9f "$f"
@@ -81,7 +101,7 @@ case "${1:-}" in
     "$TREE/target/release/kvslim" eval merge --out "$OUT/merged" "${dirs[@]}"
     ;;
   *)
-    sed -n '2,21p' "$0" >&2
+    sed -n '2,22p' "$0" >&2
     exit 2
     ;;
 esac
