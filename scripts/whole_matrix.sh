@@ -27,6 +27,11 @@ ROOT=$PWD
 OUT=$ROOT/docs/whole
 TREE=${MATRIX_TREE:-$ROOT/../kvslim-matrix}
 
+CELLS=7 # cells per shard: one per task
+
+# finished cells of shard directory $1 (a resumed cell's repeated row counts twice)
+finished() { grep -c . "$1/results.jsonl" 2>/dev/null || true; }
+
 build() {
   if [ ! -d "$TREE" ]; then
     git worktree add --detach "$TREE" "$MATRIX_COMMIT"
@@ -58,8 +63,8 @@ case "${1:-}" in
     lanes=${LANES:-2}
     todo=()
     for i in 0 17 18 19 20 $(seq 1 16); do
-      n=$(grep -c . "$OUT/smollm2-whole-shard-$i/results.jsonl" 2>/dev/null || true)
-      [ "${n:-0}" -ge 7 ] || todo+=("$i")
+      n=$(finished "$OUT/smollm2-whole-shard-$i")
+      [ "${n:-0}" -ge $CELLS ] || todo+=("$i")
     done
     echo "unfinished shards: ${todo[*]:-none}"
     build
@@ -81,9 +86,9 @@ case "${1:-}" in
   status)
     for d in "$OUT"/smollm2-whole-shard-*; do
       [ -d "$d" ] || continue
-      n=$(grep -c . "$d/results.jsonl" 2>/dev/null || true)
+      n=$(finished "$d")
       p=$( (zcat -f "$d/partial.jsonl.gz" 2>/dev/null || cat "$d/partial.jsonl" 2>/dev/null) | grep -o '"start":[0-9]*' | tail -1 || true)
-      echo "$(basename "$d"): ${n:-0} of 7 cells${p:+, cell in flight past item ${p#*:}}"
+      echo "$(basename "$d"): ${n:-0} of $CELLS cells${p:+, cell in flight past item ${p#*:}}"
     done
     ;;
   peek)

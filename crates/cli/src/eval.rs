@@ -124,16 +124,10 @@ struct MergeArgs {
 fn merge(a: MergeArgs) -> CliResult {
     let opts = kvslim_eval::MergeOptions { charts: !a.no_charts, partial: a.partial };
     let merged = kvslim_eval::merge_shards(&a.shards, &a.out, opts)?;
-    let of = if merged.rows.len() < merged.total_cells { format!(" of {}", merged.total_cells) } else { String::new() };
-    let missing = if merged.missing_shards.is_empty() {
-        String::new()
-    } else {
-        format!(" (shards not given: {})", merged.missing_shards.join(", "))
-    };
     eprintln!(
-        "merged {} shards{missing}, {}{of} cells; results in {}/results.jsonl, .csv, .md{}",
+        "merged {} shards: {}; results in {}/results.jsonl, .csv, .md{}",
         a.shards.len(),
-        merged.rows.len(),
+        merged.coverage(),
         a.out.display(),
         if a.no_charts { "" } else { " and plots/" }
     );

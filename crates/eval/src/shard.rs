@@ -200,6 +200,19 @@ pub struct Merged {
     pub missing_shards: Vec<String>,
 }
 
+impl Merged {
+    /// How much of the run the merge holds: `K of its N cells are
+    /// finished`, and the shards not given if any.
+    pub fn coverage(&self) -> String {
+        let shards = if self.missing_shards.is_empty() {
+            String::new()
+        } else {
+            format!("; shards not given: {}", self.missing_shards.join(", "))
+        };
+        format!("{} of its {} cells are finished{shards}", self.rows.len(), self.total_cells)
+    }
+}
+
 /// Merges the out directories of all `N` shards of one run into `out`
 /// (created if needed; must not hold results yet): `results.jsonl` with
 /// every row in the unsharded run's order and without shard tags,
@@ -287,7 +300,7 @@ pub fn merge_shards(dirs: &[PathBuf], out: &Path, opts: MergeOptions) -> Result<
             // a resumed log may repeat a cell: the last row wins, as in results.csv
             got.insert(n, r);
         }
-        if let Some(c) = m.cells.iter().find(|c| !got.contains_key(&c.n) && !opts.partial) {
+        if let Some(c) = m.cells.iter().find(|c| !got.contains_key(&c.n)).filter(|_| !opts.partial) {
             return Err(EvalError::File {
                 path: log,
                 reason: format!(
@@ -321,16 +334,13 @@ pub fn merge_shards(dirs: &[PathBuf], out: &Path, opts: MergeOptions) -> Result<
     for r in &rows {
         log.append(r)?;
     }
-    let note = opts.partial.then(|| {
-        let shards =
-            if missing.is_empty() { String::new() } else { format!("; shards not given: {}", missing.join(", ")) };
-        format!("Partial merge of run {}: {} of its {} cells are finished{shards}.", m0.run, rows.len(), m0.total_cells)
-    });
-    write_summaries_noted(out, &rows, note.as_deref())?;
+    let merged = Merged { rows, total_cells: m0.total_cells, missing_shards: missing };
+    let note = opts.partial.then(|| format!("Partial merge of run {}: {}.", m0.run, merged.coverage()));
+    write_summaries_noted(out, &merged.rows, note.as_deref())?;
     if opts.charts {
-        crate::plots::write_charts(&out.join("plots"), &rows)?;
+        crate::plots::write_charts(&out.join("plots"), &merged.rows)?;
     }
-    Ok(Merged { rows, total_cells: m0.total_cells, missing_shards: missing })
+    Ok(merged)
 }
 
 #[cfg(test)]
