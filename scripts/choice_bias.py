@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
-"""Which answer does each policy pick on two-choice tasks, and does it still discriminate?
+"""Which answer does each policy pick on multiple-choice tasks, and does it still discriminate?
 
-`kvslim eval` writes per-item correctness (`per_item.acc`, `per_item.acc_norm`), not the
-chosen answer. On a two-choice task the choice follows from correctness and the gold label,
-so this script recovers it and prints, per cell:
+Rows of `kvslim eval` record the chosen answer per item (`per_item.pick`, `pick_norm`);
+rows written before that (the pinned whole-set matrix) record only correctness, and on a
+two-choice task the pick follows from correctness and the gold label. Per cell and metric:
 
-  - P(pick 1): how often the second choice wins (for BoolQ, choices are ["no", "yes"], so
-    this is the "yes" rate; 62% of BoolQ validation golds are "yes");
-  - J = P(pick 1 | gold 1) - P(pick 1 | gold 0) (Youden's J): 0 means the pick ignores the
-    item, 1 means it is always right. An accuracy change with J near 0 is a change of bias,
-    not of comprehension.
+  - P(pick c): how often each choice index wins (for BoolQ, choices are ["no", "yes"], so
+    P(pick 1) is the "yes" rate; 62% of BoolQ validation golds are "yes");
+  - J (two-choice tasks) = P(pick 1 | gold 1) - P(pick 1 | gold 0), Youden's J: 0 means the
+    pick ignores the item, 1 means it is always right. An accuracy change with J near 0 is
+    a change of bias, not of comprehension.
 
 Usage: scripts/choice_bias.py [RESULTS.jsonl ...]   (default: docs/whole/*/results.jsonl)
-Data files are looked up by name under ../shared/data.
+Data files are looked up by name under ../shared/data (only needed for the gold labels).
 """
 import glob
 import json
@@ -29,15 +29,22 @@ def find_data(name):
     return hits[0]
 
 
-def golds_of(task):
-    """Gold labels of a two-choice `mc:` task, or None when it is not one."""
+def task_items(task):
+    """(gold labels, choice counts) of an `mc:` task, or None for other kinds."""
     if not task.startswith("mc:"):
         return None
     name = task[3:].split(",")[0]
     items = [json.loads(line) for line in open(find_data(name))]
-    if any(len(item["choices"]) != 2 for item in items):
-        return None
-    return [int(item["gold"]) for item in items]
+    return [int(item["gold"]) for item in items], [len(item["choices"]) for item in items]
+
+
+def picks_of(row, metric, golds, counts):
+    recorded = row["per_item"].get("pick" + metric[3:])
+    if recorded is not None:
+        return [int(p) for p in recorded]
+    if any(n != 2 for n in counts):
+        return None  # not recorded, and correctness alone does not say which wrong choice won
+    return [g if c == 1.0 else 1 - g for g, c in zip(golds, row["per_item"][metric])]
 
 
 def main(paths):
@@ -45,8 +52,8 @@ def main(paths):
         p for p in glob.glob("docs/whole/*/results.jsonl") if "/partial/" not in p
     )
     cache, seen = {}, set()
-    print("| task | policy | budget | metric | acc | P(pick 1) | J |")
-    print("|---|---|---|---|---:|---:|---:|")
+    print("| task | policy | budget | metric | acc | P(pick c), c = 0, 1, … | J |")
+    print("|---|---|---|---|---:|---|---:|")
     for path in paths:
         for line in open(path):
             row = json.loads(line)
@@ -54,22 +61,28 @@ def main(paths):
             if key in seen:
                 continue
             if row["task"] not in cache:
-                cache[row["task"]] = golds_of(row["task"])
-            golds = cache[row["task"]]
-            if golds is None:
+                cache[row["task"]] = task_items(row["task"])
+            if cache[row["task"]] is None:
                 continue
             seen.add(key)
+            golds, counts = cache[row["task"]]
+            golds, counts = golds[: row["items"]], counts[: row["items"]]
             for metric in ("acc", "acc_norm"):
-                correct = row["per_item"][metric]
-                if len(correct) != len(golds):
-                    sys.exit(f"choice_bias: {path}: {key} has {len(correct)} items, data {len(golds)}")
-                picks = [g if c == 1.0 else 1 - g for g, c in zip(golds, correct)]
-                ones = [p for p, g in zip(picks, golds) if g == 1]
-                zeros = [p for p, g in zip(picks, golds) if g == 0]
-                j = sum(ones) / len(ones) - sum(zeros) / len(zeros)
+                picks = picks_of(row, metric, golds, counts)
+                if picks is None:
+                    continue
+                if len(picks) != len(golds):
+                    sys.exit(f"choice_bias: {path}: {key} has {len(picks)} items, data {len(golds)}")
+                rates = [picks.count(c) / len(picks) for c in range(max(counts))]
+                j = ""
+                if max(counts) == 2:
+                    ones = [p for p, g in zip(picks, golds) if g == 1]
+                    zeros = [p for p, g in zip(picks, golds) if g == 0]
+                    j = f"{sum(ones) / len(ones) - sum(zeros) / len(zeros):+.3f}"
+                acc = sum(p == g for p, g in zip(picks, golds)) / len(picks)
                 print(
                     f"| {row['task'][3:]} | {row['policy']} | {row['budget']} | {metric} "
-                    f"| {sum(correct) / len(correct):.3f} | {sum(picks) / len(picks):.3f} | {j:+.3f} |"
+                    f"| {acc:.3f} | {', '.join(f'{r:.3f}' for r in rates)} | {j} |"
                 )
 
 

@@ -5,7 +5,9 @@
 //! What each task kind measures (metric names as in the rows):
 //!
 //! * `mc` / `hellaswag` — `acc`, `acc_norm` (log-likelihood per character),
-//!   `acc_stderr`, `gold_logprob` (mean); in the configured
+//!   `acc_stderr`, `gold_logprob` (mean), and per item the chosen answer
+//!   (`pick`, `pick_norm`: 0-based choice index, so a shift of bias can be
+//!   told from a loss of skill); in the configured
 //!   [`ScoreMode`], by default forked ([`score_items`]: the context once,
 //!   each choice on a fork of its cache, 16 items batched; percentage
 //!   budgets against context + the item's longest choice), or per choice
@@ -51,7 +53,7 @@ use crate::budget::{BudgetedPolicy, PolicySource};
 use crate::forked::score_items;
 use crate::metrics::{first_divergence, identical_prefix_fraction, positional_agreement};
 use crate::results::{write_summaries, CellKey, PartialCell, ResultRow, ResultsLog, Resumed};
-use crate::score::{encode_item, score_choices, Choice, McTally, ScoreMode, Scoring};
+use crate::score::{encode_item, predict, predict_norm, score_choices, Choice, McTally, ScoreMode, Scoring};
 use crate::shard::{config_fingerprint, Shard, ShardManifest};
 use crate::tasks::{answers_found, ruler_items, TaskData, TaskKind, TaskSpec};
 use crate::{EvalError, Result};
@@ -287,11 +289,15 @@ fn run_cell(
                 report(scored.len(), total);
             }
             let mut t = McTally::default();
-            let (mut acc, mut acc_norm) = (Vec::with_capacity(items.len()), Vec::with_capacity(items.len()));
+            let n = items.len();
+            let (mut acc, mut acc_norm) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            let (mut pick, mut pick_norm) = (Vec::with_capacity(n), Vec::with_capacity(n));
             for (s, it) in scored.iter().zip(items.iter()) {
                 let (a, b) = t.add(it.2, s);
                 acc.push(f64::from(u8::from(a)));
                 acc_norm.push(f64::from(u8::from(b)));
+                pick.push(predict(s) as f64);
+                pick_norm.push(predict_norm(s) as f64);
                 for c in s {
                     kv = kv.max(c.kv_bytes);
                     meta = meta.max(c.kv_metadata_bytes);
@@ -303,6 +309,8 @@ fn run_cell(
             m.insert("gold_logprob".into(), t.gold_logprob / t.items.max(1) as f64);
             row.per_item.insert("acc".into(), acc);
             row.per_item.insert("acc_norm".into(), acc_norm);
+            row.per_item.insert("pick".into(), pick);
+            row.per_item.insert("pick_norm".into(), pick_norm);
         }
         Prepared::Ppl(windows) => {
             // the plain full cache (no storage keys, no CHAI) is its own reference

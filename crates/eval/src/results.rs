@@ -73,7 +73,8 @@ pub struct ResultRow {
     /// Per-item values behind a metric, in item order, for paired
     /// comparisons against the full cache on the same items
     /// ([`crate::paired`]): `acc` and `acc_norm` (0 or 1 per item), `nll`
-    /// (per window).
+    /// (per window); multiple-choice rows add `pick` and `pick_norm` (the
+    /// chosen choice's index).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub per_item: BTreeMap<String, Vec<f64>>,
     pub kvslim_version: String,

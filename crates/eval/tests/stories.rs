@@ -269,6 +269,16 @@ fn an_interrupted_multiple_choice_cell_resumes_after_its_last_block() {
     assert_eq!(from_block[0].per_item["acc"][..16], by_choice0[..]);
     assert_ne!(whole[0].per_item["acc"][..16], by_choice0[..], "the test needs the model to differ from 'always 0'");
     assert_eq!(from_block[0].per_item["acc"][16..], whole[0].per_item["acc"][16..]);
+    // the recorded pick is the chosen choice: 0 in the tampered block, and
+    // wherever it equals the gold, the item counts as correct
+    assert!(from_block[0].per_item["pick"][..16].iter().all(|&p| p == 0.0));
+    for (metric, picks) in [("acc", "pick"), ("acc_norm", "pick_norm")] {
+        let (hits, picks) = (&whole[0].per_item[metric], &whole[0].per_item[picks]);
+        assert_eq!(picks.len(), 40);
+        for ((&hit, &pick), &gold) in hits.iter().zip(picks).zip(&golds) {
+            assert_eq!(hit == 1.0, pick == gold as f64, "{metric}: pick {pick}, gold {gold}");
+        }
+    }
     let wall = from_block[0].timings["wall"];
     assert!((1000.0..1060.0).contains(&wall), "wall {wall}");
 

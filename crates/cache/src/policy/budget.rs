@@ -84,7 +84,8 @@ impl PolicyFamily {
         let (name, args) = token_part.split_once(':').unwrap_or((token_part, ""));
         let family = Family::named(name.trim()).map_err(|_| {
             let known: Vec<&str> = FAMILIES.iter().map(|f| f.names[0]).collect();
-            err(format!("unknown policy family `{}`; known: {}", name.trim(), known.join(", ")))
+            let hint = if name.contains(',') { " (families are separated by `;`, e.g. `full;h2o`)" } else { "" };
+            err(format!("unknown policy family `{}`{hint}; known: {}", name.trim(), known.join(", ")))
         })?;
         let mut extra = Vec::new();
         let mut fixed = family.fixed.map_or(0, |(_, default)| default);
@@ -284,6 +285,8 @@ mod tests {
         assert_eq!(PolicyFamily::parse("full").unwrap().budget("anything").unwrap(), None);
         let err = |family: &str| PolicyFamily::parse(family).unwrap_err().to_string();
         assert!(err("fancy").contains("unknown policy family `fancy`"));
+        assert!(err("full,h2o").contains("separated by `;`"));
+        assert!(!err("fancy").contains("separated by"));
         assert!(err("h2o:heavy=3").contains("`heavy` is set by the budget"));
         assert!(err("window:recent=3").contains("`recent` is set by the budget"));
         assert!(err("h2o:agg=mean").contains("agg"));
