@@ -540,6 +540,9 @@ pub fn run_matrix(
             cells.push(BudgetedPolicy::new(fam, b)?);
         }
     }
+    for task in &cfg.tasks {
+        task.check_readable()?;
+    }
     // every cell's key, in canonical order (task-major)
     let keys: Vec<Vec<CellKey>> = cfg
         .tasks

@@ -213,6 +213,26 @@ fn matrix_end_to_end_and_resume() {
     assert!(run_matrix(&m.model, tok, &cfg, |_| {}).is_err());
 }
 
+/// A missing task file stops the run before it writes anything, naming the
+/// file, even when other tasks come first.
+#[test]
+fn a_missing_task_file_fails_before_the_output_is_made() {
+    let m = stories();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let tmp = TempDir(std::env::temp_dir().join(format!("kvslim-eval-missing-{}", std::process::id())));
+    let copa = shared_dir().join("data/copa/copa.jsonl");
+    let tasks = [format!("mc:{},limit=4", copa.display()), "mc:/nonexistent/items.jsonl".to_string()];
+    let mut c = MatrixConfig::new("stories260K", tasks.iter().map(|t| TaskSpec::parse(t).unwrap()).collect());
+    c.policies = vec!["full".to_string()];
+    c.out_dir = Some(tmp.0.join("out"));
+    let e = run_matrix(&m.model, tok, &c, |_| {}).unwrap_err().to_string();
+    assert!(e.contains("/nonexistent/items.jsonl") && e.contains("cannot read"), "{e}");
+    assert!(!tmp.0.join("out").exists());
+    c.tasks = vec![TaskSpec::parse(&format!("mc:{}", shared_dir().join("data").display())).unwrap()];
+    let e = run_matrix(&m.model, tok, &c, |_| {}).unwrap_err().to_string();
+    assert!(e.contains("is a directory"), "{e}");
+}
+
 /// A multiple-choice cell cut off midway (here: a panic after its first
 /// block of 16 items) resumes after that block, and its row equals an
 /// uninterrupted run's bit for bit; the partial file is gone afterwards.
