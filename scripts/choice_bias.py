@@ -39,7 +39,7 @@ def task_items(task):
 
 
 def picks_of(row, metric, golds, counts):
-    recorded = row["per_item"].get("pick" + metric[3:])
+    recorded = row["per_item"].get({"acc": "pick", "acc_norm": "pick_norm"}[metric])
     if recorded is not None:
         return [int(p) for p in recorded]
     if any(n != 2 for n in counts):

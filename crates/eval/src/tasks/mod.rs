@@ -310,22 +310,11 @@ impl TaskSpec {
         self.render(true)
     }
 
-    /// The data file a task reads (RULER tasks make their items and have none).
-    pub fn data_path(&self) -> Option<&Path> {
-        match &self.kind {
-            TaskKind::Ppl { path, .. }
-            | TaskKind::Mc { path, .. }
-            | TaskKind::HellaSwag { path }
-            | TaskKind::Gen { path, .. } => Some(path),
-            TaskKind::Ruler { .. } => None,
-        }
-    }
-
     /// Fails with the file's name when the task's data file cannot be
     /// opened, so a run stops before it writes anything rather than at the
     /// task's turn.
     pub fn check_readable(&self) -> Result<()> {
-        let Some(path) = self.data_path() else { return Ok(()) };
+        let Some(path) = self.path() else { return Ok(()) };
         if path.is_dir() {
             return Err(EvalError::File { path: path.to_path_buf(), reason: "is a directory, not a task file".into() });
         }
