@@ -14,6 +14,7 @@ two-choice task the pick follows from correctness and the gold label. Per cell a
 Usage: scripts/choice_bias.py [RESULTS.jsonl ...]   (default: docs/whole/*/results.jsonl)
 Data files are looked up by name under ../shared/data (only needed for the gold labels).
 """
+import argparse
 import glob
 import json
 import os
@@ -87,4 +88,6 @@ def main(paths):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("results", nargs="*", help="results.jsonl files (default: docs/whole/*/results.jsonl)")
+    main(parser.parse_args().results)

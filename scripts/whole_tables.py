@@ -11,11 +11,15 @@ without recomputing anything:
   2. the same for acc_norm;
   3. WikiText-2: perplexity, KL(full ‖ policy) and per-window NLL − full with its interval.
 
-Usage: scripts/whole_tables.py [docs/whole/merged/results.md]   (a partial merge works too:
-unfinished cells stay empty)
+With --summary it prints instead the README's compact table: the full cache's accuracy,
+each policy's accuracy − full in points (`*` where the paired interval excludes 0) and the
+WikiText-2 perplexity (KL) in one row per policy × budget.
+
+Usage: scripts/whole_tables.py [--summary] [docs/whole/merged/results.md]   (a partial merge
+works too: unfinished cells stay empty)
 """
+import argparse
 import re
-import sys
 
 TASKS = [
     ("copa", "COPA"),
@@ -95,10 +99,41 @@ def ppl_table(tables, budgets):
     return "\n".join(out)
 
 
+def points(cell):
+    """'-0.1000 [-0.1985, -0.0015] *' -> '−10.0 *' (accuracy difference in points)."""
+    if not cell:
+        return ""
+    value = float(cell.split()[0]) * 100
+    return nice(f"{value:+.1f}" + (" *" if cell.rstrip().endswith("*") else ""))
+
+
+def summary_table(tables, budgets):
+    cols = [(stem, name) for stem, name in TASKS if (stem, "acc") in tables]
+    ppl, kl = tables.get(("wiki", "ppl"), {}), tables.get(("wiki", "kl"), {})
+    out = ["| policy | budget | " + " | ".join(name for _, name in cols) + " | WikiText-2 ppl (KL) |"]
+    out.append("|---|---:|" + "---:|" * (len(cols) + 1))
+    full = [next(iter(tables[(stem, "acc")].get("full", {}).values()), "").split(" ±")[0] for stem, _ in cols]
+    out.append("| full | — | " + " | ".join(full) + f" | {next(iter(ppl.get('full', {}).values()), '')} |")
+    for policy in POLICIES:
+        for b in budgets:
+            diffs = [tables.get((stem, "acc − full, paired 95% CI"), {}).get(policy, {}).get(b, "") for stem, _ in cols]
+            p = ppl.get(policy, {}).get(b, "")
+            if any(diffs) or p:
+                wiki = f"{p} ({kl.get(policy, {}).get(b, '')})" if p else ""
+                out.append(f"| {policy} | {b} | " + " | ".join(points(d) for d in diffs) + f" | {wiki} |")
+    return "\n".join(out)
+
+
 def main(argv):
-    path = argv[0] if argv else "docs/whole/merged/results.md"
-    tables, items = parse(path)
+    parser = argparse.ArgumentParser(description="Pivot a merged whole-set results.md into policy × budget tables.")
+    parser.add_argument("results", nargs="?", default="docs/whole/merged/results.md", help="results.md from `kvslim eval merge`")
+    parser.add_argument("--summary", action="store_true", help="print the README's compact table instead")
+    args = parser.parse_args(argv)
+    tables, items = parse(args.results)
     budgets = budgets_of(tables)
+    if args.summary:
+        print(summary_table(tables, budgets))
+        return
     print("Accuracy − full, paired 95% interval (`*`: excludes 0); first row: the full cache's accuracy ± s.e.\n")
     print(accuracy_table(tables, items, "acc", budgets))
     print("\nacc_norm − full, paired 95% interval; first row: the full cache's acc_norm\n")
@@ -108,4 +143,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(None)
