@@ -17,5 +17,5 @@ PATH="$VENV/bin:$PATH" "$VENV/bin/pip" install -q --disable-pip-version-check --
 (cd "$VENV" && bin/python -m mypy.stubtest kvslim._native && bin/python -m mypy --strict -p kvslim)
 # the installed package, not the source folder (python/ is not on sys.path)
 "$VENV/bin/python" -m pytest -q python/tests
-# the analysis scripts (whole-set tables, choice bias) on the committed partial merge
+# the analysis scripts (whole-set tables, choice bias) on the committed merge
 "$VENV/bin/python" -m pytest -q scripts/tests
