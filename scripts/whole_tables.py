@@ -69,18 +69,24 @@ def budgets_of(tables):
     return sorted(seen, key=lambda b: -float(b[:-1]))
 
 
+def full_cell(tables, stem, metric):
+    """The full cache's cell of a task's metric table (the same in every budget column)."""
+    return next(iter(tables[(stem, metric)].get("full", {}).values()), "")
+
+
+def diff_cell(tables, stem, metric, policy, budget):
+    """The policy's paired difference from the full cache, as the merge printed it."""
+    return tables.get((stem, f"{metric} − full, paired 95% CI"), {}).get(policy, {}).get(budget, "")
+
+
 def accuracy_table(tables, items, metric, budgets):
     cols = [(stem, name) for stem, name in TASKS if (stem, metric) in tables]
     out = ["| policy | budget | " + " | ".join(f"{name} ({items[stem]:,})" for stem, name in cols) + " |"]
     out.append("|---|---:|" + "---:|" * len(cols))
-    full = []
-    for stem, _ in cols:
-        row = tables[(stem, metric)].get("full", {})
-        full.append(next(iter(row.values()), ""))
-    out.append("| full | — | " + " | ".join(full) + " |")
+    out.append("| full | — | " + " | ".join(full_cell(tables, stem, metric) for stem, _ in cols) + " |")
     for policy in POLICIES:
         for b in budgets:
-            diffs = [tables.get((stem, f"{metric} − full, paired 95% CI"), {}).get(policy, {}).get(b, "") for stem, _ in cols]
+            diffs = [diff_cell(tables, stem, metric, policy, b) for stem, _ in cols]
             if any(diffs):
                 out.append(f"| {policy} | {b} | " + " | ".join(nice(d) for d in diffs) + " |")
     return "\n".join(out)
@@ -112,11 +118,11 @@ def summary_table(tables, budgets):
     ppl, kl = tables.get(("wiki", "ppl"), {}), tables.get(("wiki", "kl"), {})
     out = ["| policy | budget | " + " | ".join(name for _, name in cols) + " | WikiText-2 ppl (KL) |"]
     out.append("|---|---:|" + "---:|" * (len(cols) + 1))
-    full = [next(iter(tables[(stem, "acc")].get("full", {}).values()), "").split(" ±")[0] for stem, _ in cols]
+    full = [full_cell(tables, stem, "acc").split(" ±")[0] for stem, _ in cols]
     out.append("| full | — | " + " | ".join(full) + f" | {next(iter(ppl.get('full', {}).values()), '')} |")
     for policy in POLICIES:
         for b in budgets:
-            diffs = [tables.get((stem, "acc − full, paired 95% CI"), {}).get(policy, {}).get(b, "") for stem, _ in cols]
+            diffs = [diff_cell(tables, stem, "acc", policy, b) for stem, _ in cols]
             p = ppl.get(policy, {}).get(b, "")
             if any(diffs) or p:
                 wiki = f"{p} ({kl.get(policy, {}).get(b, '')})" if p else ""
