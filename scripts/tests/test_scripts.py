@@ -3,10 +3,7 @@ import importlib.util
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-# the full merge once the matrix is done, the partial one until then
-MERGED = next(
-    p for p in (ROOT / "docs" / "whole" / d / "results.md" for d in ("merged", "partial")) if p.exists()
-)
+MERGED = ROOT / "docs" / "whole" / "merged" / "results.md"
 
 
 def load(name):
@@ -33,6 +30,7 @@ def test_summary_has_one_row_per_finished_cell_with_the_merge_values():
     ppl = tables[("wiki", "ppl")]
     finished = [(p, b) for p in whole_tables.POLICIES for b in budgets if ppl.get(p, {}).get(b)]
     assert [tuple(r.strip("| ").split(" | ")[:2]) for r in rows] == finished
+    assert len(finished) == len(whole_tables.POLICIES) * 4, "the committed merge is the whole 5 × 4 matrix"
     diffs = tables[("piqa_llmfoundry", "acc − full, paired 95% CI")]
     for row in rows:
         cells = row.strip("| ").split(" | ")
