@@ -13,6 +13,7 @@
 # A run cut off midway loses nothing but its current block of 16 items:
 # `eval --resume` continues the cell from partial.jsonl.
 #
+#   bash scripts/whole_matrix.sh build         the pinned binary only (also used by ruler_matrix.sh)
 #   bash scripts/whole_matrix.sh run I [J …]   shards in parallel, 1 thread each
 #   bash scripts/whole_matrix.sh continue      every unfinished shard, LANES=2 at a time
 #   bash scripts/whole_matrix.sh pack          gzip partial.jsonl files to commit them
@@ -44,6 +45,9 @@ build() {
 }
 
 case "${1:-}" in
+  build)
+    build
+    ;;
   run)
     shift
     [ $# -gt 0 ] || { echo "usage: $0 run I [J …] (0 <= I < $SHARDS)" >&2; exit 2; }
