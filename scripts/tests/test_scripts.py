@@ -1,5 +1,6 @@
 """Tests of the analysis scripts (whole_tables.py, choice_bias.py) on the committed whole-set merge."""
 import importlib.util
+import json
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -15,6 +16,7 @@ def load(name):
 
 whole_tables = load("whole_tables")
 choice_bias = load("choice_bias")
+ruler_tables = load("ruler_tables")
 
 
 def test_points_converts_a_difference_and_keeps_the_significance_mark():
@@ -56,3 +58,27 @@ def test_recorded_picks_win_and_many_choices_without_them_are_unknown():
     row = {"per_item": {"acc": [1.0, 0.0], "pick": [2, 3]}}
     assert choice_bias.picks_of(row, "acc", [2, 1], [4, 4]) == [2, 3]
     assert choice_bias.picks_of({"per_item": {"acc": [1.0, 0.0]}}, "acc", [2, 1], [4, 4]) is None
+
+
+def test_ruler_tables_put_each_length_and_depth_in_order_and_full_first(tmp_path):
+    def row(task, policy, budget, by_len, by_depth):
+        metrics = {"acc": sum(by_len) / len(by_len)}
+        metrics.update({f"acc_len{L}": a for L, a in zip((1024, 8000, 2048), by_len)})
+        metrics.update({f"acc_depth{d}": a for d, a in zip((0.9, 0.1), by_depth)})
+        return json.dumps({"task": f"{task}:lengths=1024,2048,8000", "policy": policy, "budget": budget, "metrics": metrics})
+
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join([
+        row("vt", "h2o", "10%", [0.0, 0.0, 1.0], [0.0, 0.5]),
+        row("vt", "h2o", "20%", [1.0, 0.0, 1.0], [1.0, 0.5]),
+        row("vt", "full", "-", [1.0, 1.0, 1.0], [1.0, 1.0]),
+        row("mc", "full", "-", [0.0, 0.0, 0.0], [0.0, 0.0]),
+    ]) + "\n")
+    rows = ruler_tables.load(path)
+    assert {k[0] for k in rows} == {"vt"}, "only long-context tasks are read"
+    lines = ruler_tables.table(rows, "acc_len", "length").splitlines()
+    assert lines[2] == "| policy | budget | vt (1024 / 2048 / 8000) |"
+    assert lines[4:] == ["| full | — | 1 / 1 / 1 |", "| h2o | 20% | 1 / 1 / 0 |", "| h2o | 10% | 0 / 1 / 0 |"]
+    depth = ruler_tables.table(rows, "acc_depth", "depth").splitlines()
+    assert depth[2] == "| policy | budget | vt (0.1 / 0.9) |" and depth[6] == "| h2o | 10% | 0.5 / 0 |"
+    assert ruler_tables.overall(rows).splitlines()[4] == "| full | — | 1.00 | 1.00 |"
