@@ -80,12 +80,12 @@ def overall(rows):
     tasks = [t for t in TASKS if any(k[0] == t for k in rows)]
     out = ["| policy | budget | " + " | ".join(tasks) + " | mean |", "|---|---:|" + "---:|" * (len(tasks) + 1)]
     for p, b in cells(rows):
-        accs = [rows[(t, p, b)]["metrics"]["acc"] if (t, p, b) in rows else None for t in tasks]
-        done = [a for a in accs if a is not None]
+        metrics = [rows[(t, p, b)]["metrics"] if (t, p, b) in rows else None for t in tasks]
+        done = [m["acc"] for m in metrics if m is not None]
         mean = f"{sum(done) / len(done):.2f}" if len(done) == len(tasks) else ""
-        vals = ["" if a is None else f"{a:.2f}" for a in accs]
+        vals = ["" if m is None else f"{m['acc']:.2f}" + (f" ({m['recall']:.2f})" if "recall" in m else "") for m in metrics]
         out.append(f"| {p} | {'—' if b == '-' else b} | " + " | ".join(vals) + f" | {mean} |")
-    return "Accuracy over every length and depth (mean: of the tasks)\n\n" + "\n".join(out)
+    return "Accuracy over every length and depth (recall: the share of expected answers found; mean: of the tasks' accuracies)\n\n" + "\n".join(out)
 
 
 def main():

@@ -62,7 +62,7 @@ def test_recorded_picks_win_and_many_choices_without_them_are_unknown():
 
 def test_ruler_tables_put_each_length_and_depth_in_order_and_full_first(tmp_path):
     def row(task, policy, budget, by_len, by_depth):
-        metrics = {"acc": sum(by_len) / len(by_len)}
+        metrics = {"acc": sum(by_len) / len(by_len), "recall": 1.0}
         metrics.update({f"acc_len{L}": a for L, a in zip((1024, 8000, 2048), by_len)})
         metrics.update({f"acc_depth{d}": a for d, a in zip((0.9, 0.1), by_depth)})
         return json.dumps({"task": f"{task}:lengths=1024,2048,8000", "policy": policy, "budget": budget, "metrics": metrics})
@@ -81,4 +81,4 @@ def test_ruler_tables_put_each_length_and_depth_in_order_and_full_first(tmp_path
     assert lines[4:] == ["| full | — | 1 / 1 / 1 |", "| h2o | 20% | 1 / 1 / 0 |", "| h2o | 10% | 0 / 1 / 0 |"]
     depth = ruler_tables.table(rows, "acc_depth", "depth").splitlines()
     assert depth[2] == "| policy | budget | vt (0.1 / 0.9) |" and depth[6] == "| h2o | 10% | 0.5 / 0 |"
-    assert ruler_tables.overall(rows).splitlines()[4] == "| full | — | 1.00 | 1.00 |"
+    assert ruler_tables.overall(rows).splitlines()[4] == "| full | — | 1.00 (1.00) | 1.00 |"
