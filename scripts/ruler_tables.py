@@ -57,14 +57,14 @@ def cells(rows):
     return sorted(seen, key=order)
 
 
+def budget_label(b):
+    return "—" if b == "-" else b
+
+
 def table(rows, prefix, label, skip=()):
     tasks = [t for t in TASKS if t not in skip and any(k[0] == t for k in rows)]
-    points = {}
-    for t in tasks:
-        for (task, _, _), row in rows.items():
-            if task == t:
-                points[t] = list(keyed(row["metrics"], prefix))
-                break
+    # every cell of a task has the same lengths (depths): take them from any of its rows
+    points = {t: list(keyed(next(r for k, r in rows.items() if k[0] == t)["metrics"], prefix)) for t in tasks}
     head = " | ".join(f"{t} ({' / '.join(fmt(v) for v in points[t])})" for t in tasks)
     out = [f"| policy | budget | {head} |", "|---|---:|" + "---|" * len(tasks)]
     for p, b in cells(rows):
@@ -72,7 +72,7 @@ def table(rows, prefix, label, skip=()):
         for t in tasks:
             row = rows.get((t, p, b))
             vals.append(" / ".join(fmt(v) for v in keyed(row["metrics"], prefix).values()) if row else "")
-        out.append(f"| {p} | {'—' if b == '-' else b} | " + " | ".join(vals) + " |")
+        out.append(f"| {p} | {budget_label(b)} | " + " | ".join(vals) + " |")
     return f"Accuracy by {label}\n\n" + "\n".join(out)
 
 
@@ -84,7 +84,7 @@ def overall(rows):
         done = [m["acc"] for m in metrics if m is not None]
         mean = f"{sum(done) / len(done):.2f}" if len(done) == len(tasks) else ""
         vals = ["" if m is None else f"{m['acc']:.2f}" + (f" ({m['recall']:.2f})" if "recall" in m else "") for m in metrics]
-        out.append(f"| {p} | {'—' if b == '-' else b} | " + " | ".join(vals) + f" | {mean} |")
+        out.append(f"| {p} | {budget_label(b)} | " + " | ".join(vals) + f" | {mean} |")
     return "Accuracy over every length and depth (recall: the share of expected answers found; mean: of the tasks' accuracies)\n\n" + "\n".join(out)
 
 

@@ -1,4 +1,4 @@
-"""Tests of the analysis scripts (whole_tables.py, choice_bias.py) on the committed whole-set merge."""
+"""Tests of the analysis scripts: whole_tables.py and choice_bias.py on the committed whole-set merge, ruler_tables.py on a small results file."""
 import importlib.util
 import json
 import pathlib
