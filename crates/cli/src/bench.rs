@@ -106,16 +106,17 @@ pub fn run(a: Args) -> CliResult {
         return Ok(());
     }
     println!(
-        "| model | threads | isa | weights MiB | prefill tok/s | decode tok/s | ms/token | read GB/s | bound tok/s | of bound |"
+        "| model | threads | isa | weights MiB | KV read MiB | prefill tok/s | decode tok/s | ms/token | read GB/s | bound tok/s | of bound |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.0}% |",
+            "| {} | {} | {} | {:.1} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.0}% |",
             r.model,
             r.threads,
             r.isa,
             r.weight_bytes as f64 / 1048576.0,
+            r.kv_read_bytes as f64 / 1048576.0,
             r.prefill_tok_s,
             r.decode_tok_s,
             r.decode_ms_per_token,

@@ -36,7 +36,10 @@ pub struct BenchReport {
     pub kv_bytes_allocated: usize,
     /// Measured read bandwidth with the same thread count (GB/s, 1e9 bytes).
     pub bandwidth_gb_s: f64,
-    /// Bytes streamed per decode token (weights + KV at mid-generation).
+    /// K/V bytes one decode step reads at mid-generation: the slots the
+    /// policy holds then, in its KV dtype.
+    pub kv_read_bytes: usize,
+    /// Bytes streamed per decode token (weights + `kv_read_bytes`).
     pub bytes_per_token: usize,
     /// bandwidth / bytes_per_token.
     pub bound_tok_s: f64,
@@ -90,6 +93,9 @@ pub fn run(model: &Model, name: &str, opts: &BenchOptions, bandwidth_gb_s: f64) 
     let prompt: Vec<u32> = (0..opts.prompt_len).map(|_| (rng.next_u64() % c.vocab_size as u64) as u32).collect();
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     let mut kv = 0;
+    // K and V one decode step reads at the middle of generation, as the
+    // policy and KV dtype hold them
+    let mut kv_read = 0;
     for _ in 0..opts.repeats.max(1) {
         let mut s = Session::new(model, &opts.policy, opts.prompt_len + opts.gen_len + 1, opts.prompt_len)?;
         let t = Instant::now();
@@ -97,16 +103,16 @@ pub fn run(model: &Model, name: &str, opts: &BenchOptions, bandwidth_gb_s: f64) 
         prefill.push(opts.prompt_len as f64 / t.elapsed().as_secs_f64());
         let mut tok = crate::sampling::argmax(s.scratch.logits());
         let t = Instant::now();
-        for _ in 0..opts.gen_len {
+        for step in 0..opts.gen_len {
+            if step == opts.gen_len / 2 {
+                kv_read = s.cache.store().attended_kv_bytes();
+            }
             tok = crate::sampling::argmax(s.feed(&[tok], Logits::Last)?);
         }
         decode.push(opts.gen_len as f64 / t.elapsed().as_secs_f64());
         kv = s.kv_bytes().kv;
     }
     let (params, weight_bytes) = model.weights.size();
-    // K and V read per step at the middle of generation
-    let mid_ctx = opts.prompt_len + opts.gen_len / 2;
-    let kv_read = 2 * c.n_layers * c.kv_dim() * 4 * mid_ctx;
     let bytes_per_token = weight_bytes + kv_read;
     let decode_tok_s = median(decode);
     let bound = bandwidth_gb_s * 1e9 / bytes_per_token as f64;
@@ -123,6 +129,7 @@ pub fn run(model: &Model, name: &str, opts: &BenchOptions, bandwidth_gb_s: f64) 
         decode_ms_per_token: 1000.0 / decode_tok_s,
         kv_bytes_allocated: kv,
         bandwidth_gb_s,
+        kv_read_bytes: kv_read,
         bytes_per_token,
         bound_tok_s: bound,
         fraction_of_bound: decode_tok_s / bound,

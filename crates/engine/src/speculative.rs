@@ -26,10 +26,13 @@
 //! # Rollback
 //!
 //! Rejected drafts must leave no trace (no score increments, no evicted
-//! victims). While nothing was or can be evicted during the pass (`full`,
-//! or any policy before its budget fills) the cache is rewound by cutting
-//! it back to the committed tokens ([`SequenceCache::truncate`]), which
-//! costs nothing.
+//! victims). While nothing was or can be evicted during the pass and the
+//! policy keeps no attention scores (`full`, or `window`/`sink` before
+//! their budget fills) the cache is rewound by cutting it back to the
+//! committed tokens ([`SequenceCache::truncate`]), which costs nothing. A
+//! scoring policy (H2O and its kin) takes the journal even before its
+//! budget fills: the rejected drafts' attention was added to the kept
+//! slots' scores, and cutting would keep it.
 //! Otherwise the cache starts an undo journal before verification
 //! ([`SequenceCache::checkpoint`]: each head's positions and scores, the
 //! policy's state, and then only the rows an eviction overwrites — no

@@ -31,7 +31,13 @@ fn chai_plan(heads: usize, ks: &[usize]) -> String {
 
 fn assert_same_cache(a: &SequenceCache, b: &SequenceCache, what: &str) {
     assert_eq!(a.next_pos(), b.next_pos(), "{what}: next_pos");
-    assert_eq!(a.store().bytes(), b.store().bytes(), "{what}: kv bytes");
+    let (x, y) = (a.store().bytes(), b.store().bytes());
+    assert_eq!(x.kv, y.kv, "{what}: K/V bytes");
+    // a paged store's tables grow by amortised pushes, so their capacity
+    // follows the history; fixed slots allocate all metadata at creation
+    if a.store().page_counts().is_none() {
+        assert_eq!(x.metadata, y.metadata, "{what}: metadata bytes");
+    }
     for l in 0..a.store().layers() {
         for h in 0..a.store().kv_heads() {
             let (x, y) = (a.store().head(l, h), b.store().head(l, h));
@@ -240,4 +246,143 @@ fn rejected_drafts_leave_no_trace() {
             assert_eq!(r.generation.kv_bytes, plain.kv_bytes);
         }
     }
+}
+
+/// The reproduction from the issue tracker: n-gram drafts of 2–5 under H2O
+/// once diverged from plain greedy decoding at the 14th token, because
+/// rolling rejected drafts back by cutting the cache kept the attention
+/// they had added to the kept slots' scores.
+#[test]
+fn ngram_drafts_under_h2o_match_plain_greedy_on_the_reported_prompt() {
+    let l = stories();
+    let m = &l.model;
+    let prompt = l.tok.encode("Tom had a red ball and").unwrap();
+    let o = opts("h2o:heavy=8,recent=8", 24, l.tok.eos.clone());
+    let plain = generate(m, &prompt, &o, |_| true).unwrap();
+    for k in 1..=6 {
+        let s =
+            speculative_run(m, &prompt, &o, &mut NgramDrafter::default(), k, Verification::Exact, |_| true).unwrap();
+        assert_eq!(s.generation.token_ids, plain.token_ids, "draft length {k}");
+    }
+}
+
+/// SplitMix64: a seeded stream for the randomized search below.
+struct Stream(u64);
+
+impl Stream {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Knows plain greedy's output and proposes a random-length piece of it,
+/// corrupted at a random place half of the time and replaced by random
+/// tokens now and then: every acceptance length from none to all occurs.
+struct PerturbedOracle {
+    prompt_len: usize,
+    truth: Vec<u32>,
+    vocab: usize,
+    rng: Stream,
+}
+
+impl Drafter for PerturbedOracle {
+    fn draft(&mut self, context: &[u32], k: usize) -> kvslim_engine::Result<Vec<u32>> {
+        let i = context.len() - self.prompt_len;
+        let n = self.rng.below(k + 1);
+        let mut d: Vec<u32> = self.truth[i..(i + n).min(self.truth.len())].to_vec();
+        if !d.is_empty() && self.rng.below(2) == 0 {
+            let at = self.rng.below(d.len());
+            d[at] = (d[at] + 1 + self.rng.below(self.vocab - 1) as u32) % self.vocab as u32;
+        }
+        if self.rng.below(8) == 0 {
+            d = (0..n).map(|_| self.rng.below(self.vocab) as u32).collect();
+        }
+        Ok(d)
+    }
+}
+
+/// A randomized search for divergence: every policy family (scores,
+/// aggregations, prefill modes, allocators, pages, quantized K/V, CHAI) ×
+/// draft lengths 1–6 × random token streams and story prompts, drafts that
+/// are accepted in part at random places. Speculative decoding must give
+/// plain greedy's tokens and leave the cache bit-identical to plain
+/// decoding's (same slots, positions, scores, K/V).
+#[test]
+fn randomized_search_finds_no_divergence_under_any_policy() {
+    let l = stories();
+    let m = &l.model;
+    let plan = chai_plan(m.config.n_heads, &vec![3; m.config.n_layers]);
+    let specs = [
+        "full".to_string(),
+        "full:page=4".into(),
+        "full:kv_dtype=q8".into(),
+        "window:recent=12".into(),
+        "window:recent=10,sink=2".into(),
+        "sink:sink=4,recent=12".into(),
+        "heavy:heavy=12".into(),
+        "heavy:heavy=10,sink=2,score=tova".into(),
+        "random:budget=16,recent=4,seed=3".into(),
+        "h2o:heavy=8,recent=8".into(),
+        "h2o:heavy=6,recent=6,agg=max".into(),
+        "h2o:heavy=8,recent=8,prefill=snap:4".into(),
+        "h2o:heavy=8,recent=8,prefill=stream:4".into(),
+        "h2o:heavy=6,recent=6,score=norm".into(),
+        "h2o:heavy=6,recent=6,score=decay:0.9".into(),
+        "h2o:heavy=6,recent=6,agg=max,score=tova".into(),
+        "h2o:heavy=6,recent=6,score=vnorm".into(),
+        "h2o:heavy=6,recent=6,score=persist:4".into(),
+        "h2o:heavy=20%,recent=20%,sink=2".into(),
+        "h2o:heavy=8,recent=8,page=4".into(),
+        "h2o:heavy=8,recent=8,kv_dtype=q8".into(),
+        "h2o:heavy=8,recent=8,alloc=pyramid:0.5".into(),
+        "h2o:heavy=8,recent=8,alloc=ada:0.2".into(),
+        format!("h2o:heavy=8,recent=8+chai:plan={plan}"),
+    ];
+    let vocab = m.config.vocab_size;
+    let mut rng = Stream(0x5EED);
+    let mut prompts: Vec<Vec<u32>> = SNIPPETS[..4].iter().map(|t| l.tok.encode(t).unwrap()).collect();
+    for _ in 0..4 {
+        let len = 2 + rng.below(20);
+        // ids 0–2 are <unk>, BOS and EOS; the rest are ordinary pieces
+        let mut p = vec![1u32];
+        p.extend((0..len).map(|_| (3 + rng.below(vocab - 3)) as u32));
+        prompts.push(p);
+    }
+    let n = 36;
+    let (mut runs, mut partial) = (0usize, 0usize);
+    for spec in &specs {
+        let o = opts(spec, n, Vec::new());
+        for (pi, prompt) in prompts.iter().enumerate() {
+            let plain = generate(m, prompt, &o, |_| true).unwrap();
+            let mut s = Session::new(m, &o.policy, prompt.len() + n, prompt.len()).unwrap();
+            s.feed(prompt, Logits::Last).unwrap();
+            for &t in &plain.token_ids[..n - 1] {
+                s.feed(&[t], Logits::Last).unwrap();
+            }
+            for k in 1..=6 {
+                let what = format!("{spec} prompt {pi} draft length {k}");
+                let mut d = PerturbedOracle {
+                    prompt_len: prompt.len(),
+                    truth: plain.token_ids.clone(),
+                    vocab,
+                    rng: Stream(rng.next()),
+                };
+                let r = speculative_run(m, prompt, &o, &mut d, k, Verification::Exact, |_| true).unwrap();
+                assert_eq!(r.generation.token_ids, plain.token_ids, "{what}");
+                assert_same_cache(&s.cache, &r.cache, &what);
+                runs += 1;
+                partial += usize::from(r.stats.accepted > 0 && r.stats.accepted < r.stats.drafted);
+            }
+        }
+    }
+    assert_eq!(runs, specs.len() * prompts.len() * 6);
+    assert!(partial * 2 > runs, "most runs should accept some drafts and reject others ({partial} of {runs})");
 }

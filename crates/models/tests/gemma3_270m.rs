@@ -10,10 +10,10 @@
 
 mod common;
 
+use common::llamacpp::LlamaCppRef;
 use common::shared;
 use kvslim_cache::PolicySpec;
 use kvslim_models::{load_model, LoadedModel, Logits, Scratch};
-use serde_json::Value;
 use std::sync::OnceLock;
 
 fn model() -> &'static LoadedModel {
@@ -25,63 +25,16 @@ fn model() -> &'static LoadedModel {
     })
 }
 
-fn reference() -> Value {
-    let p = shared().join("fixtures/gemma3/reference_wikitext2.json");
-    serde_json::from_str(&std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
-}
-
-fn u32s(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
-}
-
-fn log_softmax_at(row: &[f32], id: usize) -> f64 {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-    let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
-    row[id] as f64 - max - sum.ln()
-}
-
-fn top_k(row: &[f32], k: usize) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..row.len()).collect();
-    idx.select_nth_unstable_by(k, |&a, &b| row[b].total_cmp(&row[a]));
-    idx.truncate(k);
-    idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
-    idx
+fn reference() -> &'static LlamaCppRef {
+    static R: OnceLock<LlamaCppRef> = OnceLock::new();
+    R.get_or_init(|| LlamaCppRef::load("fixtures/gemma3/reference_wikitext2.json"))
 }
 
 /// Teacher-forced logits of the 768 reference tokens, prefilled as one
 /// chunk (the local layers' window masks everything beyond 512).
 fn teacher_forced() -> &'static [f32] {
     static L: OnceLock<Vec<f32>> = OnceLock::new();
-    L.get_or_init(|| {
-        let ids = u32s(&reference()["token_ids"]);
-        let m = &model().model;
-        let mut cache = m.new_cache(&PolicySpec::parse("full").unwrap(), ids.len(), ids.len()).unwrap();
-        let mut s = Scratch::new();
-        m.forward(&ids, &mut cache, &mut s, Logits::All).unwrap();
-        s.logits().to_vec()
-    })
-}
-
-/// The 90th percentile of |Δ| between our logit and llama.cpp's for
-/// llama.cpp's top-1 token over the reference positions: how far our f32
-/// arithmetic typically sits from llama.cpp's 8-bit activations here.
-fn top1_logit_gap() -> f32 {
-    let r = reference();
-    let vocab = model().model.config.vocab_size;
-    let logits = teacher_forced();
-    let ids = r["top5_ids"].as_array().unwrap();
-    let vals = r["top5_logits"].as_array().unwrap();
-    let mut gaps: Vec<f32> = ids
-        .iter()
-        .zip(vals)
-        .enumerate()
-        .map(|(i, (id, v))| {
-            let id = id[0].as_u64().unwrap() as usize;
-            (logits[i * vocab + id] - v[0].as_f64().unwrap() as f32).abs()
-        })
-        .collect();
-    gaps.sort_by(f32::total_cmp);
-    gaps[gaps.len() * 9 / 10]
+    L.get_or_init(|| reference().teacher_forced(&model().model))
 }
 
 /// Mean NLL within 1% of llama.cpp's 2.3802 over 768 tokens; top-1 and
@@ -89,62 +42,19 @@ fn top1_logit_gap() -> f32 {
 #[test]
 fn teacher_forced_log_probs_match_llama_cpp() {
     let r = reference();
-    let ids = u32s(&r["token_ids"]);
-    let want: Vec<f64> = r["logprobs"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-    let vocab = model().model.config.vocab_size;
-    let logits = teacher_forced();
-    let got: Vec<f64> =
-        (0..ids.len() - 1).map(|i| log_softmax_at(&logits[i * vocab..(i + 1) * vocab], ids[i + 1] as usize)).collect();
-    let nll = -got.iter().sum::<f64>() / got.len() as f64;
-    let ref_nll = r["nll"].as_f64().unwrap();
-    let diffs: Vec<f64> = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).collect();
-    let max_diff = diffs.iter().fold(0f64, |m, &d| m.max(d));
-    let mean_diff = diffs.iter().sum::<f64>() / diffs.len() as f64;
-    let mut top1 = 0;
-    let mut top5_overlap = 0;
-    for (i, ref_top) in r["top5_ids"].as_array().unwrap().iter().enumerate() {
-        let ours = top_k(&logits[i * vocab..(i + 1) * vocab], 5);
-        let theirs: Vec<usize> = ref_top.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
-        top1 += usize::from(ours[0] == theirs[0]);
-        top5_overlap += ours.iter().filter(|x| theirs.contains(x)).count();
-    }
-    let n = ids.len() as f64;
-    eprintln!(
-        "gemma3-270m: NLL {nll:.4} vs llama.cpp {ref_nll:.4} ({:+.2}%), |Δ logprob| mean {mean_diff:.4} max {max_diff:.3}, top-1 agreement {:.3}, top-5 overlap {:.3}",
-        100.0 * (nll - ref_nll) / ref_nll,
-        top1 as f64 / n,
-        top5_overlap as f64 / (5.0 * n)
-    );
-    assert!((nll - ref_nll).abs() <= 0.01 * ref_nll, "NLL {nll} not within 1% of llama.cpp's {ref_nll}");
-    assert!(top1 as f64 / n >= 0.9, "top-1 agreement {}", top1 as f64 / n);
+    let (nll, top1) = r.compare("gemma3-270m", teacher_forced(), model().model.config.vocab_size);
+    assert!((nll - r.nll).abs() <= 0.01 * r.nll, "NLL {nll} not within 1% of llama.cpp's {}", r.nll);
+    assert!(top1 >= 0.9, "top-1 agreement {top1}");
 }
 
 /// The 24-token greedy continuation equals llama.cpp's, or its first
-/// divergence is a near-tie: our margin between the two candidates is
-/// below our measured logit distance from llama.cpp (`top1_logit_gap`).
+/// divergence is a near-tie (within our measured logit distance from
+/// llama.cpp).
 #[test]
 fn greedy_continuation_matches_llama_cpp() {
-    let r = reference();
-    let prompt = u32s(&r["greedy_prompt_ids"]);
-    let want = u32s(&r["greedy_ids"]);
     let m = &model().model;
-    let mut cache = m.new_cache(&PolicySpec::parse("full").unwrap(), 64, 64).unwrap();
-    let mut s = Scratch::new();
-    m.forward(&prompt, &mut cache, &mut s, Logits::Last).unwrap();
-    for (step, &w) in want.iter().enumerate() {
-        let top = top_k(s.logits(), 2);
-        if top[0] as u32 != w {
-            let margin = s.logits()[top[0]] - s.logits()[w as usize];
-            let gap = top1_logit_gap();
-            eprintln!(
-                "gemma3-270m greedy: {step} tokens identical, then a near-tie: margin {margin:.4} to llama.cpp's token, 90% of our top-1 logits sit within {gap:.3} of llama.cpp's"
-            );
-            assert!(margin < gap, "step {step}: we pick {} over llama.cpp's {w} by {margin} (gap {gap})", top[0]);
-            return;
-        }
-        m.forward(&[w], &mut cache, &mut s, Logits::Last).unwrap();
-    }
-    eprintln!("gemma3-270m greedy: all {} tokens identical", want.len());
+    let gap = reference().top1_logit_gap(teacher_forced(), m.config.vocab_size);
+    reference().check_greedy("gemma3-270m", m, gap);
 }
 
 /// Allocated KV bytes for a 2,048-token sequence are what the sliding-

@@ -296,13 +296,17 @@ impl SequenceCache {
     }
 
     /// Whether, after `n` more tokens are fed, [`SequenceCache::truncate`]
-    /// can cut this cache back to any length from now on: no head sharing,
-    /// every head still holds every token fed (nothing was evicted), and
-    /// `n` more tokens leave a slot free in every head (a token policy
-    /// evicts only once its heads are full). Speculative decoding then
-    /// rolls rejected drafts back by cutting instead of snapshot and replay.
+    /// can cut this cache back to any length from now on and leave exactly
+    /// the state those tokens alone would have made: no head sharing, no
+    /// accumulated scores (the cut tokens' attention would stay added to the
+    /// kept slots' scores and change later evictions), every head still
+    /// holds every token fed (nothing was evicted), and `n` more tokens
+    /// leave a slot free in every head (a token policy evicts only once its
+    /// heads are full). Speculative decoding then rolls rejected drafts back
+    /// by cutting instead of journal and replay.
     pub fn rewindable_after(&self, n: usize) -> bool {
         self.sharing.is_none()
+            && self.policy.score_aggregation().is_none()
             && (0..self.store.layers()).all(|l| {
                 self.store.layer(l).iter().enumerate().all(|(kv, h)| {
                     let holds = self.policy.head_budget(l, kv).map_or(h.capacity(), |b| (b + 1).min(h.capacity()));

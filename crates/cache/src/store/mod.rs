@@ -505,6 +505,17 @@ impl HeadSlots {
         }
     }
 
+    /// K/V bytes of the live slots: what one decode step's attention reads
+    /// from this head (keys only where this head still holds them; the
+    /// storage dtype's codes and scales).
+    pub fn attended_kv_bytes(&self) -> usize {
+        let dtype = match &self.kv {
+            Kv::Slots { values, .. } => values.dtype(),
+            Kv::Paged(p) => p.dtype(),
+        };
+        self.len() * dtype.row_bytes(self.head_dim) * (1 + usize::from(self.has_keys()))
+    }
+
     /// Most K/V bytes this head has held at once (fixed slots: all of
     /// them, from the start).
     pub fn peak_kv_bytes(&self) -> usize {
@@ -617,6 +628,12 @@ impl KvStore {
             kv: a.kv + h.kv_bytes(),
             metadata: a.metadata + h.metadata_bytes(),
         })
+    }
+
+    /// K/V bytes one decode step's attention reads over all layers and
+    /// heads (see [`HeadSlots::attended_kv_bytes`]).
+    pub fn attended_kv_bytes(&self) -> usize {
+        self.heads.iter().map(HeadSlots::attended_kv_bytes).sum()
     }
 
     /// Σ over heads of each head's most K/V bytes at once: a bound on the

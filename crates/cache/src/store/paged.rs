@@ -238,6 +238,10 @@ impl PagedKv {
         }
     }
 
+    pub fn dtype(&self) -> KvDtype {
+        self.pool.dtype()
+    }
+
     pub fn page_size(&self) -> usize {
         self.page_size
     }
@@ -370,18 +374,30 @@ impl PagedKv {
         self.release(a);
     }
 
-    /// Keeps exactly the listed slots (ascending), in that order.
+    /// Keeps exactly the listed slots (ascending), in that order. When the
+    /// dropped slots were the last rows written to the tail page (a cut
+    /// back to a prefix, as speculative decoding's rollback makes), the
+    /// next token is written right after the last live row again instead
+    /// of leaving a hole: rejected drafts cost no pages.
     pub fn retain_slots(&mut self, keep: &[usize]) {
-        let mut k = 0;
-        let old = std::mem::take(&mut self.addr);
-        for (i, &a) in old.iter().enumerate() {
+        let (mut k, mut w) = (0, 0);
+        for i in 0..self.addr.len() {
+            let a = self.addr[i];
             if keep.get(k) == Some(&i) {
-                self.addr.push(a);
+                self.addr[w] = a;
+                w += 1;
                 k += 1;
             } else {
                 self.release(a);
             }
         }
+        self.addr.truncate(w);
+        // the tail page, or (when the cut freed it) the last slot's page
+        let ps = self.page_size as u32;
+        let Some(e) = self.tail.map(|(e, _)| e).or_else(|| self.addr.last().map(|a| a / ps)) else { return };
+        let used = self.addr.iter().filter(|&&a| a / ps == e).map(|&a| a % ps + 1).max();
+        // rows past the last live one of that page are free
+        self.tail = used.map(|o| (e, o));
     }
 
     pub fn drop_keys(&mut self) {

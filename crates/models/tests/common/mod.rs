@@ -6,6 +6,8 @@ use std::path::PathBuf;
 #[path = "../../../../testing/shared_dir.rs"]
 mod shared_dir;
 
+pub mod llamacpp;
+
 /// `../shared` (or `KVSLIM_SHARED`), which must exist.
 pub fn shared() -> PathBuf {
     let p = shared_dir::shared();
