@@ -57,11 +57,22 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// `bytes` (a multiple of 4, from a 64-byte aligned buffer) as f32s.
+fn bytemuck_f32_mut(bytes: &mut [u8]) -> &mut [f32] {
+    assert!(bytes.len().is_multiple_of(4) && (bytes.as_ptr() as usize).is_multiple_of(4));
+    // SAFETY: aligned, sized, and every bit pattern is an f32.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut f32, bytes.len() / 4) }
+}
+
 /// Best-of-3 read bandwidth over a buffer much larger than the caches, using
 /// the current rayon pool's threads.
 pub fn measure_read_bandwidth(bytes: usize) -> f64 {
     let n = bytes / 4;
-    let buf: Vec<f32> = (0..n).into_par_iter().map(|i| (i & 1023) as f32).collect();
+    // laid out as the weights are (huge pages where the system grants them)
+    let mut lines = kvslim_kernels::matrix::Lines::zeroed(bytes);
+    let buf: &mut [f32] = bytemuck_f32_mut(&mut lines.bytes_mut()[..n * 4]);
+    buf.par_iter_mut().enumerate().for_each(|(i, v)| *v = (i & 1023) as f32);
+    let buf: &[f32] = buf;
     let mut best = 0f64;
     for _ in 0..3 {
         let t = Instant::now();

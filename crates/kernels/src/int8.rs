@@ -12,31 +12,33 @@
 //! scales and minimums), the quants interleaved so that one 64-byte load
 //! holds four consecutive quants of each of the 16 rows — one row per 32-bit
 //! lane, so the sums come out as a vector of 16 rows with no horizontal
-//! reduction — and, for the 5- and 6-bit formats, bit planes:
+//! reduction — and, for the 5- and 6-bit formats, bit planes. The K-quants
+//! keep their super-block's f16 `d` (and `dmin`) once per 256 columns, in a
+//! super-block header before its 8 blocks, as the file does: a decode step
+//! is bound by the bytes it streams, so the panels should be no larger than
+//! the file's blocks.
 //!
-//! | format | header (16 rows) | quants | bit planes | bits per weight (file) |
-//! |---|---|---|---|---|
-//! | Q8_0 | 64 B: f16 `d` | 512 B: `q + 128` | — | 9.0 (8.5) |
-//! | Q4_0, Q4_1 | 64 B: f16 `d`, f16 `m` | 256 B nibbles | — | 5.0 (4.5, 5.0) |
-//! | Q5_0, Q5_1 | 64 B: f16 `d`, f16 `m` | 256 B nibbles | bit 4 | 6.0 (5.5, 6.0) |
-//! | Q4_K | 96 B: f16 `d`, `dmin`, u8 `sc`, `m` | 256 B nibbles | — | 5.5 (4.5) |
-//! | Q5_K | 96 B: f16 `d`, `dmin`, u8 `sc`, `m` | 256 B nibbles | bit 4 | 6.5 (5.5) |
-//! | Q6_K | 64 B: f16 `d`, i8 `sc` of both halves | 256 B nibbles | bits 4, 5 | 7.0 (6.56) |
+//! | format | super-block header (16 rows) | block header (16 rows) | quants | bit planes | bits per weight (file) |
+//! |---|---|---|---|---|---|
+//! | Q8_0 | — | 64 B: f16 `d` | 512 B: `q + 128` | — | 9.0 (8.5) |
+//! | Q4_0, Q4_1 | — | 64 B: f16 `d`, f16 `m` | 256 B nibbles | — | 5.0 (4.5, 5.0) |
+//! | Q5_0, Q5_1 | — | 64 B: f16 `d`, f16 `m` | 256 B nibbles | bit 4 | 6.0 (5.5, 6.0) |
+//! | Q4_K | 64 B: f16 `d`, `dmin` | 32 B: u8 `sc`, `m` | 256 B nibbles | — | 4.625 (4.5) |
+//! | Q5_K | 64 B: f16 `d`, `dmin` | 32 B: u8 `sc`, `m` | 256 B nibbles | bit 4 | 5.625 (5.5) |
+//! | Q6_K | 32 B: f16 `d` | 32 B: i8 `sc` of both halves | 256 B nibbles | bits 4, 5 | 6.5625 (6.5625) |
 //!
 //! Nibble byte `4j + b` of lane `i` holds column `4j + b` (low nibble) and
 //! `16 + 4j + b` (high nibble); bit plane `p` is 8 little-endian `u64`
 //! masks, mask `c / 4` bit `4i + c % 4` being bit `4 + p` of column `c`'s
-//! quant, so a masked byte add restores it. The K-quant headers repeat the
-//! super-block's `d` (and `dmin`) in each of its 8 blocks of 32 next to the
-//! block's own 6-bit scale and minimum (Q6_K: its two 8-bit scales), and
-//! the kernels form `d·sc` and `−dmin·m` from them (exact f32 products, as
-//! GGML's dequantizer forms them); every bit of the file's super-block
-//! header is there, so [`unpack_row`] restores the file's bytes exactly
-//! and [`dequantize_row`] is GGML's dequantization bit for bit. The bit
-//! planes cost what the file's own fifth and sixth bits cost; the repeated
-//! `d`/`dmin` are the 1.2× of Q4_K (1.18× Q5_K, 1.07× Q6_K): an f32 header
-//! of `d·sc` and `−dmin·m` would save the kernel four conversions and two
-//! products per block but cost 1.4× (and a copy of the file's header).
+//! quant, so a masked byte add restores it. A K-quant block's header holds
+//! its 6-bit scale and minimum as a byte each (Q6_K: its two 8-bit scales),
+//! and the kernels form `d·sc` and `−dmin·m` with the super-block's `d` and
+//! `dmin` (exact f32 products, as GGML's dequantizer forms them); every bit
+//! of the file's super-block header is there, so [`unpack_row`] restores
+//! the file's bytes exactly and [`dequantize_row`] is GGML's dequantization
+//! bit for bit. The bit planes cost what the file's own fifth and sixth
+//! bits cost; Q6_K's panels are exactly the file's size, and the K-quants'
+//! byte-wide 6-bit scales are Q4_K's remaining 1.028× (Q5_K 1.023×).
 //!
 //! Every output is computed lane by lane with the same operations whatever
 //! the number of tokens, so a product over `n` tokens equals `n` single-token
@@ -61,16 +63,18 @@ pub const TILE_TOKENS: usize = 8;
 pub(crate) const HEADER: usize = 64;
 /// Offset of the minimums inside a panel block's f16 header.
 pub(crate) const MIN_OFFSET: usize = 32;
-/// Bytes of the Q4_K/Q5_K header: 16 f16 `d`, 16 f16 `dmin` (at
-/// [`MIN_OFFSET`]), then the 6-bit scales at [`K_SCALE_OFFSET`] and
-/// minimums at [`K_MIN_OFFSET`], a byte each. (Q6_K's header is
-/// [`HEADER`] bytes: 16 f16 `d`, then the two halves' i8 scales at
-/// [`MIN_OFFSET`] and [`MIN_OFFSET`] + 16.)
-pub(crate) const K_HEADER: usize = 96;
-/// Offset of the Q4_K/Q5_K scales inside the header.
-pub(crate) const K_SCALE_OFFSET: usize = 64;
-/// Offset of the Q4_K/Q5_K minimums inside the header.
-pub(crate) const K_MIN_OFFSET: usize = 80;
+/// Bytes of a K-quant block's header: the 16 rows' 6-bit scales at
+/// [`K_SCALE_OFFSET`] and minimums at [`K_MIN_OFFSET`], a byte each (Q6_K:
+/// the two halves' i8 scales at the same offsets). The super-block's f16
+/// `d` (and `dmin`, at [`MIN_OFFSET`]) are in the super-block header.
+pub(crate) const K_HEADER: usize = 32;
+/// Offset of the K-quant scales inside a block header.
+pub(crate) const K_SCALE_OFFSET: usize = 0;
+/// Offset of the K-quant minimums (Q6_K: second half's scales) inside a
+/// block header.
+pub(crate) const K_MIN_OFFSET: usize = PANEL_ROWS;
+/// Blocks of 32 columns per K-quant super-block.
+const SUPER: usize = QK_K / QK;
 /// Bytes of the nibble quants of a panel block (16 rows × 32 columns).
 pub(crate) const NIBBLES: usize = PANEL_ROWS * QK / 2;
 /// Bytes of one bit plane (16 rows × 32 columns, one bit each).
@@ -84,12 +88,41 @@ pub fn supports(dtype: DType) -> bool {
     )
 }
 
+fn is_k_quant(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K)
+}
+
 /// Bytes of a panel block's header.
 pub(crate) fn header_bytes(dtype: DType) -> usize {
-    if matches!(dtype, DType::Q4_K | DType::Q5_K) {
+    if is_k_quant(dtype) {
         K_HEADER
     } else {
         HEADER
+    }
+}
+
+/// Bytes of a K-quant super-block header (16 f16 `d`, and for Q4_K/Q5_K
+/// 16 f16 `dmin` at [`MIN_OFFSET`]); 0 for the other formats.
+fn super_header_bytes(dtype: DType) -> usize {
+    match dtype {
+        DType::Q4_K | DType::Q5_K => HEADER,
+        DType::Q6_K => HEADER / 2,
+        _ => 0,
+    }
+}
+
+/// Where block `b` (of 32 columns) of a panel starts, and where the f16
+/// `d` (then `m` or `dmin` at [`MIN_OFFSET`]) that scale it are: its own
+/// header, or its K-quant super-block's.
+#[inline]
+pub(crate) fn block_at(dtype: DType, b: usize) -> (usize, usize) {
+    let bb = block_bytes(dtype);
+    if is_k_quant(dtype) {
+        let shb = super_header_bytes(dtype);
+        let sup = (b / SUPER) * (shb + SUPER * bb);
+        (sup + shb + (b % SUPER) * bb, sup)
+    } else {
+        (b * bb, b * bb)
     }
 }
 
@@ -110,17 +143,8 @@ pub(crate) fn block_bytes(dtype: DType) -> usize {
 }
 
 /// Bytes of one row group's panel.
-fn panel_bytes(dtype: DType, cols: usize) -> usize {
-    (cols / QK) * block_bytes(dtype)
-}
-
-/// Offsets of the one-byte scales in a K-quant header.
-fn byte_scales_at(dtype: DType) -> Option<(usize, usize)> {
-    match dtype {
-        DType::Q4_K | DType::Q5_K => Some((K_SCALE_OFFSET, K_MIN_OFFSET)),
-        DType::Q6_K => Some((MIN_OFFSET, MIN_OFFSET + PANEL_ROWS)),
-        _ => None,
-    }
+pub(crate) fn panel_bytes(dtype: DType, cols: usize) -> usize {
+    (cols / QK) * block_bytes(dtype) + (cols / QK_K) * super_header_bytes(dtype)
 }
 
 /// Bytes of a `rows × cols` matrix in panel layout (rows padded to 16).
@@ -323,16 +347,14 @@ pub fn pack(dtype: DType, rows: usize, cols: usize, raw: &[u8], out: &mut [u8]) 
             let src = &raw[(r * (cols / be) + s) * rb..][..rb];
             split_block(dtype, src, &mut q[..sub], &mut head[..sub]);
             for (j, (qj, hj)) in q.iter().zip(&head).take(sub).enumerate() {
-                let dst = &mut panel[(s * sub + j) * bb..][..bb];
-                dst[2 * i..2 * i + 2].copy_from_slice(&hj.d.to_le_bytes());
-                match byte_scales_at(dtype) {
-                    Some((s0, s1)) => {
-                        if dtype != DType::Q6_K {
-                            dst[MIN_OFFSET + 2 * i..][..2].copy_from_slice(&hj.m.to_le_bytes());
-                        }
-                        (dst[s0 + i], dst[s1 + i]) = (hj.sc[0], hj.sc[1]);
-                    }
-                    None => dst[MIN_OFFSET + 2 * i..][..2].copy_from_slice(&hj.m.to_le_bytes()),
+                let (at, dh) = block_at(dtype, s * sub + j);
+                panel[dh + 2 * i..][..2].copy_from_slice(&hj.d.to_le_bytes());
+                if dtype != DType::Q6_K {
+                    panel[dh + MIN_OFFSET + 2 * i..][..2].copy_from_slice(&hj.m.to_le_bytes());
+                }
+                let dst = &mut panel[at..][..bb];
+                if is_k_quant(dtype) {
+                    (dst[K_SCALE_OFFSET + i], dst[K_MIN_OFFSET + i]) = (hj.sc[0], hj.sc[1]);
                 }
                 put_quants(dtype, qj, i, &mut dst[hb..]);
             }
@@ -355,13 +377,15 @@ fn unpack_stored_block(dtype: DType, panel: &[u8], s: usize, i: usize, raw: &mut
     let (sub, bb, hb) = (dtype.block_elems() / QK, block_bytes(dtype), header_bytes(dtype));
     let mut q = [[0u8; QK]; QK_K / QK];
     let mut head = [Head::default(); QK_K / QK];
-    let f16 = |blk: &[u8], at: usize| u16::from_le_bytes([blk[at], blk[at + 1]]);
+    let f16 = |at: usize| u16::from_le_bytes([panel[at], panel[at + 1]]);
     for (j, (qj, hj)) in q.iter_mut().zip(&mut head).take(sub).enumerate() {
-        let blk = &panel[(s * sub + j) * bb..][..bb];
+        let (at, dh) = block_at(dtype, s * sub + j);
+        let blk = &panel[at..][..bb];
         (0..QK).for_each(|k| qj[k] = quant_at(dtype, &blk[hb..], i, k));
-        *hj = Head { d: f16(blk, 2 * i), m: f16(blk, MIN_OFFSET + 2 * i), sc: [0; 2] };
-        if let Some((s0, s1)) = byte_scales_at(dtype) {
-            hj.sc = [blk[s0 + i], blk[s1 + i]];
+        let m = if dtype == DType::Q6_K { 0 } else { f16(dh + MIN_OFFSET + 2 * i) };
+        *hj = Head { d: f16(dh + 2 * i), m, sc: [0; 2] };
+        if is_k_quant(dtype) {
+            hj.sc = [blk[K_SCALE_OFFSET + i], blk[K_MIN_OFFSET + i]];
         }
     }
     join_block(dtype, &q[..sub], &head[..sub], raw);
@@ -464,21 +488,22 @@ pub fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
 /// `out[j][i]` = row `i` · token `t0 + j`.
 pub type TileFn = fn(DType, &[u8], &Activations, usize, usize, &mut [[f32; PANEL_ROWS]; TILE_TOKENS]);
 
-/// Row `i`'s two header values in a panel block: the scale and the
-/// minimum (Q6_K: the scales of the two halves).
+/// Row `i`'s two header values for a panel block: the scale and the
+/// minimum (Q6_K: the scales of the two halves), from the block `blk` and
+/// the header `dh` holding its `d` (its own, or its super-block's).
 #[inline]
-fn scale_min(dtype: DType, blk: &[u8], i: usize) -> (f32, f32) {
-    let d = half(blk, 2 * i);
+fn scale_min(dtype: DType, blk: &[u8], dh: &[u8], i: usize) -> (f32, f32) {
+    let d = half(dh, 2 * i);
     match dtype {
         DType::Q4_K | DType::Q5_K => {
-            let dmin = half(blk, MIN_OFFSET + 2 * i);
+            let dmin = half(dh, MIN_OFFSET + 2 * i);
             (d * blk[K_SCALE_OFFSET + i] as f32, -dmin * blk[K_MIN_OFFSET + i] as f32)
         }
         DType::Q6_K => {
             let s = |at: usize| d * (blk[at + i] as i8) as f32;
-            (s(MIN_OFFSET), s(MIN_OFFSET + PANEL_ROWS))
+            (s(K_SCALE_OFFSET), s(K_MIN_OFFSET))
         }
-        DType::Q4_1 | DType::Q5_1 => (d, half(blk, MIN_OFFSET + 2 * i)),
+        DType::Q4_1 | DType::Q5_1 => (d, half(dh, MIN_OFFSET + 2 * i)),
         DType::Q4_0 => (d, d * -8.0),
         DType::Q5_0 => (d, d * -16.0),
         _ => (d, d * -128.0),
@@ -502,8 +527,9 @@ pub fn scalar_tile(
         for (i, acc) in o.iter_mut().enumerate() {
             let mut sum = 0f32;
             for b in 0..blocks {
-                let blk = &panel[b * bb..(b + 1) * bb];
-                let (d, m) = scale_min(dtype, blk, i);
+                let (at, dh) = block_at(dtype, b);
+                let blk = &panel[at..at + bb];
+                let (d, m) = scale_min(dtype, blk, &panel[dh..], i);
                 let xb = &xq[b * QK..(b + 1) * QK];
                 let mut isum = [0i32; 2];
                 for (k, &xk) in xb.iter().enumerate() {
@@ -680,9 +706,9 @@ mod tests {
             (DType::Q4_1, 5.0),
             (DType::Q5_0, 6.0),
             (DType::Q5_1, 6.0),
-            (DType::Q4_K, 5.5),
-            (DType::Q5_K, 6.5),
-            (DType::Q6_K, 7.0),
+            (DType::Q4_K, 4.625),
+            (DType::Q5_K, 5.625),
+            (DType::Q6_K, 6.5625),
         ] {
             assert_eq!(packed_len(dt, rows, cols) as f64 * 8.0 / (rows * cols) as f64, bits, "{dt}");
         }

@@ -12,10 +12,6 @@ use rayon::prelude::*;
 /// rayon's fork/join costs more than it saves on tiny matrices.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
 
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct CacheLine([u8; 64]);
-
 /// How a matrix's products treat the activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Products {
@@ -41,6 +37,66 @@ impl Products {
     }
 }
 
+/// Bytes of a transparent huge page (x86-64 and most aarch64 kernels).
+const HUGE_PAGE: usize = 2 << 20;
+
+/// A matrix's bytes (and the buffer `kvslim bench` measures the read
+/// bandwidth on, so that its bound is for the same pages): zeroed and
+/// 64-byte aligned. A decode step streams
+/// every weight once, and the CPU's prefetchers stop at page boundaries: a
+/// buffer of a megabyte or more is aligned to a huge page (2 MiB) and, on
+/// Linux, asks for transparent huge pages before its memory is first
+/// touched, where the system allows them
+/// (`/sys/kernel/mm/transparent_hugepage/enabled` set to `madvise` or
+/// `always`; otherwise, or elsewhere, the pages are ordinary ones).
+pub struct Lines {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: `Lines` owns its allocation like a `Vec<u8>`.
+unsafe impl Send for Lines {}
+// SAFETY: shared access only reads.
+unsafe impl Sync for Lines {}
+
+impl Lines {
+    /// At least `bytes` zeroed bytes.
+    pub fn zeroed(bytes: usize) -> Self {
+        let align = if bytes >= HUGE_PAGE / 2 { HUGE_PAGE } else { 64 };
+        let layout = std::alloc::Layout::from_size_align(bytes.max(64).next_multiple_of(64), align)
+            .expect("a matrix's size fits a layout");
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc(layout) };
+        let Some(ptr) = std::ptr::NonNull::new(raw) else { std::alloc::handle_alloc_error(layout) };
+        #[cfg(target_os = "linux")]
+        if align == HUGE_PAGE {
+            // SAFETY: the range is this allocation; the advice changes how it
+            // is backed, never its contents. A refusal is harmless.
+            unsafe { libc::madvise(raw as *mut libc::c_void, layout.size(), libc::MADV_HUGEPAGE) };
+        }
+        // SAFETY: `raw` holds `layout.size()` writable bytes.
+        unsafe { std::ptr::write_bytes(raw, 0, layout.size()) };
+        Lines { ptr, layout }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: the allocation holds `layout.size()` initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as `bytes`, and `&mut self` is unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for Lines {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
 /// A `rows × cols` weight matrix (rows = output features), 64-byte aligned:
 /// row-major in its stored type, or repacked into integer panels.
 pub struct Matrix {
@@ -49,7 +105,7 @@ pub struct Matrix {
     dtype: DType,
     row_bytes: usize,
     products: Products,
-    lines: Vec<CacheLine>,
+    lines: Lines,
     len: usize,
 }
 
@@ -88,9 +144,8 @@ impl Matrix {
             Products::F32 => expected,
             Products::Int8 => int8::packed_len(dtype, rows, cols),
         };
-        let mut lines = vec![CacheLine([0; 64]); len.div_ceil(64)];
-        // SAFETY: `lines` owns at least `len` bytes; CacheLine is plain bytes.
-        let dst = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, len) };
+        let mut lines = Lines::zeroed(len);
+        let dst = &mut lines.bytes_mut()[..len];
         match products {
             Products::F32 => dst.copy_from_slice(bytes),
             Products::Int8 => int8::pack(dtype, rows, cols, bytes, dst),
@@ -157,8 +212,7 @@ impl Matrix {
     }
 
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `lines` holds at least `len` initialised bytes.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const u8, self.len) }
+        &self.lines.bytes()[..self.len]
     }
 
     /// Dequantizes row `r` into `out` (embedding lookup).

@@ -781,7 +781,7 @@ fn int8_tile_dispatch(
 ) {
     let (q, d, s, h, cols) = x.parts();
     let blocks = cols / crate::quant::QK;
-    assert!(panel.len() >= blocks * int8::block_bytes(dtype), "int8 panel too short");
+    assert!(panel.len() >= int8::panel_bytes(dtype, cols), "int8 panel too short");
     assert!(nt <= TILE_TOKENS && (t0 + nt) * cols <= q.len() && (t0 + nt) * blocks <= d.len().min(s.len()));
     // only Q6_K reads the half sums (and only for it are they computed)
     assert!(dtype != DType::Q6_K || 2 * (t0 + nt) * blocks <= h.len(), "Q6_K needs the activations' half sums");
@@ -872,28 +872,37 @@ unsafe fn int8_nt<const KIND: u8>(p: Int8Args, nt: usize, out: &mut [[f32; PANEL
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS]) {
     let dtype = kind_dtype(KIND);
-    let (bb, hb, planes) = (int8::block_bytes(dtype), int8::header_bytes(dtype), int8::planes(dtype));
+    let (hb, planes) = (int8::header_bytes(dtype), int8::planes(dtype));
     let split = KIND == K6;
     let low = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); NT];
+    let k_quant = matches!(KIND, K4 | K5 | K6);
+    let (mut d, mut neg_dmin) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     for b in 0..p.blocks {
-        let blk = p.panel.add(b * bb);
-        let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
-        let f16_at = |at: usize| _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(at) as *const __m256i));
+        // the block, and the header holding its f16 `d` (a K-quant's
+        // super-block header, converted once per 8 blocks)
+        let (at, dh) = int8::block_at(dtype, b);
+        let (blk, dh) = (p.panel.add(at), p.panel.add(dh));
+        let f16_at = |at: usize| _mm512_cvtph_ps(_mm256_loadu_si256(dh.add(at) as *const __m256i));
+        if !k_quant || b % 8 == 0 {
+            d = f16_at(0);
+            if matches!(KIND, K4 | K5) {
+                let sign = _mm512_set1_epi32(i32::MIN);
+                let dmin = _mm512_castps_si512(f16_at(int8::MIN_OFFSET));
+                neg_dmin = _mm512_castsi512_ps(_mm512_xor_si512(dmin, sign));
+            }
+        }
         let bytes_at = |at: usize| _mm_loadu_si128(blk.add(at) as *const __m128i);
         let (d, m) = match KIND {
             K4 | K5 => {
                 // d·sc and −dmin·m, as `int8::scale_min`
                 let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes_at(int8::K_SCALE_OFFSET)));
                 let mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes_at(int8::K_MIN_OFFSET)));
-                let sign = _mm512_set1_epi32(i32::MIN);
-                let dmin = _mm512_castps_si512(f16_at(int8::MIN_OFFSET));
-                let neg_dmin = _mm512_castsi512_ps(_mm512_xor_si512(dmin, sign));
                 (_mm512_mul_ps(d, sc), _mm512_mul_ps(neg_dmin, mn))
             }
             K6 => {
-                let s0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(int8::MIN_OFFSET)));
-                let s1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(int8::MIN_OFFSET + PANEL_ROWS)));
+                let s0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(int8::K_SCALE_OFFSET)));
+                let s1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(int8::K_MIN_OFFSET)));
                 (_mm512_mul_ps(d, s0), _mm512_mul_ps(d, s1))
             }
             Q41 | Q51 => (d, f16_at(int8::MIN_OFFSET)),
@@ -902,8 +911,12 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f3
             _ => (d, _mm512_mul_ps(d, _mm512_set1_ps(-128.0))),
         };
         let quants = blk.add(hb);
-        let mut isum = [_mm512_setzero_si512(); NT];
-        let mut isum_hi = [_mm512_setzero_si512(); NT];
+        // Integer sums in independent chains: a decode step (one or two
+        // tokens) would otherwise wait on `vpdpbusd`'s latency once per
+        // 64 bytes of weights. Exact integers: the order does not matter.
+        let chains = if NT <= 2 { 2 } else { 1 };
+        let mut lo_sums = [[_mm512_setzero_si512(); NT]; 2];
+        let mut hi_sums = [[_mm512_setzero_si512(); NT]; 2];
         let xat = |t: usize, k: usize| -> __m512i {
             let at = p.q.add((p.t0 + t) * p.cols + b * 32 + k) as *const i32;
             _mm512_set1_epi32(at.read_unaligned())
@@ -911,7 +924,8 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f3
         if KIND == Q8 {
             for j in 0..8 {
                 let w = _mm512_loadu_si512(quants.add(64 * j) as *const __m512i);
-                for (t, s) in isum.iter_mut().enumerate() {
+                let c = j % chains;
+                for (t, s) in lo_sums[c].iter_mut().enumerate() {
                     *s = _mm512_dpbusd_epi32(*s, w, xat(t, 4 * j));
                 }
             }
@@ -929,11 +943,20 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f3
                     lo = _mm512_mask_add_epi8(lo, mask(plane, j), lo, bit);
                     hi = _mm512_mask_add_epi8(hi, mask(plane, 4 + j), hi, bit);
                 }
+                let c = j % chains;
                 for t in 0..NT {
-                    isum[t] = _mm512_dpbusd_epi32(isum[t], lo, xat(t, 4 * j));
-                    let s = if split { &mut isum_hi[t] } else { &mut isum[t] };
-                    *s = _mm512_dpbusd_epi32(*s, hi, xat(t, 16 + 4 * j));
+                    lo_sums[c][t] = _mm512_dpbusd_epi32(lo_sums[c][t], lo, xat(t, 4 * j));
+                    hi_sums[c][t] = _mm512_dpbusd_epi32(hi_sums[c][t], hi, xat(t, 16 + 4 * j));
                 }
+            }
+        }
+        let mut isum = [_mm512_setzero_si512(); NT];
+        let mut isum_hi = [_mm512_setzero_si512(); NT];
+        for t in 0..NT {
+            isum[t] = _mm512_add_epi32(lo_sums[0][t], lo_sums[1][t]);
+            isum_hi[t] = _mm512_add_epi32(hi_sums[0][t], hi_sums[1][t]);
+            if !split {
+                isum[t] = _mm512_add_epi32(isum[t], isum_hi[t]);
             }
         }
         for (t, a) in acc.iter_mut().enumerate() {
