@@ -3,7 +3,8 @@
 use crate::common::{CliResult, ModelArgs};
 use kvslim_cache::PolicySpec;
 use kvslim_engine::bench::{
-    measure_read_bandwidth, run as run_bench, step_time, BenchOptions, BenchReport, StepTimePoint,
+    measure_read_bandwidth, run as run_bench, step_time, verify_time, BenchOptions, BenchReport, StepTimePoint,
+    VerifyPoint,
 };
 use kvslim_kernels::DType;
 use std::path::PathBuf;
@@ -37,6 +38,13 @@ pub struct Args {
     /// --policy: the crossover where eviction pays.
     #[arg(long, value_delimiter = ',')]
     context_sweep: Option<Vec<usize>>,
+    /// Instead of throughput, time a speculative verification pass over
+    /// chunks of these many tokens (e.g. 1,2,4,8: one target pass checking
+    /// chunk − 1 drafts) against one decode step, at --prompt-len tokens of
+    /// context, for the first --policy: the price of a pass that
+    /// speculative decoding divides by the tokens it accepts.
+    #[arg(long, value_delimiter = ',')]
+    verify_chunks: Option<Vec<usize>>,
     /// Decode steps timed per sweep point.
     #[arg(long, default_value_t = 16)]
     sweep_steps: usize,
@@ -80,6 +88,9 @@ pub fn run(a: Args) -> CliResult {
     };
     if let Some(contexts) = &a.context_sweep {
         return sweep(&model, &name, &a, contexts, &counts);
+    }
+    if let Some(chunks) = &a.verify_chunks {
+        return verify_sweep(&model, &name, &a, chunks, &counts);
     }
     let opts = BenchOptions {
         prompt_len: a.prompt_len,
@@ -158,6 +169,42 @@ fn sweep(model: &kvslim_models::Model, name: &str, a: &Args, contexts: &[usize],
             r.slots,
             r.step_ms_median,
             r.kv_bytes_allocated as f64 / 1048576.0
+        );
+    }
+    Ok(())
+}
+
+/// `--verify-chunks`: verification pass time per chunk size against one
+/// decode step.
+fn verify_sweep(model: &kvslim_models::Model, name: &str, a: &Args, chunks: &[usize], counts: &[usize]) -> CliResult {
+    if chunks.contains(&0) {
+        return Err("--verify-chunks: chunk sizes must be ≥ 1".into());
+    }
+    let policy = a.policies.first().cloned().unwrap_or_else(PolicySpec::full);
+    let mut rows: Vec<VerifyPoint> = Vec::new();
+    for &t in counts {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(t.max(1)).build()?;
+        let points = pool.install(|| verify_time(model, name, &policy, a.prompt_len, chunks, a.repeats.max(3)))?;
+        eprintln!("measured {t} thread(s)");
+        rows.extend(points);
+    }
+    if emit_json(&rows, a)? {
+        return Ok(());
+    }
+    println!("| model | policy | threads | context | chunk | pass ms | decode step ms | pass / step | ms per token |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            r.model,
+            r.policy,
+            r.threads,
+            r.context,
+            r.chunk,
+            r.pass_ms_median,
+            r.step_ms_median,
+            r.ratio,
+            r.pass_ms_median / r.chunk as f64
         );
     }
     Ok(())

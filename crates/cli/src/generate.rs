@@ -3,8 +3,8 @@
 use crate::common::{require_tokenizer, CliResult, ModelArgs, SamplingArgs};
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{
-    beam_search, generate, speculative_generate, BeamOptions, Drafter, GenerateOptions, ModelDrafter, NgramDrafter,
-    Verification,
+    beam_search, generate, speculative_generate, BeamOptions, DraftLength, Drafter, GenerateOptions, ModelDrafter,
+    NgramDrafter, Verification,
 };
 use kvslim_models::tokenizer::StreamDecoder;
 use std::io::Write;
@@ -14,8 +14,12 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// The prompt text.
-    #[arg(long, short = 'p')]
-    prompt: String,
+    #[arg(long, short = 'p', required_unless_present = "prompt_file", conflicts_with = "prompt_file")]
+    prompt: Option<String>,
+    /// Read the prompt from this file (kept byte for byte: a trailing
+    /// newline is part of the prompt), e.g. a chat-formatted prompt.
+    #[arg(long)]
+    prompt_file: Option<std::path::PathBuf>,
     /// Maximum number of new tokens.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
@@ -43,18 +47,48 @@ pub struct Args {
     /// the verification GEMM, which can flip a near tie).
     #[arg(long, value_parser = ["ngram", "self"])]
     speculative: Option<String>,
-    /// With --speculative: verify drafts with one GEMM per matrix over the
-    /// chunk instead of one decode step's arithmetic per token; with f32
-    /// products logits then differ from plain decoding by rounding, which
-    /// can flip a near tie. (With the default integer products of quantized
-    /// weights both are the same arithmetic: a product over
-    /// several tokens equals single-token products bit for bit.)
-    #[arg(long)]
+    /// With --speculative: always verify drafts with one GEMM per matrix
+    /// over the chunk (weights read once per pass). By default this happens
+    /// only where it is a decode step's arithmetic (every matrix with the
+    /// integer products of quantized weights); with f32 products logits
+    /// differ from plain decoding by rounding, which can flip a near tie.
+    #[arg(long, conflicts_with = "exact_verify")]
     fast_verify: bool,
-    /// Draft tokens verified per target pass (with --speculative). 2 was
-    /// the fastest on the README's counting prompt (SmolLM2, 2 threads).
-    #[arg(long, default_value_t = 2)]
-    draft_len: usize,
+    /// With --speculative: always verify token by token (one decode step's
+    /// arithmetic each; weights read once per token).
+    #[arg(long)]
+    exact_verify: bool,
+    /// Draft tokens per target pass (with --speculative): `auto` (the
+    /// default) adapts to the acceptance, between 1 and 8 (`auto:M` up to
+    /// M), backing off to plain decoding where drafts keep failing; a number
+    /// drafts that many every time.
+    #[arg(long, default_value = "auto", value_parser = parse_draft_len)]
+    draft_len: DraftLength,
+}
+
+fn parse_draft_len(s: &str) -> Result<DraftLength, String> {
+    let positive = |v: &str| match v.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{v}` is not a draft length ≥ 1")),
+    };
+    match s.strip_prefix("auto") {
+        Some("") => Ok(DraftLength::default()),
+        Some(rest) => match rest.strip_prefix(':') {
+            Some(m) => positive(m).map(|max| DraftLength::Adaptive { max }),
+            None => Err(format!("`{s}` is not `auto`, `auto:M` or a number")),
+        },
+        None => positive(s).map(DraftLength::Fixed),
+    }
+}
+
+fn verification(a: &Args) -> Verification {
+    if a.fast_verify {
+        Verification::Fast
+    } else if a.exact_verify {
+        Verification::Exact
+    } else {
+        Verification::Auto
+    }
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -67,11 +101,16 @@ pub fn run(a: Args) -> CliResult {
     if a.speculative.is_some() && a.beams > 1 {
         return Err("--speculative and --beams do not combine".into());
     }
+    let prompt_text = match (&a.prompt, &a.prompt_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?,
+        (None, None) => unreachable!("clap requires one of --prompt, --prompt-file"),
+    };
     let loaded = a.model.load()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
-    let prompt = tok.encode(&a.prompt)?;
+    let prompt = tok.encode(&prompt_text)?;
     if a.beams > 1 {
-        return run_beams(&a, &loaded.model, tok, &prompt);
+        return run_beams(&a, &loaded.model, tok, (&prompt_text, &prompt));
     }
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
@@ -82,13 +121,10 @@ pub fn run(a: Args) -> CliResult {
     if a.speculative.is_some() && a.sampling.temperature != 0.0 {
         return Err("--speculative is greedy only: drop --temperature".into());
     }
-    if a.speculative.is_some() && a.draft_len == 0 {
-        return Err("--draft-len must be at least 1".into());
-    }
     let mut stream = StreamDecoder::new();
     let mut out = std::io::stdout().lock();
     if !a.json {
-        write!(out, "{}", a.prompt)?;
+        write!(out, "{prompt_text}")?;
         out.flush()?;
     }
     let mut on_token = |id| {
@@ -112,7 +148,7 @@ pub fn run(a: Args) -> CliResult {
                 &opts,
                 drafter,
                 a.draft_len,
-                if a.fast_verify { Verification::Fast } else { Verification::Exact },
+                verification(&a),
                 &mut on_token,
             )?;
             (g, Some(st))
@@ -135,8 +171,14 @@ pub fn run(a: Args) -> CliResult {
             "kv_metadata_bytes": g.kv_bytes.metadata,
             "speculative": spec_stats.map(|st| serde_json::json!({
                 "drafter": a.speculative,
-                "draft_len": a.draft_len,
-                "verification": if a.fast_verify { "fast" } else { "exact" },
+                "draft_len": match a.draft_len {
+                    DraftLength::Fixed(k) => k.to_string(),
+                    DraftLength::Adaptive { max } => format!("auto:{max}"),
+                },
+                "verification": match verification(&a).resolve(&loaded.model) {
+                    Verification::Fast => "fast",
+                    _ => "exact",
+                },
                 "target_passes": st.target_passes,
                 "drafted": st.drafted,
                 "accepted": st.accepted,
@@ -174,7 +216,7 @@ fn run_beams(
     a: &Args,
     model: &kvslim_models::Model,
     tok: &kvslim_models::tokenizer::Tokenizer,
-    prompt: &[u32],
+    (prompt_text, prompt): (&str, &[u32]),
 ) -> CliResult {
     let opts = BeamOptions {
         beams: a.beams,
@@ -217,7 +259,7 @@ fn run_beams(
         });
         writeln!(out, "{v}")?;
     } else {
-        writeln!(out, "{}{text}", a.prompt)?;
+        writeln!(out, "{prompt_text}{text}")?;
         eprintln!(
             "[{} prompt + {} generated tokens, {} beams, logprob {:.3}, score {:.3}, {:.2} s, policy {}]",
             prompt.len(),

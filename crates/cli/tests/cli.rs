@@ -299,3 +299,57 @@ fn eval_shard_flag_errors_are_clear() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("shard.json"));
 }
+
+/// `lcc:FILE` end to end: every item's first generated line is scored by
+/// exact match (0 or 1) and edit similarity (in [0, 1]), per item and on
+/// average, for each policy; `max_context` leaves long items out and
+/// `limit` counts what remains.
+#[test]
+fn eval_lcc_scores_the_first_line() {
+    let dir = std::env::temp_dir().join(format!("kvslim-lcc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let items = dir.join("items.jsonl");
+    let long = "Once upon a time there was a little girl. ".repeat(20);
+    let lines = [
+        serde_json::json!({"context": "Once upon a time, there was a little girl named Lily.\n", "answer": "She liked to play."}),
+        serde_json::json!({"context": long, "answer": "x"}),
+        serde_json::json!({"context": "Tom had a red ball.\n", "answer": "Tom had a red ball."}),
+        serde_json::json!({"context": "The cat sat on the mat.\n", "answer": "The dog ran."}),
+    ];
+    std::fs::write(&items, lines.iter().map(|l| l.to_string() + "\n").collect::<String>()).unwrap();
+    let out = dir.join("out");
+    let spec = format!("lcc:{},max_context=64,limit=2", items.display());
+    let o = kvslim(&[
+        "eval",
+        "--model",
+        &stories(),
+        "--tokenizer",
+        &shared().join("models/stories260K/tok512.bin").display().to_string(),
+        "--tasks",
+        &spec,
+        "--policies",
+        "full;h2o",
+        "--budgets",
+        "50%",
+        "--out",
+        &out.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(out.join("results.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 2, "full and h2o 50%");
+    for r in &rows {
+        assert_eq!(r["items"], 2, "the long item is left out, the limit counts the rest: {r}");
+        let exact: Vec<f64> = r["per_item"]["exact"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        let sim: Vec<f64> = r["per_item"]["edit_sim"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        assert_eq!((exact.len(), sim.len()), (2, 2));
+        assert!(exact.iter().all(|&e| e == 0.0 || e == 1.0));
+        assert!(sim.iter().all(|&s| (0.0..=1.0).contains(&s)));
+        assert!(exact.iter().zip(&sim).all(|(&e, &s)| e == 0.0 || s == 1.0), "an exact match has similarity 1");
+        let mean = sim.iter().sum::<f64>() / 2.0;
+        assert!((r["metrics"]["edit_sim"].as_f64().unwrap() - mean).abs() < 1e-12);
+    }
+    let bad = kvslim(&["eval", "--model", &stories(), "--tasks", &format!("lcc:{},depth=3", items.display())]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("max_context"), "{}", String::from_utf8_lossy(&bad.stderr));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -202,6 +202,80 @@ pub fn step_time(
     })
 }
 
+/// One point of the verification-cost sweep: a pass over `chunk` tokens
+/// (speculative decoding verifying `chunk − 1` drafts, every matrix
+/// product one GEMM over the chunk) against one decode step at the same
+/// context. Speculative decoding pays as much as `ratio` stays near 1.
+#[derive(Clone, Debug, Serialize)]
+pub struct VerifyPoint {
+    pub model: String,
+    pub policy: String,
+    pub threads: usize,
+    pub context: usize,
+    pub chunk: usize,
+    pub pass_ms_median: f64,
+    pub step_ms_median: f64,
+    /// pass / step.
+    pub ratio: f64,
+}
+
+/// Times [`Model::forward_verify`] over chunks of `chunks` tokens and one
+/// decode step, each `repeats` times from the same cache (filled with
+/// random K/V for `context` tokens, as [`step_time`] does) and reports the
+/// medians.
+pub fn verify_time(
+    model: &Model,
+    name: &str,
+    policy: &PolicySpec,
+    context: usize,
+    chunks: &[usize],
+    repeats: usize,
+) -> Result<Vec<VerifyPoint>> {
+    let longest = chunks.iter().copied().max().unwrap_or(1);
+    let mut s = Session::new(model, policy, context + longest + 1, context + longest + 1)?;
+    let mut rng = Rng::new(context as u64);
+    s.cache.fill_for_timing(context, |k, v| {
+        k.iter_mut().chain(v.iter_mut()).for_each(|x| *x = rng.next_f32() - 0.5);
+    });
+    let vocab = model.config.vocab_size as u64;
+    let tokens: Vec<u32> = (0..longest).map(|_| (rng.next_u64() % vocab) as u32).collect();
+    let filled = s.cache.clone();
+    let mut time = |n: usize| -> Result<f64> {
+        let mut times = Vec::with_capacity(repeats);
+        for _ in 0..repeats.max(1) {
+            // cut back where nothing was evicted (no copy that would evict
+            // the CPU caches before the timed pass), else start from a copy
+            if s.cache.truncate(context).is_err() {
+                s.cache.clone_from(&filled);
+            }
+            let t = Instant::now();
+            if n == 1 {
+                model.forward(&tokens[..1], &mut s.cache, &mut s.scratch, Logits::Last)?;
+            } else {
+                model.forward_verify(&tokens[..n], &mut s.cache, &mut s.scratch)?;
+            }
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok(median(times))
+    };
+    let step = time(1)?;
+    let mut out = Vec::with_capacity(chunks.len());
+    for &chunk in chunks {
+        let pass = if chunk == 1 { step } else { time(chunk)? };
+        out.push(VerifyPoint {
+            model: name.to_string(),
+            policy: policy.to_string(),
+            threads: rayon::current_num_threads(),
+            context,
+            chunk,
+            pass_ms_median: pass,
+            step_ms_median: step,
+            ratio: pass / step,
+        });
+    }
+    Ok(out)
+}
+
 /// One policy's memory footprint over a real generation, and how many such
 /// sequences fit a KV memory budget.
 #[derive(Clone, Debug, Serialize)]

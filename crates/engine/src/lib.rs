@@ -30,7 +30,7 @@ pub use perplexity::{perplexity, FullComparison, PerplexityOptions, PerplexityRe
 pub use sampling::{Sampler, SamplingParams};
 pub use session::Session;
 pub use speculative::{
-    speculative_generate, speculative_run, Drafter, ModelDrafter, NgramDrafter, SpecStats, Verification,
+    speculative_generate, speculative_run, DraftLength, Drafter, ModelDrafter, NgramDrafter, SpecStats, Verification,
 };
 
 /// Errors of the engine: model errors plus request validation.

@@ -1,27 +1,28 @@
 //! Greedy speculative decoding: a [`Drafter`] proposes up to `k` tokens,
 //! the target verifies them in one chunk, and the longest agreeing prefix
-//! plus the target's own next token is committed.
+//! plus the target's own next token is committed. `k` is fixed or adapts
+//! to the acceptance so far ([`DraftLength`]).
 //!
-//! # Verification: exact (default) or batched
+//! # Verification: batched where exact, else token by token
 //!
 //! [`Verification::Fast`] runs [`Model::forward_verify`]: per layer each
 //! token's RoPE, attention, score update and eviction in order, exactly the
 //! rules of a decode step, but every matrix product is one GEMM over the
-//! chunk, as prefill does (a weight panel is dequantized once for all
-//! tokens). Its logits differ from one decode step per token by rounding
-//! (about 1e-6), so the greedy output can in principle differ from plain
-//! greedy decoding at a near tie; the acceptance test measures how often.
-//! On the project's 2-core machine with SmolLM2-135M it does not pay: a
-//! decode step is compute-bound there, and dequantizing a weight row once
-//! for five tokens saves less than the f32 dots cost (README, Speculative
-//! decoding), so it is opt-in.
+//! chunk, as prefill does, so the weights are read once per pass. With
+//! integer products of quantized weights (`kvslim_kernels::int8`) a product
+//! over several tokens equals single-token products bit for bit, and the
+//! pass is a decode step's arithmetic; with f32 products its logits differ
+//! from one decode step per token by rounding (about 1e-6), so the greedy
+//! output can in principle differ from plain greedy decoding at a near tie.
 //!
-//! [`Verification::Exact`] (the default) runs [`Model::forward_sequential`], which
-//! reproduces one decode step per token bit for bit: with greedy sampling
-//! the output equals plain greedy [`generate`](crate::generate()) under the
-//! same policy whatever the drafter proposes, and the committed cache state
-//! (kept slots, positions, scores, `next_pos`) is bit-identical to plain
-//! decoding's.
+//! [`Verification::Exact`] runs [`Model::forward_sequential`], which
+//! reproduces one decode step per token bit for bit (and reads the weights
+//! once per token). [`Verification::Auto`], the default, is `Fast` where
+//! every matrix has integer products and `Exact` elsewhere: with greedy
+//! sampling the output equals plain greedy [`generate`](crate::generate())
+//! under the same policy whatever the drafter proposes, and the committed
+//! cache state (kept slots, positions, scores, `next_pos`) is bit-identical
+//! to plain decoding's.
 //!
 //! # Rollback
 //!
@@ -48,6 +49,7 @@ use crate::sampling::Sampler;
 use crate::session::Session;
 use crate::{EngineError, Result};
 use kvslim_cache::{PolicySpec, SequenceCache};
+use kvslim_kernels::Products;
 use kvslim_models::{Logits, Model};
 use std::time::Instant;
 
@@ -145,16 +147,109 @@ pub enum Verification {
     Fast,
     /// One decode step's arithmetic per token ([`Model::forward_sequential`]):
     /// output and cache bit-identical to plain greedy decoding.
-    #[default]
     Exact,
+    /// `Fast` where it is the same arithmetic as a decode step — every
+    /// matrix with integer products ([`Products::Int8`]: a product over
+    /// several tokens equals single-token products bit for bit), so the
+    /// weights are read once per pass and the output is still plain greedy
+    /// decoding's — else `Exact`.
+    #[default]
+    Auto,
 }
 
 impl Verification {
+    /// What `Auto` means for `model`; the others are themselves.
+    pub fn resolve(self, model: &Model) -> Verification {
+        match self {
+            Verification::Auto if model.weights.matrices().iter().all(|m| m.products() == Products::Int8) => {
+                Verification::Fast
+            }
+            Verification::Auto => Verification::Exact,
+            v => v,
+        }
+    }
+
     fn run(self, model: &Model, chunk: &[u32], session: &mut Session<'_>) -> kvslim_models::Result<()> {
         match self {
             Verification::Fast => model.forward_verify(chunk, &mut session.cache, &mut session.scratch),
-            Verification::Exact => model.forward_sequential(chunk, &mut session.cache, &mut session.scratch),
+            Verification::Exact | Verification::Auto => {
+                model.forward_sequential(chunk, &mut session.cache, &mut session.scratch)
+            }
         }
+    }
+}
+
+/// How many tokens to draft for each target pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DraftLength {
+    /// Always up to this many.
+    Fixed(usize),
+    /// Adapted to the acceptance so far, between 1 and `max`: after a pass
+    /// that accepts every draft the next draft is one longer, after a
+    /// partial acceptance it is one longer than what was accepted, after a
+    /// pass that accepts nothing it halves; from 1, a rejection backs off
+    /// to [`BACK_OFF_STEPS`] plain decode steps before drafting again, so a
+    /// text that does not copy its context costs little more than plain
+    /// decoding.
+    Adaptive { max: usize },
+}
+
+impl From<usize> for DraftLength {
+    fn from(k: usize) -> Self {
+        DraftLength::Fixed(k)
+    }
+}
+
+impl Default for DraftLength {
+    fn default() -> Self {
+        DraftLength::Adaptive { max: 8 }
+    }
+}
+
+/// Plain decode steps after a single draft is rejected (adaptive drafting).
+pub const BACK_OFF_STEPS: usize = 8;
+
+/// The draft length of the next pass, and the rules that change it.
+struct DraftControl {
+    rule: DraftLength,
+    k: usize,
+    /// Plain steps left before drafting again.
+    pause: usize,
+}
+
+impl DraftControl {
+    fn new(rule: DraftLength) -> Self {
+        let k = match rule {
+            DraftLength::Fixed(k) => k,
+            DraftLength::Adaptive { max } => (max / 2).max(1),
+        };
+        DraftControl { rule, k, pause: 0 }
+    }
+
+    /// Tokens to draft now (0: a plain decode step).
+    fn next(&mut self) -> usize {
+        if self.pause > 0 {
+            self.pause -= 1;
+            return 0;
+        }
+        self.k
+    }
+
+    fn update(&mut self, drafted: usize, accepted: usize) {
+        let DraftLength::Adaptive { max } = self.rule else { return };
+        if drafted == 0 {
+            return;
+        }
+        self.k = if accepted == drafted {
+            (self.k + 1).min(max)
+        } else if accepted > 0 {
+            (accepted + 1).min(max)
+        } else if self.k == 1 {
+            self.pause = BACK_OFF_STEPS;
+            1
+        } else {
+            self.k / 2
+        };
     }
 }
 
@@ -187,14 +282,15 @@ pub struct SpecOutcome {
     pub cache: SequenceCache,
 }
 
-/// Greedy speculative generation with drafts of up to `k` tokens; returns
-/// the same tokens as greedy [`generate`](crate::generate()) (see the module docs).
+/// Greedy speculative generation with drafts of `k` tokens (fixed or
+/// adapted); returns the same tokens as greedy
+/// [`generate`](crate::generate()) (see the module docs).
 pub fn speculative_generate(
     model: &Model,
     prompt: &[u32],
     opts: &GenerateOptions,
     draft: &mut dyn Drafter,
-    k: usize,
+    k: impl Into<DraftLength>,
     verification: Verification,
     on_token: impl FnMut(u32) -> bool,
 ) -> Result<(Generation, SpecStats)> {
@@ -208,10 +304,12 @@ pub fn speculative_run(
     prompt: &[u32],
     opts: &GenerateOptions,
     draft: &mut dyn Drafter,
-    k: usize,
+    k: impl Into<DraftLength>,
     verification: Verification,
     mut on_token: impl FnMut(u32) -> bool,
 ) -> Result<SpecOutcome> {
+    let mut control = DraftControl::new(k.into());
+    let verification = verification.resolve(model);
     opts.sampling.validate().map_err(EngineError::Request)?;
     if opts.sampling.temperature != 0.0 {
         return Err(EngineError::Request("speculative decoding is greedy only: drop --temperature".into()));
@@ -242,7 +340,7 @@ pub fn speculative_run(
             break;
         }
         // drafts never run past the last token that will be output
-        let room = (max_new - out.len() - 1).min(k);
+        let room = (max_new - out.len() - 1).min(control.next());
         let mut drafts = if room > 0 { draft.draft(&context, room)? } else { Vec::new() };
         drafts.truncate(room);
         drafts.retain(|&t| (t as usize) < vocab);
@@ -272,6 +370,7 @@ pub fn speculative_run(
             target = sampler.sample(&logits[accepted * vocab..(accepted + 1) * vocab]);
         }
         stats.accepted += accepted;
+        control.update(drafts.len(), accepted);
         if accepted < drafts.len() {
             let keep = &chunk[..accepted + 1];
             match rollback {

@@ -2,7 +2,7 @@
 //! policy, bit-exact verification, and no trace of rejected drafts.
 
 use kvslim_cache::{PolicySpec, SequenceCache};
-use kvslim_engine::speculative::{speculative_run, Drafter, ModelDrafter, NgramDrafter, Verification};
+use kvslim_engine::speculative::{speculative_run, DraftLength, Drafter, ModelDrafter, NgramDrafter, Verification};
 use kvslim_engine::{generate, GenerateOptions, SamplingParams, Session};
 use kvslim_models::{load_model, Logits, Model, Scratch};
 mod common;
@@ -381,8 +381,67 @@ fn randomized_search_finds_no_divergence_under_any_policy() {
                 runs += 1;
                 partial += usize::from(r.stats.accepted > 0 && r.stats.accepted < r.stats.drafted);
             }
+            // the adaptive draft length (backing off to plain steps) too
+            let mut d = PerturbedOracle {
+                prompt_len: prompt.len(),
+                truth: plain.token_ids.clone(),
+                vocab,
+                rng: Stream(rng.next()),
+            };
+            let adaptive = DraftLength::Adaptive { max: 6 };
+            let r = speculative_run(m, prompt, &o, &mut d, adaptive, Verification::Auto, |_| true).unwrap();
+            let what = format!("{spec} prompt {pi} adaptive");
+            assert_eq!(r.generation.token_ids, plain.token_ids, "{what}");
+            assert_same_cache(&s.cache, &r.cache, &what);
         }
     }
     assert_eq!(runs, specs.len() * prompts.len() * 6);
     assert!(partial * 2 > runs, "most runs should accept some drafts and reject others ({partial} of {runs})");
+}
+
+/// On a quantized model whose matrices all take integer products, the
+/// default verification (`Auto`) is the batched one, and it is a decode
+/// step's arithmetic: `forward_verify` gives `forward_sequential`'s logits
+/// and cache bit for bit, so speculative decoding reads the weights once
+/// per pass and still equals plain greedy decoding (under full and H2O,
+/// drafts accepted in part). Where the CPU has no integer path, `Auto` is
+/// the token-by-token verification.
+#[test]
+fn auto_verification_is_batched_and_exact_on_integer_products() {
+    let l = load_model(&shared().join("fixtures/gguf/qwen2/Q8_0.gguf")).unwrap();
+    let m = &l.model;
+    let int8 = m.weights.matrices().iter().all(|w| w.products() == kvslim_kernels::Products::Int8);
+    let resolved = Verification::Auto.resolve(m);
+    assert_eq!(resolved == Verification::Fast, int8, "Auto is Fast exactly when every product is integer");
+    let vocab = m.config.vocab_size;
+    let mut rng = Stream(11);
+    for spec in ["full", "h2o:heavy=6,recent=6", "h2o:heavy=20%,recent=20%,score=tova,agg=max"] {
+        let policy = PolicySpec::parse(spec).unwrap();
+        for trial in 0..4 {
+            let prompt: Vec<u32> = (0..(4 + rng.below(12))).map(|_| rng.below(vocab) as u32).collect();
+            let more: Vec<u32> = (0..6).map(|_| rng.below(vocab) as u32).collect();
+            if resolved == Verification::Fast {
+                let mut a = m.new_cache(&policy, 64, 64).unwrap();
+                let (mut sa, mut sb) = (Scratch::new(), Scratch::new());
+                m.forward(&prompt, &mut a, &mut sa, Logits::Last).unwrap();
+                let mut b = a.clone();
+                m.forward_sequential(&more, &mut a, &mut sa).unwrap();
+                m.forward_verify(&more, &mut b, &mut sb).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(sa.logits()), bits(sb.logits()), "{spec} trial {trial}: logits");
+                assert_same_cache(&a, &b, &format!("{spec} trial {trial}"));
+            }
+            let o = opts(spec, 24, Vec::new());
+            let plain = generate(m, &prompt, &o, |_| true).unwrap();
+            let mut d = PerturbedOracle {
+                prompt_len: prompt.len(),
+                truth: plain.token_ids.clone(),
+                vocab,
+                rng: Stream(rng.next()),
+            };
+            let r =
+                speculative_run(m, &prompt, &o, &mut d, DraftLength::default(), Verification::Auto, |_| true).unwrap();
+            assert_eq!(r.generation.token_ids, plain.token_ids, "{spec} trial {trial}");
+        }
+    }
 }

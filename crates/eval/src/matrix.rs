@@ -55,7 +55,7 @@ use crate::metrics::{first_divergence, identical_prefix_fraction, positional_agr
 use crate::results::{write_summaries, CellKey, PartialCell, ResultRow, ResultsLog, Resumed};
 use crate::score::{encode_item, predict, predict_norm, score_choices, Choice, McTally, ScoreMode, Scoring};
 use crate::shard::{config_fingerprint, Shard, ShardManifest};
-use crate::tasks::{answers_found, ruler_items, TaskData, TaskKind, TaskSpec};
+use crate::tasks::{answers_found, code, ruler_items, TaskData, TaskKind, TaskSpec};
 use crate::{EvalError, Result};
 use kvslim_engine::{generate, perplexity, GenerateOptions, PerplexityOptions, SamplingParams};
 use kvslim_models::{Model, Tokenizer};
@@ -141,6 +141,8 @@ enum Prepared {
         prompts: Vec<(Vec<u32>, usize)>,
         reference: Option<Vec<Vec<u32>>>,
     },
+    /// Context ids and the expected next line; max new tokens.
+    Lcc(Vec<(Vec<u32>, String)>, usize),
     /// Prompt ids, expected answers, target length, depth; max new tokens.
     Ruler(Vec<(Vec<u32>, Vec<String>, usize, f64)>, usize),
 }
@@ -151,6 +153,7 @@ impl Prepared {
             Prepared::Mc(v) => v.len(),
             Prepared::Ppl(v) => v.len(),
             Prepared::Gen { prompts, .. } => prompts.len(),
+            Prepared::Lcc(v, _) => v.len(),
             Prepared::Ruler(v, _) => v.len(),
         }
     }
@@ -188,6 +191,27 @@ fn prepare(model: &Model, tok: &Tokenizer, task: &TaskSpec) -> Result<Prepared> 
                 out.push((ids, p.max_tokens.unwrap_or(*max_tokens)));
             }
             Prepared::Gen { prompts: out, reference: None }
+        }
+        (TaskData::Lcc(items), TaskKind::Lcc { max_tokens, max_context, .. }) => {
+            let mut out = Vec::with_capacity(items.len());
+            for (i, it) in items.iter().enumerate() {
+                let ids = tok.encode(&it.context)?;
+                if max_context.is_some_and(|t| ids.len() > t) {
+                    continue;
+                }
+                if out.len() == limit {
+                    break;
+                }
+                if ids.len() + max_tokens > ctx {
+                    return Err(EvalError::Request(format!(
+                        "lcc item {} has {} context tokens; with {max_tokens} new ones they exceed the model's context of {ctx}",
+                        i + 1,
+                        ids.len()
+                    )));
+                }
+                out.push((ids, it.answer.clone()));
+            }
+            Prepared::Lcc(out, *max_tokens)
         }
         (TaskData::Ruler(cfg), TaskKind::Ruler { max_tokens, .. }) => {
             if let Some(&l) = cfg.lengths.iter().find(|&&l| l >= ctx) {
@@ -451,6 +475,36 @@ fn run_cell(
             m.insert("prefix_frac".into(), pre / k);
             m.insert("agree_frac".into(), agree / k);
             m.insert("identical".into(), same as f64 / k);
+        }
+        Prepared::Lcc(items, max_tokens) => {
+            let scored = par_blocks(
+                items.len(),
+                |i| {
+                    let (ids, answer) = &items[i];
+                    let mut so_far = Vec::new();
+                    let opts = greedy(policy.spec_for(ids.len())?, *max_tokens, tok);
+                    // stop once the first line is complete
+                    let g = generate(model, ids, &opts, |t| {
+                        so_far.push(t);
+                        !tok.decode(&so_far).is_ok_and(|s| code::first_line_done(&s))
+                    })?;
+                    let line = tok.decode(&g.token_ids)?;
+                    Ok((code::score_line(code::first_line(&line), answer), g.kv_bytes))
+                },
+                |d| report(d, total),
+            )?;
+            let (mut exact, mut sim) = (Vec::with_capacity(items.len()), Vec::with_capacity(items.len()));
+            for ((hit, s), b) in &scored {
+                kv = kv.max(b.kv);
+                meta = meta.max(b.metadata);
+                exact.push(f64::from(u8::from(*hit)));
+                sim.push(*s);
+            }
+            let n = items.len().max(1) as f64;
+            m.insert("exact".into(), exact.iter().sum::<f64>() / n);
+            m.insert("edit_sim".into(), sim.iter().sum::<f64>() / n);
+            row.per_item.insert("exact".into(), exact);
+            row.per_item.insert("edit_sim".into(), sim);
         }
         Prepared::Ruler(items, max_tokens) => {
             let found = par_blocks(

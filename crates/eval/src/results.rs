@@ -465,7 +465,7 @@ pub fn to_csv(rows: &[ResultRow]) -> String {
 
 /// Metrics that get a markdown table, in this order, when present.
 pub const HEADLINE_METRICS: &[&str] =
-    &["acc", "acc_norm", "ppl", "nll", "kl", "top1", "first_div", "prefix_frac", "agree_frac"];
+    &["acc", "acc_norm", "ppl", "nll", "kl", "top1", "exact", "edit_sim", "first_div", "prefix_frac", "agree_frac"];
 
 /// Budget columns: percentages from large to small, then slot counts from
 /// large to small, then anything else in first-appearance order. `-` (a

@@ -1,6 +1,6 @@
 //! The loaders on the real task files in `../shared/data`.
 
-use kvslim_eval::tasks::{load_hellaswag, load_mc_jsonl, load_ppl_text, TaskData, TaskSpec};
+use kvslim_eval::tasks::{load_code_items, load_hellaswag, load_mc_jsonl, load_ppl_text, TaskData, TaskSpec};
 
 mod common;
 
@@ -66,4 +66,13 @@ fn wikitext_crlf_is_normalised() {
     let t = load_ppl_text(&p).unwrap();
     assert!(!t.text.contains('\r'));
     assert!(t.text.starts_with(" = Robert Boulter = \n"));
+}
+
+/// The LCC-style code-completion items: 117, each a file prefix ending at a
+/// line boundary and a non-blank next line.
+#[test]
+fn code_completion_items_load() {
+    let items = load_code_items(&data("code_completion/stdlib_lcc.jsonl")).unwrap();
+    assert_eq!(items.len(), 117);
+    assert!(items.iter().all(|it| it.context.ends_with('\n') && !it.answer.trim().is_empty()));
 }

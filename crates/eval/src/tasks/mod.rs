@@ -5,6 +5,10 @@
 //! mc:FILE[,delim=TEXT]              {"query","choices","gold"} jsonl
 //! hellaswag:FILE                    llama.cpp's 6-line HellaSwag, plain or .bz2
 //! gen:FILE[,max_tokens=N]           prompts, one per line or jsonl {"prompt"} (default N = 128)
+//! lcc:FILE[,max_tokens=N][,max_context=T]
+//!                                   code completion: jsonl {"context","answer"}, the first
+//!                                   generated line scored (see [`code`]; default N = 64);
+//!                                   items with more than T context tokens are left out
 //! RULER[:lengths=A,B,..][,depths=X,Y,..][,per_cell=N][,seed=S][,max_tokens=N]
 //!                                   RULER: passkey, niah_single, niah_multikey,
 //!                                   niah_multivalue, vt, cwe (see [`ruler`])
@@ -18,10 +22,12 @@
 //! numbers (`lengths=256,512,depths=0,0.5,1`). In `delim=`, `\n`, `\t` and
 //! `\\` are escapes and `\s` is a space (`delim=\nAnswer:\s`).
 
+pub mod code;
 pub mod mc;
 pub mod ruler;
 pub mod text;
 
+pub use code::{load_code_items, CodeItem};
 pub use mc::{load_hellaswag, load_mc_jsonl, McItem};
 pub use ruler::{answers_found, ruler_items, RulerConfig, RulerItem, RulerTask};
 pub use text::{load_gen_prompts, load_ppl_text, token_windows, GenPrompt, PplText};
@@ -57,6 +63,7 @@ pub enum TaskKind {
     Mc { path: PathBuf, delimiter: Option<String> },
     HellaSwag { path: PathBuf },
     Gen { path: PathBuf, max_tokens: usize },
+    Lcc { path: PathBuf, max_tokens: usize, max_context: Option<usize> },
     Ruler { config: RulerConfig, max_tokens: usize },
 }
 
@@ -75,13 +82,16 @@ pub enum TaskData {
     Ppl(PplText),
     Mc(Vec<McItem>),
     Gen(Vec<GenPrompt>),
+    Lcc(Vec<CodeItem>),
     /// Items are made with the model's tokenizer ([`ruler_items`]).
     Ruler(RulerConfig),
 }
 
 pub const DEFAULT_SEQ_LEN: usize = 512;
 pub const DEFAULT_GEN_TOKENS: usize = 128;
-const KINDS: &str = "ppl, mc, hellaswag, gen, passkey, niah_single, niah_multikey, niah_multivalue, vt, cwe";
+/// Most tokens a code-completion item generates (its first line ends it).
+pub const DEFAULT_LCC_TOKENS: usize = 64;
+const KINDS: &str = "ppl, mc, hellaswag, gen, lcc, passkey, niah_single, niah_multikey, niah_multivalue, vt, cwe";
 
 /// Splits `k=v` options, folding bare values into the previous key's list.
 fn options<'a>(parts: impl Iterator<Item = &'a str>) -> std::result::Result<Vec<(&'a str, Vec<&'a str>)>, String> {
@@ -179,7 +189,7 @@ impl TaskSpec {
         let ruler_name = |k: &str| RulerTask::from_name(k.trim()).map(RulerTask::name);
         let head = spec.split([':', ',']).next().unwrap_or_default();
         let (kind, rest) = match spec.split_once(':') {
-            Some((k, r)) if ["ppl", "mc", "hellaswag", "gen"].contains(&k.trim()) => (k.trim(), r),
+            Some((k, r)) if ["ppl", "mc", "hellaswag", "gen", "lcc"].contains(&k.trim()) => (k.trim(), r),
             _ if ruler_name(head).is_some() => {
                 (ruler_name(head).unwrap_or_default(), spec[head.len()..].trim_start_matches([':', ',']))
             }
@@ -193,7 +203,7 @@ impl TaskSpec {
         }
         let kind = if kind.is_empty() {
             let p = path.unwrap_or_default();
-            if let Some(bad) = ["ppl", "mc", "hellaswag", "gen"].iter().find(|k| p == **k) {
+            if let Some(bad) = ["ppl", "mc", "hellaswag", "gen", "lcc"].iter().find(|k| p == **k) {
                 return Err(format!("`{bad}` needs a file: {bad}:FILE"));
             }
             if p.ends_with(".jsonl") {
@@ -215,8 +225,13 @@ impl TaskSpec {
         let path = PathBuf::from(path.unwrap_or_default());
         let mut seq_len = DEFAULT_SEQ_LEN;
         let mut delimiter = None;
+        let mut max_context = None;
         let ruler = RulerTask::from_name(kind);
-        let mut max_tokens = ruler.map_or(DEFAULT_GEN_TOKENS, RulerTask::default_max_tokens);
+        let mut max_tokens = match ruler {
+            Some(r) => r.default_max_tokens(),
+            None if kind == "lcc" => DEFAULT_LCC_TOKENS,
+            None => DEFAULT_GEN_TOKENS,
+        };
         let mut pk = RulerConfig::new(ruler.unwrap_or(RulerTask::Passkey));
         for (k, vals) in options(parts)? {
             match (kind, k) {
@@ -234,7 +249,14 @@ impl TaskSpec {
                     }
                 }
                 ("mc", "delim") => delimiter = Some(unescape(single(k, &vals)?)),
-                (_, "max_tokens") if kind == "gen" || ruler.is_some() => {
+                ("lcc", "max_context") => {
+                    let n: usize = number(k, &vals)?;
+                    if n == 0 {
+                        return Err("max_context must be ≥ 1".into());
+                    }
+                    max_context = Some(n);
+                }
+                (_, "max_tokens") if kind == "gen" || kind == "lcc" || ruler.is_some() => {
                     max_tokens = number(k, &vals)?;
                     if max_tokens == 0 {
                         return Err("max_tokens must be ≥ 1".into());
@@ -265,6 +287,7 @@ impl TaskSpec {
                         "mc" => "delim, limit",
                         "hellaswag" => "limit",
                         "gen" => "max_tokens, limit",
+                        "lcc" => "max_tokens, max_context, limit",
                         _ => "lengths, depths, per_cell, seed, max_tokens, limit",
                     };
                     return Err(format!("unknown option `{k}` for `{kind}` (allowed: {allowed})"));
@@ -276,6 +299,7 @@ impl TaskSpec {
             "mc" => TaskKind::Mc { path, delimiter },
             "hellaswag" => TaskKind::HellaSwag { path },
             "gen" => TaskKind::Gen { path, max_tokens },
+            "lcc" => TaskKind::Lcc { path, max_tokens, max_context },
             _ => TaskKind::Ruler { config: pk, max_tokens },
         };
         Ok(TaskSpec { kind, limit })
@@ -287,7 +311,8 @@ impl TaskSpec {
             TaskKind::Ppl { path, .. }
             | TaskKind::Mc { path, .. }
             | TaskKind::HellaSwag { path }
-            | TaskKind::Gen { path, .. } => Some(path),
+            | TaskKind::Gen { path, .. }
+            | TaskKind::Lcc { path, .. } => Some(path),
             TaskKind::Ruler { .. } => None,
         }
     }
@@ -300,6 +325,7 @@ impl TaskSpec {
             TaskKind::Mc { .. } => "mc",
             TaskKind::HellaSwag { .. } => "hellaswag",
             TaskKind::Gen { .. } => "gen",
+            TaskKind::Lcc { .. } => "lcc",
             TaskKind::Ruler { config, .. } => config.task.name(),
         }
     }
@@ -349,6 +375,16 @@ impl TaskSpec {
                 let mut s = format!("gen:{}", file(path));
                 if *max_tokens != DEFAULT_GEN_TOKENS {
                     s += &format!(",max_tokens={max_tokens}");
+                }
+                s
+            }
+            TaskKind::Lcc { path, max_tokens, max_context } => {
+                let mut s = format!("lcc:{}", file(path));
+                if *max_tokens != DEFAULT_LCC_TOKENS {
+                    s += &format!(",max_tokens={max_tokens}");
+                }
+                if let Some(t) = max_context {
+                    s += &format!(",max_context={t}");
                 }
                 s
             }
@@ -406,6 +442,8 @@ impl TaskSpec {
                 v.truncate(lim(v.len()));
                 TaskData::Gen(v)
             }
+            // `limit` counts the items within `max_context`, once tokenized
+            TaskKind::Lcc { path, .. } => TaskData::Lcc(load_code_items(path)?),
             TaskKind::Ruler { config, .. } => TaskData::Ruler(config.clone()),
         })
     }

@@ -946,7 +946,9 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f3
                 let c = j % chains;
                 for t in 0..NT {
                     lo_sums[c][t] = _mm512_dpbusd_epi32(lo_sums[c][t], lo, xat(t, 4 * j));
-                    hi_sums[c][t] = _mm512_dpbusd_epi32(hi_sums[c][t], hi, xat(t, 16 + 4 * j));
+                    // more tokens: fewer registers (Q6_K keeps its halves apart)
+                    let s = if split || NT <= 2 { &mut hi_sums[c][t] } else { &mut lo_sums[c][t] };
+                    *s = _mm512_dpbusd_epi32(*s, hi, xat(t, 16 + 4 * j));
                 }
             }
         }
