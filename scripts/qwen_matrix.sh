@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The fidelity matrix on Qwen2.5-Coder-1.5B (issue #34), run in groups of
 # policy families across sessions, two lanes (shards) of one thread each,
-# every cell from the binary of one pinned commit (QWEN_MATRIX_COMMIT)
-# built in its own worktree; a shard's fingerprint (shard.json) includes
-# the commit, so shards of different builds are never merged together.
+# every cell of a group from the binary of the group's pinned commit built
+# in its own worktree; a shard's fingerprint (shard.json) includes the
+# commit, so shards of different builds are never merged together.
 #
 # Group r4k-a: the RULER-style suite (passkey, niah single/multikey/
 #   multivalue, vt, cwe) at 4,096-token prompts, needles at half depth, two
@@ -14,8 +14,12 @@
 # Group r4k-b: the same items under TOVA, H2O with normalised sums
 #   (`score=norm`), value-norm scores (`score=vnorm`), PyramidKV
 #   (`alloc=pyramid:0.5`) and AdaKV (`alloc=ada:0.2`): 15 cells.
+# Group lcc-a: LCC-style code completion (../shared/data/code_completion,
+#   the 39 items of ~2K tokens: `max_context=2600`), first line scored by
+#   exact match and edit similarity; the families of r4k-a: 13 cells, ~30 s
+#   per item on one thread.
 #
-#   bash scripts/qwen_matrix.sh build            the pinned binary only
+#   bash scripts/qwen_matrix.sh build GROUP      the group's pinned binary only
 #   bash scripts/qwen_matrix.sh run GROUP        both shards of GROUP (resumes a cut-off run)
 #   bash scripts/qwen_matrix.sh status           finished cells per group and shard
 #   bash scripts/qwen_matrix.sh merge GROUP      → docs/qwen/GROUP/merged (tables, plots)
@@ -23,31 +27,39 @@
 # Results go to docs/qwen/GROUP/shard-{0,1} (commit them as they grow).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-QWEN_MATRIX_COMMIT=${QWEN_MATRIX_COMMIT:-7035e4e7da12591bd7cc79fd93c220ee7991b169}
 ROOT=$PWD
 OUT=$ROOT/docs/qwen
-TREE=${QWEN_MATRIX_TREE:-$ROOT/../kvslim-qwen-matrix}
-BIN=$TREE/bin/kvslim
+S=${KVSLIM_SHARED:-$ROOT/../shared}
 MODEL=qwen2.5-coder-1.5b
 AT4K="lengths=4096,depths=0.5,per_cell=2"
 RULER4K="passkey:$AT4K;niah_single:$AT4K;niah_multikey:$AT4K;niah_multivalue:$AT4K;vt:$AT4K;cwe:$AT4K"
 BUDGETS=50%,25%,12.5%
 
+# the binary of commit $1, built once in its own worktree
+pin() {
+  COMMIT=$1
+  TREE=${QWEN_MATRIX_TREE:-$ROOT/../kvslim-qwen-matrix}-${COMMIT:0:7}
+  BIN=$TREE/bin/kvslim
+}
+
 group() {
+  A="full;h2o;h2o:prefill=snap:32;window;sink"
   case "$1" in
-    r4k-a) POLICIES="full;h2o;h2o:prefill=snap:32;window;sink" TASKS=$RULER4K ;;
+    r4k-a) POLICIES=$A TASKS=$RULER4K; pin 7035e4e7da12591bd7cc79fd93c220ee7991b169 ;;
     r4k-b) POLICIES="h2o:agg=max,score=tova;h2o:score=norm;h2o:score=vnorm;h2o:alloc=pyramid:0.5;h2o:alloc=ada:0.2"
-           TASKS=$RULER4K ;;
-    *) echo "error: unknown group \`$1\` (r4k-a, r4k-b)" >&2; exit 2 ;;
+           TASKS=$RULER4K; pin 7035e4e7da12591bd7cc79fd93c220ee7991b169 ;;
+    lcc-a) POLICIES=$A TASKS="lcc:$S/data/code_completion/stdlib_lcc.jsonl,max_context=2600"
+           pin 7809719fba3923b554f994e3ac53ec81917285b8 ;;
+    *) echo "error: unknown group \`$1\` (r4k-a, r4k-b, lcc-a)" >&2; exit 2 ;;
   esac
 }
 
 build() {
   if [ ! -d "$TREE" ]; then
-    git worktree add --detach "$TREE" "$QWEN_MATRIX_COMMIT"
+    git worktree add --detach "$TREE" "$COMMIT"
   fi
-  [ "$(git -C "$TREE" rev-parse HEAD)" = "$(git rev-parse "$QWEN_MATRIX_COMMIT")" ] || {
-    echo "error: $TREE is not at $QWEN_MATRIX_COMMIT" >&2
+  [ "$(git -C "$TREE" rev-parse HEAD)" = "$(git rev-parse "$COMMIT")" ] || {
+    echo "error: $TREE is not at $COMMIT" >&2
     exit 1
   }
   if [ ! -x "$BIN" ]; then
@@ -62,6 +74,7 @@ build() {
 
 case "${1:-}" in
   build)
+    group "${2:-}"
     build
     ;;
   run)
@@ -87,7 +100,7 @@ case "${1:-}" in
     "$BIN" eval merge --out "$OUT/$2/merged" "$OUT/$2/shard-0" "$OUT/$2/shard-1"
     ;;
   *)
-    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
