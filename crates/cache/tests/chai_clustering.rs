@@ -1,4 +1,4 @@
-//! CHAI clustering math (SPEC §2) against SciPy / scikit-learn fixtures
+//! CHAI clustering math (docs/policies.md §2) against SciPy / scikit-learn fixtures
 //! (`../shared/fixtures/clustering/average_linkage.json`), a naive O(n³)
 //! average-linkage reference, and hand-computed examples.
 

@@ -14,7 +14,7 @@ pub struct Args {
     pub model: ModelArgs,
     /// Policy families separated by `;` (full, window, sink, heavy, random,
     /// h2o; extras such as `h2o:agg=max`; `h2o+chai:plan=F`). Each budget is
-    /// substituted into each family at equal slots (README "Policies").
+    /// substituted into each family at equal slots (docs/policies.md).
     /// Storage keys pass through unchanged (grammar: `kvslim_cache::policy::spec`):
     /// `page=P`, `compact=N`, `page_score=sum|max|topm:M`,
     /// `kv_dtype=f32|f16|q8|q4`, e.g. `h2o:page=16,compact=64;h2o:kv_dtype=q8;full:kv_dtype=q8`.

@@ -25,7 +25,7 @@ pub struct Args {
     max_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// KV cache policy (see README "Policies"), e.g. `full`.
+    /// KV cache policy (see docs/policies.md), e.g. `full`.
     #[arg(long, default_value = "full", value_parser = PolicySpec::parse_and_load)]
     policy: PolicySpec,
     /// Print one JSON object (`text`, `token_ids`, timings, KV bytes) instead of streaming.

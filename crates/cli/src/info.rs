@@ -81,16 +81,26 @@ pub fn run(a: Args) -> CliResult {
         ("weight bytes", format!("{bytes} ({:.1} MiB)", bytes as f64 / 1048576.0)),
         (
             "kv bytes/token",
-            match &f.sliding_window {
-                None => format!("{} (f32 K+V, all layers)", 2 * c.n_layers * c.kv_dim() * 4),
-                Some(w) => {
-                    let global = w.local_layers.iter().filter(|&&l| !l).count();
-                    format!(
-                        "{} (f32 K+V, the {global} global layers; each local layer holds at most {} tokens: {} bytes)",
-                        2 * global * c.kv_dim() * 4,
+            // what the cache allocates for one more token of the full f32
+            // cache (`kvslim_cache::accounting` owns the rule: a sliding-
+            // window layer stops growing at its window)
+            {
+                let per = |len: usize| {
+                    kvslim_cache::accounting::reservation(&kvslim_cache::PolicySpec::full(), &m.cache_shape(), len, len)
+                        .map(|r| r.kv)
+                };
+                let (one, two) = (per(1)?, per(2)?);
+                match &f.sliding_window {
+                    None => format!("{} (f32 K+V, all layers)", two - one),
+                    Some(w) => format!(
+                        "{} (f32 K+V, the {} global layers, once the {}-token window of the local layers is full; \
+                         {} bytes at {} tokens)",
+                        per(w.window + 2)? - per(w.window + 1)?,
+                        w.local_layers.iter().filter(|&&l| !l).count(),
                         w.window,
-                        2 * w.window * c.kv_dim() * 4
-                    )
+                        per(c.context_len)?,
+                        c.context_len
+                    ),
                 }
             },
         ),

@@ -28,7 +28,7 @@ pub struct Args {
     /// Process the first N tokens as one prefill chunk (the rest one decode step at a time).
     #[arg(long, default_value_t = 0)]
     prefill: usize,
-    /// KV cache policy (see README "Policies"), with optional storage keys:
+    /// KV cache policy (see docs/policies.md), with optional storage keys:
     /// `page=P` (paged KV, pages of P tokens), `compact=N` (repack pages
     /// every N decode steps), `page_score=sum|max|topm:M` (evict whole
     /// pages), `kv_dtype=f32|f16|q8|q4` (K/V storage type), e.g.

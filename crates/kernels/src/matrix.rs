@@ -62,9 +62,13 @@ unsafe impl Sync for Lines {}
 impl Lines {
     /// At least `bytes` zeroed bytes.
     pub fn zeroed(bytes: usize) -> Self {
-        let align = if bytes >= HUGE_PAGE / 2 { HUGE_PAGE } else { 64 };
-        let layout = std::alloc::Layout::from_size_align(bytes.max(64).next_multiple_of(64), align)
-            .expect("a matrix's size fits a layout");
+        let huge = bytes >= HUGE_PAGE / 2;
+        let align = if huge { HUGE_PAGE } else { 64 };
+        // a partly covered last huge page is backed by small pages: round up
+        // to whole huge pages where that adds at most an eighth
+        let whole = bytes.next_multiple_of(HUGE_PAGE);
+        let size = if huge && (whole - bytes) * 8 <= bytes { whole } else { bytes.max(64).next_multiple_of(64) };
+        let layout = std::alloc::Layout::from_size_align(size, align).expect("a matrix's size fits a layout");
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { std::alloc::alloc(layout) };
         let Some(ptr) = std::ptr::NonNull::new(raw) else { std::alloc::handle_alloc_error(layout) };

@@ -31,7 +31,7 @@ pub use tuned::{LoadError, TunedRef};
 use crate::store::HeadSlots;
 
 /// How the attention of a KV head's query-head group is folded into one
-/// score per slot (SPEC §1 step 3).
+/// score per slot (docs/policies.md §1 step 3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScoreAgg {
     /// Σ over the group's query heads (the default).

@@ -2,7 +2,7 @@
 //! baselines (window, sink, heavy-only, random) share one mechanism and
 //! differ only in which slots are protected and how the victim is chosen.
 //!
-//! Decode step (SPEC §1): the new token is already in the store as the
+//! Decode step (docs/policies.md §1): the new token is already in the store as the
 //! last occupied slot (the B+1-th, the candidate); attention over D_t has
 //! run; scores are updated; if |D_t| > B exactly one victim outside the
 //! protected set leaves, and the candidate moves into its slot.
@@ -27,7 +27,7 @@ pub enum VictimRule {
 /// What leaves when the budget is exceeded.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub enum EvictionUnit {
-    /// One token per decode step (SPEC §1).
+    /// One token per decode step (docs/policies.md §1).
     #[default]
     Token,
     /// A whole page of a paged store, scored from its tokens; pages holding
@@ -504,7 +504,7 @@ mod tests {
     use super::*;
     use crate::store::HeadSlots;
 
-    /// SPEC §1 worked example: B = 6 (3 heavy + 3 recent).
+    /// docs/policies.md §1 worked example: B = 6 (3 heavy + 3 recent).
     #[test]
     fn spec_worked_example() {
         let mut h2o = TokenEviction::new(EvictionConfig {

@@ -1,5 +1,5 @@
 //! Obviously-correct f64 reference implementations of the token-eviction
-//! policies (SPEC §1): one layer, one KV head, plain loops, sort-based
+//! policies (docs/policies.md §1): one layer, one KV head, plain loops, sort-based
 //! recent window. The optimized engine is compared against these step by
 //! step.
 #![allow(dead_code)]
@@ -134,7 +134,7 @@ impl RefHead {
         }
     }
 
-    /// The victim among `cands` (SPEC §1 steps 4–5) after the query at `now`.
+    /// The victim among `cands` (docs/policies.md §1 steps 4–5) after the query at `now`.
     fn victim(&mut self, policy: &RefPolicy, cands: &[Slot], now: u32) -> Option<usize> {
         let mut by_pos: Vec<u32> = cands.iter().map(|c| c.pos).collect();
         by_pos.sort_unstable_by(|a, b| b.cmp(a));

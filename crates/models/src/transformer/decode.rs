@@ -1,4 +1,4 @@
-//! A decode step's attention in one layer (SPEC §1 steps 1–5, §2 after
+//! A decode step's attention in one layer (docs/policies.md §1 steps 1–5, §2 after
 //! the probe): the new token becomes the candidate slot of every KV head;
 //! each representative head attends over its KV head's candidates; every
 //! other head applies its representative's probabilities to its own V;

@@ -1,4 +1,4 @@
-//! Offline calibration (SPEC §2): accumulate per-window head features, build
+//! Offline calibration (docs/policies.md §2): accumulate per-window head features, build
 //! each layer's K-means error curve, choose k at the elbow and fix the
 //! `chai-static` membership.
 //!

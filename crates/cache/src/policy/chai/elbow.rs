@@ -1,5 +1,5 @@
 //! The elbow rule that turns a layer's K-means error curve E(k) into its
-//! cluster count k_l (SPEC §2: automatic, with the curve saved so a person
+//! cluster count k_l (docs/policies.md §2: automatic, with the curve saved so a person
 //! can check it).
 //!
 //! Rule ("max-chord-distance"):

@@ -1,6 +1,6 @@
 //! Seeded, deterministic K-means (greedy k-means++ seeding, Lloyd
 //! iterations, best of several restarts) for CHAI's offline error curves
-//! E_l(k) (SPEC §2, offline step).
+//! E_l(k) (docs/policies.md §2, offline step).
 
 pub use crate::rng::SplitMix64;
 

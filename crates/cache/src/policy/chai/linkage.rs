@@ -1,6 +1,6 @@
 //! Cosine distances between head features, average-linkage (UPGMA)
 //! agglomerative clustering, the canonical cluster form and the choice of a
-//! representative head per cluster (SPEC §2, online step).
+//! representative head per cluster (docs/policies.md §2, online step).
 
 use serde::{Deserialize, Serialize};
 
@@ -206,7 +206,7 @@ pub fn labels_from_clusters(clusters: &[Vec<usize>], n: usize) -> Vec<usize> {
     labels
 }
 
-/// How each cluster's representative head is chosen (SPEC §2).
+/// How each cluster's representative head is chosen (docs/policies.md §2).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RepRule {

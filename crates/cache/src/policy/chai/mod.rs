@@ -1,4 +1,4 @@
-//! CHAI (clustered head attention, SPEC §2): the clustering math, with no
+//! CHAI (clustered head attention, docs/policies.md §2): the clustering math, with no
 //! model or kernel code, so the engine and the calibration tool share one
 //! tested implementation.
 //!

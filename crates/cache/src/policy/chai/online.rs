@@ -1,4 +1,4 @@
-//! CHAI's online step (SPEC §2): after a short probe with ordinary
+//! CHAI's online step (docs/policies.md §2): after a short probe with ordinary
 //! attention, cluster the heads of each layer by their attention pattern and
 //! pick one representative per cluster.
 
@@ -124,7 +124,7 @@ impl HeadClusters {
 
     /// Per KV head (GQA, `group` query heads per KV head): whether some
     /// representative reads its K. A KV head's K may only be dropped when
-    /// this is false (SPEC §2).
+    /// this is false (docs/policies.md §2).
     pub fn kv_heads_used(&self, group: usize) -> Vec<bool> {
         let group = group.max(1);
         let mut used = vec![false; self.n_heads().div_ceil(group)];

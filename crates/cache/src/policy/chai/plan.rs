@@ -1,6 +1,6 @@
 //! The CHAI plan file: per-layer cluster counts k_l chosen offline, with the
 //! error curves they were chosen from (so a person can check the elbow) and
-//! the fixed membership for `chai-static` (SPEC §2).
+//! the fixed membership for `chai-static` (docs/policies.md §2).
 //!
 //! JSON layout (fields in this order; `layers` in layer order):
 //! ```json
