@@ -42,11 +42,11 @@ const HUGE_PAGE: usize = 2 << 20;
 
 /// A matrix's bytes (and the buffer `kvslim bench` measures the read
 /// bandwidth on, so that its bound is for the same pages): zeroed and
-/// 64-byte aligned. A decode step streams
-/// every weight once, and the CPU's prefetchers stop at page boundaries: a
-/// buffer of a megabyte or more is aligned to a huge page (2 MiB) and, on
-/// Linux, asks for transparent huge pages before its memory is first
-/// touched, where the system allows them
+/// 64-byte aligned. A decode step streams every weight once, and the CPU's
+/// prefetchers stop at page boundaries: a buffer of a megabyte or more is
+/// aligned to a huge page (2 MiB), rounded up to whole ones where that
+/// adds at most an eighth, and on Linux asks for transparent huge pages
+/// before its memory is first touched, where the system allows them
 /// (`/sys/kernel/mm/transparent_hugepage/enabled` set to `madvise` or
 /// `always`; otherwise, or elsewhere, the pages are ordinary ones).
 pub struct Lines {
