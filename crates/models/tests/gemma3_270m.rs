@@ -10,19 +10,15 @@
 
 mod common;
 
-use common::llamacpp::LlamaCppRef;
+use common::llamacpp::{load_alias, LlamaCppRef};
 use common::shared;
 use kvslim_cache::PolicySpec;
-use kvslim_models::{load_model, LoadedModel, Logits, Scratch};
+use kvslim_models::{LoadedModel, Logits, Scratch};
 use std::sync::OnceLock;
 
 fn model() -> &'static LoadedModel {
     static M: OnceLock<LoadedModel> = OnceLock::new();
-    M.get_or_init(|| {
-        let path = kvslim_hub::resolve_model("gemma3-270m")
-            .unwrap_or_else(|e| panic!("Gemma 3 270M is needed (`kvslim fetch gemma3-270m`): {e}"));
-        load_model(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
-    })
+    M.get_or_init(|| load_alias("gemma3-270m"))
 }
 
 fn reference() -> &'static LlamaCppRef {

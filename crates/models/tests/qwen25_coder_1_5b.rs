@@ -10,20 +10,16 @@
 
 mod common;
 
-use common::llamacpp::LlamaCppRef;
+use common::llamacpp::{load_alias, LlamaCppRef};
 use common::shared;
-use kvslim_models::{load_model, LoadedModel};
+use kvslim_models::LoadedModel;
 use std::sync::OnceLock;
 
 const NAME: &str = "qwen2.5-coder-1.5b";
 
 fn model() -> &'static LoadedModel {
     static M: OnceLock<LoadedModel> = OnceLock::new();
-    M.get_or_init(|| {
-        let path = kvslim_hub::resolve_model(NAME)
-            .unwrap_or_else(|e| panic!("Qwen2.5-Coder-1.5B is needed (`kvslim fetch {NAME}`): {e}"));
-        load_model(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
-    })
+    M.get_or_init(|| load_alias(NAME))
 }
 
 fn reference() -> &'static LlamaCppRef {

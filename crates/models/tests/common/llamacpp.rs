@@ -5,8 +5,16 @@
 //! pass against it.
 
 use kvslim_cache::PolicySpec;
-use kvslim_models::{Logits, Model, Scratch};
+use kvslim_models::{load_model, LoadedModel, Logits, Model, Scratch};
 use serde_json::Value;
+
+/// The model behind a built-in alias (user caches, else fetched), loaded;
+/// the panic says how to fetch it.
+pub fn load_alias(alias: &str) -> LoadedModel {
+    let path =
+        kvslim_hub::resolve_model(alias).unwrap_or_else(|e| panic!("{alias} is needed (`kvslim fetch {alias}`): {e}"));
+    load_model(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+}
 
 pub struct LlamaCppRef {
     /// llama.cpp's tokenization of the start of the text (BOS first when the
