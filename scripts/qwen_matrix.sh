@@ -83,9 +83,10 @@ case "${1:-}" in
     "$BIN" fetch "$MODEL" > /dev/null
     mkdir -p "$OUT/$2"
     for i in 0 1; do
-      RAYON_NUM_THREADS=1 nice -n 19 "$BIN" eval --model "$MODEL" --threads 1 \
+      # from inside the pinned tree: results record the commit `git rev-parse` finds there
+      (cd "$TREE" && RAYON_NUM_THREADS=1 nice -n 19 "$BIN" eval --model "$MODEL" --threads 1 \
         --policies "$POLICIES" --budgets "$BUDGETS" --tasks "$TASKS" \
-        --shard "$i/2" --resume --out "$OUT/$2/shard-$i" > "$OUT/$2/shard-$i.log" 2>&1 &
+        --shard "$i/2" --resume --out "$OUT/$2/shard-$i" > "$OUT/$2/shard-$i.log" 2>&1) &
     done
     wait
     ;;
