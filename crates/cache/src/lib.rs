@@ -19,5 +19,5 @@ pub mod store;
 pub use error::CacheError;
 pub use kvslim_kernels::kvquant::KvDtype;
 pub use policy::{CachePolicy, PolicySlots, PolicySpec, PolicySpecError, ScoreAgg};
-pub use sequence::{effective_policy, CacheShape, PrefillCandidates, SequenceCache};
+pub use sequence::{effective_policy, CacheShape, PrefillCandidates, PrefillKernel, SequenceCache};
 pub use store::{HeadSlots, KvBytes, KvStore, PageCounts, PagePool, PoolStats, StoreLayout};

@@ -92,6 +92,13 @@ pub struct Args {
     /// and --out gets shard.json. Combine with `kvslim eval merge`.
     #[arg(long, value_name = "I/N")]
     shard: Option<String>,
+    /// Run every cell of a generation task (RULER, LCC) on its own. By
+    /// default the cells that can share a prompt's prefill (one chunk,
+    /// no CHAI: full, window, sink, H2O, SnapKV, the allocators, ...)
+    /// run item by item together, one prefill per item for all of them
+    /// (the kvpress protocol); outputs are identical, only time changes.
+    #[arg(long)]
+    no_shared_prefill: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -170,6 +177,7 @@ pub fn run(a: Args) -> CliResult {
     cfg.out_dir = Some(a.out.clone());
     cfg.resume = a.resume;
     cfg.shard = shard;
+    cfg.shared_prefill = !a.no_shared_prefill;
     // a shard draws no charts: `kvslim eval merge` draws them from all rows
     cfg.charts = shard.is_none();
     let mut progress = Progress::new("eval", "items");

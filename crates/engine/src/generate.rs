@@ -1,5 +1,6 @@
 //! Autoregressive generation: prefill the prompt in one chunk, then one
-//! decode step per token until EOS or the token limit.
+//! decode step per token until EOS or the token limit; and the same for
+//! several policies at once over one shared prefill ([`generate_shared`]).
 
 use crate::sampling::{Sampler, SamplingParams};
 use crate::session::Session;
@@ -79,12 +80,84 @@ pub fn generate(
     opts: &GenerateOptions,
     mut on_token: impl FnMut(u32) -> bool,
 ) -> Result<Generation> {
-    opts.sampling.validate().map_err(EngineError::Request)?;
-    let (mut session, max_new) = start_session(model, prompt, &opts.policy, opts.max_tokens)?;
-    let mut sampler = Sampler::new(opts.sampling.clone());
-    let start = Instant::now();
-    let mut next = sampler.sample(session.feed(prompt, Logits::Last)?);
-    let ttft = start.elapsed().as_secs_f64();
+    let mut gens = generate_shared(model, prompt, std::slice::from_ref(opts), |_, t| on_token(t))?;
+    Ok(gens.pop().expect("one generation per option"))
+}
+
+/// Generates from one prompt under each of `opts` (the kvpress protocol
+/// for policies that compress the prompt once): options whose caches can
+/// share a prefill ([`kvslim_cache::SequenceCache::shared_prefill_kernel`])
+/// run the prompt's matrix products once, each policy scoring and
+/// choosing on its own ([`Model::forward_shared`]); the rest prefill
+/// alone. Then each decodes alone, in order. Every generation is
+/// bit-identical to [`generate`] with its options; its
+/// `time_to_first_token_s` is the shared prefill's. `on_token(i, id)`
+/// sees option `i`'s ids and returns `false` to stop that one early.
+pub fn generate_shared(
+    model: &Model,
+    prompt: &[u32],
+    opts: &[GenerateOptions],
+    mut on_token: impl FnMut(usize, u32) -> bool,
+) -> Result<Vec<Generation>> {
+    let mut runs = Vec::with_capacity(opts.len());
+    for o in opts {
+        o.sampling.validate().map_err(EngineError::Request)?;
+        let (session, max_new) = start_session(model, prompt, &o.policy, o.max_tokens)?;
+        runs.push((session, max_new, Sampler::new(o.sampling.clone())));
+    }
+    // the prompt's last logits and prefill time per option, prefilled in
+    // groups of the same kernel (options that cannot share: alone)
+    let mut first: Vec<Option<(Vec<f32>, f64)>> = vec![None; opts.len()];
+    for i in 0..runs.len() {
+        if first[i].is_some() {
+            continue;
+        }
+        let kernel = runs[i].0.cache.shared_prefill_kernel();
+        let start = Instant::now();
+        let members: Vec<usize> = match kernel {
+            Some(k) if prompt.len() > 1 => (i..runs.len())
+                .filter(|&j| first[j].is_none() && runs[j].0.cache.shared_prefill_kernel() == Some(k))
+                .collect(),
+            _ => vec![i],
+        };
+        let logits = if members.len() == 1 {
+            runs[i].0.feed(prompt, Logits::Last)?.to_vec()
+        } else {
+            let mut group: Vec<&mut Session<'_>> =
+                runs.iter_mut().enumerate().filter(|(j, _)| members.contains(j)).map(|(_, r)| &mut r.0).collect();
+            let (lead, rest) = group.split_first_mut().expect("two or more members");
+            let mut others: Vec<&mut kvslim_cache::SequenceCache> = rest.iter_mut().map(|s| &mut s.cache).collect();
+            model.forward_shared(prompt, &mut lead.cache, &mut others, &mut lead.scratch, Logits::Last)?;
+            lead.scratch.logits().to_vec()
+        };
+        let took = start.elapsed().as_secs_f64();
+        for &j in &members {
+            first[j] = Some((logits.clone(), took));
+        }
+    }
+    let mut out = Vec::with_capacity(opts.len());
+    for (i, ((mut session, max_new, mut sampler), o)) in runs.into_iter().zip(opts).enumerate() {
+        let (logits, prefill_s) = first[i].take().expect("every option prefilled");
+        let start = Instant::now();
+        let next = sampler.sample(&logits);
+        let ttft = prefill_s + start.elapsed().as_secs_f64();
+        out.push(decode(&mut session, &mut sampler, o, next, max_new, ttft, prompt.len(), |t| on_token(i, t))?);
+    }
+    Ok(out)
+}
+
+/// Decode steps after the prompt: `next` is the first sampled id.
+#[allow(clippy::too_many_arguments)]
+fn decode(
+    session: &mut Session<'_>,
+    sampler: &mut Sampler,
+    opts: &GenerateOptions,
+    mut next: u32,
+    max_new: usize,
+    ttft: f64,
+    prompt_tokens: usize,
+    mut on_token: impl FnMut(u32) -> bool,
+) -> Result<Generation> {
     let decode_start = Instant::now();
     let mut out = Vec::with_capacity(max_new);
     let mut stop = StopReason::MaxTokens;
@@ -105,7 +178,7 @@ pub fn generate(
     }
     Ok(Generation {
         token_ids: out,
-        prompt_tokens: prompt.len(),
+        prompt_tokens,
         stop,
         time_to_first_token_s: ttft,
         decode_s: decode_start.elapsed().as_secs_f64(),

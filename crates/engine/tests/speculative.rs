@@ -1,13 +1,13 @@
 //! Speculative decoding: greedy equivalence with plain decoding under every
 //! policy, bit-exact verification, and no trace of rejected drafts.
 
-use kvslim_cache::{PolicySpec, SequenceCache};
+use kvslim_cache::PolicySpec;
 use kvslim_engine::speculative::{speculative_run, DraftLength, Drafter, ModelDrafter, NgramDrafter, Verification};
 use kvslim_engine::{generate, GenerateOptions, SamplingParams, Session};
 use kvslim_models::{load_model, Logits, Model, Scratch};
 mod common;
 
-use common::shared;
+use common::{assert_same_cache, shared};
 
 struct Loaded {
     model: Model,
@@ -27,28 +27,6 @@ fn chai_plan(heads: usize, ks: &[usize]) -> String {
     let path = std::env::temp_dir().join(format!("kvslim-spec-chai-{}.json", std::process::id()));
     std::fs::write(&path, serde_json::json!({ "layers": layers }).to_string()).unwrap();
     path.display().to_string()
-}
-
-fn assert_same_cache(a: &SequenceCache, b: &SequenceCache, what: &str) {
-    assert_eq!(a.next_pos(), b.next_pos(), "{what}: next_pos");
-    let (x, y) = (a.store().bytes(), b.store().bytes());
-    assert_eq!(x.kv, y.kv, "{what}: K/V bytes");
-    // a paged store's tables grow by amortised pushes, so their capacity
-    // follows the history; fixed slots allocate all metadata at creation
-    if a.store().page_counts().is_none() {
-        assert_eq!(x.metadata, y.metadata, "{what}: metadata bytes");
-    }
-    for l in 0..a.store().layers() {
-        for h in 0..a.store().kv_heads() {
-            let (x, y) = (a.store().head(l, h), b.store().head(l, h));
-            assert_eq!(x.positions(), y.positions(), "{what}: positions layer {l} head {h}");
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            let owned_bits = |v: Vec<f32>| bits(&v);
-            assert_eq!(bits(x.scores()), bits(y.scores()), "{what}: scores layer {l} head {h}");
-            assert_eq!(x.decoded_keys().map(owned_bits), y.decoded_keys().map(owned_bits), "{what}: keys {l}/{h}");
-            assert_eq!(bits(&x.decoded_values()), bits(&y.decoded_values()), "{what}: values layer {l} head {h}");
-        }
-    }
 }
 
 const SNIPPETS: [&str; 10] = [

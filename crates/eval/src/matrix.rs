@@ -57,7 +57,9 @@ use crate::score::{encode_item, predict, predict_norm, score_choices, Choice, Mc
 use crate::shard::{config_fingerprint, Shard, ShardManifest};
 use crate::tasks::{answers_found, code, ruler_items, TaskData, TaskKind, TaskSpec};
 use crate::{EvalError, Result};
-use kvslim_engine::{generate, perplexity, GenerateOptions, PerplexityOptions, SamplingParams};
+use kvslim_engine::{
+    generate, generate_shared, perplexity, GenerateOptions, Generation, PerplexityOptions, SamplingParams,
+};
 use kvslim_models::{Model, Tokenizer};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
@@ -96,6 +98,13 @@ pub struct MatrixConfig {
     /// order; see [`crate::shard`]); rows are tagged with the shard and the
     /// run's fingerprint, and `out_dir` gets `shard.json`. `None`: every cell.
     pub shard: Option<Shard>,
+    /// Generation tasks (RULER, LCC): the cells of a task that can share
+    /// the prompt's prefill ([`kvslim_engine::generate_shared`]) run item
+    /// by item together, one prefill per item instead of one per cell.
+    /// Every generated token is the same as running the cells apart (the
+    /// engine's tests check it bit for bit); only the timings change: each
+    /// such cell's `wall` is an equal share of the group's.
+    pub shared_prefill: bool,
 }
 
 impl MatrixConfig {
@@ -114,6 +123,7 @@ impl MatrixConfig {
             resume: false,
             charts: true,
             shard: None,
+            shared_prefill: true,
         }
     }
 }
@@ -264,6 +274,61 @@ fn greedy(policy: kvslim_cache::PolicySpec, max_tokens: usize, tok: &Tokenizer) 
     GenerateOptions { max_tokens, sampling: SamplingParams::default(), policy, eos: tok.eos.clone() }
 }
 
+/// The prompts of a generation task (RULER, LCC), their token limit and
+/// whether a generation ends with its first line; `None` for other tasks.
+fn generation_items(prep: &Prepared) -> Option<(Vec<&[u32]>, usize, bool)> {
+    match prep {
+        Prepared::Ruler(items, n) => Some((items.iter().map(|it| &it.0[..]).collect(), *n, false)),
+        Prepared::Lcc(items, n) => Some((items.iter().map(|it| &it.0[..]).collect(), *n, true)),
+        _ => None,
+    }
+}
+
+/// One prompt's greedy generations under each of `policies`, sharing the
+/// prompt's prefill where the policies can ([`generate_shared`]); with
+/// `first_line`, each stops once its first line is complete.
+fn prompt_generations(
+    model: &Model,
+    tok: &Tokenizer,
+    policies: &[&BudgetedPolicy],
+    ids: &[u32],
+    max_tokens: usize,
+    first_line: bool,
+) -> Result<Vec<Generation>> {
+    let opts =
+        policies.iter().map(|p| Ok(greedy(p.spec_for(ids.len())?, max_tokens, tok))).collect::<Result<Vec<_>>>()?;
+    let mut so_far = vec![Vec::new(); opts.len()];
+    Ok(generate_shared(model, ids, &opts, |i, t| {
+        so_far[i].push(t);
+        !(first_line && tok.decode(&so_far[i]).is_ok_and(|s| code::first_line_done(&s)))
+    })?)
+}
+
+/// Every prompt of a generation task under each of `policies`, item by
+/// item with one shared prefill per item: per policy, its generations in
+/// item order.
+fn shared_generations(
+    model: &Model,
+    tok: &Tokenizer,
+    policies: &[&BudgetedPolicy],
+    prep: &Prepared,
+    report: &mut dyn FnMut(usize, usize),
+) -> Result<Vec<Vec<Generation>>> {
+    let (prompts, max_tokens, first_line) = generation_items(prep).expect("a generation task");
+    let per_item = par_blocks(
+        prompts.len(),
+        |i| prompt_generations(model, tok, policies, prompts[i], max_tokens, first_line),
+        |d| report(d, prompts.len()),
+    )?;
+    let mut per_policy: Vec<Vec<Generation>> = vec![Vec::with_capacity(prompts.len()); policies.len()];
+    for gens in per_item {
+        for (p, g) in per_policy.iter_mut().zip(gens) {
+            p.push(g);
+        }
+    }
+    Ok(per_policy)
+}
+
 /// Runs one cell and fills the row's metrics, items and memory. A
 /// multiple-choice cell starts after the items `resumed` holds (scored by
 /// an interrupted run) and appends each finished block to `partial`.
@@ -276,9 +341,25 @@ fn run_cell(
     cfg: &MatrixConfig,
     row: &mut ResultRow,
     (mut partial, resumed): (Option<&mut PartialCell>, Resumed),
+    mut shared: Option<Vec<Generation>>,
     report: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
     let total = prepared.len();
+    // a generation task's outputs: from a shared run, else this cell's own
+    let mut generations = |prep: &Prepared, report: &mut dyn FnMut(usize, usize)| -> Result<Vec<Generation>> {
+        if let Some(g) = shared.take() {
+            return Ok(g);
+        }
+        let (prompts, max_tokens, first_line) = generation_items(prep).expect("a generation task");
+        par_blocks(
+            prompts.len(),
+            |i| {
+                let mut g = prompt_generations(model, tok, &[policy], prompts[i], max_tokens, first_line)?;
+                Ok(g.pop().expect("one generation"))
+            },
+            |d| report(d, prompts.len()),
+        )
+    };
     let mut m = BTreeMap::new();
     let (mut kv, mut meta) = (0usize, 0usize);
     match prepared {
@@ -476,23 +557,17 @@ fn run_cell(
             m.insert("agree_frac".into(), agree / k);
             m.insert("identical".into(), same as f64 / k);
         }
-        Prepared::Lcc(items, max_tokens) => {
-            let scored = par_blocks(
-                items.len(),
-                |i| {
-                    let (ids, answer) = &items[i];
-                    let mut so_far = Vec::new();
-                    let opts = greedy(policy.spec_for(ids.len())?, *max_tokens, tok);
-                    // stop once the first line is complete
-                    let g = generate(model, ids, &opts, |t| {
-                        so_far.push(t);
-                        !tok.decode(&so_far).is_ok_and(|s| code::first_line_done(&s))
-                    })?;
+        Prepared::Lcc(..) => {
+            let gens = generations(prepared, report)?;
+            let Prepared::Lcc(items, _) = &*prepared else { unreachable!() };
+            let scored = gens
+                .iter()
+                .zip(items.iter())
+                .map(|(g, (_, answer))| {
                     let line = tok.decode(&g.token_ids)?;
                     Ok((code::score_line(code::first_line(&line), answer), g.kv_bytes))
-                },
-                |d| report(d, total),
-            )?;
+                })
+                .collect::<Result<Vec<_>>>()?;
             let (mut exact, mut sim) = (Vec::with_capacity(items.len()), Vec::with_capacity(items.len()));
             for ((hit, s), b) in &scored {
                 kv = kv.max(b.kv);
@@ -506,16 +581,14 @@ fn run_cell(
             row.per_item.insert("exact".into(), exact);
             row.per_item.insert("edit_sim".into(), sim);
         }
-        Prepared::Ruler(items, max_tokens) => {
-            let found = par_blocks(
-                items.len(),
-                |i| {
-                    let (ids, answers, _, _) = &items[i];
-                    let g = generate(model, ids, &greedy(policy.spec_for(ids.len())?, *max_tokens, tok), |_| true)?;
-                    Ok((answers_found(&tok.decode(&g.token_ids)?, answers), g.kv_bytes))
-                },
-                |d| report(d, total),
-            )?;
+        Prepared::Ruler(..) => {
+            let gens = generations(prepared, report)?;
+            let Prepared::Ruler(items, _) = &*prepared else { unreachable!() };
+            let found = gens
+                .iter()
+                .zip(items.iter())
+                .map(|(g, (_, answers, _, _))| Ok((answers_found(&tok.decode(&g.token_ids)?, answers), g.kv_bytes)))
+                .collect::<Result<Vec<_>>>()?;
             // an item counts when every expected answer is in the output
             let mut by: BTreeMap<String, (usize, usize)> = BTreeMap::new();
             let (mut recall, mut hits) = (0.0, Vec::with_capacity(items.len()));
@@ -645,8 +718,12 @@ pub fn run_matrix(
     for (ti, (task, keys)) in cfg.tasks.iter().zip(&keys).enumerate() {
         let label = task.label();
         let mut prepared = None;
+        let owned = |ci: usize| run_id.as_ref().is_none_or(|(shard, _, _)| shard.owns(ti * cells.len() + ci));
+        // generations of cells run ahead together with an earlier cell of
+        // this task (shared prefills), and each one's share of the wall time
+        let mut ahead: BTreeMap<usize, (Vec<Generation>, f64, usize)> = BTreeMap::new();
         for (ci, (p, key)) in cells.iter().zip(keys).enumerate() {
-            if run_id.as_ref().is_some_and(|(shard, _, _)| !shard.owns(ti * cells.len() + ci)) {
+            if !owned(ci) {
                 continue;
             }
             index += 1;
@@ -671,11 +748,27 @@ pub fn run_matrix(
             };
             let earlier_s = resumed.seconds;
             let start = Instant::now();
-            run_cell(model, tok, p, prep, cfg, &mut row, (partial.as_mut(), resumed), &mut |d, t| {
-                progress(MatrixEvent::Items { key, done: d, total: t })
-            })?;
-            // a resumed cell's wall time includes its earlier runs' blocks
-            let wall = earlier_s + start.elapsed().as_secs_f64();
+            let mut items = |d, t| progress(MatrixEvent::Items { key, done: d, total: t });
+            // the task's remaining cells, when they can share their prompts' prefills
+            let group: Vec<usize> = (ci..cells.len()).filter(|&j| owned(j) && !done.contains(&keys[j])).collect();
+            if cfg.shared_prefill && !ahead.contains_key(&ci) && group.len() > 1 && generation_items(prep).is_some() {
+                let policies: Vec<&BudgetedPolicy> = group.iter().map(|&j| &cells[j]).collect();
+                let gens = shared_generations(model, tok, &policies, prep, &mut items)?;
+                let share = start.elapsed().as_secs_f64() / group.len() as f64;
+                ahead.extend(group.iter().zip(gens).map(|(&j, g)| (j, (g, share, group.len()))));
+            }
+            let shared = ahead.remove(&ci);
+            let shared_wall = shared.as_ref().map(|s| (s.1, s.2));
+            run_cell(model, tok, p, prep, cfg, &mut row, (partial.as_mut(), resumed), shared.map(|s| s.0), &mut items)?;
+            // a resumed cell's wall time includes its earlier runs' blocks;
+            // cells that shared their prefills take an equal share of the group's
+            let wall = match shared_wall {
+                Some((share, cells_sharing)) => {
+                    row.timings.insert("shared_cells".into(), cells_sharing as f64);
+                    share
+                }
+                None => earlier_s + start.elapsed().as_secs_f64(),
+            };
             row.timings.insert("wall".into(), wall);
             row.timings.insert("per_item".into(), wall / row.items.max(1) as f64);
             row.timings.insert("items_per_s".into(), row.items as f64 / wall.max(1e-9));

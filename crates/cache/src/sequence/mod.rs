@@ -41,6 +41,17 @@ impl CacheShape {
     }
 }
 
+/// How a one-chunk prefill computes its attention output: the tiled kernel
+/// (column sums, SnapKV's window and no scores at all), or query by query
+/// with the decode kernel (a score rule that depends on the order of the
+/// queries). The two round differently, so only caches of the same kernel
+/// can share a prefill's hidden states ([`SequenceCache::shared_prefill_kernel`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillKernel {
+    Tiled,
+    EveryQuery,
+}
+
 /// A sequence's KV store together with its policy state: the one object the
 /// forward pass writes keys into and reports attention to.
 pub struct SequenceCache {
@@ -241,6 +252,23 @@ impl SequenceCache {
     /// Streaming prefill: feed the prompt in chunks of this many tokens.
     pub fn prefill_chunk(&self) -> Option<usize> {
         self.policy.prefill_chunk()
+    }
+
+    /// Whether this cache can share a prompt's prefill with others (the
+    /// kvpress protocol: one prefill, then each policy compresses its own
+    /// copy), and with which kernel. A prompt fed to an empty cache as one
+    /// chunk attends over the whole prompt before the policy chooses what
+    /// stays, so its hidden states, K and V do not depend on the policy;
+    /// only the scores and the choice do. `None` where that does not hold:
+    /// the cache already holds tokens, the policy streams the prompt in
+    /// chunks, or CHAI head sharing (its probe and clusters change the
+    /// kernel per head).
+    pub fn shared_prefill_kernel(&self) -> Option<PrefillKernel> {
+        if self.next_pos != 0 || self.sharing.is_some() || self.policy.prefill_chunk().is_some() {
+            return None;
+        }
+        let every_query = self.policy.score_aggregation().is_some() && !self.policy.score_rule().column_summable();
+        Some(if every_query { PrefillKernel::EveryQuery } else { PrefillKernel::Tiled })
     }
 
     /// Online CHAI wants every head's attention this token: it is still

@@ -2,6 +2,7 @@
 //! and the stories260K model and text most tests run on.
 #![allow(dead_code)] // each test crate uses its own subset
 
+use kvslim_cache::SequenceCache;
 use kvslim_models::{load_model, LoadedModel};
 
 #[path = "../../../../testing/shared_dir.rs"]
@@ -20,4 +21,28 @@ pub fn tokens(m: &LoadedModel, n: usize) -> Vec<u32> {
     assert!(ids.len() >= n, "need {n} tokens, text gave {}", ids.len());
     ids.truncate(n);
     ids
+}
+
+/// Asserts two caches are the same bit for bit: positions, scores, K/V
+/// rows, bytes and the next position.
+pub fn assert_same_cache(a: &SequenceCache, b: &SequenceCache, what: &str) {
+    assert_eq!(a.next_pos(), b.next_pos(), "{what}: next_pos");
+    let (x, y) = (a.store().bytes(), b.store().bytes());
+    assert_eq!(x.kv, y.kv, "{what}: K/V bytes");
+    // a paged store's tables grow by amortised pushes, so their capacity
+    // follows the history; fixed slots allocate all metadata at creation
+    if a.store().page_counts().is_none() {
+        assert_eq!(x.metadata, y.metadata, "{what}: metadata bytes");
+    }
+    for l in 0..a.store().layers() {
+        for h in 0..a.store().kv_heads() {
+            let (x, y) = (a.store().head(l, h), b.store().head(l, h));
+            assert_eq!(x.positions(), y.positions(), "{what}: positions layer {l} head {h}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let owned_bits = |v: Vec<f32>| bits(&v);
+            assert_eq!(bits(x.scores()), bits(y.scores()), "{what}: scores layer {l} head {h}");
+            assert_eq!(x.decoded_keys().map(owned_bits), y.decoded_keys().map(owned_bits), "{what}: keys {l}/{h}");
+            assert_eq!(bits(&x.decoded_values()), bits(&y.decoded_values()), "{what}: values layer {l} head {h}");
+        }
+    }
 }

@@ -35,12 +35,62 @@ impl Model {
     /// prefill chunk (GEMM, tiled attention). Logits land in
     /// `scratch.logits()`.
     pub fn forward(&self, tokens: &[u32], cache: &mut SequenceCache, s: &mut Scratch, want: Logits) -> Result<()> {
+        self.forward_chunk(tokens, cache, &mut [], s, want)
+    }
+
+    /// A prompt's prefill shared by several fresh caches (the kvpress
+    /// protocol): fed as one chunk to an empty cache, the prompt's hidden
+    /// states, K and V do not depend on the policy
+    /// ([`SequenceCache::shared_prefill_kernel`]), so every matrix product
+    /// runs once; per layer each of `others` runs only its policy's side of
+    /// the attention (scores, SnapKV's window, the choice of what stays),
+    /// then `cache` computes the output. Each cache ends bit-identical to
+    /// its own [`Model::forward`] of `tokens`, and so do the logits. Fails
+    /// unless every cache shares the same prefill kernel.
+    pub fn forward_shared(
+        &self,
+        tokens: &[u32],
+        cache: &mut SequenceCache,
+        others: &mut [&mut SequenceCache],
+        s: &mut Scratch,
+        want: Logits,
+    ) -> Result<()> {
+        let kernel = cache.shared_prefill_kernel();
+        for (i, o) in others.iter().enumerate() {
+            let theirs = o.shared_prefill_kernel();
+            if kernel.is_none() || theirs != kernel {
+                return Err(Error::Unsupported(format!(
+                    "cache {} cannot share this prefill: every cache must be empty, take the prompt as one chunk, \
+                     have no head sharing and use the same prefill kernel (here {theirs:?} and {kernel:?})",
+                    i + 1
+                )));
+            }
+        }
+        if !others.is_empty() && (tokens.len() < 2 || s.trace.is_some()) {
+            return Err(Error::Unsupported("only an untraced prefill of two or more tokens can be shared".into()));
+        }
+        self.forward_chunk(tokens, cache, others, s, want)
+    }
+
+    /// [`Model::forward`], with `others` sharing a prefill chunk's products
+    /// ([`Model::forward_shared`] checks that they may).
+    fn forward_chunk(
+        &self,
+        tokens: &[u32],
+        cache: &mut SequenceCache,
+        others: &mut [&mut SequenceCache],
+        s: &mut Scratch,
+        want: Logits,
+    ) -> Result<()> {
         let c = &self.config;
         let n = tokens.len();
         if n == 0 {
             return Ok(());
         }
         self.check_input(tokens, cache)?;
+        for o in others.iter() {
+            self.check_input(tokens, o)?;
+        }
         let p0 = cache.next_pos();
         let (d, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
         let logit_rows = match want {
@@ -48,7 +98,8 @@ impl Model {
             Logits::Last => 1,
             Logits::All => n,
         };
-        s.ensure(c, n, cache.max_capacity(), logit_rows);
+        let capacity = others.iter().map(|o| o.max_capacity()).fold(cache.max_capacity(), usize::max);
+        s.ensure(c, n, capacity, logit_rows);
         if let Some(t) = s.trace.as_mut() {
             t.begin(p0 + n);
         }
@@ -67,7 +118,10 @@ impl Model {
             if n == 1 {
                 self.decode_attention(li, cache, s, p0, scale)?;
             } else {
-                self.prefill_attention(li, cache, s, p0, n, scale)?;
+                for o in others.iter_mut() {
+                    self.prefill_attention(li, o, s, p0, n, scale, false)?;
+                }
+                self.prefill_attention(li, cache, s, p0, n, scale, true)?;
             }
             if let Some(t) = s.trace.as_mut() {
                 t.att_out.push(s.a.att[..n * qd].to_vec());
@@ -75,6 +129,7 @@ impl Model {
             self.output_and_mlp(li, &mut s.a, None, n, Products::Gemm);
         }
         cache.advance(n);
+        others.iter_mut().for_each(|o| o.advance(n));
         if logit_rows > 0 {
             let last = &s.a.x[(n - logit_rows) * d..n * d];
             self.project_logits(last, &mut s.a.xn, logit_rows, &mut s.logits, Products::Gemm);

@@ -35,7 +35,12 @@ struct Chunk {
 
 impl Model {
     /// Layer `li`'s attention for `n` chunk tokens at `p0..` (Q, K, V
-    /// positioned in `s.a`), output in `s.a.att[..n · q_dim]`.
+    /// positioned in `s.a`), output in `s.a.att[..n · q_dim]`. With
+    /// `output` false only the policy's side runs (scores and the choice of
+    /// what stays, for a cache sharing another's prefill, whose output is
+    /// the same): the tiled kernel then skips its value products, or runs
+    /// not at all for a policy without scores; `s.a.att` is left undefined.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn prefill_attention(
         &self,
         li: usize,
@@ -44,6 +49,7 @@ impl Model {
         p0: usize,
         n: usize,
         scale: f32,
+        output: bool,
     ) -> Result<()> {
         let kvd = self.config.kv_dim();
         let chunk = Chunk { li, p0, n, scale };
@@ -55,7 +61,9 @@ impl Model {
             if s.trace.is_some() || cache.probe_remaining() > 0 || s.cand.needs_every_query() {
                 self.attend_observed(chunk, comp, cache, s);
             } else {
-                self.attend_tiled(chunk, comp, cache, s);
+                if output || s.cand.score_aggregation().is_some() {
+                    self.attend_tiled(chunk, comp, cache, s, output);
+                }
                 if let Some(w) = s.cand.observation_queries() {
                     self.observe_window(chunk, comp, s, w);
                 }
@@ -147,8 +155,10 @@ impl Model {
 
     /// The tiled kernel: each block of TOKEN_BLOCK queries attends tile by
     /// tile over the candidates; representatives' probabilities feed their
-    /// members too; column sums come from a second pass per block.
-    fn attend_tiled(&self, chunk: Chunk, comp: &Component, cache: &SequenceCache, s: &mut Scratch) {
+    /// members too; column sums come from a second pass per block. Without
+    /// `output` no head is a target: only the softmax statistics and the
+    /// column sums are computed.
+    fn attend_tiled(&self, chunk: Chunk, comp: &Component, cache: &SequenceCache, s: &mut Scratch, output: bool) {
         let agg = s.cand.score_aggregation();
         let c = &self.config;
         let (hd, g, qd) = (c.head_dim, c.group_size(), c.q_dim());
@@ -163,6 +173,7 @@ impl Model {
         let targets: Vec<TiledTarget> = comp
             .kv_heads
             .iter()
+            .filter(|_| output)
             .flat_map(|&kv| (kv * g..(kv + 1) * g).map(move |h| (kv, h)))
             .map(|(kv, h)| TiledTarget {
                 rep: comp.reps.iter().position(|&x| x == lh.representative_of[h]).expect("same component"),
