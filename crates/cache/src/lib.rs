@@ -19,5 +19,7 @@ pub mod store;
 pub use error::CacheError;
 pub use kvslim_kernels::kvquant::KvDtype;
 pub use policy::{CachePolicy, PolicySlots, PolicySpec, PolicySpecError, ScoreAgg};
-pub use sequence::{effective_policy, CacheShape, PrefillCandidates, PrefillKernel, SequenceCache};
+pub use sequence::{
+    effective_policy, AttentionScores, CacheShape, PrefillCandidates, PrefillKernel, ScoringKey, SequenceCache,
+};
 pub use store::{HeadSlots, KvBytes, KvStore, PageCounts, PagePool, PoolStats, StoreLayout};

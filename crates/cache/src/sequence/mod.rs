@@ -15,7 +15,7 @@
 
 mod step;
 
-pub use step::PrefillCandidates;
+pub use step::{AttentionScores, PrefillCandidates, ScoringKey};
 
 use crate::error::CacheError;
 use crate::policy::chai::{HeadSharing, LayerHeads};

@@ -338,6 +338,34 @@ impl PrefillCandidates {
     pub fn add_column_sums(&mut self, sums: &[f32]) {
         self.scores.iter_mut().zip(sums).for_each(|(sc, p)| *sc += p);
     }
+    /// What decides the scores a chunk's attention adds to these
+    /// candidates: the aggregation, the rule (every column-summable rule
+    /// adds the same column sums) and SnapKV's window. `None`: the policy
+    /// does not score. Caches sharing a prefill whose candidates have equal
+    /// keys get equal scores from it ([`PrefillCandidates::attention_scores`]).
+    pub fn scoring_key(&self) -> Option<ScoringKey> {
+        let (agg, rule) = self.scoring?;
+        Some(ScoringKey { agg, rule: (!rule.column_summable()).then_some(rule), observation: self.observation })
+    }
+
+    /// The scores and column sums the chunk's attention has added so far:
+    /// computed once for one cache of a shared prefill and loaded into the
+    /// others with the same [`PrefillCandidates::scoring_key`] by
+    /// [`PrefillCandidates::load_attention_scores`], instead of attending again.
+    pub fn attention_scores(&self) -> AttentionScores {
+        AttentionScores { scores: self.scores.clone(), columns: self.columns.clone() }
+    }
+
+    /// Replaces the candidates' scores and column sums by another cache's
+    /// ([`PrefillCandidates::attention_scores`]): valid when both gathered
+    /// the same candidates from empty caches and have the same scoring key.
+    pub fn load_attention_scores(&mut self, from: &AttentionScores) {
+        assert_eq!(from.scores.len(), self.scores.len(), "attention scores of other candidates");
+        assert_eq!(from.columns.len(), self.columns.len(), "column sums of other candidates");
+        self.scores.copy_from_slice(&from.scores);
+        self.columns.copy_from_slice(&from.columns);
+    }
+
     /// KV head `kv`'s candidate keys (`len × head_dim`; empty when it has none).
     pub fn keys(&self, kv: usize) -> &[f32] {
         &self.keys[kv]
@@ -346,6 +374,22 @@ impl PrefillCandidates {
     pub fn values(&self, kv: usize) -> &[f32] {
         &self.values[kv]
     }
+}
+
+/// See [`PrefillCandidates::scoring_key`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScoringKey {
+    agg: ScoreAgg,
+    /// `None` for the column-summable rules.
+    rule: Option<ScoreRule>,
+    observation: Option<Observation>,
+}
+
+/// See [`PrefillCandidates::attention_scores`].
+#[derive(Clone, Debug)]
+pub struct AttentionScores {
+    scores: Vec<f32>,
+    columns: Vec<f32>,
 }
 
 #[cfg(test)]

@@ -44,7 +44,10 @@ impl Model {
     /// ([`SequenceCache::shared_prefill_kernel`]), so every matrix product
     /// runs once; per layer each of `others` runs only its policy's side of
     /// the attention (scores, SnapKV's window, the choice of what stays),
-    /// then `cache` computes the output. Each cache ends bit-identical to
+    /// then `cache` computes the output; caches whose policies score the
+    /// same way ([`kvslim_cache::PrefillCandidates::scoring_key`]: H2O at
+    /// every budget, its allocators, `score=norm`) attend once for all of
+    /// them. Each cache ends bit-identical to
     /// its own [`Model::forward`] of `tokens`, and so do the logits. Fails
     /// unless every cache shares the same prefill kernel.
     pub fn forward_shared(
@@ -106,6 +109,8 @@ impl Model {
         self.embed(tokens, p0, &mut s.a.x, &mut s.a.proj);
         self.rope_tables(p0, n, &mut s.cos, &mut s.sin);
         let scale = c.attention_scale();
+        // a shared prefill's scores per component and scoring key, per layer
+        let mut scored = Vec::new();
         for li in 0..c.n_layers {
             if let Some(t) = s.trace.as_mut() {
                 t.hidden.push(s.a.x[..n * d].to_vec());
@@ -118,10 +123,11 @@ impl Model {
             if n == 1 {
                 self.decode_attention(li, cache, s, p0, scale)?;
             } else {
+                scored.clear();
                 for o in others.iter_mut() {
-                    self.prefill_attention(li, o, s, p0, n, scale, false)?;
+                    self.prefill_attention(li, o, s, p0, n, scale, false, Some(&mut scored))?;
                 }
-                self.prefill_attention(li, cache, s, p0, n, scale, true)?;
+                self.prefill_attention(li, cache, s, p0, n, scale, true, None)?;
             }
             if let Some(t) = s.trace.as_mut() {
                 t.att_out.push(s.a.att[..n * qd].to_vec());

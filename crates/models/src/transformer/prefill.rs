@@ -13,7 +13,7 @@ use super::scratch::Scratch;
 use super::Model;
 use crate::Result;
 use kvslim_cache::policy::chai::Component;
-use kvslim_cache::{PrefillCandidates, SequenceCache};
+use kvslim_cache::{AttentionScores, PrefillCandidates, ScoringKey, SequenceCache};
 use kvslim_kernels::attention::{
     attend_causal_tiled, attend_group, pack_keys_tiled, weighted_values, DenseRows, TiledQueries, TiledRep,
     TiledScratch, TiledTarget, Visible,
@@ -40,6 +40,9 @@ impl Model {
     /// what stays, for a cache sharing another's prefill, whose output is
     /// the same): the tiled kernel then skips its value products, or runs
     /// not at all for a policy without scores; `s.a.att` is left undefined.
+    /// `scored` (a shared prefill's, per layer): the scores each component's
+    /// attention gave under each scoring key so far; a cache whose key is
+    /// there loads them instead of attending.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn prefill_attention(
         &self,
@@ -50,12 +53,21 @@ impl Model {
         n: usize,
         scale: f32,
         output: bool,
+        mut scored: Option<&mut Vec<(usize, ScoringKey, AttentionScores)>>,
     ) -> Result<()> {
         let kvd = self.config.kv_dim();
         let chunk = Chunk { li, p0, n, scale };
         let components = cache.layer_heads(li).components.clone();
         for (ci, comp) in components.iter().enumerate() {
             cache.gather_candidates(li, ci, p0, &s.a.k[..n * kvd], &s.a.v[..n * kvd], &mut s.cand)?;
+            let key = s.cand.scoring_key();
+            if let (Some(k), false, Some(done)) = (key, output, scored.as_deref()) {
+                if let Some((_, _, sc)) = done.iter().find(|(c, kk, _)| *c == ci && *kk == k) {
+                    s.cand.load_attention_scores(sc);
+                    cache.commit_candidates(li, ci, &mut s.cand)?;
+                    continue;
+                }
+            }
             // trace and CHAI's probe need every probability row, and so does
             // a score rule that depends on the order of the queries
             if s.trace.is_some() || cache.probe_remaining() > 0 || s.cand.needs_every_query() {
@@ -67,6 +79,9 @@ impl Model {
                 if let Some(w) = s.cand.observation_queries() {
                     self.observe_window(chunk, comp, s, w);
                 }
+            }
+            if let (Some(k), Some(done)) = (key, scored.as_deref_mut()) {
+                done.push((ci, k, s.cand.attention_scores()));
             }
             cache.commit_candidates(li, ci, &mut s.cand)?;
         }
