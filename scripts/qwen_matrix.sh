@@ -5,6 +5,16 @@
 # in its own worktree; a shard's fingerprint (shard.json) includes the
 # commit, so shards of different builds are never merged together.
 #
+# Group r4k: the RULER-style suite (passkey, niah single/multikey/
+#   multivalue, vt, cwe) at 4,096-token prompts, needles at half depth, two
+#   items per task; full + window, sink, H2O, SnapKV, TOVA, H2O with
+#   normalised sums, value-norm scores, PyramidKV and AdaKV at kept shares
+#   75 / 50 / 25 / 12.5% (kvpress compression ratios 0.25 / 0.5 / 0.75 /
+#   0.875): 37 cells per task, 222 in all. Each shard runs a task's cells
+#   item by item with one shared prefill per prompt (docs/evaluation.md,
+#   "One prefill per prompt"): about 12 minutes per item and shard.
+#   Supersedes r4k-a and r4k-b (run cell by cell at 7035e4e, kept for
+#   comparison).
 # Group r4k-a: the RULER-style suite (passkey, niah single/multikey/
 #   multivalue, vt, cwe) at 4,096-token prompts, needles at half depth, two
 #   items per task (12 per cell); full + window, sink, H2O, SnapKV
@@ -44,13 +54,15 @@ pin() {
 
 group() {
   A="full;h2o;h2o:prefill=snap:32;window;sink"
+  B="h2o:agg=max,score=tova;h2o:score=norm;h2o:score=vnorm;h2o:alloc=pyramid:0.5;h2o:alloc=ada:0.2"
   case "$1" in
+    r4k) POLICIES="$A;$B" TASKS=$RULER4K BUDGETS=75%,50%,25%,12.5%
+         pin d891bf8ea7c79a3573a08cc7690acbef7d64d889 ;;
     r4k-a) POLICIES=$A TASKS=$RULER4K; pin 7035e4e7da12591bd7cc79fd93c220ee7991b169 ;;
-    r4k-b) POLICIES="h2o:agg=max,score=tova;h2o:score=norm;h2o:score=vnorm;h2o:alloc=pyramid:0.5;h2o:alloc=ada:0.2"
-           TASKS=$RULER4K; pin 7035e4e7da12591bd7cc79fd93c220ee7991b169 ;;
+    r4k-b) POLICIES=$B TASKS=$RULER4K; pin 7035e4e7da12591bd7cc79fd93c220ee7991b169 ;;
     lcc-a) POLICIES=$A TASKS="lcc:$S/data/code_completion/stdlib_lcc.jsonl,max_context=2600"
            pin 7809719fba3923b554f994e3ac53ec81917285b8 ;;
-    *) echo "error: unknown group \`$1\` (r4k-a, r4k-b, lcc-a)" >&2; exit 2 ;;
+    *) echo "error: unknown group \`$1\` (r4k, r4k-a, r4k-b, lcc-a)" >&2; exit 2 ;;
   esac
 }
 
@@ -101,7 +113,7 @@ case "${1:-}" in
     "$BIN" eval merge --out "$OUT/$2/merged" "$OUT/$2/shard-0" "$OUT/$2/shard-1"
     ;;
   *)
-    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^# Results go/p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
