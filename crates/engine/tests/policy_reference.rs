@@ -11,10 +11,11 @@ use kvslim_cache::policy::ScoreRule;
 use kvslim_cache::PolicySpec;
 use kvslim_engine::sampling::Rng;
 use kvslim_engine::Session;
+use kvslim_kernels::rope::RopeLayout;
 use kvslim_kernels::DType;
 use kvslim_models::config::ModelConfig;
 use kvslim_models::{Logits, Model, Trace};
-use reference::{ref_ada_shares, ref_pyramid, RefHead, RefPolicy, RefScore, Rule};
+use reference::{ref_ada_shares, ref_pyramid, RefExpect, RefHead, RefPolicy, RefScore, Rule};
 mod common;
 
 use common::shared;
@@ -42,6 +43,7 @@ fn ref_policy(spec: &PolicySpec, base: usize) -> RefPolicy {
         agg_max: None,
         score: RefScore::Sum,
         observe: None,
+        expect: None,
     };
     match spec.token {
         TokenPolicySpec::Full => plain,
@@ -75,6 +77,13 @@ fn ref_policy(spec: &PolicySpec, base: usize) -> RefPolicy {
             score: ref_score(score),
             observe: match prefill {
                 PrefillMode::Snap { window, pool } => Some((window, pool)),
+                _ => None,
+            },
+            // the model's RoPE base is filled in by `compare`
+            expect: match prefill {
+                PrefillMode::Expect { future } => {
+                    Some(RefExpect { future, skip: r(sink), theta: f64::NAN, half_split: true })
+                }
                 _ => None,
             },
         },
@@ -112,7 +121,13 @@ fn ref_alloc(spec: &PolicySpec, base: usize, layers: usize) -> (Vec<usize>, Opti
 fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, label: &str) {
     let c = &model.config;
     let (hd, g) = (c.head_dim, c.group_size());
-    let policy = ref_policy(spec, tokens.len());
+    let mut policy = ref_policy(spec, tokens.len());
+    if let Some(e) = policy.expect.as_mut() {
+        let rope = c.rope.as_ref().expect("expected attention is tested on RoPE models");
+        assert_eq!(rope.rotary_dim, hd, "the reference rotates whole heads");
+        e.theta = rope.theta as f64;
+        e.half_split = rope.layout == RopeLayout::HalfSplit;
+    }
     let (layer_heavy, ada) = ref_alloc(spec, tokens.len(), c.n_layers);
     let fixed = policy.recent + policy.sinks;
     let alloc = !spec.alloc().is_uniform();
@@ -365,6 +380,50 @@ fn snapkv_prefill_equals_reference() {
         let tokens = if decode { &ids[..] } else { &ids[..120] };
         compare(&m.model, &spec, tokens, 120, &format!("stories260K {spec}"));
         assert_tiled_keeps_what_traced_keeps(&m.model, &spec, &ids[..120], &format!("stories260K {spec}"));
+    }
+}
+
+/// Expected attention (`prefill=expect:F`): the prompt scored by its query
+/// distribution through the averaged future rotation, then decode steps
+/// as H2O; random shapes, sinks, max aggregation, score=norm; and the
+/// 260K TinyStories model.
+#[test]
+fn expected_attention_prefill_equals_reference() {
+    let mut rng = Rng::new(5151);
+    let mut pick = |n: u64| (rng.next_u64() % n) as usize;
+    for case in 0..16 {
+        let (heads, kv_heads) = [(2, 2), (4, 2), (4, 1), (6, 3), (8, 4)][pick(5)];
+        let head_dim = [4, 8, 16][pick(3)];
+        let cfg = tiny_config(heads, kv_heads, head_dim);
+        let model = kvslim_engine::synthetic::random_model(cfg, DType::F32, 700 + case as u64, 3.0).unwrap();
+        let prompt_len = 8 + pick(60);
+        let total = prompt_len + 10 + pick(30);
+        let tokens: Vec<u32> = (0..total).map(|_| pick(64) as u32).collect();
+        let b = 4 + pick(20);
+        let r = 1 + pick(b as u64 / 2);
+        let sink = pick(3);
+        let agg = ["sum", "max"][pick(2)];
+        let score = ["sum", "norm"][pick(2)];
+        let future = [1, 16, 512][pick(3)];
+        let spec =
+            format!("h2o:heavy={},recent={r},sink={sink},agg={agg},score={score},prefill=expect:{future}", b - r);
+        let spec = PolicySpec::parse(&spec).unwrap();
+        let label = format!("case {case} {spec} H={heads}/{kv_heads} D={head_dim}");
+        compare(&model, &spec, &tokens, prompt_len, &label);
+        assert_tiled_keeps_what_traced_keeps(&model, &spec, &tokens[..prompt_len], &label);
+    }
+    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
+    let mut ids = tok.encode(&text[..4000]).unwrap();
+    ids.truncate(200);
+    for spec in [
+        "h2o:heavy=24,recent=8,sink=4,prefill=expect",
+        "h2o:heavy=16,recent=16,prefill=expect",
+        "h2o:heavy=24,recent=8,sink=4,prefill=expect:64",
+    ] {
+        let spec = PolicySpec::parse(spec).unwrap();
+        compare(&m.model, &spec, &ids, 120, &format!("stories260K {spec}"));
     }
 }
 

@@ -194,7 +194,8 @@ pub trait CachePolicy: Send {
         None
     }
 
-    /// SnapKV prefill scoring (an observation window of the last queries).
+    /// How a one-chunk prefill scores the prompt, when not by every query's
+    /// attention (SnapKV's window, expected attention).
     fn observation(&self) -> Option<token::Observation> {
         None
     }

@@ -7,7 +7,7 @@
 //! sink:sink=S,recent=N                 StreamingLLM: first S positions + window
 //! heavy:heavy=N[,score=R]              heavy hitters only, no window
 //! random:budget=N[,recent=R][,seed=S]  seeded random victims, window protected
-//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]][,score=R][,alloc=A]
+//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]|expect[:F]][,score=R][,alloc=A]
 //! ```
 //!
 //! `alloc=A` spreads h2o's heavy slots over layers and KV heads under the
@@ -131,6 +131,10 @@ pub enum PrefillMode {
     /// prompt's tokens (an observation window), the scores max-pooled over
     /// `pool` neighbouring positions, then keep recent + top heavy.
     Snap { window: usize, pool: usize },
+    /// Expected attention: one chunk; every prompt token scored by the
+    /// attention the prompt's query distribution would pay it over the
+    /// next `future` positions (query-agnostic), then keep recent + top heavy.
+    Expect { future: usize },
 }
 
 /// Token-eviction part of a policy.
@@ -384,6 +388,9 @@ pub(super) static FAMILIES: &[Family] = &[
             if matches!(prefill, PrefillMode::Snap { .. }) && !score.column_summable() {
                 return Err(format!("prefill=snap sums the observation window's attention; it needs score=sum or score=norm, not score={score}"));
             }
+            if matches!(prefill, PrefillMode::Expect { .. }) && !score.column_summable() {
+                return Err(format!("prefill=expect scores the prompt once, then decode steps add attention; it needs score=sum or score=norm, not score={score}"));
+            }
             let alloc = match p.take("alloc") {
                 None => Alloc::default(),
                 Some(v) => v.parse().map_err(|e| format!("alloc: {e}"))?,
@@ -393,9 +400,21 @@ pub(super) static FAMILIES: &[Family] = &[
     },
 ];
 
-/// `stream:C` or `snap:W[:K]` (K odd, default 7: SnapKV's pooling kernel).
+/// `stream:C`, `snap:W[:K]` (K odd, default 7: SnapKV's pooling kernel)
+/// or `expect[:F]` (F future positions, default 512 as kvpress).
 fn parse_prefill(s: &str) -> Result<PrefillMode, String> {
-    let bad = || format!("prefill: `{s}` is not `full`, `stream:C` (C ≥ 1) or `snap:W[:K]` (W ≥ 1, K odd)");
+    let bad = || {
+        format!("prefill: `{s}` is not `full`, `stream:C` (C ≥ 1), `snap:W[:K]` (W ≥ 1, K odd) or `expect[:F]` (F ≥ 1)")
+    };
+    if s == "expect" {
+        return Ok(PrefillMode::Expect { future: 512 });
+    }
+    if let Some(f) = s.strip_prefix("expect:") {
+        return match f.parse::<usize>() {
+            Ok(f) if f > 0 => Ok(PrefillMode::Expect { future: f }),
+            _ => Err(bad()),
+        };
+    }
     if let Some(c) = s.strip_prefix("stream:") {
         return match c.parse::<usize>() {
             Ok(c) if c > 0 => Ok(PrefillMode::Stream(c)),
@@ -529,7 +548,8 @@ impl Evict {
                 _ => None,
             },
             observation: match self.prefill {
-                PrefillMode::Snap { window, pool } => Some(Observation { window, pool }),
+                PrefillMode::Snap { window, pool } => Some(Observation::Window { window, pool }),
+                PrefillMode::Expect { future } => Some(Observation::Expected { future, skip: r(self.sinks) }),
                 _ => None,
             },
         }
@@ -577,6 +597,7 @@ impl TokenPolicySpec {
                 match prefill {
                     PrefillMode::Stream(c) => shown.push(("prefill", format!("stream:{c}"))),
                     PrefillMode::Snap { window, pool } => shown.push(("prefill", format!("snap:{window}:{pool}"))),
+                    PrefillMode::Expect { future } => shown.push(("prefill", format!("expect:{future}"))),
                     PrefillMode::Full => {}
                 }
                 (

@@ -156,19 +156,28 @@ pub struct EvictionConfig {
     pub agg: Option<ScoreAgg>,
     /// Streaming prefill in chunks of this many tokens (`None`: one chunk).
     pub prefill_chunk: Option<usize>,
-    /// SnapKV prefill: only an observation window of the last prompt
-    /// queries scores the prompt (`None`: every query does).
+    /// How a one-chunk prefill scores the prompt other than by every
+    /// query's attention: SnapKV's window or expected attention (`None`:
+    /// every query's attention, summed).
     pub observation: Option<Observation>,
 }
 
-/// SnapKV's prefill scoring: the attention of the last `window` queries of
-/// a prefill chunk, summed per candidate, then max-pooled over `pool`
-/// neighbouring positions (so a kept token keeps its neighbours' chance).
+/// How a one-chunk prefill scores the prompt's tokens when not by the
+/// attention of every prompt query (docs/policies.md §1, prefill).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Observation {
-    pub window: usize,
-    /// Odd kernel width; 1 = no pooling.
-    pub pool: usize,
+pub enum Observation {
+    /// SnapKV: the attention of the chunk's last `window` queries, summed
+    /// per candidate, then max-pooled over `pool` neighbouring positions
+    /// (odd; 1 = no pooling), so a kept token keeps its neighbours' chance.
+    Window { window: usize, pool: usize },
+    /// Expected attention (kvpress's ExpectedAttentionPress): the attention
+    /// that queries distributed as the chunk's (their mean and covariance,
+    /// positions below `skip` left out, RoPE undone) would pay each
+    /// candidate at the `future` positions after the chunk (the rotation
+    /// averaged over them), softmax over the candidates from `skip` on,
+    /// averaged over the group's query heads, times the candidate's ‖v‖.
+    /// Query-agnostic: no question is needed, and no extra pass.
+    Expected { future: usize, skip: usize },
 }
 
 impl TokenEviction {

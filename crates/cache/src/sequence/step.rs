@@ -175,8 +175,8 @@ impl SequenceCache {
         cand: &mut PrefillCandidates,
     ) -> Result<(), CacheError> {
         if !cand.columns.is_empty() {
-            if let Some(o) = cand.observation {
-                cand.pool_columns(o.pool);
+            if let Some(Observation::Window { pool, .. }) = cand.observation {
+                cand.pool_columns(pool);
             }
             cand.scores.iter_mut().zip(&cand.columns).for_each(|(sc, p)| *sc += p);
             cand.columns.clear();
@@ -282,7 +282,27 @@ impl PrefillCandidates {
     /// the model reports each of them with
     /// [`PrefillCandidates::observe_query`] (`None`: not a SnapKV policy).
     pub fn observation_queries(&self) -> Option<usize> {
-        self.observation.map(|o| o.window.min(self.positions.len() - self.held))
+        match self.observation {
+            Some(Observation::Window { window, .. }) => Some(window.min(self.positions.len() - self.held)),
+            _ => None,
+        }
+    }
+
+    /// Expected attention: the future positions to average the rotation
+    /// over and the first positions left out (sinks); the model adds each
+    /// candidate's expected attention to its scores with
+    /// [`PrefillCandidates::add_column_sums`] (`None`: not this mode).
+    pub fn expected_attention(&self) -> Option<(usize, usize)> {
+        match self.observation {
+            Some(Observation::Expected { future, skip }) => Some((future, skip)),
+            _ => None,
+        }
+    }
+
+    /// How the policy folds a query head group's attention (also for
+    /// expected attention's group average).
+    pub fn aggregation(&self) -> Option<ScoreAgg> {
+        self.scoring.map(|(a, _)| a)
     }
 
     /// Max-pools the column sums over `k` neighbouring candidates by position.
@@ -318,6 +338,10 @@ impl PrefillCandidates {
     /// the visible candidates' scores now, as a decode step would.
     pub fn observe_query(&mut self, visible: usize, probs: &[f32], group: usize) {
         let Some((agg, rule)) = self.scoring else { return };
+        if self.expected_attention().is_some() {
+            // scored by the query distribution instead (the model adds it)
+            return;
+        }
         if let Some(w) = self.observation_queries() {
             // chunk query t sees held + t + 1 candidates; only the last w count
             let (t, n) = (visible - self.held - 1, self.positions.len() - self.held);

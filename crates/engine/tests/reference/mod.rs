@@ -44,6 +44,49 @@ pub struct RefPolicy {
     pub score: RefScore,
     /// SnapKV prefill: (observation window, pooling kernel).
     pub observe: Option<(usize, usize)>,
+    /// Expected-attention prefill.
+    pub expect: Option<RefExpect>,
+}
+
+/// Expected attention's parameters and the model's RoPE (over the whole
+/// head).
+#[derive(Clone, Copy, Debug)]
+pub struct RefExpect {
+    pub future: usize,
+    /// Positions below this are left out (the sinks).
+    pub skip: usize,
+    pub theta: f64,
+    /// Pairs (i, i + d/2) (Hugging Face), else (2i, 2i + 1) (GGUF, llama2.c).
+    pub half_split: bool,
+}
+
+/// The d × d RoPE rotation whose pair i turns by the angle whose
+/// (cos, sin) `cos_sin` gives for the pair's frequency.
+fn rotation(d: usize, e: &RefExpect, cos_sin: impl Fn(f64) -> (f64, f64)) -> Vec<Vec<f64>> {
+    let mut r = vec![vec![0.0; d]; d];
+    for i in 0..d / 2 {
+        let f = e.theta.powf(-((2 * i) as f64) / d as f64);
+        let (c, s) = cos_sin(f);
+        let (a, b) = if e.half_split { (i, i + d / 2) } else { (2 * i, 2 * i + 1) };
+        r[a][a] = c;
+        r[a][b] = -s;
+        r[b][a] = s;
+        r[b][b] = c;
+    }
+    r
+}
+
+fn mat_vec(m: &[Vec<f64>], x: &[f64]) -> Vec<f64> {
+    m.iter().map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum()).collect()
+}
+
+fn mat_mul(a: &[Vec<f64>], b: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let n = b[0].len();
+    a.iter().map(|row| (0..n).map(|j| row.iter().zip(b).map(|(x, brow)| x * brow[j]).sum()).collect()).collect()
+}
+
+fn transpose(a: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    (0..a[0].len()).map(|j| a.iter().map(|row| row[j]).collect()).collect()
 }
 
 #[derive(Clone, Debug)]
@@ -172,6 +215,10 @@ impl RefHead {
     pub fn prefill_candidates(&self, policy: &RefPolicy, chunk: &[RefToken]) -> Vec<Slot> {
         let mut cands = self.slots.clone();
         cands.extend(chunk.iter().map(|(p, _, k, v)| Slot { pos: *p, k: k.clone(), v: v.clone(), score: 0.0 }));
+        if let Some(e) = policy.expect {
+            self.expected_attention(policy, &e, chunk, &mut cands);
+            return cands;
+        }
         match policy.observe {
             None => {
                 for (p, q, _, _) in chunk {
@@ -197,6 +244,67 @@ impl RefHead {
             }
         }
         cands
+    }
+
+    /// Expected attention: per query head of the group, the mean and
+    /// covariance of the chunk's queries (positions from `skip`) with RoPE
+    /// undone, both carried by the rotation averaged over the `future`
+    /// positions after the chunk; each candidate from `skip` scores
+    /// softmax(μ̃·k/√d + kᵀΣ̃k/(2d)), averaged (or maxed) over the group,
+    /// times ‖v‖.
+    fn expected_attention(&self, policy: &RefPolicy, e: &RefExpect, chunk: &[RefToken], cands: &mut [Slot]) {
+        let d = self.d;
+        let next = chunk.last().unwrap().0 as f64 + 1.0;
+        let mut avg = vec![vec![0.0; d]; d];
+        for p in 0..e.future {
+            let r = rotation(d, e, |f| (((next + p as f64) * f).cos(), ((next + p as f64) * f).sin()));
+            for (a, b) in avg.iter_mut().flatten().zip(r.iter().flatten()) {
+                *a += b / e.future as f64;
+            }
+        }
+        let scored: Vec<usize> = (0..cands.len()).filter(|&j| cands[j].pos as usize >= e.skip).collect();
+        let rows: Vec<Vec<f64>> = (0..self.g)
+            .map(|h| {
+                let qs: Vec<Vec<f64>> = chunk
+                    .iter()
+                    .filter(|t| t.0 as usize >= e.skip)
+                    .map(|(p, q, _, _)| {
+                        let undo = rotation(d, e, |f| ((-(*p as f64) * f).cos(), (-(*p as f64) * f).sin()));
+                        mat_vec(&undo, &q[h * d..(h + 1) * d])
+                    })
+                    .collect();
+                let m = qs.len() as f64;
+                let mu: Vec<f64> = (0..d).map(|i| qs.iter().map(|q| q[i]).sum::<f64>() / m).collect();
+                let sigma: Vec<Vec<f64>> = (0..d)
+                    .map(|i| {
+                        (0..d).map(|j| qs.iter().map(|q| (q[i] - mu[i]) * (q[j] - mu[j])).sum::<f64>() / m).collect()
+                    })
+                    .collect();
+                let mu = mat_vec(&avg, &mu);
+                let sigma = mat_mul(&mat_mul(&avg, &sigma), &transpose(&avg));
+                let logits: Vec<f64> = scored
+                    .iter()
+                    .map(|&j| {
+                        let k = &cands[j].k;
+                        let mean: f64 = mu.iter().zip(k).map(|(a, b)| a * b).sum();
+                        let quad: f64 = mat_vec(&sigma, k).iter().zip(k).map(|(a, b)| a * b).sum();
+                        mean / (d as f64).sqrt() + quad / (2.0 * d as f64)
+                    })
+                    .collect();
+                let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+                logits.iter().map(|l| (l - max).exp() / z).collect()
+            })
+            .collect();
+        for (i, &j) in scored.iter().enumerate() {
+            let col = rows.iter().map(|r| r[i]);
+            let a =
+                if policy.agg_max == Some(true) { col.fold(0.0, f64::max) } else { col.sum::<f64>() / self.g as f64 };
+            // the engine keeps scores in f32: an expected attention below
+            // f32's range (a head whose softmax peaks hard) is 0 there, and
+            // such candidates tie; rounding here keeps the ranking comparable
+            cands[j].score += (a * cands[j].v.iter().map(|x| x * x).sum::<f64>().sqrt()) as f32 as f64;
+        }
     }
 
     /// Evicts among scored prefill candidates (after the query at `now`)

@@ -15,6 +15,7 @@
 
 mod block;
 mod decode;
+mod expected;
 mod forward;
 mod prefill;
 mod scratch;

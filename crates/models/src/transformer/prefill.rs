@@ -80,6 +80,9 @@ impl Model {
                     self.observe_window(chunk, comp, s, w);
                 }
             }
+            if let Some(e) = s.cand.expected_attention() {
+                self.expected_scores(li, comp, s, (p0, n, scale), e);
+            }
             if let (Some(k), Some(done)) = (key, scored.as_deref_mut()) {
                 done.push((ci, k, s.cand.attention_scores()));
             }
