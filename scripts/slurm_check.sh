@@ -142,7 +142,7 @@ done
 }
 sinfo -N -o '%N %c %m %T'
 
-# the run: tiny, so the check takes a minute or two
+# the run: tiny (10 cells), so each submission ends within seconds
 SUBMIT="$REPO/deploy/slurm/eval_array.sbatch"
 export KVSLIM MODEL=$S/models/stories260K/stories260K.bin N=3 CPUS=1
 export TASKS="ppl:$S/data/tinystories/tinystories_val.txt,seq_len=64,limit=2;mc:$S/data/copa/copa.jsonl,limit=4"
