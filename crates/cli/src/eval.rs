@@ -107,14 +107,21 @@ enum EvalCommand {
     /// results.jsonl/csv/md (and plots/) an unsharded run writes, rows in the
     /// same order. Refuses shards of different runs, duplicate or missing
     /// shards, and unfinished shards (`--partial` takes what is finished).
+    /// A merge is run again into the same --out with `--replace`.
     Merge(MergeArgs),
 }
 
 #[derive(clap::Args)]
 struct MergeArgs {
-    /// Directory for the merged results (must not hold results yet).
+    /// Directory for the merged results (must not hold results yet, unless --replace).
     #[arg(long)]
     out: PathBuf,
+    /// Replace the merged results --out already holds: run a merge again
+    /// (after a failed shard was resumed, or a job re-run into the same
+    /// folder). The new files are written beside the old ones first, so a
+    /// merge that fails leaves the old ones in place.
+    #[arg(long)]
+    replace: bool,
     /// Skip drawing plots/ from the merged rows.
     #[arg(long)]
     no_charts: bool,
@@ -129,7 +136,7 @@ struct MergeArgs {
 }
 
 fn merge(a: MergeArgs) -> CliResult {
-    let opts = kvslim_eval::MergeOptions { charts: !a.no_charts, partial: a.partial };
+    let opts = kvslim_eval::MergeOptions { charts: !a.no_charts, partial: a.partial, replace: a.replace };
     let merged = kvslim_eval::merge_shards(&a.shards, &a.out, opts)?;
     eprintln!(
         "merged {} shards: {}; results in {}/results.jsonl, .csv, .md{}",

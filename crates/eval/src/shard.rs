@@ -187,7 +187,17 @@ pub struct MergeOptions {
     /// Merge what is finished so far: missing shards and unfinished cells
     /// are left out instead of refused.
     pub partial: bool,
+    /// Replace the merged results `out` already holds (a merge run again,
+    /// e.g. after a failed shard was resumed) instead of refusing them.
+    pub replace: bool,
 }
+
+/// What a merge writes into its `out` directory, and all it replaces there.
+const MERGED_FILES: [&str; 4] = ["plots", "results.csv", "results.md", ResultsLog::FILE];
+
+/// Where a merge writes its files before moving them into `out`: inside
+/// `out`, so the moves are renames on one file system.
+const STAGING: &str = ".merge-staging";
 
 /// What [`merge_shards`] wrote.
 #[derive(Clone, Debug)]
@@ -214,9 +224,12 @@ impl Merged {
 }
 
 /// Merges the out directories of all `N` shards of one run into `out`
-/// (created if needed; must not hold results yet): `results.jsonl` with
-/// every row in the unsharded run's order and without shard tags,
-/// `results.csv`, `results.md`, and with `charts` the `plots/`.
+/// (created if needed; must not hold results yet unless `replace`):
+/// `results.jsonl` with every row in the unsharded run's order and without
+/// shard tags, `results.csv`, `results.md`, and with `charts` the `plots/`.
+/// The files are written into `out/.merge-staging` first and then moved
+/// into place, so a merge that fails leaves `out` as it was; with
+/// `replace` the old files (and an old `plots/`) give way to the new ones.
 ///
 /// Errors, each naming the directory: a directory that is no shard (no
 /// `shard.json`), shards of different runs (fingerprints differ), a shard
@@ -226,6 +239,15 @@ impl Merged {
 pub fn merge_shards(dirs: &[PathBuf], out: &Path, opts: MergeOptions) -> Result<Merged> {
     if dirs.is_empty() {
         return Err(EvalError::Request("merge: no shard directories given".into()));
+    }
+    let existing = out.join(ResultsLog::FILE);
+    if !opts.replace && std::fs::metadata(&existing).is_ok_and(|m| m.len() > 0) {
+        return Err(EvalError::File {
+            path: existing,
+            reason: "already holds results; merge with replace (`kvslim eval merge --replace`) to overwrite them, \
+                     or into another directory"
+                .into(),
+        });
     }
     let mut by_index: BTreeMap<usize, (&PathBuf, ShardManifest)> = BTreeMap::new();
     let mut first: Option<(PathBuf, Shard, ShardManifest)> = None;
@@ -330,17 +352,40 @@ pub fn merge_shards(dirs: &[PathBuf], out: &Path, opts: MergeOptions) -> Result<
             .map(|(n, r)| r.ok_or_else(|| EvalError::Request(format!("merge: no shard owns cell {n}"))))
             .collect::<Result<_>>()?
     };
-    let mut log = ResultsLog::create(out)?;
-    for r in &rows {
-        log.append(r)?;
-    }
     let merged = Merged { rows, total_cells: m0.total_cells, missing_shards: missing };
     let note = opts.partial.then(|| format!("Partial merge of run {}: {}.", m0.run, merged.coverage()));
-    write_summaries_noted(out, &merged.rows, note.as_deref())?;
-    if opts.charts {
-        crate::plots::write_charts(&out.join("plots"), &merged.rows)?;
+    let stage = out.join(STAGING);
+    remove_any(&stage)?; // left over by an interrupted merge
+    {
+        let mut log = ResultsLog::create(&stage)?;
+        for r in &merged.rows {
+            log.append(r)?;
+        }
     }
+    write_summaries_noted(&stage, &merged.rows, note.as_deref())?;
+    if opts.charts {
+        crate::plots::write_charts(&stage.join("plots"), &merged.rows)?;
+    }
+    for name in MERGED_FILES {
+        let (from, to) = (stage.join(name), out.join(name));
+        remove_any(&to)?;
+        if from.exists() {
+            std::fs::rename(&from, &to).map_err(|e| EvalError::io(&to, e))?;
+        }
+    }
+    std::fs::remove_dir(&stage).map_err(|e| EvalError::io(&stage, e))?;
     Ok(merged)
+}
+
+/// Removes a file or a directory tree; absent is fine.
+fn remove_any(p: &Path) -> Result<()> {
+    let r = match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+        Ok(_) => std::fs::remove_file(p),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => Err(e),
+    };
+    r.map_err(|e| EvalError::io(p, e))
 }
 
 #[cfg(test)]

@@ -19,9 +19,10 @@ impl Drop for TempDir {
 }
 
 /// Merge options: with plots, without, and a partial merge.
-const CHARTS: MergeOptions = MergeOptions { charts: true, partial: false };
-const PLAIN: MergeOptions = MergeOptions { charts: false, partial: false };
-const PARTIAL: MergeOptions = MergeOptions { charts: false, partial: true };
+const CHARTS: MergeOptions = MergeOptions { charts: true, partial: false, replace: false };
+const PLAIN: MergeOptions = MergeOptions { charts: false, partial: false, replace: false };
+const PARTIAL: MergeOptions = MergeOptions { charts: false, partial: true, replace: false };
+const REPLACE: MergeOptions = MergeOptions { charts: false, partial: false, replace: true };
 
 fn config(budgets: &[&str]) -> MatrixConfig {
     let specs = [
@@ -152,9 +153,22 @@ fn three_shards_merge_to_the_unsharded_results() {
         std::fs::read(a.join("plots").join(svg)).unwrap()
     );
 
-    // a merged directory is not overwritten
+    // a merged directory is not overwritten, unless replaced
     let err = merge_shards(&[shard_dir(0), shard_dir(1), shard_dir(2)], &merged_dir, PLAIN).unwrap_err().to_string();
-    assert!(err.contains("already holds results"), "{err}");
+    assert!(err.contains("already holds results") && err.contains("--replace"), "{err}");
+    let md = std::fs::read_to_string(a.join("results.md")).unwrap();
+    // a refused replacing merge (a shard missing) leaves the old files in place
+    let err = merge_shards(&[shard_dir(0), shard_dir(1)], &merged_dir, REPLACE).unwrap_err().to_string();
+    assert!(err.contains("missing shard 2/3"), "{err}");
+    assert_eq!(std::fs::read_to_string(merged_dir.join("results.md")).unwrap(), md);
+    assert!(merged_dir.join("plots").join(svg).exists());
+    // a replacing merge writes what a fresh one does: the same rows, and no plots/ left from before
+    std::fs::write(merged_dir.join("results.md"), "stale").unwrap();
+    let again = merge_shards(&[shard_dir(0), shard_dir(1), shard_dir(2)], &merged_dir, REPLACE).unwrap();
+    assert_eq!(again.rows.len(), whole.len());
+    assert_eq!(std::fs::read_to_string(merged_dir.join("results.md")).unwrap(), md);
+    assert_eq!(read(&merged_dir).len(), whole.len());
+    assert!(!merged_dir.join("plots").exists() && !merged_dir.join(".merge-staging").exists());
 
     // errors
     let fresh = |name: &str| tmp.0.join(name);
