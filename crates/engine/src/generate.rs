@@ -146,6 +146,30 @@ pub fn generate_shared(
     Ok(out)
 }
 
+/// Continues `session` from `logits`, those of the last token it was fed:
+/// samples and decodes as [`generate`] does after its prefill, up to
+/// `opts.max_tokens` new tokens (fewer where the model's context ends and
+/// the cache is not bounded). The session's own policy runs; `opts.policy`
+/// is not read. For a context prefilled once and forked per question.
+pub fn continue_generation(
+    session: &mut Session<'_>,
+    logits: &[f32],
+    opts: &GenerateOptions,
+    on_token: impl FnMut(u32) -> bool,
+) -> Result<Generation> {
+    opts.sampling.validate().map_err(EngineError::Request)?;
+    let model = session.model;
+    let at = session.position();
+    let max_new = if session.cache.policy().bounded() && model.config.learned_positions.is_none() {
+        opts.max_tokens
+    } else {
+        opts.max_tokens.min(model.config.context_len.saturating_sub(at))
+    };
+    let mut sampler = Sampler::new(opts.sampling.clone());
+    let next = sampler.sample(logits);
+    decode(session, &mut sampler, opts, next, max_new, 0.0, at, on_token)
+}
+
 /// Decode steps after the prompt: `next` is the first sampled id.
 #[allow(clippy::too_many_arguments)]
 fn decode(

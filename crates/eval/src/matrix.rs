@@ -58,8 +58,10 @@ use crate::shard::{config_fingerprint, Shard, ShardManifest};
 use crate::tasks::{answers_found, code, ruler_items, TaskData, TaskKind, TaskSpec};
 use crate::{EvalError, Result};
 use kvslim_engine::{
-    generate, generate_shared, perplexity, GenerateOptions, Generation, PerplexityOptions, SamplingParams,
+    continue_generation, generate, generate_shared, perplexity, GenerateOptions, Generation, PerplexityOptions,
+    SamplingParams, Session,
 };
+use kvslim_models::Logits;
 use kvslim_models::{Model, Tokenizer};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
@@ -153,8 +155,10 @@ enum Prepared {
     },
     /// Context ids and the expected next line; max new tokens.
     Lcc(Vec<(Vec<u32>, String)>, usize),
-    /// Prompt ids, expected answers, target length, depth; max new tokens.
-    Ruler(Vec<(Vec<u32>, Vec<String>, usize, f64)>, usize),
+    /// Prompt ids, expected answers, target length, depth, and for
+    /// `niah_multiquery` the questions' ids (asked one at a time after the
+    /// prompt, question i expecting answer i); max new tokens.
+    Ruler(Vec<RulerPrepared>, usize),
 }
 
 impl Prepared {
@@ -167,6 +171,22 @@ impl Prepared {
             Prepared::Ruler(v, _) => v.len(),
         }
     }
+}
+
+type RulerPrepared = (Vec<u32>, Vec<String>, usize, f64, Vec<Vec<u32>>);
+
+/// A context and the questions to ask after it, tokenized as the context
+/// followed by each question would be: the context's ids are those every
+/// `context + question` shares (a merge across the boundary moves the
+/// boundary back), each question's the rest of its own.
+fn split_questions(tok: &Tokenizer, context: &str, questions: &[String]) -> Result<(Vec<u32>, Vec<Vec<u32>>)> {
+    let mut ctx = tok.encode(context)?;
+    let whole: Vec<Vec<u32>> =
+        questions.iter().map(|q| Ok(tok.encode(&format!("{context}{q}"))?)).collect::<Result<_>>()?;
+    let shared =
+        whole.iter().map(|w| w.iter().zip(&ctx).take_while(|(a, b)| a == b).count()).min().unwrap_or(ctx.len());
+    ctx.truncate(shared);
+    Ok((ctx, whole.into_iter().map(|w| w[shared..].to_vec()).collect()))
 }
 
 fn prepare(model: &Model, tok: &Tokenizer, task: &TaskSpec) -> Result<Prepared> {
@@ -234,12 +254,53 @@ fn prepare(model: &Model, tok: &Tokenizer, task: &TaskSpec) -> Result<Prepared> 
             let items = ruler_items(&cfg, &count);
             let mut out = Vec::new();
             for it in items.into_iter().take(limit) {
-                out.push((tok.encode(&it.prompt)?, it.answers, it.target_len, it.depth));
+                let (ids, questions) = match it.questions.is_empty() {
+                    true => (tok.encode(&it.prompt)?, Vec::new()),
+                    false => split_questions(tok, &it.prompt, &it.questions)?,
+                };
+                out.push((ids, it.answers, it.target_len, it.depth, questions));
             }
             Prepared::Ruler(out, *max_tokens)
         }
         (d, k) => unreachable!("task data {d:?} for {k:?}"),
     })
+}
+
+/// Compress once, ask many (`niah_multiquery`): the context is prefilled
+/// once under the policy (budgets resolve against it), then each question
+/// runs on its own fork of that cache as decode steps (the policy scores
+/// and evicts as in any decode step, but chose what the context keeps
+/// before any question was known) and is answered greedily. Returns how
+/// many questions found their answer, and the largest KV bytes.
+fn ask_each(
+    model: &Model,
+    tok: &Tokenizer,
+    policy: &BudgetedPolicy,
+    context: &[u32],
+    questions: &[Vec<u32>],
+    answers: &[String],
+    max_tokens: usize,
+) -> Result<(usize, kvslim_cache::KvBytes)> {
+    let spec = policy.spec_for(context.len())?;
+    let longest = questions.iter().map(Vec::len).max().unwrap_or(0);
+    let mut base = Session::new(model, &spec, context.len() + longest + max_tokens, context.len())?;
+    base.feed(context, Logits::None)?;
+    let opts = greedy(spec, max_tokens, tok);
+    let (mut found, mut kv) = (0, kvslim_cache::KvBytes::default());
+    for (q, answer) in questions.iter().zip(answers) {
+        let mut s = Session::with_cache(model, base.cache.clone());
+        for &t in &q[..q.len().saturating_sub(1)] {
+            s.feed(&[t], Logits::None)?;
+        }
+        let last = *q.last().ok_or_else(|| EvalError::Request("an empty question".into()))?;
+        let logits = s.feed(&[last], Logits::Last)?.to_vec();
+        let g = continue_generation(&mut s, &logits, &opts, |_| true)?;
+        found += answers_found(&tok.decode(&g.token_ids)?, std::slice::from_ref(answer));
+        if g.kv_bytes.kv > kv.kv {
+            kv = g.kv_bytes;
+        }
+    }
+    Ok((found, kv))
 }
 
 /// Multiple-choice items scored together by [`score_items`]: their decode
@@ -278,7 +339,9 @@ fn greedy(policy: kvslim_cache::PolicySpec, max_tokens: usize, tok: &Tokenizer) 
 /// whether a generation ends with its first line; `None` for other tasks.
 fn generation_items(prep: &Prepared) -> Option<(Vec<&[u32]>, usize, bool)> {
     match prep {
-        Prepared::Ruler(items, n) => Some((items.iter().map(|it| &it.0[..]).collect(), *n, false)),
+        Prepared::Ruler(items, n) if items.iter().all(|it| it.4.is_empty()) => {
+            Some((items.iter().map(|it| &it.0[..]).collect(), *n, false))
+        }
         Prepared::Lcc(items, n) => Some((items.iter().map(|it| &it.0[..]).collect(), *n, true)),
         _ => None,
     }
@@ -582,17 +645,29 @@ fn run_cell(
             row.per_item.insert("edit_sim".into(), sim);
         }
         Prepared::Ruler(..) => {
-            let gens = generations(prepared, report)?;
+            let found = match generation_items(prepared) {
+                Some(_) => {
+                    let gens = generations(prepared, report)?;
+                    let Prepared::Ruler(items, _) = &*prepared else { unreachable!() };
+                    gens.iter()
+                        .zip(items.iter())
+                        .map(|(g, it)| Ok((answers_found(&tok.decode(&g.token_ids)?, &it.1), g.kv_bytes)))
+                        .collect::<Result<Vec<_>>>()?
+                }
+                None => {
+                    let Prepared::Ruler(items, max_tokens) = &*prepared else { unreachable!() };
+                    par_blocks(
+                        items.len(),
+                        |i| ask_each(model, tok, policy, &items[i].0, &items[i].4, &items[i].1, *max_tokens),
+                        |d| report(d, total),
+                    )?
+                }
+            };
             let Prepared::Ruler(items, _) = &*prepared else { unreachable!() };
-            let found = gens
-                .iter()
-                .zip(items.iter())
-                .map(|(g, (_, answers, _, _))| Ok((answers_found(&tok.decode(&g.token_ids)?, answers), g.kv_bytes)))
-                .collect::<Result<Vec<_>>>()?;
             // an item counts when every expected answer is in the output
             let mut by: BTreeMap<String, (usize, usize)> = BTreeMap::new();
             let (mut recall, mut hits) = (0.0, Vec::with_capacity(items.len()));
-            for ((n_found, b), (_, answers, len, depth)) in found.iter().zip(items.iter()) {
+            for ((n_found, b), (_, answers, len, depth, _)) in found.iter().zip(items.iter()) {
                 kv = kv.max(b.kv);
                 meta = meta.max(b.metadata);
                 let hit = *n_found == answers.len();

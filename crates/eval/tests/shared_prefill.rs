@@ -56,3 +56,51 @@ fn shared_prefills_change_no_result() {
         assert_eq!(t.timings.get("shared_cells"), Some(&13.0), "{} {} {}", t.policy, t.budget, t.task);
     }
 }
+
+/// Compress once, ask many (`niah_multiquery`): under the full cache each
+/// question, asked on a fork of the context's cache, finds what asking the
+/// whole prompt (context + that question) at once finds; every policy's
+/// row counts its questions.
+#[test]
+fn multiquery_forks_the_context_once_per_question() {
+    use kvslim_engine::{generate, GenerateOptions, SamplingParams};
+    use kvslim_eval::tasks::{answers_found, ruler_items, RulerConfig, RulerTask};
+    // SmolLM2-135M finds some of the needles (TinyStories' 260K model none)
+    let m = kvslim_models::load_model(
+        &common::shared_dir().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    )
+    .unwrap();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let spec = "niah_multiquery:lengths=200,depths=0.5,per_cell=2";
+    let mut cfg = MatrixConfig::new("smollm2", vec![TaskSpec::parse(spec).unwrap()]);
+    cfg.policies = ["full", "h2o", "h2o:prefill=snap:8", "h2o:prefill=expect:64"].map(String::from).to_vec();
+    cfg.budgets = vec!["50%".into()];
+    cfg.charts = false;
+    let rows = run_matrix(&m.model, tok, &cfg, |_| {}).unwrap();
+    assert_eq!(rows.len(), 4);
+    for r in &rows {
+        assert_eq!(r.items, 2, "{}", r.policy);
+        assert!((0.0..=1.0).contains(&r.metrics["recall"]), "{}", r.policy);
+    }
+    // the full cache, asked the whole prompt per question
+    let count = |s: &str| tok.encode(s).unwrap().len();
+    let rc = RulerConfig { lengths: vec![200], depths: vec![0.5], per_cell: 2, ..RulerConfig::new(RulerTask::NiahMultiQuery) };
+    let (mut found, mut asked) = (0, 0);
+    for it in ruler_items(&rc, &count) {
+        for (q, a) in it.questions.iter().zip(&it.answers) {
+            let ids = tok.encode(&format!("{}{q}", it.prompt)).unwrap();
+            let opts = GenerateOptions {
+                max_tokens: 16,
+                sampling: SamplingParams::default(),
+                policy: kvslim_cache::PolicySpec::full(),
+                eos: tok.eos.clone(),
+            };
+            let g = generate(&m.model, &ids, &opts, |_| true).unwrap();
+            found += answers_found(&tok.decode(&g.token_ids).unwrap(), std::slice::from_ref(a));
+            asked += 1;
+        }
+    }
+    assert_eq!(asked, 8);
+    assert!(found > 0, "the test needs a model that answers some questions");
+    assert_eq!(rows[0].metrics["recall"], found as f64 / asked as f64);
+}

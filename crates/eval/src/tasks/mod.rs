@@ -11,7 +11,8 @@
 //!                                   items with more than T context tokens are left out
 //! RULER[:lengths=A,B,..][,depths=X,Y,..][,per_cell=N][,seed=S][,max_tokens=N]
 //!                                   RULER: passkey, niah_single, niah_multikey,
-//!                                   niah_multivalue, vt, cwe (see [`ruler`])
+//!                                   niah_multivalue, niah_multiquery, vt, cwe
+//!                                   (see [`ruler`])
 //! FILE                              kind from the extension: .jsonl → mc,
 //!                                   .bz2 → hellaswag, .raw/.txt/.tokens → ppl
 //! ```
@@ -91,7 +92,7 @@ pub const DEFAULT_SEQ_LEN: usize = 512;
 pub const DEFAULT_GEN_TOKENS: usize = 128;
 /// Most tokens a code-completion item generates (its first line ends it).
 pub const DEFAULT_LCC_TOKENS: usize = 64;
-const KINDS: &str = "ppl, mc, hellaswag, gen, lcc, passkey, niah_single, niah_multikey, niah_multivalue, vt, cwe";
+const KINDS: &str = "ppl, mc, hellaswag, gen, lcc, passkey, niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt, cwe";
 
 /// Splits `k=v` options, folding bare values into the previous key's list.
 fn options<'a>(parts: impl Iterator<Item = &'a str>) -> std::result::Result<Vec<(&'a str, Vec<&'a str>)>, String> {

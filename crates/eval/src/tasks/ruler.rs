@@ -11,6 +11,10 @@
 //! * `vt` — variable tracking: `VAR A = 12345.`, `VAR B = VAR A.`, … (four
 //!   hops spread from the depth to the end); every variable holding the
 //!   value is asked for (multi-hop).
+//! * `niah_multiquery` — compress once, ask many: four needles with
+//!   different keys in a context that ends without a question; each key is
+//!   then asked for in its own question after the context (the cache is
+//!   compressed once, before any question is known).
 //! * `cwe` — common-word extraction: a numbered list where ten words occur
 //!   eight times each and the others three times; the ten are asked for.
 //!   The depth has no meaning here and is ignored.
@@ -27,18 +31,21 @@ pub enum RulerTask {
     NiahSingle,
     NiahMultiKey,
     NiahMultiValue,
+    NiahMultiQuery,
     VariableTracking,
     CommonWords,
 }
 
 impl RulerTask {
-    pub const ALL: [RulerTask; 6] = [
+    /// (New tasks go last: the position salts the items' draws.)
+    pub const ALL: [RulerTask; 7] = [
         RulerTask::Passkey,
         RulerTask::NiahSingle,
         RulerTask::NiahMultiKey,
         RulerTask::NiahMultiValue,
         RulerTask::VariableTracking,
         RulerTask::CommonWords,
+        RulerTask::NiahMultiQuery,
     ];
 
     /// The task-spec name.
@@ -48,6 +55,7 @@ impl RulerTask {
             RulerTask::NiahSingle => "niah_single",
             RulerTask::NiahMultiKey => "niah_multikey",
             RulerTask::NiahMultiValue => "niah_multivalue",
+            RulerTask::NiahMultiQuery => "niah_multiquery",
             RulerTask::VariableTracking => "vt",
             RulerTask::CommonWords => "cwe",
         }
@@ -62,7 +70,7 @@ impl RulerTask {
     pub fn default_max_tokens(self) -> usize {
         match self {
             RulerTask::Passkey => 10,
-            RulerTask::NiahSingle | RulerTask::NiahMultiKey => 16,
+            RulerTask::NiahSingle | RulerTask::NiahMultiKey | RulerTask::NiahMultiQuery => 16,
             RulerTask::NiahMultiValue | RulerTask::VariableTracking => 48,
             RulerTask::CommonWords => 64,
         }
@@ -106,6 +114,9 @@ pub struct RulerItem {
     pub depth: f64,
     /// Filler units in the prompt (sentences; distinct rare words for `cwe`).
     pub filler: usize,
+    /// `niah_multiquery`: the prompt is the context alone, and each of these
+    /// questions (asked after it, one at a time) expects `answers[i]`.
+    pub questions: Vec<String>,
 }
 
 const HEADER: &str = "There is an important info hidden inside a lot of irrelevant text. \
@@ -195,8 +206,8 @@ impl Draw {
         };
         let (keys, values) = match task {
             RulerTask::Passkey => (Vec::new(), vec![(10_000 + rng.next_u64() % 90_000).to_string()]),
-            RulerTask::NiahSingle | RulerTask::NiahMultiKey | RulerTask::NiahMultiValue => {
-                let n_keys = if task == RulerTask::NiahMultiKey { 4 } else { 1 };
+            RulerTask::NiahSingle | RulerTask::NiahMultiKey | RulerTask::NiahMultiValue | RulerTask::NiahMultiQuery => {
+                let n_keys = if matches!(task, RulerTask::NiahMultiKey | RulerTask::NiahMultiQuery) { 4 } else { 1 };
                 let keys: Vec<String> =
                     distinct_words(2 * n_keys).chunks(2).map(|p| format!("{}-{}", p[0], p[1])).collect();
                 let n_values = if task == RulerTask::NiahSingle { 1 } else { 4 };
@@ -222,8 +233,16 @@ impl Draw {
     fn answers(&self) -> Vec<String> {
         match self.task {
             RulerTask::Passkey | RulerTask::NiahSingle | RulerTask::NiahMultiKey => vec![self.values[0].clone()],
-            RulerTask::NiahMultiValue => self.values.clone(),
+            RulerTask::NiahMultiValue | RulerTask::NiahMultiQuery => self.values.clone(),
             RulerTask::VariableTracking | RulerTask::CommonWords => self.keys.clone(),
+        }
+    }
+
+    /// `niah_multiquery`'s questions, one per key, in the keys' order.
+    fn questions(&self) -> Vec<String> {
+        match self.task {
+            RulerTask::NiahMultiQuery => self.keys.iter().map(|k| niah_question(k)).collect(),
+            _ => Vec::new(),
         }
     }
 
@@ -242,11 +261,13 @@ impl Draw {
                     let v = format!("{}", 1_000_000 + (self.seed >> (i * 8)) % 9_000_000);
                     needles.push((spread(i, self.keys.len()), magic(other, &v)));
                 }
-                let q = format!(
-                    "\nWhat is the special magic number for {k} mentioned in the provided text? \
-                     The special magic number for {k} mentioned in the provided text is"
-                );
-                haystack(NIAH_HEADER, n, &needles, &q)
+                haystack(NIAH_HEADER, n, &needles, &format!("\n{}", niah_question(k)))
+            }
+            RulerTask::NiahMultiQuery => {
+                let needles: Vec<(f64, String)> = (self.keys.iter().zip(&self.values).enumerate())
+                    .map(|(i, (k, v))| (spread(i, self.keys.len()), magic(k, v)))
+                    .collect();
+                haystack(NIAH_HEADER, n, &needles, "\n")
             }
             RulerTask::NiahMultiValue => {
                 let k = &self.keys[0];
@@ -303,6 +324,14 @@ impl Draw {
     }
 }
 
+/// The question for key `k`'s special magic number.
+fn niah_question(k: &str) -> String {
+    format!(
+        "What is the special magic number for {k} mentioned in the provided text? \
+         The special magic number for {k} mentioned in the provided text is"
+    )
+}
+
 /// The most filler units whose prompt counts at most `target` tokens (0
 /// when even the bare prompt is longer).
 fn fit(build: &dyn Fn(usize) -> String, target: usize, count: &dyn Fn(&str) -> usize) -> usize {
@@ -355,6 +384,7 @@ pub fn ruler_items(cfg: &RulerConfig, count_tokens: &dyn Fn(&str) -> usize) -> V
                     target_len: len,
                     depth,
                     filler: n,
+                    questions: draw.questions(),
                 });
             }
         }
@@ -442,7 +472,7 @@ mod tests {
                 }
                 let want = match task {
                     RulerTask::Passkey | RulerTask::NiahSingle | RulerTask::NiahMultiKey => 1,
-                    RulerTask::NiahMultiValue => 4,
+                    RulerTask::NiahMultiValue | RulerTask::NiahMultiQuery => 4,
                     RulerTask::VariableTracking => 5,
                     RulerTask::CommonWords => 10,
                 };
@@ -483,6 +513,21 @@ mod tests {
             assert_eq!(counts[a.as_str()], 8, "{a}");
         }
         assert!(counts.iter().filter(|(w, _)| !cw.answers.iter().any(|a| a == *w)).all(|(_, &c)| c == 3));
+    }
+
+    #[test]
+    fn multiquery_asks_each_key_after_a_context_without_a_question() {
+        for it in &ruler_items(&cfg(RulerTask::NiahMultiQuery), &words) {
+            assert!(!it.prompt.contains("What is"), "the context asks nothing");
+            assert!(it.prompt.ends_with('\n'));
+            assert_eq!((it.questions.len(), it.answers.len()), (4, 4));
+            for (q, a) in it.questions.iter().zip(&it.answers) {
+                let key = q.strip_prefix("What is the special magic number for ").unwrap().split(' ').next().unwrap();
+                assert!(it.prompt.contains(&format!("for {key} is: {a}.")), "question {q} expects {a}");
+            }
+        }
+        // the other tasks ask in the prompt
+        assert!(ruler_items(&cfg(RulerTask::NiahMultiKey), &words).iter().all(|it| it.questions.is_empty()));
     }
 
     #[test]
