@@ -105,39 +105,11 @@ pub fn generate_shared(
         let (session, max_new) = start_session(model, prompt, &o.policy, o.max_tokens)?;
         runs.push((session, max_new, Sampler::new(o.sampling.clone())));
     }
-    // the prompt's last logits and prefill time per option, prefilled in
-    // groups of the same kernel (options that cannot share: alone)
-    let mut first: Vec<Option<(Vec<f32>, f64)>> = vec![None; opts.len()];
-    for i in 0..runs.len() {
-        if first[i].is_some() {
-            continue;
-        }
-        let kernel = runs[i].0.cache.shared_prefill_kernel();
-        let start = Instant::now();
-        let members: Vec<usize> = match kernel {
-            Some(k) if prompt.len() > 1 => (i..runs.len())
-                .filter(|&j| first[j].is_none() && runs[j].0.cache.shared_prefill_kernel() == Some(k))
-                .collect(),
-            _ => vec![i],
-        };
-        let logits = if members.len() == 1 {
-            runs[i].0.feed(prompt, Logits::Last)?.to_vec()
-        } else {
-            let mut group: Vec<&mut Session<'_>> =
-                runs.iter_mut().enumerate().filter(|(j, _)| members.contains(j)).map(|(_, r)| &mut r.0).collect();
-            let (lead, rest) = group.split_first_mut().expect("two or more members");
-            let mut others: Vec<&mut kvslim_cache::SequenceCache> = rest.iter_mut().map(|s| &mut s.cache).collect();
-            model.forward_shared(prompt, &mut lead.cache, &mut others, &mut lead.scratch, Logits::Last)?;
-            lead.scratch.logits().to_vec()
-        };
-        let took = start.elapsed().as_secs_f64();
-        for &j in &members {
-            first[j] = Some((logits.clone(), took));
-        }
-    }
+    let mut sessions: Vec<&mut Session<'_>> = runs.iter_mut().map(|r| &mut r.0).collect();
+    let mut first = prefill_shared(model, prompt, &mut sessions)?;
     let mut out = Vec::with_capacity(opts.len());
     for (i, ((mut session, max_new, mut sampler), o)) in runs.into_iter().zip(opts).enumerate() {
-        let (logits, prefill_s) = first[i].take().expect("every option prefilled");
+        let (logits, prefill_s) = std::mem::take(&mut first[i]);
         let start = Instant::now();
         let next = sampler.sample(&logits);
         let ttft = prefill_s + start.elapsed().as_secs_f64();
@@ -168,6 +140,47 @@ pub fn continue_generation(
     let mut sampler = Sampler::new(opts.sampling.clone());
     let next = sampler.sample(logits);
     decode(session, &mut sampler, opts, next, max_new, 0.0, at, on_token)
+}
+
+/// Feeds `prompt` to every one of `sessions` (fresh), sharing prefills
+/// where the caches can ([`Model::forward_shared`]: groups of the same
+/// prefill kernel; the rest alone). Returns each session's last logits
+/// and the seconds its group's prefill took. Every session ends as its
+/// own `feed(prompt)` would leave it, bit for bit.
+pub fn prefill_shared(
+    model: &Model,
+    prompt: &[u32],
+    sessions: &mut [&mut Session<'_>],
+) -> Result<Vec<(Vec<f32>, f64)>> {
+    let mut first: Vec<Option<(Vec<f32>, f64)>> = vec![None; sessions.len()];
+    for i in 0..sessions.len() {
+        if first[i].is_some() {
+            continue;
+        }
+        let kernel = sessions[i].cache.shared_prefill_kernel();
+        let start = Instant::now();
+        let members: Vec<usize> = match kernel {
+            Some(k) if prompt.len() > 1 => (i..sessions.len())
+                .filter(|&j| first[j].is_none() && sessions[j].cache.shared_prefill_kernel() == Some(k))
+                .collect(),
+            _ => vec![i],
+        };
+        let logits = if members.len() == 1 {
+            sessions[i].feed(prompt, Logits::Last)?.to_vec()
+        } else {
+            let mut group: Vec<&mut Session<'_>> =
+                sessions.iter_mut().enumerate().filter(|(j, _)| members.contains(j)).map(|(_, s)| &mut **s).collect();
+            let (lead, rest) = group.split_first_mut().expect("two or more members");
+            let mut others: Vec<&mut kvslim_cache::SequenceCache> = rest.iter_mut().map(|s| &mut s.cache).collect();
+            model.forward_shared(prompt, &mut lead.cache, &mut others, &mut lead.scratch, Logits::Last)?;
+            lead.scratch.logits().to_vec()
+        };
+        let took = start.elapsed().as_secs_f64();
+        for &j in &members {
+            first[j] = Some((logits.clone(), took));
+        }
+    }
+    Ok(first.into_iter().map(|f| f.expect("every session prefilled")).collect())
 }
 
 /// Decode steps after the prompt: `next` is the first sampled id.

@@ -25,7 +25,7 @@ pub use beam::{beam_search, BeamOptions, Hypothesis};
 pub fn on_workers<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     rayon::join(f, || ()).0
 }
-pub use generate::{continue_generation, generate, generate_shared, GenerateOptions, Generation};
+pub use generate::{continue_generation, generate, generate_shared, prefill_shared, GenerateOptions, Generation};
 pub use perplexity::{perplexity, FullComparison, PerplexityOptions, PerplexityReport, Summary};
 pub use sampling::{Sampler, SamplingParams};
 pub use session::Session;

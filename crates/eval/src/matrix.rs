@@ -58,8 +58,8 @@ use crate::shard::{config_fingerprint, Shard, ShardManifest};
 use crate::tasks::{answers_found, code, ruler_items, TaskData, TaskKind, TaskSpec};
 use crate::{EvalError, Result};
 use kvslim_engine::{
-    continue_generation, generate, generate_shared, perplexity, GenerateOptions, Generation, PerplexityOptions,
-    SamplingParams, Session,
+    continue_generation, generate, generate_shared, perplexity, prefill_shared, GenerateOptions, Generation,
+    PerplexityOptions, SamplingParams, Session,
 };
 use kvslim_models::Logits;
 use kvslim_models::{Model, Tokenizer};
@@ -266,43 +266,6 @@ fn prepare(model: &Model, tok: &Tokenizer, task: &TaskSpec) -> Result<Prepared> 
     })
 }
 
-/// Compress once, ask many (`niah_multiquery`): the context is prefilled
-/// once under the policy (budgets resolve against it), then each question
-/// runs on its own fork of that cache as decode steps (the policy scores
-/// and evicts as in any decode step, but chose what the context keeps
-/// before any question was known) and is answered greedily. Returns how
-/// many questions found their answer, and the largest KV bytes.
-fn ask_each(
-    model: &Model,
-    tok: &Tokenizer,
-    policy: &BudgetedPolicy,
-    context: &[u32],
-    questions: &[Vec<u32>],
-    answers: &[String],
-    max_tokens: usize,
-) -> Result<(usize, kvslim_cache::KvBytes)> {
-    let spec = policy.spec_for(context.len())?;
-    let longest = questions.iter().map(Vec::len).max().unwrap_or(0);
-    let mut base = Session::new(model, &spec, context.len() + longest + max_tokens, context.len())?;
-    base.feed(context, Logits::None)?;
-    let opts = greedy(spec, max_tokens, tok);
-    let (mut found, mut kv) = (0, kvslim_cache::KvBytes::default());
-    for (q, answer) in questions.iter().zip(answers) {
-        let mut s = Session::with_cache(model, base.cache.clone());
-        for &t in &q[..q.len().saturating_sub(1)] {
-            s.feed(&[t], Logits::None)?;
-        }
-        let last = *q.last().ok_or_else(|| EvalError::Request("an empty question".into()))?;
-        let logits = s.feed(&[last], Logits::Last)?.to_vec();
-        let g = continue_generation(&mut s, &logits, &opts, |_| true)?;
-        found += answers_found(&tok.decode(&g.token_ids)?, std::slice::from_ref(answer));
-        if g.kv_bytes.kv > kv.kv {
-            kv = g.kv_bytes;
-        }
-    }
-    Ok((found, kv))
-}
-
 /// Multiple-choice items scored together by [`score_items`]: their decode
 /// steps share one batch (weights read once per step for all their forks).
 const FORKED_BLOCK: usize = 16;
@@ -335,39 +298,72 @@ fn greedy(policy: kvslim_cache::PolicySpec, max_tokens: usize, tok: &Tokenizer) 
     GenerateOptions { max_tokens, sampling: SamplingParams::default(), policy, eos: tok.eos.clone() }
 }
 
-/// The prompts of a generation task (RULER, LCC), their token limit and
-/// whether a generation ends with its first line; `None` for other tasks.
-fn generation_items(prep: &Prepared) -> Option<(Vec<&[u32]>, usize, bool)> {
+/// A generation task's prompts (RULER, LCC): each with the questions asked
+/// after it one at a time (`niah_multiquery`; none: the prompt asks), the
+/// token limit and whether a generation ends with its first line; `None`
+/// for other tasks.
+type GenerationItems<'a> = (Vec<(&'a [u32], &'a [Vec<u32>])>, usize, bool);
+
+fn generation_items(prep: &Prepared) -> Option<GenerationItems<'_>> {
     match prep {
-        Prepared::Ruler(items, n) if items.iter().all(|it| it.4.is_empty()) => {
-            Some((items.iter().map(|it| &it.0[..]).collect(), *n, false))
-        }
-        Prepared::Lcc(items, n) => Some((items.iter().map(|it| &it.0[..]).collect(), *n, true)),
+        Prepared::Ruler(items, n) => Some((items.iter().map(|it| (&it.0[..], &it.4[..])).collect(), *n, false)),
+        Prepared::Lcc(items, n) => Some((items.iter().map(|it| (&it.0[..], &[][..])).collect(), *n, true)),
         _ => None,
     }
 }
 
-/// One prompt's greedy generations under each of `policies`, sharing the
-/// prompt's prefill where the policies can ([`generate_shared`]); with
-/// `first_line`, each stops once its first line is complete.
-fn prompt_generations(
+/// One item's greedy generations under each of `policies` (per policy,
+/// one per question, or one when the prompt asks), sharing the prompt's
+/// prefill where the policies can ([`prefill_shared`]); with `first_line`,
+/// each stops once its first line is complete. With questions (compress
+/// once, ask many), the prompt is the context: its cache is compressed
+/// once (budgets resolve against it), then each question runs on a fork
+/// of it as decode steps (the policy scores and evicts as in any decode
+/// step, but chose what the context keeps before any question was known)
+/// and is answered greedily.
+fn item_generations(
     model: &Model,
     tok: &Tokenizer,
     policies: &[&BudgetedPolicy],
-    ids: &[u32],
+    (ids, questions): (&[u32], &[Vec<u32>]),
     max_tokens: usize,
     first_line: bool,
-) -> Result<Vec<Generation>> {
+) -> Result<Vec<Vec<Generation>>> {
     let opts =
         policies.iter().map(|p| Ok(greedy(p.spec_for(ids.len())?, max_tokens, tok))).collect::<Result<Vec<_>>>()?;
-    let mut so_far = vec![Vec::new(); opts.len()];
-    Ok(generate_shared(model, ids, &opts, |i, t| {
-        so_far[i].push(t);
-        !(first_line && tok.decode(&so_far[i]).is_ok_and(|s| code::first_line_done(&s)))
-    })?)
+    if questions.is_empty() {
+        let mut so_far = vec![Vec::new(); opts.len()];
+        let gens = generate_shared(model, ids, &opts, |i, t| {
+            so_far[i].push(t);
+            !(first_line && tok.decode(&so_far[i]).is_ok_and(|s| code::first_line_done(&s)))
+        })?;
+        return Ok(gens.into_iter().map(|g| vec![g]).collect());
+    }
+    let longest = questions.iter().map(Vec::len).max().unwrap_or(0);
+    let mut sessions = opts
+        .iter()
+        .map(|o| Session::new(model, &o.policy, ids.len() + longest + max_tokens, ids.len()))
+        .collect::<kvslim_models::Result<Vec<_>>>()?;
+    let mut each: Vec<&mut Session<'_>> = sessions.iter_mut().collect();
+    prefill_shared(model, ids, &mut each)?;
+    let mut out = Vec::with_capacity(opts.len());
+    for (base, o) in sessions.iter().zip(&opts) {
+        let mut answers = Vec::with_capacity(questions.len());
+        for q in questions {
+            let (last, head) = q.split_last().ok_or_else(|| EvalError::Request("an empty question".into()))?;
+            let mut s = Session::with_cache(model, base.cache.clone());
+            for &t in head {
+                s.feed(&[t], Logits::None)?;
+            }
+            let logits = s.feed(&[*last], Logits::Last)?.to_vec();
+            answers.push(continue_generation(&mut s, &logits, o, |_| true)?);
+        }
+        out.push(answers);
+    }
+    Ok(out)
 }
 
-/// Every prompt of a generation task under each of `policies`, item by
+/// Every item of a generation task under each of `policies`, item by
 /// item with one shared prefill per item: per policy, its generations in
 /// item order.
 fn shared_generations(
@@ -376,14 +372,14 @@ fn shared_generations(
     policies: &[&BudgetedPolicy],
     prep: &Prepared,
     report: &mut dyn FnMut(usize, usize),
-) -> Result<Vec<Vec<Generation>>> {
-    let (prompts, max_tokens, first_line) = generation_items(prep).expect("a generation task");
+) -> Result<Vec<Vec<Vec<Generation>>>> {
+    let (items, max_tokens, first_line) = generation_items(prep).expect("a generation task");
     let per_item = par_blocks(
-        prompts.len(),
-        |i| prompt_generations(model, tok, policies, prompts[i], max_tokens, first_line),
-        |d| report(d, prompts.len()),
+        items.len(),
+        |i| item_generations(model, tok, policies, items[i], max_tokens, first_line),
+        |d| report(d, items.len()),
     )?;
-    let mut per_policy: Vec<Vec<Generation>> = vec![Vec::with_capacity(prompts.len()); policies.len()];
+    let mut per_policy: Vec<Vec<Vec<Generation>>> = vec![Vec::with_capacity(items.len()); policies.len()];
     for gens in per_item {
         for (p, g) in per_policy.iter_mut().zip(gens) {
             p.push(g);
@@ -404,23 +400,23 @@ fn run_cell(
     cfg: &MatrixConfig,
     row: &mut ResultRow,
     (mut partial, resumed): (Option<&mut PartialCell>, Resumed),
-    mut shared: Option<Vec<Generation>>,
+    mut shared: Option<Vec<Vec<Generation>>>,
     report: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
     let total = prepared.len();
     // a generation task's outputs: from a shared run, else this cell's own
-    let mut generations = |prep: &Prepared, report: &mut dyn FnMut(usize, usize)| -> Result<Vec<Generation>> {
+    let mut generations = |prep: &Prepared, report: &mut dyn FnMut(usize, usize)| -> Result<Vec<Vec<Generation>>> {
         if let Some(g) = shared.take() {
             return Ok(g);
         }
-        let (prompts, max_tokens, first_line) = generation_items(prep).expect("a generation task");
+        let (items, max_tokens, first_line) = generation_items(prep).expect("a generation task");
         par_blocks(
-            prompts.len(),
+            items.len(),
             |i| {
-                let mut g = prompt_generations(model, tok, &[policy], prompts[i], max_tokens, first_line)?;
-                Ok(g.pop().expect("one generation"))
+                let mut g = item_generations(model, tok, &[policy], items[i], max_tokens, first_line)?;
+                Ok(g.pop().expect("one policy"))
             },
-            |d| report(d, prompts.len()),
+            |d| report(d, items.len()),
         )
     };
     let mut m = BTreeMap::new();
@@ -627,6 +623,7 @@ fn run_cell(
                 .iter()
                 .zip(items.iter())
                 .map(|(g, (_, answer))| {
+                    let g = &g[0];
                     let line = tok.decode(&g.token_ids)?;
                     Ok((code::score_line(code::first_line(&line), answer), g.kv_bytes))
                 })
@@ -645,24 +642,26 @@ fn run_cell(
             row.per_item.insert("edit_sim".into(), sim);
         }
         Prepared::Ruler(..) => {
-            let found = match generation_items(prepared) {
-                Some(_) => {
-                    let gens = generations(prepared, report)?;
-                    let Prepared::Ruler(items, _) = &*prepared else { unreachable!() };
-                    gens.iter()
-                        .zip(items.iter())
-                        .map(|(g, it)| Ok((answers_found(&tok.decode(&g.token_ids)?, &it.1), g.kv_bytes)))
-                        .collect::<Result<Vec<_>>>()?
-                }
-                None => {
-                    let Prepared::Ruler(items, max_tokens) = &*prepared else { unreachable!() };
-                    par_blocks(
-                        items.len(),
-                        |i| ask_each(model, tok, policy, &items[i].0, &items[i].4, &items[i].1, *max_tokens),
-                        |d| report(d, total),
-                    )?
-                }
-            };
+            let gens = generations(prepared, report)?;
+            let Prepared::Ruler(items, _) = &*prepared else { unreachable!() };
+            // per item: answers found, the largest KV bytes; with questions,
+            // question i's generation is searched for answer i alone
+            let found = gens
+                .iter()
+                .zip(items.iter())
+                .map(|(g, it)| {
+                    let kv = g.iter().map(|g| g.kv_bytes).max_by_key(|b| b.kv).unwrap_or_default();
+                    let n = match it.4.is_empty() {
+                        true => answers_found(&tok.decode(&g[0].token_ids)?, &it.1),
+                        false => g
+                            .iter()
+                            .zip(&it.1)
+                            .map(|(g, a)| Ok(answers_found(&tok.decode(&g.token_ids)?, std::slice::from_ref(a))))
+                            .sum::<Result<usize>>()?,
+                    };
+                    Ok((n, kv))
+                })
+                .collect::<Result<Vec<_>>>()?;
             let Prepared::Ruler(items, _) = &*prepared else { unreachable!() };
             // an item counts when every expected answer is in the output
             let mut by: BTreeMap<String, (usize, usize)> = BTreeMap::new();
@@ -796,7 +795,7 @@ pub fn run_matrix(
         let owned = |ci: usize| run_id.as_ref().is_none_or(|(shard, _, _)| shard.owns(ti * cells.len() + ci));
         // generations of cells run ahead together with an earlier cell of
         // this task (shared prefills), and each one's share of the wall time
-        let mut ahead: BTreeMap<usize, (Vec<Generation>, f64, usize)> = BTreeMap::new();
+        let mut ahead: BTreeMap<usize, (Vec<Vec<Generation>>, f64, usize)> = BTreeMap::new();
         for (ci, (p, key)) in cells.iter().zip(keys).enumerate() {
             if !owned(ci) {
                 continue;

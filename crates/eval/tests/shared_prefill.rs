@@ -36,12 +36,13 @@ fn shared_prefills_change_no_result() {
     let tasks = [
         "passkey:lengths=120,depths=0.5,per_cell=2".to_string(),
         "vt:lengths=150,depths=0.5,per_cell=1".to_string(),
+        "niah_multiquery:lengths=150,depths=0.5,per_cell=1".to_string(),
         format!("lcc:{},max_tokens=12", items.display()),
     ];
     let apart = run(&tasks, false);
     let together = run(&tasks, true);
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(apart.len(), 3 * (1 + 6 * 2));
+    assert_eq!(apart.len(), 4 * (1 + 6 * 2));
     assert_eq!(apart.len(), together.len());
     for (a, t) in apart.iter().zip(&together) {
         let what = format!("{} {} {}", a.policy, a.budget, a.task);
@@ -84,7 +85,12 @@ fn multiquery_forks_the_context_once_per_question() {
     }
     // the full cache, asked the whole prompt per question
     let count = |s: &str| tok.encode(s).unwrap().len();
-    let rc = RulerConfig { lengths: vec![200], depths: vec![0.5], per_cell: 2, ..RulerConfig::new(RulerTask::NiahMultiQuery) };
+    let rc = RulerConfig {
+        lengths: vec![200],
+        depths: vec![0.5],
+        per_cell: 2,
+        ..RulerConfig::new(RulerTask::NiahMultiQuery)
+    };
     let (mut found, mut asked) = (0, 0);
     for it in ruler_items(&rc, &count) {
         for (q, a) in it.questions.iter().zip(&it.answers) {

@@ -92,7 +92,8 @@ pub const DEFAULT_SEQ_LEN: usize = 512;
 pub const DEFAULT_GEN_TOKENS: usize = 128;
 /// Most tokens a code-completion item generates (its first line ends it).
 pub const DEFAULT_LCC_TOKENS: usize = 64;
-const KINDS: &str = "ppl, mc, hellaswag, gen, lcc, passkey, niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt, cwe";
+const KINDS: &str =
+    "ppl, mc, hellaswag, gen, lcc, passkey, niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt, cwe";
 
 /// Splits `k=v` options, folding bare values into the previous key's list.
 fn options<'a>(parts: impl Iterator<Item = &'a str>) -> std::result::Result<Vec<(&'a str, Vec<&'a str>)>, String> {
