@@ -6,13 +6,14 @@
 # commit, so shards of different builds are never merged together.
 #
 # Group r4k: the RULER-style suite (passkey, niah single/multikey/
-#   multivalue, vt, cwe) at 4,096-token prompts, needles at half depth, two
-#   items per task; full + window, sink, H2O, SnapKV, TOVA, H2O with
-#   normalised sums, value-norm scores, PyramidKV and AdaKV at kept shares
-#   75 / 50 / 25 / 12.5% (kvpress compression ratios 0.25 / 0.5 / 0.75 /
-#   0.875): 37 cells per task, 222 in all. Each shard runs a task's cells
-#   item by item with one shared prefill per prompt (docs/evaluation.md,
-#   "One prefill per prompt"): about 12 minutes per item and shard.
+#   multivalue, vt, cwe) and compress-once-ask-many (niah_multiquery: four
+#   questions per context) at 4,096-token prompts, needles at half depth,
+#   two items per task; full + window, sink, H2O, SnapKV, TOVA, H2O with
+#   normalised sums, value-norm scores, PyramidKV, AdaKV and Expected
+#   Attention at kept shares 75 / 50 / 25 / 12.5% (kvpress compression
+#   ratios 0.25 / 0.5 / 0.75 / 0.875): 41 cells per task, 287 in all. Each
+#   shard runs a task's cells item by item with one shared prefill per
+#   prompt (docs/evaluation.md, "One prefill per prompt").
 #   Supersedes r4k-a and r4k-b (run cell by cell at 7035e4e, kept for
 #   comparison).
 # Group r4k-a: the RULER-style suite (passkey, niah single/multikey/
@@ -56,8 +57,8 @@ group() {
   A="full;h2o;h2o:prefill=snap:32;window;sink"
   B="h2o:agg=max,score=tova;h2o:score=norm;h2o:score=vnorm;h2o:alloc=pyramid:0.5;h2o:alloc=ada:0.2"
   case "$1" in
-    r4k) POLICIES="$A;$B" TASKS=$RULER4K BUDGETS=75%,50%,25%,12.5%
-         pin d891bf8ea7c79a3573a08cc7690acbef7d64d889 ;;
+    r4k) POLICIES="$A;$B;h2o:prefill=expect" TASKS="$RULER4K;niah_multiquery:$AT4K" BUDGETS=75%,50%,25%,12.5%
+         pin 1930b9e5de4805185eeefa53338ab43626d26a1d ;;
     r4k-a) POLICIES=$A TASKS=$RULER4K; pin 7035e4e7da12591bd7cc79fd93c220ee7991b169 ;;
     r4k-b) POLICIES=$B TASKS=$RULER4K; pin 7035e4e7da12591bd7cc79fd93c220ee7991b169 ;;
     lcc-a) POLICIES=$A TASKS="lcc:$S/data/code_completion/stdlib_lcc.jsonl,max_context=2600"
