@@ -51,6 +51,8 @@ fn engine_error(e: EngineError) -> PyErr {
     match e {
         EngineError::Model(m) => model_error(m),
         EngineError::Request(r) => PyValueError::new_err(r),
+        // the keyword arguments are named as the engine's fields
+        EngineError::Setting(s) => PyValueError::new_err(s.message(s.setting.field())),
     }
 }
 
@@ -280,7 +282,7 @@ impl Model {
     }
 
     /// `kvslim calibrate`: the offline half of CHAI. Cuts `text` into at
-    /// most `samples` windows of `seq_len` tokens, writes the plan to
+    /// most `samples` windows of `seq_len` tokens (BOS included), writes the plan to
     /// `out` and returns it as a dict.
     #[pyo3(signature = (text, out, samples=64, seq_len=128, probe=5, max_k=0, dense_layers=0, restarts=10, seed=0))]
     #[allow(clippy::too_many_arguments)]
@@ -309,8 +311,7 @@ impl Model {
         };
         let plan = run_detached(py, || -> PyResult<_> {
             let ids = tok.encode(text).map_err(model_error)?;
-            let windows =
-                calibration_windows(&ids, tok.bos.filter(|_| tok.add_bos), samples, seq_len).map_err(engine_error)?;
+            let windows = calibration_windows(&ids, tok.prepended_bos(), samples, seq_len).map_err(engine_error)?;
             let plan = calibrate(&self.loaded.model, &windows, &opts, |_, _| {}).map_err(engine_error)?;
             plan.save(&out).map_err(|e| match &e {
                 PlanError::Write { source, .. } => io_error(e.to_string(), source.kind()),

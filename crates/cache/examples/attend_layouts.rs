@@ -16,12 +16,10 @@ fn main() {
     let mut cases: Vec<(Option<usize>, KvDtype, HeadSlots, Vec<f64>)> = Vec::new();
     for dtype in KvDtype::ALL {
         for page in [None, Some(1), Some(16)] {
-            let mut h = HeadSlots::with_layout(d, len, StoreLayout { page_size: page, kv_dtype: dtype }, None);
-            for p in 0..len as u32 {
-                let k: Vec<f32> = (0..d).map(|i| ((p as usize * d + i) as f32 * 0.11).cos()).collect();
-                h.push(p, &k, &k).unwrap();
-            }
-            cases.push((page, dtype, h, Vec::new()));
+            let layout = StoreLayout { page_size: page, kv_dtype: dtype };
+            let positions: Vec<u32> = (0..len as u32).collect();
+            let k: Vec<f32> = (0..len * d).map(|i| (i as f32 * 0.11).cos()).collect();
+            cases.push((page, dtype, HeadSlots::from_rows(d, layout, &positions, &k, &k), Vec::new()));
         }
     }
     for _ in 0..200 {

@@ -2,10 +2,9 @@
 //! (`PolicySpec::parse`) and the CHAI plan JSON (`ChaiPlan::from_json`).
 //! Every input must parse or give a clear error: no panic, no hang, no
 //! allocation far beyond the input's size. `KVSLIM_FUZZ_ITERS` sets the
-//! inputs per target (see `testing/fuzz.rs`).
+//! inputs per target (see `testing/fuzz`).
 
-#[path = "../../../testing/fuzz.rs"]
-mod fuzz;
+use kvslim_fuzz as fuzz;
 
 use fuzz::{iters, run_text, Limits};
 use kvslim_cache::policy::chai::ChaiPlan;

@@ -1,11 +1,11 @@
 //! `kvslim loadtest`: concurrent streaming clients against a running
 //! `kvslim serve`, over plain TCP; reports throughput and latency
 //! percentiles. With `--soak SECONDS` it runs the soak driver instead
-//! ([`kvslim_server::soak`]): normal traffic mixed with cancellations and
+//! ([`kvslim_loadtest::soak`]): normal traffic mixed with cancellations and
 //! abuse, every answer checked.
 
 use crate::common::CliResult;
-use kvslim_server::http_client;
+use kvslim_loadtest::http_client;
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -62,13 +62,13 @@ pub struct Args {
     seed: u64,
 }
 
-/// `--soak`: runs [`kvslim_server::soak::run`] and prints its report.
+/// `--soak`: runs [`kvslim_loadtest::soak::run`] and prints its report.
 fn soak(a: &Args, secs: f64) -> CliResult {
     let (addr, prefix) = http_client::split_url(&a.url)?;
     if !prefix.is_empty() {
         return Err("--soak needs a server URL without a path".into());
     }
-    let cfg = kvslim_server::soak::SoakConfig {
+    let cfg = kvslim_loadtest::soak::SoakConfig {
         addr,
         clients: a.clients,
         duration: Duration::from_secs_f64(secs),
@@ -79,7 +79,7 @@ fn soak(a: &Args, secs: f64) -> CliResult {
         max_tokens: a.max_tokens,
         seed: a.seed,
     };
-    let report = kvslim_server::soak::run(&cfg)?;
+    let report = kvslim_loadtest::soak::run(&cfg)?;
     if a.json {
         println!("{}", report.json);
     } else {

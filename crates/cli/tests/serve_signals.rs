@@ -1,7 +1,7 @@
 //! `kvslim serve` as a process: SIGTERM while a stream runs lets the stream
 //! finish and the process exit 0; the API key from the environment.
 
-use kvslim_server::http_client;
+use kvslim_loadtest::http_client;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -45,8 +45,8 @@ fn shared_prefills_change_no_result() {
     assert_eq!(apart.len(), 4 * (1 + 6 * 2));
     assert_eq!(apart.len(), together.len());
     for (a, t) in apart.iter().zip(&together) {
-        let what = format!("{} {} {}", a.policy, a.budget, a.task);
-        assert_eq!((&a.policy, &a.budget, &a.task), (&t.policy, &t.budget, &t.task));
+        let what = format!("{} {} {}", a.key.policy, a.key.budget, a.key.task);
+        assert_eq!(a.key, t.key);
         assert_eq!(a.metrics, t.metrics, "{what}");
         assert_eq!(a.per_item, t.per_item, "{what}");
         assert_eq!((a.kv_bytes, a.kv_metadata_bytes), (t.kv_bytes, t.kv_metadata_bytes), "{what}");
@@ -54,7 +54,7 @@ fn shared_prefills_change_no_result() {
     }
     // a task's cells ran together, item by item
     for t in &together {
-        assert_eq!(t.timings.get("shared_cells"), Some(&13.0), "{} {} {}", t.policy, t.budget, t.task);
+        assert_eq!(t.timings.get("shared_cells"), Some(&13.0), "{} {} {}", t.key.policy, t.key.budget, t.key.task);
     }
 }
 
@@ -80,8 +80,8 @@ fn multiquery_forks_the_context_once_per_question() {
     let rows = run_matrix(&m.model, tok, &cfg, |_| {}).unwrap();
     assert_eq!(rows.len(), 4);
     for r in &rows {
-        assert_eq!(r.items, 2, "{}", r.policy);
-        assert!((0.0..=1.0).contains(&r.metrics["recall"]), "{}", r.policy);
+        assert_eq!(r.items, 2, "{}", r.key.policy);
+        assert!((0.0..=1.0).contains(&r.metrics["recall"]), "{}", r.key.policy);
     }
     // the full cache, asked the whole prompt per question
     let count = |s: &str| tok.encode(s).unwrap().len();

@@ -6,11 +6,10 @@
 //! must load or give a clear error: no panic, no hang, and no single
 //! allocation beyond a stated multiple of the input's size (a huge count or
 //! dimension in a header must be refused, not reserved). `KVSLIM_FUZZ_ITERS`
-//! sets the inputs per target (see `testing/fuzz.rs`).
+//! sets the inputs per target (see `testing/fuzz`).
 
 mod common;
-#[path = "../../../testing/fuzz.rs"]
-mod fuzz;
+use kvslim_fuzz as fuzz;
 
 use common::shared;
 use fuzz::{iters, run, run_bytes, Limits};

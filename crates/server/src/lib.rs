@@ -14,20 +14,16 @@
 //! * [`request`]: request bodies parsed, validated and sized (every limit
 //!   checked) before the scheduler sees them; [`request::check_body`] is
 //!   the request-JSON fuzz target.
-//! * [`http_client`]: blocking HTTP helpers over `ureq` for tests and
-//!   `kvslim loadtest`.
-//! * [`soak`]: the soak driver (`kvslim loadtest --soak`): concurrent
-//!   clients mixing normal, cancelled, malformed, oversized and stalled
-//!   requests, checked against solo runs, KV and peak memory reported.
+//!
+//! The clients (HTTP helpers for the tests, the soak driver) are in
+//! `kvslim-loadtest`.
 
 pub mod api;
 pub mod chat;
 pub mod guard;
-pub mod http_client;
 pub mod metrics;
 pub mod request;
 pub mod scheduler;
-pub mod soak;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};

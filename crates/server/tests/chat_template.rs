@@ -8,8 +8,8 @@
 mod common;
 
 use common::{start, start_with_chat, stories};
+use kvslim_loadtest::http_client::{self, Response};
 use kvslim_models::chat::{ChatFormat, ChatTemplate};
-use kvslim_server::http_client::{self, Response};
 use kvslim_server::Limits;
 use serde_json::{json, Value};
 

@@ -5,11 +5,10 @@
 //! body must be admitted or refused with a clear message: no panic, no
 //! hang, no allocation far beyond the body's size (a huge `n`, `max_tokens`,
 //! prompt list or stop list is refused before it is allocated for).
-//! `KVSLIM_FUZZ_ITERS` sets the inputs (see `testing/fuzz.rs`).
+//! `KVSLIM_FUZZ_ITERS` sets the inputs (see `testing/fuzz`).
 
 mod common;
-#[path = "../../../testing/fuzz.rs"]
-mod fuzz;
+use kvslim_fuzz as fuzz;
 
 use fuzz::{iters, run_seeded, Limits};
 use kvslim_cache::PolicySpec;

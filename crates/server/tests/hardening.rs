@@ -4,7 +4,7 @@
 //! the per-request deadline, the API key (401) and draining (503), each
 //! with a raw TCP client where the HTTP client would hide the behaviour.
 
-use kvslim_server::http_client::{self, Response};
+use kvslim_loadtest::http_client::{self, Response};
 use kvslim_server::{HttpLimits, Limits};
 use serde_json::{json, Value};
 use std::io::{Read, Write};

@@ -4,8 +4,8 @@
 
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{generate, GenerateOptions, SamplingParams};
+use kvslim_loadtest::http_client::{self, Response};
 use kvslim_models::LoadedModel;
-use kvslim_server::http_client::{self, Response};
 use kvslim_server::Limits;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};

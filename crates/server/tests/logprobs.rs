@@ -6,8 +6,8 @@
 
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{perplexity, PerplexityOptions};
+use kvslim_loadtest::http_client::{self, Response};
 use kvslim_models::LoadedModel;
-use kvslim_server::http_client::{self, Response};
 use kvslim_server::scheduler::apply_default_page;
 use kvslim_server::Limits;
 use serde_json::{json, Value};

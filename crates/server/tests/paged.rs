@@ -4,7 +4,7 @@
 //! `kv_policy`, and admission by worst-case pages.
 
 use kvslim_cache::{KvDtype, PagePool};
-use kvslim_server::http_client::{self, Response};
+use kvslim_loadtest::http_client::{self, Response};
 use kvslim_server::Limits;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};

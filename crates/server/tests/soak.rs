@@ -7,7 +7,7 @@
 
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{generate, GenerateOptions, SamplingParams};
-use kvslim_server::soak::{self, SoakConfig};
+use kvslim_loadtest::soak::{self, SoakConfig};
 use kvslim_server::{HttpLimits, Limits};
 use std::time::Duration;
 mod common;

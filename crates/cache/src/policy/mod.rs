@@ -19,6 +19,9 @@ pub mod spec;
 pub mod token;
 pub mod tuned;
 
+#[cfg(test)]
+mod h2o_behaviour;
+
 pub use alloc::{Alloc, Allocated};
 pub use budget::PolicyFamily;
 pub use follow::{FollowDecisions, KeptSets, SharedKeptSets};

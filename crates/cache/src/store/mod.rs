@@ -52,6 +52,11 @@ enum Kv {
 /// victim's place). Positions and scores are this sequence's own arrays;
 /// K and V live in fixed arrays or in pages ([`paged`]), in any
 /// [`KvDtype`]. K may be absent when a head-sharing policy dropped it.
+///
+/// Readers are public; every mutator is crate-private, so only the
+/// sequence cache (through its policy) changes a live head, and each
+/// mutator asserts its preconditions beside it. Outside the crate a head is
+/// built whole ([`HeadSlots::from_rows`]) and only read.
 #[derive(Clone)]
 pub struct HeadSlots {
     head_dim: usize,
@@ -165,13 +170,28 @@ impl HeadSlots {
         HeadSlots { head_dim, capacity, len: 0, kv, positions: vec![0; meta], scores: vec![0.0; meta], undo: None }
     }
 
+    /// A head in `layout` holding exactly the given rows, slot `i` at
+    /// `positions[i]` with score 0 (`keys` and `values` are `len × head_dim`):
+    /// a finished head for benchmarks and tests outside the crate, which
+    /// cannot push into a live one.
+    pub fn from_rows(head_dim: usize, layout: StoreLayout, positions: &[u32], keys: &[f32], values: &[f32]) -> Self {
+        let len = positions.len();
+        assert!(keys.len() == len * head_dim && values.len() == len * head_dim, "{len} rows of {head_dim}");
+        let mut h = Self::with_layout(head_dim, len, layout, None);
+        for (i, &p) in positions.iter().enumerate() {
+            let row = i * head_dim..(i + 1) * head_dim;
+            h.push(p, &keys[row.clone()], &values[row]).expect("capacity is the row count");
+        }
+        h
+    }
+
     /// Starts an undo journal (fixed slots only: returns false for a paged
     /// head, whose clone already shares its pages): from now on every row
     /// about to be overwritten is saved first, and [`HeadSlots::rollback`]
     /// returns the head to this moment bit for bit. Costs a copy of the
     /// positions and scores, and one saved row per overwrite (no K/V copy
     /// of the whole head, unlike a clone). The buffers are reused.
-    pub fn checkpoint(&mut self) -> bool {
+    pub(crate) fn checkpoint(&mut self) -> bool {
         let Kv::Slots { keys, values } = &self.kv else { return false };
         let undo = self.undo.get_or_insert_with(|| {
             Box::new(Undo {
@@ -198,7 +218,7 @@ impl HeadSlots {
     }
 
     /// Ends the journal keeping every change since the checkpoint.
-    pub fn commit(&mut self) {
+    pub(crate) fn commit(&mut self) {
         if let Some(u) = self.undo.as_mut() {
             u.active = false;
         }
@@ -206,7 +226,7 @@ impl HeadSlots {
 
     /// Returns to the checkpoint: metadata restored, overwritten rows
     /// written back newest first. Panics without an active checkpoint.
-    pub fn rollback(&mut self) {
+    pub(crate) fn rollback(&mut self) {
         let u = self.undo.as_mut().filter(|u| u.active).expect("rollback without a checkpoint");
         let Kv::Slots { keys, values } = &mut self.kv else { unreachable!("journals are for fixed slots") };
         for (i, &slot) in u.slots.iter().enumerate().rev() {
@@ -252,7 +272,7 @@ impl HeadSlots {
     /// an allocator's per-head share, decided after the head was made, so
     /// the head's pages follow its share. Fixed slot arrays were allocated
     /// once and stay as they are (the policy's budget limits them).
-    pub fn limit_capacity(&mut self, capacity: usize) {
+    pub(crate) fn limit_capacity(&mut self, capacity: usize) {
         if let Kv::Paged(p) = &mut self.kv {
             assert!(
                 capacity >= self.len && capacity <= self.capacity,
@@ -281,8 +301,10 @@ impl HeadSlots {
 
     /// Appends a token into the next free slot and returns the slot index.
     /// `key` is the RoPE-rotated key at `pos` (ignored once keys were
-    /// dropped). Score starts at 0.
-    pub fn push(&mut self, pos: u32, key: &[f32], value: &[f32]) -> Option<usize> {
+    /// dropped). Score starts at 0. `None` when the head is full.
+    pub(crate) fn push(&mut self, pos: u32, key: &[f32], value: &[f32]) -> Option<usize> {
+        debug_assert_eq!(value.len(), self.head_dim, "a value row is head_dim wide");
+        debug_assert!(!self.has_keys() || key.len() == self.head_dim, "a key row is head_dim wide");
         if self.len == self.capacity {
             return None;
         }
@@ -314,7 +336,7 @@ impl HeadSlots {
     /// every candidate's new score; `chunk_keys` is empty for a head whose
     /// keys were dropped. Returns false (and changes nothing) when
     /// the kept set would not fit the capacity.
-    pub fn absorb_chunk(
+    pub(crate) fn absorb_chunk(
         &mut self,
         keep: &[usize],
         scores: &[f32],
@@ -347,7 +369,9 @@ impl HeadSlots {
     /// into the victim's slot with its K, V, position and score, and the
     /// occupied count shrinks by one. No other slot moves. (Paged: only the
     /// slot's address moves; the page returns to the pool once empty.)
-    pub fn evict(&mut self, victim: usize) {
+    pub(crate) fn evict(&mut self, victim: usize) {
+        // a free slot holds stale data: moving the candidate there would
+        // lose a live token and keep a dead one
         assert!(victim < self.len, "evicting an empty slot");
         let last = self.len - 1;
         if victim != last {
@@ -371,8 +395,11 @@ impl HeadSlots {
 
     /// Keeps exactly the slots listed (ascending), compacting them to the
     /// front. Used after a prefill chunk when many tokens leave at once.
-    pub fn retain_slots(&mut self, keep: &[usize]) {
+    /// Ascending order is what makes the in-place moves safe: slot `dst`
+    /// is never read again once written.
+    pub(crate) fn retain_slots(&mut self, keep: &[usize]) {
         debug_assert!(keep.windows(2).all(|w| w[0] < w[1]), "retain_slots needs ascending indices");
+        debug_assert!(keep.last().is_none_or(|&s| s < self.len), "retain_slots keeps live slots only");
         if let Kv::Paged(p) = &mut self.kv {
             p.retain_slots(keep);
         }
@@ -467,14 +494,15 @@ impl HeadSlots {
     pub fn scores(&self) -> &[f32] {
         &self.scores[..self.len]
     }
-    /// Mutable scores (policies accumulate attention here).
-    pub fn scores_mut(&mut self) -> &mut [f32] {
+    /// Mutable scores of the live slots only (policies accumulate attention
+    /// here; a free slot's score is reset by the push that fills it).
+    pub(crate) fn scores_mut(&mut self) -> &mut [f32] {
         &mut self.scores[..self.len]
     }
 
     /// Frees the keys for good (head sharing: no representative reads
     /// this head's keys any more). Values stay.
-    pub fn drop_keys(&mut self) {
+    pub(crate) fn drop_keys(&mut self) {
         match &mut self.kv {
             Kv::Slots { keys, .. } => *keys = None,
             Kv::Paged(p) => p.drop_keys(),
@@ -482,7 +510,7 @@ impl HeadSlots {
     }
 
     /// Repacks a paged head's live slots into full pages (no-op for fixed slots).
-    pub fn compact(&mut self) {
+    pub(crate) fn compact(&mut self) {
         if let Kv::Paged(p) = &mut self.kv {
             p.compact();
         }

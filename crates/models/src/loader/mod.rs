@@ -53,7 +53,11 @@ pub fn load_model(path: &Path) -> Result<LoadedModel> {
 /// own tables (for the unknown-architecture error).
 pub fn supported_architectures() -> String {
     let hf: Vec<&str> = hf::supported_classes().collect();
-    format!("{} (Hugging Face), gguf `{}`, llama2.c", hf.join(", "), gguf::SUPPORTED_ARCHITECTURES.join("`/`"))
+    format!(
+        "{} (Hugging Face), gguf `{}`, llama2.c",
+        hf.join(", "),
+        gguf::supported_architectures().collect::<Vec<_>>().join("`/`")
+    )
 }
 
 /// Loads a stand-alone tokenizer: `tokenizer.json` or a llama2.c `tokenizer.bin`.

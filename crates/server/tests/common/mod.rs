@@ -3,9 +3,9 @@
 #![allow(dead_code)] // each test crate uses its own subset
 
 use kvslim_cache::PolicySpec;
+use kvslim_loadtest::http_client;
 use kvslim_models::chat::ChatFormat;
 use kvslim_models::{load_model, LoadedModel};
-use kvslim_server::http_client;
 use kvslim_server::{AppState, Limits, ServerConfig};
 use serde_json::Value;
 use std::sync::Arc;

@@ -2,8 +2,8 @@
 //! (no model): age bias, a kept distant hot spot, a stale hot spot after a
 //! switch, an unrecoverable delayed first reference; and GQA aggregation.
 
-use kvslim_cache::policy::{CachePolicy, EvictionConfig, PolicySlots, ScoreAgg, TokenEviction, VictimRule};
-use kvslim_cache::{HeadSlots, KvStore};
+use crate::policy::{CachePolicy, EvictionConfig, PolicySlots, ScoreAgg, TokenEviction, VictimRule};
+use crate::{HeadSlots, KvStore};
 
 fn h2o(heavy: usize, recent: usize, agg: ScoreAgg) -> TokenEviction {
     TokenEviction::new(EvictionConfig {

@@ -35,6 +35,11 @@ use crate::f16::{f16_to_f32, f32_to_f16};
 use std::fmt;
 use std::str::FromStr;
 
+mod group;
+
+pub(crate) use group::{check_group_row, check_run};
+pub use group::{group_kernels, KvGroupFn, KvGroupKernels, KvRunFn};
+
 /// How cached K/V rows are stored.
 ///
 /// Chosen once per cache; trades memory (and bandwidth in attention) for
@@ -451,226 +456,6 @@ impl KvDtype {
         }
     }
 }
-
-/// A group kernel on one coded row: `dot(data, scales, queries, out)` sets
-/// `out[h] = queries_h · row` (`g = out.len()` heads of `d =
-/// queries.len() / g`); `axpy(data, scales, probs, outs)` adds
-/// `probs[h] · row` to `outs_h` (`d = outs.len() / probs.len()`).
-pub type KvGroupFn = fn(&[u8], &[f32], &[f32], &mut [f32]);
-
-/// Group kernels for coded KV rows, indexed F16, Q8, Q4 (F32 rows go
-/// through [`crate::dot`]). Attention reads a row once for all query
-/// heads of its group and converts it in registers, never to memory.
-#[derive(Clone, Copy)]
-pub struct KvGroupKernels {
-    /// Instruction set (as in [`crate::dot::DotKernels::isa`]).
-    pub isa: &'static str,
-    pub dot: [KvGroupFn; 3],
-    pub axpy: [KvGroupFn; 3],
-    /// Run kernels (see [`KvRunFn`]), where a set has them; otherwise
-    /// runs go row by row through `dot` / `axpy`.
-    pub dot_run: Option<[KvRunFn; 3]>,
-    pub axpy_run: Option<[KvRunFn; 3]>,
-}
-
-/// A group kernel over a run of `n` consecutive rows (codes `stride` bytes
-/// apart, side values `spr` apart; `n` is how many rows `codes` reaches):
-/// `dot(codes, stride, scales, spr, queries, out)` sets `out[j·g + h] =
-/// queries_h · row_j` (`queries` is `g × d`); `axpy(.., probs, outs)` adds
-/// `Σ_j probs[j·g + h] · row_j` to `outs_h` (`outs` is `g × d`).
-/// Bit for bit what the per-row kernels give, row after row (for finite
-/// rows: a run also adds the rows whose weights are all zero).
-pub type KvRunFn = fn(&[u8], usize, &[f32], usize, &[f32], &mut [f32]);
-
-/// Rows, heads and width of a run (`n`, `g`, `d`), after checking that the
-/// codes, side values, queries (or weights) and outputs cover them: the
-/// SIMD run kernels read through raw pointers and rely on this. `n` is the
-/// number of rows the codes hold (`codes = (n − 1)·stride + row bytes`).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn check_run(
-    kind: u8,
-    codes: usize,
-    stride: usize,
-    scales: usize,
-    spr: usize,
-    a: usize,
-    b: usize,
-    dot: bool,
-) -> (usize, usize, usize) {
-    let dt = [KvDtype::F16, KvDtype::Q8, KvDtype::Q4][kind as usize];
-    assert!(stride > 0, "run stride");
-    let n = codes.div_ceil(stride);
-    // dot: a = g·d queries, b = n·g scores; axpy: a = n·g weights, b = g·d outputs
-    let g = if dot { b / n.max(1) } else { a / n.max(1) };
-    let d = if dot { a.checked_div(g).unwrap_or(0) } else { b.checked_div(g).unwrap_or(0) };
-    assert!(n * g == if dot { b } else { a }, "run of {n} rows × {g} heads");
-    assert!(n == 0 || (codes >= (n - 1) * stride + dt.data_bytes(d) && stride >= dt.data_bytes(d)), "{dt} run codes");
-    assert!(n == 0 || scales >= (n - 1) * spr + dt.scale_count(d), "{dt} run side values");
-    (n, g, d)
-}
-
-/// Panics unless a coded row of kind `kind` (0 F16, 1 Q8, 2 Q4) has at least
-/// the bytes and side values a row of `d` needs: the SIMD group kernels
-/// read through raw pointers and rely on this.
-#[inline]
-pub(crate) fn check_group_row(kind: u8, d: usize, data: usize, scales: usize) {
-    let dt = [KvDtype::F16, KvDtype::Q8, KvDtype::Q4][kind as usize];
-    assert!(data >= dt.data_bytes(d) && scales >= dt.scale_count(d), "{dt} row too short for d = {d}");
-}
-
-/// Portable group kernels: one fused per-row pass per head ([`KvDtype::dot`]
-/// / [`KvDtype::axpy`]); the reference the SIMD sets are tested against.
-fn scalar_dot<const K: u8>(data: &[u8], scales: &[f32], queries: &[f32], out: &mut [f32]) {
-    let dt = [KvDtype::F16, KvDtype::Q8, KvDtype::Q4][K as usize];
-    let d = queries.len().checked_div(out.len()).unwrap_or(0);
-    let (data, scales) = (&data[..dt.data_bytes(d)], &scales[..dt.scale_count(d)]);
-    for (h, o) in out.iter_mut().enumerate() {
-        *o = dt.dot(data, scales, &queries[h * d..(h + 1) * d]);
-    }
-}
-
-fn scalar_axpy<const K: u8>(data: &[u8], scales: &[f32], probs: &[f32], outs: &mut [f32]) {
-    let dt = [KvDtype::F16, KvDtype::Q8, KvDtype::Q4][K as usize];
-    let d = outs.len().checked_div(probs.len()).unwrap_or(0);
-    let (data, scales) = (&data[..dt.data_bytes(d)], &scales[..dt.scale_count(d)]);
-    for (h, &p) in probs.iter().enumerate() {
-        dt.axpy(p, data, scales, &mut outs[h * d..(h + 1) * d]);
-    }
-}
-
-impl KvGroupKernels {
-    pub const SCALAR: KvGroupKernels = KvGroupKernels {
-        isa: "scalar",
-        dot: [scalar_dot::<0>, scalar_dot::<1>, scalar_dot::<2>],
-        axpy: [scalar_axpy::<0>, scalar_axpy::<1>, scalar_axpy::<2>],
-        dot_run: None,
-        axpy_run: None,
-    };
-
-    /// The set for the instruction set `isa` ("scalar", "avx2", "avx512"),
-    /// if this CPU has it; other names (NEON) fall back to scalar.
-    pub fn for_isa(isa: &str) -> Option<KvGroupKernels> {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            "avx512" => crate::simd::avx512::kv_group_kernels(),
-            #[cfg(target_arch = "x86_64")]
-            "avx2" => crate::simd::avx2::kv_group_kernels(),
-            "scalar" => Some(Self::SCALAR),
-            _ => None,
-        }
-    }
-}
-
-static GROUP_KERNELS: std::sync::OnceLock<KvGroupKernels> = std::sync::OnceLock::new();
-
-/// The group kernels matching [`crate::dot::kernels`] (so `KVSLIM_SIMD`
-/// selects both), scalar where no SIMD set exists.
-pub fn group_kernels() -> &'static KvGroupKernels {
-    GROUP_KERNELS.get_or_init(|| KvGroupKernels::for_isa(crate::dot::kernels().isa).unwrap_or(KvGroupKernels::SCALAR))
-}
-
-impl KvDtype {
-    /// `out[h] = queries_h · decode(row)` for `g = out.len()` query heads
-    /// (`queries` is `g × d`), reading the row once. F32 uses
-    /// [`crate::dot::dot`] per head (bit-identical to the dense path); the
-    /// coded types use [`group_kernels`].
-    #[inline]
-    pub fn dot_group(self, data: &[u8], scales: &[f32], queries: &[f32], out: &mut [f32]) {
-        let d = queries.len().checked_div(out.len()).unwrap_or(0);
-        self.check(d, data.len(), scales.len());
-        match self {
-            KvDtype::F32 => {
-                for (h, o) in out.iter_mut().enumerate() {
-                    *o = self.dot(data, scales, &queries[h * d..(h + 1) * d]);
-                }
-            }
-            _ => (group_kernels().dot[self as usize - 1])(data, scales, queries, out),
-        }
-    }
-
-    /// [`KvDtype::dot_group`] for the `n` rows of a run (`codes` and
-    /// `scales` start at the first row; rows are `stride` bytes and `spr`
-    /// side values apart): `out[j·g + h]` (`out` is `n × g`). Bit for bit
-    /// the per-row results; the run kernels only do less work per row.
-    #[allow(clippy::too_many_arguments)]
-    pub fn dot_group_run(
-        self,
-        codes: &[u8],
-        stride: usize,
-        scales: &[f32],
-        spr: usize,
-        n: usize,
-        queries: &[f32],
-        out: &mut [f32],
-    ) {
-        let g = out.len().checked_div(n).unwrap_or(0);
-        let d = queries.len().checked_div(g).unwrap_or(0);
-        let run = group_kernels().dot_run;
-        self.run((codes, stride, scales, spr, n), d, run, queries, out, |c, sc, j, out| {
-            self.dot_group(c, sc, queries, &mut out[j * g..(j + 1) * g])
-        });
-    }
-
-    /// [`KvDtype::axpy_group`] for the `n` rows of a run (as in
-    /// [`KvDtype::dot_group_run`]; `probs` is `n × g`), rows in order.
-    #[allow(clippy::too_many_arguments)]
-    pub fn axpy_group_run(
-        self,
-        codes: &[u8],
-        stride: usize,
-        scales: &[f32],
-        spr: usize,
-        n: usize,
-        probs: &[f32],
-        outs: &mut [f32],
-    ) {
-        let g = probs.len().checked_div(n).unwrap_or(0);
-        let d = outs.len().checked_div(g).unwrap_or(0);
-        let run = group_kernels().axpy_run;
-        self.run((codes, stride, scales, spr, n), d, run, probs, outs, |c, sc, j, outs| {
-            self.axpy_group(c, sc, &probs[j * g..(j + 1) * g], outs)
-        });
-    }
-
-    /// A run through `kernels` (coded types, when the set has run kernels)
-    /// or row by row through `per_row(codes, side values, j, b)`.
-    fn run(
-        self,
-        (codes, stride, scales, spr, n): (&[u8], usize, &[f32], usize, usize),
-        d: usize,
-        kernels: Option<[KvRunFn; 3]>,
-        a: &[f32],
-        b: &mut [f32],
-        per_row: impl Fn(&[u8], &[f32], usize, &mut [f32]),
-    ) {
-        let row = self.data_bytes(d);
-        let codes = &codes[..n.saturating_sub(1) * stride + if n > 0 { row } else { 0 }];
-        match kernels {
-            Some(run) if self != KvDtype::F32 && n > 0 => run[self as usize - 1](codes, stride, scales, spr, a, b),
-            _ => (0..n).for_each(|j| per_row(&codes[j * stride..j * stride + row], &scales[j * spr..], j, b)),
-        }
-    }
-
-    /// `outs_h += probs[h] · decode(row)` for `g = probs.len()` heads
-    /// (`outs` is `g × d`), reading the row once. F32 skips zero weights
-    /// and uses [`crate::dot::axpy`], like the dense path.
-    #[inline]
-    pub fn axpy_group(self, data: &[u8], scales: &[f32], probs: &[f32], outs: &mut [f32]) {
-        let d = outs.len().checked_div(probs.len()).unwrap_or(0);
-        self.check(d, data.len(), scales.len());
-        match self {
-            KvDtype::F32 => {
-                for (h, &p) in probs.iter().enumerate() {
-                    if p != 0.0 {
-                        self.axpy(p, data, scales, &mut outs[h * d..(h + 1) * d]);
-                    }
-                }
-            }
-            _ => (group_kernels().axpy[self as usize - 1])(data, scales, probs, outs),
-        }
-    }
-}
-
 impl FromStr for KvDtype {
     type Err = String;
 
@@ -704,12 +489,12 @@ mod tests {
     }
 
     /// A 4-byte-aligned byte buffer of `n` bytes (backed by u32s).
-    struct Aligned(Vec<u32>, usize);
+    pub(super) struct Aligned(Vec<u32>, usize);
     impl Aligned {
         fn new(n: usize) -> Self {
             Aligned(vec![0; n.div_ceil(4)], n)
         }
-        fn bytes(&self) -> &[u8] {
+        pub(super) fn bytes(&self) -> &[u8] {
             // SAFETY: u32 storage viewed as bytes, within its length.
             unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const u8, self.1) }
         }
@@ -719,14 +504,14 @@ mod tests {
         }
     }
 
-    fn enc(k: KvDtype, x: &[f32]) -> (Aligned, Vec<f32>) {
+    pub(super) fn enc(k: KvDtype, x: &[f32]) -> (Aligned, Vec<f32>) {
         let mut buf = Aligned::new(k.data_bytes(x.len()));
         let mut sc = vec![0f32; k.scale_count(x.len())];
         k.encode(x, buf.bytes_mut(), &mut sc);
         (buf, sc)
     }
 
-    fn dec(k: KvDtype, buf: &Aligned, sc: &[f32], d: usize) -> Vec<f32> {
+    pub(super) fn dec(k: KvDtype, buf: &Aligned, sc: &[f32], d: usize) -> Vec<f32> {
         let mut out = vec![f32::NAN; d];
         k.decode(buf.bytes(), sc, &mut out);
         out
@@ -927,66 +712,6 @@ mod tests {
         }
     }
 
-    /// Every group kernel set (scalar, AVX2, AVX-512 where present) against
-    /// decode-then-f32 on random rows, for every dtype, odd head dims and
-    /// group sizes that exercise the blocks of four heads.
-    #[test]
-    fn group_kernels_match_decode_then_f32() {
-        let mut seed = 0x2545_f491_u32;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            (seed as f32 / u32::MAX as f32) * 4.0 - 2.0
-        };
-        let sets: Vec<KvGroupKernels> =
-            ["scalar", "avx2", "avx512"].iter().filter_map(|i| KvGroupKernels::for_isa(i)).collect();
-        for d in [1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 47, 63, 64, 65, 100, 128, 130, 256] {
-            for g in [1, 2, 3, 4, 5, 7, 9] {
-                let x: Vec<f32> = (0..d).map(|_| rnd()).collect();
-                let q: Vec<f32> = (0..g * d).map(|_| rnd()).collect();
-                let p: Vec<f32> = (0..g).map(|_| rnd().abs()).collect();
-                let base: Vec<f32> = (0..g * d).map(|_| rnd()).collect();
-                for k in KvDtype::ALL {
-                    let (buf, sc) = enc(k, &x);
-                    let y = dec(k, &buf, &sc, d);
-                    let mut want_axpy = base.clone();
-                    for h in 0..g {
-                        crate::dot::axpy(p[h], &y, &mut want_axpy[h * d..(h + 1) * d]);
-                    }
-                    let mut runs: Vec<(&str, Vec<f32>, Vec<f32>)> = Vec::new();
-                    let (mut o, mut a) = (vec![0f32; g], base.clone());
-                    k.dot_group(buf.bytes(), &sc, &q, &mut o);
-                    k.axpy_group(buf.bytes(), &sc, &p, &mut a);
-                    runs.push(("dispatch", o, a));
-                    if k != KvDtype::F32 {
-                        for set in &sets {
-                            let (mut o, mut a) = (vec![0f32; g], base.clone());
-                            (set.dot[k as usize - 1])(buf.bytes(), &sc, &q, &mut o);
-                            (set.axpy[k as usize - 1])(buf.bytes(), &sc, &p, &mut a);
-                            runs.push((set.isa, o, a));
-                        }
-                    }
-                    for (isa, o, a) in runs {
-                        for h in 0..g {
-                            let qh = &q[h * d..(h + 1) * d];
-                            let want = crate::dot::dot(qh, &y);
-                            let mag: f32 = y.iter().zip(qh).map(|(u, v)| (u * v).abs()).sum();
-                            assert!((o[h] - want).abs() <= 1e-5 * mag.max(1e-6), "{isa} {k} dot d={d} g={g} h={h}");
-                            if k == KvDtype::F32 {
-                                assert_eq!(o[h].to_bits(), want.to_bits(), "f32 group dot not bit-identical");
-                            }
-                        }
-                        for (i, (&u, &w)) in a.iter().zip(&want_axpy).enumerate() {
-                            let tol = 1e-5 * (base[i].abs() + (p[i / d] * y[i % d]).abs()).max(1e-6);
-                            assert!((u - w).abs() <= tol, "{isa} {k} axpy d={d} g={g} i={i}: {u} vs {w}");
-                        }
-                    }
-                }
-            }
-        }
-    }
-
     #[test]
     fn q8_decode_paths_agree_bit_for_bit() {
         for d in [7, 32, 40, 64, 128] {
@@ -998,64 +723,6 @@ mod tests {
             KvDtype::Q8.decode(&data, &scales, &mut a);
             q8_decode_scalar(&data[..d], &scales, &mut b);
             assert_eq!(a, b, "d = {d}");
-        }
-    }
-
-    /// Run kernels equal the per-row group kernels bit for bit: every coded
-    /// type, head counts across the 4-head (scores) and 8-head (sums)
-    /// splits, widths with and without a 16-element tail, runs across the
-    /// 16-row reduction, rows further apart than their size.
-    #[test]
-    fn run_kernels_equal_per_row_kernels_bit_for_bit() {
-        let mut seed = 99u64;
-        let mut rnd = |n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                    ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
-                })
-                .collect()
-        };
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for dt in [KvDtype::F16, KvDtype::Q8, KvDtype::Q4] {
-            for d in [64usize, 80, 256] {
-                for g in [1usize, 3, 5, 9] {
-                    for n in [1usize, 5, 16, 17, 40] {
-                        let (rb, spr) = (dt.data_bytes(d), dt.scale_count(d));
-                        let stride = rb + 8;
-                        let (mut codes, mut scales) = (vec![0u8; n * stride], vec![0f32; n * spr]);
-                        for j in 0..n {
-                            dt.encode(
-                                &rnd(d),
-                                &mut codes[j * stride..j * stride + rb],
-                                &mut scales[j * spr..(j + 1) * spr],
-                            );
-                        }
-                        let (queries, mut probs) = (rnd(g * d), rnd(n * g));
-                        probs[0] = 0.0;
-                        let (mut run, mut rows) = (vec![0f32; n * g], vec![0f32; n * g]);
-                        dt.dot_group_run(&codes, stride, &scales, spr, n, &queries, &mut run);
-                        let start = rnd(g * d);
-                        let (mut run_out, mut rows_out) = (start.clone(), start.clone());
-                        dt.axpy_group_run(&codes, stride, &scales, spr, n, &probs, &mut run_out);
-                        for j in 0..n {
-                            let (c, sc) = (&codes[j * stride..j * stride + rb], &scales[j * spr..(j + 1) * spr]);
-                            dt.dot_group(c, sc, &queries, &mut rows[j * g..(j + 1) * g]);
-                            let w = &probs[j * g..(j + 1) * g];
-                            // the per-row path with every weight applied
-                            for (h, &p) in w.iter().enumerate() {
-                                let mut one = vec![0f32; d];
-                                one.copy_from_slice(&rows_out[h * d..(h + 1) * d]);
-                                dt.axpy_group(c, sc, &[p], &mut one);
-                                rows_out[h * d..(h + 1) * d].copy_from_slice(&one);
-                            }
-                        }
-                        let what = format!("{dt:?} d={d} g={g} n={n}");
-                        assert_eq!(bits(&run), bits(&rows), "scores {what}");
-                        assert_eq!(bits(&run_out), bits(&rows_out), "sums {what}");
-                    }
-                }
-            }
         }
     }
 }

@@ -1,16 +1,17 @@
-// A small structure-aware mutation fuzzer for the stable toolchain, shared
-// by the `fuzz_*` integration tests of several crates (each includes this
-// file with `#[path]`). No coverage guidance: real seed files are mutated
-// with byte-level and field-level mutators, every input runs under
-// `catch_unwind`, a watchdog and an allocation check, and every failure is
-// reported with the case number that regenerates it.
-//
-// Knobs (environment):
-//   KVSLIM_FUZZ_ITERS  inputs per target (default: each target's quick count)
-//   KVSLIM_FUZZ_SEED   base seed (default 0); case i uses mix(base, i)
-//   KVSLIM_FUZZ_CASE   run only this one case number (to reproduce a report)
-
-#![allow(dead_code)]
+//! A small structure-aware mutation fuzzer for the stable toolchain, shared
+//! by the `fuzz_*` integration tests of several crates (a dev-dependency of
+//! each). No coverage guidance: real seed files are mutated with byte-level
+//! and field-level mutators, every input runs under
+//! `catch_unwind`, a watchdog and an allocation check, and every failure is
+//! reported with the case number that regenerates it.
+//!
+//! Knobs (environment):
+//!
+//! ```text
+//! KVSLIM_FUZZ_ITERS  inputs per target (default: each target's quick count)
+//! KVSLIM_FUZZ_SEED   base seed (default 0); case i uses mix(base, i)
+//! KVSLIM_FUZZ_CASE   run only this one case number (to reproduce a report)
+//! ```
 
 use kvslim_cache::rng::SplitMix64;
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -1,0 +1,11 @@
+//! Clients of `kvslim serve`, kept out of the server library: the server
+//! only answers HTTP, these send it.
+//!
+//! * [`http_client`]: blocking HTTP helpers over `ureq` for the server's
+//!   integration tests and `kvslim loadtest`.
+//! * [`soak`]: the soak driver (`kvslim loadtest --soak`): concurrent
+//!   clients mixing normal, cancelled, malformed, oversized and stalled
+//!   requests, checked against solo runs, KV and peak memory reported.
+
+pub mod http_client;
+pub mod soak;
