@@ -43,7 +43,7 @@ def post(url, path, body, key=None):
     req.add_header("Content-Type", "application/json")
     if key:
         req.add_header("Authorization", "Bearer " + key)
-    with urllib.request.urlopen(req, timeout=120) as r:
+    with urllib.request.urlopen(req, timeout=120 * SCALE) as r:
         return json.load(r)
 
 
@@ -59,9 +59,12 @@ def browser(width, height):
     return d
 
 
+SCALE = 1.0  # --timeout-scale: larger models take longer
+
+
 def wait(d, what, cond, timeout=90):
     try:
-        return WebDriverWait(d, timeout, poll_frequency=0.05).until(lambda _: cond())
+        return WebDriverWait(d, timeout * SCALE, poll_frequency=0.05).until(lambda _: cond())
     except Exception as e:
         log = d.get_log("browser") if hasattr(d, "get_log") else []
         raise AssertionError(f"timed out waiting for {what}; browser log: {log}") from e
@@ -304,7 +307,10 @@ def main():
     p.add_argument("--key", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--prompt", default="Write a Python function that returns the square of a number.")
+    p.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every wait (a 1.5B model on few cores: 4)")
     args = p.parse_args()
+    global SCALE
+    SCALE = args.timeout_scale
     run(args)
     print("browser_check: every check passed")
 

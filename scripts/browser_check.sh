@@ -5,6 +5,8 @@
 # stories260K with --api-key) on free loopback ports, and runs
 # scripts/browser_check.py against them. Screenshots go to $OUT
 # (default target/browser-check; OUT=docs/img refreshes the README's).
+# MODEL=qwen2.5-coder-1.5b CHECK_ARGS='--timeout-scale 4' runs it on the
+# 1.5B code model.
 # Needs a release build (cargo build --release -p kvslim).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +46,7 @@ for port in "$PORT" "$KEY_PORT"; do
 done
 mkdir -p "$OUT"
 if ! "$VENV/bin/python" scripts/browser_check.py --url "http://127.0.0.1:$PORT" \
-  --key-url "http://127.0.0.1:$KEY_PORT" --key "$KEY" --out "$OUT"; then
+  --key-url "http://127.0.0.1:$KEY_PORT" --key "$KEY" --out "$OUT" ${CHECK_ARGS:-}; then
   echo "== kvslim serve logs" >&2
   tail -n 20 "$LOGS"/*.log >&2
   exit 1

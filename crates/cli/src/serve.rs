@@ -1,4 +1,5 @@
-//! `kvslim serve`: the OpenAI-compatible HTTP server.
+//! `kvslim serve`: the OpenAI-compatible HTTP server, and its web page at
+//! `/` (chat, KV inspector, status).
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs};
 use kvslim_cache::PolicySpec;
@@ -177,6 +178,7 @@ pub fn run(a: Args) -> CliResult {
         a.max_batch,
         a.queue_limit
     );
+    eprintln!("kvslim serve: web page (chat, KV inspector, status) at http://{local}/");
     if auth {
         eprintln!("kvslim serve: API key required (Authorization: Bearer …) on every endpoint but /health");
     }

@@ -15,7 +15,7 @@ const el = (tag, cls, text) => {
 // ---------------------------------------------------------------- API key
 
 const KEY = "kvslim.api_key";
-let apiKey = localStorage.getItem(KEY) || "";
+let apiKey = (typeof localStorage !== "undefined" && localStorage.getItem(KEY)) || "";
 
 class ApiError extends Error {
   constructor(status, message) {
@@ -92,7 +92,7 @@ function highlight(code, lang) {
   const hash = HASH_COMMENTS.has((lang || "").toLowerCase());
   const re = new RegExp(
     "(\\/\\/[^\\n]*|\\/\\*[\\s\\S]*?\\*\\/" + (hash ? "|#[^\\n]*" : "") + ")" +
-    "|(\"(?:[^\"\\\\\\n]|\\\\.)*\"|'(?:[^'\\\\\\n]|\\\\.)*'|`(?:[^`\\\\]|\\\\.)*`)" +
+    "|(\"\"\"[\\s\\S]*?(?:\"\"\"|$)|'''[\\s\\S]*?(?:'''|$)|\"(?:[^\"\\\\\\n]|\\\\.)*\"|'(?:[^'\\\\\\n]|\\\\.)*'|`(?:[^`\\\\]|\\\\.)*`)" +
     "|(\\b\\d[\\d_]*(?:\\.\\d+)?(?:[eE][+-]?\\d+)?\\w*\\b)" +
     "|([A-Za-z_][A-Za-z0-9_]*)(?=(\\s*\\()?)", "g");
   let out = "";
@@ -726,4 +726,6 @@ function setup() {
   show(["chat", "inspect", "status"].includes(view) ? view : "chat");
 }
 
-document.addEventListener("DOMContentLoaded", setup);
+if (typeof document !== "undefined") document.addEventListener("DOMContentLoaded", setup);
+// for a quick check of the renderers outside a browser (node)
+if (typeof module !== "undefined") module.exports = { markdown, highlight };
