@@ -11,8 +11,9 @@
 //! Bounded like the generation endpoints: the body limit of the guard
 //! layers, at most the model's context, the run's KV reserved from the
 //! server's pool before it starts (400 when it could never fit, waiting
-//! while the pool is busy), the request timeout (the run stops between
-//! tokens), one run at a time, and a client that leaves stops its run.
+//! while the pool is busy), the request timeout (the run stops at its next
+//! decode step; a prefill chunk runs whole), one run at a time, and a
+//! client that leaves stops its run the same way.
 
 use crate::api::ApiError;
 use crate::request::{encode, parse_policy};
