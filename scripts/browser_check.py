@@ -248,6 +248,25 @@ def run(args):
             ans = post(args.url, "/v1/kv/inspect", {"prompt": TEXT, "kv_policy": spec, "trace": True, "prefill": prefill})
             check_panel(d, panel, ans, 0, 0, step=mid)
         print(f"prefill {prefill}, step {mid}: strips = the replay from the prefill's kept sets")
+
+        # the conversation so far, sent as chat messages
+        set_input(d, "inspect-prefill", 0)
+
+        def rerun():
+            d.execute_script("document.getElementById('inspect-view').dataset.ready = ''")
+            d.find_element(By.ID, "inspect-run").click()
+            wait(d, "the inspection", lambda: d.find_element(By.ID, "inspect-view").get_attribute("data-ready") == "1", 150)
+
+        d.find_element(By.ID, "inspect-from-chat").click()
+        messages = d.execute_script("return insp.messages")
+        assert [m["role"] for m in messages] == ["user", "assistant"], messages
+        rerun()
+        ans = post(args.url, "/v1/kv/inspect", {"messages": messages, "kv_policy": pa, "trace": True})
+        kept = check_panel(d, "panel-a", ans, 0, 0)
+        print(f"the conversation ({len(ans['token_ids'])} tokens through the chat template): strip = endpoint ({kept} kept)")
+        d.find_element(By.ID, "inspect-from-chat").click()
+        assert d.find_element(By.ID, "inspect-text").get_attribute("value") == TEXT
+        rerun()
         d.execute_script(
             "const s = document.getElementById('inspect-step'); s.value = s.max; s.dispatchEvent(new Event('input'));"
         )

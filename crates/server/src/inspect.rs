@@ -16,7 +16,7 @@
 //! client that leaves stops its run the same way.
 
 use crate::api::ApiError;
-use crate::request::{encode, parse_policy};
+use crate::request::{chat_prompt_ids, encode, parse_policy};
 use crate::scheduler::{full_kv_bytes, kv_bytes_for};
 use crate::AppState;
 use axum::body::Bytes;
@@ -38,6 +38,9 @@ use std::time::{Duration, Instant};
 #[serde(deny_unknown_fields)]
 struct InspectBody {
     prompt: Option<String>,
+    /// Instead of `prompt`: chat messages, rendered and tokenized as
+    /// `/v1/chat/completions` does (the KV a conversation's prompt takes).
+    messages: Option<Value>,
     kv_policy: Option<String>,
     /// `kvslim perplexity --prefill N`: the first N tokens as one chunk.
     #[serde(default)]
@@ -121,10 +124,14 @@ async fn run(st: AppState, body: &[u8]) -> Result<Value, ApiError> {
     let arrived = Instant::now();
     let b: InspectBody =
         serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid request: {e}"), None))?;
-    let Some(prompt) = b.prompt.filter(|p| !p.is_empty()) else {
-        return Err(ApiError::bad("`prompt` is required (a non-empty string)", Some("prompt")));
+    let ids = match (b.prompt.filter(|p| !p.is_empty()), &b.messages) {
+        (Some(prompt), None) => encode(&st, &prompt)?,
+        (None, Some(_)) => chat_prompt_ids(&st, body)?,
+        (Some(_), Some(_)) => return Err(ApiError::bad("send `prompt` or `messages`, not both", Some("messages"))),
+        (None, None) => {
+            return Err(ApiError::bad("`prompt` (a non-empty string) or `messages` is required", Some("prompt")))
+        }
     };
-    let ids = encode(&st, &prompt)?;
     let model = st.model.clone();
     let (n, ctx) = (ids.len(), model.config.context_len);
     if n < 2 {

@@ -506,6 +506,14 @@ pub(crate) fn admit_chat(st: &AppState, body: &[u8]) -> Result<Admitted, ApiErro
     Ok(Admitted { kind: Kind::Chat, prompts: vec![PromptIn { ids, text }], common, extras, default_max: None, stops })
 }
 
+/// The prompt ids a chat body's `messages` render to, exactly as
+/// `/v1/chat/completions` builds them (template, generation prompt,
+/// special tokens), for `/v1/kv/inspect`.
+pub(crate) fn chat_prompt_ids(st: &AppState, body: &[u8]) -> Result<Vec<u32>, ApiError> {
+    let mut a = admit_chat(st, body)?;
+    Ok(a.prompts.pop().map(|p| p.ids).unwrap_or_default())
+}
+
 /// Admits and plans a request for `kind`'s endpoint: a body is accepted
 /// here exactly when the endpoint would queue it. Returns the number of
 /// sequences it would queue (prompts × `n`). Nothing is queued.

@@ -150,6 +150,32 @@ fn inspect_matches_the_engine_and_its_trace_replays_to_the_kept_sets() {
     assert_eq!(metric(&addr, "kvslim_kv_bytes_in_use"), 0.0, "the reservation is given back");
 }
 
+/// A conversation is inspected as the chat endpoint would prompt the model.
+#[test]
+fn inspect_takes_chat_messages_as_the_chat_endpoint_renders_them() {
+    let (addr, _, _) = start_with(limits(), Duration::from_secs(5), |s| s);
+    let messages = json!([{"role": "user", "content": TEXT}, {"role": "assistant", "content": "Lily was happy."}, {"role": "user", "content": "And then?"}]);
+    let v = post(&addr, "/v1/kv/inspect", &json!({"messages": messages, "kv_policy": "h2o:heavy=8,recent=8"})).json();
+    let chat = post(&addr, "/v1/chat/completions", &json!({"messages": messages, "max_tokens": 1})).json();
+    let ids: Vec<u32> = serde_json::from_value(v["token_ids"].clone()).unwrap();
+    assert_eq!(ids.len() as u64, chat["usage"]["prompt_tokens"].as_u64().unwrap(), "{v}");
+    let plain = post(&addr, "/v1/kv/inspect", &json!({"prompt": TEXT})).json();
+    assert!(ids.len() > plain["token_ids"].as_array().unwrap().len());
+    let m = stories();
+    let spec = kvslim_cache::PolicySpec::parse_and_load("h2o:heavy=8,recent=8").unwrap();
+    let want = perplexity(&m.model, &ids, &PerplexityOptions::new(spec), |_, _| {}).unwrap();
+    let kept: Vec<Vec<Vec<u32>>> = v["kept"]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| serde_json::from_value(l["kv_heads"].clone()).unwrap())
+        .collect();
+    assert_eq!(kept, want.kept);
+    let both = post(&addr, "/v1/kv/inspect", &json!({"prompt": TEXT, "messages": messages}));
+    assert_eq!(error_code(&both).0, 400);
+    assert_eq!(error_code(&post(&addr, "/v1/kv/inspect", &json!({"messages": []}))).1, "messages");
+}
+
 #[test]
 fn inspect_and_policy_check_refuse_bad_requests_clearly() {
     let small = Limits { kv_memory: 40_000, ..limits() };

@@ -406,7 +406,7 @@ function setupChat() {
 
 // -------------------------------------------------------------- inspector
 
-const insp = { pickers: [], results: [null, null], evict: [null, null] };
+const insp = { pickers: [], results: [null, null], evict: [null, null], messages: null, ownText: "" };
 
 /** Per (layer, head) of a result: each position's eviction step
  *  (Infinity: never evicted), to replay the kept set at any step: what the
@@ -565,7 +565,9 @@ async function runInspector() {
   try {
     const results = [];
     for (const p of insp.pickers) {
-      const body = { prompt: text, kv_policy: p.value(), prefill, trace: true, retained_mass: mass };
+      const body = { kv_policy: p.value(), prefill, trace: true, retained_mass: mass };
+      if (insp.messages) body.messages = insp.messages;
+      else body.prompt = text;
       results.push(await (await api("/v1/kv/inspect", body)).json());
     }
     insp.results = results;
@@ -612,9 +614,28 @@ function setupInspector() {
   for (const id of ["inspect-layer", "inspect-head", "inspect-step"]) {
     for (const ev of ["input", "change"]) $(id).addEventListener(ev, drawInspector);
   }
+  // the conversation is sent as `messages`, so the server renders it with
+  // the chat template, exactly the prompt a reply would start from
   $("inspect-from-chat").addEventListener("click", () => {
-    const t = chat.messages.map((m) => m.content).join("\n\n");
-    if (t) $("inspect-text").value = t;
+    const text = $("inspect-text");
+    if (insp.messages) {
+      insp.messages = null;
+      text.readOnly = false;
+      text.value = insp.ownText;
+      $("inspect-from-chat").textContent = "Use the conversation";
+      return;
+    }
+    if (!chat.messages.length) {
+      $("inspect-error").textContent = "the conversation is empty: chat first";
+      return;
+    }
+    const system = $("system").value.trim();
+    insp.messages = (system ? [{ role: "system", content: system }] : []).concat(chat.messages);
+    insp.ownText = text.value;
+    text.value = insp.messages.map((m) => m.role + ": " + m.content).join("\n");
+    text.readOnly = true;
+    $("inspect-error").textContent = "";
+    $("inspect-from-chat").textContent = "Use my own text";
   });
 }
 
