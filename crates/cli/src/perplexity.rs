@@ -81,6 +81,7 @@ pub fn run(a: Args) -> CliResult {
         compare_full: a.compare_full,
         trace_every: a.trace_out.as_ref().map(|_| a.trace_every.max(1)),
         decisions_from: a.decisions_from,
+        stop: Default::default(),
     };
     opts.check_decisions_from()?;
     let mut progress = Progress::new("perplexity", "tok");

@@ -1,4 +1,5 @@
-//! `kvslim serve`: the OpenAI-compatible HTTP server.
+//! `kvslim serve`: the OpenAI-compatible HTTP server, and its web page at
+//! `/` (chat, KV inspector, status).
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs, PolicyArgs};
 use kvslim_server::{parse_bytes, AppState, HttpLimits, Limits, ServeOptions, ServerConfig};
@@ -175,6 +176,7 @@ pub fn run(a: Args) -> CliResult {
         a.max_batch,
         a.queue_limit
     );
+    eprintln!("kvslim serve: web page (chat, KV inspector, status) at http://{local}/");
     if auth {
         eprintln!("kvslim serve: API key required (Authorization: Bearer …) on every endpoint but /health");
     }

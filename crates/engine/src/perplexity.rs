@@ -40,11 +40,44 @@ pub struct PerplexityOptions {
     /// lockstep; the policy session keeps exactly the reference's kept
     /// positions. `None` (mode (b)): the policy decides on its own cache.
     pub decisions_from: Option<KvDtype>,
+    /// Stop with an error once this instant passes or this flag is set
+    /// (checked between fed pieces): a server runs the same code for
+    /// `/v1/kv/inspect` under its request timeout and stops when the client
+    /// leaves.
+    pub stop: Stop,
+}
+
+/// When a run gives up early ([`PerplexityOptions::stop`]); the default
+/// never stops.
+#[derive(Clone, Debug, Default)]
+pub struct Stop {
+    pub deadline: Option<std::time::Instant>,
+    pub cancelled: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl Stop {
+    /// Why the run must stop now, if it must.
+    fn check(&self, fed: usize) -> Result<()> {
+        if self.cancelled.as_ref().is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed)) {
+            return Err(EngineError::Request(format!("cancelled after {fed} tokens")));
+        }
+        if self.deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            return Err(EngineError::Request(format!("deadline passed after {fed} tokens")));
+        }
+        Ok(())
+    }
 }
 
 impl PerplexityOptions {
     pub fn new(policy: PolicySpec) -> Self {
-        PerplexityOptions { prefill: 0, policy, compare_full: false, trace_every: None, decisions_from: None }
+        PerplexityOptions {
+            prefill: 0,
+            policy,
+            compare_full: false,
+            trace_every: None,
+            decisions_from: None,
+            stop: Stop::default(),
+        }
     }
 
     /// Checks that [`decisions_from`](Self::decisions_from) can apply to the
@@ -364,6 +397,7 @@ pub fn perplexity(
     let mut kv_peak = 0usize;
     let mut pages = PageAcc::default();
     for &(a, b) in &pieces {
+        opts.stop.check(a)?;
         let step = b - a == 1;
         let want = if step { Logits::Last } else { Logits::All };
         let part = &ids[a..b];

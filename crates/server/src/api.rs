@@ -25,8 +25,10 @@
 //!   the last finish chunk.
 //! * `kv_policy` (extension) takes the policy grammar of `--policy`.
 //! * `usage.kv_bytes_allocated` is the request's KV reservation;
-//!   `usage.prompt_tokens_reused` the prompt tokens taken from the prefix
-//!   cache.
+//!   `usage.kv_bytes_final` what its caches held at the end and
+//!   `usage.kv_bytes_full` what a full f32 cache of the same tokens would
+//!   hold; `usage.prompt_tokens_reused` the prompt tokens taken from the
+//!   prefix cache.
 //! * A `full` policy without `page=` gets the server's `--kv-page-size`, and
 //!   `compact=`/`page_score=` imply it; token eviction otherwise stays on
 //!   fixed slots (see `scheduler::apply_default_page`).
@@ -108,6 +110,8 @@ fn usage(fs: &[&Finish], n: usize) -> Value {
         "total_tokens": prompt + completion,
         "kv_bytes_allocated": fs.iter().map(|f| f.kv_bytes).sum::<usize>(),
         "prompt_tokens_reused": per_prompt(|f| f.prompt_tokens_reused),
+        "kv_bytes_final": fs.iter().map(|f| f.kv_bytes_final).sum::<usize>(),
+        "kv_bytes_full": fs.iter().map(|f| f.kv_bytes_full).sum::<usize>(),
     })
 }
 

@@ -4,7 +4,8 @@
 //! Every request passes three layers, outermost first:
 //!
 //! 1. [`auth`]: with an API key configured, every endpoint but `/health`
-//!    needs `Authorization: Bearer KEY` (401 otherwise, before the body is
+//!    and the web page's static files (`/`, `/web/…`, which hold no data;
+//!    the page asks for the key) needs `Authorization: Bearer KEY` (401 otherwise, before the body is
 //!    read, so an unauthenticated client cannot make the server buffer
 //!    anything).
 //! 2. [`drain`]: once a shutdown started, new requests get 503 (`/health`
@@ -179,12 +180,13 @@ pub fn constant_time_eq(key: &[u8], given: &[u8]) -> bool {
     diff == 0
 }
 
-/// Layer 1: `Authorization: Bearer KEY` on everything but `/health`.
+/// Layer 1: `Authorization: Bearer KEY` on everything but `/health` and
+/// the web page's static files.
 pub async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response {
     let Some(key) = st.api_key.as_deref() else {
         return next.run(req).await;
     };
-    if req.uri().path() == "/health" {
+    if req.uri().path() == "/health" || crate::web::is_public(req.uri().path()) {
         return next.run(req).await;
     }
     let given = req.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes()).and_then(|v| {

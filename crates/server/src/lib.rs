@@ -14,6 +14,10 @@
 //! * [`request`]: request bodies parsed, validated and sized (every limit
 //!   checked) before the scheduler sees them; [`request::check_body`] is
 //!   the request-JSON fuzz target.
+//! * [`inspect`]: `POST /v1/kv/inspect`, the positions a policy keeps for a
+//!   text per layer and KV head (what `kvslim perplexity --kept-out` writes).
+//! * [`web`]: the web page at `/` (chat, KV inspector, status), embedded
+//!   in the binary.
 //!
 //! The clients (HTTP helpers for the tests, the soak driver) are in
 //! `kvslim-loadtest`.
@@ -21,9 +25,11 @@
 pub mod api;
 pub mod chat;
 pub mod guard;
+pub mod inspect;
 pub mod metrics;
 pub mod request;
 pub mod scheduler;
+pub mod web;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
@@ -65,6 +71,8 @@ pub struct AppState {
     pub api_key: Option<Arc<str>>,
     /// Draining state; [`Shutdown::drain`] starts a graceful shutdown.
     pub shutdown: Shutdown,
+    /// `/v1/kv/inspect` runs one at a time (each takes every core).
+    pub inspect_slot: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -86,6 +94,7 @@ impl AppState {
             http: HttpLimits::default(),
             api_key: None,
             shutdown: Shutdown::default(),
+            inspect_slot: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 
@@ -118,6 +127,10 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     use axum::middleware::from_fn_with_state;
     Router::new()
+        .route("/", get(web::index))
+        .route("/web/{file}", get(web::asset))
+        .route("/v1/kv/inspect", post(inspect::inspect))
+        .route("/v1/kv/policy", post(inspect::check_policy))
         .route("/v1/completions", post(api::completions))
         .route("/v1/chat/completions", post(api::chat_completions))
         .route("/v1/models", get(api::models))

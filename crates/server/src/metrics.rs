@@ -39,6 +39,15 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Adds `bytes` to the KV in use when the total stays within `limit`
+    /// (one atomic step, so the scheduler and `/v1/kv/inspect`, which admit
+    /// from the same pool on different threads, never overcommit it).
+    pub fn try_reserve_kv(&self, bytes: usize, limit: usize) -> bool {
+        self.kv_bytes_in_use
+            .fetch_update(Relaxed, Relaxed, |used| used.checked_add(bytes).filter(|&t| t <= limit))
+            .is_ok()
+    }
+
     pub fn set_tokens_per_second(&self, v: f64) {
         self.tokens_per_second.store(v.to_bits(), Relaxed);
     }

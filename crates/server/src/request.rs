@@ -268,11 +268,7 @@ pub(crate) fn plan(st: &AppState, a: Admitted) -> Result<Plan, ApiError> {
         }
         _ => {}
     }
-    let mut policy = match &c.kv_policy {
-        None => st.default_policy.clone(),
-        Some(p) => PolicySpec::parse_and_load_with_page(p, Some(st.scheduler.limits.kv_page_size).filter(|&n| n > 0))
-            .map_err(|e| ApiError::bad(e.to_string(), Some("kv_policy")))?,
-    };
+    let mut policy = parse_policy(st, c.kv_policy.as_deref())?;
     apply_default_page(&mut policy, st.scheduler.limits.kv_page_size);
     let seed = match c.seed {
         Some(s) => s as u64,
@@ -338,6 +334,18 @@ pub(crate) fn plan(st: &AppState, a: Admitted) -> Result<Plan, ApiError> {
         plans.push((max_tokens, kv_bytes));
     }
     Ok(Plan { kind, prompts, common: c, extras: x, policy, sampling, stop, beams, length_penalty, sizes: plans })
+}
+
+/// A request's `kv_policy` (the server's default when absent): the policy
+/// grammar of `--policy`, with the server's page size for `compact=` and
+/// `page_score=` without `page=`, CHAI plans loaded; a bad spec is a 400
+/// that quotes the grammar's message.
+pub(crate) fn parse_policy(st: &AppState, spec: Option<&str>) -> Result<PolicySpec, ApiError> {
+    match spec {
+        None => Ok(st.default_policy.clone()),
+        Some(p) => PolicySpec::parse_and_load_with_page(p, Some(st.scheduler.limits.kv_page_size).filter(|&n| n > 0))
+            .map_err(|e| ApiError::bad(e.to_string(), Some("kv_policy"))),
+    }
 }
 
 /// Queues one sequence per prompt and choice (prompt-major: choice `index`
@@ -496,6 +504,14 @@ pub(crate) fn admit_chat(st: &AppState, body: &[u8]) -> Result<Admitted, ApiErro
         .map_err(|e| ApiError::bad(format!("cannot tokenize the prompt: {e}"), Some("messages")))?;
     let stops = chat.stops();
     Ok(Admitted { kind: Kind::Chat, prompts: vec![PromptIn { ids, text }], common, extras, default_max: None, stops })
+}
+
+/// The prompt ids a chat body's `messages` render to, exactly as
+/// `/v1/chat/completions` builds them (template, generation prompt,
+/// special tokens), for `/v1/kv/inspect`.
+pub(crate) fn chat_prompt_ids(st: &AppState, body: &[u8]) -> Result<Vec<u32>, ApiError> {
+    let mut a = admit_chat(st, body)?;
+    Ok(a.prompts.pop().map(|p| p.ids).unwrap_or_default())
 }
 
 /// Admits and plans a request for `kind`'s endpoint: a body is accepted

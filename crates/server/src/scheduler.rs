@@ -61,6 +61,11 @@ pub struct Finish {
     pub kv_bytes: usize,
     /// Prompt tokens taken from the prefix cache instead of prefilled.
     pub prompt_tokens_reused: usize,
+    /// K/V bytes the sequence's cache held at its end.
+    pub kv_bytes_final: usize,
+    /// K/V bytes a `full` f32 cache of the same tokens would hold (what the
+    /// policy saved is measured against it).
+    pub kv_bytes_full: usize,
 }
 
 /// One token's log-probability and the most likely alternatives at its
@@ -239,6 +244,12 @@ pub fn kv_bytes_for(
 ) -> Result<usize, kvslim_cache::CacheError> {
     let max_len = (prompt_len + max_tokens).min(model.config.context_len);
     kvslim_cache::accounting::reservation(policy, &model.cache_shape(), max_len, prompt_len).map(|r| r.total())
+}
+
+/// K/V bytes of a `full` f32 cache holding `tokens` tokens (fixed slots,
+/// sliding-window layers at most their window), 0 if it cannot be laid out.
+pub fn full_kv_bytes(model: &Model, tokens: usize) -> usize {
+    kvslim_cache::accounting::reservation(&PolicySpec::full(), &model.cache_shape(), tokens, tokens).map_or(0, |r| r.kv)
 }
 
 /// Starts the scheduler thread.
@@ -436,9 +447,9 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
         });
         // admission, in arrival order, while memory and batch room last
         while running.len() < limits.max_batch {
-            let in_use = m.kv_bytes_in_use.load(Relaxed);
             match waiting.front() {
-                Some(r) if in_use + r.kv_bytes <= limits.kv_memory => {}
+                // reserved here; `admit` keeps it or gives it back
+                Some(r) if m.try_reserve_kv(r.kv_bytes, limits.kv_memory) => {}
                 _ => break,
             }
             let req = waiting.pop_front().expect("checked above");
@@ -513,7 +524,8 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
 }
 
 /// Prefills a request (or forks a cached prefix of its prompt) and samples
-/// its first token; `None` when it already finished (or failed).
+/// its first token; `None` when it already finished (or failed). Its KV
+/// bytes are already reserved (released by [`release`], or here on failure).
 fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
     let (model, tok, m) = (cx.model, cx.tok, cx.m);
     let n = req.prompt.len();
@@ -539,6 +551,7 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
         None => match Session::in_pool(model, &req.policy, cap_len, n, pool.as_ref()) {
             Ok(s) => (s, 0, None),
             Err(e) => {
+                m.kv_bytes_in_use.fetch_sub(req.kv_bytes, Relaxed);
                 let _ = req.events.send(Event::Error(format!("cannot build the KV cache: {e}")));
                 return None;
             }
@@ -548,7 +561,6 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
         m.prefix_hits_total.fetch_add(1, Relaxed);
         m.prefix_tokens_reused_total.fetch_add(reused as u64, Relaxed);
     }
-    m.kv_bytes_in_use.fetch_add(req.kv_bytes, Relaxed);
     let prompt = std::mem::take(&mut req.prompt);
     let mut r = Running {
         session,
@@ -694,6 +706,8 @@ fn release(m: &Metrics, r: &mut Running<'_>) {
             completion_tokens: r.generated.len(),
             kv_bytes: r.req.kv_bytes,
             prompt_tokens_reused: r.reused,
+            kv_bytes_final: r.session.kv_bytes().kv,
+            kv_bytes_full: full_kv_bytes(r.session.model, pos),
         }));
     }
 }
