@@ -47,8 +47,10 @@ pub struct PolicyArgs {
     /// decode steps), `page_score=sum|max|topm:M` (evict whole pages),
     /// `kv_dtype=f32|f16|q8|q4` (K/V storage type), e.g.
     /// `h2o:heavy=64,recent=64,page=16,compact=64,kv_dtype=q8` or
-    /// `full:kv_dtype=q8`. In `perplexity`, paged specs also report pages,
-    /// KV bytes, fragmentation and bytes moved per decode step.
+    /// `full:kv_dtype=q8`. `auto:budget=P%` picks the variant measured best
+    /// for this model at the nearest measured share (`kvslim info` shows
+    /// what it resolves to). In `perplexity`, paged specs also report
+    /// pages, KV bytes, fragmentation and bytes moved per decode step.
     #[arg(long = "policy", value_name = "POLICY", default_value = "full", value_parser = PolicySpec::parse_and_load)]
     pub spec: PolicySpec,
 }

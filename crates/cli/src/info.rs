@@ -105,6 +105,19 @@ pub fn run(a: Args) -> CliResult {
             },
         ),
         (
+            "auto policy",
+            // what `auto:budget=P%` resolves to for this model at 1,024 tokens
+            {
+                let key = m.auto_key();
+                let at = |p: f64| {
+                    let (spec, row) =
+                        kvslim_cache::policy::auto::resolve(kvslim_cache::policy::Budget::Percent(p), Some(&key), 1024);
+                    format!("{p}% → {spec} ({}, {})", row.model_name, row.evidence)
+                };
+                format!("key {key}; at 1,024 tokens: {}", [40.0, 20.0, 10.0, 5.0].map(at).join("; "))
+            },
+        ),
+        (
             "tokenizer",
             match &loaded.tokenizer {
                 Some(t) => format!("{} tokens, add_bos={} bos={:?} eos={:?}", t.vocab_size(), t.add_bos, t.bos, t.eos),

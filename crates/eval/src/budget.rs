@@ -45,6 +45,9 @@ pub struct BudgetedPolicy {
     pub budget: Option<Budget>,
     /// `tuned:file=FILE`: the recorded spec, run as is.
     pub tuned: Option<TunedCell>,
+    /// The `auto` family: `auto:budget=B` with B slots per sequence, which
+    /// the cache resolves for the model (`family` is then unused).
+    pub auto: bool,
 }
 
 /// A `tuned:file=FILE` cell: the spec `kvslim tune` chose and what it was
@@ -74,10 +77,22 @@ impl BudgetedPolicy {
         if is_tuned(family) {
             return Self::tuned(family);
         }
+        if family.trim() == "auto" {
+            let b: Budget = budget.parse().map_err(err)?;
+            if b == Budget::Slots(0) {
+                return Err(err("a budget needs at least 1 slot".into()));
+            }
+            return Ok(BudgetedPolicy {
+                family: PolicyFamily::parse("full")?,
+                budget: Some(b),
+                tuned: None,
+                auto: true,
+            });
+        }
         let mut f = PolicyFamily::parse(family).map_err(|e| err(e.reason))?;
         f.load_plans().map_err(|e| err(e.to_string()))?;
         let budget = f.budget(budget).map_err(err)?;
-        let p = BudgetedPolicy { family: f, budget, tuned: None };
+        let p = BudgetedPolicy { family: f, budget, tuned: None, auto: false };
         for n in [1000, 3] {
             p.spec_for(n)?;
         }
@@ -105,6 +120,7 @@ impl BudgetedPolicy {
             family: PolicyFamily::parse("full")?,
             budget: Some(budget),
             tuned: Some(TunedCell { label: text.trim().to_string(), spec, budget_slots, seq_len }),
+            auto: false,
         })
     }
 
@@ -133,6 +149,7 @@ impl BudgetedPolicy {
     pub fn family_label(&self) -> String {
         match &self.tuned {
             Some(t) => t.label.clone(),
+            None if self.auto => "auto".into(),
             None => self.family.to_string(),
         }
     }
@@ -154,6 +171,9 @@ impl PolicySource for BudgetedPolicy {
                 });
             }
             return Ok(t.spec.clone());
+        }
+        if self.auto {
+            return Ok(PolicySpec::parse(&format!("auto:budget={}", self.slots(base_len).unwrap_or(1)))?);
         }
         Ok(self.family.at(self.slots(base_len).unwrap_or(1))?)
     }
@@ -271,6 +291,15 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         let e = BudgetedPolicy::new(&text, "-").unwrap_err().to_string();
         assert!(e.contains(&path.display().to_string()) && e.contains("cannot read"), "{e}");
+    }
+
+    #[test]
+    fn auto_is_a_family_the_cache_resolves() {
+        let p = BudgetedPolicy::new("auto", "20%").unwrap();
+        assert_eq!((p.family_label(), p.budget_label()), ("auto".to_string(), "20%".to_string()));
+        let spec = p.spec_for(1000).unwrap();
+        assert_eq!((spec.to_string(), spec.budget(1000)), ("auto:budget=200".to_string(), Some(200)));
+        assert!(BudgetedPolicy::new("auto", "0").is_err());
     }
 
     #[test]

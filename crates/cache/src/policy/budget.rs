@@ -145,7 +145,8 @@ impl PolicyFamily {
         let mut p = Params::from_parts(self.family.names[0], self.extra.iter().map(String::as_str)).map_err(err)?;
         let spend = Spend { b: slots.max(1), fixed: self.fixed };
         let (token, storage) = self.family.spec(&mut p, Some(spend), None).map_err(err)?;
-        let spec = PolicySpec { token, head: self.head.as_ref().map(|(_, h)| h.clone()), storage, tuned: None };
+        let spec =
+            PolicySpec { token, head: self.head.as_ref().map(|(_, h)| h.clone()), storage, tuned: None, auto: None };
         spec.check_alloc().map_err(err)?;
         Ok(spec)
     }

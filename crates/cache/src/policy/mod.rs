@@ -10,6 +10,7 @@
 //! so evaluation can give every family the same B slots per sequence.
 
 pub mod alloc;
+pub mod auto;
 pub mod budget;
 pub mod chai;
 pub mod follow;

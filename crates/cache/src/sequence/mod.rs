@@ -32,6 +32,9 @@ pub struct CacheShape {
     /// Sliding-window layers: the window and, per layer, whether it is
     /// local ([`policy::SlidingWindowLayers`]).
     pub sliding_window: Option<(usize, Vec<bool>)>,
+    /// The model's key ([`policy::auto::model_key`]), which `auto:budget=B`
+    /// looks its measured choices up by (`None`: the default rows).
+    pub model: Option<String>,
 }
 
 impl CacheShape {
@@ -119,6 +122,10 @@ pub fn effective_policy(
             "tuned policy file {} was not loaded (call PolicySpec::load_plans after parsing)",
             t.path
         )));
+    }
+    if let Some(b) = spec.auto {
+        let (resolved, _) = policy::auto::resolve(b, shape.model.as_deref(), base_len);
+        return effective_policy(&resolved, shape, base_len);
     }
     let policy = spec.build_for(base_len, shape.layers, shape.kv_heads);
     let Some((window, local)) = &shape.sliding_window else { return Ok(policy) };
@@ -474,7 +481,7 @@ mod tests {
     use super::*;
 
     pub(super) fn cache_of(spec: &str, n: u32) -> SequenceCache {
-        let shape = CacheShape { layers: 2, heads: 2, kv_heads: 1, head_dim: 4, sliding_window: None };
+        let shape = CacheShape { layers: 2, heads: 2, kv_heads: 1, head_dim: 4, sliding_window: None, model: None };
         let mut c = SequenceCache::new(&PolicySpec::parse(spec).unwrap(), shape, 64, 64).unwrap();
         for p in 0..n {
             for l in 0..2 {

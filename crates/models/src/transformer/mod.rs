@@ -119,6 +119,14 @@ impl Model {
             kv_heads: c.n_kv_heads,
             head_dim: c.head_dim,
             sliding_window: c.features.sliding_window.as_ref().map(|w| (w.window, w.local_layers.clone())),
+            model: Some(self.auto_key()),
         }
+    }
+
+    /// The key `auto:budget=B` looks this model up by
+    /// ([`kvslim_cache::policy::auto::model_key`]).
+    pub fn auto_key(&self) -> String {
+        let c = &self.config;
+        kvslim_cache::policy::auto::model_key(&format!("{:?}", c.architecture), c.n_layers, c.hidden_size)
     }
 }

@@ -418,6 +418,9 @@ pub struct PolicySpec {
     /// the file (then `None`, and the fields above are the file's spec).
     /// A cache refuses a spec that still has one.
     pub tuned: Option<TunedRef>,
+    /// `auto:budget=B` as parsed ([`super::auto`]): the fields above hold
+    /// paper H2O at B until the cache resolves it for its model.
+    pub auto: Option<Budget>,
 }
 
 /// A policy string that could not be parsed (or whose plan could not be
@@ -487,6 +490,33 @@ fn parse_drift(v: &str) -> Result<Drift, String> {
     Ok(Drift { every, threshold })
 }
 
+/// Parses `auto:budget=B`; `None` when `text` is not `auto`.
+fn parse_auto(text: &str) -> Option<Result<Budget, String>> {
+    let (name, args) = text.split_once(':').unwrap_or((text, ""));
+    if name.trim() != "auto" {
+        return None;
+    }
+    Some((|| {
+        let mut p = Params::parse("auto", args)?;
+        let b = p.take("budget").ok_or("`auto` needs `budget=B` (slots, or P% of the sequence)")?;
+        p.finish("budget")?;
+        match b.parse::<Budget>()? {
+            Budget::Slots(0) => Err("auto: a budget needs at least 1 slot".into()),
+            b => Ok(b),
+        }
+    })())
+}
+
+/// Half of `b` for paper H2O's split: the heavy part (`recent` false) gets
+/// the larger half of a slot count; percentages split evenly.
+fn half(b: Budget, recent: bool) -> Budget {
+    match b {
+        Budget::Slots(n) if recent => Budget::Slots(n / 2),
+        Budget::Slots(n) => Budget::Slots(n - n / 2),
+        Budget::Percent(p) => Budget::Percent(p / 2.0),
+    }
+}
+
 /// Parses `tuned:file=FILE`; `None` when `text` is not a tuned policy.
 /// Reads no file.
 fn parse_tuned(text: &str, default_page: Option<usize>) -> Option<Result<TunedRef, String>> {
@@ -512,7 +542,13 @@ fn parse_token_policy(text: &str, default_page: Option<usize>) -> Result<(TokenP
 impl PolicySpec {
     /// The default: keep every token.
     pub fn full() -> Self {
-        PolicySpec { token: TokenPolicySpec::Full, head: None, storage: StorageSpec::default(), tuned: None }
+        PolicySpec {
+            token: TokenPolicySpec::Full,
+            head: None,
+            storage: StorageSpec::default(),
+            tuned: None,
+            auto: None,
+        }
     }
 
     /// Parses the grammar above. Pure: a CHAI plan is only named here;
@@ -529,6 +565,16 @@ impl PolicySpec {
         if parts.len() > 2 {
             return Err(err("at most one `+` (token policy + head policy)".into()));
         }
+        if let Some(auto) = parse_auto(parts[0]) {
+            if parts.len() > 1 {
+                return Err(err("`auto:budget=B` is a whole policy: nothing may follow `+`".into()));
+            }
+            let budget = auto.map_err(err)?;
+            let (token, _) =
+                parse_token_policy(&format!("h2o:heavy={},recent={}", half(budget, false), half(budget, true)), None)
+                    .map_err(err)?;
+            return Ok(PolicySpec { token, auto: Some(budget), ..PolicySpec::full() });
+        }
         if let Some(tuned) = parse_tuned(parts[0], default_page) {
             if parts.len() > 1 {
                 return Err(err("`tuned:file=FILE` is a whole policy: nothing may follow `+`".into()));
@@ -544,6 +590,7 @@ impl PolicySpec {
                 head: Some(head.map_err(err)?),
                 storage: StorageSpec::default(),
                 tuned: None,
+                auto: None,
             });
         }
         let (token, storage) = parse_token_policy(parts[0], default_page).map_err(err)?;
@@ -554,7 +601,7 @@ impl PolicySpec {
                 None => return Err(err(format!("`+{extra}`: only a head policy (chai, chai-static) can follow `+`"))),
             },
         };
-        let spec = PolicySpec { token, head, storage, tuned: None };
+        let spec = PolicySpec { token, head, storage, tuned: None, auto: None };
         spec.check_alloc().map_err(err)?;
         if spec.head.as_ref().is_some_and(|h| h.drift.is_some()) {
             return Err(err("drift: re-clustering ties KV heads anew, which needs their full slot sets; use `chai:…,drift=T` without a token policy".into()));
@@ -686,6 +733,9 @@ impl fmt::Display for HeadSharingSpec {
 
 impl fmt::Display for PolicySpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(b) = self.auto {
+            return write!(f, "auto:budget={b}");
+        }
         if let Some(t) = &self.tuned {
             return write!(f, "tuned:file={}", t.path);
         }

@@ -1,0 +1,296 @@
+//! `auto:budget=B`: the policy the measurements found best for the model at
+//! the nearest measured kept share, at budget B (docs/policies.md §4).
+//!
+//! A row names a model (its architecture, layers and hidden size: the
+//! model key), the kept share it was measured at, and the H2O variant that
+//! won there: score family, sinks and the heavy part of the non-sink slots.
+//! At budget B (resolved against the sequence, as every budget) the chosen
+//! row's variant gets exactly B slots: S = min(sinks, B − 1) sinks, the rest
+//! split heavy : recent by its fraction. Every row cites the file and the
+//! results behind it; models without rows use the default rows, chosen where
+//! the small real models' measurements agree. The cache resolves `auto` when
+//! it is built ([`crate::effective_policy`]), where the model is known; until
+//! then the spec stands for paper H2O at B, so everything that looks at a
+//! spec before that (does it evict, its budget) sees an evicting policy.
+
+use super::spec::{Budget, PolicySpec};
+
+/// One measured choice.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AutoChoice {
+    /// The model key ([`model_key`]); `*` for the default rows.
+    pub model: &'static str,
+    /// The model as people call it.
+    pub model_name: &'static str,
+    /// The kept share (percent) it was measured at.
+    pub share: f64,
+    /// `score=` of the winner (`sum` for paper H2O's).
+    pub score: &'static str,
+    /// Sinks of the winner.
+    pub sinks: usize,
+    /// Heavy slots as a fraction of the non-sink slots.
+    pub heavy: f64,
+    /// Where the measurement is: the file and the table.
+    pub evidence: &'static str,
+}
+
+const TUNING: &str = "docs/results/tuning.md";
+
+/// The table. The tuned rows are `kvslim tune`'s winners, which beat
+/// window, sink, heavy, random and paper H2O on held-out WikiText-2 KL at
+/// their budget (docs/results/tuning.md); the default rows are the shares
+/// where SmolLM2's and Gemma 3's winners agree.
+pub const CHOICES: &[AutoChoice] = &[
+    AutoChoice {
+        model: "llama:30x576",
+        model_name: "SmolLM2-135M",
+        share: 40.0,
+        score: "vnorm",
+        sinks: 4,
+        heavy: 0.5,
+        evidence: "docs/tuned/smollm2-40.json",
+    },
+    AutoChoice {
+        model: "llama:30x576",
+        model_name: "SmolLM2-135M",
+        share: 20.0,
+        score: "norm",
+        sinks: 4,
+        heavy: 0.75,
+        evidence: "docs/tuned/smollm2-20.json",
+    },
+    AutoChoice {
+        model: "llama:30x576",
+        model_name: "SmolLM2-135M",
+        share: 10.0,
+        score: "norm",
+        sinks: 0,
+        heavy: 0.5,
+        evidence: "docs/tuned/smollm2-10.json",
+    },
+    AutoChoice {
+        model: "llama:30x576",
+        model_name: "SmolLM2-135M",
+        share: 5.0,
+        score: "norm",
+        sinks: 0,
+        heavy: 38.0 / 51.0,
+        evidence: "docs/tuned/smollm2-5.json",
+    },
+    AutoChoice {
+        model: "gemma3:18x640",
+        model_name: "Gemma 3 270M",
+        share: 40.0,
+        score: "vnorm",
+        sinks: 4,
+        heavy: 0.5,
+        evidence: "docs/tuned/gemma-40.json",
+    },
+    AutoChoice {
+        model: "gemma3:18x640",
+        model_name: "Gemma 3 270M",
+        share: 20.0,
+        score: "vnorm",
+        sinks: 4,
+        heavy: 0.5,
+        evidence: "docs/tuned/gemma-20.json",
+    },
+    AutoChoice {
+        model: "gemma3:18x640",
+        model_name: "Gemma 3 270M",
+        share: 10.0,
+        score: "norm",
+        sinks: 0,
+        heavy: 0.5,
+        evidence: "docs/tuned/gemma-10.json",
+    },
+    AutoChoice {
+        model: "gemma3:18x640",
+        model_name: "Gemma 3 270M",
+        share: 5.0,
+        score: "norm",
+        sinks: 0,
+        heavy: 38.0 / 51.0,
+        evidence: "docs/tuned/gemma-5.json",
+    },
+    AutoChoice {
+        model: "llama:5x64",
+        model_name: "stories260K",
+        share: 40.0,
+        score: "decay:0.9",
+        sinks: 4,
+        heavy: 0.25,
+        evidence: "docs/tuned/stories260k-40.json",
+    },
+    AutoChoice {
+        model: "llama:5x64",
+        model_name: "stories260K",
+        share: 20.0,
+        score: "decay:0.98",
+        sinks: 0,
+        heavy: 26.0 / 102.0,
+        evidence: "docs/tuned/stories260k-20.json",
+    },
+    AutoChoice {
+        model: "llama:5x64",
+        model_name: "stories260K",
+        share: 10.0,
+        score: "decay:0.9",
+        sinks: 0,
+        heavy: 13.0 / 51.0,
+        evidence: "docs/tuned/stories260k-10.json",
+    },
+    AutoChoice {
+        model: "llama:5x64",
+        model_name: "stories260K",
+        share: 5.0,
+        score: "decay:0.9",
+        sinks: 0,
+        heavy: 13.0 / 25.0,
+        evidence: "docs/tuned/stories260k-5.json",
+    },
+    // the default: SmolLM2's and Gemma 3's winners agree at 40, 10 and 5%
+    AutoChoice {
+        model: "*",
+        model_name: "any other model",
+        share: 40.0,
+        score: "vnorm",
+        sinks: 4,
+        heavy: 0.5,
+        evidence: TUNING,
+    },
+    AutoChoice {
+        model: "*",
+        model_name: "any other model",
+        share: 10.0,
+        score: "norm",
+        sinks: 0,
+        heavy: 0.5,
+        evidence: TUNING,
+    },
+    AutoChoice {
+        model: "*",
+        model_name: "any other model",
+        share: 5.0,
+        score: "norm",
+        sinks: 0,
+        heavy: 38.0 / 51.0,
+        evidence: TUNING,
+    },
+];
+
+/// The key `auto` looks a model up by: architecture, layers and hidden
+/// size (`qwen2:28x1536`), which tell the models of a family apart without
+/// relying on file names.
+pub fn model_key(architecture: &str, layers: usize, hidden: usize) -> String {
+    format!("{}:{layers}x{hidden}", architecture.to_ascii_lowercase())
+}
+
+/// The row for `model` (its rows, else the default rows) whose share is
+/// nearest `share` percent (the larger share on a tie: more memory, never
+/// less quality).
+pub fn choose(model: Option<&str>, share: f64) -> &'static AutoChoice {
+    let own = |c: &&AutoChoice| model.is_some_and(|m| m == c.model);
+    let rows: Vec<&AutoChoice> = match CHOICES.iter().filter(own).count() {
+        0 => CHOICES.iter().filter(|c| c.model == "*").collect(),
+        _ => CHOICES.iter().filter(own).collect(),
+    };
+    rows.into_iter()
+        .min_by(|a, b| {
+            let (da, db) = ((a.share - share).abs(), (b.share - share).abs());
+            da.total_cmp(&db).then(b.share.total_cmp(&a.share))
+        })
+        .expect("the default rows exist")
+}
+
+/// `auto:budget=B` for a sequence of `base_len` tokens of `model`: the
+/// chosen row's H2O variant with exactly B slots, and the row.
+pub fn resolve(budget: Budget, model: Option<&str>, base_len: usize) -> (PolicySpec, &'static AutoChoice) {
+    let slots = budget.resolve(base_len).max(1);
+    let share = match budget {
+        Budget::Percent(p) => p,
+        Budget::Slots(n) => 100.0 * n as f64 / base_len.max(1) as f64,
+    };
+    let row = choose(model, share);
+    let sinks = row.sinks.min(slots - 1);
+    let rest = slots - sinks;
+    let heavy = ((rest as f64 * row.heavy).round() as usize).min(rest);
+    let spec = format!("h2o:heavy={heavy},recent={},sink={sinks},score={}", rest - heavy, row.score);
+    (PolicySpec::parse(&spec).expect("the table's rows are valid specs"), row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_row_resolves_to_exactly_its_budget() {
+        for c in CHOICES {
+            assert!(c.heavy > 0.0 && c.heavy <= 1.0, "{c:?}");
+            for (b, len) in [(Budget::Percent(c.share), 1024), (Budget::Percent(3.0), 100), (Budget::Slots(1), 50)] {
+                let (spec, row) = resolve(b, Some(c.model), len);
+                assert_eq!(row.model, c.model);
+                assert_eq!(spec.budget(len), Some(b.resolve(len).max(1)), "{c:?} at {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn rows_are_the_measured_specs_at_their_budget() {
+        // SmolLM2 at 20% of a 1,024-token window: tune's h2o:heavy=150,recent=50,sink=4,score=norm
+        let (spec, _) = resolve(Budget::Percent(20.0), Some("llama:30x576"), 1024);
+        assert_eq!(spec.to_string(), "h2o:heavy=150,recent=50,sink=4,score=norm");
+        let (spec, _) = resolve(Budget::Percent(5.0), Some("gemma3:18x640"), 1024);
+        assert_eq!(spec.to_string(), "h2o:heavy=38,recent=13,score=norm");
+    }
+
+    #[test]
+    fn the_grammar_reads_and_writes_auto() {
+        let p = PolicySpec::parse("auto:budget=20%").unwrap();
+        assert_eq!((p.to_string(), p.auto), ("auto:budget=20%".to_string(), Some(Budget::Percent(20.0))));
+        // until resolved it stands for paper H2O at the budget
+        assert_eq!(p.budget(1000), PolicySpec::parse("h2o:heavy=10%,recent=10%").unwrap().budget(1000));
+        assert_eq!(PolicySpec::parse("auto:budget=64").unwrap().budget(1000), Some(64));
+        for (bad, says) in [
+            ("auto", "needs `budget=B`"),
+            ("auto:budget=0", "at least 1 slot"),
+            ("auto:budget=20%,score=norm", "unknown parameter"),
+            ("auto:budget=20%+chai:plan=p.json", "whole policy"),
+        ] {
+            let e = PolicySpec::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_cache_resolves_auto_for_its_model() {
+        use crate::{CacheShape, SequenceCache};
+        let shape = |model: &str| CacheShape {
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+            sliding_window: None,
+            model: Some(model.into()),
+        };
+        let bytes = |spec: &str, model: &str| {
+            let c = SequenceCache::new(&PolicySpec::parse(spec).unwrap(), shape(model), 2048, 1024).unwrap();
+            (c.policy().head_budget(0, 0), c.store().bytes())
+        };
+        assert_eq!(
+            bytes("auto:budget=20%", "llama:30x576"),
+            bytes("h2o:heavy=150,recent=50,sink=4,score=norm", "llama:30x576")
+        );
+        assert_eq!(bytes("auto:budget=20%", "qwen2:28x1536"), bytes("h2o:heavy=102,recent=102,score=norm", "x"));
+    }
+
+    #[test]
+    fn nearest_share_of_the_models_rows_else_the_default() {
+        assert_eq!(choose(Some("llama:30x576"), 25.0).share, 20.0);
+        assert_eq!(choose(Some("llama:30x576"), 30.0).share, 40.0, "a tie takes the larger share");
+        let unknown = choose(Some("qwen2:28x1536"), 20.0);
+        assert_eq!((unknown.model, unknown.share), ("*", 10.0));
+        assert_eq!(choose(None, 60.0).share, 40.0);
+        assert_eq!(model_key("Qwen2", 28, 1536), "qwen2:28x1536");
+    }
+}
