@@ -341,7 +341,7 @@ fn run_cell(
             let is_full = policy.sample_spec()? == kvslim_cache::PolicySpec::full();
             let prefill = |n: usize| if cfg.mode == ScoreMode::Prefill { n } else { 0 };
             let follows = ppl_decisions_from(policy, cfg.decisions_from)?;
-            row.decisions_from = follows.map(|d| d.to_string());
+            row.key.decisions_from = follows.map(|d| d.to_string());
             let reps = par_blocks(
                 windows.len(),
                 |i| {

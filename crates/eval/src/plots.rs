@@ -33,24 +33,24 @@ type RowValue = dyn Fn(&ResultRow) -> Option<f64>;
 pub fn charts(rows: &[ResultRow]) -> Vec<(String, Chart)> {
     let mut groups: Vec<(&str, &str)> = Vec::new();
     for r in rows {
-        if !groups.contains(&(r.task.as_str(), r.model.as_str())) {
-            groups.push((&r.task, &r.model));
+        if !groups.contains(&(r.key.task.as_str(), r.key.model.as_str())) {
+            groups.push((&r.key.task, &r.key.model));
         }
     }
     let mut out = Vec::new();
     for (task, model) in groups {
-        let g: Vec<&ResultRow> = rows.iter().filter(|r| r.task == task && r.model == model).collect();
-        let percent = g.iter().any(|r| budget_x(&r.budget).is_some_and(|(_, p)| p));
+        let g: Vec<&ResultRow> = rows.iter().filter(|r| r.key.task == task && r.key.model == model).collect();
+        let percent = g.iter().any(|r| budget_x(&r.key.budget).is_some_and(|(_, p)| p));
         let xs: Vec<f64> =
-            g.iter().filter_map(|r| budget_x(&r.budget)).filter(|&(_, p)| p == percent).map(|(x, _)| x).collect();
+            g.iter().filter_map(|r| budget_x(&r.key.budget)).filter(|&(_, p)| p == percent).map(|(x, _)| x).collect();
         if xs.is_empty() {
             continue;
         }
         let (lo, hi) = xs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
         let mut policies: Vec<&str> = Vec::new();
         for r in &g {
-            if !policies.contains(&r.policy.as_str()) {
-                policies.push(&r.policy);
+            if !policies.contains(&r.key.policy.as_str()) {
+                policies.push(&r.key.policy);
             }
         }
         for &metric in HEADLINE_METRICS {
@@ -63,12 +63,12 @@ pub fn charts(rows: &[ResultRow]) -> Vec<(String, Chart)> {
                 .log_x(true);
             for p in &policies {
                 let mut pts: Vec<(f64, f64)> = Vec::new();
-                for r in g.iter().filter(|r| r.policy == *p) {
+                for r in g.iter().filter(|r| r.key.policy == *p) {
                     let Some(&v) = r.metrics.get(metric) else { continue };
-                    match budget_x(&r.budget) {
+                    match budget_x(&r.key.budget) {
                         Some((x, is_pct)) if is_pct == percent => pts.push((x, v)),
                         Some(_) => {}
-                        None if r.budget == "-" => pts.extend([(lo, v), (hi, v)]),
+                        None if r.key.budget == "-" => pts.extend([(lo, v), (hi, v)]),
                         None => {}
                     }
                 }
@@ -100,11 +100,11 @@ pub fn charts(rows: &[ResultRow]) -> Vec<(String, Chart)> {
             let mut any = false;
             for p in &policies {
                 let mut pts: Vec<(f64, f64)> = Vec::new();
-                for r in g.iter().filter(|r| r.policy == *p) {
+                for r in g.iter().filter(|r| r.key.policy == *p) {
                     let Some(v) = value(r) else { continue };
-                    match budget_x(&r.budget) {
+                    match budget_x(&r.key.budget) {
                         Some((x, is_pct)) if is_pct == percent => pts.push((x, v)),
-                        None if r.budget == "-" => pts.extend([(lo, v), (hi, v)]),
+                        None if r.key.budget == "-" => pts.extend([(lo, v), (hi, v)]),
                         _ => {}
                     }
                 }
@@ -149,7 +149,8 @@ fn breakdown_charts(task: &str, model: &str, g: &[&ResultRow]) -> Vec<(String, C
                 continue;
             }
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let label = if r.budget == "-" { r.policy_label() } else { format!("{} {}", r.policy_label(), r.budget) };
+            let label =
+                if r.key.budget == "-" { r.policy_label() } else { format!("{} {}", r.policy_label(), r.key.budget) };
             chart = chart.series(label, pts);
             any = true;
         }

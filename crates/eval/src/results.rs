@@ -26,11 +26,15 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct CellKey {
     pub model: String,
+    /// Policy family (with extras), e.g. `h2o`, `h2o:agg=max`, `full`.
     pub policy: String,
+    /// `20%`, `64`, or `-` when the policy ignores budgets.
     pub budget: String,
+    /// [`crate::TaskSpec::label`].
     pub task: String,
-    /// Mode (a) of a quantized KV policy: the dtype whose eviction
-    /// decisions the cell followed (`None`: the policy's own decisions).
+    /// Perplexity cells of a quantized KV policy run in mode (a): the K/V
+    /// dtype of the reference run whose eviction decisions were followed
+    /// (absent: the policy decided on its own cache, mode (b)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decisions_from: Option<String>,
 }
@@ -45,18 +49,9 @@ fn nan_map<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<BTreeMap<Stri
 /// One finished cell.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ResultRow {
-    pub model: String,
-    /// Policy family (with extras), e.g. `h2o`, `h2o:agg=max`, `full`.
-    pub policy: String,
-    /// `20%`, `64`, or `-` when the policy ignores budgets.
-    pub budget: String,
-    /// [`crate::TaskSpec::label`].
-    pub task: String,
-    /// Perplexity cells of a quantized KV policy run in mode (a): the K/V
-    /// dtype of the reference run whose eviction decisions were followed
-    /// (absent: the policy decided on its own cache, mode (b)).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decisions_from: Option<String>,
+    /// The cell, its fields written first and flat, as the row's own.
+    #[serde(flatten)]
+    pub key: CellKey,
     /// Items evaluated (windows for perplexity).
     pub items: usize,
     #[serde(deserialize_with = "nan_map")]
@@ -99,7 +94,7 @@ impl PartialEq for ResultRow {
             a.len() == b.len()
                 && a.iter().zip(b).all(|((ka, va), (kb, vb))| ka == kb && (va == vb || (va.is_nan() && vb.is_nan())))
         };
-        self.key() == o.key()
+        self.key == o.key
             && self.items == o.items
             && same(&self.metrics, &o.metrics)
             && same(&self.timings, &o.timings)
@@ -137,11 +132,13 @@ impl ResultRow {
     /// A row for a cell with version, commit and time filled in.
     pub fn new(model: &str, policy: &str, budget: &str, task: &str) -> Self {
         ResultRow {
-            model: model.into(),
-            policy: policy.into(),
-            budget: budget.into(),
-            task: task.into(),
-            decisions_from: None,
+            key: CellKey {
+                model: model.into(),
+                policy: policy.into(),
+                budget: budget.into(),
+                task: task.into(),
+                decisions_from: None,
+            },
             items: 0,
             metrics: BTreeMap::new(),
             kv_bytes: 0,
@@ -156,22 +153,12 @@ impl ResultRow {
         }
     }
 
-    pub fn key(&self) -> CellKey {
-        CellKey {
-            model: self.model.clone(),
-            policy: self.policy.clone(),
-            budget: self.budget.clone(),
-            task: self.task.clone(),
-            decisions_from: self.decisions_from.clone(),
-        }
-    }
-
     /// The policy as tables show it: the family, plus `[decisions from D]`
     /// for a mode (a) cell.
     pub fn policy_label(&self) -> String {
-        match &self.decisions_from {
-            Some(d) => format!("{} [decisions from {d}]", self.policy),
-            None => self.policy.clone(),
+        match &self.key.decisions_from {
+            Some(d) => format!("{} [decisions from {d}]", self.key.policy),
+            None => self.key.policy.clone(),
         }
     }
 
@@ -233,7 +220,7 @@ pub fn read_rows(path: &Path) -> Result<ReadRows> {
 
 /// The cells a set of rows has finished.
 pub fn finished_keys(rows: &[ResultRow]) -> HashSet<CellKey> {
-    rows.iter().map(ResultRow::key).collect()
+    rows.iter().map(|r| r.key.clone()).collect()
 }
 
 /// The cells finished in `DIR/results.jsonl` (tolerating a truncated last line).
@@ -399,7 +386,7 @@ fn dedup(rows: &[ResultRow]) -> Vec<&ResultRow> {
     let mut order: Vec<CellKey> = Vec::new();
     let mut last: BTreeMap<CellKey, &ResultRow> = BTreeMap::new();
     for r in rows {
-        let k = r.key();
+        let k = r.key.clone();
         if last.insert(k.clone(), r).is_none() {
             order.push(k);
         }
@@ -433,7 +420,7 @@ pub fn to_csv(rows: &[ResultRow]) -> String {
     let rows = dedup(rows);
     let metrics: BTreeSet<&str> = rows.iter().flat_map(|r| r.metrics.keys().map(String::as_str)).collect();
     let timings: BTreeSet<&str> = rows.iter().flat_map(|r| r.timings.keys().map(String::as_str)).collect();
-    let follows = rows.iter().any(|r| r.decisions_from.is_some());
+    let follows = rows.iter().any(|r| r.key.decisions_from.is_some());
     let mut head: Vec<String> = ["model", "policy", "budget", "task"].iter().map(|s| s.to_string()).collect();
     if follows {
         head.push("decisions_from".into());
@@ -446,9 +433,10 @@ pub fn to_csv(rows: &[ResultRow]) -> String {
     let mut out = head.iter().map(|h| csv_field(h)).collect::<Vec<_>>().join(",");
     out.push('\n');
     for r in rows {
-        let mut f = vec![csv_field(&r.model), csv_field(&r.policy), csv_field(&r.budget), csv_field(&r.task)];
+        let mut f =
+            vec![csv_field(&r.key.model), csv_field(&r.key.policy), csv_field(&r.key.budget), csv_field(&r.key.task)];
         if follows {
-            f.push(csv_field(r.decisions_from.as_deref().unwrap_or("")));
+            f.push(csv_field(r.key.decisions_from.as_deref().unwrap_or("")));
         }
         f.push(r.items.to_string());
         f.extend(metrics.iter().map(|m| r.metrics.get(*m).map_or(String::new(), |v| num(*v))));
@@ -519,14 +507,14 @@ pub fn to_markdown(rows: &[ResultRow]) -> String {
     let rows = dedup(rows);
     let mut groups: Vec<(&str, &str)> = Vec::new();
     for r in &rows {
-        if !groups.contains(&(r.task.as_str(), r.model.as_str())) {
-            groups.push((&r.task, &r.model));
+        if !groups.contains(&(r.key.task.as_str(), r.key.model.as_str())) {
+            groups.push((&r.key.task, &r.key.model));
         }
     }
     let mut out = String::from("# Results\n");
     for (task, model) in groups {
-        let g: Vec<&&ResultRow> = rows.iter().filter(|r| r.task == task && r.model == model).collect();
-        let budgets = budget_order(&g.iter().map(|r| r.budget.as_str()).collect::<Vec<_>>());
+        let g: Vec<&&ResultRow> = rows.iter().filter(|r| r.key.task == task && r.key.model == model).collect();
+        let budgets = budget_order(&g.iter().map(|r| r.key.budget.as_str()).collect::<Vec<_>>());
         let budgets = if budgets.is_empty() { vec!["-".to_string()] } else { budgets };
         let mut policies: Vec<String> = Vec::new();
         for r in &g {
@@ -549,9 +537,9 @@ pub fn to_markdown(rows: &[ResultRow]) -> String {
             out.push('\n');
             for p in &policies {
                 out.push_str(&format!("| {} |", md_escape(p)));
-                let unbudgeted = g.iter().find(|r| r.policy_label() == *p && r.budget == "-");
+                let unbudgeted = g.iter().find(|r| r.policy_label() == *p && r.key.budget == "-");
                 for b in &budgets {
-                    let r = g.iter().find(|r| r.policy_label() == *p && r.budget == *b).or(unbudgeted);
+                    let r = g.iter().find(|r| r.policy_label() == *p && r.key.budget == *b).or(unbudgeted);
                     let v = r.and_then(|r| {
                         let v = cell(*r.metrics.get(metric)?);
                         // accuracy with its standard error
@@ -584,7 +572,8 @@ fn paired_tables(
     budgets: &[String],
     policies: &[String],
 ) {
-    let Some(full) = g.iter().find(|r| r.policy == "full" && r.budget == "-" && r.decisions_from.is_none()) else {
+    let Some(full) = g.iter().find(|r| r.key.policy == "full" && r.key.budget == "-" && r.key.decisions_from.is_none())
+    else {
         return;
     };
     for &metric in PAIRED_METRICS {
@@ -607,9 +596,9 @@ fn paired_tables(
         out.push('\n');
         for p in others {
             out.push_str(&format!("| {} |", md_escape(p)));
-            let unbudgeted = g.iter().find(|r| r.policy_label() == *p && r.budget == "-");
+            let unbudgeted = g.iter().find(|r| r.policy_label() == *p && r.key.budget == "-");
             for b in budgets {
-                let r = g.iter().find(|r| r.policy_label() == *p && r.budget == *b).or(unbudgeted);
+                let r = g.iter().find(|r| r.policy_label() == *p && r.key.budget == *b).or(unbudgeted);
                 let v =
                     r.and_then(|r| crate::paired::paired(r.per_item.get(metric)?, base)).map_or(String::new(), |d| {
                         let star = if d.significant() { " *" } else { "" };

@@ -288,12 +288,12 @@ pub fn merge_shards(dirs: &[PathBuf], out: &Path, opts: MergeOptions) -> Result<
                     reason: format!("holds a row of run {}, not {}", r.run.unwrap_or_default(), m.run),
                 });
             }
-            let Some(&n) = owned.get(&r.key()) else {
+            let Some(&n) = owned.get(&r.key) else {
                 return Err(EvalError::File {
                     path: log,
                     reason: format!(
                         "holds cell {} {} {} that shard {} does not own",
-                        r.task, r.policy, r.budget, m.shard
+                        r.key.task, r.key.policy, r.key.budget, m.shard
                     ),
                 });
             };

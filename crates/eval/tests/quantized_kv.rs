@@ -159,25 +159,25 @@ fn matrix_rows_carry_paged_metrics_and_decisions() {
     cfg.charts = false;
     let rows = run_matrix(&m.model, tok, &cfg, |_| {}).unwrap();
     assert_eq!(rows.len(), 4);
-    let by = |p: &str| rows.iter().find(|r| r.policy == p).unwrap_or_else(|| panic!("{p}"));
+    let by = |p: &str| rows.iter().find(|r| r.key.policy == p).unwrap_or_else(|| panic!("{p}"));
     // full: nothing to follow, its own reference
     let full = by("full");
-    assert_eq!((full.decisions_from.as_deref(), full.metrics["kl"]), (None, 0.0));
+    assert_eq!((full.key.decisions_from.as_deref(), full.metrics["kl"]), (None, 0.0));
     // full with q8 K/V: no decisions to follow, but compared with the f32 full cache
     let fq = by("full:kv_dtype=q8");
-    assert!(fq.decisions_from.is_none());
+    assert!(fq.key.decisions_from.is_none());
     assert!(fq.metrics["kl"] > 0.0, "q8 full cache differs from f32: {:?}", fq.metrics);
     assert!(fq.metrics["kv_bytes_peak"] < full.metrics["kv_bytes_peak"]);
     // quantized h2o follows the f32 run's decisions
     let hq = by("h2o:kv_dtype=q8");
-    assert_eq!(hq.decisions_from.as_deref(), Some("f32"));
-    assert_eq!(hq.key().decisions_from.as_deref(), Some("f32"));
+    assert_eq!(hq.key.decisions_from.as_deref(), Some("f32"));
+    assert_eq!(hq.key.decisions_from.as_deref(), Some("f32"));
     assert_eq!(hq.metrics["kept_differing"], 0.0);
     assert!((hq.metrics["ppl"] / hq.metrics["ref_ppl"] - 1.0).abs() < 0.01, "{:?}", hq.metrics);
     assert!(hq.metrics["kl_ref"] >= 0.0);
     // f32 paged h2o: the reference dtype already, so its own decisions; page metrics
     let pg = by("h2o:page=8,compact=16");
-    assert!(pg.decisions_from.is_none());
+    assert!(pg.key.decisions_from.is_none());
     for k in ["pages_peak", "kv_bytes_peak", "fragmentation", "bytes_moved_per_step"] {
         assert!(pg.metrics.get(k).is_some_and(|v| v.is_finite() && *v >= 0.0), "{k}: {:?}", pg.metrics);
     }

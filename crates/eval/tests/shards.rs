@@ -138,7 +138,7 @@ fn three_shards_merge_to_the_unsharded_results() {
     let (x, y) = (read(&merged_dir), read(&a));
     assert_eq!(x.len(), y.len());
     for (u, v) in x.into_iter().map(without_timings).zip(y.into_iter().map(without_timings)) {
-        assert_eq!(u.key(), v.key());
+        assert_eq!(u.key, v.key);
         assert_eq!((u.items, u.kv_bytes, u.kv_metadata_bytes), (v.items, v.kv_bytes, v.kv_metadata_bytes));
         assert_eq!(u.metrics.keys().collect::<Vec<_>>(), v.metrics.keys().collect::<Vec<_>>());
         assert!(u.metrics.iter().zip(&v.metrics).all(|(a, b)| close(*a.1, *b.1)), "{u:?}\n{v:?}");
@@ -186,9 +186,9 @@ fn three_shards_merge_to_the_unsharded_results() {
     let part = merge_shards(&[cut.clone(), shard_dir(0)], &fresh("part"), PARTIAL).unwrap();
     assert_eq!((part.rows.len(), part.total_cells), (4 + 2, 10));
     assert_eq!(part.missing_shards, ["1/3"]);
-    let whole_keys: Vec<_> = whole.iter().map(|r| r.key()).collect();
+    let whole_keys: Vec<_> = whole.iter().map(|r| &r.key).collect();
     let order: Vec<usize> =
-        part.rows.iter().map(|r| whole_keys.iter().position(|k| *k == r.key()).expect("a cell of the run")).collect();
+        part.rows.iter().map(|r| whole_keys.iter().position(|k| *k == &r.key).expect("a cell of the run")).collect();
     assert!(order.windows(2).all(|w| w[0] < w[1]), "run order: {order:?}");
     assert!(order.iter().all(|n| n % 3 == 0 || n % 3 == 2));
     let md = std::fs::read_to_string(fresh("part").join("results.md")).unwrap();
