@@ -11,8 +11,7 @@
 //! * Each turn renders the whole history and runs it from scratch with the
 //!   chosen `--policy` (no KV cache is kept between turns).
 
-use crate::common::{require_tokenizer, CliResult, ModelArgs, SamplingArgs};
-use kvslim_cache::PolicySpec;
+use crate::common::{require_tokenizer, CliResult, ModelArgs, PolicyArgs, SamplingArgs};
 use kvslim_engine::generate::StopReason;
 use kvslim_engine::{generate, GenerateOptions, SamplingParams};
 use kvslim_models::chat::{ChatFormat, ChatMessage};
@@ -32,9 +31,8 @@ pub struct Args {
     max_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// KV cache policy (see docs/policies.md), e.g. `full`.
-    #[arg(long, default_value = "full", value_parser = PolicySpec::parse_and_load)]
-    policy: PolicySpec,
+    #[command(flatten)]
+    policy: PolicyArgs,
     /// Print the rendered prompt of each turn on stderr.
     #[arg(long)]
     show_prompt: bool,
@@ -164,7 +162,7 @@ fn reply(
     let opts = GenerateOptions {
         max_tokens: a.max_tokens.min(ctx - prompt.len()),
         sampling: SamplingParams { seed: a.sampling.seed.wrapping_add(turn), ..a.sampling.params() },
-        policy: a.policy.clone(),
+        policy: a.policy.spec.clone(),
         eos: chat.stop_ids(tok),
     };
     let stops = chat.stops();
@@ -195,7 +193,7 @@ fn reply(
         g.time_to_first_token_s * 1e3,
         tps,
         g.kv_bytes.kv as f64 / 1048576.0,
-        a.policy
+        a.policy.spec
     );
     Ok(reply.trim().to_string())
 }

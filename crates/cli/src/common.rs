@@ -2,6 +2,7 @@
 //! progress display.
 
 use clap::Args;
+use kvslim_cache::PolicySpec;
 use kvslim_models::chat::{ChatError, ChatFormat};
 use kvslim_models::{LoadedModel, Tokenizer};
 use std::io::IsTerminal;
@@ -9,6 +10,22 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// `--policy`: the KV cache policy of a command that runs one (`bench`
+/// takes several to compare, so it declares its own list).
+#[derive(Args, Clone, Debug)]
+pub struct PolicyArgs {
+    /// KV cache policy (see docs/policies.md; for `serve`, the default of
+    /// requests without `kv_policy`), with optional storage keys: `page=P`
+    /// (paged KV, pages of P tokens), `compact=N` (repack pages every N
+    /// decode steps), `page_score=sum|max|topm:M` (evict whole pages),
+    /// `kv_dtype=f32|f16|q8|q4` (K/V storage type), e.g.
+    /// `h2o:heavy=64,recent=64,page=16,compact=64,kv_dtype=q8` or
+    /// `full:kv_dtype=q8`. In `perplexity`, paged specs also report pages,
+    /// KV bytes, fragmentation and bytes moved per decode step.
+    #[arg(long = "policy", value_name = "POLICY", default_value = "full", value_parser = PolicySpec::parse_and_load)]
+    pub spec: PolicySpec,
+}
 
 /// `--temperature`, `--top-k`, `--top-p`, `--seed`: how tokens are drawn.
 #[derive(Args, Clone, Copy, Debug)]

@@ -1,7 +1,6 @@
 //! `kvslim generate`: sample a continuation and stream it.
 
-use crate::common::{require_tokenizer, CliResult, ModelArgs, SamplingArgs};
-use kvslim_cache::PolicySpec;
+use crate::common::{require_tokenizer, CliResult, ModelArgs, PolicyArgs, SamplingArgs};
 use kvslim_engine::{
     beam_search, generate, speculative_generate, BeamOptions, DraftLength, Drafter, GenerateOptions, ModelDrafter,
     NgramDrafter, Verification,
@@ -25,9 +24,8 @@ pub struct Args {
     max_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// KV cache policy (see docs/policies.md), e.g. `full`.
-    #[arg(long, default_value = "full", value_parser = PolicySpec::parse_and_load)]
-    policy: PolicySpec,
+    #[command(flatten)]
+    policy: PolicyArgs,
     /// Print one JSON object (`text`, `token_ids`, timings, KV bytes) instead of streaming.
     #[arg(long)]
     json: bool,
@@ -115,7 +113,7 @@ pub fn run(a: Args) -> CliResult {
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
         sampling: a.sampling.params(),
-        policy: a.policy.clone(),
+        policy: a.policy.spec.clone(),
         eos: tok.eos.clone(),
     };
     if a.speculative.is_some() && a.sampling.temperature != 0.0 {
@@ -140,7 +138,7 @@ pub fn run(a: Args) -> CliResult {
         None => (generate(&loaded.model, &prompt, &opts, on_token)?, None),
         Some(kind) => {
             let mut ngram = NgramDrafter::default();
-            let mut model_draft = ModelDrafter::new(&loaded.model, a.policy.clone(), prompt.len() + a.max_tokens);
+            let mut model_draft = ModelDrafter::new(&loaded.model, a.policy.spec.clone(), prompt.len() + a.max_tokens);
             let drafter: &mut dyn Drafter = if kind == "self" { &mut model_draft } else { &mut ngram };
             let (g, st) = speculative_generate(
                 &loaded.model,
@@ -164,7 +162,7 @@ pub fn run(a: Args) -> CliResult {
             "prompt_tokens": g.prompt_tokens,
             "completion_tokens": g.token_ids.len(),
             "stop_reason": g.stop,
-            "policy": a.policy.to_string(),
+            "policy": a.policy.spec.to_string(),
             "time_to_first_token_s": g.time_to_first_token_s,
             "decode_tok_s": tps,
             "kv_bytes_allocated": g.kv_bytes.kv,
@@ -195,7 +193,7 @@ pub fn run(a: Args) -> CliResult {
             g.time_to_first_token_s * 1e3,
             tps,
             g.kv_bytes.kv as f64 / 1048576.0,
-            a.policy
+            a.policy.spec
         );
     }
     if let Some(st) = spec_stats {
@@ -223,7 +221,7 @@ fn run_beams(
         max_tokens: a.max_tokens,
         length_penalty: a.length_penalty,
         early_stopping: true,
-        policy: a.policy.clone(),
+        policy: a.policy.spec.clone(),
         eos: tok.eos.clone(),
         keep_caches: false,
     };
@@ -251,7 +249,7 @@ fn run_beams(
             "prompt_tokens": prompt.len(),
             "completion_tokens": best.token_ids.len(),
             "stop_reason": if best.eos { "eos" } else { "max_tokens" },
-            "policy": a.policy.to_string(),
+            "policy": a.policy.spec.to_string(),
             "beams": a.beams,
             "length_penalty": a.length_penalty,
             "hypotheses": all,
@@ -268,7 +266,7 @@ fn run_beams(
             best.logprob,
             best.score,
             elapsed,
-            a.policy
+            a.policy.spec
         );
     }
     Ok(())

@@ -7,8 +7,8 @@
 //! (`--decisions-from`, mode (a)) instead of deciding on its own quantized
 //! cache (mode (b), the default).
 
-use crate::common::{require_tokenizer, CliResult, ModelArgs, Progress};
-use kvslim_cache::{KvDtype, PolicySpec};
+use crate::common::{require_tokenizer, CliResult, ModelArgs, PolicyArgs, Progress};
+use kvslim_cache::KvDtype;
 use kvslim_engine::{perplexity, PerplexityOptions};
 use std::path::PathBuf;
 
@@ -28,15 +28,8 @@ pub struct Args {
     /// Process the first N tokens as one prefill chunk (the rest one decode step at a time).
     #[arg(long, default_value_t = 0)]
     prefill: usize,
-    /// KV cache policy (see docs/policies.md), with optional storage keys:
-    /// `page=P` (paged KV, pages of P tokens), `compact=N` (repack pages
-    /// every N decode steps), `page_score=sum|max|topm:M` (evict whole
-    /// pages), `kv_dtype=f32|f16|q8|q4` (K/V storage type), e.g.
-    /// `h2o:heavy=64,recent=64,page=16,compact=64,kv_dtype=q8` or
-    /// `full:kv_dtype=q8`. Paged specs also report pages, KV bytes,
-    /// fragmentation and bytes moved per decode step.
-    #[arg(long, default_value = "full", value_parser = PolicySpec::parse_and_load)]
-    policy: PolicySpec,
+    #[command(flatten)]
+    policy: PolicyArgs,
     /// Mode (a) for a quantized KV policy: run the same policy with K/V in
     /// this dtype (f32 or f16) alongside, and keep in the quantized cache
     /// exactly the tokens that run keeps, so the result measures the
@@ -84,7 +77,7 @@ pub fn run(a: Args) -> CliResult {
     }
     let opts = PerplexityOptions {
         prefill: a.prefill,
-        policy: a.policy.clone(),
+        policy: a.policy.spec.clone(),
         compare_full: a.compare_full,
         trace_every: a.trace_out.as_ref().map(|_| a.trace_every.max(1)),
         decisions_from: a.decisions_from,

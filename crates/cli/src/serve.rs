@@ -1,7 +1,6 @@
 //! `kvslim serve`: the OpenAI-compatible HTTP server.
 
-use crate::common::{require_tokenizer, CliResult, ModelArgs};
-use kvslim_cache::PolicySpec;
+use crate::common::{require_tokenizer, CliResult, ModelArgs, PolicyArgs};
 use kvslim_server::{parse_bytes, AppState, HttpLimits, Limits, ServeOptions, ServerConfig};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,9 +16,8 @@ pub struct Args {
     host: String,
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Default KV cache policy for requests without `kv_policy`.
-    #[arg(long, default_value = "full", value_parser = PolicySpec::parse_and_load)]
-    policy: PolicySpec,
+    #[command(flatten)]
+    policy: PolicyArgs,
     /// KV memory pool shared by running requests (e.g. 2GiB, 512MiB).
     #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
     kv_memory: usize,
@@ -138,7 +136,7 @@ pub fn run(a: Args) -> CliResult {
         Err(e) => eprintln!("kvslim serve: warning: {e}; /v1/chat/completions will answer 400"),
     }
     let config = ServerConfig {
-        policy: a.policy.clone(),
+        policy: a.policy.spec.clone(),
         limits: Limits {
             kv_memory: a.kv_memory,
             max_batch: a.max_batch,
@@ -170,7 +168,7 @@ pub fn run(a: Args) -> CliResult {
     eprintln!(
         "kvslim serve: http://{} (policy {}, KV pool {} bytes, page size {}, prefix cache {}, max batch {}, queue limit {})",
         local,
-        a.policy,
+        a.policy.spec,
         a.kv_memory,
         a.kv_page_size,
         a.prefix_cache,
