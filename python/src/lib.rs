@@ -51,6 +51,8 @@ fn engine_error(e: EngineError) -> PyErr {
     match e {
         EngineError::Model(m) => model_error(m),
         EngineError::Request(r) => PyValueError::new_err(r),
+        // the keyword arguments are named as the engine's fields
+        EngineError::Setting(s) => PyValueError::new_err(s.message(s.setting.field())),
     }
 }
 

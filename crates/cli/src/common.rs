@@ -3,6 +3,7 @@
 
 use clap::Args;
 use kvslim_cache::PolicySpec;
+use kvslim_engine::{EngineError, Setting};
 use kvslim_models::chat::{ChatError, ChatFormat};
 use kvslim_models::{LoadedModel, Tokenizer};
 use std::io::IsTerminal;
@@ -10,6 +11,31 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// A command's error as the user reads it: an engine setting it blames is
+/// written as the flag that sets it.
+pub fn message(e: &(dyn std::error::Error + 'static)) -> String {
+    let engine = match e.downcast_ref::<kvslim_eval::EvalError>() {
+        Some(kvslim_eval::EvalError::Engine(x)) => Some(x),
+        _ => e.downcast_ref::<EngineError>(),
+    };
+    match engine {
+        Some(EngineError::Setting(s)) => s.message(flag(s.setting)),
+        _ => e.to_string(),
+    }
+}
+
+/// The flag of an engine setting.
+fn flag(s: Setting) -> &'static str {
+    match s {
+        Setting::Prefill => "--prefill",
+        Setting::CompareFull => "--compare-full",
+        Setting::DecisionsFrom => "--decisions-from",
+        Setting::MaxTokens => "--max-tokens",
+        Setting::Temperature => "--temperature",
+        Setting::MaxKl => "--max-kl",
+    }
+}
 
 /// `--policy`: the KV cache policy of a command that runs one (`bench`
 /// takes several to compare, so it declares its own list).

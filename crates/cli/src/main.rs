@@ -95,14 +95,14 @@ fn main() -> ExitCode {
     let command = Cli::parse().command;
     let result = match command.model_threads() {
         Some(threads) => common::init_threads(threads).and_then(|()| {
-            kvslim_engine::on_workers(move || command.run().map_err(|e| e.to_string())).map_err(Into::into)
+            kvslim_engine::on_workers(move || command.run().map_err(|e| common::message(&*e))).map_err(Into::into)
         }),
         None => command.run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", common::message(&*e));
             ExitCode::FAILURE
         }
     }

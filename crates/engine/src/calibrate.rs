@@ -4,7 +4,7 @@
 //! membership).
 
 use crate::session::Session;
-use crate::{EngineError, Result};
+use crate::{EngineError, Result, Setting};
 use kvslim_cache::policy::chai::{
     cluster_by_kv_groups, CalibrationConfig, Calibrator, ChaiPlan, HeadSharingSpec, LayerPlan, PlanMeta, QualityRecord,
     RepRule,
@@ -126,7 +126,11 @@ pub fn calibrate_quality(
     let c = &model.config;
     let (n_layers, n_heads, n_kv) = (c.n_layers, c.n_heads, c.n_kv_heads);
     if let Some(bad) = max_kls.iter().find(|k| !(k.is_finite() && **k >= 0.0)) {
-        return Err(EngineError::Request(format!("--max-kl must be a finite non-negative number, got {bad}")));
+        return Err(EngineError::setting(
+            Setting::MaxKl,
+            "",
+            format!(" must be a finite non-negative number, got {bad}"),
+        ));
     }
     if n_kv < 2 {
         return Err(EngineError::Request(format!(

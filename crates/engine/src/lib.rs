@@ -40,6 +40,60 @@ pub enum EngineError {
     Model(#[from] kvslim_models::Error),
     #[error("{0}")]
     Request(String),
+    /// A request refused because of one setting; shown with the engine's
+    /// name for it ([`Setting::field`]), while front ends write their own.
+    #[error("{}", .0.message(.0.setting.field()))]
+    Setting(SettingError),
+}
+
+/// An option of the engine's API that errors can blame. The engine names
+/// it as its options structs do; the CLI writes it as a flag, Python as a
+/// keyword, so each user reads the name they typed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setting {
+    Prefill,
+    CompareFull,
+    DecisionsFrom,
+    MaxTokens,
+    Temperature,
+    MaxKl,
+}
+
+impl Setting {
+    /// The field that holds it (`PerplexityOptions::prefill`, …).
+    pub fn field(self) -> &'static str {
+        match self {
+            Setting::Prefill => "prefill",
+            Setting::CompareFull => "compare_full",
+            Setting::DecisionsFrom => "decisions_from",
+            Setting::MaxTokens => "max_tokens",
+            Setting::Temperature => "temperature",
+            Setting::MaxKl => "max_kl",
+        }
+    }
+}
+
+/// The message of a [`EngineError::Setting`]: text around the setting's
+/// name, so a front end can put in its own name for it.
+#[derive(Debug)]
+pub struct SettingError {
+    pub setting: Setting,
+    before: String,
+    after: String,
+}
+
+impl EngineError {
+    /// The error `before` + the setting's name + `after`.
+    pub(crate) fn setting(setting: Setting, before: impl Into<String>, after: impl Into<String>) -> Self {
+        EngineError::Setting(SettingError { setting, before: before.into(), after: after.into() })
+    }
+}
+
+impl SettingError {
+    /// The message with `name` written for the setting.
+    pub fn message(&self, name: &str) -> String {
+        format!("{}{name}{}", self.before, self.after)
+    }
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

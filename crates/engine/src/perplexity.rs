@@ -17,7 +17,7 @@
 //! ([`FollowDecisions`]), which measures the quantization error alone.
 
 use crate::session::Session;
-use crate::{EngineError, Result};
+use crate::{EngineError, Result, Setting};
 use kvslim_cache::policy::{EvictionEvent, FollowDecisions, SharedKeptSets};
 use kvslim_cache::{KvDtype, PolicySpec};
 use kvslim_kernels::ops::{kl_divergence as kl, log_softmax_at};
@@ -53,16 +53,21 @@ impl PerplexityOptions {
     pub fn check_decisions_from(&self) -> Result<()> {
         let Some(d) = self.decisions_from else { return Ok(()) };
         if self.policy.head.is_some() {
-            return Err(EngineError::Request(format!(
-                "--decisions-from {d} cannot be used with a head policy (chai, chai-static): `{}`",
-                self.policy
-            )));
+            return Err(EngineError::setting(
+                Setting::DecisionsFrom,
+                "",
+                format!(" {d} cannot be used with a head policy (chai, chai-static): `{}`", self.policy),
+            ));
         }
         if self.policy.storage.kv_dtype == d {
-            return Err(EngineError::Request(format!(
-                "--decisions-from {d}: the policy `{}` already stores K/V as {d}; follow another dtype or give the policy a quantized kv_dtype (e.g. kv_dtype=q8)",
-                self.policy
-            )));
+            return Err(EngineError::setting(
+                Setting::DecisionsFrom,
+                "",
+                format!(
+                    " {d}: the policy `{}` already stores K/V as {d}; follow another dtype or give the policy a quantized kv_dtype (e.g. kv_dtype=q8)",
+                    self.policy
+                ),
+            ));
         }
         Ok(())
     }
@@ -275,19 +280,28 @@ pub fn perplexity(
     opts.check_decisions_from()?;
     let bounded = opts.policy.build(n).bounded() && model.config.learned_positions.is_none();
     if n > model.config.context_len && !bounded {
-        return Err(EngineError::Request(format!(
-            "{n} tokens exceed the model's context of {} (only a bounded policy on a RoPE model may go past it); use --max-tokens",
-            model.config.context_len
-        )));
+        return Err(EngineError::setting(
+            Setting::MaxTokens,
+            format!(
+                "{n} tokens exceed the model's context of {} (only a bounded policy on a RoPE model may go past it); use ",
+                model.config.context_len
+            ),
+            "",
+        ));
     }
     if opts.compare_full && n > model.config.context_len {
-        return Err(EngineError::Request(format!(
-            "--compare-full runs the full cache, which cannot go past the context of {} tokens",
-            model.config.context_len
-        )));
+        return Err(EngineError::setting(
+            Setting::CompareFull,
+            "",
+            format!(" runs the full cache, which cannot go past the context of {} tokens", model.config.context_len),
+        ));
     }
     if opts.prefill > n {
-        return Err(EngineError::Request(format!("--prefill {} is longer than the {n} tokens", opts.prefill)));
+        return Err(EngineError::setting(
+            Setting::Prefill,
+            "",
+            format!(" {} is longer than the {n} tokens", opts.prefill),
+        ));
     }
     let v = model.config.vocab_size;
     if let Some(&id) = ids.iter().find(|&&id| id as usize >= v) {

@@ -47,7 +47,7 @@ use crate::generate::start_session;
 use crate::generate::{GenerateOptions, Generation, StopReason};
 use crate::sampling::Sampler;
 use crate::session::Session;
-use crate::{EngineError, Result};
+use crate::{EngineError, Result, Setting};
 use kvslim_cache::{PolicySpec, SequenceCache};
 use kvslim_kernels::Products;
 use kvslim_models::{Logits, Model};
@@ -312,7 +312,7 @@ pub fn speculative_run(
     let verification = verification.resolve(model);
     opts.sampling.validate().map_err(EngineError::Request)?;
     if opts.sampling.temperature != 0.0 {
-        return Err(EngineError::Request("speculative decoding is greedy only: drop --temperature".into()));
+        return Err(EngineError::setting(Setting::Temperature, "speculative decoding is greedy only: drop ", ""));
     }
     let (mut session, max_new) = start_session(model, prompt, &opts.policy, opts.max_tokens)?;
     let mut sampler = Sampler::new(opts.sampling.clone());
