@@ -311,8 +311,7 @@ impl Model {
         };
         let plan = run_detached(py, || -> PyResult<_> {
             let ids = tok.encode(text).map_err(model_error)?;
-            let windows =
-                calibration_windows(&ids, tok.bos.filter(|_| tok.add_bos), samples, seq_len).map_err(engine_error)?;
+            let windows = calibration_windows(&ids, tok.prepended_bos(), samples, seq_len).map_err(engine_error)?;
             let plan = calibrate(&self.loaded.model, &windows, &opts, |_, _| {}).map_err(engine_error)?;
             plan.save(&out).map_err(|e| match &e {
                 PlanError::Write { source, .. } => io_error(e.to_string(), source.kind()),

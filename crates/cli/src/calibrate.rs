@@ -68,7 +68,7 @@ pub fn run(a: Args) -> CliResult {
     if a.seq_len < a.probe {
         return Err(format!("--seq-len {} is shorter than the probe ({})", a.seq_len, a.probe).into());
     }
-    let windows = calibration_windows(&ids, tok.bos.filter(|_| tok.add_bos), a.samples, a.seq_len)?;
+    let windows = calibration_windows(&ids, tok.prepended_bos(), a.samples, a.seq_len)?;
     let n = windows.len();
     if n < a.samples {
         eprintln!("note: the text holds only {n} windows of {} tokens; using them all", a.seq_len);
@@ -85,7 +85,7 @@ pub fn run(a: Args) -> CliResult {
     if !a.max_kl.is_empty() {
         // quality windows from the second half: the first stays free for evaluation
         let second = &ids[ids.len() / 2..];
-        let bos = tok.bos.filter(|_| tok.add_bos);
+        let bos = tok.prepended_bos();
         let fits = loaded.model.config.context_len - usize::from(bos.is_some());
         if a.kl_seq_len > fits {
             eprintln!("note: quality windows cut to {fits} tokens (the model's context)");

@@ -199,7 +199,7 @@ pub fn encode_item(tok: &Tokenizer, item: &McItem) -> Result<(Vec<u32>, Vec<Choi
             whole[ctx.len()..].to_vec()
         } else {
             let mut alone = tok.encode(c)?;
-            if tok.add_bos && tok.bos.is_some() && alone.first().copied() == tok.bos {
+            if tok.prepended_bos().is_some_and(|b| alone.first() == Some(&b)) {
                 alone.remove(0);
             }
             alone

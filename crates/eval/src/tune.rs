@@ -432,7 +432,7 @@ pub struct TextWindows {
 /// The text's body tokens (whole text, BOS stripped) and its BOS.
 fn body_tokens(path: &Path, tok: &Tokenizer) -> Result<(Vec<u32>, Option<u32>)> {
     let text = load_ppl_text(path)?;
-    let bos = if tok.add_bos { tok.bos } else { None };
+    let bos = tok.prepended_bos();
     let mut ids = tok.encode(&text.text)?;
     if bos.is_some() && ids.first().copied() == bos {
         ids.remove(0);

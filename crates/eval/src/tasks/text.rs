@@ -56,7 +56,7 @@ impl PplText {
     /// `max_windows`, only a prefix of the text (cut at a line end) is
     /// tokenized, grown until it yields enough tokens.
     pub fn windows(&self, tok: &Tokenizer, seq_len: usize, max_windows: Option<usize>) -> Result<Vec<Vec<u32>>> {
-        let bos = if tok.add_bos { tok.bos } else { None };
+        let bos = tok.prepended_bos();
         let need = max_windows.map(|w| w.saturating_mul(seq_len).saturating_add(1));
         let mut prefix = need.map_or(self.text.len(), |n| n.saturating_mul(8).min(self.text.len()));
         let body = loop {

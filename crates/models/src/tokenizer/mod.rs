@@ -32,17 +32,19 @@ pub struct Tokenizer {
 }
 
 impl Tokenizer {
+    /// The BOS [`Tokenizer::encode`] prepends itself, if any: what a window
+    /// cut from encoded text leads with, and what to strip from its head.
+    /// `None` when the pipeline adds its own (its BOS is then text's).
+    pub fn prepended_bos(&self) -> Option<u32> {
+        self.bos.filter(|_| self.add_bos)
+    }
+
     /// Encodes a prompt, adding BOS exactly when the model's tokenizer says so.
     /// Special tokens written in the text (`<|im_start|>`, `<start_of_turn>`)
     /// become their ids, so rendered chat templates tokenize as the model
     /// expects; every vocabulary kind behaves the same way here.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let mut ids = Vec::new();
-        if self.add_bos {
-            if let Some(b) = self.bos {
-                ids.push(b);
-            }
-        }
+        let mut ids: Vec<u32> = self.prepended_bos().into_iter().collect();
         match &self.kind {
             TokenizerKind::Hf(t) => {
                 let enc = t.encode(text, true).map_err(|e| Error::Tokenizer(e.to_string()))?;
