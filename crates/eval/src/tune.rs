@@ -34,7 +34,7 @@ use crate::metrics::{kl_divergence, top1_agree};
 use crate::tasks::{load_ppl_text, token_windows};
 use crate::{EvalError, Result};
 use kvslim_cache::policy::tuned::TUNE_FILE_KIND;
-use kvslim_cache::policy::Budget;
+use kvslim_cache::policy::{Budget, PolicyFamily};
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{perplexity, PerplexityOptions, Session};
 use kvslim_kernels::ops::log_softmax_at;
@@ -68,18 +68,21 @@ impl std::str::FromStr for Grid {
 /// The score families the default grid tries on H2O.
 pub const SCORE_FAMILIES: [&str; 7] = ["sum", "norm", "decay:0.9", "decay:0.98", "tova", "vnorm", "persist:16"];
 
-/// The baselines every comparison includes, as budget families at B slots:
-/// the recent window, StreamingLLM (4 sinks), heavy hitters alone, random
-/// eviction, and H2O as published (half heavy, half recent, `score=sum`).
+/// The baselines every comparison includes, as budget families at B slots
+/// ([`PolicyFamily::at`] owns each split): the recent window, StreamingLLM
+/// (4 sinks; only above 4 slots, where it differs from the window), heavy
+/// hitters alone, random eviction, and H2O as published (half heavy, half
+/// recent, `score=sum`).
 pub fn baselines(b: usize) -> Vec<(String, PolicySpec)> {
-    let mut out = vec![("window".to_string(), format!("window:recent={b}"))];
-    if b > 4 {
-        out.push(("sink".into(), format!("sink:sink=4,recent={}", b - 4)));
-    }
-    out.push(("heavy".into(), format!("heavy:heavy={b}")));
-    out.push(("random".into(), format!("random:budget={b},recent={},seed=0", b / 2)));
-    out.push(("h2o".into(), format!("h2o:heavy={},recent={}", b - b / 2, b / 2)));
-    out.into_iter().map(|(l, s)| (l, PolicySpec::parse(&s).expect("baseline specs are valid"))).collect()
+    let families: &[&str] =
+        if b > 4 { &["window", "sink", "heavy", "random", "h2o"] } else { &["window", "heavy", "random", "h2o"] };
+    families
+        .iter()
+        .map(|&f| {
+            let spec = PolicyFamily::parse(f).and_then(|p| p.at(b)).expect("baseline families are valid");
+            (f.to_string(), spec)
+        })
+        .collect()
 }
 
 /// Every candidate for B slots per (layer, KV head), each exactly B slots,
