@@ -282,7 +282,7 @@ impl Model {
     }
 
     /// `kvslim calibrate`: the offline half of CHAI. Cuts `text` into at
-    /// most `samples` windows of `seq_len` tokens, writes the plan to
+    /// most `samples` windows of `seq_len` tokens (BOS included), writes the plan to
     /// `out` and returns it as a dict.
     #[pyo3(signature = (text, out, samples=64, seq_len=128, probe=5, max_k=0, dense_layers=0, restarts=10, seed=0))]
     #[allow(clippy::too_many_arguments)]

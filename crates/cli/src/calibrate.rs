@@ -15,9 +15,9 @@ pub struct Args {
     /// Number of calibration windows.
     #[arg(long, default_value_t = 64)]
     samples: usize,
-    /// The text is cut into consecutive windows of this many tokens; each
-    /// window is a fresh sequence (BOS as the tokenizer says) whose first
-    /// --probe tokens give every head's feature.
+    /// Tokens per calibration window, the BOS included (as `tune`'s and
+    /// evaluation's `seq_len`): the windows are spread over the text, each
+    /// a fresh sequence whose first --probe tokens give every head's feature.
     #[arg(long, default_value_t = 128)]
     seq_len: usize,
     /// Probe length: tokens whose causal attention is a head's feature
@@ -48,7 +48,7 @@ pub struct Args {
     /// Windows the quality search measures KL on (with --max-kl).
     #[arg(long, default_value_t = 2)]
     kl_windows: usize,
-    /// Tokens per quality window (with --max-kl).
+    /// Tokens per quality window, the BOS included (with --max-kl).
     #[arg(long, default_value_t = 512)]
     kl_seq_len: usize,
     /// Where to write the plan (JSON).
@@ -86,7 +86,7 @@ pub fn run(a: Args) -> CliResult {
         // quality windows from the second half: the first stays free for evaluation
         let second = &ids[ids.len() / 2..];
         let bos = tok.prepended_bos();
-        let fits = loaded.model.config.context_len - usize::from(bos.is_some());
+        let fits = loaded.model.config.context_len;
         if a.kl_seq_len > fits {
             eprintln!("note: quality windows cut to {fits} tokens (the model's context)");
         }

@@ -6,7 +6,7 @@ use crate::common::{require_tokenizer, CliResult, ModelArgs, Progress};
 use kvslim_cache::policy::Budget;
 use kvslim_cache::PolicySpec;
 use kvslim_eval::tune::{
-    calibration_windows, check_disjoint, evaluation_windows, held_out, search_budget, search_for_target, BudgetSearch,
+    check_disjoint, evaluation_windows, held_out, search_budget, search_for_target, tune_windows, BudgetSearch,
     CandidateRow, Grid, HeldOutRecord, HeldOutRow, ModelScorer, TuneConfig, TuneFile,
 };
 use std::path::PathBuf;
@@ -80,7 +80,7 @@ pub fn run(a: Args) -> CliResult {
     }
     let (loaded, model_path) = a.model.load_with_path()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
-    let cal = calibration_windows(&a.text, tok, a.seq_len, a.skip_tokens, a.windows)?;
+    let cal = tune_windows(&a.text, tok, a.seq_len, a.skip_tokens, a.windows)?;
     // the held-out windows are checked before any tuning runs
     let eval = match &a.eval_text {
         None => None,

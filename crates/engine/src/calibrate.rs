@@ -25,28 +25,34 @@ pub struct CalibrateOptions {
 }
 
 /// Cuts an encoded calibration text into at most `samples` windows of
-/// `seq_len` tokens, spread evenly over the text; each window is a fresh
-/// sequence led by `bos` (the tokenizer's BOS when it adds one, which is
-/// then also stripped from the head of `ids`). Fewer windows come back when
-/// the text holds fewer.
+/// `seq_len` tokens, spread evenly over the text. `seq_len` counts the BOS,
+/// as every window length does (`kvslim tune`, evaluation's
+/// `ppl:FILE,seq_len=L`, the model's context): each window is a fresh
+/// sequence, `bos` (the tokenizer's prepended BOS, then also stripped from
+/// the head of `ids`) and `seq_len − 1` text tokens, or `seq_len` text
+/// tokens without one. Fewer windows come back when the text holds fewer.
 pub fn calibration_windows(ids: &[u32], bos: Option<u32>, samples: usize, seq_len: usize) -> Result<Vec<Vec<u32>>> {
-    if seq_len == 0 {
-        return Err(EngineError::Request("the calibration window length must be at least 1".into()));
-    }
     let lead: Vec<u32> = bos.into_iter().collect();
+    let per = seq_len.saturating_sub(lead.len());
+    if per == 0 {
+        return Err(EngineError::Request(format!(
+            "the calibration window length must be at least {} (BOS included)",
+            lead.len() + 1
+        )));
+    }
     let body = &ids[usize::from(bos.is_some() && ids.first() == bos.as_ref())..];
-    let available = body.len() / seq_len;
+    let available = body.len() / per;
     if available == 0 {
         return Err(EngineError::Request(format!(
-            "the text has {} tokens, fewer than one window of {seq_len}",
+            "the text has {} tokens, fewer than one window of {seq_len} (BOS included)",
             body.len()
         )));
     }
     let n = samples.min(available).max(1);
     Ok((0..n)
         .map(|i| {
-            let start = i * available / n * seq_len;
-            lead.iter().chain(&body[start..start + seq_len]).copied().collect()
+            let start = i * available / n * per;
+            lead.iter().chain(&body[start..start + per]).copied().collect()
         })
         .collect())
 }
@@ -276,14 +282,15 @@ mod tests {
     use super::calibration_windows;
 
     #[test]
-    fn windows_are_spread_and_led_by_bos() {
+    fn windows_are_spread_led_by_bos_and_count_it() {
         let ids: Vec<u32> = std::iter::once(1).chain(100..120).collect();
-        let w = calibration_windows(&ids, Some(1), 2, 5).unwrap();
+        let w = calibration_windows(&ids, Some(1), 2, 6).unwrap();
         assert_eq!(w, vec![vec![1, 100, 101, 102, 103, 104], vec![1, 110, 111, 112, 113, 114]]);
         // no BOS: the text starts at once; fewer windows than asked when it is short
         let w = calibration_windows(&ids[1..], None, 9, 8).unwrap();
         assert_eq!(w, vec![(100..108).collect::<Vec<u32>>(), (108..116).collect()]);
-        assert!(calibration_windows(&ids, Some(1), 4, 21).is_err());
+        assert!(calibration_windows(&ids, Some(1), 4, 22).is_err());
         assert!(calibration_windows(&ids, None, 4, 0).is_err());
+        assert!(calibration_windows(&ids, Some(1), 4, 1).is_err(), "a BOS alone is no window");
     }
 }

@@ -253,8 +253,8 @@ fn quality_calibration_keeps_the_measured_kl_within_each_budget() {
     let ids = common::tokens(&loaded, 900);
     let opts = CalibrateOptions { probe: 5, config: Default::default(), model_name: "stories260K".into(), seq_len: 64 };
     let (cal, plan) =
-        probe_features(m, &calibration_windows(&ids[..450], Some(1), 16, 64).unwrap(), &opts, |_, _| {}).unwrap();
-    let windows = calibration_windows(&ids[450..], Some(1), 1, 300).unwrap();
+        probe_features(m, &calibration_windows(&ids[..450], Some(1), 16, 65).unwrap(), &opts, |_, _| {}).unwrap();
+    let windows = calibration_windows(&ids[450..], Some(1), 1, 301).unwrap();
     let plans = calibrate_quality(m, &cal, plan.clone(), &windows, &[0.0, 0.1, 1e9], |_, _| {}).unwrap();
     let q: Vec<_> = plans.iter().map(|p| p.quality.clone().unwrap()).collect();
     assert_eq!((q[0].kv_heads_freed, q[0].measured_kl), (0, 0.0), "a zero budget keeps every layer dense");

@@ -148,11 +148,11 @@ fn matrix_end_to_end_and_resume() {
     assert_eq!(events, (25, 25, 0));
     let get = |task: &str, policy: &str, budget: &str| {
         rows.iter()
-            .find(|r| r.task.starts_with(task) && r.policy == policy && r.budget == budget)
+            .find(|r| r.key.task.starts_with(task) && r.key.policy == policy && r.key.budget == budget)
             .unwrap_or_else(|| panic!("{task} {policy} {budget}"))
     };
     for r in &rows {
-        eprintln!("{:<45} {:<7} {:>5} {:?}", r.task, r.policy, r.budget, r.metrics);
+        eprintln!("{:<45} {:<7} {:>5} {:?}", r.key.task, r.key.policy, r.key.budget, r.metrics);
     }
     // at 100% nothing is evicted where the budget is relative to the whole
     // scored sequence: every metric equals the full cache's. (Generation
@@ -350,11 +350,11 @@ fn speed_grid_counts_paged_bytes() {
 /// candidates) measures what `kvslim perplexity --compare-full` measures.
 #[test]
 fn the_tune_scorer_matches_perplexity_compare_full() {
-    use kvslim_eval::tune::{calibration_windows, score_window, ModelScorer, WindowScorer};
+    use kvslim_eval::tune::{score_window, tune_windows, ModelScorer, WindowScorer};
     let m = stories();
     let tok = m.tokenizer.as_ref().unwrap();
     let text = shared_dir().join("data/tinystories/tinystories_val.txt");
-    let cal = calibration_windows(&text, tok, 96, None, 2).unwrap();
+    let cal = tune_windows(&text, tok, 96, None, 2).unwrap();
     assert!(cal.windows.iter().all(|w| w.len() == 96 && w[0] == 1), "BOS + 95 body tokens");
     let mut scorer = ModelScorer::new(&m.model, &cal.windows);
     for w in [0, 1, 0] {

@@ -25,7 +25,7 @@
 //!
 //! **Held-out text.** Tuning never reads evaluation windows: the tune
 //! windows are cut from the calibration text starting at a token offset
-//! (default: the second half of its tokens, [`calibration_windows`]), and an
+//! (default: the second half of its tokens, [`tune_windows`]), and an
 //! evaluation on the same file is refused unless its windows (the first K,
 //! as `ppl:FILE,seq_len=L,limit=K` takes them) lie entirely before that
 //! offset ([`check_disjoint`]).
@@ -48,7 +48,7 @@ pub use file::{HeldOutRecord, SearchRecord, TuneFile, OBJECTIVE};
 pub use grid::{baselines, candidate_grid, Grid, SCORE_FAMILIES};
 pub use halving::{planned_evaluations, rung_sizes, successive_halving, CandidateRow};
 pub use score::{score_window, ModelScorer, WindowScore, WindowScorer};
-pub use windows::{calibration_windows, check_disjoint, evaluation_windows, TextWindows};
+pub use windows::{check_disjoint, evaluation_windows, tune_windows, TextWindows};
 
 /// How to tune.
 #[derive(Clone, Debug)]

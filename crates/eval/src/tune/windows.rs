@@ -45,10 +45,13 @@ fn hash_windows(windows: &[Vec<u32>]) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// `n` windows of `seq_len` tokens (BOS + body, as evaluation's `ppl:` task
-/// cuts them) from the body tokens of `path` starting at `skip` (`None`:
-/// the start of the second half). Errors when the text is too short.
-pub fn calibration_windows(
+/// `n` consecutive windows of `seq_len` tokens, the BOS included (as
+/// evaluation's `ppl:` task cuts them, and as `kvslim calibrate`'s
+/// [`kvslim_engine::calibrate::calibration_windows`] counts them, which
+/// spreads its windows over the text instead), from the body tokens of
+/// `path` starting at `skip` (`None`: the start of the second half).
+/// Errors when the text is too short.
+pub fn tune_windows(
     path: &Path,
     tok: &Tokenizer,
     seq_len: usize,
