@@ -289,7 +289,7 @@ mod tests {
         // no BOS: the text starts at once; fewer windows than asked when it is short
         let w = calibration_windows(&ids[1..], None, 9, 8).unwrap();
         assert_eq!(w, vec![(100..108).collect::<Vec<u32>>(), (108..116).collect()]);
-        assert!(calibration_windows(&ids, Some(1), 4, 21).is_err());
+        assert!(calibration_windows(&ids, Some(1), 4, 22).is_err());
         assert!(calibration_windows(&ids, None, 4, 0).is_err());
         assert!(calibration_windows(&ids, Some(1), 4, 1).is_err(), "a BOS alone is no window");
     }

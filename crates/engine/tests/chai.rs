@@ -276,10 +276,14 @@ fn quality_calibration_keeps_the_measured_kl_within_each_budget() {
         let kl = r.compare_full.unwrap().kl_mean;
         assert!((kl - q.measured_kl).abs() < 1e-9, "budget {}: {kl} vs {}", q.max_kl, q.measured_kl);
     }
-    assert!(calibrate_quality(m, &cal, plan, &windows, &[-0.1], |_, _| {})
-        .unwrap_err()
-        .to_string()
-        .contains("--max-kl"));
+    // the engine blames its setting by type; each front end names it
+    match calibrate_quality(m, &cal, plan, &windows, &[-0.1], |_, _| {}).unwrap_err() {
+        kvslim_engine::EngineError::Setting(s) => {
+            assert_eq!(s.setting, kvslim_engine::Setting::MaxKl);
+            assert!(s.message("--max-kl").starts_with("--max-kl must be"), "{}", s.message("--max-kl"));
+        }
+        e => panic!("not a setting error: {e}"),
+    }
 }
 
 #[test]
