@@ -536,7 +536,7 @@ pub async fn tokenize(State(st): State<AppState>, body: Bytes) -> Response {
     };
     let tok = &st.tokenizer;
     let bos_text = tok.bos.and_then(|b| tok.token_text(b));
-    let added_bos = tok.add_bos && tok.bos.is_some() && ids.first().copied() == tok.bos;
+    let added_bos = tok.prepended_bos().is_some_and(|b| ids.first() == Some(&b));
     if b.add_special_tokens == Some(false) && added_bos && !bos_text.is_some_and(|t| text.starts_with(&t)) {
         ids.remove(0);
     }
