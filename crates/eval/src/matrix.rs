@@ -61,8 +61,7 @@ use kvslim_engine::{
     continue_generation, generate, generate_shared, perplexity, prefill_shared, GenerateOptions, Generation,
     PerplexityOptions, SamplingParams, Session,
 };
-use kvslim_models::Logits;
-use kvslim_models::{Model, Tokenizer};
+use kvslim_models::{Logits, Model, Tokenizer};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
