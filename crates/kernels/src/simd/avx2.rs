@@ -13,6 +13,7 @@
 use crate::dot::{DotKernels, GEMM_MR, GEMM_NR};
 use crate::dtype::DType;
 use crate::f16::{bf16_to_f32, f16_to_f32};
+use crate::simd::lanes::{self, F32Lanes, F32Row, HalfLanes, HalfRow};
 use crate::simd::whole_blocks;
 use std::arch::x86_64::*;
 use std::ptr;
@@ -180,31 +181,71 @@ unsafe fn i8x8(p: *const u8) -> __m256 {
 
 // ---- float rows -------------------------------------------------------------
 
+/// The 8-lane AVX2 vector of [`F32Lanes`](super::lanes::F32Lanes).
+#[derive(Clone, Copy)]
+pub(crate) struct Avx2;
+
+impl F32Lanes for Avx2 {
+    type V = __m256;
+    const N: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m256 {
+        _mm256_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        _mm256_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn load_part(p: *const f32, n: usize) -> __m256 {
+        let mut t = [0f32; 8];
+        ptr::copy_nonoverlapping(p, t.as_mut_ptr(), n);
+        _mm256_loadu_ps(t.as_ptr())
+    }
+    #[inline(always)]
+    unsafe fn store_part(p: *mut f32, n: usize, v: __m256) {
+        let mut t = [0f32; 8];
+        _mm256_storeu_ps(t.as_mut_ptr(), v);
+        ptr::copy_nonoverlapping(t.as_ptr(), p, n);
+    }
+    #[inline(always)]
+    unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        _mm256_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn reduce(v: __m256) -> f32 {
+        hsum(v)
+    }
+}
+
+impl HalfLanes for Avx2 {
+    #[inline(always)]
+    unsafe fn half<const BF: bool>(p: *const u16) -> __m256 {
+        half8::<BF>(p)
+    }
+    #[inline(always)]
+    unsafe fn half_part<const BF: bool>(p: *const u16, n: usize) -> __m256 {
+        let mut t = [0u16; 8];
+        ptr::copy_nonoverlapping(p, t.as_mut_ptr(), n);
+        half8::<BF>(t.as_ptr())
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
-    let mut s0 = _mm256_setzero_ps();
-    let mut s1 = _mm256_setzero_ps();
-    let mut s2 = _mm256_setzero_ps();
-    let mut s3 = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 32 <= n {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i + 8)), _mm256_loadu_ps(b.add(i + 8)), s1);
-        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i + 16)), _mm256_loadu_ps(b.add(i + 16)), s2);
-        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i + 24)), _mm256_loadu_ps(b.add(i + 24)), s3);
-        i += 32;
-    }
-    while i + 8 <= n {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), s0);
-        i += 8;
-    }
-    if i < n {
-        let (mut ta, mut tb) = ([0f32; 8], [0f32; 8]);
-        ptr::copy_nonoverlapping(a.add(i), ta.as_mut_ptr(), n - i);
-        ptr::copy_nonoverlapping(b.add(i), tb.as_mut_ptr(), n - i);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(ta.as_ptr()), _mm256_loadu_ps(tb.as_ptr()), s1);
-    }
-    hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)))
+    lanes::dot::<Avx2, F32Row>(a, b, n)
 }
 
 /// 8 f16 at `p` as f32.
@@ -236,55 +277,12 @@ unsafe fn half8<const BF: bool>(p: *const u16) -> __m256 {
 /// Σ w·x over `n` f16 (`BF` false) or bf16 (`BF` true) weights.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_half_impl<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f32 {
-    let mut s0 = _mm256_setzero_ps();
-    let mut s1 = _mm256_setzero_ps();
-    let mut s2 = _mm256_setzero_ps();
-    let mut s3 = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 32 <= n {
-        s0 = _mm256_fmadd_ps(half8::<BF>(w.add(i)), _mm256_loadu_ps(x.add(i)), s0);
-        s1 = _mm256_fmadd_ps(half8::<BF>(w.add(i + 8)), _mm256_loadu_ps(x.add(i + 8)), s1);
-        s2 = _mm256_fmadd_ps(half8::<BF>(w.add(i + 16)), _mm256_loadu_ps(x.add(i + 16)), s2);
-        s3 = _mm256_fmadd_ps(half8::<BF>(w.add(i + 24)), _mm256_loadu_ps(x.add(i + 24)), s3);
-        i += 32;
-    }
-    while i + 8 <= n {
-        s0 = _mm256_fmadd_ps(half8::<BF>(w.add(i)), _mm256_loadu_ps(x.add(i)), s0);
-        i += 8;
-    }
-    if i < n {
-        let (mut tw, mut tx) = ([0u16; 8], [0f32; 8]);
-        ptr::copy_nonoverlapping(w.add(i), tw.as_mut_ptr(), n - i);
-        ptr::copy_nonoverlapping(x.add(i), tx.as_mut_ptr(), n - i);
-        s1 = _mm256_fmadd_ps(half8::<BF>(tw.as_ptr()), _mm256_loadu_ps(tx.as_ptr()), s1);
-    }
-    hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)))
+    lanes::dot::<Avx2, HalfRow<BF>>(w, x, n)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
-    let va = _mm256_set1_ps(a);
-    let mut i = 0;
-    while i + 32 <= n {
-        for k in [0, 8, 16, 24] {
-            let v = _mm256_fmadd_ps(va, _mm256_loadu_ps(x.add(i + k)), _mm256_loadu_ps(y.add(i + k)));
-            _mm256_storeu_ps(y.add(i + k), v);
-        }
-        i += 32;
-    }
-    while i + 8 <= n {
-        let v = _mm256_fmadd_ps(va, _mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(y.add(i)));
-        _mm256_storeu_ps(y.add(i), v);
-        i += 8;
-    }
-    if i < n {
-        let (mut tx, mut ty) = ([0f32; 8], [0f32; 8]);
-        ptr::copy_nonoverlapping(x.add(i), tx.as_mut_ptr(), n - i);
-        ptr::copy_nonoverlapping(y.add(i), ty.as_mut_ptr(), n - i);
-        let v = _mm256_fmadd_ps(va, _mm256_loadu_ps(tx.as_ptr()), _mm256_loadu_ps(ty.as_ptr()));
-        _mm256_storeu_ps(ty.as_mut_ptr(), v);
-        ptr::copy_nonoverlapping(ty.as_ptr(), y.add(i), n - i);
-    }
+    lanes::axpy::<Avx2>(a, x, y, n)
 }
 
 // ---- block formats ------------------------------------------------------------
@@ -885,22 +883,7 @@ unsafe fn gemm_tile_impl<const NT: usize>(
     out: &mut [[f32; GEMM_MR]; GEMM_NR],
 ) {
     // callers keep j0 + NT ≤ GEMM_NR, so every read stays in this k's tokens
-    let mut acc = [[_mm256_setzero_ps(); 2]; NT];
-    for k in 0..cols {
-        let wp = w.add(k * GEMM_MR);
-        let (w0, w1) = (_mm256_loadu_ps(wp), _mm256_loadu_ps(wp.add(8)));
-        let xp = x.add(k * GEMM_NR);
-        for (j, a) in acc.iter_mut().enumerate() {
-            let b = _mm256_broadcast_ss(&*xp.add(j));
-            a[0] = _mm256_fmadd_ps(w0, b, a[0]);
-            a[1] = _mm256_fmadd_ps(w1, b, a[1]);
-        }
-    }
-    for (j, a) in acc.iter().enumerate() {
-        let o = out[j0 + j].as_mut_ptr().add(half);
-        _mm256_storeu_ps(o, a[0]);
-        _mm256_storeu_ps(o.add(8), a[1]);
-    }
+    lanes::gemm_block::<Avx2, NT>(w, x, cols, half, j0, out)
 }
 
 // ---- dequantization: Q5 and K-quant formats ------------------------------------
@@ -1060,168 +1043,46 @@ unsafe fn deq_q6_k_block(b: &[u8], o: *mut f32) {
 // every head of a block of up to four heads, so the row is never written
 // out as f32 (the decode-then-dot path wrote and re-read `d` floats a row).
 
-/// Storage kinds of the KV group kernels (const-generic selector).
-pub(super) const KV_F16: u8 = 0;
-pub(super) const KV_Q8: u8 = 1;
-pub(super) const KV_Q4: u8 = 2;
-
-/// Element `j` of a coded row as f32 (tails shorter than a vector).
-///
-/// # Safety
-/// `j` must lie in the row; `data`/`scales` must hold the whole row.
-#[inline]
-pub(super) unsafe fn kv_elem<const T: u8>(data: *const u8, scales: *const f32, j: usize) -> f32 {
-    unsafe {
-        match T {
-            KV_F16 => f16_to_f32(rd16(data.add(2 * j))),
-            KV_Q8 => (*data.add(j) as i8 as f32) * *scales.add(j / crate::kvquant::KV_GROUP),
-            _ => {
-                let b = *data.add(j / 2);
-                let c = if j & 1 == 0 { b & 0x0f } else { b >> 4 };
-                let g = j / crate::kvquant::KV_GROUP;
-                *scales.add(2 * g + 1) + *scales.add(2 * g) * c as f32
-            }
-        }
-    }
-}
+use super::lanes::{kv_group_axpy, kv_group_dot, KvIsa, KvLanes, KV_F16, KV_Q4, KV_Q8};
 
 /// Elements `i..i + 8` of a coded row as f32 (`i` a multiple of 8, so the
 /// eight share one scale group).
 ///
 /// # Safety
 /// `i + 8` must not exceed the row's length.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kv_load8<const T: u8>(data: *const u8, scales: *const f32, i: usize) -> __m256 {
-    let g = i / crate::kvquant::KV_GROUP;
-    unsafe {
-        match T {
-            KV_F16 => _mm256_cvtph_ps(_mm_loadu_si128(data.add(2 * i).cast())),
-            KV_Q8 => {
-                let c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(data.add(i).cast())));
-                _mm256_mul_ps(c, _mm256_set1_ps(*scales.add(g)))
-            }
-            _ => {
-                // 4 bytes = 8 nibbles; as u16 lanes b, (b & 15) | (b << 4 & 0xf00)
-                // puts low then high nibble into consecutive bytes (element order)
-                let b = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(ptr::read_unaligned(data.add(i / 2).cast::<i32>())));
-                let lo = _mm_and_si128(b, _mm_set1_epi16(0x0f));
-                let hi = _mm_and_si128(_mm_slli_epi16::<4>(b), _mm_set1_epi16(0x0f00));
-                let c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_or_si128(lo, hi)));
-                _mm256_fmadd_ps(c, _mm256_set1_ps(*scales.add(2 * g)), _mm256_set1_ps(*scales.add(2 * g + 1)))
-            }
-        }
-    }
-}
-
-/// `out[h] = q_h · row` for `N` heads (`q_h` at `q + h·d`).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kv_dot_impl<const T: u8, const N: usize>(
-    data: *const u8,
-    scales: *const f32,
-    q: *const f32,
-    d: usize,
-    out: *mut f32,
-) {
-    let mut acc = [_mm256_setzero_ps(); N];
-    let full = d / 8 * 8;
-    let mut i = 0;
-    // SAFETY: i + 8 ≤ full ≤ d; the caller guarantees N query rows of d.
-    unsafe {
-        while i < full {
-            let k = kv_load8::<T>(data, scales, i);
-            for (h, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(k, _mm256_loadu_ps(q.add(h * d + i)), *a);
-            }
-            i += 8;
-        }
-        for (h, a) in acc.iter().enumerate() {
-            let mut s = hsum(*a);
-            for j in full..d {
-                s += kv_elem::<T>(data, scales, j) * *q.add(h * d + j);
-            }
-            *out.add(h) = s;
-        }
-    }
-}
-
-/// `out_h += p[h] · row` for `N` heads (`out_h` at `out + h·d`).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kv_axpy_impl<const T: u8, const N: usize>(
-    data: *const u8,
-    scales: *const f32,
-    p: *const f32,
-    d: usize,
-    out: *mut f32,
-) {
-    // SAFETY: as in `kv_dot_impl`.
-    unsafe {
-        let mut pv = [_mm256_setzero_ps(); N];
-        for (h, v) in pv.iter_mut().enumerate() {
-            *v = _mm256_set1_ps(*p.add(h));
-        }
-        let full = d / 8 * 8;
-        let mut i = 0;
-        while i < full {
-            let v = kv_load8::<T>(data, scales, i);
-            for (h, &a) in pv.iter().enumerate() {
-                let o = out.add(h * d + i);
-                _mm256_storeu_ps(o, _mm256_fmadd_ps(a, v, _mm256_loadu_ps(o)));
-            }
-            i += 8;
-        }
-        for j in full..d {
-            let v = kv_elem::<T>(data, scales, j);
-            for h in 0..N {
-                *out.add(h * d + j) += *p.add(h) * v;
-            }
-        }
-    }
-}
-
-/// Group dot on a coded row: `out[h] = queries_h · row`, heads in blocks
-/// of up to four (`d = queries.len() / out.len()`).
-pub(super) fn kv_dot<const T: u8>(data: &[u8], scales: &[f32], queries: &[f32], out: &mut [f32]) {
-    let g = out.len();
-    let d = queries.len().checked_div(g).unwrap_or(0);
-    crate::kvquant::check_group_row(T, d, data.len(), scales.len());
-    let mut h = 0;
-    while h < g {
-        let n = (g - h).min(4);
-        let (s, q, o) = (scales.as_ptr(), queries[h * d..].as_ptr(), out[h..].as_mut_ptr());
-        // SAFETY: reachable only after AVX2/FMA/F16C detection; the row's
-        // sizes were checked for `d`; heads h..h + n exist in both slices.
+impl KvLanes for Avx2 {
+    #[inline(always)]
+    unsafe fn kv_load<const T: u8>(data: *const u8, scales: *const f32, i: usize) -> __m256 {
+        let g = i / crate::kvquant::KV_GROUP;
         unsafe {
-            match n {
-                1 => kv_dot_impl::<T, 1>(data.as_ptr(), s, q, d, o),
-                2 => kv_dot_impl::<T, 2>(data.as_ptr(), s, q, d, o),
-                3 => kv_dot_impl::<T, 3>(data.as_ptr(), s, q, d, o),
-                _ => kv_dot_impl::<T, 4>(data.as_ptr(), s, q, d, o),
+            match T {
+                KV_F16 => _mm256_cvtph_ps(_mm_loadu_si128(data.add(2 * i).cast())),
+                KV_Q8 => {
+                    let c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(data.add(i).cast())));
+                    _mm256_mul_ps(c, _mm256_set1_ps(*scales.add(g)))
+                }
+                _ => {
+                    // 4 bytes = 8 nibbles; as u16 lanes b, (b & 15) | (b << 4 & 0xf00)
+                    // puts low then high nibble into consecutive bytes (element order)
+                    let b = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(ptr::read_unaligned(data.add(i / 2).cast::<i32>())));
+                    let lo = _mm_and_si128(b, _mm_set1_epi16(0x0f));
+                    let hi = _mm_and_si128(_mm_slli_epi16::<4>(b), _mm_set1_epi16(0x0f00));
+                    let c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_or_si128(lo, hi)));
+                    _mm256_fmadd_ps(c, _mm256_set1_ps(*scales.add(2 * g)), _mm256_set1_ps(*scales.add(2 * g + 1)))
+                }
             }
         }
-        h += n;
     }
 }
 
-/// Group axpy on a coded row: `outs_h += probs[h] · row`.
-pub(super) fn kv_axpy<const T: u8>(data: &[u8], scales: &[f32], probs: &[f32], outs: &mut [f32]) {
-    let g = probs.len();
-    let d = outs.len().checked_div(g).unwrap_or(0);
-    crate::kvquant::check_group_row(T, d, data.len(), scales.len());
-    let mut h = 0;
-    while h < g {
-        let n = (g - h).min(4);
-        let (s, p, o) = (scales.as_ptr(), probs[h..].as_ptr(), outs[h * d..].as_mut_ptr());
-        // SAFETY: as in `kv_dot`.
-        unsafe {
-            match n {
-                1 => kv_axpy_impl::<T, 1>(data.as_ptr(), s, p, d, o),
-                2 => kv_axpy_impl::<T, 2>(data.as_ptr(), s, p, d, o),
-                3 => kv_axpy_impl::<T, 3>(data.as_ptr(), s, p, d, o),
-                _ => kv_axpy_impl::<T, 4>(data.as_ptr(), s, p, d, o),
-            }
-        }
-        h += n;
+impl KvIsa for Avx2 {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot<const T: u8, const H: usize>(data: *const u8, s: *const f32, q: *const f32, d: usize, o: *mut f32) {
+        super::lanes::kv_dot::<Avx2, T, H>(data, s, q, d, o)
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn axpy<const T: u8, const H: usize>(data: *const u8, s: *const f32, p: *const f32, d: usize, o: *mut f32) {
+        super::lanes::kv_axpy::<Avx2, T, H>(data, s, p, d, o)
     }
 }
 
@@ -1229,8 +1090,8 @@ pub(super) fn kv_axpy<const T: u8>(data: &[u8], scales: &[f32], probs: &[f32], o
 pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::KvGroupKernels> {
     kernels().map(|_| crate::kvquant::KvGroupKernels {
         isa: "avx2",
-        dot: [kv_dot::<KV_F16>, kv_dot::<KV_Q8>, kv_dot::<KV_Q4>],
-        axpy: [kv_axpy::<KV_F16>, kv_axpy::<KV_Q8>, kv_axpy::<KV_Q4>],
+        dot: [kv_group_dot::<Avx2, KV_F16>, kv_group_dot::<Avx2, KV_Q8>, kv_group_dot::<Avx2, KV_Q4>],
+        axpy: [kv_group_axpy::<Avx2, KV_F16>, kv_group_axpy::<Avx2, KV_Q8>, kv_group_axpy::<Avx2, KV_Q4>],
         dot_run: None,
         axpy_run: None,
     })

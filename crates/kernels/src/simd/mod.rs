@@ -10,6 +10,7 @@
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+pub(crate) mod lanes;
 #[cfg(any(target_arch = "aarch64", test))]
 pub(crate) mod neon;
 #[cfg(all(test, not(target_arch = "aarch64")))]

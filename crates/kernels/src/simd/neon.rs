@@ -13,6 +13,7 @@ use super::neon_mock::*;
 use crate::dot::DotKernels;
 use crate::dtype::DType;
 use crate::f16::{bf16_to_f32, f16_to_f32};
+use crate::simd::lanes::{self, F32Lanes, F32Row};
 use crate::simd::whole_blocks;
 #[cfg(target_arch = "aarch64")]
 use std::arch::aarch64::*;
@@ -200,31 +201,59 @@ unsafe fn half8<const BF: bool>(p: *const u16) -> (float32x4_t, float32x4_t) {
 
 // ---- float rows -------------------------------------------------------------
 
+/// The 4-lane NEON vector of [`F32Lanes`] (on other architectures, the
+/// scalar stand-ins of `neon_mock`).
+#[derive(Clone, Copy)]
+pub(crate) struct Neon;
+
+impl F32Lanes for Neon {
+    type V = float32x4_t;
+    const N: usize = 4;
+    #[inline(always)]
+    unsafe fn zero() -> float32x4_t {
+        vdupq_n_f32(0.0)
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> float32x4_t {
+        vdupq_n_f32(x)
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> float32x4_t {
+        vld1q_f32(p)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: float32x4_t) {
+        vst1q_f32(p, v)
+    }
+    #[inline(always)]
+    unsafe fn load_part(p: *const f32, n: usize) -> float32x4_t {
+        let mut t = [0f32; 4];
+        ptr::copy_nonoverlapping(p, t.as_mut_ptr(), n);
+        vld1q_f32(t.as_ptr())
+    }
+    #[inline(always)]
+    unsafe fn store_part(p: *mut f32, n: usize, v: float32x4_t) {
+        let mut t = [0f32; 4];
+        vst1q_f32(t.as_mut_ptr(), v);
+        ptr::copy_nonoverlapping(t.as_ptr(), p, n);
+    }
+    #[inline(always)]
+    unsafe fn fma(a: float32x4_t, b: float32x4_t, c: float32x4_t) -> float32x4_t {
+        vfmaq_f32(c, a, b)
+    }
+    #[inline(always)]
+    unsafe fn add(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        vaddq_f32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn reduce(v: float32x4_t) -> f32 {
+        vaddvq_f32(v)
+    }
+}
+
 #[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
-    let mut s0 = vdupq_n_f32(0.0);
-    let mut s1 = vdupq_n_f32(0.0);
-    let mut s2 = vdupq_n_f32(0.0);
-    let mut s3 = vdupq_n_f32(0.0);
-    let mut i = 0;
-    while i + 16 <= n {
-        s0 = vfmaq_f32(s0, vld1q_f32(a.add(i)), vld1q_f32(b.add(i)));
-        s1 = vfmaq_f32(s1, vld1q_f32(a.add(i + 4)), vld1q_f32(b.add(i + 4)));
-        s2 = vfmaq_f32(s2, vld1q_f32(a.add(i + 8)), vld1q_f32(b.add(i + 8)));
-        s3 = vfmaq_f32(s3, vld1q_f32(a.add(i + 12)), vld1q_f32(b.add(i + 12)));
-        i += 16;
-    }
-    while i + 4 <= n {
-        s0 = vfmaq_f32(s0, vld1q_f32(a.add(i)), vld1q_f32(b.add(i)));
-        i += 4;
-    }
-    if i < n {
-        let (mut ta, mut tb) = ([0f32; 4], [0f32; 4]);
-        ptr::copy_nonoverlapping(a.add(i), ta.as_mut_ptr(), n - i);
-        ptr::copy_nonoverlapping(b.add(i), tb.as_mut_ptr(), n - i);
-        s1 = vfmaq_f32(s1, vld1q_f32(ta.as_ptr()), vld1q_f32(tb.as_ptr()));
-    }
-    vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)))
+    lanes::dot::<Neon, F32Row>(a, b, n)
 }
 
 #[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
@@ -261,20 +290,7 @@ unsafe fn dot_half_impl<const BF: bool>(w: *const u16, x: *const f32, n: usize) 
 
 #[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
-    let va = vdupq_n_f32(a);
-    let mut i = 0;
-    while i + 4 <= n {
-        vst1q_f32(y.add(i), vfmaq_f32(vld1q_f32(y.add(i)), va, vld1q_f32(x.add(i))));
-        i += 4;
-    }
-    if i < n {
-        let (mut tx, mut ty) = ([0f32; 4], [0f32; 4]);
-        ptr::copy_nonoverlapping(x.add(i), tx.as_mut_ptr(), n - i);
-        ptr::copy_nonoverlapping(y.add(i), ty.as_mut_ptr(), n - i);
-        let v = vfmaq_f32(vld1q_f32(ty.as_ptr()), va, vld1q_f32(tx.as_ptr()));
-        vst1q_f32(ty.as_mut_ptr(), v);
-        ptr::copy_nonoverlapping(ty.as_ptr(), y.add(i), n - i);
-    }
+    lanes::axpy::<Neon>(a, x, y, n)
 }
 
 // ---- block formats ------------------------------------------------------------
