@@ -13,7 +13,7 @@
 use crate::dot::{DotKernels, GEMM_MR, GEMM_NR};
 use crate::dtype::DType;
 use crate::f16::{bf16_to_f32, f16_to_f32};
-use crate::simd::lanes::{self, F32Lanes, F32Row, HalfLanes, HalfRow};
+use crate::simd::lanes::{self, F32Row, HalfLanes, HalfRow};
 use crate::simd::whole_blocks;
 use std::arch::x86_64::*;
 use std::ptr;
@@ -185,61 +185,13 @@ unsafe fn i8x8(p: *const u8) -> __m256 {
 #[derive(Clone, Copy)]
 pub(crate) struct Avx2;
 
-impl F32Lanes for Avx2 {
-    type V = __m256;
-    const N: usize = 8;
-    #[inline(always)]
-    unsafe fn zero() -> __m256 {
-        _mm256_setzero_ps()
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> __m256 {
-        _mm256_set1_ps(x)
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> __m256 {
-        _mm256_loadu_ps(p)
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, v: __m256) {
-        _mm256_storeu_ps(p, v)
-    }
-    #[inline(always)]
-    unsafe fn load_part(p: *const f32, n: usize) -> __m256 {
-        let mut t = [0f32; 8];
-        ptr::copy_nonoverlapping(p, t.as_mut_ptr(), n);
-        _mm256_loadu_ps(t.as_ptr())
-    }
-    #[inline(always)]
-    unsafe fn store_part(p: *mut f32, n: usize, v: __m256) {
-        let mut t = [0f32; 8];
-        _mm256_storeu_ps(t.as_mut_ptr(), v);
-        ptr::copy_nonoverlapping(t.as_ptr(), p, n);
-    }
-    #[inline(always)]
-    unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
-        _mm256_fmadd_ps(a, b, c)
-    }
-    #[inline(always)]
-    unsafe fn add(a: __m256, b: __m256) -> __m256 {
-        _mm256_add_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn reduce(v: __m256) -> f32 {
-        hsum(v)
-    }
-}
+lanes::f32_lanes!(Avx2, __m256, 8, splat: _mm256_set1_ps, load: _mm256_loadu_ps, store: _mm256_storeu_ps,
+    fma: |a, b, c| _mm256_fmadd_ps(a, b, c), add: _mm256_add_ps, reduce: hsum);
 
 impl HalfLanes for Avx2 {
     #[inline(always)]
     unsafe fn half<const BF: bool>(p: *const u16) -> __m256 {
         half8::<BF>(p)
-    }
-    #[inline(always)]
-    unsafe fn half_part<const BF: bool>(p: *const u16, n: usize) -> __m256 {
-        let mut t = [0u16; 8];
-        ptr::copy_nonoverlapping(p, t.as_mut_ptr(), n);
-        half8::<BF>(t.as_ptr())
     }
 }
 
@@ -1043,7 +995,7 @@ unsafe fn deq_q6_k_block(b: &[u8], o: *mut f32) {
 // every head of a block of up to four heads, so the row is never written
 // out as f32 (the decode-then-dot path wrote and re-read `d` floats a row).
 
-use super::lanes::{kv_group_axpy, kv_group_dot, KvIsa, KvLanes, KV_F16, KV_Q4, KV_Q8};
+use super::lanes::{KvLanes, KV_F16, KV_Q8};
 
 /// Elements `i..i + 8` of a coded row as f32 (`i` a multiple of 8, so the
 /// eight share one scale group).
@@ -1075,23 +1027,14 @@ impl KvLanes for Avx2 {
     }
 }
 
-impl KvIsa for Avx2 {
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot<const T: u8, const H: usize>(data: *const u8, s: *const f32, q: *const f32, d: usize, o: *mut f32) {
-        super::lanes::kv_dot::<Avx2, T, H>(data, s, q, d, o)
-    }
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn axpy<const T: u8, const H: usize>(data: *const u8, s: *const f32, p: *const f32, d: usize, o: *mut f32) {
-        super::lanes::kv_axpy::<Avx2, T, H>(data, s, p, d, o)
-    }
-}
+lanes::kv_isa!(Avx2, "avx2,fma,f16c");
 
 /// The AVX2 KV group kernels, when the CPU has AVX2, FMA and F16C.
 pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::KvGroupKernels> {
     kernels().map(|_| crate::kvquant::KvGroupKernels {
         isa: "avx2",
-        dot: [kv_group_dot::<Avx2, KV_F16>, kv_group_dot::<Avx2, KV_Q8>, kv_group_dot::<Avx2, KV_Q4>],
-        axpy: [kv_group_axpy::<Avx2, KV_F16>, kv_group_axpy::<Avx2, KV_Q8>, kv_group_axpy::<Avx2, KV_Q4>],
+        dot: lanes::kv_group_fns::<Avx2>().0,
+        axpy: lanes::kv_group_fns::<Avx2>().1,
         dot_run: None,
         axpy_run: None,
     })

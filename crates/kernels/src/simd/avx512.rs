@@ -17,7 +17,7 @@
 
 use crate::dot::{DotKernels, GEMM_MR, GEMM_NR};
 use crate::simd::avx2;
-use crate::simd::lanes::{self, F32Lanes, F32Row, HalfLanes, HalfRow};
+use crate::simd::lanes::{self, F32Row, HalfLanes, HalfRow};
 use crate::simd::whole_blocks;
 use std::arch::x86_64::*;
 use std::ptr;
@@ -133,46 +133,17 @@ unsafe fn scale1(p: *const u8) -> __m512 {
 #[derive(Clone, Copy)]
 pub(crate) struct Avx512;
 
-impl F32Lanes for Avx512 {
-    type V = __m512;
-    const N: usize = 16;
-    #[inline(always)]
-    unsafe fn zero() -> __m512 {
-        _mm512_setzero_ps()
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> __m512 {
-        _mm512_set1_ps(x)
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> __m512 {
-        _mm512_loadu_ps(p)
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, v: __m512) {
-        _mm512_storeu_ps(p, v)
-    }
+lanes::f32_lanes!(Avx512, __m512, 16, splat: _mm512_set1_ps, load: _mm512_loadu_ps, store: _mm512_storeu_ps,
+    fma: |a, b, c| _mm512_fmadd_ps(a, b, c), add: _mm512_add_ps, reduce: _mm512_reduce_add_ps,
     #[inline(always)]
     unsafe fn load_part(p: *const f32, n: usize) -> __m512 {
         _mm512_maskz_loadu_ps(tail_mask(n), p)
-    }
+    },
     #[inline(always)]
     unsafe fn store_part(p: *mut f32, n: usize, v: __m512) {
         _mm512_mask_storeu_ps(p, tail_mask(n), v)
     }
-    #[inline(always)]
-    unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
-        _mm512_fmadd_ps(a, b, c)
-    }
-    #[inline(always)]
-    unsafe fn add(a: __m512, b: __m512) -> __m512 {
-        _mm512_add_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn reduce(v: __m512) -> f32 {
-        _mm512_reduce_add_ps(v)
-    }
-}
+);
 
 impl HalfLanes for Avx512 {
     #[inline(always)]
@@ -421,7 +392,7 @@ unsafe fn gemm_tile_impl<const NT: usize>(
 // group of 32 is two vectors; tails (`d % 16`) use the scalar element
 // decode. For f16 rows one `vcvtph2ps` converts 16 elements.
 
-use crate::simd::lanes::{kv_elem, kv_group_axpy, kv_group_dot, KvIsa, KvLanes, KV_F16, KV_Q4, KV_Q8};
+use crate::simd::lanes::{kv_elem, KvLanes, KV_F16, KV_Q4, KV_Q8};
 
 /// Elements `i..i + 16` of a coded row as f32 (`i` a multiple of 16).
 ///
@@ -451,23 +422,14 @@ impl KvLanes for Avx512 {
     }
 }
 
-impl KvIsa for Avx512 {
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn dot<const T: u8, const H: usize>(data: *const u8, s: *const f32, q: *const f32, d: usize, o: *mut f32) {
-        lanes::kv_dot::<Avx512, T, H>(data, s, q, d, o)
-    }
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn axpy<const T: u8, const H: usize>(data: *const u8, s: *const f32, p: *const f32, d: usize, o: *mut f32) {
-        lanes::kv_axpy::<Avx512, T, H>(data, s, p, d, o)
-    }
-}
+lanes::kv_isa!(Avx512, "avx512f,avx512bw,avx512vl,avx2,fma,f16c");
 
 /// The AVX-512 KV group kernels, when the CPU has every feature they use.
 pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::KvGroupKernels> {
     kernels().map(|_| crate::kvquant::KvGroupKernels {
         isa: "avx512",
-        dot: [kv_group_dot::<Avx512, KV_F16>, kv_group_dot::<Avx512, KV_Q8>, kv_group_dot::<Avx512, KV_Q4>],
-        axpy: [kv_group_axpy::<Avx512, KV_F16>, kv_group_axpy::<Avx512, KV_Q8>, kv_group_axpy::<Avx512, KV_Q4>],
+        dot: lanes::kv_group_fns::<Avx512>().0,
+        axpy: lanes::kv_group_fns::<Avx512>().1,
         dot_run: Some([kv_dot_run::<KV_F16>, kv_dot_run::<KV_Q8>, kv_dot_run::<KV_Q4>]),
         axpy_run: Some([kv_axpy_run::<KV_F16>, kv_axpy_run::<KV_Q8>, kv_axpy_run::<KV_Q4>]),
     })

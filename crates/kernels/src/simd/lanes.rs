@@ -18,26 +18,87 @@
 pub(crate) trait F32Lanes {
     type V: Copy;
     const N: usize;
-    unsafe fn zero() -> Self::V;
     unsafe fn splat(x: f32) -> Self::V;
     unsafe fn load(p: *const f32) -> Self::V;
     unsafe fn store(p: *mut f32, v: Self::V);
-    /// The first `n < N` lanes from `p`, the others zero.
-    unsafe fn load_part(p: *const f32, n: usize) -> Self::V;
-    /// Stores the first `n < N` lanes of `v` to `p`.
-    unsafe fn store_part(p: *mut f32, n: usize, v: Self::V);
     /// `a·b + c`, fused.
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
     /// Sum of the lanes, in the ISA's usual order.
     unsafe fn reduce(v: Self::V) -> f32;
+
+    #[inline(always)]
+    unsafe fn zero() -> Self::V {
+        Self::splat(0.0)
+    }
+    /// The first `n < N` lanes from `p`, the others zero (a zero-padded
+    /// stack copy unless the ISA has masked loads).
+    #[inline(always)]
+    unsafe fn load_part(p: *const f32, n: usize) -> Self::V {
+        let mut t = [0f32; MAX_N];
+        std::ptr::copy_nonoverlapping(p, t.as_mut_ptr(), n);
+        Self::load(t.as_ptr())
+    }
+    /// Stores the first `n < N` lanes of `v` to `p`.
+    #[inline(always)]
+    unsafe fn store_part(p: *mut f32, n: usize, v: Self::V) {
+        let mut t = [0f32; MAX_N];
+        Self::store(t.as_mut_ptr(), v);
+        std::ptr::copy_nonoverlapping(t.as_ptr(), p, n);
+    }
 }
+
+/// The widest vector's lane count (stack buffers for tails).
+const MAX_N: usize = 16;
+
+/// Implements [`F32Lanes`] for `$isa` from the ISA's intrinsics, the way
+/// ggml maps `GGML_F32_VEC_*` to each instruction set.
+macro_rules! f32_lanes {
+    ($isa:ty, $v:ty, $n:expr, splat: $splat:path, load: $load:path, store: $store:path,
+     fma: |$a:ident, $b:ident, $c:ident| $fma:expr, add: $add:path, reduce: $reduce:path $(, $extra:item)* $(,)?) => {
+        impl $crate::simd::lanes::F32Lanes for $isa {
+            type V = $v;
+            const N: usize = $n;
+            #[inline(always)]
+            unsafe fn splat(x: f32) -> $v {
+                $splat(x)
+            }
+            #[inline(always)]
+            unsafe fn load(p: *const f32) -> $v {
+                $load(p)
+            }
+            #[inline(always)]
+            unsafe fn store(p: *mut f32, v: $v) {
+                $store(p, v)
+            }
+            #[inline(always)]
+            unsafe fn fma($a: $v, $b: $v, $c: $v) -> $v {
+                $fma
+            }
+            #[inline(always)]
+            unsafe fn add(a: $v, b: $v) -> $v {
+                $add(a, b)
+            }
+            #[inline(always)]
+            unsafe fn reduce(v: $v) -> f32 {
+                $reduce(v)
+            }
+            $($extra)*
+        }
+    };
+}
+pub(crate) use f32_lanes;
 
 /// f16 (`BF` false) or bf16 (`BF` true) weights widened to `N` f32 lanes.
 pub(crate) trait HalfLanes: F32Lanes {
     unsafe fn half<const BF: bool>(p: *const u16) -> Self::V;
     /// The first `n < N` values at `p` widened, the other lanes zero.
-    unsafe fn half_part<const BF: bool>(p: *const u16, n: usize) -> Self::V;
+    #[inline(always)]
+    unsafe fn half_part<const BF: bool>(p: *const u16, n: usize) -> Self::V {
+        let mut t = [0u16; MAX_N];
+        std::ptr::copy_nonoverlapping(p, t.as_mut_ptr(), n);
+        Self::half::<BF>(t.as_ptr())
+    }
 }
 
 /// A row of weights read `N` at a time as f32 lanes.
@@ -247,56 +308,72 @@ pub(crate) unsafe fn kv_axpy<L: KvLanes, const T: u8, const H: usize>(
     }
 }
 
-/// An ISA's `#[target_feature]` entry points for the KV group kernels
-/// (instantiations of [`kv_dot`] and [`kv_axpy`]).
+/// An ISA's `#[target_feature]` entry point for the KV group kernels: an
+/// instantiation of [`kv_dot`] (`DOT`) or [`kv_axpy`].
 pub(crate) trait KvIsa {
-    unsafe fn dot<const T: u8, const H: usize>(data: *const u8, s: *const f32, q: *const f32, d: usize, o: *mut f32);
-    unsafe fn axpy<const T: u8, const H: usize>(data: *const u8, s: *const f32, p: *const f32, d: usize, o: *mut f32);
+    unsafe fn row<const T: u8, const H: usize, const DOT: bool>(
+        data: *const u8,
+        scales: *const f32,
+        a: *const f32,
+        d: usize,
+        o: *mut f32,
+    );
 }
 
-/// Group dot on a coded row: `out[h] = queries_h · row`, heads in blocks
-/// of up to four (`d = queries.len() / out.len()`). Only installed by an
-/// ISA's `kv_group_kernels()`, after its feature detection.
-pub(crate) fn kv_group_dot<I: KvIsa, const T: u8>(data: &[u8], scales: &[f32], queries: &[f32], out: &mut [f32]) {
-    let g = out.len();
-    let d = queries.len().checked_div(g).unwrap_or(0);
+/// Implements [`KvIsa`] for `$isa` with the target features `$features`.
+macro_rules! kv_isa {
+    ($isa:ty, $features:literal) => {
+        impl $crate::simd::lanes::KvIsa for $isa {
+            #[target_feature(enable = $features)]
+            unsafe fn row<const T: u8, const H: usize, const DOT: bool>(
+                data: *const u8,
+                scales: *const f32,
+                a: *const f32,
+                d: usize,
+                o: *mut f32,
+            ) {
+                if DOT {
+                    $crate::simd::lanes::kv_dot::<$isa, T, H>(data, scales, a, d, o)
+                } else {
+                    $crate::simd::lanes::kv_axpy::<$isa, T, H>(data, scales, a, d, o)
+                }
+            }
+        }
+    };
+}
+pub(crate) use kv_isa;
+
+/// Group dot (`DOT`: `a` the queries, `b` one score per head, `b[h] =
+/// a_h · row`) or group axpy (`a` one weight per head, `b` the outputs,
+/// `b_h += a[h] · row`) on a coded row, heads in blocks of up to four.
+/// Only installed by an ISA's `kv_group_kernels()`, after its detection.
+pub(crate) fn kv_group<I: KvIsa, const T: u8, const DOT: bool>(data: &[u8], scales: &[f32], a: &[f32], b: &mut [f32]) {
+    let (g, rows) = if DOT { (b.len(), a.len()) } else { (a.len(), b.len()) };
+    let d = rows.checked_div(g).unwrap_or(0);
     crate::kvquant::check_group_row(T, d, data.len(), scales.len());
     let mut h = 0;
     while h < g {
         let n = (g - h).min(4);
-        let (s, q, o) = (scales.as_ptr(), queries[h * d..].as_ptr(), out[h..].as_mut_ptr());
+        let (ah, bh) = if DOT { (h * d, h) } else { (h, h * d) };
+        let (s, a, o) = (scales.as_ptr(), a[ah..].as_ptr(), b[bh..].as_mut_ptr());
         // SAFETY: reachable only after the ISA's detection; the row's
         // sizes were checked for `d`; heads h..h + n exist in both slices.
         unsafe {
             match n {
-                1 => I::dot::<T, 1>(data.as_ptr(), s, q, d, o),
-                2 => I::dot::<T, 2>(data.as_ptr(), s, q, d, o),
-                3 => I::dot::<T, 3>(data.as_ptr(), s, q, d, o),
-                _ => I::dot::<T, 4>(data.as_ptr(), s, q, d, o),
+                1 => I::row::<T, 1, DOT>(data.as_ptr(), s, a, d, o),
+                2 => I::row::<T, 2, DOT>(data.as_ptr(), s, a, d, o),
+                3 => I::row::<T, 3, DOT>(data.as_ptr(), s, a, d, o),
+                _ => I::row::<T, 4, DOT>(data.as_ptr(), s, a, d, o),
             }
         }
         h += n;
     }
 }
 
-/// Group axpy on a coded row: `outs_h += probs[h] · row`.
-pub(crate) fn kv_group_axpy<I: KvIsa, const T: u8>(data: &[u8], scales: &[f32], probs: &[f32], outs: &mut [f32]) {
-    let g = probs.len();
-    let d = outs.len().checked_div(g).unwrap_or(0);
-    crate::kvquant::check_group_row(T, d, data.len(), scales.len());
-    let mut h = 0;
-    while h < g {
-        let n = (g - h).min(4);
-        let (s, p, o) = (scales.as_ptr(), probs[h..].as_ptr(), outs[h * d..].as_mut_ptr());
-        // SAFETY: as in `kv_group_dot`.
-        unsafe {
-            match n {
-                1 => I::axpy::<T, 1>(data.as_ptr(), s, p, d, o),
-                2 => I::axpy::<T, 2>(data.as_ptr(), s, p, d, o),
-                3 => I::axpy::<T, 3>(data.as_ptr(), s, p, d, o),
-                _ => I::axpy::<T, 4>(data.as_ptr(), s, p, d, o),
-            }
-        }
-        h += n;
-    }
+/// The three group dots and three group axpys (F16, Q8, Q4) of an ISA.
+pub(crate) fn kv_group_fns<I: KvIsa>() -> ([crate::kvquant::KvGroupFn; 3], [crate::kvquant::KvGroupFn; 3]) {
+    (
+        [kv_group::<I, KV_F16, true>, kv_group::<I, KV_Q8, true>, kv_group::<I, KV_Q4, true>],
+        [kv_group::<I, KV_F16, false>, kv_group::<I, KV_Q8, false>, kv_group::<I, KV_Q4, false>],
+    )
 }

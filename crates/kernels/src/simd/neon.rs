@@ -13,7 +13,7 @@ use super::neon_mock::*;
 use crate::dot::DotKernels;
 use crate::dtype::DType;
 use crate::f16::{bf16_to_f32, f16_to_f32};
-use crate::simd::lanes::{self, F32Lanes, F32Row};
+use crate::simd::lanes::{self, F32Row};
 use crate::simd::whole_blocks;
 #[cfg(target_arch = "aarch64")]
 use std::arch::aarch64::*;
@@ -206,50 +206,8 @@ unsafe fn half8<const BF: bool>(p: *const u16) -> (float32x4_t, float32x4_t) {
 #[derive(Clone, Copy)]
 pub(crate) struct Neon;
 
-impl F32Lanes for Neon {
-    type V = float32x4_t;
-    const N: usize = 4;
-    #[inline(always)]
-    unsafe fn zero() -> float32x4_t {
-        vdupq_n_f32(0.0)
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> float32x4_t {
-        vdupq_n_f32(x)
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> float32x4_t {
-        vld1q_f32(p)
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, v: float32x4_t) {
-        vst1q_f32(p, v)
-    }
-    #[inline(always)]
-    unsafe fn load_part(p: *const f32, n: usize) -> float32x4_t {
-        let mut t = [0f32; 4];
-        ptr::copy_nonoverlapping(p, t.as_mut_ptr(), n);
-        vld1q_f32(t.as_ptr())
-    }
-    #[inline(always)]
-    unsafe fn store_part(p: *mut f32, n: usize, v: float32x4_t) {
-        let mut t = [0f32; 4];
-        vst1q_f32(t.as_mut_ptr(), v);
-        ptr::copy_nonoverlapping(t.as_ptr(), p, n);
-    }
-    #[inline(always)]
-    unsafe fn fma(a: float32x4_t, b: float32x4_t, c: float32x4_t) -> float32x4_t {
-        vfmaq_f32(c, a, b)
-    }
-    #[inline(always)]
-    unsafe fn add(a: float32x4_t, b: float32x4_t) -> float32x4_t {
-        vaddq_f32(a, b)
-    }
-    #[inline(always)]
-    unsafe fn reduce(v: float32x4_t) -> f32 {
-        vaddvq_f32(v)
-    }
-}
+lanes::f32_lanes!(Neon, float32x4_t, 4, splat: vdupq_n_f32, load: vld1q_f32, store: vst1q_f32,
+    fma: |a, b, c| vfmaq_f32(c, a, b), add: vaddq_f32, reduce: vaddvq_f32);
 
 #[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
