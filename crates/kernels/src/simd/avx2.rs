@@ -51,53 +51,23 @@ const KERNELS: DotKernels = DotKernels {
 
 // ---- safe wrappers (installed only after detection) ----------------------
 
-// SAFETY (all wrappers below): these functions are only reachable through
-// `kernels()`, which checks avx2+fma+f16c; lengths passed to the unsafe
-// implementations never exceed either slice.
-
-pub(super) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    unsafe { dot_f32_impl(a.as_ptr(), b.as_ptr(), n) }
-}
-
-pub(super) fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    unsafe { dot_half_impl::<false>(w.as_ptr(), x.as_ptr(), n) }
-}
-
-pub(super) fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    unsafe { dot_half_impl::<true>(w.as_ptr(), x.as_ptr(), n) }
-}
-
-pub(super) fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 34, x.len());
-    unsafe { dot_scaled_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 18, x.len());
-    unsafe { dot_scaled_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn dot_q4_1(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 20, x.len());
-    unsafe { dot_q4_1_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    let n = x.len().min(y.len());
-    unsafe { axpy_impl(a, x.as_ptr(), y.as_mut_ptr(), n) }
-}
-
-/// Shortest length of the eight slices.
-pub(super) fn tile_len(w: &[&[f32]; 4], x: &[&[f32]; 4]) -> usize {
-    w.iter().chain(x).map(|s| s.len()).min().unwrap_or(0)
-}
-
-pub(super) fn dot4x4(w: &[&[f32]; 4], x: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
-    let n = tile_len(w, x);
-    unsafe { dot4x4_impl(&w.map(|s| s.as_ptr()), &x.map(|s| s.as_ptr()), n, out) }
+// Safe wrappers, installed only after detection (see `safe_kernels`).
+crate::simd::safe_kernels! {
+    pub(super) dot_f32: elems(f32) => dot_f32_impl;
+    pub(super) dot_f16: elems(u16) => dot_half_impl::<false>;
+    pub(super) dot_bf16: elems(u16) => dot_half_impl::<true>;
+    pub(super) dot_q8_0: blocks(34) => dot_scaled_impl::<false>;
+    pub(super) dot_q4_0: blocks(18) => dot_scaled_impl::<true>;
+    pub(super) dot_q4_1: blocks(20) => dot_q4_1_impl;
+    pub(super) dot_q5_0: blocks(22) => dot_q5_impl::<false>;
+    pub(super) dot_q5_1: blocks(24) => dot_q5_impl::<true>;
+    pub(super) dot_q2_k: super_blocks(84) => dot_q2_k_impl;
+    pub(super) dot_q3_k: super_blocks(110) => dot_q3_k_impl;
+    pub(super) dot_q4_k: super_blocks(144) => dot_q45_k_impl::<false>;
+    pub(super) dot_q5_k: super_blocks(176) => dot_q45_k_impl::<true>;
+    pub(super) dot_q6_k: super_blocks(210) => dot_q6_k_impl;
+    pub(super) axpy: axpy => axpy_impl;
+    pub(super) dot4x4: tile => dot4x4_impl;
 }
 
 pub(super) fn dequantize(dt: DType, src: &[u8], out: &mut [f32]) {
@@ -562,47 +532,6 @@ fn hsum8(a: &[__m256; 8]) -> f32 {
     let s0 = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
     let s1 = _mm256_add_ps(_mm256_add_ps(a[4], a[5]), _mm256_add_ps(a[6], a[7]));
     hsum(_mm256_add_ps(s0, s1))
-}
-
-pub(super) fn dot_q5_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 22, x.len());
-    unsafe { dot_q5_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn dot_q5_1(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 24, x.len());
-    unsafe { dot_q5_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-/// Whole 256-element super-blocks of `bb` bytes covered by `w` and `x`.
-#[inline]
-pub(super) fn super_blocks(w_len: usize, bb: usize, x_len: usize) -> usize {
-    (w_len / bb).min(x_len / crate::quant::QK_K)
-}
-
-pub(super) fn dot_q2_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 84, x.len());
-    unsafe { dot_q2_k_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn dot_q3_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 110, x.len());
-    unsafe { dot_q3_k_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn dot_q4_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 144, x.len());
-    unsafe { dot_q45_k_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn dot_q5_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 176, x.len());
-    unsafe { dot_q45_k_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn dot_q6_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 210, x.len());
-    unsafe { dot_q6_k_impl(w.as_ptr(), x.as_ptr(), nb) }
 }
 
 /// Q5_0 (`MIN` false: u·d − 16d) or Q5_1 (`MIN` true: u·d + m), one

@@ -18,7 +18,6 @@
 use crate::dot::{DotKernels, GEMM_MR, GEMM_NR};
 use crate::simd::avx2;
 use crate::simd::lanes::{self, F32Row, HalfLanes, HalfRow};
-use crate::simd::whole_blocks;
 use std::arch::x86_64::*;
 use std::ptr;
 
@@ -59,48 +58,16 @@ const KERNELS: DotKernels = DotKernels {
     dequantize: avx2::dequantize,
 };
 
-// SAFETY (all wrappers below): only reachable through `kernels()`, which
-// checks every feature the implementations enable; lengths passed never
-// exceed either slice.
-
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    unsafe { dot_f32_impl(a.as_ptr(), b.as_ptr(), n) }
-}
-
-fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    unsafe { dot_f16_impl(w.as_ptr(), x.as_ptr(), n) }
-}
-
-fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 34, x.len());
-    unsafe { dot_q8_0_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 18, x.len());
-    unsafe { dot_q4_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q4_1(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 20, x.len());
-    unsafe { dot_q4_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q4_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = avx2::super_blocks(w.len(), 144, x.len());
-    unsafe { dot_q4_k_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    let n = x.len().min(y.len());
-    unsafe { axpy_impl(a, x.as_ptr(), y.as_mut_ptr(), n) }
-}
-
-fn dot4x4(w: &[&[f32]; 4], x: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
-    let n = avx2::tile_len(w, x);
-    unsafe { dot4x4_impl(&w.map(|s| s.as_ptr()), &x.map(|s| s.as_ptr()), n, out) }
+// Safe wrappers, installed only after detection (see `safe_kernels`).
+crate::simd::safe_kernels! {
+    dot_f32: elems(f32) => dot_f32_impl;
+    dot_f16: elems(u16) => dot_f16_impl;
+    dot_q8_0: blocks(34) => dot_q8_0_impl;
+    dot_q4_0: blocks(18) => dot_q4_impl::<false>;
+    dot_q4_1: blocks(20) => dot_q4_impl::<true>;
+    dot_q4_k: super_blocks(144) => dot_q4_k_impl;
+    axpy: axpy => axpy_impl;
+    dot4x4: tile => dot4x4_impl;
 }
 
 // ---- helpers --------------------------------------------------------------

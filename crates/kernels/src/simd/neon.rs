@@ -52,88 +52,23 @@ const KERNELS: DotKernels = DotKernels {
     dequantize,
 };
 
-// SAFETY (all wrappers below): only reachable through `kernels()`, which
-// checks NEON; lengths passed never exceed either slice.
-
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    unsafe { dot_f32_impl(a.as_ptr(), b.as_ptr(), n) }
-}
-
-fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    unsafe { dot_half_impl::<false>(w.as_ptr(), x.as_ptr(), n) }
-}
-
-fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    unsafe { dot_half_impl::<true>(w.as_ptr(), x.as_ptr(), n) }
-}
-
-fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 34, x.len());
-    unsafe { dot_q8_0_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 18, x.len());
-    unsafe { dot_q4_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q4_1(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 20, x.len());
-    unsafe { dot_q4_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q5_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 22, x.len());
-    unsafe { dot_q5_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q5_1(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 24, x.len());
-    unsafe { dot_q5_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-/// Whole 256-element super-blocks of `bb` bytes covered by `w` and `x`.
-#[inline]
-fn super_blocks(w_len: usize, bb: usize, x_len: usize) -> usize {
-    (w_len / bb).min(x_len / crate::quant::QK_K)
-}
-
-fn dot_q2_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 84, x.len());
-    unsafe { dot_q2_k_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q3_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 110, x.len());
-    unsafe { dot_q3_k_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q4_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 144, x.len());
-    unsafe { dot_q45_k_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q5_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 176, x.len());
-    unsafe { dot_q45_k_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q6_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 210, x.len());
-    unsafe { dot_q6_k_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    let n = x.len().min(y.len());
-    unsafe { axpy_impl(a, x.as_ptr(), y.as_mut_ptr(), n) }
-}
-
-fn dot4x4(w: &[&[f32]; 4], x: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
-    let n = w.iter().chain(x).map(|s| s.len()).min().unwrap_or(0);
-    unsafe { dot4x4_impl(&w.map(|s| s.as_ptr()), &x.map(|s| s.as_ptr()), n, out) }
+// Safe wrappers, installed only after detection (see `safe_kernels`).
+crate::simd::safe_kernels! {
+    dot_f32: elems(f32) => dot_f32_impl;
+    dot_f16: elems(u16) => dot_half_impl::<false>;
+    dot_bf16: elems(u16) => dot_half_impl::<true>;
+    dot_q8_0: blocks(34) => dot_q8_0_impl;
+    dot_q4_0: blocks(18) => dot_q4_impl::<false>;
+    dot_q4_1: blocks(20) => dot_q4_impl::<true>;
+    dot_q5_0: blocks(22) => dot_q5_impl::<false>;
+    dot_q5_1: blocks(24) => dot_q5_impl::<true>;
+    dot_q2_k: super_blocks(84) => dot_q2_k_impl;
+    dot_q3_k: super_blocks(110) => dot_q3_k_impl;
+    dot_q4_k: super_blocks(144) => dot_q45_k_impl::<false>;
+    dot_q5_k: super_blocks(176) => dot_q45_k_impl::<true>;
+    dot_q6_k: super_blocks(210) => dot_q6_k_impl;
+    axpy: axpy => axpy_impl;
+    dot4x4: tile => dot4x4_impl;
 }
 
 fn dequantize(dt: DType, src: &[u8], out: &mut [f32]) {
