@@ -29,7 +29,7 @@ pub(crate) fn kernels() -> Option<DotKernels> {
 
 /// Only reachable through [`kernels`], i.e. after feature detection.
 const KERNELS: DotKernels = DotKernels {
-    isa: "avx2",
+    isa: crate::dot::Isa::Avx2,
     f32: dot_f32,
     f16: dot_f16,
     bf16: dot_bf16,
@@ -961,7 +961,7 @@ lanes::kv_isa!(Avx2, "avx2,fma,f16c");
 /// The AVX2 KV group kernels, when the CPU has AVX2, FMA and F16C.
 pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::KvGroupKernels> {
     kernels().map(|_| crate::kvquant::KvGroupKernels {
-        isa: "avx2",
+        isa: crate::dot::Isa::Avx2,
         dot: lanes::kv_group_fns::<Avx2>().0,
         axpy: lanes::kv_group_fns::<Avx2>().1,
         dot_run: None,

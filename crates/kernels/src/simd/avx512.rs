@@ -36,7 +36,7 @@ pub(crate) fn kernels() -> Option<DotKernels> {
 
 /// Only reachable through [`kernels`], i.e. after feature detection.
 const KERNELS: DotKernels = DotKernels {
-    isa: "avx512",
+    isa: crate::dot::Isa::Avx512,
     f32: dot_f32,
     f16: dot_f16,
     // measured slower than the 256-bit kernel on Zen 4 (extra widening work)
@@ -394,7 +394,7 @@ lanes::kv_isa!(Avx512, "avx512f,avx512bw,avx512vl,avx2,fma,f16c");
 /// The AVX-512 KV group kernels, when the CPU has every feature they use.
 pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::KvGroupKernels> {
     kernels().map(|_| crate::kvquant::KvGroupKernels {
-        isa: "avx512",
+        isa: crate::dot::Isa::Avx512,
         dot: lanes::kv_group_fns::<Avx512>().0,
         axpy: lanes::kv_group_fns::<Avx512>().1,
         dot_run: Some([kv_dot_run::<KV_F16>, kv_dot_run::<KV_Q8>, kv_dot_run::<KV_Q4>]),

@@ -31,7 +31,7 @@ pub(crate) fn kernels() -> Option<DotKernels> {
 
 /// Only reachable through [`kernels`], i.e. after feature detection.
 const KERNELS: DotKernels = DotKernels {
-    isa: "neon",
+    isa: crate::dot::Isa::Neon,
     f32: dot_f32,
     f16: dot_f16,
     bf16: dot_bf16,
