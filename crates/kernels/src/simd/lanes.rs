@@ -311,14 +311,11 @@ pub(crate) unsafe fn kv_axpy<L: KvLanes, const T: u8, const H: usize>(
 /// An ISA's `#[target_feature]` entry point for the KV group kernels: an
 /// instantiation of [`kv_dot`] (`DOT`) or [`kv_axpy`].
 pub(crate) trait KvIsa {
-    unsafe fn row<const T: u8, const H: usize, const DOT: bool>(
-        data: *const u8,
-        scales: *const f32,
-        a: *const f32,
-        d: usize,
-        o: *mut f32,
-    );
+    unsafe fn row<const T: u8, const H: usize, const DOT: bool>(args: KvRowArgs);
 }
+
+/// `(codes, scales, a, d, o)` of [`kv_dot`] / [`kv_axpy`].
+pub(crate) type KvRowArgs = (*const u8, *const f32, *const f32, usize, *mut f32);
 
 /// Implements [`KvIsa`] for `$isa` with the target features `$features`.
 macro_rules! kv_isa {
@@ -326,11 +323,7 @@ macro_rules! kv_isa {
         impl $crate::simd::lanes::KvIsa for $isa {
             #[target_feature(enable = $features)]
             unsafe fn row<const T: u8, const H: usize, const DOT: bool>(
-                data: *const u8,
-                scales: *const f32,
-                a: *const f32,
-                d: usize,
-                o: *mut f32,
+                (data, scales, a, d, o): $crate::simd::lanes::KvRowArgs,
             ) {
                 if DOT {
                     $crate::simd::lanes::kv_dot::<$isa, T, H>(data, scales, a, d, o)
@@ -360,10 +353,10 @@ pub(crate) fn kv_group<I: KvIsa, const T: u8, const DOT: bool>(data: &[u8], scal
         // sizes were checked for `d`; heads h..h + n exist in both slices.
         unsafe {
             match n {
-                1 => I::row::<T, 1, DOT>(data.as_ptr(), s, a, d, o),
-                2 => I::row::<T, 2, DOT>(data.as_ptr(), s, a, d, o),
-                3 => I::row::<T, 3, DOT>(data.as_ptr(), s, a, d, o),
-                _ => I::row::<T, 4, DOT>(data.as_ptr(), s, a, d, o),
+                1 => I::row::<T, 1, DOT>((data.as_ptr(), s, a, d, o)),
+                2 => I::row::<T, 2, DOT>((data.as_ptr(), s, a, d, o)),
+                3 => I::row::<T, 3, DOT>((data.as_ptr(), s, a, d, o)),
+                _ => I::row::<T, 4, DOT>((data.as_ptr(), s, a, d, o)),
             }
         }
         h += n;
