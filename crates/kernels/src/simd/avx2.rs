@@ -347,30 +347,7 @@ unsafe fn dot_q4_1_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
 /// ymm registers, and each weight load feeds two FMAs.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot4x4_impl(w: &[*const f32; 4], x: &[*const f32; 4], n: usize, out: &mut [[f32; 4]; 4]) {
-    for jp in [0, 2] {
-        let (xa, xb) = (x[jp], x[jp + 1]);
-        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-        let mut i = 0;
-        while i + 8 <= n {
-            let va = _mm256_loadu_ps(xa.add(i));
-            let vb = _mm256_loadu_ps(xb.add(i));
-            for r in 0..4 {
-                let wv = _mm256_loadu_ps(w[r].add(i));
-                acc[r][0] = _mm256_fmadd_ps(wv, va, acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(wv, vb, acc[r][1]);
-            }
-            i += 8;
-        }
-        for r in 0..4 {
-            for c in 0..2 {
-                let mut s = hsum(acc[r][c]);
-                for k in i..n {
-                    s += *w[r].add(k) * *x[jp + c].add(k);
-                }
-                out[r][jp + c] = s;
-            }
-        }
-    }
+    lanes::dot4x4::<Avx2, 2, false>(w, x, n, out)
 }
 
 // ---- dequantization -------------------------------------------------------------

@@ -296,29 +296,7 @@ unsafe fn dot_q4_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
 /// each load feeds four FMAs.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn dot4x4_impl(w: &[*const f32; 4], x: &[*const f32; 4], n: usize, out: &mut [[f32; 4]; 4]) {
-    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-    let mut i = 0;
-    while i < n {
-        let k = if i + 16 <= n { 0xffff } else { tail_mask(n - i) };
-        let xv = [
-            _mm512_maskz_loadu_ps(k, x[0].add(i)),
-            _mm512_maskz_loadu_ps(k, x[1].add(i)),
-            _mm512_maskz_loadu_ps(k, x[2].add(i)),
-            _mm512_maskz_loadu_ps(k, x[3].add(i)),
-        ];
-        for r in 0..4 {
-            let wv = _mm512_maskz_loadu_ps(k, w[r].add(i));
-            for c in 0..4 {
-                acc[r][c] = _mm512_fmadd_ps(wv, xv[c], acc[r][c]);
-            }
-        }
-        i += 16;
-    }
-    for r in 0..4 {
-        for c in 0..4 {
-            out[r][c] = _mm512_reduce_add_ps(acc[r][c]);
-        }
-    }
+    lanes::dot4x4::<Avx512, 4, true>(w, x, n, out)
 }
 
 // ---- packed-panel GEMM micro-kernel -------------------------------------------

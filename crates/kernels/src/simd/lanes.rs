@@ -185,6 +185,63 @@ pub(crate) unsafe fn axpy<L: F32Lanes>(a: f32, x: *const f32, y: *mut f32, n: us
     }
 }
 
+/// 4 weight rows × 4 activation rows (`out[r][c] = w_r · x_c`), in
+/// passes of `C` activation rows (4·C accumulators, each weight load feeding
+/// `C` FMAs). `PART`: the tail (`n % N`) is one more zero-padded vector
+/// step; otherwise it is added in scalar after the lane sum.
+#[inline(always)]
+pub(crate) unsafe fn dot4x4<L: F32Lanes, const C: usize, const PART: bool>(
+    w: &[*const f32; 4],
+    x: &[*const f32; 4],
+    n: usize,
+    out: &mut [[f32; 4]; 4],
+) {
+    for c0 in (0..4).step_by(C) {
+        let mut acc = [[L::zero(); C]; 4];
+        let mut i = 0;
+        while i + L::N <= n {
+            dot4x4_step::<L, C>(w, x, c0, i, L::N, &mut acc);
+            i += L::N;
+        }
+        if PART && i < n {
+            dot4x4_step::<L, C>(w, x, c0, i, n - i, &mut acc);
+            i = n;
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for (c, &ac) in a.iter().enumerate() {
+                let mut s = L::reduce(ac);
+                for k in i..n {
+                    s += *w[r].add(k) * *x[c0 + c].add(k);
+                }
+                out[r][c0 + c] = s;
+            }
+        }
+    }
+}
+
+/// One step of [`dot4x4`] over elements `i..i + k` (`k ≤ N`, zero-padded).
+#[inline(always)]
+unsafe fn dot4x4_step<L: F32Lanes, const C: usize>(
+    w: &[*const f32; 4],
+    x: &[*const f32; 4],
+    c0: usize,
+    i: usize,
+    k: usize,
+    acc: &mut [[L::V; C]; 4],
+) {
+    let ld = |p: *const f32| if k == L::N { L::load(p) } else { L::load_part(p, k) };
+    let mut xv = [L::zero(); C];
+    for (c, v) in xv.iter_mut().enumerate() {
+        *v = ld(x[c0 + c].add(i));
+    }
+    for (r, a) in acc.iter_mut().enumerate() {
+        let wv = ld(w[r].add(i));
+        for (ac, &xc) in a.iter_mut().zip(&xv) {
+            *ac = L::fma(wv, xc, *ac);
+        }
+    }
+}
+
 /// Packed-panel GEMM block: two vectors of weight rows (`2·N` rows from
 /// `w`, panel stride `GEMM_MR`) × `NT` tokens (from `x`, stride `GEMM_NR`),
 /// written to `out[j0 + j][col..col + 2·N]`.

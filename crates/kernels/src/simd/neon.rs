@@ -606,27 +606,7 @@ unsafe fn dot_q6_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
 /// vector registers; each load feeds four FMAs.
 #[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn dot4x4_impl(w: &[*const f32; 4], x: &[*const f32; 4], n: usize, out: &mut [[f32; 4]; 4]) {
-    let mut acc = [[vdupq_n_f32(0.0); 4]; 4];
-    let mut i = 0;
-    while i + 4 <= n {
-        let xv = [vld1q_f32(x[0].add(i)), vld1q_f32(x[1].add(i)), vld1q_f32(x[2].add(i)), vld1q_f32(x[3].add(i))];
-        for r in 0..4 {
-            let wv = vld1q_f32(w[r].add(i));
-            for c in 0..4 {
-                acc[r][c] = vfmaq_f32(acc[r][c], wv, xv[c]);
-            }
-        }
-        i += 4;
-    }
-    for r in 0..4 {
-        for c in 0..4 {
-            let mut s = vaddvq_f32(acc[r][c]);
-            for k in i..n {
-                s += *w[r].add(k) * *x[c].add(k);
-            }
-            out[r][c] = s;
-        }
-    }
+    lanes::dot4x4::<Neon, 4, false>(w, x, n, out)
 }
 
 // ---- dequantization -------------------------------------------------------------
