@@ -12,6 +12,9 @@
 //! elements is loaded zero-padded (AVX-512 with a masked load, the others
 //! through a stack copy), which gives the same lanes either way.
 
+// The KV, half-precision and GEMM parts have only x86 users so far.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+
 /// `N` f32 lanes. Every method is `unsafe`: the caller must run on a CPU
 /// with the ISA's features (the `kernels()` detection) and pass pointers
 /// valid for the lanes read or written.
