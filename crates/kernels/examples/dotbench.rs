@@ -96,7 +96,7 @@ fn main() {
         let list = types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",");
         let out = Command::new(&exe)
             .args(["--child", "--secs", &secs.to_string(), "--types", &list])
-            .env("KVSLIM_SIMD", k.isa)
+            .env("KVSLIM_SIMD", k.isa.name())
             .output()
             .expect("spawn child");
         assert!(out.status.success(), "child {} failed", k.isa);

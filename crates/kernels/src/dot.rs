@@ -35,12 +35,51 @@ pub const GEMM_NR: usize = 12;
 /// `(w, x, nt, out)`.
 pub type GemmTileFn = fn(&[f32], &[f32], usize, &mut [[f32; GEMM_MR]; GEMM_NR]);
 
+/// An instruction set with a kernel set (see [`DotKernels::isa`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// The portable reference kernels.
+    Scalar,
+    /// x86_64 AVX2 + FMA + F16C (8 f32 lanes).
+    Avx2,
+    /// x86_64 AVX-512F/BW/VL (16 f32 lanes).
+    Avx512,
+    /// aarch64 NEON (4 f32 lanes).
+    Neon,
+}
+
+impl Isa {
+    /// Every instruction set, slowest first.
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon];
+
+    /// The lower-case name (`KVSLIM_SIMD`, `kvslim bench`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
+        }
+    }
+
+    /// The instruction set named `name` (any case).
+    pub fn parse(name: &str) -> Option<Isa> {
+        Isa::ALL.into_iter().find(|i| i.name().eq_ignore_ascii_case(name))
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Row-times-vector kernels for each storage type. `w` is the raw row (bytes
 /// for the block formats); `x` the activations; both cover the same elements.
 #[derive(Clone, Copy)]
 pub struct DotKernels {
-    /// Name of the instruction set in use (shown by `kvslim bench`).
-    pub isa: &'static str,
+    /// The instruction set in use (shown by `kvslim bench`).
+    pub isa: Isa,
     pub f32: fn(&[f32], &[f32]) -> f32,
     pub f16: fn(&[u16], &[f32]) -> f32,
     pub bf16: fn(&[u16], &[f32]) -> f32,
@@ -82,7 +121,7 @@ pub struct DotKernels {
 impl DotKernels {
     /// The portable reference kernels.
     pub const SCALAR: DotKernels = DotKernels {
-        isa: "scalar",
+        isa: Isa::Scalar,
         f32: scalar::dot_f32,
         f16: scalar::dot_f16,
         bf16: scalar::dot_bf16,
@@ -129,7 +168,8 @@ pub fn available() -> Vec<DotKernels> {
 
 /// The kernel set named `isa` (see [`DotKernels::isa`]), if this CPU has it.
 pub fn by_isa(isa: &str) -> Option<DotKernels> {
-    available().into_iter().find(|k| k.isa.eq_ignore_ascii_case(isa))
+    let isa = Isa::parse(isa)?;
+    available().into_iter().find(|k| k.isa == isa)
 }
 
 /// The preferred kernel set for this CPU.
@@ -479,7 +519,7 @@ mod tests {
     #[test]
     fn every_kernel_set_matches_reference() {
         let sets = test_sets();
-        assert_eq!(sets[0].isa, "scalar");
+        assert_eq!(sets[0].isa, Isa::Scalar);
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let float_lens: Vec<usize> = (1..=70).chain([95, 96, 97, 127, 128, 129, 255, 576, 1000, 1536, 4097]).collect();
         let block_counts: Vec<usize> = (1..=9).chain([16, 17, 48, 128]).collect();
@@ -719,7 +759,7 @@ mod tests {
     #[test]
     fn forced_level_and_detection() {
         let sets = available();
-        assert_eq!(by_isa("scalar").unwrap().isa, "scalar");
+        assert_eq!(by_isa("scalar").unwrap().isa, Isa::Scalar);
         assert!(by_isa("no-such-isa").is_none());
         // the detected set is the last (fastest) available one unless forced
         if std::env::var("KVSLIM_SIMD").is_err() {
@@ -727,7 +767,7 @@ mod tests {
         }
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            assert!(sets.iter().any(|k| k.isa == "avx2"));
+            assert!(sets.iter().any(|k| k.isa == Isa::Avx2));
         }
     }
 }

@@ -558,7 +558,7 @@ pub fn tile_kernel() -> Option<TileFn> {
     static TILE: OnceLock<Option<TileFn>> = OnceLock::new();
     *TILE.get_or_init(|| {
         let off = std::env::var("KVSLIM_INT8").is_ok_and(|v| matches!(v.trim(), "0" | "off" | "false"));
-        if off || crate::dot::kernels().isa != "avx512" {
+        if off || crate::dot::kernels().isa != crate::dot::Isa::Avx512 {
             return None;
         }
         vnni_tile()

@@ -103,11 +103,11 @@ pub fn attend_causal_tiled(
     #[cfg(target_arch = "x86_64")]
     {
         let isa = crate::dot::kernels().isa;
-        if isa == "avx512" && std::arch::is_x86_feature_detected!("avx512f") {
+        if isa == crate::dot::Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F (checked above)
             return unsafe { tiled_avx512(args) };
         }
-        if (isa == "avx2" || isa == "avx512")
+        if (isa == crate::dot::Isa::Avx2 || isa == crate::dot::Isa::Avx512)
             && std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
         {

@@ -3,6 +3,7 @@
 //! set here, the SIMD sets in `simd/`, picked once per process.
 
 use super::KvDtype;
+use crate::dot::Isa;
 
 /// A group kernel on one coded row: `dot(data, scales, queries, out)` sets
 /// `out[h] = queries_h · row` (`g = out.len()` heads of `d =
@@ -16,7 +17,7 @@ pub type KvGroupFn = fn(&[u8], &[f32], &[f32], &mut [f32]);
 #[derive(Clone, Copy)]
 pub struct KvGroupKernels {
     /// Instruction set (as in [`crate::dot::DotKernels::isa`]).
-    pub isa: &'static str,
+    pub isa: Isa,
     pub dot: [KvGroupFn; 3],
     pub axpy: [KvGroupFn; 3],
     /// Run kernels (see [`KvRunFn`]), where a set has them; otherwise
@@ -92,22 +93,23 @@ fn scalar_axpy<const K: u8>(data: &[u8], scales: &[f32], probs: &[f32], outs: &m
 
 impl KvGroupKernels {
     pub const SCALAR: KvGroupKernels = KvGroupKernels {
-        isa: "scalar",
+        isa: Isa::Scalar,
         dot: [scalar_dot::<0>, scalar_dot::<1>, scalar_dot::<2>],
         axpy: [scalar_axpy::<0>, scalar_axpy::<1>, scalar_axpy::<2>],
         dot_run: None,
         axpy_run: None,
     };
 
-    /// The set for the instruction set `isa` ("scalar", "avx2", "avx512"),
-    /// if this CPU has it; other names (NEON) fall back to scalar.
-    pub fn for_isa(isa: &str) -> Option<KvGroupKernels> {
+    /// The set for the instruction set `isa` (scalar, AVX2, AVX-512), if
+    /// this CPU has it; others (NEON) have none, and callers fall back to
+    /// scalar.
+    pub fn for_isa(isa: Isa) -> Option<KvGroupKernels> {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            "avx512" => crate::simd::avx512::kv_group_kernels(),
+            Isa::Avx512 => crate::simd::avx512::kv_group_kernels(),
             #[cfg(target_arch = "x86_64")]
-            "avx2" => crate::simd::avx2::kv_group_kernels(),
-            "scalar" => Some(Self::SCALAR),
+            Isa::Avx2 => crate::simd::avx2::kv_group_kernels(),
+            Isa::Scalar => Some(Self::SCALAR),
             _ => None,
         }
     }
@@ -241,7 +243,7 @@ mod tests {
             (seed as f32 / u32::MAX as f32) * 4.0 - 2.0
         };
         let sets: Vec<KvGroupKernels> =
-            ["scalar", "avx2", "avx512"].iter().filter_map(|i| KvGroupKernels::for_isa(i)).collect();
+            [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter_map(KvGroupKernels::for_isa).collect();
         for d in [1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 47, 63, 64, 65, 100, 128, 130, 256] {
             for g in [1, 2, 3, 4, 5, 7, 9] {
                 let x: Vec<f32> = (0..d).map(|_| rnd()).collect();
@@ -265,7 +267,7 @@ mod tests {
                             let (mut o, mut a) = (vec![0f32; g], base.clone());
                             (set.dot[k as usize - 1])(buf.bytes(), &sc, &q, &mut o);
                             (set.axpy[k as usize - 1])(buf.bytes(), &sc, &p, &mut a);
-                            runs.push((set.isa, o, a));
+                            runs.push((set.isa.name(), o, a));
                         }
                     }
                     for (isa, o, a) in runs {

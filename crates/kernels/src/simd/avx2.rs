@@ -13,6 +13,7 @@
 use crate::dot::{DotKernels, GEMM_MR, GEMM_NR};
 use crate::dtype::DType;
 use crate::f16::{bf16_to_f32, f16_to_f32};
+use crate::simd::lanes::{self, F32Row, HalfLanes, HalfRow};
 use crate::simd::whole_blocks;
 use std::arch::x86_64::*;
 use std::ptr;
@@ -28,7 +29,7 @@ pub(crate) fn kernels() -> Option<DotKernels> {
 
 /// Only reachable through [`kernels`], i.e. after feature detection.
 const KERNELS: DotKernels = DotKernels {
-    isa: "avx2",
+    isa: crate::dot::Isa::Avx2,
     f32: dot_f32,
     f16: dot_f16,
     bf16: dot_bf16,
@@ -50,53 +51,23 @@ const KERNELS: DotKernels = DotKernels {
 
 // ---- safe wrappers (installed only after detection) ----------------------
 
-// SAFETY (all wrappers below): these functions are only reachable through
-// `kernels()`, which checks avx2+fma+f16c; lengths passed to the unsafe
-// implementations never exceed either slice.
-
-pub(super) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    unsafe { dot_f32_impl(a.as_ptr(), b.as_ptr(), n) }
-}
-
-pub(super) fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    unsafe { dot_half_impl::<false>(w.as_ptr(), x.as_ptr(), n) }
-}
-
-pub(super) fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    unsafe { dot_half_impl::<true>(w.as_ptr(), x.as_ptr(), n) }
-}
-
-pub(super) fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 34, x.len());
-    unsafe { dot_scaled_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 18, x.len());
-    unsafe { dot_scaled_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn dot_q4_1(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 20, x.len());
-    unsafe { dot_q4_1_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    let n = x.len().min(y.len());
-    unsafe { axpy_impl(a, x.as_ptr(), y.as_mut_ptr(), n) }
-}
-
-/// Shortest length of the eight slices.
-pub(super) fn tile_len(w: &[&[f32]; 4], x: &[&[f32]; 4]) -> usize {
-    w.iter().chain(x).map(|s| s.len()).min().unwrap_or(0)
-}
-
-pub(super) fn dot4x4(w: &[&[f32]; 4], x: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
-    let n = tile_len(w, x);
-    unsafe { dot4x4_impl(&w.map(|s| s.as_ptr()), &x.map(|s| s.as_ptr()), n, out) }
+// Safe wrappers, installed only after detection (see `safe_kernels`).
+crate::simd::safe_kernels! {
+    pub(super) dot_f32: elems(f32) => dot_f32_impl;
+    pub(super) dot_f16: elems(u16) => dot_half_impl::<false>;
+    pub(super) dot_bf16: elems(u16) => dot_half_impl::<true>;
+    pub(super) dot_q8_0: blocks(34) => dot_scaled_impl::<false>;
+    pub(super) dot_q4_0: blocks(18) => dot_scaled_impl::<true>;
+    pub(super) dot_q4_1: blocks(20) => dot_q4_1_impl;
+    pub(super) dot_q5_0: blocks(22) => dot_q5_impl::<false>;
+    pub(super) dot_q5_1: blocks(24) => dot_q5_impl::<true>;
+    pub(super) dot_q2_k: super_blocks(84) => dot_q2_k_impl;
+    pub(super) dot_q3_k: super_blocks(110) => dot_q3_k_impl;
+    pub(super) dot_q4_k: super_blocks(144) => dot_q45_k_impl::<false>;
+    pub(super) dot_q5_k: super_blocks(176) => dot_q45_k_impl::<true>;
+    pub(super) dot_q6_k: super_blocks(210) => dot_q6_k_impl;
+    pub(super) axpy: axpy => axpy_impl;
+    pub(super) dot4x4: tile => dot4x4_impl;
 }
 
 pub(super) fn dequantize(dt: DType, src: &[u8], out: &mut [f32]) {
@@ -180,31 +151,23 @@ unsafe fn i8x8(p: *const u8) -> __m256 {
 
 // ---- float rows -------------------------------------------------------------
 
+/// The 8-lane AVX2 vector of [`F32Lanes`](super::lanes::F32Lanes).
+#[derive(Clone, Copy)]
+pub(crate) struct Avx2;
+
+lanes::f32_lanes!(Avx2, __m256, 8, splat: _mm256_set1_ps, load: _mm256_loadu_ps, store: _mm256_storeu_ps,
+    fma: |a, b, c| _mm256_fmadd_ps(a, b, c), add: _mm256_add_ps, reduce: hsum);
+
+impl HalfLanes for Avx2 {
+    #[inline(always)]
+    unsafe fn half<const BF: bool>(p: *const u16) -> __m256 {
+        half8::<BF>(p)
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
-    let mut s0 = _mm256_setzero_ps();
-    let mut s1 = _mm256_setzero_ps();
-    let mut s2 = _mm256_setzero_ps();
-    let mut s3 = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 32 <= n {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i + 8)), _mm256_loadu_ps(b.add(i + 8)), s1);
-        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i + 16)), _mm256_loadu_ps(b.add(i + 16)), s2);
-        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i + 24)), _mm256_loadu_ps(b.add(i + 24)), s3);
-        i += 32;
-    }
-    while i + 8 <= n {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), s0);
-        i += 8;
-    }
-    if i < n {
-        let (mut ta, mut tb) = ([0f32; 8], [0f32; 8]);
-        ptr::copy_nonoverlapping(a.add(i), ta.as_mut_ptr(), n - i);
-        ptr::copy_nonoverlapping(b.add(i), tb.as_mut_ptr(), n - i);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(ta.as_ptr()), _mm256_loadu_ps(tb.as_ptr()), s1);
-    }
-    hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)))
+    lanes::dot::<Avx2, F32Row>(a, b, n)
 }
 
 /// 8 f16 at `p` as f32.
@@ -236,55 +199,12 @@ unsafe fn half8<const BF: bool>(p: *const u16) -> __m256 {
 /// Σ w·x over `n` f16 (`BF` false) or bf16 (`BF` true) weights.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_half_impl<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f32 {
-    let mut s0 = _mm256_setzero_ps();
-    let mut s1 = _mm256_setzero_ps();
-    let mut s2 = _mm256_setzero_ps();
-    let mut s3 = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 32 <= n {
-        s0 = _mm256_fmadd_ps(half8::<BF>(w.add(i)), _mm256_loadu_ps(x.add(i)), s0);
-        s1 = _mm256_fmadd_ps(half8::<BF>(w.add(i + 8)), _mm256_loadu_ps(x.add(i + 8)), s1);
-        s2 = _mm256_fmadd_ps(half8::<BF>(w.add(i + 16)), _mm256_loadu_ps(x.add(i + 16)), s2);
-        s3 = _mm256_fmadd_ps(half8::<BF>(w.add(i + 24)), _mm256_loadu_ps(x.add(i + 24)), s3);
-        i += 32;
-    }
-    while i + 8 <= n {
-        s0 = _mm256_fmadd_ps(half8::<BF>(w.add(i)), _mm256_loadu_ps(x.add(i)), s0);
-        i += 8;
-    }
-    if i < n {
-        let (mut tw, mut tx) = ([0u16; 8], [0f32; 8]);
-        ptr::copy_nonoverlapping(w.add(i), tw.as_mut_ptr(), n - i);
-        ptr::copy_nonoverlapping(x.add(i), tx.as_mut_ptr(), n - i);
-        s1 = _mm256_fmadd_ps(half8::<BF>(tw.as_ptr()), _mm256_loadu_ps(tx.as_ptr()), s1);
-    }
-    hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)))
+    lanes::dot::<Avx2, HalfRow<BF>>(w, x, n)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
-    let va = _mm256_set1_ps(a);
-    let mut i = 0;
-    while i + 32 <= n {
-        for k in [0, 8, 16, 24] {
-            let v = _mm256_fmadd_ps(va, _mm256_loadu_ps(x.add(i + k)), _mm256_loadu_ps(y.add(i + k)));
-            _mm256_storeu_ps(y.add(i + k), v);
-        }
-        i += 32;
-    }
-    while i + 8 <= n {
-        let v = _mm256_fmadd_ps(va, _mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(y.add(i)));
-        _mm256_storeu_ps(y.add(i), v);
-        i += 8;
-    }
-    if i < n {
-        let (mut tx, mut ty) = ([0f32; 8], [0f32; 8]);
-        ptr::copy_nonoverlapping(x.add(i), tx.as_mut_ptr(), n - i);
-        ptr::copy_nonoverlapping(y.add(i), ty.as_mut_ptr(), n - i);
-        let v = _mm256_fmadd_ps(va, _mm256_loadu_ps(tx.as_ptr()), _mm256_loadu_ps(ty.as_ptr()));
-        _mm256_storeu_ps(ty.as_mut_ptr(), v);
-        ptr::copy_nonoverlapping(ty.as_ptr(), y.add(i), n - i);
-    }
+    lanes::axpy::<Avx2>(a, x, y, n)
 }
 
 // ---- block formats ------------------------------------------------------------
@@ -427,30 +347,7 @@ unsafe fn dot_q4_1_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
 /// ymm registers, and each weight load feeds two FMAs.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot4x4_impl(w: &[*const f32; 4], x: &[*const f32; 4], n: usize, out: &mut [[f32; 4]; 4]) {
-    for jp in [0, 2] {
-        let (xa, xb) = (x[jp], x[jp + 1]);
-        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-        let mut i = 0;
-        while i + 8 <= n {
-            let va = _mm256_loadu_ps(xa.add(i));
-            let vb = _mm256_loadu_ps(xb.add(i));
-            for r in 0..4 {
-                let wv = _mm256_loadu_ps(w[r].add(i));
-                acc[r][0] = _mm256_fmadd_ps(wv, va, acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(wv, vb, acc[r][1]);
-            }
-            i += 8;
-        }
-        for r in 0..4 {
-            for c in 0..2 {
-                let mut s = hsum(acc[r][c]);
-                for k in i..n {
-                    s += *w[r].add(k) * *x[jp + c].add(k);
-                }
-                out[r][jp + c] = s;
-            }
-        }
-    }
+    lanes::dot4x4::<Avx2, 2, false>(w, x, n, out)
 }
 
 // ---- dequantization -------------------------------------------------------------
@@ -612,47 +509,6 @@ fn hsum8(a: &[__m256; 8]) -> f32 {
     let s0 = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
     let s1 = _mm256_add_ps(_mm256_add_ps(a[4], a[5]), _mm256_add_ps(a[6], a[7]));
     hsum(_mm256_add_ps(s0, s1))
-}
-
-pub(super) fn dot_q5_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 22, x.len());
-    unsafe { dot_q5_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn dot_q5_1(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 24, x.len());
-    unsafe { dot_q5_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-/// Whole 256-element super-blocks of `bb` bytes covered by `w` and `x`.
-#[inline]
-pub(super) fn super_blocks(w_len: usize, bb: usize, x_len: usize) -> usize {
-    (w_len / bb).min(x_len / crate::quant::QK_K)
-}
-
-pub(super) fn dot_q2_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 84, x.len());
-    unsafe { dot_q2_k_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn dot_q3_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 110, x.len());
-    unsafe { dot_q3_k_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn dot_q4_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 144, x.len());
-    unsafe { dot_q45_k_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn dot_q5_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 176, x.len());
-    unsafe { dot_q45_k_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-pub(super) fn dot_q6_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 210, x.len());
-    unsafe { dot_q6_k_impl(w.as_ptr(), x.as_ptr(), nb) }
 }
 
 /// Q5_0 (`MIN` false: u·d − 16d) or Q5_1 (`MIN` true: u·d + m), one
@@ -885,22 +741,7 @@ unsafe fn gemm_tile_impl<const NT: usize>(
     out: &mut [[f32; GEMM_MR]; GEMM_NR],
 ) {
     // callers keep j0 + NT ≤ GEMM_NR, so every read stays in this k's tokens
-    let mut acc = [[_mm256_setzero_ps(); 2]; NT];
-    for k in 0..cols {
-        let wp = w.add(k * GEMM_MR);
-        let (w0, w1) = (_mm256_loadu_ps(wp), _mm256_loadu_ps(wp.add(8)));
-        let xp = x.add(k * GEMM_NR);
-        for (j, a) in acc.iter_mut().enumerate() {
-            let b = _mm256_broadcast_ss(&*xp.add(j));
-            a[0] = _mm256_fmadd_ps(w0, b, a[0]);
-            a[1] = _mm256_fmadd_ps(w1, b, a[1]);
-        }
-    }
-    for (j, a) in acc.iter().enumerate() {
-        let o = out[j0 + j].as_mut_ptr().add(half);
-        _mm256_storeu_ps(o, a[0]);
-        _mm256_storeu_ps(o.add(8), a[1]);
-    }
+    lanes::gemm_block::<Avx2, NT>(w, x, cols, half, j0, out)
 }
 
 // ---- dequantization: Q5 and K-quant formats ------------------------------------
@@ -1060,177 +901,46 @@ unsafe fn deq_q6_k_block(b: &[u8], o: *mut f32) {
 // every head of a block of up to four heads, so the row is never written
 // out as f32 (the decode-then-dot path wrote and re-read `d` floats a row).
 
-/// Storage kinds of the KV group kernels (const-generic selector).
-pub(super) const KV_F16: u8 = 0;
-pub(super) const KV_Q8: u8 = 1;
-pub(super) const KV_Q4: u8 = 2;
-
-/// Element `j` of a coded row as f32 (tails shorter than a vector).
-///
-/// # Safety
-/// `j` must lie in the row; `data`/`scales` must hold the whole row.
-#[inline]
-pub(super) unsafe fn kv_elem<const T: u8>(data: *const u8, scales: *const f32, j: usize) -> f32 {
-    unsafe {
-        match T {
-            KV_F16 => f16_to_f32(rd16(data.add(2 * j))),
-            KV_Q8 => (*data.add(j) as i8 as f32) * *scales.add(j / crate::kvquant::KV_GROUP),
-            _ => {
-                let b = *data.add(j / 2);
-                let c = if j & 1 == 0 { b & 0x0f } else { b >> 4 };
-                let g = j / crate::kvquant::KV_GROUP;
-                *scales.add(2 * g + 1) + *scales.add(2 * g) * c as f32
-            }
-        }
-    }
-}
+use super::lanes::{KvLanes, KV_F16, KV_Q8};
 
 /// Elements `i..i + 8` of a coded row as f32 (`i` a multiple of 8, so the
 /// eight share one scale group).
 ///
 /// # Safety
 /// `i + 8` must not exceed the row's length.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kv_load8<const T: u8>(data: *const u8, scales: *const f32, i: usize) -> __m256 {
-    let g = i / crate::kvquant::KV_GROUP;
-    unsafe {
-        match T {
-            KV_F16 => _mm256_cvtph_ps(_mm_loadu_si128(data.add(2 * i).cast())),
-            KV_Q8 => {
-                let c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(data.add(i).cast())));
-                _mm256_mul_ps(c, _mm256_set1_ps(*scales.add(g)))
-            }
-            _ => {
-                // 4 bytes = 8 nibbles; as u16 lanes b, (b & 15) | (b << 4 & 0xf00)
-                // puts low then high nibble into consecutive bytes (element order)
-                let b = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(ptr::read_unaligned(data.add(i / 2).cast::<i32>())));
-                let lo = _mm_and_si128(b, _mm_set1_epi16(0x0f));
-                let hi = _mm_and_si128(_mm_slli_epi16::<4>(b), _mm_set1_epi16(0x0f00));
-                let c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_or_si128(lo, hi)));
-                _mm256_fmadd_ps(c, _mm256_set1_ps(*scales.add(2 * g)), _mm256_set1_ps(*scales.add(2 * g + 1)))
-            }
-        }
-    }
-}
-
-/// `out[h] = q_h · row` for `N` heads (`q_h` at `q + h·d`).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kv_dot_impl<const T: u8, const N: usize>(
-    data: *const u8,
-    scales: *const f32,
-    q: *const f32,
-    d: usize,
-    out: *mut f32,
-) {
-    let mut acc = [_mm256_setzero_ps(); N];
-    let full = d / 8 * 8;
-    let mut i = 0;
-    // SAFETY: i + 8 ≤ full ≤ d; the caller guarantees N query rows of d.
-    unsafe {
-        while i < full {
-            let k = kv_load8::<T>(data, scales, i);
-            for (h, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(k, _mm256_loadu_ps(q.add(h * d + i)), *a);
-            }
-            i += 8;
-        }
-        for (h, a) in acc.iter().enumerate() {
-            let mut s = hsum(*a);
-            for j in full..d {
-                s += kv_elem::<T>(data, scales, j) * *q.add(h * d + j);
-            }
-            *out.add(h) = s;
-        }
-    }
-}
-
-/// `out_h += p[h] · row` for `N` heads (`out_h` at `out + h·d`).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kv_axpy_impl<const T: u8, const N: usize>(
-    data: *const u8,
-    scales: *const f32,
-    p: *const f32,
-    d: usize,
-    out: *mut f32,
-) {
-    // SAFETY: as in `kv_dot_impl`.
-    unsafe {
-        let mut pv = [_mm256_setzero_ps(); N];
-        for (h, v) in pv.iter_mut().enumerate() {
-            *v = _mm256_set1_ps(*p.add(h));
-        }
-        let full = d / 8 * 8;
-        let mut i = 0;
-        while i < full {
-            let v = kv_load8::<T>(data, scales, i);
-            for (h, &a) in pv.iter().enumerate() {
-                let o = out.add(h * d + i);
-                _mm256_storeu_ps(o, _mm256_fmadd_ps(a, v, _mm256_loadu_ps(o)));
-            }
-            i += 8;
-        }
-        for j in full..d {
-            let v = kv_elem::<T>(data, scales, j);
-            for h in 0..N {
-                *out.add(h * d + j) += *p.add(h) * v;
-            }
-        }
-    }
-}
-
-/// Group dot on a coded row: `out[h] = queries_h · row`, heads in blocks
-/// of up to four (`d = queries.len() / out.len()`).
-pub(super) fn kv_dot<const T: u8>(data: &[u8], scales: &[f32], queries: &[f32], out: &mut [f32]) {
-    let g = out.len();
-    let d = queries.len().checked_div(g).unwrap_or(0);
-    crate::kvquant::check_group_row(T, d, data.len(), scales.len());
-    let mut h = 0;
-    while h < g {
-        let n = (g - h).min(4);
-        let (s, q, o) = (scales.as_ptr(), queries[h * d..].as_ptr(), out[h..].as_mut_ptr());
-        // SAFETY: reachable only after AVX2/FMA/F16C detection; the row's
-        // sizes were checked for `d`; heads h..h + n exist in both slices.
+impl KvLanes for Avx2 {
+    #[inline(always)]
+    unsafe fn kv_load<const T: u8>(data: *const u8, scales: *const f32, i: usize) -> __m256 {
+        let g = i / crate::kvquant::KV_GROUP;
         unsafe {
-            match n {
-                1 => kv_dot_impl::<T, 1>(data.as_ptr(), s, q, d, o),
-                2 => kv_dot_impl::<T, 2>(data.as_ptr(), s, q, d, o),
-                3 => kv_dot_impl::<T, 3>(data.as_ptr(), s, q, d, o),
-                _ => kv_dot_impl::<T, 4>(data.as_ptr(), s, q, d, o),
+            match T {
+                KV_F16 => _mm256_cvtph_ps(_mm_loadu_si128(data.add(2 * i).cast())),
+                KV_Q8 => {
+                    let c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(data.add(i).cast())));
+                    _mm256_mul_ps(c, _mm256_set1_ps(*scales.add(g)))
+                }
+                _ => {
+                    // 4 bytes = 8 nibbles; as u16 lanes b, (b & 15) | (b << 4 & 0xf00)
+                    // puts low then high nibble into consecutive bytes (element order)
+                    let b = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(ptr::read_unaligned(data.add(i / 2).cast::<i32>())));
+                    let lo = _mm_and_si128(b, _mm_set1_epi16(0x0f));
+                    let hi = _mm_and_si128(_mm_slli_epi16::<4>(b), _mm_set1_epi16(0x0f00));
+                    let c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_or_si128(lo, hi)));
+                    _mm256_fmadd_ps(c, _mm256_set1_ps(*scales.add(2 * g)), _mm256_set1_ps(*scales.add(2 * g + 1)))
+                }
             }
         }
-        h += n;
     }
 }
 
-/// Group axpy on a coded row: `outs_h += probs[h] · row`.
-pub(super) fn kv_axpy<const T: u8>(data: &[u8], scales: &[f32], probs: &[f32], outs: &mut [f32]) {
-    let g = probs.len();
-    let d = outs.len().checked_div(g).unwrap_or(0);
-    crate::kvquant::check_group_row(T, d, data.len(), scales.len());
-    let mut h = 0;
-    while h < g {
-        let n = (g - h).min(4);
-        let (s, p, o) = (scales.as_ptr(), probs[h..].as_ptr(), outs[h * d..].as_mut_ptr());
-        // SAFETY: as in `kv_dot`.
-        unsafe {
-            match n {
-                1 => kv_axpy_impl::<T, 1>(data.as_ptr(), s, p, d, o),
-                2 => kv_axpy_impl::<T, 2>(data.as_ptr(), s, p, d, o),
-                3 => kv_axpy_impl::<T, 3>(data.as_ptr(), s, p, d, o),
-                _ => kv_axpy_impl::<T, 4>(data.as_ptr(), s, p, d, o),
-            }
-        }
-        h += n;
-    }
-}
+lanes::kv_isa!(Avx2, "avx2,fma,f16c");
 
 /// The AVX2 KV group kernels, when the CPU has AVX2, FMA and F16C.
 pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::KvGroupKernels> {
     kernels().map(|_| crate::kvquant::KvGroupKernels {
-        isa: "avx2",
-        dot: [kv_dot::<KV_F16>, kv_dot::<KV_Q8>, kv_dot::<KV_Q4>],
-        axpy: [kv_axpy::<KV_F16>, kv_axpy::<KV_Q8>, kv_axpy::<KV_Q4>],
+        isa: crate::dot::Isa::Avx2,
+        dot: lanes::kv_group_fns::<Avx2>().0,
+        axpy: lanes::kv_group_fns::<Avx2>().1,
         dot_run: None,
         axpy_run: None,
     })

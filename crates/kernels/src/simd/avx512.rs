@@ -17,7 +17,7 @@
 
 use crate::dot::{DotKernels, GEMM_MR, GEMM_NR};
 use crate::simd::avx2;
-use crate::simd::whole_blocks;
+use crate::simd::lanes::{self, F32Row, HalfLanes, HalfRow};
 use std::arch::x86_64::*;
 use std::ptr;
 
@@ -36,7 +36,7 @@ pub(crate) fn kernels() -> Option<DotKernels> {
 
 /// Only reachable through [`kernels`], i.e. after feature detection.
 const KERNELS: DotKernels = DotKernels {
-    isa: "avx512",
+    isa: crate::dot::Isa::Avx512,
     f32: dot_f32,
     f16: dot_f16,
     // measured slower than the 256-bit kernel on Zen 4 (extra widening work)
@@ -58,48 +58,16 @@ const KERNELS: DotKernels = DotKernels {
     dequantize: avx2::dequantize,
 };
 
-// SAFETY (all wrappers below): only reachable through `kernels()`, which
-// checks every feature the implementations enable; lengths passed never
-// exceed either slice.
-
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    unsafe { dot_f32_impl(a.as_ptr(), b.as_ptr(), n) }
-}
-
-fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    unsafe { dot_f16_impl(w.as_ptr(), x.as_ptr(), n) }
-}
-
-fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 34, x.len());
-    unsafe { dot_q8_0_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 18, x.len());
-    unsafe { dot_q4_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q4_1(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 20, x.len());
-    unsafe { dot_q4_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q4_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = avx2::super_blocks(w.len(), 144, x.len());
-    unsafe { dot_q4_k_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    let n = x.len().min(y.len());
-    unsafe { axpy_impl(a, x.as_ptr(), y.as_mut_ptr(), n) }
-}
-
-fn dot4x4(w: &[&[f32]; 4], x: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
-    let n = avx2::tile_len(w, x);
-    unsafe { dot4x4_impl(&w.map(|s| s.as_ptr()), &x.map(|s| s.as_ptr()), n, out) }
+// Safe wrappers, installed only after detection (see `safe_kernels`).
+crate::simd::safe_kernels! {
+    dot_f32: elems(f32) => dot_f32_impl;
+    dot_f16: elems(u16) => dot_f16_impl;
+    dot_q8_0: blocks(34) => dot_q8_0_impl;
+    dot_q4_0: blocks(18) => dot_q4_impl::<false>;
+    dot_q4_1: blocks(20) => dot_q4_impl::<true>;
+    dot_q4_k: super_blocks(144) => dot_q4_k_impl;
+    axpy: axpy => axpy_impl;
+    dot4x4: tile => dot4x4_impl;
 }
 
 // ---- helpers --------------------------------------------------------------
@@ -128,91 +96,56 @@ unsafe fn scale1(p: *const u8) -> __m512 {
 
 // ---- float rows -------------------------------------------------------------
 
+/// The 16-lane AVX-512 vector of [`F32Lanes`]; tails use masked loads.
+#[derive(Clone, Copy)]
+pub(crate) struct Avx512;
+
+lanes::f32_lanes!(Avx512, __m512, 16, splat: _mm512_set1_ps, load: _mm512_loadu_ps, store: _mm512_storeu_ps,
+    fma: |a, b, c| _mm512_fmadd_ps(a, b, c), add: _mm512_add_ps, reduce: _mm512_reduce_add_ps,
+    #[inline(always)]
+    unsafe fn load_part(p: *const f32, n: usize) -> __m512 {
+        _mm512_maskz_loadu_ps(tail_mask(n), p)
+    },
+    #[inline(always)]
+    unsafe fn store_part(p: *mut f32, n: usize, v: __m512) {
+        _mm512_mask_storeu_ps(p, tail_mask(n), v)
+    }
+);
+
+impl HalfLanes for Avx512 {
+    #[inline(always)]
+    unsafe fn half<const BF: bool>(p: *const u16) -> __m512 {
+        half16::<BF>(_mm256_loadu_si256(p as *const __m256i))
+    }
+    #[inline(always)]
+    unsafe fn half_part<const BF: bool>(p: *const u16, n: usize) -> __m512 {
+        half16::<BF>(_mm256_maskz_loadu_epi16(tail_mask(n), p as *const i16))
+    }
+}
+
+/// 16 f16 (`BF` false) or bf16 (`BF` true) values as f32.
+#[inline(always)]
+unsafe fn half16<const BF: bool>(v: __m256i) -> __m512 {
+    if BF {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
+    } else {
+        _mm512_cvtph_ps(v)
+    }
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
-    let mut s0 = _mm512_setzero_ps();
-    let mut s1 = _mm512_setzero_ps();
-    let mut s2 = _mm512_setzero_ps();
-    let mut s3 = _mm512_setzero_ps();
-    let mut i = 0;
-    while i + 64 <= n {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i + 16)), _mm512_loadu_ps(b.add(i + 16)), s1);
-        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i + 32)), _mm512_loadu_ps(b.add(i + 32)), s2);
-        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i + 48)), _mm512_loadu_ps(b.add(i + 48)), s3);
-        i += 64;
-    }
-    while i + 16 <= n {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)), s0);
-        i += 16;
-    }
-    if i < n {
-        let k = tail_mask(n - i);
-        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a.add(i)), _mm512_maskz_loadu_ps(k, b.add(i)), s1);
-    }
-    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)))
-}
-
-/// 16 f16 from a 256-bit integer vector as f32.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn f16x16(v: __m256i) -> __m512 {
-    _mm512_cvtph_ps(v)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn ld16(p: *const u16) -> __m256i {
-    _mm256_loadu_si256(p as *const __m256i)
+    lanes::dot::<Avx512, F32Row>(a, b, n)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn dot_f16_impl(w: *const u16, x: *const f32, n: usize) -> f32 {
-    let mut s0 = _mm512_setzero_ps();
-    let mut s1 = _mm512_setzero_ps();
-    let mut s2 = _mm512_setzero_ps();
-    let mut s3 = _mm512_setzero_ps();
-    let mut i = 0;
-    while i + 64 <= n {
-        s0 = _mm512_fmadd_ps(f16x16(ld16(w.add(i))), _mm512_loadu_ps(x.add(i)), s0);
-        s1 = _mm512_fmadd_ps(f16x16(ld16(w.add(i + 16))), _mm512_loadu_ps(x.add(i + 16)), s1);
-        s2 = _mm512_fmadd_ps(f16x16(ld16(w.add(i + 32))), _mm512_loadu_ps(x.add(i + 32)), s2);
-        s3 = _mm512_fmadd_ps(f16x16(ld16(w.add(i + 48))), _mm512_loadu_ps(x.add(i + 48)), s3);
-        i += 64;
-    }
-    while i + 16 <= n {
-        s0 = _mm512_fmadd_ps(f16x16(ld16(w.add(i))), _mm512_loadu_ps(x.add(i)), s0);
-        i += 16;
-    }
-    if i < n {
-        let k = tail_mask(n - i);
-        let wv = _mm256_maskz_loadu_epi16(k, w.add(i) as *const i16);
-        s1 = _mm512_fmadd_ps(f16x16(wv), _mm512_maskz_loadu_ps(k, x.add(i)), s1);
-    }
-    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)))
+    lanes::dot::<Avx512, HalfRow<false>>(w, x, n)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
-    let va = _mm512_set1_ps(a);
-    let mut i = 0;
-    while i + 64 <= n {
-        for k in [0, 16, 32, 48] {
-            let v = _mm512_fmadd_ps(va, _mm512_loadu_ps(x.add(i + k)), _mm512_loadu_ps(y.add(i + k)));
-            _mm512_storeu_ps(y.add(i + k), v);
-        }
-        i += 64;
-    }
-    while i + 16 <= n {
-        let v = _mm512_fmadd_ps(va, _mm512_loadu_ps(x.add(i)), _mm512_loadu_ps(y.add(i)));
-        _mm512_storeu_ps(y.add(i), v);
-        i += 16;
-    }
-    if i < n {
-        let k = tail_mask(n - i);
-        let v = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(k, x.add(i)), _mm512_maskz_loadu_ps(k, y.add(i)));
-        _mm512_mask_storeu_ps(y.add(i), k, v);
-    }
+    lanes::axpy::<Avx512>(a, x, y, n)
 }
 
 // ---- block formats ------------------------------------------------------------
@@ -363,29 +296,7 @@ unsafe fn dot_q4_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
 /// each load feeds four FMAs.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn dot4x4_impl(w: &[*const f32; 4], x: &[*const f32; 4], n: usize, out: &mut [[f32; 4]; 4]) {
-    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-    let mut i = 0;
-    while i < n {
-        let k = if i + 16 <= n { 0xffff } else { tail_mask(n - i) };
-        let xv = [
-            _mm512_maskz_loadu_ps(k, x[0].add(i)),
-            _mm512_maskz_loadu_ps(k, x[1].add(i)),
-            _mm512_maskz_loadu_ps(k, x[2].add(i)),
-            _mm512_maskz_loadu_ps(k, x[3].add(i)),
-        ];
-        for r in 0..4 {
-            let wv = _mm512_maskz_loadu_ps(k, w[r].add(i));
-            for c in 0..4 {
-                acc[r][c] = _mm512_fmadd_ps(wv, xv[c], acc[r][c]);
-            }
-        }
-        i += 16;
-    }
-    for r in 0..4 {
-        for c in 0..4 {
-            out[r][c] = _mm512_reduce_add_ps(acc[r][c]);
-        }
-    }
+    lanes::dot4x4::<Avx512, 4, true>(w, x, n, out)
 }
 
 // ---- packed-panel GEMM micro-kernel -------------------------------------------
@@ -417,21 +328,7 @@ unsafe fn gemm_tile_impl<const NT: usize>(
     cols: usize,
     out: &mut [[f32; GEMM_MR]; GEMM_NR],
 ) {
-    let mut acc = [[_mm512_setzero_ps(); 2]; NT];
-    for k in 0..cols {
-        let wp = w.add(k * GEMM_MR);
-        let (w0, w1) = (_mm512_loadu_ps(wp), _mm512_loadu_ps(wp.add(16)));
-        let xp = x.add(k * GEMM_NR);
-        for (j, a) in acc.iter_mut().enumerate() {
-            let b = _mm512_set1_ps(*xp.add(j));
-            a[0] = _mm512_fmadd_ps(w0, b, a[0]);
-            a[1] = _mm512_fmadd_ps(w1, b, a[1]);
-        }
-    }
-    for (o, a) in out.iter_mut().zip(&acc) {
-        _mm512_storeu_ps(o.as_mut_ptr(), a[0]);
-        _mm512_storeu_ps(o.as_mut_ptr().add(16), a[1]);
-    }
+    lanes::gemm_block::<Avx512, NT>(w, x, cols, 0, 0, out)
 }
 
 // ---- KV cache rows: group dot / axpy on coded rows -----------------------
@@ -440,150 +337,44 @@ unsafe fn gemm_tile_impl<const NT: usize>(
 // group of 32 is two vectors; tails (`d % 16`) use the scalar element
 // decode. For f16 rows one `vcvtph2ps` converts 16 elements.
 
-use crate::simd::avx2::{kv_elem, KV_F16, KV_Q4, KV_Q8};
+use crate::simd::lanes::{kv_elem, KvLanes, KV_F16, KV_Q4, KV_Q8};
 
 /// Elements `i..i + 16` of a coded row as f32 (`i` a multiple of 16).
 ///
 /// # Safety
 /// `i + 16` must not exceed the row's length.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn kv_load16<const T: u8>(data: *const u8, scales: *const f32, i: usize) -> __m512 {
-    let g = i / crate::kvquant::KV_GROUP;
-    unsafe {
-        match T {
-            KV_F16 => _mm512_cvtph_ps(_mm256_loadu_si256(data.add(2 * i).cast())),
-            KV_Q8 => {
-                let c = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(data.add(i).cast())));
-                _mm512_mul_ps(c, _mm512_set1_ps(*scales.add(g)))
-            }
-            _ => {
-                // 8 bytes = 16 nibbles, spread to bytes in element order
-                let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(data.add(i / 2).cast()));
-                let lo = _mm_and_si128(b, _mm_set1_epi16(0x0f));
-                let hi = _mm_and_si128(_mm_slli_epi16::<4>(b), _mm_set1_epi16(0x0f00));
-                let c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_or_si128(lo, hi)));
-                _mm512_fmadd_ps(c, _mm512_set1_ps(*scales.add(2 * g)), _mm512_set1_ps(*scales.add(2 * g + 1)))
-            }
-        }
-    }
-}
-
-/// `out[h] = q_h · row` for `N` heads (`q_h` at `q + h·d`).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn kv_dot_impl<const T: u8, const N: usize>(
-    data: *const u8,
-    scales: *const f32,
-    q: *const f32,
-    d: usize,
-    out: *mut f32,
-) {
-    let mut acc = [_mm512_setzero_ps(); N];
-    let full = d / 16 * 16;
-    let mut i = 0;
-    // SAFETY: i + 16 ≤ full ≤ d; the caller guarantees N query rows of d.
-    unsafe {
-        while i < full {
-            let k = kv_load16::<T>(data, scales, i);
-            for (h, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(k, _mm512_loadu_ps(q.add(h * d + i)), *a);
-            }
-            i += 16;
-        }
-        for (h, a) in acc.iter().enumerate() {
-            let mut s = _mm512_reduce_add_ps(*a);
-            for j in full..d {
-                s += kv_elem::<T>(data, scales, j) * *q.add(h * d + j);
-            }
-            *out.add(h) = s;
-        }
-    }
-}
-
-/// `out_h += p[h] · row` for `N` heads (`out_h` at `out + h·d`).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn kv_axpy_impl<const T: u8, const N: usize>(
-    data: *const u8,
-    scales: *const f32,
-    p: *const f32,
-    d: usize,
-    out: *mut f32,
-) {
-    // SAFETY: as in `kv_dot_impl`.
-    unsafe {
-        let mut pv = [_mm512_setzero_ps(); N];
-        for (h, v) in pv.iter_mut().enumerate() {
-            *v = _mm512_set1_ps(*p.add(h));
-        }
-        let full = d / 16 * 16;
-        let mut i = 0;
-        while i < full {
-            let v = kv_load16::<T>(data, scales, i);
-            for (h, &a) in pv.iter().enumerate() {
-                let o = out.add(h * d + i);
-                _mm512_storeu_ps(o, _mm512_fmadd_ps(a, v, _mm512_loadu_ps(o)));
-            }
-            i += 16;
-        }
-        for j in full..d {
-            let v = kv_elem::<T>(data, scales, j);
-            for h in 0..N {
-                *out.add(h * d + j) += *p.add(h) * v;
-            }
-        }
-    }
-}
-
-/// Group dot on a coded row (see `avx2::kv_dot`).
-fn kv_dot<const T: u8>(data: &[u8], scales: &[f32], queries: &[f32], out: &mut [f32]) {
-    let g = out.len();
-    let d = queries.len().checked_div(g).unwrap_or(0);
-    crate::kvquant::check_group_row(T, d, data.len(), scales.len());
-    let mut h = 0;
-    while h < g {
-        let n = (g - h).min(4);
-        let (s, q, o) = (scales.as_ptr(), queries[h * d..].as_ptr(), out[h..].as_mut_ptr());
-        // SAFETY: reachable only after AVX-512 detection; sizes checked above.
+impl KvLanes for Avx512 {
+    #[inline(always)]
+    unsafe fn kv_load<const T: u8>(data: *const u8, scales: *const f32, i: usize) -> __m512 {
+        let g = i / crate::kvquant::KV_GROUP;
         unsafe {
-            match n {
-                1 => kv_dot_impl::<T, 1>(data.as_ptr(), s, q, d, o),
-                2 => kv_dot_impl::<T, 2>(data.as_ptr(), s, q, d, o),
-                3 => kv_dot_impl::<T, 3>(data.as_ptr(), s, q, d, o),
-                _ => kv_dot_impl::<T, 4>(data.as_ptr(), s, q, d, o),
+            match T {
+                KV_F16 => _mm512_cvtph_ps(_mm256_loadu_si256(data.add(2 * i).cast())),
+                KV_Q8 => {
+                    let c = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(data.add(i).cast())));
+                    _mm512_mul_ps(c, _mm512_set1_ps(*scales.add(g)))
+                }
+                _ => {
+                    // 8 bytes = 16 nibbles, spread to bytes in element order
+                    let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(data.add(i / 2).cast()));
+                    let lo = _mm_and_si128(b, _mm_set1_epi16(0x0f));
+                    let hi = _mm_and_si128(_mm_slli_epi16::<4>(b), _mm_set1_epi16(0x0f00));
+                    let c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_or_si128(lo, hi)));
+                    _mm512_fmadd_ps(c, _mm512_set1_ps(*scales.add(2 * g)), _mm512_set1_ps(*scales.add(2 * g + 1)))
+                }
             }
         }
-        h += n;
     }
 }
 
-/// Group axpy on a coded row (see `avx2::kv_axpy`).
-fn kv_axpy<const T: u8>(data: &[u8], scales: &[f32], probs: &[f32], outs: &mut [f32]) {
-    let g = probs.len();
-    let d = outs.len().checked_div(g).unwrap_or(0);
-    crate::kvquant::check_group_row(T, d, data.len(), scales.len());
-    let mut h = 0;
-    while h < g {
-        let n = (g - h).min(4);
-        let (s, p, o) = (scales.as_ptr(), probs[h..].as_ptr(), outs[h * d..].as_mut_ptr());
-        // SAFETY: as in `kv_dot`.
-        unsafe {
-            match n {
-                1 => kv_axpy_impl::<T, 1>(data.as_ptr(), s, p, d, o),
-                2 => kv_axpy_impl::<T, 2>(data.as_ptr(), s, p, d, o),
-                3 => kv_axpy_impl::<T, 3>(data.as_ptr(), s, p, d, o),
-                _ => kv_axpy_impl::<T, 4>(data.as_ptr(), s, p, d, o),
-            }
-        }
-        h += n;
-    }
-}
+lanes::kv_isa!(Avx512, "avx512f,avx512bw,avx512vl,avx2,fma,f16c");
 
 /// The AVX-512 KV group kernels, when the CPU has every feature they use.
 pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::KvGroupKernels> {
     kernels().map(|_| crate::kvquant::KvGroupKernels {
-        isa: "avx512",
-        dot: [kv_dot::<KV_F16>, kv_dot::<KV_Q8>, kv_dot::<KV_Q4>],
-        axpy: [kv_axpy::<KV_F16>, kv_axpy::<KV_Q8>, kv_axpy::<KV_Q4>],
+        isa: crate::dot::Isa::Avx512,
+        dot: lanes::kv_group_fns::<Avx512>().0,
+        axpy: lanes::kv_group_fns::<Avx512>().1,
         dot_run: Some([kv_dot_run::<KV_F16>, kv_dot_run::<KV_Q8>, kv_dot_run::<KV_Q4>]),
         axpy_run: Some([kv_axpy_run::<KV_F16>, kv_axpy_run::<KV_Q8>, kv_axpy_run::<KV_Q4>]),
     })
@@ -641,7 +432,7 @@ unsafe fn kv_dot_run_impl<const T: u8, const N: usize>(
             let mut acc = [_mm512_setzero_ps(); N];
             let mut i = 0;
             while i < full {
-                let k = kv_load16::<T>(rd, rs, i);
+                let k = <Avx512 as KvLanes>::kv_load::<T>(rd, rs, i);
                 for (h, a) in acc.iter_mut().enumerate() {
                     *a = _mm512_fmadd_ps(k, _mm512_loadu_ps(q.add(h * d + i)), *a);
                 }
@@ -685,7 +476,7 @@ unsafe fn kv_axpy_run_impl<const T: u8, const N: usize>(
         while i < full {
             let mut acc: [__m512; N] = std::array::from_fn(|h| _mm512_loadu_ps(out.add(h * d + i)));
             for j in 0..n {
-                let v = kv_load16::<T>(data.add(j * stride), scales.add(j * spr), i);
+                let v = <Avx512 as KvLanes>::kv_load::<T>(data.add(j * stride), scales.add(j * spr), i);
                 for (h, a) in acc.iter_mut().enumerate() {
                     *a = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(j * g + h)), v, *a);
                 }

@@ -13,6 +13,7 @@ use super::neon_mock::*;
 use crate::dot::DotKernels;
 use crate::dtype::DType;
 use crate::f16::{bf16_to_f32, f16_to_f32};
+use crate::simd::lanes::{self, F32Row};
 use crate::simd::whole_blocks;
 #[cfg(target_arch = "aarch64")]
 use std::arch::aarch64::*;
@@ -30,7 +31,7 @@ pub(crate) fn kernels() -> Option<DotKernels> {
 
 /// Only reachable through [`kernels`], i.e. after feature detection.
 const KERNELS: DotKernels = DotKernels {
-    isa: "neon",
+    isa: crate::dot::Isa::Neon,
     f32: dot_f32,
     f16: dot_f16,
     bf16: dot_bf16,
@@ -51,88 +52,23 @@ const KERNELS: DotKernels = DotKernels {
     dequantize,
 };
 
-// SAFETY (all wrappers below): only reachable through `kernels()`, which
-// checks NEON; lengths passed never exceed either slice.
-
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    unsafe { dot_f32_impl(a.as_ptr(), b.as_ptr(), n) }
-}
-
-fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    unsafe { dot_half_impl::<false>(w.as_ptr(), x.as_ptr(), n) }
-}
-
-fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    unsafe { dot_half_impl::<true>(w.as_ptr(), x.as_ptr(), n) }
-}
-
-fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 34, x.len());
-    unsafe { dot_q8_0_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 18, x.len());
-    unsafe { dot_q4_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q4_1(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 20, x.len());
-    unsafe { dot_q4_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q5_0(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 22, x.len());
-    unsafe { dot_q5_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q5_1(w: &[u8], x: &[f32]) -> f32 {
-    let nb = whole_blocks(w.len(), 24, x.len());
-    unsafe { dot_q5_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-/// Whole 256-element super-blocks of `bb` bytes covered by `w` and `x`.
-#[inline]
-fn super_blocks(w_len: usize, bb: usize, x_len: usize) -> usize {
-    (w_len / bb).min(x_len / crate::quant::QK_K)
-}
-
-fn dot_q2_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 84, x.len());
-    unsafe { dot_q2_k_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q3_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 110, x.len());
-    unsafe { dot_q3_k_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q4_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 144, x.len());
-    unsafe { dot_q45_k_impl::<false>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q5_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 176, x.len());
-    unsafe { dot_q45_k_impl::<true>(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn dot_q6_k(w: &[u8], x: &[f32]) -> f32 {
-    let nb = super_blocks(w.len(), 210, x.len());
-    unsafe { dot_q6_k_impl(w.as_ptr(), x.as_ptr(), nb) }
-}
-
-fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    let n = x.len().min(y.len());
-    unsafe { axpy_impl(a, x.as_ptr(), y.as_mut_ptr(), n) }
-}
-
-fn dot4x4(w: &[&[f32]; 4], x: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
-    let n = w.iter().chain(x).map(|s| s.len()).min().unwrap_or(0);
-    unsafe { dot4x4_impl(&w.map(|s| s.as_ptr()), &x.map(|s| s.as_ptr()), n, out) }
+// Safe wrappers, installed only after detection (see `safe_kernels`).
+crate::simd::safe_kernels! {
+    dot_f32: elems(f32) => dot_f32_impl;
+    dot_f16: elems(u16) => dot_half_impl::<false>;
+    dot_bf16: elems(u16) => dot_half_impl::<true>;
+    dot_q8_0: blocks(34) => dot_q8_0_impl;
+    dot_q4_0: blocks(18) => dot_q4_impl::<false>;
+    dot_q4_1: blocks(20) => dot_q4_impl::<true>;
+    dot_q5_0: blocks(22) => dot_q5_impl::<false>;
+    dot_q5_1: blocks(24) => dot_q5_impl::<true>;
+    dot_q2_k: super_blocks(84) => dot_q2_k_impl;
+    dot_q3_k: super_blocks(110) => dot_q3_k_impl;
+    dot_q4_k: super_blocks(144) => dot_q45_k_impl::<false>;
+    dot_q5_k: super_blocks(176) => dot_q45_k_impl::<true>;
+    dot_q6_k: super_blocks(210) => dot_q6_k_impl;
+    axpy: axpy => axpy_impl;
+    dot4x4: tile => dot4x4_impl;
 }
 
 fn dequantize(dt: DType, src: &[u8], out: &mut [f32]) {
@@ -200,31 +136,17 @@ unsafe fn half8<const BF: bool>(p: *const u16) -> (float32x4_t, float32x4_t) {
 
 // ---- float rows -------------------------------------------------------------
 
+/// The 4-lane NEON vector of [`F32Lanes`] (on other architectures, the
+/// scalar stand-ins of `neon_mock`).
+#[derive(Clone, Copy)]
+pub(crate) struct Neon;
+
+lanes::f32_lanes!(Neon, float32x4_t, 4, splat: vdupq_n_f32, load: vld1q_f32, store: vst1q_f32,
+    fma: |a, b, c| vfmaq_f32(c, a, b), add: vaddq_f32, reduce: vaddvq_f32);
+
 #[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
-    let mut s0 = vdupq_n_f32(0.0);
-    let mut s1 = vdupq_n_f32(0.0);
-    let mut s2 = vdupq_n_f32(0.0);
-    let mut s3 = vdupq_n_f32(0.0);
-    let mut i = 0;
-    while i + 16 <= n {
-        s0 = vfmaq_f32(s0, vld1q_f32(a.add(i)), vld1q_f32(b.add(i)));
-        s1 = vfmaq_f32(s1, vld1q_f32(a.add(i + 4)), vld1q_f32(b.add(i + 4)));
-        s2 = vfmaq_f32(s2, vld1q_f32(a.add(i + 8)), vld1q_f32(b.add(i + 8)));
-        s3 = vfmaq_f32(s3, vld1q_f32(a.add(i + 12)), vld1q_f32(b.add(i + 12)));
-        i += 16;
-    }
-    while i + 4 <= n {
-        s0 = vfmaq_f32(s0, vld1q_f32(a.add(i)), vld1q_f32(b.add(i)));
-        i += 4;
-    }
-    if i < n {
-        let (mut ta, mut tb) = ([0f32; 4], [0f32; 4]);
-        ptr::copy_nonoverlapping(a.add(i), ta.as_mut_ptr(), n - i);
-        ptr::copy_nonoverlapping(b.add(i), tb.as_mut_ptr(), n - i);
-        s1 = vfmaq_f32(s1, vld1q_f32(ta.as_ptr()), vld1q_f32(tb.as_ptr()));
-    }
-    vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)))
+    lanes::dot::<Neon, F32Row>(a, b, n)
 }
 
 #[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
@@ -261,20 +183,7 @@ unsafe fn dot_half_impl<const BF: bool>(w: *const u16, x: *const f32, n: usize) 
 
 #[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
-    let va = vdupq_n_f32(a);
-    let mut i = 0;
-    while i + 4 <= n {
-        vst1q_f32(y.add(i), vfmaq_f32(vld1q_f32(y.add(i)), va, vld1q_f32(x.add(i))));
-        i += 4;
-    }
-    if i < n {
-        let (mut tx, mut ty) = ([0f32; 4], [0f32; 4]);
-        ptr::copy_nonoverlapping(x.add(i), tx.as_mut_ptr(), n - i);
-        ptr::copy_nonoverlapping(y.add(i), ty.as_mut_ptr(), n - i);
-        let v = vfmaq_f32(vld1q_f32(ty.as_ptr()), va, vld1q_f32(tx.as_ptr()));
-        vst1q_f32(ty.as_mut_ptr(), v);
-        ptr::copy_nonoverlapping(ty.as_ptr(), y.add(i), n - i);
-    }
+    lanes::axpy::<Neon>(a, x, y, n)
 }
 
 // ---- block formats ------------------------------------------------------------
@@ -697,27 +606,7 @@ unsafe fn dot_q6_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
 /// vector registers; each load feeds four FMAs.
 #[cfg_attr(target_arch = "aarch64", target_feature(enable = "neon"))]
 unsafe fn dot4x4_impl(w: &[*const f32; 4], x: &[*const f32; 4], n: usize, out: &mut [[f32; 4]; 4]) {
-    let mut acc = [[vdupq_n_f32(0.0); 4]; 4];
-    let mut i = 0;
-    while i + 4 <= n {
-        let xv = [vld1q_f32(x[0].add(i)), vld1q_f32(x[1].add(i)), vld1q_f32(x[2].add(i)), vld1q_f32(x[3].add(i))];
-        for r in 0..4 {
-            let wv = vld1q_f32(w[r].add(i));
-            for c in 0..4 {
-                acc[r][c] = vfmaq_f32(acc[r][c], wv, xv[c]);
-            }
-        }
-        i += 4;
-    }
-    for r in 0..4 {
-        for c in 0..4 {
-            let mut s = vaddvq_f32(acc[r][c]);
-            for k in i..n {
-                s += *w[r].add(k) * *x[c].add(k);
-            }
-            out[r][c] = s;
-        }
-    }
+    lanes::dot4x4::<Neon, 4, false>(w, x, n, out)
 }
 
 // ---- dequantization -------------------------------------------------------------

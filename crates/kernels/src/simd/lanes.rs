@@ -1,0 +1,432 @@
+//! One lane abstraction for the f32 SIMD loops, the way ggml's
+//! `GGML_F32_VEC_*` macros serve every ISA: [`F32Lanes`] is a vector of
+//! `N` f32 lanes (AVX2 8, AVX-512 16, NEON 4), and each loop below is
+//! written once as an `#[inline(always)]` generic function. The ISA
+//! modules instantiate them inside their `#[target_feature]` entry points,
+//! so the generic code (and the intrinsics it calls) is compiled with that
+//! entry point's features.
+//!
+//! The loops keep the exact order of floating-point operations of the
+//! per-ISA kernels they replace (accumulator count, reduction order, FMA
+//! where there was FMA), so results are bit-identical: a tail of `n < N`
+//! elements is loaded zero-padded (AVX-512 with a masked load, the others
+//! through a stack copy), which gives the same lanes either way.
+
+// The KV, half-precision and GEMM parts have only x86 users so far.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+
+/// `N` f32 lanes. Every method is `unsafe`: the caller must run on a CPU
+/// with the ISA's features (the `kernels()` detection) and pass pointers
+/// valid for the lanes read or written.
+pub(crate) trait F32Lanes {
+    type V: Copy;
+    const N: usize;
+    unsafe fn splat(x: f32) -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+    /// `a·b + c`, fused.
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    /// Sum of the lanes, in the ISA's usual order.
+    unsafe fn reduce(v: Self::V) -> f32;
+
+    #[inline(always)]
+    unsafe fn zero() -> Self::V {
+        Self::splat(0.0)
+    }
+    /// The first `n < N` lanes from `p`, the others zero (a zero-padded
+    /// stack copy unless the ISA has masked loads).
+    #[inline(always)]
+    unsafe fn load_part(p: *const f32, n: usize) -> Self::V {
+        let mut t = [0f32; MAX_N];
+        std::ptr::copy_nonoverlapping(p, t.as_mut_ptr(), n);
+        Self::load(t.as_ptr())
+    }
+    /// Stores the first `n < N` lanes of `v` to `p`.
+    #[inline(always)]
+    unsafe fn store_part(p: *mut f32, n: usize, v: Self::V) {
+        let mut t = [0f32; MAX_N];
+        Self::store(t.as_mut_ptr(), v);
+        std::ptr::copy_nonoverlapping(t.as_ptr(), p, n);
+    }
+}
+
+/// The widest vector's lane count (stack buffers for tails).
+const MAX_N: usize = 16;
+
+/// Implements [`F32Lanes`] for `$isa` from the ISA's intrinsics, the way
+/// ggml maps `GGML_F32_VEC_*` to each instruction set.
+macro_rules! f32_lanes {
+    ($isa:ty, $v:ty, $n:expr, splat: $splat:path, load: $load:path, store: $store:path,
+     fma: |$a:ident, $b:ident, $c:ident| $fma:expr, add: $add:path, reduce: $reduce:path $(, $extra:item)* $(,)?) => {
+        impl $crate::simd::lanes::F32Lanes for $isa {
+            type V = $v;
+            const N: usize = $n;
+            #[inline(always)]
+            unsafe fn splat(x: f32) -> $v {
+                $splat(x)
+            }
+            #[inline(always)]
+            unsafe fn load(p: *const f32) -> $v {
+                $load(p)
+            }
+            #[inline(always)]
+            unsafe fn store(p: *mut f32, v: $v) {
+                $store(p, v)
+            }
+            #[inline(always)]
+            unsafe fn fma($a: $v, $b: $v, $c: $v) -> $v {
+                $fma
+            }
+            #[inline(always)]
+            unsafe fn add(a: $v, b: $v) -> $v {
+                $add(a, b)
+            }
+            #[inline(always)]
+            unsafe fn reduce(v: $v) -> f32 {
+                $reduce(v)
+            }
+            $($extra)*
+        }
+    };
+}
+pub(crate) use f32_lanes;
+
+/// f16 (`BF` false) or bf16 (`BF` true) weights widened to `N` f32 lanes.
+pub(crate) trait HalfLanes: F32Lanes {
+    unsafe fn half<const BF: bool>(p: *const u16) -> Self::V;
+    /// The first `n < N` values at `p` widened, the other lanes zero.
+    #[inline(always)]
+    unsafe fn half_part<const BF: bool>(p: *const u16, n: usize) -> Self::V {
+        let mut t = [0u16; MAX_N];
+        std::ptr::copy_nonoverlapping(p, t.as_mut_ptr(), n);
+        Self::half::<BF>(t.as_ptr())
+    }
+}
+
+/// A row of weights read `N` at a time as f32 lanes.
+pub(crate) trait Row<L: F32Lanes> {
+    type E;
+    unsafe fn load(p: *const Self::E) -> L::V;
+    unsafe fn load_part(p: *const Self::E, n: usize) -> L::V;
+}
+
+/// f32 weights.
+pub(crate) struct F32Row;
+
+impl<L: F32Lanes> Row<L> for F32Row {
+    type E = f32;
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> L::V {
+        L::load(p)
+    }
+    #[inline(always)]
+    unsafe fn load_part(p: *const f32, n: usize) -> L::V {
+        L::load_part(p, n)
+    }
+}
+
+/// f16 (`BF` false) or bf16 (`BF` true) weights.
+pub(crate) struct HalfRow<const BF: bool>;
+
+impl<L: HalfLanes, const BF: bool> Row<L> for HalfRow<BF> {
+    type E = u16;
+    #[inline(always)]
+    unsafe fn load(p: *const u16) -> L::V {
+        L::half::<BF>(p)
+    }
+    #[inline(always)]
+    unsafe fn load_part(p: *const u16, n: usize) -> L::V {
+        L::half_part::<BF>(p, n)
+    }
+}
+
+/// Σ w·x over `n` elements: four accumulators over `4·N` elements a step,
+/// then `N` at a time into the first, the zero-padded tail into the second,
+/// and `(s0 + s1) + (s2 + s3)` reduced.
+#[inline(always)]
+pub(crate) unsafe fn dot<L: F32Lanes, R: Row<L>>(w: *const R::E, x: *const f32, n: usize) -> f32 {
+    let (mut s0, mut s1, mut s2, mut s3) = (L::zero(), L::zero(), L::zero(), L::zero());
+    let mut i = 0;
+    while i + 4 * L::N <= n {
+        s0 = L::fma(R::load(w.add(i)), L::load(x.add(i)), s0);
+        s1 = L::fma(R::load(w.add(i + L::N)), L::load(x.add(i + L::N)), s1);
+        s2 = L::fma(R::load(w.add(i + 2 * L::N)), L::load(x.add(i + 2 * L::N)), s2);
+        s3 = L::fma(R::load(w.add(i + 3 * L::N)), L::load(x.add(i + 3 * L::N)), s3);
+        i += 4 * L::N;
+    }
+    while i + L::N <= n {
+        s0 = L::fma(R::load(w.add(i)), L::load(x.add(i)), s0);
+        i += L::N;
+    }
+    if i < n {
+        s1 = L::fma(R::load_part(w.add(i), n - i), L::load_part(x.add(i), n - i), s1);
+    }
+    L::reduce(L::add(L::add(s0, s1), L::add(s2, s3)))
+}
+
+/// `y += a·x` over `n` elements (each element one FMA, so the unrolling
+/// does not change results).
+#[inline(always)]
+pub(crate) unsafe fn axpy<L: F32Lanes>(a: f32, x: *const f32, y: *mut f32, n: usize) {
+    let va = L::splat(a);
+    let mut i = 0;
+    while i + 4 * L::N <= n {
+        for k in 0..4 {
+            let j = i + k * L::N;
+            L::store(y.add(j), L::fma(va, L::load(x.add(j)), L::load(y.add(j))));
+        }
+        i += 4 * L::N;
+    }
+    while i + L::N <= n {
+        L::store(y.add(i), L::fma(va, L::load(x.add(i)), L::load(y.add(i))));
+        i += L::N;
+    }
+    if i < n {
+        let v = L::fma(va, L::load_part(x.add(i), n - i), L::load_part(y.add(i), n - i));
+        L::store_part(y.add(i), n - i, v);
+    }
+}
+
+/// 4 weight rows × 4 activation rows (`out[r][c] = w_r · x_c`), in
+/// passes of `C` activation rows (4·C accumulators, each weight load feeding
+/// `C` FMAs). `PART`: the tail (`n % N`) is one more zero-padded vector
+/// step; otherwise it is added in scalar after the lane sum.
+#[inline(always)]
+pub(crate) unsafe fn dot4x4<L: F32Lanes, const C: usize, const PART: bool>(
+    w: &[*const f32; 4],
+    x: &[*const f32; 4],
+    n: usize,
+    out: &mut [[f32; 4]; 4],
+) {
+    for c0 in (0..4).step_by(C) {
+        let mut acc = [[L::zero(); C]; 4];
+        let mut i = 0;
+        while i + L::N <= n {
+            dot4x4_step::<L, C>(w, x, c0, i, L::N, &mut acc);
+            i += L::N;
+        }
+        if PART && i < n {
+            dot4x4_step::<L, C>(w, x, c0, i, n - i, &mut acc);
+            i = n;
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for (c, &ac) in a.iter().enumerate() {
+                let mut s = L::reduce(ac);
+                for k in i..n {
+                    s += *w[r].add(k) * *x[c0 + c].add(k);
+                }
+                out[r][c0 + c] = s;
+            }
+        }
+    }
+}
+
+/// One step of [`dot4x4`] over elements `i..i + k` (`k ≤ N`, zero-padded).
+#[inline(always)]
+unsafe fn dot4x4_step<L: F32Lanes, const C: usize>(
+    w: &[*const f32; 4],
+    x: &[*const f32; 4],
+    c0: usize,
+    i: usize,
+    k: usize,
+    acc: &mut [[L::V; C]; 4],
+) {
+    let ld = |p: *const f32| if k == L::N { L::load(p) } else { L::load_part(p, k) };
+    let mut xv = [L::zero(); C];
+    for (c, v) in xv.iter_mut().enumerate() {
+        *v = ld(x[c0 + c].add(i));
+    }
+    for (r, a) in acc.iter_mut().enumerate() {
+        let wv = ld(w[r].add(i));
+        for (ac, &xc) in a.iter_mut().zip(&xv) {
+            *ac = L::fma(wv, xc, *ac);
+        }
+    }
+}
+
+/// Packed-panel GEMM block: two vectors of weight rows (`2·N` rows from
+/// `w`, panel stride `GEMM_MR`) × `NT` tokens (from `x`, stride `GEMM_NR`),
+/// written to `out[j0 + j][col..col + 2·N]`.
+#[inline(always)]
+pub(crate) unsafe fn gemm_block<L: F32Lanes, const NT: usize>(
+    w: *const f32,
+    x: *const f32,
+    cols: usize,
+    col: usize,
+    j0: usize,
+    out: &mut [[f32; crate::dot::GEMM_MR]; crate::dot::GEMM_NR],
+) {
+    let mut acc = [[L::zero(); 2]; NT];
+    for k in 0..cols {
+        let wp = w.add(k * crate::dot::GEMM_MR);
+        let (w0, w1) = (L::load(wp), L::load(wp.add(L::N)));
+        let xp = x.add(k * crate::dot::GEMM_NR);
+        for (j, a) in acc.iter_mut().enumerate() {
+            let b = L::splat(*xp.add(j));
+            a[0] = L::fma(w0, b, a[0]);
+            a[1] = L::fma(w1, b, a[1]);
+        }
+    }
+    for (j, a) in acc.iter().enumerate() {
+        let o = out[j0 + j].as_mut_ptr().add(col);
+        L::store(o, a[0]);
+        L::store(o.add(L::N), a[1]);
+    }
+}
+
+// ---- KV cache rows: group dot / axpy on coded rows -----------------------
+
+/// Storage kinds of the KV group kernels (const-generic selector).
+pub(crate) const KV_F16: u8 = 0;
+pub(crate) const KV_Q8: u8 = 1;
+pub(crate) const KV_Q4: u8 = 2;
+
+/// Element `j` of a coded row as f32 (tails shorter than a vector).
+///
+/// # Safety
+/// `j` must lie in the row; `data`/`scales` must hold the whole row.
+#[inline]
+pub(crate) unsafe fn kv_elem<const T: u8>(data: *const u8, scales: *const f32, j: usize) -> f32 {
+    unsafe {
+        match T {
+            KV_F16 => crate::f16::f16_to_f32(u16::from_le(std::ptr::read_unaligned(data.add(2 * j).cast::<u16>()))),
+            KV_Q8 => (*data.add(j) as i8 as f32) * *scales.add(j / crate::kvquant::KV_GROUP),
+            _ => {
+                let b = *data.add(j / 2);
+                let c = if j & 1 == 0 { b & 0x0f } else { b >> 4 };
+                let g = j / crate::kvquant::KV_GROUP;
+                *scales.add(2 * g + 1) + *scales.add(2 * g) * c as f32
+            }
+        }
+    }
+}
+
+/// Coded KV rows (f16, q8, q4; see `avx2::KV_*`) widened `N` at a time.
+pub(crate) trait KvLanes: F32Lanes {
+    /// Elements `i..i + N` of a coded row as f32 (`i` a multiple of `N`).
+    unsafe fn kv_load<const T: u8>(data: *const u8, scales: *const f32, i: usize) -> Self::V;
+}
+
+/// `out[h] = q_h · row` for `N` heads (`q_h` at `q + h·d`); the tail
+/// (`d % L::N`) through the scalar element decode.
+#[inline(always)]
+pub(crate) unsafe fn kv_dot<L: KvLanes, const T: u8, const H: usize>(
+    data: *const u8,
+    scales: *const f32,
+    q: *const f32,
+    d: usize,
+    out: *mut f32,
+) {
+    let mut acc = [L::zero(); H];
+    let full = d / L::N * L::N;
+    let mut i = 0;
+    while i < full {
+        let k = L::kv_load::<T>(data, scales, i);
+        for (h, a) in acc.iter_mut().enumerate() {
+            *a = L::fma(k, L::load(q.add(h * d + i)), *a);
+        }
+        i += L::N;
+    }
+    for (h, a) in acc.iter().enumerate() {
+        let mut s = L::reduce(*a);
+        for j in full..d {
+            s += kv_elem::<T>(data, scales, j) * *q.add(h * d + j);
+        }
+        *out.add(h) = s;
+    }
+}
+
+/// `out_h += p[h] · row` for `H` heads (`out_h` at `out + h·d`).
+#[inline(always)]
+pub(crate) unsafe fn kv_axpy<L: KvLanes, const T: u8, const H: usize>(
+    data: *const u8,
+    scales: *const f32,
+    p: *const f32,
+    d: usize,
+    out: *mut f32,
+) {
+    let mut pv = [L::zero(); H];
+    for (h, v) in pv.iter_mut().enumerate() {
+        *v = L::splat(*p.add(h));
+    }
+    let full = d / L::N * L::N;
+    let mut i = 0;
+    while i < full {
+        let v = L::kv_load::<T>(data, scales, i);
+        for (h, &a) in pv.iter().enumerate() {
+            let o = out.add(h * d + i);
+            L::store(o, L::fma(a, v, L::load(o)));
+        }
+        i += L::N;
+    }
+    for j in full..d {
+        let v = kv_elem::<T>(data, scales, j);
+        for h in 0..H {
+            *out.add(h * d + j) += *p.add(h) * v;
+        }
+    }
+}
+
+/// An ISA's `#[target_feature]` entry point for the KV group kernels: an
+/// instantiation of [`kv_dot`] (`DOT`) or [`kv_axpy`].
+pub(crate) trait KvIsa {
+    unsafe fn row<const T: u8, const H: usize, const DOT: bool>(args: KvRowArgs);
+}
+
+/// `(codes, scales, a, d, o)` of [`kv_dot`] / [`kv_axpy`].
+pub(crate) type KvRowArgs = (*const u8, *const f32, *const f32, usize, *mut f32);
+
+/// Implements [`KvIsa`] for `$isa` with the target features `$features`.
+macro_rules! kv_isa {
+    ($isa:ty, $features:literal) => {
+        impl $crate::simd::lanes::KvIsa for $isa {
+            #[target_feature(enable = $features)]
+            unsafe fn row<const T: u8, const H: usize, const DOT: bool>(
+                (data, scales, a, d, o): $crate::simd::lanes::KvRowArgs,
+            ) {
+                if DOT {
+                    $crate::simd::lanes::kv_dot::<$isa, T, H>(data, scales, a, d, o)
+                } else {
+                    $crate::simd::lanes::kv_axpy::<$isa, T, H>(data, scales, a, d, o)
+                }
+            }
+        }
+    };
+}
+pub(crate) use kv_isa;
+
+/// Group dot (`DOT`: `a` the queries, `b` one score per head, `b[h] =
+/// a_h · row`) or group axpy (`a` one weight per head, `b` the outputs,
+/// `b_h += a[h] · row`) on a coded row, heads in blocks of up to four.
+/// Only installed by an ISA's `kv_group_kernels()`, after its detection.
+pub(crate) fn kv_group<I: KvIsa, const T: u8, const DOT: bool>(data: &[u8], scales: &[f32], a: &[f32], b: &mut [f32]) {
+    let (g, rows) = if DOT { (b.len(), a.len()) } else { (a.len(), b.len()) };
+    let d = rows.checked_div(g).unwrap_or(0);
+    crate::kvquant::check_group_row(T, d, data.len(), scales.len());
+    let mut h = 0;
+    while h < g {
+        let n = (g - h).min(4);
+        let (ah, bh) = if DOT { (h * d, h) } else { (h, h * d) };
+        let (s, a, o) = (scales.as_ptr(), a[ah..].as_ptr(), b[bh..].as_mut_ptr());
+        // SAFETY: reachable only after the ISA's detection; the row's
+        // sizes were checked for `d`; heads h..h + n exist in both slices.
+        unsafe {
+            match n {
+                1 => I::row::<T, 1, DOT>((data.as_ptr(), s, a, d, o)),
+                2 => I::row::<T, 2, DOT>((data.as_ptr(), s, a, d, o)),
+                3 => I::row::<T, 3, DOT>((data.as_ptr(), s, a, d, o)),
+                _ => I::row::<T, 4, DOT>((data.as_ptr(), s, a, d, o)),
+            }
+        }
+        h += n;
+    }
+}
+
+/// The three group dots and three group axpys (F16, Q8, Q4) of an ISA.
+pub(crate) fn kv_group_fns<I: KvIsa>() -> ([crate::kvquant::KvGroupFn; 3], [crate::kvquant::KvGroupFn; 3]) {
+    (
+        [kv_group::<I, KV_F16, true>, kv_group::<I, KV_Q8, true>, kv_group::<I, KV_Q4, true>],
+        [kv_group::<I, KV_F16, false>, kv_group::<I, KV_Q8, false>, kv_group::<I, KV_Q4, false>],
+    )
+}
