@@ -64,12 +64,20 @@ pub(crate) fn start_session<'m>(
         )));
     }
     let session = Session::new(model, policy, prompt.len() + max_tokens, prompt.len())?;
-    let max_new = if session.cache.policy().bounded() && model.config.learned_positions.is_none() {
+    let max_new = new_token_limit(&session, max_tokens);
+    Ok((session, max_new))
+}
+
+/// How many of `max_tokens` may follow the session's tokens: all of them
+/// under a bounded cache on a RoPE model (kept keys keep their positions),
+/// else as many as the model's context still holds.
+fn new_token_limit(session: &Session<'_>, max_tokens: usize) -> usize {
+    let c = &session.model.config;
+    if session.cache.policy().bounded() && c.learned_positions.is_none() {
         max_tokens
     } else {
-        max_tokens.min(ctx - prompt.len())
-    };
-    Ok((session, max_new))
+        max_tokens.min(c.context_len.saturating_sub(session.position()))
+    }
 }
 
 /// Generates from `prompt`; `on_token` sees each new id as it is produced
@@ -130,13 +138,8 @@ pub fn continue_generation(
     on_token: impl FnMut(u32) -> bool,
 ) -> Result<Generation> {
     opts.sampling.validate().map_err(EngineError::Request)?;
-    let model = session.model;
     let at = session.position();
-    let max_new = if session.cache.policy().bounded() && model.config.learned_positions.is_none() {
-        opts.max_tokens
-    } else {
-        opts.max_tokens.min(model.config.context_len.saturating_sub(at))
-    };
+    let max_new = new_token_limit(session, opts.max_tokens);
     let mut sampler = Sampler::new(opts.sampling.clone());
     let next = sampler.sample(logits);
     decode(session, &mut sampler, opts, next, max_new, 0.0, at, on_token)

@@ -77,9 +77,7 @@ impl Model {
             .map(|&r| {
                 let (mut mu, mut sigma) = (vec![0f64; hd], vec![0f64; hd * hd]);
                 let mut x = vec![0f64; hd];
-                let neg: Vec<f64> = vec![0.0; half];
-                let mut sn = neg.clone();
-                let mut cs = neg;
+                let (mut cs, mut sn) = (vec![0f64; half], vec![0f64; half]);
                 for t in first..n {
                     x.iter_mut().zip(&q[t * qd + r * hd..t * qd + (r + 1) * hd]).for_each(|(a, &b)| *a = b as f64);
                     if let Some(rp) = rope {
@@ -116,16 +114,17 @@ impl Model {
                     }
                 }
                 let keys = cand.keys(r / g);
+                // (x is reused for the key, in f64)
                 let mut sk = vec![0f64; hd];
                 let logits: Vec<f64> = scored
                     .iter()
                     .map(|&j| {
-                        let k: Vec<f64> = keys[j * hd..(j + 1) * hd].iter().map(|&v| v as f64).collect();
+                        x.iter_mut().zip(&keys[j * hd..(j + 1) * hd]).for_each(|(a, &b)| *a = b as f64);
                         for (i, o) in sk.iter_mut().enumerate() {
-                            *o = sigma[i * hd..(i + 1) * hd].iter().zip(&k).map(|(a, b)| a * b).sum();
+                            *o = sigma[i * hd..(i + 1) * hd].iter().zip(&x).map(|(a, b)| a * b).sum();
                         }
-                        let mean: f64 = mu.iter().zip(&k).map(|(a, b)| a * b).sum();
-                        let quad: f64 = sk.iter().zip(&k).map(|(a, b)| a * b).sum();
+                        let mean: f64 = mu.iter().zip(&x).map(|(a, b)| a * b).sum();
+                        let quad: f64 = sk.iter().zip(&x).map(|(a, b)| a * b).sum();
                         scale as f64 * mean + s2 * quad
                     })
                     .collect();
