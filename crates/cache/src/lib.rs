@@ -20,6 +20,7 @@ pub use error::CacheError;
 pub use kvslim_kernels::kvquant::KvDtype;
 pub use policy::{CachePolicy, PolicySlots, PolicySpec, PolicySpecError, ScoreAgg};
 pub use sequence::{
-    effective_policy, AttentionScores, CacheShape, PrefillCandidates, PrefillKernel, ScoringKey, SequenceCache,
+    effective_policy, repeat_attention_into, AttentionScores, CacheShape, PrefillCandidates, PrefillKernel, ScoringKey,
+    SequenceCache,
 };
 pub use store::{HeadSlots, KvBytes, KvStore, PageCounts, PagePool, PoolStats, StoreLayout};

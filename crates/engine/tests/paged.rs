@@ -105,6 +105,7 @@ fn paged_store_is_bit_identical_to_fixed_slots_for_every_policy() {
         "h2o:heavy=8,recent=16,agg=max,prefill=stream:16".into(),
         "h2o:heavy=12,recent=12,prefill=snap:8".into(),
         "h2o:heavy=12,recent=12,sink=2,prefill=expect:64".into(),
+        "h2o:heavy=12,recent=12,sink=2,prefill=kvzip".into(),
         format!("h2o:heavy=12,recent=12+chai:plan={plan}"),
         format!("chai-static:plan={plan}"),
         format!("h2o:heavy=12,recent=12+chai-static:plan={plan}"),

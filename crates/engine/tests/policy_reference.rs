@@ -44,6 +44,7 @@ fn ref_policy(spec: &PolicySpec, base: usize) -> RefPolicy {
         score: RefScore::Sum,
         observe: None,
         expect: None,
+        kvzip: false,
     };
     match spec.token {
         TokenPolicySpec::Full => plain,
@@ -86,6 +87,7 @@ fn ref_policy(spec: &PolicySpec, base: usize) -> RefPolicy {
                 }
                 _ => None,
             },
+            kvzip: prefill == PrefillMode::Kvzip,
         },
     }
 }
@@ -189,6 +191,12 @@ fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, 
                     .iter()
                     .enumerate()
                     .map(|(kvh, r)| {
+                        if policy.kvzip {
+                            // the trace holds the repeat probe's rows after the prompt's
+                            let rows = q.len() / c.q_dim();
+                            let chunk: Vec<_> = (0..rows).map(|t| tok(kvh, t)).collect();
+                            return r.prefill_candidates_repeat(&chunk, n);
+                        }
                         let chunk: Vec<_> = (0..n).map(|t| tok(kvh, t)).collect();
                         r.prefill_candidates(&policies[l][kvh], &chunk)
                     })
@@ -425,6 +433,77 @@ fn expected_attention_prefill_equals_reference() {
         let spec = PolicySpec::parse(spec).unwrap();
         compare(&m.model, &spec, &ids, 120, &format!("stories260K {spec}"));
     }
+}
+
+/// KVzip-style prefill (`prefill=kvzip`): the prompt fed again after
+/// itself, teacher-forced; every prompt token scored by the most attention
+/// a repeat query (any head of its group) paid it; the repeat rows leave;
+/// then decode steps as H2O. Random shapes with sinks, max aggregation,
+/// score=norm and ada's per-head budgets; the 260K TinyStories model (which
+/// prepends BOS: the probe repeats the prompt without it).
+#[test]
+fn kvzip_prefill_equals_reference() {
+    let mut rng = Rng::new(6161);
+    let mut pick = |n: u64| (rng.next_u64() % n) as usize;
+    for case in 0..16 {
+        let (heads, kv_heads) = [(2, 2), (4, 2), (4, 1), (6, 3), (8, 4)][pick(5)];
+        let head_dim = [4, 8, 16][pick(3)];
+        let cfg = tiny_config(heads, kv_heads, head_dim);
+        let model = kvslim_engine::synthetic::random_model(cfg, DType::F32, 900 + case as u64, 3.0).unwrap();
+        let prompt_len = 8 + pick(60);
+        let total = prompt_len + 10 + pick(30);
+        let tokens: Vec<u32> = (0..total).map(|_| pick(64) as u32).collect();
+        let b = 4 + pick(20);
+        let r = 1 + pick(b as u64 / 2);
+        let sink = pick(3);
+        let agg = ["sum", "max"][pick(2)];
+        let score = ["sum", "norm"][pick(2)];
+        let spec = format!("h2o:heavy={},recent={r},sink={sink},agg={agg},score={score},prefill=kvzip", b - r);
+        let spec = PolicySpec::parse(&spec).unwrap();
+        let label = format!("case {case} {spec} H={heads}/{kv_heads} D={head_dim}");
+        compare(&model, &spec, &tokens, prompt_len, &label);
+        assert_tiled_keeps_what_traced_keeps(&model, &spec, &tokens[..prompt_len], &label);
+    }
+    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
+    let mut ids = tok.encode(&text[..4000]).unwrap();
+    ids.truncate(200);
+    assert_eq!(Some(ids[0]), m.model.config.bos_token_id, "the prompt starts with BOS");
+    for spec in ["h2o:heavy=24,recent=8,sink=4,prefill=kvzip", "h2o:heavy=16,recent=16,prefill=kvzip,alloc=ada:0.2"] {
+        let spec = PolicySpec::parse(spec).unwrap();
+        compare(&m.model, &spec, &ids, 120, &format!("stories260K {spec}"));
+        assert_tiled_keeps_what_traced_keeps(&m.model, &spec, &ids[..120], &format!("stories260K {spec}"));
+    }
+}
+
+/// The KVzip probe is the prompt teacher-forced again: its rows' keys in
+/// every layer are those of a full cache fed the prompt followed by the
+/// prompt without its BOS, and the repeat never enters the cache.
+#[test]
+fn kvzip_probe_is_the_prompt_repeated() {
+    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let prompt = tok.encode("Tom had a red ball and a blue kite. He ran to the park").unwrap();
+    assert_eq!(Some(prompt[0]), m.model.config.bos_token_id);
+    let traced = |spec: &str, tokens: &[u32]| {
+        let spec = PolicySpec::parse(spec).unwrap();
+        let mut s = Session::new(&m.model, &spec, tokens.len(), tokens.len()).unwrap();
+        s.scratch.trace = Some(Trace::default());
+        s.feed(tokens, Logits::Last).unwrap();
+        (s.scratch.trace.take().unwrap(), s.position(), s.cache.store().head(0, 0).positions().to_vec())
+    };
+    let (kvzip, at, kept) = traced("h2o:heavy=4,recent=4,prefill=kvzip", &prompt);
+    let mut repeated = prompt.clone();
+    repeated.extend_from_slice(&prompt[1..]);
+    let (full, _, _) = traced("full", &repeated);
+    let kvd = m.model.config.kv_dim();
+    for (l, (a, b)) in kvzip.qkv.iter().zip(&full.qkv).enumerate() {
+        assert_eq!(a[1].len(), repeated.len() * kvd, "layer {l}: prompt and probe rows");
+        assert_eq!(a[1], b[1], "layer {l}: the probe's keys are the repeated prompt's");
+    }
+    assert_eq!(at, prompt.len(), "the probe does not advance the sequence");
+    assert!(kept.iter().all(|&p| (p as usize) < prompt.len()), "kept {kept:?}: no repeat row stays");
 }
 
 /// The prompt's kept positions per KV head of layer 0 with and without a

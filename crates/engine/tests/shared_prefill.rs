@@ -39,6 +39,14 @@ const EVERY_QUERY: [&str; 4] = [
     "heavy:heavy=40%,score=persist:4",
 ];
 
+/// KVzip policies: the prompt and its repeat probe through the tiled kernel.
+const REPEAT: [&str; 4] = [
+    "h2o:heavy=25%,recent=25%,prefill=kvzip",
+    "h2o:heavy=10%,recent=10%,prefill=kvzip",
+    "h2o:heavy=10%,recent=15%,sink=2,prefill=kvzip,score=norm",
+    "h2o:heavy=20%,recent=20%,prefill=kvzip,alloc=ada:0.2",
+];
+
 fn cache(model: &Model, spec: &str, n: usize) -> SequenceCache {
     model.new_cache(&PolicySpec::parse_and_load(spec).unwrap(), n + 8, n).unwrap()
 }
@@ -79,6 +87,7 @@ fn a_shared_prefill_leaves_every_cache_as_its_own_prefill_would() {
         let prompt = tokens(&m, n);
         assert_shared_prefill_is_exact(&m.model, &prompt, &TILED, PrefillKernel::Tiled);
         assert_shared_prefill_is_exact(&m.model, &prompt, &EVERY_QUERY, PrefillKernel::EveryQuery);
+        assert_shared_prefill_is_exact(&m.model, &prompt, &REPEAT, PrefillKernel::Repeat);
     }
 }
 
@@ -129,7 +138,8 @@ fn generate_shared_equals_generate_for_every_option() {
     let m = stories();
     let prompt = tokens(&m, 96);
     // both kernels, a policy that cannot share, and a sampled option
-    let mut opts: Vec<GenerateOptions> = TILED.iter().chain(&EVERY_QUERY).map(|s| greedy(s, 24)).collect();
+    let mut opts: Vec<GenerateOptions> =
+        TILED.iter().chain(&EVERY_QUERY).chain(&REPEAT).map(|s| greedy(s, 24)).collect();
     opts.push(greedy("h2o:heavy=8,recent=8,prefill=stream:16", 24));
     let mut sampled = greedy("h2o:heavy=20%,recent=20%", 24);
     sampled.sampling = SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed: 11 };

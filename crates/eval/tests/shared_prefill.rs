@@ -74,11 +74,12 @@ fn multiquery_forks_the_context_once_per_question() {
     let tok = m.tokenizer.as_ref().unwrap();
     let spec = "niah_multiquery:lengths=200,depths=0.5,per_cell=2";
     let mut cfg = MatrixConfig::new("smollm2", vec![TaskSpec::parse(spec).unwrap()]);
-    cfg.policies = ["full", "h2o", "h2o:prefill=snap:8", "h2o:prefill=expect:64"].map(String::from).to_vec();
+    cfg.policies =
+        ["full", "h2o", "h2o:prefill=snap:8", "h2o:prefill=expect:64", "h2o:prefill=kvzip"].map(String::from).to_vec();
     cfg.budgets = vec!["50%".into()];
     cfg.charts = false;
     let rows = run_matrix(&m.model, tok, &cfg, |_| {}).unwrap();
-    assert_eq!(rows.len(), 4);
+    assert_eq!(rows.len(), 5);
     for r in &rows {
         assert_eq!(r.items, 2, "{}", r.key.policy);
         assert!((0.0..=1.0).contains(&r.metrics["recall"]), "{}", r.key.policy);

@@ -186,6 +186,7 @@ const PRESETS = [
   ["h2o:heavy=32,recent=32,prefill=snap:16", "SnapKV prefill + H2O, 64 slots"],
   ["h2o:heavy=32,recent=32,score=tova", "TOVA, 64 slots"],
   ["h2o:heavy=32,recent=32,prefill=expect", "Expected Attention prefill + H2O, 64 slots"],
+  ["h2o:heavy=32,recent=32,prefill=kvzip", "KVzip-style repeat prefill + H2O, 64 slots"],
   ["auto:budget=64", "auto: measured best for this model, 64 slots"],
   ["sink:sink=4,recent=60", "StreamingLLM, 64 slots"],
   ["window:recent=64", "window, 64 slots"],

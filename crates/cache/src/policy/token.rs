@@ -178,6 +178,13 @@ pub enum Observation {
     /// averaged over the group's query heads, times the candidate's ‖v‖.
     /// Query-agnostic: no question is needed, and no extra pass.
     Expected { future: usize, skip: usize },
+    /// KVzip-style reconstruction: the chunk's tokens are fed again after
+    /// it (teacher-forced, as if the model were repeating its context) and
+    /// each candidate scores the most attention any of those repeat
+    /// queries, any query head of the group, paid it; the repeat tokens
+    /// only score and never enter the cache. Query-agnostic; costs about
+    /// one more prefill of the chunk.
+    Repeat,
 }
 
 impl TokenEviction {

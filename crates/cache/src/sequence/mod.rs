@@ -15,7 +15,7 @@
 
 mod step;
 
-pub use step::{AttentionScores, PrefillCandidates, ScoringKey};
+pub use step::{repeat_attention_into, AttentionScores, PrefillCandidates, ScoringKey};
 
 use crate::error::CacheError;
 use crate::policy::chai::{HeadSharing, LayerHeads};
@@ -53,6 +53,9 @@ impl CacheShape {
 pub enum PrefillKernel {
     Tiled,
     EveryQuery,
+    /// The tiled kernel over the prompt followed by its KVzip repeat probe
+    /// ([`SequenceCache::repeat_probe`]): the chunk has more rows.
+    Repeat,
 }
 
 /// A sequence's KV store together with its policy state: the one object the
@@ -274,8 +277,20 @@ impl SequenceCache {
         if self.next_pos != 0 || self.sharing.is_some() || self.policy.prefill_chunk().is_some() {
             return None;
         }
+        if self.repeat_probe() {
+            return Some(PrefillKernel::Repeat);
+        }
         let every_query = self.policy.score_aggregation().is_some() && !self.policy.score_rule().column_summable();
         Some(if every_query { PrefillKernel::EveryQuery } else { PrefillKernel::Tiled })
+    }
+
+    /// KVzip-style prefill (`prefill=kvzip`): a prefill chunk of two or more
+    /// tokens is followed by a repeat probe, the chunk's tokens fed again
+    /// after it, whose queries score the chunk and whose keys and values
+    /// never enter the cache. The model appends the probe's rows and tells
+    /// [`SequenceCache::gather_candidates`] how many there are.
+    pub fn repeat_probe(&self) -> bool {
+        self.policy.observation() == Some(policy::Observation::Repeat) && self.policy.score_aggregation().is_some()
     }
 
     /// Online CHAI wants every head's attention this token: it is still

@@ -108,7 +108,11 @@ impl SequenceCache {
     /// a chunk of `n` tokens at positions `p0..`: the slots held now, then
     /// the chunk's tokens (`keys`/`values`: `n` rows of every KV head's
     /// `head_dim` floats). K and V are decoded to f32 per KV head of the
-    /// component; scores start as the held scores (0 for the chunk).
+    /// component; scores start as the held scores (0 for the chunk). The
+    /// last `repeat` of the `n` rows are a KVzip repeat probe
+    /// ([`SequenceCache::repeat_probe`]): they attend and score, and
+    /// [`SequenceCache::commit_candidates`] drops them.
+    #[allow(clippy::too_many_arguments)]
     pub fn gather_candidates(
         &self,
         layer: usize,
@@ -116,6 +120,7 @@ impl SequenceCache {
         p0: usize,
         keys: &[f32],
         values: &[f32],
+        repeat: usize,
         cand: &mut PrefillCandidates,
     ) -> Result<(), CacheError> {
         let lh = self.layer_heads(layer);
@@ -147,6 +152,11 @@ impl SequenceCache {
         }
         cand.scoring = self.score_aggregation().map(|a| (a, self.score_rule()));
         cand.observation = self.policy.observation().filter(|_| cand.scoring.is_some());
+        assert!(
+            repeat == 0 || (cand.observation == Some(Observation::Repeat) && repeat < n),
+            "repeat rows are for a KVzip policy's chunk"
+        );
+        cand.repeat = repeat;
         cand.columns.clear();
         cand.value_norms.clear();
         match cand.scoring {
@@ -180,6 +190,9 @@ impl SequenceCache {
             }
             cand.scores.iter_mut().zip(&cand.columns).for_each(|(sc, p)| *sc += p);
             cand.columns.clear();
+        }
+        if cand.repeat > 0 {
+            cand.drop_repeat_rows(self.store.head(layer, 0).head_dim());
         }
         if !self.policy.layer_decision_pending(layer, cand.positions.len()) {
             return self.select_and_absorb(layer, component, cand);
@@ -258,6 +271,9 @@ pub struct PrefillCandidates {
     value_norms: Vec<f32>,
     /// SnapKV: only the chunk's last queries score, their sums max-pooled.
     observation: Option<Observation>,
+    /// KVzip: the chunk's last rows are its repeat probe (they score by
+    /// their maximum attention, then leave).
+    repeat: usize,
     /// Pooling workspace: candidate indices by position, pooled sums.
     by_position: Vec<usize>,
     pooled: Vec<f32>,
@@ -299,6 +315,29 @@ impl PrefillCandidates {
         }
     }
 
+    /// KVzip: how many of the chunk's last rows are the repeat probe. Only
+    /// they score, each candidate by the most attention any of them (any
+    /// query head of the group) paid it: the model reports them with
+    /// [`PrefillCandidates::observe_query`], or folds their blocks with
+    /// [`repeat_attention_into`] and adds the maximum over blocks with
+    /// [`PrefillCandidates::add_column_sums`]. 0: not a KVzip chunk.
+    pub fn repeat_rows(&self) -> usize {
+        self.repeat
+    }
+
+    /// Drops the repeat probe's candidates (the chunk's last rows) before
+    /// the policy chooses: they only scored.
+    fn drop_repeat_rows(&mut self, d: usize) {
+        let len = self.positions.len() - self.repeat;
+        self.positions.truncate(len);
+        self.scores.truncate(len);
+        for rows in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            rows.truncate(len * d);
+        }
+        self.value_norms.truncate(len);
+        self.repeat = 0;
+    }
+
     /// How the policy folds a query head group's attention (also for
     /// expected attention's group average).
     pub fn aggregation(&self) -> Option<ScoreAgg> {
@@ -338,6 +377,13 @@ impl PrefillCandidates {
     /// the visible candidates' scores now, as a decode step would.
     pub fn observe_query(&mut self, visible: usize, probs: &[f32], group: usize) {
         let Some((agg, rule)) = self.scoring else { return };
+        if self.repeat > 0 {
+            // chunk row t sees held + t + 1 candidates; only the repeat rows count
+            if visible - self.held + self.repeat > self.positions.len() - self.held {
+                repeat_attention_into(&probs[..group * visible], group, &mut self.columns[..visible]);
+            }
+            return;
+        }
         if self.expected_attention().is_some() {
             // scored by the query distribution instead (the model adds it)
             return;
@@ -400,6 +446,17 @@ impl PrefillCandidates {
     }
 }
 
+/// KVzip's fold of one repeat query (`probs`: `group × len`, the group's
+/// rows): `scores[i] = max(scores[i], max over the group of probs[·][i])`.
+/// A maximum, so blocks of queries may be folded in any order and merged
+/// by their elementwise maximum.
+pub fn repeat_attention_into(probs: &[f32], group: usize, scores: &mut [f32]) {
+    let len = scores.len();
+    for h in 0..group {
+        scores.iter_mut().zip(&probs[h * len..(h + 1) * len]).for_each(|(s, &p)| *s = s.max(p));
+    }
+}
+
 /// See [`PrefillCandidates::scoring_key`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ScoringKey {
@@ -455,7 +512,7 @@ mod tests {
         let mut c = cache_of("h2o:heavy=2,recent=1", 2);
         let mut cand = PrefillCandidates::default();
         let keys: Vec<f32> = (0..8).map(|i| 10.0 + i as f32).collect();
-        c.gather_candidates(0, 0, 2, &keys, &keys, &mut cand).unwrap();
+        c.gather_candidates(0, 0, 2, &keys, &keys, 0, &mut cand).unwrap();
         assert_eq!(cand.held(), 2);
         assert_eq!(cand.positions(), &[0, 1, 2, 3]);
         assert_eq!(cand.keys(0).len(), 16);

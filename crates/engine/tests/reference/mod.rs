@@ -46,6 +46,9 @@ pub struct RefPolicy {
     pub observe: Option<(usize, usize)>,
     /// Expected-attention prefill.
     pub expect: Option<RefExpect>,
+    /// KVzip prefill: the chunk's repeat rows score it (see
+    /// [`RefHead::prefill_candidates_repeat`]).
+    pub kvzip: bool,
 }
 
 /// Expected attention's parameters and the model's RoPE (over the whole
@@ -243,6 +246,29 @@ impl RefHead {
                 }
             }
         }
+        cands
+    }
+
+    /// KVzip: `chunk` is a prompt of `prompt` tokens followed by its repeat
+    /// rows. Everything attends causally (the held slots, the prompt, the
+    /// repeat so far); each held slot and prompt token gains the largest
+    /// probability any repeat row gave it in any query head of the group;
+    /// the repeat rows themselves are not candidates afterwards.
+    pub fn prefill_candidates_repeat(&self, chunk: &[RefToken], prompt: usize) -> Vec<Slot> {
+        let mut cands = self.slots.clone();
+        cands.extend(chunk.iter().map(|(p, _, k, v)| Slot { pos: *p, k: k.clone(), v: v.clone(), score: 0.0 }));
+        let mut most = vec![0.0f64; cands.len()];
+        for (p, q, _, _) in &chunk[prompt..] {
+            for row in self.attend(q, *p, &cands) {
+                for (m, x) in most.iter_mut().zip(row) {
+                    *m = m.max(x);
+                }
+            }
+        }
+        for (c, m) in cands.iter_mut().zip(most) {
+            c.score += m;
+        }
+        cands.truncate(self.slots.len() + prompt);
         cands
     }
 

@@ -101,38 +101,44 @@ impl Model {
             Logits::Last => 1,
             Logits::All => n,
         };
+        // KVzip (`prefill=kvzip`): the chunk's tokens again after it, rows
+        // that only score the chunk (every shared cache has the same kernel,
+        // so the same probe)
+        let tokens = self.repeat_probe(tokens, cache).unwrap_or(std::borrow::Cow::Borrowed(tokens));
+        let (rows, repeat) = (tokens.len(), tokens.len() - n);
         let capacity = others.iter().map(|o| o.max_capacity()).fold(cache.max_capacity(), usize::max);
-        s.ensure(c, n, capacity, logit_rows);
+        s.ensure(c, rows, capacity, logit_rows);
         if let Some(t) = s.trace.as_mut() {
-            t.begin(p0 + n);
+            t.begin(p0 + rows);
         }
-        self.embed(tokens, p0, &mut s.a.x, &mut s.a.proj);
-        self.rope_tables(p0, n, &mut s.cos, &mut s.sin);
+        self.embed(&tokens, p0, &mut s.a.x, &mut s.a.proj);
+        self.rope_tables(p0, rows, &mut s.cos, &mut s.sin);
         let scale = c.attention_scale();
         // a shared prefill's scores per component and scoring key, per layer
         let mut scored = Vec::new();
         for li in 0..c.n_layers {
             if let Some(t) = s.trace.as_mut() {
-                t.hidden.push(s.a.x[..n * d].to_vec());
+                t.hidden.push(s.a.x[..rows * d].to_vec());
             }
-            self.project_qkv(li, &mut s.a, n, Products::Gemm);
-            self.position_qk(li, &mut s.a.q, &mut s.a.k, n, &s.cos, &s.sin);
+            self.project_qkv(li, &mut s.a, rows, Products::Gemm);
+            self.position_qk(li, &mut s.a.q, &mut s.a.k, rows, &s.cos, &s.sin);
             if let Some(t) = s.trace.as_mut() {
-                t.qkv.push([s.a.q[..n * qd].to_vec(), s.a.k[..n * kvd].to_vec(), s.a.v[..n * kvd].to_vec()]);
+                t.qkv.push([s.a.q[..rows * qd].to_vec(), s.a.k[..rows * kvd].to_vec(), s.a.v[..rows * kvd].to_vec()]);
             }
             if n == 1 {
                 self.decode_attention(li, cache, s, p0, scale)?;
             } else {
                 scored.clear();
+                let chunk = (p0, n, repeat, scale);
                 for o in others.iter_mut() {
-                    self.prefill_attention(li, o, s, p0, n, scale, false, Some(&mut scored))?;
+                    self.prefill_attention(li, o, s, chunk, false, Some(&mut scored))?;
                 }
-                self.prefill_attention(li, cache, s, p0, n, scale, true, None)?;
+                self.prefill_attention(li, cache, s, chunk, true, None)?;
             }
             if let Some(t) = s.trace.as_mut() {
-                t.att_out.push(s.a.att[..n * qd].to_vec());
+                t.att_out.push(s.a.att[..rows * qd].to_vec());
             }
-            self.output_and_mlp(li, &mut s.a, None, n, Products::Gemm);
+            self.output_and_mlp(li, &mut s.a, None, rows, Products::Gemm);
         }
         cache.advance(n);
         others.iter_mut().for_each(|o| o.advance(n));
@@ -141,6 +147,28 @@ impl Model {
             self.project_logits(last, &mut s.a.xn, logit_rows, &mut s.logits, Products::Gemm);
         }
         Ok(())
+    }
+
+    /// A KVzip cache's prefill chunk followed by its repeat probe (the
+    /// chunk's tokens without a leading BOS, as if the model repeated its
+    /// context; capped where learned positions end), or `None` when the
+    /// cache does not score by one ([`SequenceCache::repeat_probe`]) or the
+    /// chunk is a single token.
+    fn repeat_probe<'t>(&self, tokens: &'t [u32], cache: &SequenceCache) -> Option<std::borrow::Cow<'t, [u32]>> {
+        let c = &self.config;
+        if tokens.len() < 2 || !cache.repeat_probe() {
+            return None;
+        }
+        let skip = usize::from(c.bos_token_id == Some(tokens[0]));
+        let mut repeat = tokens.len() - skip;
+        if c.learned_positions.is_some() {
+            repeat = repeat.min(c.context_len.saturating_sub(cache.next_pos() + tokens.len()));
+        }
+        (repeat > 0).then(|| {
+            let mut all = tokens.to_vec();
+            all.extend_from_slice(&tokens[skip..skip + repeat]);
+            std::borrow::Cow::Owned(all)
+        })
     }
 
     /// Runs `tokens` as consecutive decode steps, with logits for every

@@ -13,7 +13,7 @@ use super::scratch::Scratch;
 use super::Model;
 use crate::Result;
 use kvslim_cache::policy::chai::Component;
-use kvslim_cache::{AttentionScores, PrefillCandidates, ScoringKey, SequenceCache};
+use kvslim_cache::{repeat_attention_into, AttentionScores, PrefillCandidates, ScoreAgg, ScoringKey, SequenceCache};
 use kvslim_kernels::attention::{
     attend_causal_tiled, attend_group, pack_keys_tiled, weighted_values, DenseRows, TiledQueries, TiledRep,
     TiledScratch, TiledTarget, Visible,
@@ -24,18 +24,32 @@ use rayon::prelude::*;
 /// whatever the thread count.
 const TOKEN_BLOCK: usize = 16;
 
-/// One chunk of `n` tokens at `p0` in one layer, with its attention scale.
+/// One chunk of `n` rows at `p0` in one layer, with its attention scale;
+/// the last `repeat` rows are a KVzip repeat probe (they attend and score,
+/// the cache drops them).
 #[derive(Clone, Copy)]
 struct Chunk {
     li: usize,
     p0: usize,
     n: usize,
+    repeat: usize,
     scale: f32,
 }
 
+/// How the tiled kernel folds a block of queries' attention into the
+/// candidates' columns.
+#[derive(Clone, Copy)]
+enum Fold {
+    /// The policy's aggregation, summed over queries (blocks add up).
+    Sum(ScoreAgg),
+    /// KVzip's maximum over queries and the group (blocks merge by max).
+    RepeatMax,
+}
+
 impl Model {
-    /// Layer `li`'s attention for `n` chunk tokens at `p0..` (Q, K, V
-    /// positioned in `s.a`), output in `s.a.att[..n · q_dim]`. With
+    /// Layer `li`'s attention for `n` chunk tokens at `p0..` and the
+    /// `repeat` rows of a KVzip probe after them (Q, K, V positioned in
+    /// `s.a`), output in `s.a.att[..(n + repeat) · q_dim]`. With
     /// `output` false only the policy's side runs (scores and the choice of
     /// what stays, for a cache sharing another's prefill, whose output is
     /// the same): the tiled kernel then skips its value products, or runs
@@ -43,23 +57,22 @@ impl Model {
     /// `scored` (a shared prefill's, per layer): the scores each component's
     /// attention gave under each scoring key so far; a cache whose key is
     /// there loads them instead of attending.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn prefill_attention(
         &self,
         li: usize,
         cache: &mut SequenceCache,
         s: &mut Scratch,
-        p0: usize,
-        n: usize,
-        scale: f32,
+        (p0, n, repeat, scale): (usize, usize, usize, f32),
         output: bool,
         mut scored: Option<&mut Vec<(usize, ScoringKey, AttentionScores)>>,
     ) -> Result<()> {
         let kvd = self.config.kv_dim();
-        let chunk = Chunk { li, p0, n, scale };
+        let rows = n + repeat;
+        let chunk = Chunk { li, p0, n: rows, repeat, scale };
         let components = cache.layer_heads(li).components.clone();
         for (ci, comp) in components.iter().enumerate() {
-            cache.gather_candidates(li, ci, p0, &s.a.k[..n * kvd], &s.a.v[..n * kvd], &mut s.cand)?;
+            let (k, v) = (&s.a.k[..rows * kvd], &s.a.v[..rows * kvd]);
+            cache.gather_candidates(li, ci, p0, k, v, repeat, &mut s.cand)?;
             let key = s.cand.scoring_key();
             if let (Some(k), false, Some(done)) = (key, output, scored.as_deref()) {
                 if let Some((_, _, sc)) = done.iter().find(|(c, kk, _)| *c == ci && *kk == k) {
@@ -73,7 +86,7 @@ impl Model {
             if s.trace.is_some() || cache.probe_remaining() > 0 || s.cand.needs_every_query() {
                 self.attend_observed(chunk, comp, cache, s);
             } else {
-                if output || s.cand.score_aggregation().is_some() {
+                if output || s.cand.score_aggregation().is_some() || repeat > 0 {
                     self.attend_tiled(chunk, comp, cache, s, output);
                 }
                 if let Some(w) = s.cand.observation_queries() {
@@ -118,7 +131,9 @@ impl Model {
                 if let Some(tr) = s.trace.as_mut() {
                     tr.record_head_attn(c, h, t, n, positions, p);
                 }
-                cache.record_probe(li, h, p0 + t, positions, p);
+                if t < n - chunk.repeat {
+                    cache.record_probe(li, h, p0 + t, positions, p);
+                }
             }
             s.cand.observe_query(visible, &probs, comp.reps.len());
         }
@@ -173,16 +188,15 @@ impl Model {
 
     /// The tiled kernel: each block of TOKEN_BLOCK queries attends tile by
     /// tile over the candidates; representatives' probabilities feed their
-    /// members too; column sums come from a second pass per block. Without
-    /// `output` no head is a target: only the softmax statistics and the
-    /// column sums are computed.
+    /// members too; column scores come from a second pass per block (the
+    /// policy's sums, or only a KVzip probe's rows by their maximum).
+    /// Without `output` no head is a target: only the softmax statistics
+    /// and the column scores are computed.
     fn attend_tiled(&self, chunk: Chunk, comp: &Component, cache: &SequenceCache, s: &mut Scratch, output: bool) {
-        let agg = s.cand.score_aggregation();
         let c = &self.config;
-        let (hd, g, qd) = (c.head_dim, c.group_size(), c.q_dim());
-        let Chunk { li, p0, n, scale } = chunk;
+        let (hd, g) = (c.head_dim, c.group_size());
+        let Chunk { li, n, repeat, .. } = chunk;
         let lh = cache.layer_heads(li);
-        let (old, window) = (s.cand.held(), c.layer_window(li));
         let mut packed = std::mem::take(&mut s.packed_keys);
         for &kv in comp.kv_heads.iter().filter(|&&kv| comp.reps.iter().any(|&r| r / g == kv)) {
             pack_keys_tiled(s.cand.keys(kv), hd, &mut packed[kv]);
@@ -199,47 +213,94 @@ impl Model {
                 out_offset: h * hd,
             })
             .collect();
-        let (positions, q, packed_ref) = (cand.positions(), &s.a.q, &packed);
-        let partial_columns: Vec<Vec<f32>> = s.a.att[..n * qd]
+        // (first row, rows, fold): the chunk, or the prompt then its probe
+        let segments = match cand.score_aggregation() {
+            _ if repeat > 0 => [(0, n - repeat, None), (n - repeat, repeat, Some(Fold::RepeatMax))],
+            agg => [(0, n, agg.map(Fold::Sum)), (n, 0, None)],
+        };
+        let mut folded = Vec::new();
+        for (t_first, count, fold) in segments {
+            if count == 0 || (!output && fold.is_none()) {
+                continue;
+            }
+            let part = self.tiled_rows(
+                chunk,
+                comp,
+                (cand, &packed, &targets),
+                s.a.q.as_slice(),
+                &mut s.a.att,
+                (t_first, count),
+                fold,
+            );
+            folded.push((fold, part));
+        }
+        for (fold, parts) in folded {
+            match fold {
+                Some(Fold::Sum(_)) => parts.iter().for_each(|p| s.cand.add_column_sums(p)),
+                Some(Fold::RepeatMax) => {
+                    let mut max = vec![0f32; s.cand.positions().len()];
+                    for p in &parts {
+                        max.iter_mut().zip(p).for_each(|(m, &x)| *m = m.max(x));
+                    }
+                    s.cand.add_column_sums(&max);
+                }
+                None => {}
+            }
+        }
+        s.packed_keys = packed;
+    }
+
+    /// Rows `t_first .. t_first + count` of the chunk through the tiled
+    /// kernel, in parallel blocks of TOKEN_BLOCK queries; each block's
+    /// column scores under `fold` (none without one), in block order.
+    #[allow(clippy::too_many_arguments)]
+    fn tiled_rows(
+        &self,
+        chunk: Chunk,
+        comp: &Component,
+        (cand, packed, targets): (&PrefillCandidates, &[Vec<f32>], &[TiledTarget]),
+        q: &[f32],
+        att: &mut [f32],
+        (t_first, count): (usize, usize),
+        fold: Option<Fold>,
+    ) -> Vec<Vec<f32>> {
+        let c = &self.config;
+        let (hd, g, qd) = (c.head_dim, c.group_size(), c.q_dim());
+        let Chunk { li, p0, scale, .. } = chunk;
+        let (old, window) = (cand.held(), c.layer_window(li));
+        let positions = cand.positions();
+        att[t_first * qd..(t_first + count) * qd]
             .par_chunks_mut(TOKEN_BLOCK * qd)
             .enumerate()
             // one kernel scratch per worker, reused across its blocks
             .map_init(TiledScratch::default, |scratch, (b, rows)| {
-                let (t0, nq) = (b * TOKEN_BLOCK, rows.len() / qd);
+                let (t0, nq) = (t_first + b * TOKEN_BLOCK, rows.len() / qd);
                 let seen = old + t0 + nq;
                 let reps: Vec<TiledRep> = comp
                     .reps
                     .iter()
-                    .map(|&r| TiledRep {
-                        queries: &q[t0 * qd + r * hd..],
-                        q_stride: qd,
-                        packed_keys: &packed_ref[r / g],
-                    })
+                    .map(|&r| TiledRep { queries: &q[t0 * qd + r * hd..], q_stride: qd, packed_keys: &packed[r / g] })
                     .collect();
-                let mut columns = vec![0f32; if agg.is_some() { seen } else { 0 }];
-                let accumulate = |p: &[f32], group: usize, sc: &mut [f32]| {
-                    if let Some(a) = agg {
-                        a.accumulate(p, group, sc);
-                    }
+                let mut columns = vec![0f32; if fold.is_some() { seen } else { 0 }];
+                let accumulate = |p: &[f32], group: usize, sc: &mut [f32]| match fold {
+                    Some(Fold::Sum(a)) => a.accumulate(p, group, sc),
+                    Some(Fold::RepeatMax) => repeat_attention_into(p, group, sc),
+                    None => {}
                 };
                 attend_causal_tiled(
                     &reps,
-                    &targets,
+                    targets,
                     &positions[..seen],
                     TiledQueries { pos0: (p0 + t0) as u32, n: nq, window },
                     hd,
                     scale,
                     rows,
                     qd,
-                    agg.is_some().then_some((&mut columns[..], &accumulate as _)),
+                    fold.is_some().then_some((&mut columns[..], &accumulate as _)),
                     scratch,
                 );
                 columns
             })
-            .collect();
-        for part in &partial_columns {
-            s.cand.add_column_sums(part);
-        }
-        s.packed_keys = packed;
+            .collect()
     }
 }

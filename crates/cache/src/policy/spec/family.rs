@@ -148,8 +148,8 @@ pub(in crate::policy) static FAMILIES: &[Family] = &[
             if matches!(prefill, PrefillMode::Snap { .. }) && !score.column_summable() {
                 return Err(format!("prefill=snap sums the observation window's attention; it needs score=sum or score=norm, not score={score}"));
             }
-            if matches!(prefill, PrefillMode::Expect { .. }) && !score.column_summable() {
-                return Err(format!("prefill=expect scores the prompt once, then decode steps add attention; it needs score=sum or score=norm, not score={score}"));
+            if matches!(prefill, PrefillMode::Expect { .. } | PrefillMode::Kvzip) && !score.column_summable() {
+                return Err(format!("prefill={} scores the prompt once, then decode steps add attention; it needs score=sum or score=norm, not score={score}", if prefill == PrefillMode::Kvzip { "kvzip" } else { "expect" }));
             }
             let alloc = match p.take("alloc") {
                 None => Alloc::default(),
@@ -161,11 +161,14 @@ pub(in crate::policy) static FAMILIES: &[Family] = &[
 ];
 
 /// `stream:C`, `snap:W[:K]` (K odd, default 7: SnapKV's pooling kernel)
-/// or `expect[:F]` (F future positions, default 512 as kvpress).
+/// `expect[:F]` (F future positions, default 512 as kvpress) or `kvzip`.
 fn parse_prefill(s: &str) -> Result<PrefillMode, String> {
     let bad = || {
-        format!("prefill: `{s}` is not `full`, `stream:C` (C ≥ 1), `snap:W[:K]` (W ≥ 1, K odd) or `expect[:F]` (F ≥ 1)")
+        format!("prefill: `{s}` is not `full`, `stream:C` (C ≥ 1), `snap:W[:K]` (W ≥ 1, K odd), `expect[:F]` (F ≥ 1) or `kvzip`")
     };
+    if s == "kvzip" {
+        return Ok(PrefillMode::Kvzip);
+    }
     if s == "expect" {
         return Ok(PrefillMode::Expect { future: 512 });
     }

@@ -7,7 +7,7 @@
 //! sink:sink=S,recent=N                 StreamingLLM: first S positions + window
 //! heavy:heavy=N[,score=R]              heavy hitters only, no window
 //! random:budget=N[,recent=R][,seed=S]  seeded random victims, window protected
-//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]|expect[:F]][,score=R][,alloc=A]
+//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]|expect[:F]|kvzip][,score=R][,alloc=A]
 //! ```
 //!
 //! `alloc=A` spreads h2o's heavy slots over layers and KV heads under the
@@ -141,6 +141,10 @@ pub enum PrefillMode {
     /// attention the prompt's query distribution would pay it over the
     /// next `future` positions (query-agnostic), then keep recent + top heavy.
     Expect { future: usize },
+    /// KVzip-style: one chunk, then the chunk repeated after it
+    /// (teacher-forced); every prompt token scored by the most attention a
+    /// repeat query paid it, then keep recent + top heavy.
+    Kvzip,
 }
 
 /// Token-eviction part of a policy.
@@ -319,6 +323,7 @@ impl Evict {
             observation: match self.prefill {
                 PrefillMode::Snap { window, pool } => Some(Observation::Window { window, pool }),
                 PrefillMode::Expect { future } => Some(Observation::Expected { future, skip: r(self.sinks) }),
+                PrefillMode::Kvzip => Some(Observation::Repeat),
                 _ => None,
             },
         }
@@ -367,6 +372,7 @@ impl TokenPolicySpec {
                     PrefillMode::Stream(c) => shown.push(("prefill", format!("stream:{c}"))),
                     PrefillMode::Snap { window, pool } => shown.push(("prefill", format!("snap:{window}:{pool}"))),
                     PrefillMode::Expect { future } => shown.push(("prefill", format!("expect:{future}"))),
+                    PrefillMode::Kvzip => shown.push(("prefill", "kvzip".into())),
                     PrefillMode::Full => {}
                 }
                 (
