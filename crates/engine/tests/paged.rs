@@ -106,6 +106,7 @@ fn paged_store_is_bit_identical_to_fixed_slots_for_every_policy() {
         "h2o:heavy=12,recent=12,prefill=snap:8".into(),
         "h2o:heavy=12,recent=12,sink=2,prefill=expect:64".into(),
         "h2o:heavy=12,recent=12,sink=2,prefill=kvzip".into(),
+        "h2o:heavy=12,recent=12,prefill=rkv:0.8".into(),
         format!("h2o:heavy=12,recent=12+chai:plan={plan}"),
         format!("chai-static:plan={plan}"),
         format!("h2o:heavy=12,recent=12+chai-static:plan={plan}"),

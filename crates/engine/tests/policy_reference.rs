@@ -45,6 +45,7 @@ fn ref_policy(spec: &PolicySpec, base: usize) -> RefPolicy {
         observe: None,
         expect: None,
         kvzip: false,
+        rkv: None,
     };
     match spec.token {
         TokenPolicySpec::Full => plain,
@@ -88,6 +89,10 @@ fn ref_policy(spec: &PolicySpec, base: usize) -> RefPolicy {
                 _ => None,
             },
             kvzip: prefill == PrefillMode::Kvzip,
+            rkv: match prefill {
+                PrefillMode::Rkv { mass_permille } => Some(mass_permille as f64 / 1000.0),
+                _ => None,
+            },
         },
     }
 }
@@ -474,6 +479,53 @@ fn kvzip_prefill_equals_reference() {
         let spec = PolicySpec::parse(spec).unwrap();
         compare(&m.model, &spec, &ids, 120, &format!("stories260K {spec}"));
         assert_tiled_keeps_what_traced_keeps(&m.model, &spec, &ids[..120], &format!("stories260K {spec}"));
+    }
+}
+
+/// ADAPTIVE_RKV-style prefill (`prefill=rkv:P`): the prompt scored by
+/// every query as plain H2O; the top tokens holding P of the attention mass
+/// rank first, the rest by key diversity; then decode steps as H2O. Random
+/// shapes with sinks, max aggregation, several mass shares and ada's
+/// per-head budgets; the 260K TinyStories model.
+#[test]
+fn rkv_prefill_equals_reference() {
+    let mut rng = Rng::new(7171);
+    let mut pick = |n: u64| (rng.next_u64() % n) as usize;
+    let mut filled = 0;
+    for case in 0..16 {
+        let (heads, kv_heads) = [(2, 2), (4, 2), (4, 1), (6, 3), (8, 4)][pick(5)];
+        let head_dim = [4, 8, 16][pick(3)];
+        let cfg = tiny_config(heads, kv_heads, head_dim);
+        let model = kvslim_engine::synthetic::random_model(cfg, DType::F32, 1100 + case as u64, 3.0).unwrap();
+        let prompt_len = 8 + pick(60);
+        let total = prompt_len + 10 + pick(30);
+        let tokens: Vec<u32> = (0..total).map(|_| pick(64) as u32).collect();
+        let b = 4 + pick(20);
+        let r = 1 + pick(b as u64 / 2);
+        let sink = pick(3);
+        let agg = ["sum", "max"][pick(2)];
+        let mass = ["0.5", "0.7", "0.9", "1"][pick(4)];
+        let spec = format!("h2o:heavy={},recent={r},sink={sink},agg={agg},prefill=rkv:{mass}", b - r);
+        let spec = PolicySpec::parse(&spec).unwrap();
+        let label = format!("case {case} {spec} H={heads}/{kv_heads} D={head_dim}");
+        compare(&model, &spec, &tokens, prompt_len, &label);
+        assert_tiled_keeps_what_traced_keeps(&model, &spec, &tokens[..prompt_len], &label);
+        // a kept prompt token scored below 2 came in by diversity
+        let mut s = Session::new(&model, &spec, prompt_len, prompt_len).unwrap();
+        s.feed(&tokens[..prompt_len], Logits::Last).unwrap();
+        filled += (0..model.config.n_kv_heads)
+            .filter(|&h| s.cache.store().head(0, h).scores().iter().any(|&x| x < 2.0))
+            .count();
+    }
+    assert!(filled > 0, "no case filled its budget by diversity");
+    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
+    let mut ids = tok.encode(&text[..4000]).unwrap();
+    ids.truncate(200);
+    for spec in ["h2o:heavy=24,recent=8,sink=4,prefill=rkv", "h2o:heavy=16,recent=16,prefill=rkv:0.5,alloc=ada:0.2"] {
+        let spec = PolicySpec::parse(spec).unwrap();
+        compare(&m.model, &spec, &ids, 120, &format!("stories260K {spec}"));
     }
 }
 

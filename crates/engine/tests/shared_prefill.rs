@@ -14,7 +14,7 @@ use common::{assert_same_cache, shared, stories, tokens};
 
 /// Policies that share a tiled prefill: no scores, column sums, SnapKV's
 /// window, allocators, pages, quantized rows, sinks.
-const TILED: [&str; 14] = [
+const TILED: [&str; 15] = [
     "full",
     "full:kv_dtype=q8",
     "h2o:heavy=25%,recent=25%",
@@ -29,6 +29,7 @@ const TILED: [&str; 14] = [
     "h2o:heavy=20%,recent=20%,alloc=ada:0.2",
     "h2o:heavy=20%,recent=20%,sink=2,page=4",
     "h2o:heavy=20%,recent=20%,kv_dtype=q8,page=8",
+    "h2o:heavy=20%,recent=20%,prefill=rkv",
 ];
 
 /// Policies whose prefill scores query by query (the decode kernel).

@@ -185,6 +185,13 @@ pub enum Observation {
     /// only score and never enter the cache. Query-agnostic; costs about
     /// one more prefill of the chunk.
     Repeat,
+    /// ADAPTIVE_RKV-style (OpenVINO GenAI): every query's attention, summed
+    /// as in a plain prefill; the highest-scoring candidates holding
+    /// `mass_permille`/1000 of the chunk's attention mass rank first, and
+    /// the budget left after them goes to the most diverse of the rest
+    /// (keys least aligned with the mean unit key: lowest mean cosine
+    /// similarity to the other candidates).
+    Diverse { mass_permille: u16 },
 }
 
 impl TokenEviction {

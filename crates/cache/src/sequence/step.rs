@@ -191,8 +191,13 @@ impl SequenceCache {
             cand.scores.iter_mut().zip(&cand.columns).for_each(|(sc, p)| *sc += p);
             cand.columns.clear();
         }
+        let d = self.store.head(layer, 0).head_dim();
         if cand.repeat > 0 {
-            cand.drop_repeat_rows(self.store.head(layer, 0).head_dim());
+            cand.drop_repeat_rows(d);
+        }
+        if let Some(Observation::Diverse { mass_permille }) = cand.observation {
+            let leader = self.layer_heads(layer).components[component].leader;
+            cand.rank_by_mass_then_diversity(f64::from(mass_permille) / 1000.0, leader, d);
         }
         if !self.policy.layer_decision_pending(layer, cand.positions.len()) {
             return self.select_and_absorb(layer, component, cand);
@@ -291,7 +296,8 @@ impl PrefillCandidates {
     /// The policy's score aggregation when every chunk query's attention
     /// counts (`None`: no scoring, or only an observation window's).
     pub fn score_aggregation(&self) -> Option<ScoreAgg> {
-        self.scoring.filter(|_| self.observation.is_none()).map(|(a, _)| a)
+        let every_query = matches!(self.observation, None | Some(Observation::Diverse { .. }));
+        self.scoring.filter(|_| every_query).map(|(a, _)| a)
     }
 
     /// SnapKV: how many of the chunk's last queries score the candidates;
@@ -336,6 +342,52 @@ impl PrefillCandidates {
         }
         self.value_norms.truncate(len);
         self.repeat = 0;
+    }
+
+    /// ADAPTIVE_RKV's ranking, written into the scores so that the
+    /// policy's lowest-score rule keeps it: the candidates with the highest
+    /// attention scores, taken until they hold `mass` of the total, score
+    /// 2 + their attention (their order kept); every other candidate scores
+    /// its diversity, 1 − its key's mean cosine similarity to the others'
+    /// (in [0, 2]; the KV head `leader`'s keys). So the budget holds the
+    /// mass first and fills up with the keys least like the rest.
+    fn rank_by_mass_then_diversity(&mut self, mass: f64, leader: usize, d: usize) {
+        let n = self.positions.len();
+        let keys = &self.keys[leader];
+        if n < 2 || keys.is_empty() {
+            return;
+        }
+        fn unit(k: &[f32]) -> impl Iterator<Item = f64> + '_ {
+            let norm = k.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+            k.iter().map(move |&x| if norm > 0.0 { f64::from(x) / norm } else { 0.0 })
+        }
+        // the mean unit key: a key's mean cosine similarity to all n is its dot with it
+        let mut mean = vec![0f64; d];
+        for k in keys.chunks_exact(d) {
+            mean.iter_mut().zip(unit(k)).for_each(|(m, x)| *m += x / n as f64);
+        }
+        let total: f64 = self.scores.iter().map(|&s| f64::from(s)).sum();
+        let mut order: Vec<usize> = (0..n).collect();
+        let positions = &self.positions;
+        order.sort_by(|&a, &b| self.scores[b].total_cmp(&self.scores[a]).then(positions[b].cmp(&positions[a])));
+        let mut in_mass = vec![false; n];
+        let mut held = 0.0;
+        for &i in &order {
+            if held >= mass * total {
+                break;
+            }
+            in_mass[i] = true;
+            held += f64::from(self.scores[i]);
+        }
+        for (i, k) in keys.chunks_exact(d).enumerate() {
+            self.scores[i] = if in_mass[i] {
+                2.0 + self.scores[i]
+            } else {
+                // self-similarity (1) left out of the mean over the others
+                let to_all: f64 = unit(k).zip(&mean).map(|(x, m)| x * m).sum();
+                (1.0 - (n as f64 * to_all - 1.0) / (n - 1) as f64) as f32
+            };
+        }
     }
 
     /// How the policy folds a query head group's attention (also for
@@ -415,7 +467,9 @@ impl PrefillCandidates {
     /// keys get equal scores from it ([`PrefillCandidates::attention_scores`]).
     pub fn scoring_key(&self) -> Option<ScoringKey> {
         let (agg, rule) = self.scoring?;
-        Some(ScoringKey { agg, rule: (!rule.column_summable()).then_some(rule), observation: self.observation })
+        // ADAPTIVE_RKV re-ranks plain column sums when it commits
+        let observation = self.observation.filter(|o| !matches!(o, Observation::Diverse { .. }));
+        Some(ScoringKey { agg, rule: (!rule.column_summable()).then_some(rule), observation })
     }
 
     /// The scores and column sums the chunk's attention has added so far:

@@ -49,6 +49,9 @@ pub struct RefPolicy {
     /// KVzip prefill: the chunk's repeat rows score it (see
     /// [`RefHead::prefill_candidates_repeat`]).
     pub kvzip: bool,
+    /// ADAPTIVE_RKV prefill: the attention-mass share ranked first (see
+    /// [`RefHead::mass_then_diversity`]).
+    pub rkv: Option<f64>,
 }
 
 /// Expected attention's parameters and the model's RoPE (over the whole
@@ -228,6 +231,9 @@ impl RefHead {
                     let probs = self.attend(q, *p, &cands);
                     Self::accumulate(policy, &probs, &mut cands, *p);
                 }
+                if let Some(mass) = policy.rkv {
+                    Self::mass_then_diversity(mass, &mut cands);
+                }
             }
             Some((window, pool)) => {
                 // SnapKV: the last `window` queries' column sums, max-pooled
@@ -247,6 +253,49 @@ impl RefHead {
             }
         }
         cands
+    }
+
+    /// ADAPTIVE_RKV: the candidates with the highest scores (newer first on
+    /// ties), taken while they hold less than `mass` of the total score,
+    /// score 2 + their score; every other one scores 1 − the mean cosine
+    /// similarity of its key to each other candidate's key.
+    fn mass_then_diversity(mass: f64, cands: &mut [Slot]) {
+        let n = cands.len();
+        if n < 2 {
+            return;
+        }
+        let total: f64 = cands.iter().map(|c| c.score).sum();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| {
+            cands[b].score.partial_cmp(&cands[a].score).unwrap().then(cands[b].pos.cmp(&cands[a].pos))
+        });
+        let mut in_mass = vec![false; n];
+        let mut held = 0.0;
+        for &i in &order {
+            if held >= mass * total {
+                break;
+            }
+            in_mass[i] = true;
+            held += cands[i].score;
+        }
+        let norm = |k: &[f64]| k.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let cos = |a: &[f64], b: &[f64]| {
+            let (na, nb) = (norm(a), norm(b));
+            if na == 0.0 || nb == 0.0 {
+                0.0
+            } else {
+                a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>() / (na * nb)
+            }
+        };
+        let diversity: Vec<f64> = (0..n)
+            .map(|j| {
+                let others: f64 = (0..n).filter(|&i| i != j).map(|i| cos(&cands[i].k, &cands[j].k)).sum();
+                1.0 - others / (n - 1) as f64
+            })
+            .collect();
+        for (j, c) in cands.iter_mut().enumerate() {
+            c.score = if in_mass[j] { 2.0 + c.score } else { diversity[j] };
+        }
     }
 
     /// KVzip: `chunk` is a prompt of `prompt` tokens followed by its repeat

@@ -148,8 +148,14 @@ pub(in crate::policy) static FAMILIES: &[Family] = &[
             if matches!(prefill, PrefillMode::Snap { .. }) && !score.column_summable() {
                 return Err(format!("prefill=snap sums the observation window's attention; it needs score=sum or score=norm, not score={score}"));
             }
-            if matches!(prefill, PrefillMode::Expect { .. } | PrefillMode::Kvzip) && !score.column_summable() {
-                return Err(format!("prefill={} scores the prompt once, then decode steps add attention; it needs score=sum or score=norm, not score={score}", if prefill == PrefillMode::Kvzip { "kvzip" } else { "expect" }));
+            let once = match prefill {
+                PrefillMode::Expect { .. } => Some("expect"),
+                PrefillMode::Kvzip => Some("kvzip"),
+                PrefillMode::Rkv { .. } => Some("rkv"),
+                _ => None,
+            };
+            if let (Some(mode), false) = (once, score.column_summable()) {
+                return Err(format!("prefill={mode} scores the prompt once, then decode steps add attention; it needs score=sum or score=norm, not score={score}"));
             }
             let alloc = match p.take("alloc") {
                 None => Alloc::default(),
@@ -161,13 +167,26 @@ pub(in crate::policy) static FAMILIES: &[Family] = &[
 ];
 
 /// `stream:C`, `snap:W[:K]` (K odd, default 7: SnapKV's pooling kernel)
-/// `expect[:F]` (F future positions, default 512 as kvpress) or `kvzip`.
+/// `expect[:F]` (F future positions, default 512 as kvpress), `kvzip` or
+/// `rkv[:P]` (attention-mass share P in (0, 1], default 0.9 as OpenVINO).
 fn parse_prefill(s: &str) -> Result<PrefillMode, String> {
     let bad = || {
-        format!("prefill: `{s}` is not `full`, `stream:C` (C ≥ 1), `snap:W[:K]` (W ≥ 1, K odd), `expect[:F]` (F ≥ 1) or `kvzip`")
+        format!("prefill: `{s}` is not `full`, `stream:C` (C ≥ 1), `snap:W[:K]` (W ≥ 1, K odd), `expect[:F]` (F ≥ 1), `kvzip` or `rkv[:P]` (0 < P ≤ 1)")
     };
     if s == "kvzip" {
         return Ok(PrefillMode::Kvzip);
+    }
+    if s == "rkv" {
+        return Ok(PrefillMode::Rkv { mass_permille: 900 });
+    }
+    if let Some(p) = s.strip_prefix("rkv:") {
+        return match p.parse::<f64>() {
+            // thousandths, so the spec stays exact and comparable
+            Ok(p) if p > 0.0 && p <= 1.0 && (p * 1000.0 - (p * 1000.0).round()).abs() < 1e-6 => {
+                Ok(PrefillMode::Rkv { mass_permille: (p * 1000.0).round() as u16 })
+            }
+            _ => Err(bad()),
+        };
     }
     if s == "expect" {
         return Ok(PrefillMode::Expect { future: 512 });

@@ -7,7 +7,7 @@
 //! sink:sink=S,recent=N                 StreamingLLM: first S positions + window
 //! heavy:heavy=N[,score=R]              heavy hitters only, no window
 //! random:budget=N[,recent=R][,seed=S]  seeded random victims, window protected
-//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]|expect[:F]|kvzip][,score=R][,alloc=A]
+//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]|expect[:F]|kvzip|rkv[:P]][,score=R][,alloc=A]
 //! ```
 //!
 //! `alloc=A` spreads h2o's heavy slots over layers and KV heads under the
@@ -145,6 +145,10 @@ pub enum PrefillMode {
     /// (teacher-forced); every prompt token scored by the most attention a
     /// repeat query paid it, then keep recent + top heavy.
     Kvzip,
+    /// ADAPTIVE_RKV-style: one chunk scored as `Full`; the top tokens
+    /// holding `mass_permille`/1000 of the attention mass rank first, the
+    /// rest of the budget goes to the most diverse keys.
+    Rkv { mass_permille: u16 },
 }
 
 /// Token-eviction part of a policy.
@@ -324,6 +328,7 @@ impl Evict {
                 PrefillMode::Snap { window, pool } => Some(Observation::Window { window, pool }),
                 PrefillMode::Expect { future } => Some(Observation::Expected { future, skip: r(self.sinks) }),
                 PrefillMode::Kvzip => Some(Observation::Repeat),
+                PrefillMode::Rkv { mass_permille } => Some(Observation::Diverse { mass_permille }),
                 _ => None,
             },
         }
@@ -373,6 +378,9 @@ impl TokenPolicySpec {
                     PrefillMode::Snap { window, pool } => shown.push(("prefill", format!("snap:{window}:{pool}"))),
                     PrefillMode::Expect { future } => shown.push(("prefill", format!("expect:{future}"))),
                     PrefillMode::Kvzip => shown.push(("prefill", "kvzip".into())),
+                    PrefillMode::Rkv { mass_permille } => {
+                        shown.push(("prefill", format!("rkv:{}", mass_permille as f64 / 1000.0)))
+                    }
                     PrefillMode::Full => {}
                 }
                 (
