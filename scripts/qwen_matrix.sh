@@ -16,6 +16,11 @@
 #   prompt (docs/evaluation.md, "One prefill per prompt").
 #   Supersedes r4k-a and r4k-b (run cell by cell at 7035e4e, kept for
 #   comparison).
+# Group r4k-z: the r4k items under the KVzip-style (`prefill=kvzip`) and
+#   ADAPTIVE_RKV-style (`prefill=rkv`) prefills, with the full cache again
+#   for the paired intervals: 9 cells per task, 63 in all; per item and lane
+#   one repeat prefill (the prompt twice) shared by the four kvzip budgets
+#   and one tiled prefill shared by full and rkv.
 # Group r4k-a: the RULER-style suite (passkey, niah single/multikey/
 #   multivalue, vt, cwe) at 4,096-token prompts, needles at half depth, two
 #   items per task (12 per cell); full + window, sink, H2O, SnapKV
@@ -59,11 +64,13 @@ group() {
   case "$1" in
     r4k) POLICIES="$A;$B;h2o:prefill=expect" TASKS="$RULER4K;niah_multiquery:$AT4K" BUDGETS=75%,50%,25%,12.5%
          pin 1930b9e5de4805185eeefa53338ab43626d26a1d ;;
+    r4k-z) POLICIES="full;h2o:prefill=kvzip;h2o:prefill=rkv" TASKS="$RULER4K;niah_multiquery:$AT4K" BUDGETS=75%,50%,25%,12.5%
+           pin d1661aa5416a327ae8e3d4e58a762d4ce6de6df8 ;;
     r4k-a) POLICIES=$A TASKS=$RULER4K; pin 7035e4e7da12591bd7cc79fd93c220ee7991b169 ;;
     r4k-b) POLICIES=$B TASKS=$RULER4K; pin 7035e4e7da12591bd7cc79fd93c220ee7991b169 ;;
     lcc-a) POLICIES=$A TASKS="lcc:$S/data/code_completion/stdlib_lcc.jsonl,max_context=2600"
            pin 7809719fba3923b554f994e3ac53ec81917285b8 ;;
-    *) echo "error: unknown group \`$1\` (r4k, r4k-a, r4k-b, lcc-a)" >&2; exit 2 ;;
+    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-a, r4k-b, lcc-a)" >&2; exit 2 ;;
   esac
 }
 

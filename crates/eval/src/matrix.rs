@@ -455,12 +455,14 @@ fn run_cell(
             let n = items.len();
             let (mut acc, mut acc_norm) = (Vec::with_capacity(n), Vec::with_capacity(n));
             let (mut pick, mut pick_norm) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            let mut gold = Vec::with_capacity(n);
             for (s, it) in scored.iter().zip(items.iter()) {
                 let (a, b) = t.add(it.2, s);
                 acc.push(f64::from(u8::from(a)));
                 acc_norm.push(f64::from(u8::from(b)));
                 pick.push(predict(s) as f64);
                 pick_norm.push(predict_norm(s) as f64);
+                gold.push(s[it.2].logprob_sum);
                 for c in s {
                     kv = kv.max(c.kv_bytes);
                     meta = meta.max(c.kv_metadata_bytes);
@@ -474,6 +476,7 @@ fn run_cell(
             row.per_item.insert("acc_norm".into(), acc_norm);
             row.per_item.insert("pick".into(), pick);
             row.per_item.insert("pick_norm".into(), pick_norm);
+            row.per_item.insert("gold_logprob".into(), gold);
         }
         Prepared::Ppl(windows) => {
             // the plain full cache (no storage keys, no CHAI) is its own reference

@@ -69,7 +69,8 @@ pub struct ResultRow {
     /// comparisons against the full cache on the same items
     /// ([`crate::paired`]): `acc` and `acc_norm` (0 or 1 per item), `nll`
     /// (per window); multiple-choice rows add `pick` and `pick_norm` (the
-    /// chosen choice's index).
+    /// chosen choice's index) and `gold_logprob` (the gold continuation's
+    /// summed log-prob, for item-by-item comparisons with other harnesses).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub per_item: BTreeMap<String, Vec<f64>>,
     pub kvslim_version: String,
