@@ -27,9 +27,13 @@
 #     bash scripts/lm_eval_check.sh
 #   SUITE=harness MODEL=qwen2.5-coder-1.5b bash scripts/lm_eval_check.sh
 #
-# Why `kvslim eval --mode prefill`: the server scores an `echo` prompt with
-# one prefill of context + continuation (every position's logits), which
-# is that mode; the default `decode` mode feeds one token at a time.
+# Why `kvslim eval --mode prefill --scoring per-choice`: the server scores
+# an `echo` prompt with one prefill of context + continuation (every
+# position's logits) in a session of its own, which is that mode and that
+# scoring; the default `decode` mode feeds one token at a time, and the
+# default `forked` scoring prefills the context once and each continuation
+# after it (under eviction, or a streamed prefill, that changes what the
+# continuation sees).
 # Why `--kv-page-size 0`: `kvslim eval` runs `full` on fixed slots; the
 # server would otherwise page it (same values up to float rounding).
 # The policy travels as the server's `--policy` (the default for requests
@@ -217,7 +221,7 @@ for i in "${!POLS[@]}"; do
   if [ "$BUDGET" = "-" ]; then BUDGETS=100%; else BUDGETS=$BUDGET; fi
   # shellcheck disable=SC2086
   "$BIN" eval --model "$MODEL" $FLAGS --tasks "${KV_TASKS%;}" --policies "$FAM" --budgets "$BUDGETS" \
-    --mode prefill --no-compare-full --out "$OUT/kvslim-eval" 2> "$OUT/kvslim-eval.log" > /dev/null
+    --mode prefill --scoring per-choice --no-compare-full --out "$OUT/kvslim-eval" 2> "$OUT/kvslim-eval.log" > /dev/null
   "$VENV/bin/python" - "$OUT" "$P" "$PAIRS" <<'PY' || status=1
 import glob, json, sys
 out, policy, pairs = sys.argv[1], sys.argv[2], sys.argv[3]
