@@ -158,11 +158,11 @@ pub fn available() -> Vec<DotKernels> {
     let mut v = vec![DotKernels::SCALAR];
     #[cfg(target_arch = "x86_64")]
     {
-        v.extend(crate::simd::avx2::kernels());
-        v.extend(crate::simd::avx512::kernels());
+        v.extend(crate::simd::kernels::<crate::simd::avx2::Avx2>());
+        v.extend(crate::simd::kernels::<crate::simd::avx512::Avx512>());
     }
     #[cfg(target_arch = "aarch64")]
-    v.extend(crate::simd::neon::kernels());
+    v.extend(crate::simd::kernels::<crate::simd::neon::Neon>());
     v
 }
 
@@ -392,7 +392,7 @@ mod tests {
         #[allow(unused_mut)]
         let mut v = available();
         #[cfg(not(target_arch = "aarch64"))]
-        v.extend(crate::simd::neon::kernels());
+        v.extend(crate::simd::kernels::<crate::simd::neon::Neon>());
         v
     }
 

@@ -108,7 +108,7 @@ impl KvGroupKernels {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => crate::simd::avx512::kv_group_kernels(),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => crate::simd::avx2::kv_group_kernels(),
+            Isa::Avx2 => crate::simd::lanes::kv_group_kernels::<crate::simd::avx2::Avx2>(None),
             Isa::Scalar => Some(Self::SCALAR),
             _ => None,
         }

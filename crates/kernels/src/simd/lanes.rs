@@ -27,6 +27,7 @@ pub(crate) trait F32Lanes {
     /// `a·b + c`, fused.
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
     /// Sum of the lanes, in the ISA's usual order.
     unsafe fn reduce(v: Self::V) -> f32;
 
@@ -58,7 +59,8 @@ const MAX_N: usize = 16;
 /// ggml maps `GGML_F32_VEC_*` to each instruction set.
 macro_rules! f32_lanes {
     ($isa:ty, $v:ty, $n:expr, splat: $splat:path, load: $load:path, store: $store:path,
-     fma: |$a:ident, $b:ident, $c:ident| $fma:expr, add: $add:path, reduce: $reduce:path $(, $extra:item)* $(,)?) => {
+     fma: |$a:ident, $b:ident, $c:ident| $fma:expr, add: $add:path, mul: $mul:path, reduce: $reduce:path
+     $(, $extra:item)* $(,)?) => {
         impl $crate::simd::lanes::F32Lanes for $isa {
             type V = $v;
             const N: usize = $n;
@@ -81,6 +83,10 @@ macro_rules! f32_lanes {
             #[inline(always)]
             unsafe fn add(a: $v, b: $v) -> $v {
                 $add(a, b)
+            }
+            #[inline(always)]
+            unsafe fn mul(a: $v, b: $v) -> $v {
+                $mul(a, b)
             }
             #[inline(always)]
             unsafe fn reduce(v: $v) -> f32 {
@@ -302,10 +308,29 @@ pub(crate) unsafe fn kv_elem<const T: u8>(data: *const u8, scales: *const f32, j
     }
 }
 
-/// Coded KV rows (f16, q8, q4; see `avx2::KV_*`) widened `N` at a time.
-pub(crate) trait KvLanes: F32Lanes {
-    /// Elements `i..i + N` of a coded row as f32 (`i` a multiple of `N`).
-    unsafe fn kv_load<const T: u8>(data: *const u8, scales: *const f32, i: usize) -> Self::V;
+/// Coded KV rows (f16, q8, q4) widened `N` at a time: f16 through
+/// [`HalfLanes`], the integer codes through these.
+pub(crate) trait KvLanes: HalfLanes {
+    /// `N` signed bytes at `p` as f32.
+    unsafe fn i8s(p: *const u8) -> Self::V;
+    /// The `N` nibbles of the `N / 2` bytes at `p` as f32, element order
+    /// (the low nibble of a byte first).
+    unsafe fn nibbles(p: *const u8) -> Self::V;
+}
+
+/// Elements `i..i + N` of a coded row as f32 (`i` a multiple of `N`, so
+/// the `N` share one scale group): exactly [`kv_elem`] lane by lane.
+///
+/// # Safety
+/// `i + N` must not exceed the row's length.
+#[inline(always)]
+pub(crate) unsafe fn kv_load<L: KvLanes, const T: u8>(data: *const u8, scales: *const f32, i: usize) -> L::V {
+    let g = i / crate::kvquant::KV_GROUP;
+    match T {
+        KV_F16 => L::half::<false>(data.add(2 * i).cast()),
+        KV_Q8 => L::mul(L::i8s(data.add(i)), L::splat(*scales.add(g))),
+        _ => L::fma(L::nibbles(data.add(i / 2)), L::splat(*scales.add(2 * g)), L::splat(*scales.add(2 * g + 1))),
+    }
 }
 
 /// `out[h] = q_h · row` for `N` heads (`q_h` at `q + h·d`); the tail
@@ -322,7 +347,7 @@ pub(crate) unsafe fn kv_dot<L: KvLanes, const T: u8, const H: usize>(
     let full = d / L::N * L::N;
     let mut i = 0;
     while i < full {
-        let k = L::kv_load::<T>(data, scales, i);
+        let k = kv_load::<L, T>(data, scales, i);
         for (h, a) in acc.iter_mut().enumerate() {
             *a = L::fma(k, L::load(q.add(h * d + i)), *a);
         }
@@ -353,7 +378,7 @@ pub(crate) unsafe fn kv_axpy<L: KvLanes, const T: u8, const H: usize>(
     let full = d / L::N * L::N;
     let mut i = 0;
     while i < full {
-        let v = L::kv_load::<T>(data, scales, i);
+        let v = kv_load::<L, T>(data, scales, i);
         for (h, &a) in pv.iter().enumerate() {
             let o = out.add(h * d + i);
             L::store(o, L::fma(a, v, L::load(o)));
@@ -399,8 +424,8 @@ pub(crate) use kv_isa;
 /// Group dot (`DOT`: `a` the queries, `b` one score per head, `b[h] =
 /// a_h · row`) or group axpy (`a` one weight per head, `b` the outputs,
 /// `b_h += a[h] · row`) on a coded row, heads in blocks of up to four.
-/// Only installed by an ISA's `kv_group_kernels()`, after its detection.
-pub(crate) fn kv_group<I: KvIsa, const T: u8, const DOT: bool>(data: &[u8], scales: &[f32], a: &[f32], b: &mut [f32]) {
+/// Only installed by [`kv_group_kernels`], after the ISA's detection.
+fn kv_group<I: KvIsa, const T: u8, const DOT: bool>(data: &[u8], scales: &[f32], a: &[f32], b: &mut [f32]) {
     let (g, rows) = if DOT { (b.len(), a.len()) } else { (a.len(), b.len()) };
     let d = rows.checked_div(g).unwrap_or(0);
     crate::kvquant::check_group_row(T, d, data.len(), scales.len());
@@ -423,10 +448,16 @@ pub(crate) fn kv_group<I: KvIsa, const T: u8, const DOT: bool>(data: &[u8], scal
     }
 }
 
-/// The three group dots and three group axpys (F16, Q8, Q4) of an ISA.
-pub(crate) fn kv_group_fns<I: KvIsa>() -> ([crate::kvquant::KvGroupFn; 3], [crate::kvquant::KvGroupFn; 3]) {
-    (
-        [kv_group::<I, KV_F16, true>, kv_group::<I, KV_Q8, true>, kv_group::<I, KV_Q4, true>],
-        [kv_group::<I, KV_F16, false>, kv_group::<I, KV_Q8, false>, kv_group::<I, KV_Q4, false>],
-    )
+/// The group kernels of `I` (with `runs`, its run kernels: dots, axpys),
+/// when the CPU has its features.
+pub(crate) fn kv_group_kernels<I: KvIsa + crate::simd::DotIsa>(
+    runs: Option<([crate::kvquant::KvRunFn; 3], [crate::kvquant::KvRunFn; 3])>,
+) -> Option<crate::kvquant::KvGroupKernels> {
+    I::detected().then(|| crate::kvquant::KvGroupKernels {
+        isa: I::ISA,
+        dot: [kv_group::<I, KV_F16, true>, kv_group::<I, KV_Q8, true>, kv_group::<I, KV_Q4, true>],
+        axpy: [kv_group::<I, KV_F16, false>, kv_group::<I, KV_Q8, false>, kv_group::<I, KV_Q4, false>],
+        dot_run: runs.map(|r| r.0),
+        axpy_run: runs.map(|r| r.1),
+    })
 }
