@@ -12,8 +12,8 @@
 
 use crate::dot::{Isa, GEMM_MR, GEMM_NR};
 use crate::dtype::DType;
-use crate::f16::{bf16_to_f32, f16_to_f32};
-use crate::simd::lanes::{self, HalfLanes, HalfRow};
+use crate::f16::f16_to_f32;
+use crate::simd::lanes::{self, F32Lanes, HalfLanes};
 use crate::simd::DotIsa;
 use std::arch::x86_64::*;
 use std::ptr;
@@ -52,21 +52,32 @@ pub(super) unsafe fn rd16(p: *const u8) -> u16 {
     u16::from_le(ptr::read_unaligned(p as *const u16))
 }
 
-/// The f16 values at `p0` and `p1` converted and broadcast to all lanes.
+/// The two f16 packed in `h` (the first in the low half) as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scales2(p0: *const u8, p1: *const u8) -> (__m256, __m256) {
-    let h = rd16(p0) as u32 | (rd16(p1) as u32) << 16;
+fn f16x2(h: u32) -> (f32, f32) {
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32));
-    (_mm256_broadcastss_ps(v), _mm256_broadcastss_ps(_mm_movehdup_ps(v)))
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
-/// The f16 value at `p` converted and broadcast to all lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale1(p: *const u8) -> __m256 {
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(rd16(p) as i32));
-    _mm256_broadcastss_ps(v)
+/// The f16 values at `p0` and `p1`, each broadcast to the lanes of `L`.
+#[inline(always)]
+pub(super) unsafe fn scales2<L: F32Lanes>(p0: *const u8, p1: *const u8) -> (L::V, L::V) {
+    let (a, b) = f16x2(rd16(p0) as u32 | (rd16(p1) as u32) << 16);
+    (L::splat(a), L::splat(b))
+}
+
+/// The f16 value at `p`, broadcast.
+#[inline(always)]
+pub(super) unsafe fn scale1<L: F32Lanes>(p: *const u8) -> L::V {
+    L::splat(f16x2(rd16(p) as u32).0)
+}
+
+/// d and m of the Q4_1 block at `p` (its first two f16), broadcast.
+#[inline(always)]
+pub(super) unsafe fn scale_min<L: F32Lanes>(p: *const u8) -> (L::V, L::V) {
+    let (d, m) = f16x2(rd32(p));
+    (L::splat(d), L::splat(m))
 }
 
 /// Loads 8 i8 at `p` widened to f32.
@@ -85,10 +96,19 @@ pub(crate) struct Avx2;
 lanes::f32_lanes!(Avx2, __m256, 8, splat: _mm256_set1_ps, load: _mm256_loadu_ps, store: _mm256_storeu_ps,
     fma: |a, b, c| _mm256_fmadd_ps(a, b, c), add: _mm256_add_ps, mul: _mm256_mul_ps, reduce: hsum);
 
+lanes::int_lanes!(Avx2, __m256i, bytes: u8x8, splat: |v| _mm256_set1_epi32(v as i32), and: _mm256_and_si256, or: _mm256_or_si256,
+    shl: _mm256_slli_epi32, shr: _mm256_srli_epi32);
+
 impl HalfLanes for Avx2 {
+    /// bf16 is the top half of an f32.
     #[inline(always)]
     unsafe fn half<const BF: bool>(p: *const u16) -> __m256 {
-        half8::<BF>(p)
+        let v = _mm_loadu_si128(p as *const __m128i);
+        if BF {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(v)))
+        } else {
+            _mm256_cvtph_ps(v)
+        }
     }
 }
 
@@ -96,32 +116,6 @@ impl HalfLanes for Avx2 {
 // two activation registers fit the 16 ymm registers, and each weight load
 // feeds two FMAs.
 crate::simd::isa_entries!(Avx2, #[target_feature(enable = "avx2,fma,f16c")], dot4x4: 2, false);
-
-/// 8 f16 at `p` as f32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16x8(p: *const u16) -> __m256 {
-    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-}
-
-/// 8 bf16 at `p` as f32 (bf16 is the top half of an f32).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bf16x8(p: *const u16) -> __m256 {
-    let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
-    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
-}
-
-/// 8 f16 (`BF` false) or bf16 (`BF` true) values at `p` as f32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn half8<const BF: bool>(p: *const u16) -> __m256 {
-    if BF {
-        bf16x8(p)
-    } else {
-        f16x8(p)
-    }
-}
 
 // ---- block formats ------------------------------------------------------------
 
@@ -164,41 +158,33 @@ unsafe fn q4_0_block(q: *const u8, x: *const f32) -> __m256 {
     _mm256_add_ps(a, b)
 }
 
-/// Σ q·x over one Q8_0 (`Q4` false) or Q4_0 (`Q4` true) block, unscaled.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scaled_block<const Q4: bool>(q: *const u8, x: *const f32) -> __m256 {
-    if Q4 {
-        q4_0_block(q, x)
-    } else {
-        q8_block(q, x)
-    }
-}
-
-/// Σ w·x over `nb` blocks of a format with one f16 scale per 32 weights:
-/// Q8_0 (`Q4` false, 34-byte blocks) or Q4_0 (`Q4` true, 18-byte blocks,
-/// prefetched: the nibble unpacking leaves the loads time to land).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_scaled<const Q4: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
-    let bb = if Q4 { 18 } else { 34 };
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
+/// Σ w·x over `nb` blocks of `bb` bytes that hold an f16 scale d and 32
+/// quants (Q8_0, Q4_0), with `L`'s lanes: d times `sum(quants,
+/// activations)`, two blocks a step into alternating accumulators (two
+/// independent FMA chains), `fetch(p0, p1)` first for each pair; returns
+/// the two accumulators summed.
+#[inline(always)]
+pub(super) unsafe fn dot_d_blocks<L: F32Lanes>(
+    (w, x, nb): (*const u8, *const f32, usize),
+    bb: usize,
+    fetch: impl Fn(*const u8, *const u8),
+    sum: impl Fn(*const u8, *const f32) -> L::V,
+) -> L::V {
+    let mut acc = [L::zero(); 2];
     let mut b = 0;
     while b + 2 <= nb {
         let (p0, p1) = (w.add(b * bb), w.add((b + 1) * bb));
-        if Q4 {
-            prefetch(p0);
-        }
-        let (d0, d1) = scales2(p0, p1);
-        acc0 = _mm256_fmadd_ps(d0, scaled_block::<Q4>(p0.add(2), x.add(b * 32)), acc0);
-        acc1 = _mm256_fmadd_ps(d1, scaled_block::<Q4>(p1.add(2), x.add(b * 32 + 32)), acc1);
+        fetch(p0, p1);
+        let (d0, d1) = scales2::<L>(p0, p1);
+        acc[0] = L::fma(d0, sum(p0.add(2), x.add(b * 32)), acc[0]);
+        acc[1] = L::fma(d1, sum(p1.add(2), x.add(b * 32 + 32)), acc[1]);
         b += 2;
     }
     if b < nb {
         let p = w.add(b * bb);
-        acc0 = _mm256_fmadd_ps(scale1(p), scaled_block::<Q4>(p.add(2), x.add(b * 32)), acc0);
+        acc[0] = L::fma(scale1::<L>(p), sum(p.add(2), x.add(b * 32)), acc[0]);
     }
-    hsum(_mm256_add_ps(acc0, acc1))
+    L::add(acc[0], acc[1])
 }
 
 /// (Σ q·x, Σ x) over one Q4_1 block.
@@ -216,44 +202,33 @@ unsafe fn q4_1_block(q: *const u8, x: *const f32) -> (__m256, __m256) {
     (_mm256_add_ps(a, b), xs)
 }
 
-/// d and m of the Q4_1 block at `p`, broadcast.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_min(p: *const u8) -> (__m256, __m256) {
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(ptr::read_unaligned(p as *const i32)));
-    (_mm256_broadcastss_ps(v), _mm256_broadcastss_ps(_mm_movehdup_ps(v)))
-}
-
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_1(w: *const u8, x: *const f32, nb: usize) -> f32 {
     const BB: usize = 20;
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
-    let mut accm0 = _mm256_setzero_ps();
-    let mut accm1 = _mm256_setzero_ps();
+    // Σ d·q·x of even and odd blocks, then Σ m·x of even and odd blocks
+    let mut acc = [_mm256_setzero_ps(); 4];
     let mut b = 0;
     while b + 2 <= nb {
         let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
         prefetch(p0);
-        let (d0, m0) = scale_min(p0);
-        let (d1, m1) = scale_min(p1);
+        let (d0, m0) = scale_min::<Avx2>(p0);
+        let (d1, m1) = scale_min::<Avx2>(p1);
         let (s0, x0) = q4_1_block(p0.add(4), x.add(b * 32));
         let (s1, x1) = q4_1_block(p1.add(4), x.add(b * 32 + 32));
-        acc0 = _mm256_fmadd_ps(d0, s0, acc0);
-        acc1 = _mm256_fmadd_ps(d1, s1, acc1);
-        accm0 = _mm256_fmadd_ps(m0, x0, accm0);
-        accm1 = _mm256_fmadd_ps(m1, x1, accm1);
+        acc[0] = _mm256_fmadd_ps(d0, s0, acc[0]);
+        acc[1] = _mm256_fmadd_ps(d1, s1, acc[1]);
+        acc[2] = _mm256_fmadd_ps(m0, x0, acc[2]);
+        acc[3] = _mm256_fmadd_ps(m1, x1, acc[3]);
         b += 2;
     }
     if b < nb {
         let p = w.add(b * BB);
-        let (d, m) = scale_min(p);
+        let (d, m) = scale_min::<Avx2>(p);
         let (s, xs) = q4_1_block(p.add(4), x.add(b * 32));
-        acc0 = _mm256_fmadd_ps(d, s, acc0);
-        accm0 = _mm256_fmadd_ps(m, xs, accm0);
+        acc[0] = _mm256_fmadd_ps(d, s, acc[0]);
+        acc[2] = _mm256_fmadd_ps(m, xs, acc[2]);
     }
-    let acc = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(accm0, accm1));
-    hsum(acc)
+    hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
 }
 
 // ---- Q5 and K-quant formats -------------------------------------------------
@@ -301,14 +276,6 @@ pub(super) unsafe fn prefetch_block(p: *const u8, bytes: usize) {
     }
 }
 
-/// The f16 values at `p` and `p + 2` as f32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn halves2(p: *const u8) -> (f32, f32) {
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(ptr::read_unaligned(p as *const i32)));
-    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
-}
-
 /// `d` times the 8 unsigned bytes of `b` (little-endian), stored to `out`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -336,7 +303,7 @@ unsafe fn rd32(p: *const u8) -> u32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn k4_scales(p: *const u8) -> ([f32; 8], [f32; 8]) {
-    let (d, dmin) = halves2(p);
+    let (d, dmin) = f16x2(rd32(p));
     // the 6-bit scales and mins of groups 0-3 and 4-7, one byte each
     // (see quant::k4_scale_min), unpacked four at a time
     let (w0, w1, w2) = (rd32(p.add(4)), rd32(p.add(8)), rd32(p.add(12)));
@@ -351,6 +318,143 @@ pub(super) unsafe fn k4_scales(p: *const u8) -> ([f32; 8], [f32; 8]) {
     (dl, off)
 }
 
+/// The loop of the K-quant kernels: each super-block `p` of `dt` (its
+/// lines prefetched ahead) with its 256 activations `xb`; `block(p, xb,
+/// acc)` adds the super-block's products into the eight accumulators.
+#[inline(always)]
+unsafe fn k_quant_dot(
+    (w, x, nb): (*const u8, *const f32, usize),
+    dt: DType,
+    block: unsafe fn(*const u8, *const f32, &mut [__m256; 8]),
+) -> f32 {
+    let bb = dt.block_bytes();
+    let mut acc = [_mm256_setzero_ps(); 8];
+    for b in 0..nb {
+        let p = w.add(b * bb);
+        prefetch_block(p, bb);
+        block(p, x.add(b * 256), &mut acc);
+    }
+    hsum8(&acc)
+}
+
+/// Q2_K: element 128h + 32j + l is bits 2j of byte 32h + l; group e/16
+/// has scale d·(s & 15) and offset −dmin·(s >> 4).
+#[inline(always)]
+unsafe fn q2_k_block(p: *const u8, xb: *const f32, acc: &mut [__m256; 8]) {
+    let m3 = _mm256_set1_epi32(3);
+    let (d, dmin) = f16x2(rd32(p.add(80)));
+    let (lo, hi) = (ptr::read_unaligned(p as *const u64), ptr::read_unaligned(p.add(8) as *const u64));
+    let k4 = 0x0f0f_0f0f_0f0f_0f0f;
+    let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
+    scaled_bytes(lo & k4, d, dl.as_mut_ptr());
+    scaled_bytes(hi & k4, d, dl.as_mut_ptr().add(8));
+    // −(dmin·m) is (−dmin)·m exactly
+    scaled_bytes((lo >> 4) & k4, -dmin, off.as_mut_ptr());
+    scaled_bytes((hi >> 4) & k4, -dmin, off.as_mut_ptr().add(8));
+    for h in 0..2 {
+        for lc in 0..4 {
+            let r = u8x8(p.add(16 + 32 * h + 8 * lc));
+            for j in 0..4 {
+                let g = 8 * h + 2 * j + lc / 2;
+                let u = _mm256_and_si256(shr(r, 2 * j as i32), m3);
+                let a = &mut acc[2 * j + (lc & 1)];
+                *a = fma_q(u, dl[g], off[g], xb.add(128 * h + 32 * j + 8 * lc), *a);
+            }
+        }
+    }
+}
+
+/// Q3_K: as Q2_K's layout plus a high bit 4h + j in hmask byte l; group
+/// scale d·(s − 32), offset −4 times that (u = low | high << 2 is q + 4).
+#[inline(always)]
+unsafe fn q3_k_block(p: *const u8, xb: *const f32, acc: &mut [__m256; 8]) {
+    let m3 = _mm256_set1_epi32(3);
+    let four = _mm256_set1_epi32(4);
+    let d = f16_to_f32(rd16(p.add(108)));
+    // the 16 6-bit scales (see quant::q3_k_scale), four at a time
+    let (a0, a1, a2) = (rd32(p.add(96)), rd32(p.add(100)), rd32(p.add(104)));
+    let k4 = 0x0f0f_0f0f;
+    let k2 = 0x0303_0303;
+    let s = [
+        (a0 & k4) | ((a2 & k2) << 4),
+        (a1 & k4) | (((a2 >> 2) & k2) << 4),
+        ((a0 >> 4) & k4) | (((a2 >> 4) & k2) << 4),
+        ((a1 >> 4) & k4) | (((a2 >> 6) & k2) << 4),
+    ];
+    let sb = [s[0] as u64 | (s[1] as u64) << 32, s[2] as u64 | (s[3] as u64) << 32];
+    let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
+    // −4·dl is exact; the bytes are below 64, so signed = unsigned
+    scaled_i8(sb.as_ptr() as *const u8, 32, d, dl.as_mut_ptr());
+    scaled_i8((sb.as_ptr() as *const u8).add(8), 32, d, dl.as_mut_ptr().add(8));
+    scaled_i8(sb.as_ptr() as *const u8, 32, -4.0 * d, off.as_mut_ptr());
+    scaled_i8((sb.as_ptr() as *const u8).add(8), 32, -4.0 * d, off.as_mut_ptr().add(8));
+    for lc in 0..4 {
+        let hm = u8x8(p.add(8 * lc));
+        for h in 0..2 {
+            let r = u8x8(p.add(32 + 32 * h + 8 * lc));
+            for j in 0..4 {
+                let g = 8 * h + 2 * j + lc / 2;
+                let lo = _mm256_and_si256(shr(r, 2 * j as i32), m3);
+                // bit 4h + j of hmask moved to bit 2
+                let hi = _mm256_and_si256(_mm256_slli_epi32::<2>(shr(hm, (4 * h + j) as i32)), four);
+                let a = &mut acc[2 * j + h];
+                *a = fma_q(_mm256_or_si256(lo, hi), dl[g], off[g], xb.add(128 * h + 32 * j + 8 * lc), *a);
+            }
+        }
+    }
+}
+
+/// Q4_K (`FIVE` false) or Q5_K (`FIVE` true): chunk c of 64 elements reads
+/// 32 nibble bytes; low nibbles are group 2c, high nibbles group 2c + 1;
+/// Q5_K's fifth bit of element 32g + l is bit g of qh byte l.
+#[inline(always)]
+unsafe fn q45_k_block<const FIVE: bool>(p: *const u8, xb: *const f32, acc: &mut [__m256; 8]) {
+    let qs_at = if FIVE { 48 } else { 16 };
+    let m4 = _mm256_set1_epi32(0x0f);
+    let b4 = _mm256_set1_epi32(0x10);
+    let (dl, off) = k4_scales(p);
+    for c in 0..4 {
+        let q = p.add(qs_at + 32 * c);
+        for k in 0..4 {
+            let r = u8x8(q.add(8 * k));
+            let mut lo = _mm256_and_si256(r, m4);
+            let mut hi = _mm256_srli_epi32::<4>(r);
+            if FIVE {
+                let h = shr(u8x8(p.add(16 + 8 * k)), 2 * c as i32);
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32::<4>(h), b4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi32::<3>(h), b4));
+            }
+            let xc = xb.add(64 * c + 8 * k);
+            // four accumulators: eight would spill (16 ymm registers)
+            let a = 2 * (k & 1);
+            acc[a] = fma_q(lo, dl[2 * c], off[2 * c], xc, acc[a]);
+            acc[a + 1] = fma_q(hi, dl[2 * c + 1], off[2 * c + 1], xc.add(32), acc[a + 1]);
+        }
+    }
+}
+
+/// Q6_K: element 128h + 32k + l: nibble k / 2 of ql byte 64h + 32(k % 2) + l,
+/// bits 2k of qh byte 32h + l; group e/16 scale d·s, offset −32 times that.
+#[inline(always)]
+unsafe fn q6_k_block(p: *const u8, xb: *const f32, acc: &mut [__m256; 8]) {
+    let d = f16_to_f32(rd16(p.add(208)));
+    let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
+    scaled_i8(p.add(192), 0, d, dl.as_mut_ptr());
+    scaled_i8(p.add(200), 0, d, dl.as_mut_ptr().add(8));
+    // −32·dl is exact
+    scaled_i8(p.add(192), 0, -32.0 * d, off.as_mut_ptr());
+    scaled_i8(p.add(200), 0, -32.0 * d, off.as_mut_ptr().add(8));
+    for h in 0..2 {
+        for lc in 0..4 {
+            let u = lanes::q6_quants::<Avx2>(p, h, 8 * lc);
+            for (k, uk) in u.iter().enumerate() {
+                let g = 8 * h + 2 * k + lc / 2;
+                let a = &mut acc[k];
+                *a = fma_q(*uk, dl[g], off[g], xb.add(128 * h + 32 * k + 8 * lc), *a);
+            }
+        }
+    }
+}
 /// Sum of eight accumulators.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -419,7 +523,7 @@ unsafe fn store_scaled(o: *mut f32, q: __m256i, dl: f32, ml: Option<f32>) {
 unsafe fn deq_q5_block<const MIN: bool>(b: &[u8], o: *mut f32) {
     let head = if MIN { 4 } else { 2 };
     let p = b.as_ptr();
-    let (d, m) = if MIN { scale_min(p) } else { (scale1(p), _mm256_setzero_ps()) };
+    let (d, m) = if MIN { scale_min::<Avx2>(p) } else { (scale1::<Avx2>(p), _mm256_setzero_ps()) };
     let qh = rd32(p.add(head));
     let qs = p.add(head + 4);
     for e0 in [0usize, 8] {
@@ -442,20 +546,38 @@ fn half(b: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
+/// The 256 elements of a super-block of 16 groups of 16 (Q2_K, Q3_K,
+/// Q6_K) stored to `o`: group g's scale and offset `scale(g)` (as
+/// [`store_scaled`] takes them) times the quants `quants(h, j, l)` of its
+/// elements 128h + 32j + l .. l + 8 (j = (g mod 8) / 2; l = 16 (g mod 2),
+/// then 8 more).
+#[inline(always)]
+unsafe fn deq_groups16(
+    o: *mut f32,
+    scale: impl Fn(usize) -> (f32, Option<f32>),
+    quants: impl Fn(usize, usize, usize) -> __m256i,
+) {
+    for g in 0..16 {
+        let (dl, ml) = scale(g);
+        let (h, j, l0) = (g / 8, (g % 8) / 2, (g % 2) * 16);
+        for half8 in [0, 8] {
+            store_scaled(o.add(16 * g + half8), quants(h, j, l0 + half8), dl, ml);
+        }
+    }
+}
+
 /// Q2_K: x = (d·s)·q − (dmin·m) per group of 16.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn deq_q2_k_block(b: &[u8], o: *mut f32) {
     let (d, dmin) = (half(b, 80), half(b, 82));
     let qs = b.as_ptr().add(16);
-    for (g, &sc) in b[..16].iter().enumerate() {
-        let dl = d * (sc & 0x0f) as f32;
-        let ml = dmin * (sc >> 4) as f32;
-        let (h, j, l0) = (g / 8, (g % 8) / 2, (g % 2) * 16);
-        for half8 in [0, 8] {
-            let q = bits8(qs.add(32 * h + l0 + half8), 2 * j as i32, 3);
-            store_scaled(o.add(16 * g + half8), q, dl, Some(ml));
-        }
-    }
+    deq_groups16(
+        o,
+        #[inline(always)]
+        |g| (d * (b[g] & 0x0f) as f32, Some(dmin * (b[g] >> 4) as f32)),
+        #[inline(always)]
+        |h, j, l| bits8(qs.add(32 * h + l), 2 * j as i32, 3),
+    );
 }
 
 /// Q3_K: x = (d·(s − 32))·(lo − 4·(1 − high)) per group of 16.
@@ -463,18 +585,18 @@ unsafe fn deq_q2_k_block(b: &[u8], o: *mut f32) {
 unsafe fn deq_q3_k_block(b: &[u8], o: *mut f32) {
     let d = half(b, 108);
     let (hm, qs) = (b.as_ptr(), b.as_ptr().add(32));
-    let four = _mm256_set1_epi32(4);
-    for g in 0..16 {
-        let dl = d * (crate::quant::q3_k_scale(&b[96..108], g) as i32 - 32) as f32;
-        let (h, j, l0) = (g / 8, (g % 8) / 2, (g % 2) * 16);
-        for half8 in [0, 8] {
-            let lo = bits8(qs.add(32 * h + l0 + half8), 2 * j as i32, 3);
-            let high = bits8(hm.add(l0 + half8), (4 * h + j) as i32, 1);
+    deq_groups16(
+        o,
+        #[inline(always)]
+        |g| (d * (crate::quant::q3_k_scale(&b[96..108], g) as i32 - 32) as f32, None),
+        #[inline(always)]
+        |h, j, l| {
+            let lo = bits8(qs.add(32 * h + l), 2 * j as i32, 3);
+            let high = bits8(hm.add(l), (4 * h + j) as i32, 1);
             // lo − 4 + 4·high: subtracts 4 exactly when the high bit is clear
-            let q = _mm256_add_epi32(_mm256_sub_epi32(lo, four), _mm256_slli_epi32::<2>(high));
-            store_scaled(o.add(16 * g + half8), q, dl, None);
-        }
-    }
+            _mm256_add_epi32(_mm256_sub_epi32(lo, _mm256_set1_epi32(4)), _mm256_slli_epi32::<2>(high))
+        },
+    );
 }
 
 /// Q4_K (`FIVE` false) or Q5_K (`FIVE` true): x = (d·s)·q − (dmin·m) per
@@ -499,22 +621,23 @@ unsafe fn deq_q45_k_block<const FIVE: bool>(b: &[u8], o: *mut f32) {
     }
 }
 
-/// Q6_K: x = (d·s)·(q − 32) per group of 16.
+/// Q6_K: x = (d·s)·(q − 32) per group of 16 (group g's quants: nibble
+/// k / 2 of ql byte 64h + 32(k mod 2) + l, bits 2k of qh byte 32h + l,
+/// k = (g mod 8) / 2).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn deq_q6_k_block(b: &[u8], o: *mut f32) {
     let d = half(b, 208);
-    let (ql, qh) = (b.as_ptr(), b.as_ptr().add(128));
-    let bias = _mm256_set1_epi32(32);
-    for g in 0..16 {
-        let dl = d * (b[192 + g] as i8) as f32;
-        let (h, k, l0) = (g / 8, (g % 8) / 2, (g % 2) * 16);
-        for half8 in [0, 8] {
-            let lo = bits8(ql.add(64 * h + 32 * (k % 2) + l0 + half8), 4 * (k / 2) as i32, 0x0f);
-            let hi = bits8(qh.add(32 * h + l0 + half8), 2 * k as i32, 3);
-            let q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)), bias);
-            store_scaled(o.add(16 * g + half8), q, dl, None);
-        }
-    }
+    deq_groups16(
+        o,
+        #[inline(always)]
+        |g| (d * (b[192 + g] as i8) as f32, None),
+        #[inline(always)]
+        |h, k, l| {
+            let lo = bits8(b.as_ptr().add(64 * h + 32 * (k % 2) + l), 4 * (k / 2) as i32, 0x0f);
+            let hi = bits8(b.as_ptr().add(128 + 32 * h + l), 2 * k as i32, 3);
+            _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)), _mm256_set1_epi32(32))
+        },
+    );
 }
 
 // ---- the kernel set --------------------------------------------------------
@@ -527,21 +650,30 @@ impl DotIsa for Avx2 {
     }
 
     #[inline(always)]
-    unsafe fn dot_half<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f32 {
-        lanes::dot::<Avx2, HalfRow<BF>>(w, x, n)
-    }
-
-    #[inline(always)]
     unsafe fn dot_q8_0(w: *const u8, x: *const f32, nb: usize) -> f32 {
-        dot_scaled::<false>(w, x, nb)
+        hsum(dot_d_blocks::<Avx2>(
+            (w, x, nb),
+            34,
+            |_, _| {},
+            #[inline(always)]
+            |q, x| q8_block(q, x),
+        ))
     }
 
+    /// Q4_0 prefetches (the nibble unpacking leaves the loads time to land).
     #[inline(always)]
     unsafe fn dot_q4<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
         if MIN {
             dot_q4_1(w, x, nb)
         } else {
-            dot_scaled::<true>(w, x, nb)
+            hsum(dot_d_blocks::<Avx2>(
+                (w, x, nb),
+                18,
+                #[inline(always)]
+                |p0, _| prefetch(p0),
+                #[inline(always)]
+                |q, x| q4_0_block(q, x),
+            ))
         }
     }
 
@@ -579,188 +711,31 @@ impl DotIsa for Avx2 {
         hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
     }
 
-    /// Q2_K: element 128h + 32j + l is bits 2j of byte 32h + l; group e/16
-    /// has scale d·(s & 15) and offset −dmin·(s >> 4).
     #[inline(always)]
     unsafe fn dot_q2_k(w: *const u8, x: *const f32, nb: usize) -> f32 {
-        const BB: usize = 84;
-        let m3 = _mm256_set1_epi32(3);
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for b in 0..nb {
-            let p = w.add(b * BB);
-            prefetch_block(p, BB);
-            let (d, dmin) = halves2(p.add(80));
-            let (lo, hi) = (ptr::read_unaligned(p as *const u64), ptr::read_unaligned(p.add(8) as *const u64));
-            let k4 = 0x0f0f_0f0f_0f0f_0f0f;
-            let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
-            scaled_bytes(lo & k4, d, dl.as_mut_ptr());
-            scaled_bytes(hi & k4, d, dl.as_mut_ptr().add(8));
-            // −(dmin·m) is (−dmin)·m exactly
-            scaled_bytes((lo >> 4) & k4, -dmin, off.as_mut_ptr());
-            scaled_bytes((hi >> 4) & k4, -dmin, off.as_mut_ptr().add(8));
-            let xb = x.add(b * 256);
-            for h in 0..2 {
-                for lc in 0..4 {
-                    let r = u8x8(p.add(16 + 32 * h + 8 * lc));
-                    for j in 0..4 {
-                        let g = 8 * h + 2 * j + lc / 2;
-                        let u = _mm256_and_si256(shr(r, 2 * j as i32), m3);
-                        let a = &mut acc[2 * j + (lc & 1)];
-                        *a = fma_q(u, dl[g], off[g], xb.add(128 * h + 32 * j + 8 * lc), *a);
-                    }
-                }
-            }
-        }
-        hsum8(&acc)
+        k_quant_dot((w, x, nb), DType::Q2_K, q2_k_block)
     }
 
-    /// Q3_K: as Q2_K's layout plus a high bit 4h + j in hmask byte l; group
-    /// scale d·(s − 32), offset −4 times that (u = low | high << 2 is q + 4).
     #[inline(always)]
     unsafe fn dot_q3_k(w: *const u8, x: *const f32, nb: usize) -> f32 {
-        const BB: usize = 110;
-        let m3 = _mm256_set1_epi32(3);
-        let four = _mm256_set1_epi32(4);
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for b in 0..nb {
-            let p = w.add(b * BB);
-            prefetch_block(p, BB);
-            let d = f16_to_f32(rd16(p.add(108)));
-            // the 16 6-bit scales (see quant::q3_k_scale), four at a time
-            let (a0, a1, a2) = (rd32(p.add(96)), rd32(p.add(100)), rd32(p.add(104)));
-            let k4 = 0x0f0f_0f0f;
-            let k2 = 0x0303_0303;
-            let s = [
-                (a0 & k4) | ((a2 & k2) << 4),
-                (a1 & k4) | (((a2 >> 2) & k2) << 4),
-                ((a0 >> 4) & k4) | (((a2 >> 4) & k2) << 4),
-                ((a1 >> 4) & k4) | (((a2 >> 6) & k2) << 4),
-            ];
-            let sb = [s[0] as u64 | (s[1] as u64) << 32, s[2] as u64 | (s[3] as u64) << 32];
-            let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
-            // −4·dl is exact; the bytes are below 64, so signed = unsigned
-            scaled_i8(sb.as_ptr() as *const u8, 32, d, dl.as_mut_ptr());
-            scaled_i8((sb.as_ptr() as *const u8).add(8), 32, d, dl.as_mut_ptr().add(8));
-            scaled_i8(sb.as_ptr() as *const u8, 32, -4.0 * d, off.as_mut_ptr());
-            scaled_i8((sb.as_ptr() as *const u8).add(8), 32, -4.0 * d, off.as_mut_ptr().add(8));
-            let xb = x.add(b * 256);
-            for lc in 0..4 {
-                let hm = u8x8(p.add(8 * lc));
-                for h in 0..2 {
-                    let r = u8x8(p.add(32 + 32 * h + 8 * lc));
-                    for j in 0..4 {
-                        let g = 8 * h + 2 * j + lc / 2;
-                        let lo = _mm256_and_si256(shr(r, 2 * j as i32), m3);
-                        // bit 4h + j of hmask moved to bit 2
-                        let hi = _mm256_and_si256(_mm256_slli_epi32::<2>(shr(hm, (4 * h + j) as i32)), four);
-                        let a = &mut acc[2 * j + h];
-                        *a = fma_q(_mm256_or_si256(lo, hi), dl[g], off[g], xb.add(128 * h + 32 * j + 8 * lc), *a);
-                    }
-                }
-            }
-        }
-        hsum8(&acc)
+        k_quant_dot((w, x, nb), DType::Q3_K, q3_k_block)
     }
 
-    /// Q4_K (`FIVE` false) or Q5_K (`FIVE` true): chunk c of 64 elements reads
-    /// 32 nibble bytes; low nibbles are group 2c, high nibbles group 2c + 1;
-    /// Q5_K's fifth bit of element 32g + l is bit g of qh byte l.
     #[inline(always)]
     unsafe fn dot_q45_k<const FIVE: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
-        let (bb, qs_at) = if FIVE { (176, 48) } else { (144, 16) };
-        let m4 = _mm256_set1_epi32(0x0f);
-        let b4 = _mm256_set1_epi32(0x10);
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for b in 0..nb {
-            let p = w.add(b * bb);
-            prefetch_block(p, bb);
-            let (dl, off) = k4_scales(p);
-            let xb = x.add(b * 256);
-            for c in 0..4 {
-                let q = p.add(qs_at + 32 * c);
-                for k in 0..4 {
-                    let r = u8x8(q.add(8 * k));
-                    let mut lo = _mm256_and_si256(r, m4);
-                    let mut hi = _mm256_srli_epi32::<4>(r);
-                    if FIVE {
-                        let h = shr(u8x8(p.add(16 + 8 * k)), 2 * c as i32);
-                        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32::<4>(h), b4));
-                        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi32::<3>(h), b4));
-                    }
-                    let xc = xb.add(64 * c + 8 * k);
-                    // four accumulators: eight would spill (16 ymm registers)
-                    let a = 2 * (k & 1);
-                    acc[a] = fma_q(lo, dl[2 * c], off[2 * c], xc, acc[a]);
-                    acc[a + 1] = fma_q(hi, dl[2 * c + 1], off[2 * c + 1], xc.add(32), acc[a + 1]);
-                }
-            }
-        }
-        hsum8(&acc)
+        k_quant_dot((w, x, nb), if FIVE { DType::Q5_K } else { DType::Q4_K }, q45_k_block::<FIVE>)
     }
 
-    /// Q6_K: element 128h + 32k + l: nibble k / 2 of ql byte 64h + 32(k % 2) + l,
-    /// bits 2k of qh byte 32h + l; group e/16 scale d·s, offset −32 times that.
     #[inline(always)]
     unsafe fn dot_q6_k(w: *const u8, x: *const f32, nb: usize) -> f32 {
-        const BB: usize = 210;
-        let m4 = _mm256_set1_epi32(0x0f);
-        let m30 = _mm256_set1_epi32(0x30);
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for b in 0..nb {
-            let p = w.add(b * BB);
-            prefetch_block(p, BB);
-            let d = f16_to_f32(rd16(p.add(208)));
-            let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
-            scaled_i8(p.add(192), 0, d, dl.as_mut_ptr());
-            scaled_i8(p.add(200), 0, d, dl.as_mut_ptr().add(8));
-            // −32·dl is exact
-            scaled_i8(p.add(192), 0, -32.0 * d, off.as_mut_ptr());
-            scaled_i8(p.add(200), 0, -32.0 * d, off.as_mut_ptr().add(8));
-            let xb = x.add(b * 256);
-            for h in 0..2 {
-                for lc in 0..4 {
-                    let qa = u8x8(p.add(64 * h + 8 * lc));
-                    let qb = u8x8(p.add(64 * h + 32 + 8 * lc));
-                    let qh = u8x8(p.add(128 + 32 * h + 8 * lc));
-                    let u = [
-                        _mm256_or_si256(_mm256_and_si256(qa, m4), _mm256_and_si256(_mm256_slli_epi32::<4>(qh), m30)),
-                        _mm256_or_si256(_mm256_and_si256(qb, m4), _mm256_and_si256(_mm256_slli_epi32::<2>(qh), m30)),
-                        _mm256_or_si256(_mm256_srli_epi32::<4>(qa), _mm256_and_si256(qh, m30)),
-                        _mm256_or_si256(_mm256_srli_epi32::<4>(qb), _mm256_and_si256(_mm256_srli_epi32::<2>(qh), m30)),
-                    ];
-                    for (k, uk) in u.iter().enumerate() {
-                        let g = 8 * h + 2 * k + lc / 2;
-                        let a = &mut acc[k];
-                        *a = fma_q(*uk, dl[g], off[g], xb.add(128 * h + 32 * k + 8 * lc), *a);
-                    }
-                }
-            }
-        }
-        hsum8(&acc)
-    }
-
-    /// f16 (`BF` false) or bf16 (`BF` true) bytes at `s` to `n` f32 at `o`.
-    #[inline(always)]
-    unsafe fn deq_half<const BF: bool>(s: *const u8, o: *mut f32, n: usize) {
-        let w = s as *const u16;
-        let mut i = 0;
-        while i + 8 <= n {
-            let v = half8::<BF>(w.add(i));
-            _mm256_storeu_ps(o.add(i), v);
-            i += 8;
-        }
-        while i < n {
-            let h = rd16(s.add(2 * i));
-            *o.add(i) = if BF { bf16_to_f32(h) } else { f16_to_f32(h) };
-            i += 1;
-        }
+        k_quant_dot((w, x, nb), DType::Q6_K, q6_k_block)
     }
 
     #[inline(always)]
     unsafe fn deq_q8_0(s: *const u8, o: *mut f32, nb: usize) {
         for b in 0..nb {
             let p = s.add(b * 34);
-            let d = scale1(p);
+            let d = scale1::<Avx2>(p);
             for k in 0..4 {
                 _mm256_storeu_ps(o.add(b * 32 + k * 8), _mm256_mul_ps(d, i8x8(p.add(2 + k * 8))));
             }
@@ -777,14 +752,14 @@ impl DotIsa for Avx2 {
             let p = s.add(b * bb);
             let ob = o.add(b * 32);
             if MIN {
-                let (d, m) = scale_min(p);
+                let (d, m) = scale_min::<Avx2>(p);
                 let q = nibbles(p.add(4));
                 for (k, v) in q.iter().enumerate() {
                     let f = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(*v)), m);
                     _mm256_storeu_ps(ob.add(k * 8), f);
                 }
             } else {
-                let d = scale1(p);
+                let d = scale1::<Avx2>(p);
                 let q = nibbles(p.add(2));
                 for (k, v) in q.iter().enumerate() {
                     let f = _mm256_cvtepi32_ps(_mm256_sub_epi32(*v, eight));
@@ -797,19 +772,19 @@ impl DotIsa for Avx2 {
     /// Q5_0/Q5_1 and the K-quants, a block at a time.
     #[inline(always)]
     unsafe fn deq_other(dt: DType, s: *const u8, o: *mut f32, nb: usize) -> bool {
-        let block: unsafe fn(&[u8], *mut f32) = match dt {
-            DType::Q5_0 => deq_q5_block::<false>,
-            DType::Q5_1 => deq_q5_block::<true>,
-            DType::Q2_K => deq_q2_k_block,
-            DType::Q3_K => deq_q3_k_block,
-            DType::Q4_K => deq_q45_k_block::<false>,
-            DType::Q5_K => deq_q45_k_block::<true>,
-            DType::Q6_K => deq_q6_k_block,
-            _ => return false,
-        };
         let (bb, be) = (dt.block_bytes(), dt.block_elems());
         for b in 0..nb {
-            block(std::slice::from_raw_parts(s.add(b * bb), bb), o.add(b * be));
+            let (blk, o) = (std::slice::from_raw_parts(s.add(b * bb), bb), o.add(b * be));
+            match dt {
+                DType::Q5_0 => deq_q5_block::<false>(blk, o),
+                DType::Q5_1 => deq_q5_block::<true>(blk, o),
+                DType::Q2_K => deq_q2_k_block(blk, o),
+                DType::Q3_K => deq_q3_k_block(blk, o),
+                DType::Q4_K => deq_q45_k_block::<false>(blk, o),
+                DType::Q5_K => deq_q45_k_block::<true>(blk, o),
+                DType::Q6_K => deq_q6_k_block(blk, o),
+                _ => return false,
+            }
         }
         true
     }

@@ -21,7 +21,6 @@ use crate::simd::lanes::{self, HalfLanes, HalfRow};
 use crate::simd::DotIsa;
 use crate::DType;
 use std::arch::x86_64::*;
-use std::ptr;
 
 // ---- helpers --------------------------------------------------------------
 
@@ -29,22 +28,6 @@ use std::ptr;
 #[inline(always)]
 fn tail_mask(n: usize) -> __mmask16 {
     ((1u32 << n) - 1) as __mmask16
-}
-
-/// The f16 values at `p0` and `p1` converted and broadcast to all lanes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scales2(p0: *const u8, p1: *const u8) -> (__m512, __m512) {
-    let h = avx2::rd16(p0) as u32 | (avx2::rd16(p1) as u32) << 16;
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32));
-    (_mm512_broadcastss_ps(v), _mm512_broadcastss_ps(_mm_movehdup_ps(v)))
-}
-
-/// The f16 value at `p` converted and broadcast to all lanes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scale1(p: *const u8) -> __m512 {
-    _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(avx2::rd16(p) as i32)))
 }
 
 // ---- float rows -------------------------------------------------------------
@@ -121,24 +104,16 @@ fn ramp(base: f32) -> __m512 {
     )
 }
 
-/// d and m of the Q4_1 block at `p`, broadcast.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scale_min(p: *const u8) -> (__m512, __m512) {
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(ptr::read_unaligned(p as *const i32)));
-    (_mm512_broadcastss_ps(v), _mm512_broadcastss_ps(_mm_movehdup_ps(v)))
-}
-
 /// The 16 values a Q4 block's nibbles stand for: d·(q−8) for Q4_0 (`MIN`
 /// false; `q` is the ramp from −8), d·q + m for Q4_1 (`MIN` true).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn q4_table<const MIN: bool>(p: *const u8, q: __m512) -> __m512 {
     if MIN {
-        let (d, m) = scale_min(p);
+        let (d, m) = avx2::scale_min::<Avx512>(p);
         _mm512_fmadd_ps(d, q, m)
     } else {
-        _mm512_mul_ps(scale1(p), q)
+        _mm512_mul_ps(avx2::scale1::<Avx512>(p), q)
     }
 }
 
@@ -209,30 +184,24 @@ impl DotIsa for Avx512 {
         if BF {
             Avx2::dot_half::<true>(w, x, n)
         } else {
-            lanes::dot::<Avx512, HalfRow<false>>(w, x, n)
+            lanes::dot::<Avx512, HalfRow<false>, false>(w, x, n)
         }
     }
 
     #[inline(always)]
     unsafe fn dot_q8_0(w: *const u8, x: *const f32, nb: usize) -> f32 {
-        const BB: usize = 34;
-        let mut acc0 = _mm512_setzero_ps();
-        let mut acc1 = _mm512_setzero_ps();
-        let mut b = 0;
-        while b + 2 <= nb {
-            let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
-            avx2::prefetch(p0);
-            avx2::prefetch(p1);
-            let (d0, d1) = scales2(p0, p1);
-            acc0 = _mm512_fmadd_ps(d0, q8_block(p0.add(2), x.add(b * 32)), acc0);
-            acc1 = _mm512_fmadd_ps(d1, q8_block(p1.add(2), x.add(b * 32 + 32)), acc1);
-            b += 2;
-        }
-        if b < nb {
-            let p = w.add(b * BB);
-            acc0 = _mm512_fmadd_ps(scale1(p), q8_block(p.add(2), x.add(b * 32)), acc0);
-        }
-        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+        let sum = avx2::dot_d_blocks::<Avx512>(
+            (w, x, nb),
+            34,
+            #[inline(always)]
+            |p0, p1| {
+                avx2::prefetch(p0);
+                avx2::prefetch(p1);
+            },
+            #[inline(always)]
+            |q, x| q8_block(q, x),
+        );
+        _mm512_reduce_add_ps(sum)
     }
 
     /// Q4_0 (`MIN` false) and Q4_1 (`MIN` true) as a table lookup: the block's
@@ -243,10 +212,7 @@ impl DotIsa for Avx512 {
         // block bytes and where the nibbles start: f16 d (Q4_0), f16 d and m (Q4_1)
         let (bb, head) = if MIN { (20, 4) } else { (18, 2) };
         let q = ramp(if MIN { 0.0 } else { -8.0 });
-        let mut acc0 = _mm512_setzero_ps();
-        let mut acc1 = _mm512_setzero_ps();
-        let mut acc2 = _mm512_setzero_ps();
-        let mut acc3 = _mm512_setzero_ps();
+        let mut acc = [_mm512_setzero_ps(); 4];
         let mut b = 0;
         while b + 2 <= nb {
             let (p0, p1) = (w.add(b * bb), w.add((b + 1) * bb));
@@ -254,21 +220,20 @@ impl DotIsa for Avx512 {
             let (lo0, hi0) = nibbles(p0.add(head), q4_table::<MIN>(p0, q));
             let (lo1, hi1) = nibbles(p1.add(head), q4_table::<MIN>(p1, q));
             let xb = x.add(b * 32);
-            acc0 = _mm512_fmadd_ps(lo0, _mm512_loadu_ps(xb), acc0);
-            acc1 = _mm512_fmadd_ps(hi0, _mm512_loadu_ps(xb.add(16)), acc1);
-            acc2 = _mm512_fmadd_ps(lo1, _mm512_loadu_ps(xb.add(32)), acc2);
-            acc3 = _mm512_fmadd_ps(hi1, _mm512_loadu_ps(xb.add(48)), acc3);
+            for (k, v) in [lo0, hi0, lo1, hi1].into_iter().enumerate() {
+                acc[k] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xb.add(16 * k)), acc[k]);
+            }
             b += 2;
         }
         if b < nb {
             let p = w.add(b * bb);
             let (lo, hi) = nibbles(p.add(head), q4_table::<MIN>(p, q));
             let xb = x.add(b * 32);
-            acc0 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), acc0);
-            acc1 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb.add(16)), acc1);
+            for (k, v) in [lo, hi].into_iter().enumerate() {
+                acc[k] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xb.add(16 * k)), acc[k]);
+            }
         }
-        let acc = _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3));
-        _mm512_reduce_add_ps(acc)
+        _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
     }
 
     // Q5 and K-quants but Q4_K: the AVX2 kernels (see the module comment)
@@ -398,25 +363,43 @@ fn transpose_sum16(v: &[__m512; RUN]) -> __m512 {
     _mm512_permutexvar_ps(rows, z)
 }
 
-/// Scores of `n ≤ 16` rows for `N` heads: `out[j·g + h]` (`out` points at
-/// head `h0` of row 0).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn kv_dot_run_impl<const T: u8, const N: usize>(
-    rows: (*const u8, usize, *const f32, usize),
+/// The operands of a run kernel: `n` rows (codes at `data`, side values
+/// at `scales`, `stride` bytes and `spr` values apart), `g` heads of width
+/// `d`, the queries or weights `a` and the outputs `out`, both from the
+/// first head the call computes.
+#[derive(Clone, Copy)]
+struct RunArgs {
+    data: *const u8,
+    stride: usize,
+    scales: *const f32,
+    spr: usize,
     n: usize,
-    q: *const f32,
-    d: usize,
     g: usize,
+    d: usize,
+    a: *const f32,
     out: *mut f32,
-) {
-    let (data, stride, scales, spr) = rows;
+}
+
+impl RunArgs {
+    /// Row `j`'s codes and side values.
+    #[inline(always)]
+    unsafe fn row(self, j: usize) -> (*const u8, *const f32) {
+        (self.data.add(j * self.stride), self.scales.add(j * self.spr))
+    }
+}
+
+/// Scores of `n ≤ 16` rows for `N` heads (`a` the queries):
+/// `out[j·g + h]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn kv_dot_run_impl<const T: u8, const N: usize>(r: RunArgs) {
+    let (d, q) = (r.d, r.a);
     let full = d / 16 * 16;
     let mut accs = [[_mm512_setzero_ps(); RUN]; N];
     // SAFETY: the caller checked n rows of `stride` bytes / `spr` side
     // values and N query rows of d.
     unsafe {
-        for j in 0..n {
-            let (rd, rs) = (data.add(j * stride), scales.add(j * spr));
+        for j in 0..r.n {
+            let (rd, rs) = r.row(j);
             let mut acc = [_mm512_setzero_ps(); N];
             let mut i = 0;
             while i < full {
@@ -433,40 +416,35 @@ unsafe fn kv_dot_run_impl<const T: u8, const N: usize>(
         for (h, a) in accs.iter().enumerate() {
             let mut sums = [0f32; RUN];
             _mm512_storeu_ps(sums.as_mut_ptr(), transpose_sum16(a));
-            for (j, &sum) in sums.iter().enumerate().take(n) {
-                let (rd, rs) = (data.add(j * stride), scales.add(j * spr));
+            for (j, &sum) in sums.iter().enumerate().take(r.n) {
+                let (rd, rs) = r.row(j);
                 let mut s = sum;
                 for e in full..d {
                     s += kv_elem::<T>(rd, rs, e) * *q.add(h * d + e);
                 }
-                *out.add(j * g + h) = s;
+                *r.out.add(j * r.g + h) = s;
             }
         }
     }
 }
 
-/// `outs_h += Σ_j p[j·g + h] · row_j` for `N` heads over `n` rows, in row
-/// order (zero weights included: `0·v` adds nothing to a finite sum).
+/// `outs_h += Σ_j p[j·g + h] · row_j` for `N` heads over `n` rows (`a` the
+/// weights `p`), in row order (zero weights included: `0·v` adds nothing
+/// to a finite sum).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn kv_axpy_run_impl<const T: u8, const N: usize>(
-    rows: (*const u8, usize, *const f32, usize),
-    n: usize,
-    p: *const f32,
-    g: usize,
-    d: usize,
-    out: *mut f32,
-) {
-    let (data, stride, scales, spr) = rows;
+unsafe fn kv_axpy_run_impl<const T: u8, const N: usize>(r: RunArgs) {
+    let (d, p, out) = (r.d, r.a, r.out);
     let full = d / 16 * 16;
     // SAFETY: as in `kv_dot_run_impl`; `out` holds N rows of d.
     unsafe {
         let mut i = 0;
         while i < full {
             let mut acc: [__m512; N] = std::array::from_fn(|h| _mm512_loadu_ps(out.add(h * d + i)));
-            for j in 0..n {
-                let v = kv_load::<Avx512, T>(data.add(j * stride), scales.add(j * spr), i);
+            for j in 0..r.n {
+                let (rd, rs) = r.row(j);
+                let v = kv_load::<Avx512, T>(rd, rs, i);
                 for (h, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(j * g + h)), v, *a);
+                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(j * r.g + h)), v, *a);
                 }
             }
             for (h, a) in acc.iter().enumerate() {
@@ -474,12 +452,12 @@ unsafe fn kv_axpy_run_impl<const T: u8, const N: usize>(
             }
             i += 16;
         }
-        for j in 0..n {
-            let (rd, rs) = (data.add(j * stride), scales.add(j * spr));
+        for j in 0..r.n {
+            let (rd, rs) = r.row(j);
             for e in full..d {
                 let v = kv_elem::<T>(rd, rs, e);
                 for h in 0..N {
-                    *out.add(h * d + e) += *p.add(j * g + h) * v;
+                    *out.add(h * d + e) += *p.add(j * r.g + h) * v;
                 }
             }
         }
@@ -490,22 +468,21 @@ unsafe fn kv_axpy_run_impl<const T: u8, const N: usize>(
 fn kv_dot_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: usize, queries: &[f32], out: &mut [f32]) {
     let (n, g, d) =
         crate::kvquant::check_run(T, codes.len(), stride, scales.len(), spr, queries.len(), out.len(), true);
-    let rows = (codes.as_ptr(), stride, scales.as_ptr(), spr);
     for r0 in (0..n).step_by(RUN) {
-        let nr = (n - r0).min(RUN);
-        let rows = (rows.0.wrapping_add(r0 * stride), stride, rows.2.wrapping_add(r0 * spr), spr);
+        let (data, scales) = (codes.as_ptr().wrapping_add(r0 * stride), scales.as_ptr().wrapping_add(r0 * spr));
         let mut h = 0;
         while h < g {
             let m = (g - h).min(4);
-            let (q, o) = (queries[h * d..].as_ptr(), out[r0 * g + h..].as_mut_ptr());
+            let (a, out) = (queries[h * d..].as_ptr(), out[r0 * g + h..].as_mut_ptr());
+            let r = RunArgs { data, stride, scales, spr, n: (n - r0).min(RUN), g, d, a, out };
             // SAFETY: reachable only after AVX-512 detection; `check_run`
             // bounded every row, query and output read or written.
             unsafe {
                 match m {
-                    1 => kv_dot_run_impl::<T, 1>(rows, nr, q, d, g, o),
-                    2 => kv_dot_run_impl::<T, 2>(rows, nr, q, d, g, o),
-                    3 => kv_dot_run_impl::<T, 3>(rows, nr, q, d, g, o),
-                    _ => kv_dot_run_impl::<T, 4>(rows, nr, q, d, g, o),
+                    1 => kv_dot_run_impl::<T, 1>(r),
+                    2 => kv_dot_run_impl::<T, 2>(r),
+                    3 => kv_dot_run_impl::<T, 3>(r),
+                    _ => kv_dot_run_impl::<T, 4>(r),
                 }
             }
             h += m;
@@ -517,22 +494,23 @@ fn kv_dot_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: usi
 fn kv_axpy_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: usize, probs: &[f32], outs: &mut [f32]) {
     let (n, g, d) =
         crate::kvquant::check_run(T, codes.len(), stride, scales.len(), spr, probs.len(), outs.len(), false);
-    let rows = (codes.as_ptr(), stride, scales.as_ptr(), spr);
+    let (data, scales) = (codes.as_ptr(), scales.as_ptr());
     let mut h = 0;
     while h < g {
         let m = (g - h).min(8);
-        let (p, o) = (probs[h..].as_ptr(), outs[h * d..].as_mut_ptr());
+        let (a, out) = (probs[h..].as_ptr(), outs[h * d..].as_mut_ptr());
+        let r = RunArgs { data, stride, scales, spr, n, g, d, a, out };
         // SAFETY: as in `kv_dot_run`.
         unsafe {
             match m {
-                1 => kv_axpy_run_impl::<T, 1>(rows, n, p, g, d, o),
-                2 => kv_axpy_run_impl::<T, 2>(rows, n, p, g, d, o),
-                3 => kv_axpy_run_impl::<T, 3>(rows, n, p, g, d, o),
-                4 => kv_axpy_run_impl::<T, 4>(rows, n, p, g, d, o),
-                5 => kv_axpy_run_impl::<T, 5>(rows, n, p, g, d, o),
-                6 => kv_axpy_run_impl::<T, 6>(rows, n, p, g, d, o),
-                7 => kv_axpy_run_impl::<T, 7>(rows, n, p, g, d, o),
-                _ => kv_axpy_run_impl::<T, 8>(rows, n, p, g, d, o),
+                1 => kv_axpy_run_impl::<T, 1>(r),
+                2 => kv_axpy_run_impl::<T, 2>(r),
+                3 => kv_axpy_run_impl::<T, 3>(r),
+                4 => kv_axpy_run_impl::<T, 4>(r),
+                5 => kv_axpy_run_impl::<T, 5>(r),
+                6 => kv_axpy_run_impl::<T, 6>(r),
+                7 => kv_axpy_run_impl::<T, 7>(r),
+                _ => kv_axpy_run_impl::<T, 8>(r),
             }
         }
         h += m;
@@ -541,7 +519,7 @@ fn kv_axpy_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: us
 
 // ---- integer products on repacked block weights (VNNI) -------------------
 
-use crate::int8::{self, Activations, PANEL_ROWS, TILE_TOKENS};
+use crate::int8::{self, Activations, Tile, TILE_TOKENS};
 
 /// The VNNI micro-kernel of [`crate::int8`], when the CPU has AVX-512 VNNI
 /// besides the features of this module.
@@ -549,14 +527,7 @@ pub(crate) fn int8_tile() -> Option<int8::TileFn> {
     (Avx512::detected() && is_x86_feature_detected!("avx512vnni")).then_some(int8_tile_dispatch as int8::TileFn)
 }
 
-fn int8_tile_dispatch(
-    dtype: DType,
-    panel: &[u8],
-    x: &Activations,
-    t0: usize,
-    nt: usize,
-    out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS],
-) {
+fn int8_tile_dispatch(dtype: DType, panel: &[u8], x: &Activations, t0: usize, nt: usize, out: &mut Tile) {
     let (q, d, s, h, cols) = x.parts();
     let blocks = cols / crate::quant::QK;
     assert!(panel.len() >= int8::panel_bytes(dtype, cols), "int8 panel too short");
@@ -576,41 +547,18 @@ fn int8_tile_dispatch(
     // SAFETY: reachable only through `int8_tile`, after feature detection;
     // the asserts above bound every read.
     unsafe {
-        match (dtype, nt) {
-            (_, 0) => {}
-            (DType::Q8_0, n) => int8_nt::<Q8>(p, n, out),
-            (DType::Q4_0, n) => int8_nt::<Q40>(p, n, out),
-            (DType::Q4_1, n) => int8_nt::<Q41>(p, n, out),
-            (DType::Q5_0, n) => int8_nt::<Q50>(p, n, out),
-            (DType::Q5_1, n) => int8_nt::<Q51>(p, n, out),
-            (DType::Q4_K, n) => int8_nt::<K4>(p, n, out),
-            (DType::Q5_K, n) => int8_nt::<K5>(p, n, out),
-            (DType::Q6_K, n) => int8_nt::<K6>(p, n, out),
+        match dtype {
+            _ if nt == 0 => {}
+            DType::Q8_0 => int8_nt::<{ DType::Q8_0 as u8 }>(p, nt, out),
+            DType::Q4_0 => int8_nt::<{ DType::Q4_0 as u8 }>(p, nt, out),
+            DType::Q4_1 => int8_nt::<{ DType::Q4_1 as u8 }>(p, nt, out),
+            DType::Q5_0 => int8_nt::<{ DType::Q5_0 as u8 }>(p, nt, out),
+            DType::Q5_1 => int8_nt::<{ DType::Q5_1 as u8 }>(p, nt, out),
+            DType::Q4_K => int8_nt::<{ DType::Q4_K as u8 }>(p, nt, out),
+            DType::Q5_K => int8_nt::<{ DType::Q5_K as u8 }>(p, nt, out),
+            DType::Q6_K => int8_nt::<{ DType::Q6_K as u8 }>(p, nt, out),
             _ => unreachable!("{dtype} has no integer path"),
         }
-    }
-}
-
-const Q40: u8 = 0;
-const Q41: u8 = 1;
-const Q8: u8 = 2;
-const Q50: u8 = 3;
-const Q51: u8 = 4;
-const K4: u8 = 5;
-const K5: u8 = 6;
-const K6: u8 = 7;
-
-/// The format a kernel constant stands for.
-const fn kind_dtype(kind: u8) -> DType {
-    match kind {
-        Q40 => DType::Q4_0,
-        Q41 => DType::Q4_1,
-        Q8 => DType::Q8_0,
-        Q50 => DType::Q5_0,
-        Q51 => DType::Q5_1,
-        K4 => DType::Q4_K,
-        K5 => DType::Q5_K,
-        _ => DType::Q6_K,
     }
 }
 
@@ -627,7 +575,7 @@ struct Int8Args {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn int8_nt<const KIND: u8>(p: Int8Args, nt: usize, out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS]) {
+unsafe fn int8_nt<const KIND: u8>(p: Int8Args, nt: usize, out: &mut Tile) {
     match nt {
         1 => int8_impl::<KIND, 1>(p, out),
         2 => int8_impl::<KIND, 2>(p, out),
@@ -648,13 +596,13 @@ unsafe fn int8_nt<const KIND: u8>(p: Int8Args, nt: usize, out: &mut [[f32; PANEL
 /// `acc = (isum_h − 32·Σx_h)·(d_h·dx) + acc`), exactly as
 /// `int8::scalar_tile`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS]) {
-    let dtype = kind_dtype(KIND);
+unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut Tile) {
+    let dtype = DType::ALL[KIND as usize];
     let (hb, planes) = (int8::header_bytes(dtype), int8::planes(dtype));
-    let split = KIND == K6;
+    let split = dtype == DType::Q6_K;
     let low = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); NT];
-    let k_quant = matches!(KIND, K4 | K5 | K6);
+    let k_quant = dtype.is_k_quant();
     let (mut d, mut neg_dmin) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     for b in 0..p.blocks {
         // the block, and the header holding its f16 `d` (a K-quant's
@@ -664,28 +612,28 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f3
         let f16_at = |at: usize| _mm512_cvtph_ps(_mm256_loadu_si256(dh.add(at) as *const __m256i));
         if !k_quant || b % 8 == 0 {
             d = f16_at(0);
-            if matches!(KIND, K4 | K5) {
+            if matches!(dtype, DType::Q4_K | DType::Q5_K) {
                 let sign = _mm512_set1_epi32(i32::MIN);
                 let dmin = _mm512_castps_si512(f16_at(int8::MIN_OFFSET));
                 neg_dmin = _mm512_castsi512_ps(_mm512_xor_si512(dmin, sign));
             }
         }
         let bytes_at = |at: usize| _mm_loadu_si128(blk.add(at) as *const __m128i);
-        let (d, m) = match KIND {
-            K4 | K5 => {
+        let (d, m) = match dtype {
+            DType::Q4_K | DType::Q5_K => {
                 // d·sc and −dmin·m, as `int8::scale_min`
                 let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes_at(int8::K_SCALE_OFFSET)));
                 let mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes_at(int8::K_MIN_OFFSET)));
                 (_mm512_mul_ps(d, sc), _mm512_mul_ps(neg_dmin, mn))
             }
-            K6 => {
+            DType::Q6_K => {
                 let s0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(int8::K_SCALE_OFFSET)));
                 let s1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(int8::K_MIN_OFFSET)));
                 (_mm512_mul_ps(d, s0), _mm512_mul_ps(d, s1))
             }
-            Q41 | Q51 => (d, f16_at(int8::MIN_OFFSET)),
-            Q40 => (d, _mm512_mul_ps(d, _mm512_set1_ps(-8.0))),
-            Q50 => (d, _mm512_mul_ps(d, _mm512_set1_ps(-16.0))),
+            DType::Q4_1 | DType::Q5_1 => (d, f16_at(int8::MIN_OFFSET)),
+            DType::Q4_0 => (d, _mm512_mul_ps(d, _mm512_set1_ps(-8.0))),
+            DType::Q5_0 => (d, _mm512_mul_ps(d, _mm512_set1_ps(-16.0))),
             _ => (d, _mm512_mul_ps(d, _mm512_set1_ps(-128.0))),
         };
         let quants = blk.add(hb);
@@ -699,7 +647,7 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f3
             let at = p.q.add((p.t0 + t) * p.cols + b * 32 + k) as *const i32;
             _mm512_set1_epi32(at.read_unaligned())
         };
-        if KIND == Q8 {
+        if dtype == DType::Q8_0 {
             for j in 0..8 {
                 let w = _mm512_loadu_si512(quants.add(64 * j) as *const __m512i);
                 let c = j % chains;

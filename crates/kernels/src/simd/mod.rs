@@ -24,13 +24,16 @@ mod neon_mock;
 /// inside functions that have the ISA's features, so they (and the
 /// intrinsics they call) are compiled with those. Lengths are element
 /// counts (`n`) or whole blocks (`nb`) that both operands hold.
-pub(crate) trait DotIsa: lanes::F32Lanes {
+pub(crate) trait DotIsa: lanes::HalfLanes + Sized {
     /// The set's [`DotKernels::isa`].
     const ISA: Isa;
     /// Whether the running CPU has every feature the entry points enable.
     fn detected() -> bool;
     /// Σ w·x over `n` f16 (`BF` false) or bf16 (`BF` true) weights.
-    unsafe fn dot_half<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f32;
+    #[inline(always)]
+    unsafe fn dot_half<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f32 {
+        lanes::dot::<Self, lanes::HalfRow<BF>, false>(w, x, n)
+    }
     unsafe fn dot_q8_0(w: *const u8, x: *const f32, nb: usize) -> f32;
     /// Q4_0 (`MIN` false) or Q4_1 (`MIN` true).
     unsafe fn dot_q4<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -> f32;
@@ -43,7 +46,10 @@ pub(crate) trait DotIsa: lanes::F32Lanes {
     unsafe fn dot_q6_k(w: *const u8, x: *const f32, nb: usize) -> f32;
     /// `n` f16 (`BF` false) or bf16 (`BF` true) values at `s` (any
     /// alignment) to f32 at `o`, bit-identical to the scalar conversion.
-    unsafe fn deq_half<const BF: bool>(s: *const u8, o: *mut f32, n: usize);
+    #[inline(always)]
+    unsafe fn deq_half<const BF: bool>(s: *const u8, o: *mut f32, n: usize) {
+        lanes::deq_half::<Self, BF>(s, o, n)
+    }
     /// `nb` Q8_0 blocks at `s` to f32 at `o`; as the other dequantizers,
     /// bit-identical to [`crate::quant::dequantize`].
     unsafe fn deq_q8_0(s: *const u8, o: *mut f32, nb: usize);
@@ -86,7 +92,7 @@ macro_rules! isa_entries {
         impl $crate::simd::Entries for $isa {
             #[$tf]
             unsafe fn f32(w: *const f32, x: *const f32, n: usize) -> f32 {
-                $crate::simd::lanes::dot::<$isa, $crate::simd::lanes::F32Row>(w, x, n)
+                $crate::simd::lanes::dot::<$isa, $crate::simd::lanes::F32Row, false>(w, x, n)
             }
             #[$tf]
             unsafe fn axpy(a: f32, x: *const f32, y: *mut f32, n: usize) {
