@@ -35,6 +35,9 @@ pub const GEMM_NR: usize = 12;
 /// `(w, x, nt, out)`.
 pub type GemmTileFn = fn(&[f32], &[f32], usize, &mut [[f32; GEMM_MR]; GEMM_NR]);
 
+/// A row of a block format (its raw bytes) · x (see [`DotKernels`]).
+pub type BlockDotFn = fn(&[u8], &[f32]) -> f32;
+
 /// An instruction set with a kernel set (see [`DotKernels::isa`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
@@ -83,23 +86,23 @@ pub struct DotKernels {
     pub f32: fn(&[f32], &[f32]) -> f32,
     pub f16: fn(&[u16], &[f32]) -> f32,
     pub bf16: fn(&[u16], &[f32]) -> f32,
-    pub q8_0: fn(&[u8], &[f32]) -> f32,
-    pub q4_0: fn(&[u8], &[f32]) -> f32,
-    pub q4_1: fn(&[u8], &[f32]) -> f32,
+    pub q8_0: BlockDotFn,
+    pub q4_0: BlockDotFn,
+    pub q4_1: BlockDotFn,
     /// Q5_0 (22-byte blocks of 32).
-    pub q5_0: fn(&[u8], &[f32]) -> f32,
+    pub q5_0: BlockDotFn,
     /// Q5_1 (24-byte blocks of 32).
-    pub q5_1: fn(&[u8], &[f32]) -> f32,
+    pub q5_1: BlockDotFn,
     /// Q2_K (84-byte super-blocks of 256).
-    pub q2_k: fn(&[u8], &[f32]) -> f32,
+    pub q2_k: BlockDotFn,
     /// Q3_K (110-byte super-blocks of 256).
-    pub q3_k: fn(&[u8], &[f32]) -> f32,
+    pub q3_k: BlockDotFn,
     /// Q4_K (144-byte super-blocks of 256).
-    pub q4_k: fn(&[u8], &[f32]) -> f32,
+    pub q4_k: BlockDotFn,
     /// Q5_K (176-byte super-blocks of 256).
-    pub q5_k: fn(&[u8], &[f32]) -> f32,
+    pub q5_k: BlockDotFn,
     /// Q6_K (210-byte super-blocks of 256).
-    pub q6_k: fn(&[u8], &[f32]) -> f32,
+    pub q6_k: BlockDotFn,
     /// y += a·x
     pub axpy: fn(f32, &[f32], &mut [f32]),
     /// GEMM micro-tile: `out[i][j] = w[i]·x[j]` for four f32 weight rows and

@@ -690,22 +690,26 @@ mod tests {
         }
     }
 
-    /// Bytes per weight of the panels against the file's (the module doc's
-    /// table).
+    /// Bits per weight of the panels of `dt` (the module doc's table).
+    fn panel_bits(dt: DType) -> f64 {
+        match dt {
+            DType::Q8_0 => 9.0,
+            DType::Q4_0 | DType::Q4_1 => 5.0,
+            DType::Q5_0 | DType::Q5_1 => 6.0,
+            DType::Q4_K => 4.625,
+            DType::Q5_K => 5.625,
+            DType::Q6_K => 6.5625,
+            _ => unreachable!("{dt} has no panels"),
+        }
+    }
+
+    /// Bytes per weight of the panels against the file's.
     #[test]
     fn panel_sizes_are_as_documented() {
         let (rows, cols) = (64, 1024);
-        for (dt, bits) in [
-            (DType::Q8_0, 9.0),
-            (DType::Q4_0, 5.0),
-            (DType::Q4_1, 5.0),
-            (DType::Q5_0, 6.0),
-            (DType::Q5_1, 6.0),
-            (DType::Q4_K, 4.625),
-            (DType::Q5_K, 5.625),
-            (DType::Q6_K, 6.5625),
-        ] {
-            assert_eq!(packed_len(dt, rows, cols) as f64 * 8.0 / (rows * cols) as f64, bits, "{dt}");
+        for dt in DTYPES {
+            let bits = packed_len(dt, rows, cols) as f64 * 8.0 / (rows * cols) as f64;
+            assert_eq!(bits, panel_bits(dt), "{dt}");
         }
     }
 

@@ -4,9 +4,7 @@
 //! with another row's scale would still decode to finite numbers, so the
 //! mistake would never announce itself.
 
-use kvslim_kernels::attention::{
-    axpy_group_each, axpy_group_f32, dot_group_each, dot_group_f32, prefetch_bytes, SlotRows,
-};
+use kvslim_kernels::attention::{axpy_group_f32, dot_group_f32, group_each, prefetch_bytes, SlotRows};
 use kvslim_kernels::kvquant::{KvDtype, KvRun};
 
 /// `rows` rows of `d` elements stored as `dtype`.
@@ -186,7 +184,7 @@ impl SlotRows for RowBuf {
     #[inline]
     fn dot_group_run(&self, start: usize, n: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
         if self.dtype == KvDtype::F32 {
-            return dot_group_each(self, start, n, queries, buf, out);
+            return group_each::<true, _>(self, start..start + n, queries, buf, out);
         }
         let q = &queries[..out.len() / n.max(1) * self.d];
         self.dtype.dot_group_run(self.run(start, n), q, out);
@@ -195,7 +193,7 @@ impl SlotRows for RowBuf {
     #[inline]
     fn axpy_group_run(&self, start: usize, n: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
         if self.dtype == KvDtype::F32 {
-            return axpy_group_each(self, start, n, probs, buf, outs);
+            return group_each::<false, _>(self, start..start + n, probs, buf, outs);
         }
         let outs = &mut outs[..probs.len() / n.max(1) * self.d];
         self.dtype.axpy_group_run(self.run(start, n), probs, outs);
