@@ -552,11 +552,11 @@ mod tests {
             DType::Q8_0 => 0.03,
             DType::Q4_0 => 0.4,
             DType::Q4_1 | DType::Q5_0 => 0.2,
-            DType::Q5_1 | DType::Q6_K => 0.1,
             DType::Q2_K => 1.1,
             DType::Q3_K => 0.8,
             DType::Q4_K => 0.25,
             DType::Q5_K => 0.12,
+            DType::Q5_1 | DType::Q6_K => 0.1,
         }
     }
 
