@@ -4,33 +4,32 @@
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{perplexity, PerplexityOptions};
 use kvslim_eval::results::read_rows;
-use kvslim_eval::score::{encode_item, predict, predict_norm};
+use kvslim_eval::score::{encode_item, predict, predict_norm, Choice};
 use kvslim_eval::tasks::{load_mc_jsonl, McItem};
 use kvslim_eval::{
     run_matrix, score_choices, BudgetedPolicy, MatrixConfig, MatrixEvent, McTally, ResultsLog, ScoreMode, TaskSpec,
 };
+use kvslim_models::LoadedModel;
 use std::path::PathBuf;
 mod common;
 
 use common::{shared_dir, stories};
 
-fn story_item() -> McItem {
+/// The model, a two-choice story item (the sensible ending first) and the
+/// item's context and choices as the model's tokens.
+fn story() -> (LoadedModel, McItem, Vec<u32>, Vec<Choice>) {
     let ctx = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. \
 One day, she saw a big dog. The dog was very friendly and wanted to play with Lily. Lily was happy and";
-    McItem::from_parts(
-        ctx,
-        " ",
-        &["they played together all day.".into(), "quantum spreadsheets exploded vertically.".into()],
-        0,
-    )
+    let endings = ["they played together all day.".into(), "quantum spreadsheets exploded vertically.".into()];
+    let item = McItem::from_parts(ctx, " ", &endings, 0);
+    let m = stories();
+    let (ctx, choices) = encode_item(m.tokenizer.as_ref().unwrap(), &item).unwrap();
+    (m, item, ctx, choices)
 }
 
 #[test]
 fn modes_agree_under_the_full_cache_and_match_perplexity() {
-    let m = stories();
-    let tok = m.tokenizer.as_ref().unwrap();
-    let item = story_item();
-    let (ctx, choices) = encode_item(tok, &item).unwrap();
+    let (m, item, ctx, choices) = story();
     assert_eq!(ctx[0], 1, "BOS");
     let full = PolicySpec::full();
     let dec = score_choices(&m.model, &full, &ctx, &choices, ScoreMode::Decode).unwrap();
@@ -55,10 +54,7 @@ fn modes_agree_under_the_full_cache_and_match_perplexity() {
 
 #[test]
 fn full_budget_matches_full_and_small_budgets_change_scores() {
-    let m = stories();
-    let tok = m.tokenizer.as_ref().unwrap();
-    let item = story_item();
-    let (ctx, choices) = encode_item(tok, &item).unwrap();
+    let (m, _, ctx, choices) = story();
     let full = score_choices(&m.model, &PolicySpec::full(), &ctx, &choices, ScoreMode::Decode).unwrap();
     for fam in ["window", "sink", "heavy", "random", "h2o"] {
         let p = BudgetedPolicy::new(fam, "100%").unwrap();
