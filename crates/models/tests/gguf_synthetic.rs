@@ -430,21 +430,14 @@ fn memory_model(raw: &Raw, dt: Option<DType>) -> Model {
                 let (rows, cols) = layer_shape(i);
                 Linear::new(m(rows, cols, &ws[i]), None)
             };
-            LayerWeights {
-                attn_norm: norm(&ws[0]),
-                q: lin(1),
-                k: lin(2),
-                v: lin(3),
-                o: lin(4),
-                mlp_norm: norm(&ws[5]),
-                gate: Some(lin(6)),
-                up: lin(7),
-                down: lin(8),
-                q_norm: None,
-                k_norm: None,
-                post_attn_norm: None,
-                post_mlp_norm: None,
-            }
+            LayerWeights::pre_norm(
+                norm(&ws[0]),
+                [lin(1), lin(2), lin(3)],
+                lin(4),
+                norm(&ws[5]),
+                Some(lin(6)),
+                [lin(7), lin(8)],
+            )
         })
         .collect();
     let weights = Weights {
