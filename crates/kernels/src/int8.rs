@@ -452,6 +452,7 @@ impl Activations {
 
     /// Raw parts for the SIMD kernels: (quants, scales, sums, half sums,
     /// cols).
+    #[cfg(target_arch = "x86_64")]
     pub(crate) fn parts(&self) -> (&[i8], &[f32], &[f32], &[i32], usize) {
         (&self.q, &self.d, &self.s, &self.h, self.cols)
     }

@@ -51,6 +51,7 @@ pub struct KvRun<'a> {
 /// SIMD run kernels read through raw pointers and rely on this. `n` is the
 /// number of rows the codes hold (`codes = (n − 1)·stride + row bytes`).
 #[allow(clippy::too_many_arguments)]
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn check_run(
     kind: u8,
     codes: usize,

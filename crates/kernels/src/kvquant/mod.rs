@@ -37,7 +37,9 @@ use std::str::FromStr;
 
 mod group;
 
-pub(crate) use group::{check_group_row, check_run};
+pub(crate) use group::check_group_row;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use group::check_run;
 pub use group::{group_kernels, KvGroupFn, KvGroupKernels, KvRun, KvRunFn};
 
 /// How cached K/V rows are stored.

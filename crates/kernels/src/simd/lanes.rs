@@ -467,6 +467,7 @@ pub(crate) trait KvIsa {
 pub(crate) type KvRowArgs = (*const u8, *const f32, *const f32, usize, *mut f32);
 
 /// Implements [`KvIsa`] for `$isa` with the target features `$features`.
+#[cfg(target_arch = "x86_64")]
 macro_rules! kv_isa {
     ($isa:ty, $features:literal) => {
         impl $crate::simd::lanes::KvIsa for $isa {
@@ -481,6 +482,7 @@ macro_rules! kv_isa {
         }
     };
 }
+#[cfg(target_arch = "x86_64")]
 pub(crate) use kv_isa;
 
 /// Group dot (`DOT`: `a` the queries, `b` one score per head, `b[h] =
