@@ -13,10 +13,7 @@
 # Prints the load reports, nginx's answers per upstream and status, and
 # B's counters. Needs a release build (cargo build --release -p kvslim).
 #   CLIENTS=16 REQUESTS=400 KILL_AFTER=3 bash scripts/replicas.sh
-set -euo pipefail
-cd "$(dirname "$0")/.."
-MODEL=${MODEL:-../shared/models/stories260K/stories260K.bin}
-BIN=${BIN:-target/release/kvslim}
+. "$(dirname "$0")/serve_lib.sh"
 CLIENTS=${CLIENTS:-16}
 REQUESTS=${REQUESTS:-400}
 MAX_TOKENS=${MAX_TOKENS:-200}
@@ -40,8 +37,7 @@ cleanup() {
   rm -rf "$DIR"
 }
 trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-PA=$(port); PB=$(port); PN=$(port)
+PA=$(free_port); PB=$(free_port); PN=$(free_port)
 
 serve() { # name port
   "$BIN" serve --model "$MODEL" --port "$2" --max-batch 8 --queue-limit 256 --kv-memory 256MiB \
@@ -51,11 +47,7 @@ serve() { # name port
 serve a "$PA"; PID_A=${PIDS[0]}
 serve b "$PB"; PID_B=${PIDS[1]}
 for p in "$PA" "$PB"; do
-  for _ in $(seq 200); do
-    curl -sf "http://127.0.0.1:$p/health" >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-  curl -sf "http://127.0.0.1:$p/health" >/dev/null || { echo "replica on :$p did not start" >&2; cat "$DIR"/*.log >&2; exit 1; }
+  wait_healthy "$p" 200 || { echo "replica on :$p did not start" >&2; cat "$DIR"/*.log >&2; exit 1; }
 done
 
 # least_conn: a new request goes to the replica with fewer open ones; a
@@ -95,10 +87,7 @@ http {
 EOF
 "$NGINX" -p "$DIR" -c "$DIR/nginx.conf" -e "$DIR/nginx-error.log" &
 PIDS+=($!)
-for _ in $(seq 100); do
-  curl -sf "http://127.0.0.1:$PN/health" >/dev/null 2>&1 && break
-  sleep 0.1
-done
+wait_healthy "$PN"
 
 echo "== load through nginx (:$PN → A :$PA, B :$PB); A killed after ${KILL_AFTER}s"
 "$BIN" loadtest --url "http://127.0.0.1:$PN" --clients "$CLIENTS" --requests "$REQUESTS" \

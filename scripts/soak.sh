@@ -7,25 +7,19 @@
 # latency percentiles, KV bytes at the end, the server's peak RSS).
 # Needs a release build (cargo build --release -p kvslim).
 #   CLIENTS=64 DURATION=600 bash scripts/soak.sh
-set -euo pipefail
-cd "$(dirname "$0")/.."
-MODEL=${MODEL:-../shared/models/stories260K/stories260K.bin}
-BIN=${BIN:-target/release/kvslim}
+. "$(dirname "$0")/serve_lib.sh"
 CLIENTS=${CLIENTS:-64}
 DURATION=${DURATION:-600}
 DIR=$(mktemp -d)
 trap 'rm -rf "$DIR"' EXIT
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$DIR/key"
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+PORT=$(free_port)
 "$BIN" serve --model "$MODEL" --port "$PORT" --api-key-file "$DIR/key" \
   --max-batch 16 --queue-limit 128 --kv-memory 256MiB \
   --max-body-bytes 1MiB --header-timeout 2 --body-timeout 10 --grace-period 30 2>"$DIR/server.log" &
 PID=$!
 trap 'kill $PID 2>/dev/null || true; rm -rf "$DIR"' EXIT
-for _ in $(seq 100); do
-  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
-  sleep 0.1
-done
+wait_healthy "$PORT"
 status=0
 KVSLIM_API_KEY=$(cat "$DIR/key") "$BIN" loadtest --url "http://127.0.0.1:$PORT" --soak "$DURATION" \
   --clients "$CLIENTS" --max-tokens 48 --server-pid "$PID" --oversize-bytes 2MiB --stalled || status=$?

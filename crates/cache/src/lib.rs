@@ -18,7 +18,7 @@ pub mod store;
 
 pub use error::CacheError;
 pub use kvslim_kernels::kvquant::KvDtype;
-pub use policy::{CachePolicy, PolicySlots, PolicySpec, PolicySpecError, ScoreAgg};
+pub use policy::{CachePolicy, HeadId, PolicySlots, PolicySpec, PolicySpecError, ScoreAgg};
 pub use sequence::{
     effective_policy, repeat_attention_into, AttentionScores, CacheShape, PrefillCandidates, PrefillKernel, ScoringKey,
     SequenceCache,

@@ -2,7 +2,7 @@
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs, PolicyArgs, SamplingArgs};
 use kvslim_engine::{
-    beam_search, generate, speculative_generate, BeamOptions, DraftLength, Drafter, GenerateOptions, ModelDrafter,
+    beam_search, generate, speculative_run, BeamOptions, DraftLength, Drafter, GenerateOptions, ModelDrafter,
     NgramDrafter, Verification,
 };
 use kvslim_models::tokenizer::StreamDecoder;
@@ -125,7 +125,7 @@ pub fn run(a: Args) -> CliResult {
         write!(out, "{prompt_text}")?;
         out.flush()?;
     }
-    let mut on_token = |id| {
+    let on_token = |id| {
         if !a.json {
             if let Ok(piece) = stream.push(tok, id) {
                 let _ = write!(out, "{piece}");
@@ -140,16 +140,8 @@ pub fn run(a: Args) -> CliResult {
             let mut ngram = NgramDrafter::default();
             let mut model_draft = ModelDrafter::new(&loaded.model, a.policy.spec.clone(), prompt.len() + a.max_tokens);
             let drafter: &mut dyn Drafter = if kind == "self" { &mut model_draft } else { &mut ngram };
-            let (g, st) = speculative_generate(
-                &loaded.model,
-                &prompt,
-                &opts,
-                drafter,
-                a.draft_len,
-                verification(&a),
-                &mut on_token,
-            )?;
-            (g, Some(st))
+            let run = speculative_run(&loaded.model, &prompt, &opts, drafter, a.draft_len, verification(&a), on_token)?;
+            (run.generation, Some(run.stats))
         }
     };
     let text = tok.decode(&g.token_ids)?;

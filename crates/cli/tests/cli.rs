@@ -1,24 +1,9 @@
 //! The `kvslim` binary's contract: flags, JSON fields, errors.
 
-use std::process::{Command, Output};
+mod common;
 
-#[path = "../../../testing/shared_dir.rs"]
-mod shared_dir;
-use shared_dir::shared;
-
-fn stories() -> String {
-    shared().join("models/stories260K/stories260K.bin").display().to_string()
-}
-
-fn kvslim(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvslim")).args(args).output().expect("run kvslim")
-}
-
-fn json(o: &Output) -> serde_json::Value {
-    assert!(o.status.success(), "kvslim failed: {}", String::from_utf8_lossy(&o.stderr));
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)))
-}
+use common::{json, kvslim, kvslim_with_stdin, perplexity_args, shared, stories, stories_text};
+use std::process::Output;
 
 #[test]
 fn generate_json_has_text_and_generated_ids() {
@@ -52,8 +37,8 @@ fn perplexity_prefill_and_decode_agree_and_per_token_fields() {
 #[test]
 fn perplexity_text_with_max_tokens() {
     let m = stories();
-    let text = shared().join("data/tinystories/tinystories_val.txt").display().to_string();
-    let v = json(&kvslim(&["perplexity", "--model", &m, "--text", &text, "--max-tokens", "64", "--json"]));
+    let text = stories_text();
+    let v = json(&kvslim(&perplexity_args(&m, &text, "64", &["--json"])));
     assert_eq!(v["tokens"], 64);
     let nll = v["nll"].as_f64().unwrap();
     assert!(nll > 0.5 && nll < 3.0, "{nll}");
@@ -111,26 +96,11 @@ fn perplexity_diagnostics_files_and_compare_full() {
     let dir = std::env::temp_dir().join(format!("kvslim-cli-diag-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (kept, trace) = (dir.join("kept.json"), dir.join("trace.jsonl"));
-    let text = shared().join("data/tinystories/tinystories_val.txt").display().to_string();
-    let v = json(&kvslim(&[
-        "perplexity",
-        "--model",
-        &m,
-        "--text",
-        &text,
-        "--max-tokens",
-        "200",
-        "--policy",
-        "h2o:heavy=16,recent=16",
-        "--compare-full",
-        "--kept-out",
-        kept.to_str().unwrap(),
-        "--trace-out",
-        trace.to_str().unwrap(),
-        "--trace-every",
-        "5",
-        "--json",
-    ]));
+    let text = stories_text();
+    let (kept_out, trace_out) = (kept.to_str().unwrap(), trace.to_str().unwrap());
+    let diagnostics = ["--compare-full", "--kept-out", kept_out, "--trace-out", trace_out, "--trace-every", "5"];
+    let args = perplexity_args(&m, &text, "200", &["--policy", "h2o:heavy=16,recent=16", "--json"]);
+    let v = json(&kvslim(&[&args[..], &diagnostics].concat()));
     assert_eq!(v["budget_slots"], 32);
     let c = &v["compare_full"];
     assert!(c["kl_mean"].as_f64().unwrap() > 0.0);
@@ -192,7 +162,7 @@ fn calibrate_then_chai_perplexity_reports_clusters_and_shrunk_k() {
     let dir = std::env::temp_dir().join(format!("kvslim-cli-chai-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let plan = dir.join("plan.json");
-    let text = shared().join("data/tinystories/tinystories_val.txt").display().to_string();
+    let text = stories_text();
     let o = kvslim(&[
         "calibrate",
         "--model",
@@ -216,19 +186,8 @@ fn calibrate_then_chai_perplexity_reports_clusters_and_shrunk_k() {
         assert_eq!(l["errors"].as_array().unwrap().len(), 8);
     }
     let spec = format!("chai:plan={}", plan.display());
-    let chai = json(&kvslim(&[
-        "perplexity",
-        "--model",
-        &m,
-        "--text",
-        &text,
-        "--max-tokens",
-        "64",
-        "--policy",
-        &spec,
-        "--json",
-    ]));
-    let full = json(&kvslim(&["perplexity", "--model", &m, "--text", &text, "--max-tokens", "64", "--json"]));
+    let chai = json(&kvslim(&perplexity_args(&m, &text, "64", &["--policy", &spec, "--json"])));
+    let full = json(&kvslim(&perplexity_args(&m, &text, "64", &["--json"])));
     let clusters = chai["chai_clusters"].as_array().unwrap();
     assert_eq!(clusters.len(), 5);
     for (l, layer) in clusters.iter().enumerate() {
@@ -249,18 +208,11 @@ fn calibrate_then_chai_perplexity_reports_clusters_and_shrunk_k() {
 /// puts its turn markers in the prompt (`--show-prompt`).
 #[test]
 fn chat_reads_turns_from_stdin() {
-    use std::io::Write;
-    use std::process::Stdio;
     let run = |model: &str, input: &str| -> Output {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvslim"))
-            .args(["chat", "--model", model, "--max-tokens", "6", "--system", "Be brief.", "--show-prompt"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run kvslim chat");
-        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-        child.wait_with_output().unwrap()
+        kvslim_with_stdin(
+            &["chat", "--model", model, "--max-tokens", "6", "--system", "Be brief.", "--show-prompt"],
+            input,
+        )
     };
     let o = run(&stories(), "Once upon a time\n\n/reset\nLily and Ben\n/quit\nnot read\n");
     let err = String::from_utf8_lossy(&o.stderr);

@@ -3,21 +3,15 @@
 //! template (`.ci/run` fetches the model first; see
 //! `crates/models/tests/qwen25_coder_1_5b.rs` for its parity with llama.cpp).
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use common::kvslim_with_stdin;
+use std::process::Output;
 
 const MODEL: &str = "qwen2.5-coder-1.5b";
 
 fn kvslim(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvslim"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run kvslim");
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = kvslim_with_stdin(args, stdin);
     assert!(o.status.success(), "kvslim {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
     o
 }

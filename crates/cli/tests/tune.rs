@@ -2,16 +2,11 @@
 //! writes is a policy every `--policy` accepts, and bad inputs are refused
 //! with the file or flag named.
 
+mod common;
+
+use common::{kvslim, perplexity_args, stories, stories_text};
 use std::path::PathBuf;
-use std::process::{Command, Output};
-
-#[path = "../../../testing/shared_dir.rs"]
-mod shared_dir;
-use shared_dir::shared;
-
-fn kvslim(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvslim")).args(args).output().expect("run kvslim")
-}
+use std::process::Output;
 
 fn ok(o: &Output) -> String {
     assert!(o.status.success(), "kvslim failed: {}", String::from_utf8_lossy(&o.stderr));
@@ -24,10 +19,7 @@ fn err(o: &Output) -> String {
 }
 
 fn paths() -> (String, String) {
-    (
-        shared().join("models/stories260K/stories260K.bin").display().to_string(),
-        shared().join("data/tinystories/tinystories_val.txt").display().to_string(),
-    )
+    (stories(), stories_text())
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -98,18 +90,7 @@ fn tune_writes_a_spec_that_perplexity_accepts() {
 
     // the file is a policy wherever a spec is accepted
     let policy = format!("tuned:file={o}");
-    let r = ok(&kvslim(&[
-        "perplexity",
-        "--model",
-        &m,
-        "--text",
-        &text,
-        "--max-tokens",
-        "128",
-        "--policy",
-        &policy,
-        "--json",
-    ]));
+    let r = ok(&kvslim(&perplexity_args(&m, &text, "128", &["--policy", &policy, "--json"])));
     let r: serde_json::Value = serde_json::from_str(&r).unwrap();
     assert_eq!(r["policy"].as_str().unwrap(), spec);
     assert_eq!(r["budget_slots"], v["budget_slots"]);
@@ -212,9 +193,7 @@ fn bad_tune_inputs_are_refused_clearly() {
     let e = err(&kvslim(&["tune", "--model", &m, "--text", &text, "--budget", "20%", "--grid", "huge"]));
     assert!(e.contains("grid `huge`"), "{e}");
     // a policy naming a missing or foreign file
-    let ppl = |policy: &str| {
-        kvslim(&["perplexity", "--model", &m, "--text", &text, "--max-tokens", "16", "--policy", policy])
-    };
+    let ppl = |policy: &str| kvslim(&perplexity_args(&m, &text, "16", &["--policy", policy]));
     let e = err(&ppl("tuned:file=/no/such/tune.json"));
     assert!(e.contains("tuned policy file /no/such/tune.json: cannot read"), "{e}");
     let plan = tmp("plan");

@@ -283,22 +283,8 @@ pub struct SpecOutcome {
 }
 
 /// Greedy speculative generation with drafts of `k` tokens (fixed or
-/// adapted); returns the same tokens as greedy
-/// [`generate`](crate::generate()) (see the module docs).
-pub fn speculative_generate(
-    model: &Model,
-    prompt: &[u32],
-    opts: &GenerateOptions,
-    draft: &mut dyn Drafter,
-    k: impl Into<DraftLength>,
-    verification: Verification,
-    on_token: impl FnMut(u32) -> bool,
-) -> Result<(Generation, SpecStats)> {
-    let o = speculative_run(model, prompt, opts, draft, k, verification, on_token)?;
-    Ok((o.generation, o.stats))
-}
-
-/// [`speculative_generate`], also returning the target's cache.
+/// adapted): the same tokens as greedy [`generate`](crate::generate())
+/// (see the module docs), with the statistics and the target's cache.
 pub fn speculative_run(
     model: &Model,
     prompt: &[u32],

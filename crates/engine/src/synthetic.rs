@@ -133,21 +133,18 @@ pub fn random_model(config: ModelConfig, dtype: DType, seed: u64, qk_gain: f32) 
         .into_par_iter()
         .map(|l| {
             let s = 100 + l as u64 * 10;
-            Ok(LayerWeights {
-                attn_norm: ones(),
-                q: lin_qk(heads * head_dim, d, s)?,
-                k: lin_qk(kv_heads * head_dim, d, s + 1)?,
-                v: lin(kv_heads * head_dim, d, s + 2)?,
-                o: lin(d, heads * head_dim, s + 3)?,
-                mlp_norm: ones(),
-                gate: Some(lin(ffn, d, s + 4)?),
-                up: lin(ffn, d, s + 5)?,
-                down: lin(d, ffn, s + 6)?,
-                q_norm: None,
-                k_norm: None,
-                post_attn_norm: None,
-                post_mlp_norm: None,
-            })
+            Ok(LayerWeights::pre_norm(
+                ones(),
+                [
+                    lin_qk(heads * head_dim, d, s)?,
+                    lin_qk(kv_heads * head_dim, d, s + 1)?,
+                    lin(kv_heads * head_dim, d, s + 2)?,
+                ],
+                lin(d, heads * head_dim, s + 3)?,
+                ones(),
+                Some(lin(ffn, d, s + 4)?),
+                [lin(ffn, d, s + 5)?, lin(d, ffn, s + 6)?],
+            ))
         })
         .collect();
     let weights = Weights {

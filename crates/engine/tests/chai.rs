@@ -9,17 +9,13 @@ use kvslim_models::weights::Linear;
 use kvslim_models::{load_model, Logits, Model, Trace};
 mod common;
 
-use common::shared;
+use common::{chai_plan, shared};
 
-/// Writes a plan with the given k per layer for a model with `heads` heads.
-fn plan(name: &str, heads: usize, ks: &[usize]) -> String {
-    let layers: Vec<_> = ks
-        .iter()
-        .map(|&k| serde_json::json!({ "k": k, "errors": (0..heads).map(|i| (heads - i) as f64).collect::<Vec<_>>() }))
-        .collect();
-    let path = std::env::temp_dir().join(format!("kvslim-chai-{}-{name}.json", std::process::id()));
-    std::fs::write(&path, serde_json::json!({ "layers": layers }).to_string()).unwrap();
-    path.display().to_string()
+/// A 64-token session of the 4-head `mha` model under a CHAI plan of
+/// `ks` clusters per layer.
+fn chai_session<'a>(m: &'a Model, name: &str, ks: &[usize]) -> Session<'a> {
+    let spec = PolicySpec::parse_and_load(&format!("chai:plan={}", chai_plan(name, 4, ks))).unwrap();
+    Session::new(m, &spec, 64, 64).unwrap()
 }
 
 fn mha() -> Model {
@@ -43,7 +39,7 @@ fn logprobs(m: &Model, spec: &str, tokens: &[u32], prefill: usize) -> Vec<f64> {
 fn k_equal_heads_is_bit_identical_to_dense() {
     let m = stories();
     let t = ids(120, 512);
-    let p = plan("kH", 8, &[8; 5]);
+    let p = chai_plan("kH", 8, &[8; 5]);
     assert_eq!(logprobs(&m, &format!("chai:plan={p}"), &t, 0), logprobs(&m, "full", &t, 0));
     // a prefill while CHAI's probe collects takes the exact per-token path
     // (it records every head's probabilities); dense prefill takes the tiled
@@ -58,9 +54,7 @@ fn k_equal_heads_is_bit_identical_to_dense() {
 #[test]
 fn members_share_probabilities_but_use_their_own_values() {
     let m = mha();
-    let p = plan("k2", 4, &[4, 2]);
-    let spec = PolicySpec::parse_and_load(&format!("chai:plan={p}")).unwrap();
-    let mut s = Session::new(&m, &spec, 64, 64).unwrap();
+    let mut s = chai_session(&m, "k2", &[4, 2]);
     s.feed(&ids(20, 320), Logits::Last).unwrap();
     s.scratch.trace = Some(Trace::default());
     s.feed(&[7], Logits::Last).unwrap();
@@ -93,7 +87,7 @@ fn one_cluster_of_identical_heads_equals_dense() {
         let copied: Vec<f32> = (0..rows).flat_map(|r| w[(r % hd) * d..(r % hd + 1) * d].to_vec()).collect();
         *lin = Linear::new(Matrix::from_f32(rows, d, &copied).unwrap(), None);
     }
-    let p = plan("k1", 4, &[4, 1]);
+    let p = chai_plan("k1", 4, &[4, 1]);
     let t = ids(40, 320);
     assert_eq!(logprobs(&m, &format!("chai:plan={p}"), &t, 0), logprobs(&m, "full", &t, 0));
 }
@@ -102,9 +96,7 @@ fn one_cluster_of_identical_heads_equals_dense() {
 fn k_cache_shrinks_to_the_predicted_fraction() {
     // MHA: layer 1 keeps K for k = 2 of 4 heads: (H + k) / 2H of its bytes
     let m = mha();
-    let p = plan("bytes", 4, &[4, 2]);
-    let spec = PolicySpec::parse_and_load(&format!("chai:plan={p}")).unwrap();
-    let mut s = Session::new(&m, &spec, 64, 64).unwrap();
+    let mut s = chai_session(&m, "bytes", &[4, 2]);
     let dense_layer = s.cache.store().layer_bytes(1).kv;
     s.feed(&ids(30, 320), Logits::Last).unwrap();
     assert_eq!(s.cache.store().layer_bytes(0).kv, dense_layer, "k = H stays dense");
@@ -112,7 +104,7 @@ fn k_cache_shrinks_to_the_predicted_fraction() {
 
     // GQA (stories260K, 8 query / 4 KV heads): a KV head loses K only when no representative reads it
     let m = stories();
-    let p = plan("gqa", 8, &[2; 5]);
+    let p = chai_plan("gqa", 8, &[2; 5]);
     let spec = PolicySpec::parse_and_load(&format!("chai:plan={p}")).unwrap();
     let mut s = Session::new(&m, &spec, 64, 64).unwrap();
     let per_head_k = s.cache.store().head(0, 0).kv_bytes() / 2;
@@ -133,7 +125,7 @@ fn k_cache_shrinks_to_the_predicted_fraction() {
 #[test]
 fn short_prompts_stay_dense_until_the_probe_completes_and_clustering_is_deterministic() {
     let m = stories();
-    let p = plan("probe", 8, &[3; 5]);
+    let p = chai_plan("probe", 8, &[3; 5]);
     let spec = PolicySpec::parse_and_load(&format!("chai:plan={p},probe=5")).unwrap();
     let run = || {
         let mut s = Session::new(&m, &spec, 64, 64).unwrap();
@@ -157,7 +149,7 @@ fn short_prompts_stay_dense_until_the_probe_completes_and_clustering_is_determin
 #[test]
 fn h2o_composed_with_chai_keeps_aligned_slot_sets_and_bounded_memory() {
     let m = stories();
-    let p = plan("compose", 8, &[3; 5]);
+    let p = chai_plan("compose", 8, &[3; 5]);
     let spec = PolicySpec::parse_and_load(&format!("h2o:heavy=12,recent=12+chai:plan={p}")).unwrap();
     let t = ids(300, 512);
     let mut s = Session::new(&m, &spec, t.len(), t.len()).unwrap();
@@ -196,7 +188,7 @@ fn h2o_composed_with_chai_keeps_aligned_slot_sets_and_bounded_memory() {
 #[test]
 fn plan_for_another_model_is_a_clear_error() {
     let m = stories();
-    let p = plan("wrong", 4, &[2, 2]);
+    let p = chai_plan("wrong", 4, &[2, 2]);
     let spec = PolicySpec::parse_and_load(&format!("chai:plan={p}")).unwrap();
     let e = Session::new(&m, &spec, 10, 10).err().expect("5 layers × 8 heads vs a 2-layer 4-head plan").to_string();
     assert!(e.contains("layer") || e.contains("head"), "{e}");
@@ -289,7 +281,7 @@ fn quality_calibration_keeps_the_measured_kl_within_each_budget() {
 #[test]
 fn drift_checks_keep_every_key_and_recluster_from_a_reprobe() {
     let m = stories();
-    let p = plan("drift", 8, &[2; 5]);
+    let p = chai_plan("drift", 8, &[2; 5]);
     let dense_bytes = Session::new(&m, &PolicySpec::full(), 64, 64).unwrap().cache.store().bytes().kv;
     // threshold ~0: every re-probe re-clusters; 2 (the largest cosine distance): none does
     for (threshold, every_layer_reclustered) in [("0.000001", true), ("2", false)] {

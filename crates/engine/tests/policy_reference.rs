@@ -18,7 +18,7 @@ use kvslim_models::{Logits, Model, Trace};
 use reference::{ref_ada_shares, ref_pyramid, RefExpect, RefHead, RefPolicy, RefScore, Rule};
 mod common;
 
-use common::shared;
+use common::{stories, tokens};
 
 /// The reference score family of the engine's parsed one.
 fn ref_score(rule: ScoreRule) -> RefScore {
@@ -94,6 +94,102 @@ fn ref_policy(spec: &PolicySpec, base: usize) -> RefPolicy {
                 _ => None,
             },
         },
+    }
+}
+
+/// The (heads, KV heads) shapes of the property tests.
+const SHAPES: [(usize, usize); 6] = [(2, 2), (4, 2), (4, 1), (6, 2), (6, 3), (8, 4)];
+
+/// Runs `cases` property-test cases (random stream `seed`), each a tiny
+/// model with one of `shapes` and head dim 4, 8 or 16 (weights from
+/// `weights + case`), `prompt.0 + pick(prompt.1)` prompt tokens and
+/// `decode.0 + pick(decode.1)` more, under the spec `spec((case,
+/// prompt length), pick)`
+/// draws: optimized against the reference after every call (`tiled`:
+/// and the tiled prefill's kept positions against the traced path's).
+fn property_cases(
+    (seed, cases, weights): (u64, usize, u64),
+    shapes: &[(usize, usize)],
+    (prompt, decode): ((usize, u64), (usize, u64)),
+    tiled: bool,
+    mut spec: impl FnMut((usize, usize), &mut dyn FnMut(u64) -> usize) -> String,
+) {
+    let mut rng = Rng::new(seed);
+    let mut pick = |n: u64| (rng.next_u64() % n) as usize;
+    for case in 0..cases {
+        let (heads, kv_heads) = shapes[pick(shapes.len() as u64)];
+        let head_dim = [4, 8, 16][pick(3)];
+        let cfg = tiny_config(heads, kv_heads, head_dim);
+        let model = kvslim_engine::synthetic::random_model(cfg, DType::F32, weights + case as u64, 3.0).unwrap();
+        let prompt_len = prompt.0 + pick(prompt.1);
+        let total = prompt_len + decode.0 + pick(decode.1);
+        let tokens: Vec<u32> = (0..total).map(|_| pick(64) as u32).collect();
+        let spec = PolicySpec::parse(&spec((case, prompt_len), &mut pick)).unwrap();
+        let label = format!("case {case} {spec} H={heads}/{kv_heads} D={head_dim}");
+        compare(&model, &spec, &tokens, prompt_len, &label);
+        if tiled {
+            assert_tiled_keeps_what_traced_keeps(&model, &spec, &tokens[..prompt_len], &label);
+        }
+    }
+}
+
+/// The TinyStories checks of every policy family: (tokens, [(spec, prompt
+/// length)]).
+const STORIES: [(usize, &[(&str, usize)]); 4] = [
+    // token policies
+    (
+        260,
+        &[
+            ("h2o:heavy=16,recent=16", 60),
+            ("h2o:heavy=8,recent=24,agg=max,prefill=stream:7", 60),
+            ("sink:sink=4,recent=28", 60),
+            ("heavy:heavy=24", 60),
+        ],
+    ),
+    // score families
+    (
+        200,
+        &[
+            ("h2o:heavy=16,recent=16,score=norm", 60),
+            ("h2o:heavy=16,recent=16,sink=4,score=decay:0.9", 60),
+            ("h2o:heavy=16,recent=16,score=tova,prefill=stream:7", 60),
+            ("h2o:heavy=16,recent=16,agg=max,score=vnorm", 60),
+            ("h2o:heavy=16,recent=16,score=persist:16", 60),
+            ("heavy:heavy=24,sink=4,score=tova", 60),
+        ],
+    ),
+    // expected attention
+    (
+        200,
+        &[
+            ("h2o:heavy=24,recent=8,sink=4,prefill=expect", 120),
+            ("h2o:heavy=16,recent=16,prefill=expect", 120),
+            ("h2o:heavy=24,recent=8,sink=4,prefill=expect:64", 120),
+        ],
+    ),
+    // budget allocators
+    (
+        200,
+        &[
+            ("h2o:heavy=16,recent=16,alloc=pyramid", 60),
+            ("h2o:heavy=16,recent=16,alloc=ada", 60),
+            ("h2o:heavy=16,recent=16,alloc=ada:0.5", 10),
+            ("h2o:heavy=12,recent=12,sink=2,score=norm,alloc=pyramid:0.5/ada", 60),
+        ],
+    ),
+];
+
+/// Every family's specs on the 260K TinyStories model ([`STORIES`]):
+/// optimized == reference after every call.
+#[test]
+fn policies_equal_reference_on_stories260k() {
+    let m = stories();
+    for (n, cases) in STORIES {
+        let ids = tokens(&m, n);
+        for &(spec, prompt) in cases {
+            let spec = PolicySpec::parse(spec).unwrap();
+            compare(&m.model, &spec, &ids, prompt, &format!("stories260K {spec}"));
+        }
     }
 }
 
@@ -240,20 +336,11 @@ fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, 
 /// Property test: random shapes, budgets, prefill sizes, chunk sizes and
 /// policies; optimized == reference.
 #[test]
-fn optimized_equals_reference_on_random_shapes() {
-    let mut rng = Rng::new(2024);
-    let mut pick = |n: u64| (rng.next_u64() % n) as usize;
-    for case in 0..28 {
-        let (heads, kv_heads) = [(2, 2), (4, 2), (4, 1), (6, 2), (6, 3), (8, 4)][pick(6)];
-        let head_dim = [4, 8, 16][pick(3)];
-        let cfg = tiny_config(heads, kv_heads, head_dim);
-        let model = kvslim_engine::synthetic::random_model(cfg, DType::F32, case as u64, 3.0).unwrap();
-        let prompt_len = 2 + pick(40);
-        let total = prompt_len + 20 + pick(60);
-        let tokens: Vec<u32> = (0..total).map(|_| pick(64) as u32).collect();
+fn token_policies_equal_reference() {
+    property_cases((2024, 28, 0), &SHAPES, ((2, 40), (20, 60)), false, |(case, _), pick| {
         let b = 2 + pick(20);
         let r = 1 + pick(b as u64 - 1);
-        let spec = match case % 8 {
+        match case % 8 {
             0 => format!("h2o:heavy={},recent={r}", b - r),
             1 => format!("h2o:heavy={},recent={r},agg=max", b - r),
             2 => format!("h2o:heavy={},recent={r},prefill=stream:{}", b - r, 1 + pick(12)),
@@ -262,45 +349,16 @@ fn optimized_equals_reference_on_random_shapes() {
             5 => format!("sink:sink={},recent={r}", 1 + pick(4)),
             6 => format!("random:budget={b},recent={},seed={}", r - 1, pick(1000)),
             _ => format!("h2o:heavy=20%,recent=15%,agg={}", ["sum", "max"][pick(2)]),
-        };
-        let spec = PolicySpec::parse(&spec).unwrap();
-        compare(&model, &spec, &tokens, prompt_len, &format!("case {case} {spec} H={heads}/{kv_heads} D={head_dim}"));
-    }
-}
-
-#[test]
-fn optimized_equals_reference_on_stories260k() {
-    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
-    let tok = m.tokenizer.as_ref().unwrap();
-    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
-    let mut ids = tok.encode(&text[..4000]).unwrap();
-    ids.truncate(260);
-    for spec in [
-        "h2o:heavy=16,recent=16",
-        "h2o:heavy=8,recent=24,agg=max,prefill=stream:7",
-        "sink:sink=4,recent=28",
-        "heavy:heavy=24",
-    ] {
-        let spec = PolicySpec::parse(spec).unwrap();
-        compare(&m.model, &spec, &ids, 60, &format!("stories260K {spec}"));
-    }
+        }
+    });
 }
 
 /// The score families (`score=` on h2o and heavy) and `sink=` on every
 /// evicting family: random shapes, budgets, prompts (one chunk or
 /// streamed), aggregations; optimized == reference after every call.
 #[test]
-fn score_families_equal_reference_on_random_shapes() {
-    let mut rng = Rng::new(77);
-    let mut pick = |n: u64| (rng.next_u64() % n) as usize;
-    for case in 0..30 {
-        let (heads, kv_heads) = [(2, 2), (4, 2), (4, 1), (6, 2), (6, 3), (8, 4)][pick(6)];
-        let head_dim = [4, 8, 16][pick(3)];
-        let cfg = tiny_config(heads, kv_heads, head_dim);
-        let model = kvslim_engine::synthetic::random_model(cfg, DType::F32, 100 + case as u64, 3.0).unwrap();
-        let prompt_len = 2 + pick(40);
-        let total = prompt_len + 20 + pick(60);
-        let tokens: Vec<u32> = (0..total).map(|_| pick(64) as u32).collect();
+fn score_families_equal_reference() {
+    property_cases((77, 30, 100), &SHAPES, ((2, 40), (20, 60)), false, |(case, _), pick| {
         let b = 2 + pick(20);
         let r = 1 + pick(b as u64 - 1);
         let score = match case % 6 {
@@ -313,7 +371,7 @@ fn score_families_equal_reference_on_random_shapes() {
         };
         let agg = ["sum", "max"][pick(2)];
         let sink = pick(4);
-        let spec = match case % 5 {
+        match case % 5 {
             0 | 1 => format!("h2o:heavy={},recent={r},agg={agg},sink={sink},score={score}", b - r),
             2 => format!("h2o:heavy={},recent={r},prefill=stream:{},score={score}", b - r, 1 + pick(12)),
             3 => format!("heavy:heavy={b},sink={sink},score={score}"),
@@ -322,30 +380,8 @@ fn score_families_equal_reference_on_random_shapes() {
                 1 => format!("random:budget={b},recent={},seed={},sink={sink}", r - 1, pick(1000)),
                 _ => format!("h2o:heavy=20%,recent=15%,sink=2,score={score}"),
             },
-        };
-        let spec = PolicySpec::parse(&spec).unwrap();
-        compare(&model, &spec, &tokens, prompt_len, &format!("case {case} {spec} H={heads}/{kv_heads} D={head_dim}"));
-    }
-}
-
-#[test]
-fn score_families_equal_reference_on_stories260k() {
-    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
-    let tok = m.tokenizer.as_ref().unwrap();
-    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
-    let mut ids = tok.encode(&text[..4000]).unwrap();
-    ids.truncate(200);
-    for spec in [
-        "h2o:heavy=16,recent=16,score=norm",
-        "h2o:heavy=16,recent=16,sink=4,score=decay:0.9",
-        "h2o:heavy=16,recent=16,score=tova,prefill=stream:7",
-        "h2o:heavy=16,recent=16,agg=max,score=vnorm",
-        "h2o:heavy=16,recent=16,score=persist:16",
-        "heavy:heavy=24,sink=4,score=tova",
-    ] {
-        let spec = PolicySpec::parse(spec).unwrap();
-        compare(&m.model, &spec, &ids, 60, &format!("stories260K {spec}"));
-    }
+        }
+    });
 }
 
 /// SnapKV prefill (`prefill=snap:W:K`): only the prompt's last W queries
@@ -354,31 +390,16 @@ fn score_families_equal_reference_on_stories260k() {
 /// the tiled kernel with its observation pass keeps the same positions.
 #[test]
 fn snapkv_prefill_equals_reference() {
-    let mut rng = Rng::new(4242);
-    let mut pick = |n: u64| (rng.next_u64() % n) as usize;
-    for case in 0..16 {
-        let (heads, kv_heads) = [(2, 2), (4, 2), (4, 1), (6, 3), (8, 4)][pick(5)];
-        let head_dim = [4, 8, 16][pick(3)];
-        let cfg = tiny_config(heads, kv_heads, head_dim);
-        let model = kvslim_engine::synthetic::random_model(cfg, DType::F32, 300 + case as u64, 3.0).unwrap();
-        let prompt_len = 8 + pick(60);
-        let total = prompt_len + 10 + pick(30);
-        let tokens: Vec<u32> = (0..total).map(|_| pick(64) as u32).collect();
+    let shapes = [(2, 2), (4, 2), (4, 1), (6, 3), (8, 4)];
+    property_cases((4242, 16, 300), &shapes, ((8, 60), (10, 30)), true, |(_, prompt_len), pick| {
         let b = 2 + pick(20);
         let r = 1 + pick(b as u64 - 1);
         let (w, k) = (1 + pick(prompt_len as u64), [1, 3, 7][pick(3)]);
         let agg = ["sum", "max"][pick(2)];
-        let spec = format!("h2o:heavy={},recent={r},agg={agg},prefill=snap:{w}:{k}", b - r);
-        let spec = PolicySpec::parse(&spec).unwrap();
-        let label = format!("case {case} {spec} H={heads}/{kv_heads} D={head_dim}");
-        compare(&model, &spec, &tokens, prompt_len, &label);
-        assert_tiled_keeps_what_traced_keeps(&model, &spec, &tokens[..prompt_len], &label);
-    }
-    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
-    let tok = m.tokenizer.as_ref().unwrap();
-    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
-    let mut ids = tok.encode(&text[..4000]).unwrap();
-    ids.truncate(200);
+        format!("h2o:heavy={},recent={r},agg={agg},prefill=snap:{w}:{k}", b - r)
+    });
+    let m = stories();
+    let ids = tokens(&m, 200);
     // Max-pooling gives neighbours exactly equal scores; the decode steps
     // after it then rank them by differences at f32 rounding level, which
     // an f64 reference cannot reproduce. So pooled specs are compared on
@@ -402,42 +423,16 @@ fn snapkv_prefill_equals_reference() {
 /// 260K TinyStories model.
 #[test]
 fn expected_attention_prefill_equals_reference() {
-    let mut rng = Rng::new(5151);
-    let mut pick = |n: u64| (rng.next_u64() % n) as usize;
-    for case in 0..16 {
-        let (heads, kv_heads) = [(2, 2), (4, 2), (4, 1), (6, 3), (8, 4)][pick(5)];
-        let head_dim = [4, 8, 16][pick(3)];
-        let cfg = tiny_config(heads, kv_heads, head_dim);
-        let model = kvslim_engine::synthetic::random_model(cfg, DType::F32, 700 + case as u64, 3.0).unwrap();
-        let prompt_len = 8 + pick(60);
-        let total = prompt_len + 10 + pick(30);
-        let tokens: Vec<u32> = (0..total).map(|_| pick(64) as u32).collect();
+    let shapes = [(2, 2), (4, 2), (4, 1), (6, 3), (8, 4)];
+    property_cases((5151, 16, 700), &shapes, ((8, 60), (10, 30)), true, |_, pick| {
         let b = 4 + pick(20);
         let r = 1 + pick(b as u64 / 2);
         let sink = pick(3);
         let agg = ["sum", "max"][pick(2)];
         let score = ["sum", "norm"][pick(2)];
         let future = [1, 16, 512][pick(3)];
-        let spec =
-            format!("h2o:heavy={},recent={r},sink={sink},agg={agg},score={score},prefill=expect:{future}", b - r);
-        let spec = PolicySpec::parse(&spec).unwrap();
-        let label = format!("case {case} {spec} H={heads}/{kv_heads} D={head_dim}");
-        compare(&model, &spec, &tokens, prompt_len, &label);
-        assert_tiled_keeps_what_traced_keeps(&model, &spec, &tokens[..prompt_len], &label);
-    }
-    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
-    let tok = m.tokenizer.as_ref().unwrap();
-    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
-    let mut ids = tok.encode(&text[..4000]).unwrap();
-    ids.truncate(200);
-    for spec in [
-        "h2o:heavy=24,recent=8,sink=4,prefill=expect",
-        "h2o:heavy=16,recent=16,prefill=expect",
-        "h2o:heavy=24,recent=8,sink=4,prefill=expect:64",
-    ] {
-        let spec = PolicySpec::parse(spec).unwrap();
-        compare(&m.model, &spec, &ids, 120, &format!("stories260K {spec}"));
-    }
+        format!("h2o:heavy={},recent={r},sink={sink},agg={agg},score={score},prefill=expect:{future}", b - r)
+    });
 }
 
 /// KVzip-style prefill (`prefill=kvzip`): the prompt fed again after
@@ -588,7 +583,7 @@ fn assert_tiled_keeps_what_traced_keeps(model: &Model, spec: &PolicySpec, prompt
 /// the first decode step that overflows); optimized == reference after
 /// every call, and the total budget is the plain spec's.
 #[test]
-fn allocators_equal_reference_on_random_shapes() {
+fn allocators_equal_reference() {
     let mut rng = Rng::new(1414);
     let mut pick = |n: u64| (rng.next_u64() % n) as usize;
     let mut uneven = [0; 2];
@@ -637,22 +632,4 @@ fn allocators_equal_reference_on_random_shapes() {
         uneven[1] += usize::from((0..layers).any(|l| (0..kv_heads).any(|h| b(l, h) != b(l, 0))));
     }
     assert!(uneven[0] >= 5 && uneven[1] >= 5, "layers, heads with different budgets: {uneven:?}");
-}
-
-#[test]
-fn allocators_equal_reference_on_stories260k() {
-    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
-    let tok = m.tokenizer.as_ref().unwrap();
-    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
-    let mut ids = tok.encode(&text[..4000]).unwrap();
-    ids.truncate(200);
-    for (spec, prompt) in [
-        ("h2o:heavy=16,recent=16,alloc=pyramid", 60),
-        ("h2o:heavy=16,recent=16,alloc=ada", 60),
-        ("h2o:heavy=16,recent=16,alloc=ada:0.5", 10),
-        ("h2o:heavy=12,recent=12,sink=2,score=norm,alloc=pyramid:0.5/ada", 60),
-    ] {
-        let spec = PolicySpec::parse(spec).unwrap();
-        compare(&m.model, &spec, &ids, prompt, &format!("stories260K {spec}"));
-    }
 }

@@ -7,7 +7,7 @@ use kvslim_engine::{generate, GenerateOptions, SamplingParams, Session};
 use kvslim_models::{load_model, Logits, Model, Scratch};
 mod common;
 
-use common::{assert_same_cache, shared};
+use common::{assert_same_cache, chai_plan, shared};
 
 struct Loaded {
     model: Model,
@@ -17,16 +17,6 @@ struct Loaded {
 fn stories() -> Loaded {
     let l = load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
     Loaded { model: l.model, tok: l.tokenizer.expect("stories260K ships a tokenizer") }
-}
-
-fn chai_plan(heads: usize, ks: &[usize]) -> String {
-    let layers: Vec<_> = ks
-        .iter()
-        .map(|&k| serde_json::json!({ "k": k, "errors": (0..heads).map(|i| (heads - i) as f64).collect::<Vec<_>>() }))
-        .collect();
-    let path = std::env::temp_dir().join(format!("kvslim-spec-chai-{}.json", std::process::id()));
-    std::fs::write(&path, serde_json::json!({ "layers": layers }).to_string()).unwrap();
-    path.display().to_string()
 }
 
 const SNIPPETS: [&str; 10] = [
@@ -55,7 +45,7 @@ fn opts(policy: &str, max_tokens: usize, eos: Vec<u32>) -> GenerateOptions {
 fn forward_sequential_is_bit_identical_to_decode_steps() {
     let l = stories();
     let m = &l.model;
-    let plan = chai_plan(m.config.n_heads, &vec![3; m.config.n_layers]);
+    let plan = chai_plan("spec", m.config.n_heads, &vec![3; m.config.n_layers]);
     let prompt = l.tok.encode(SNIPPETS[0]).unwrap();
     let more: Vec<u32> = (0..20).map(|i| ((i * 37 + 11) % m.config.vocab_size) as u32).collect();
     for spec in
@@ -81,7 +71,7 @@ fn forward_sequential_is_bit_identical_to_decode_steps() {
 /// The policies speculative decoding is checked under: full, two token
 /// policies and one composed with online CHAI.
 fn policies(m: &Model) -> [String; 4] {
-    let plan = chai_plan(m.config.n_heads, &vec![3; m.config.n_layers]);
+    let plan = chai_plan("spec", m.config.n_heads, &vec![3; m.config.n_layers]);
     [
         "full".to_string(),
         "h2o:heavy=8,recent=8".into(),
@@ -192,7 +182,7 @@ impl Drafter for WrongDrafter {
 fn rejected_drafts_leave_no_trace() {
     let l = stories();
     let m = &l.model;
-    let plan = chai_plan(m.config.n_heads, &vec![3; m.config.n_layers]);
+    let plan = chai_plan("spec", m.config.n_heads, &vec![3; m.config.n_layers]);
     let n = 30;
     for spec in [
         "full".to_string(),
@@ -297,7 +287,7 @@ impl Drafter for PerturbedOracle {
 fn randomized_search_finds_no_divergence_under_any_policy() {
     let l = stories();
     let m = &l.model;
-    let plan = chai_plan(m.config.n_heads, &vec![3; m.config.n_layers]);
+    let plan = chai_plan("spec", m.config.n_heads, &vec![3; m.config.n_layers]);
     let specs = [
         "full".to_string(),
         "full:page=4".into(),

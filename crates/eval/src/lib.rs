@@ -20,6 +20,23 @@
 //! * [`tune`]: `kvslim tune`, the search for the best policy at a budget
 //!   (or the smallest budget meeting a KL target) on calibration text.
 
+/// `FromStr` for an enum from its command-line names:
+/// `parse_names! { Type, "what": "name" => value, ... }`; an unknown name is
+/// an error listing the known ones.
+macro_rules! parse_names {
+    ($t:ty, $what:literal: $($name:literal => $value:expr),+ $(,)?) => {
+        impl std::str::FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> std::result::Result<Self, String> {
+                match s {
+                    $($name => Ok($value),)+
+                    o => Err(format!("unknown {} `{o}` ({})", $what, [$($name),+].join(", "))),
+                }
+            }
+        }
+    };
+}
+
 pub mod budget;
 pub mod chart;
 pub mod forked;

@@ -28,16 +28,11 @@ pub enum ScoreMode {
     Prefill,
 }
 
-impl std::str::FromStr for ScoreMode {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "decode" => Ok(ScoreMode::Decode),
-            "prefill-context" => Ok(ScoreMode::PrefillContext),
-            "prefill" => Ok(ScoreMode::Prefill),
-            o => Err(format!("unknown score mode `{o}` (decode, prefill-context, prefill)")),
-        }
-    }
+parse_names! {
+    ScoreMode, "score mode":
+    "decode" => ScoreMode::Decode,
+    "prefill-context" => ScoreMode::PrefillContext,
+    "prefill" => ScoreMode::Prefill,
 }
 
 /// How a multiple-choice item's choices are run.
@@ -53,16 +48,7 @@ pub enum Scoring {
     PerChoice,
 }
 
-impl std::str::FromStr for Scoring {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "forked" => Ok(Scoring::Forked),
-            "per-choice" => Ok(Scoring::PerChoice),
-            o => Err(format!("unknown scoring `{o}` (forked, per-choice)")),
-        }
-    }
-}
+parse_names! { Scoring, "scoring": "forked" => Scoring::Forked, "per-choice" => Scoring::PerChoice }
 
 /// A continuation to score: its token ids and its length in characters
 /// (for length-normalised accuracy).

@@ -4,22 +4,9 @@
 use kvslim_eval::results::{finished_cells, read_rows, to_csv, to_markdown, write_summaries};
 use kvslim_eval::{CellKey, ResultRow, ResultsLog};
 use std::path::PathBuf;
+mod common;
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("kvslim-eval-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::TempDir;
 
 fn row(policy: &str, budget: &str, task: &str, acc: f64) -> ResultRow {
     let mut r = ResultRow::new("stories260K", policy, budget, task).metric("acc", acc).metric("acc_norm", acc / 2.0);

@@ -6,17 +6,10 @@ use kvslim_eval::results::read_rows;
 use kvslim_eval::{
     merge_shards, run_matrix, MatrixConfig, MergeOptions, ResultRow, ResultsLog, Shard, ShardManifest, TaskSpec,
 };
-use std::path::{Path, PathBuf};
+use std::path::Path;
 mod common;
 
-use common::{data, stories};
-
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::{stories, task_on, TempDir};
 
 /// Merge options: with plots, without, and a partial merge.
 const CHARTS: MergeOptions = MergeOptions { charts: true, partial: false, replace: false };
@@ -26,8 +19,8 @@ const REPLACE: MergeOptions = MergeOptions { charts: false, partial: false, repl
 
 fn config(budgets: &[&str]) -> MatrixConfig {
     let specs = [
-        format!("ppl:{},seq_len=64,limit=2", data("tinystories/tinystories_val.txt").display()),
-        format!("mc:{},limit=4", data("copa/copa.jsonl").display()),
+        task_on("ppl", "tinystories/tinystories_val.txt", "seq_len=64,limit=2"),
+        task_on("mc", "copa/copa.jsonl", "limit=4"),
     ];
     let tasks: Vec<TaskSpec> = specs.iter().map(|s| TaskSpec::parse(s).unwrap()).collect();
     let mut cfg = MatrixConfig::new("stories260K", tasks);
@@ -84,7 +77,7 @@ fn close(a: f64, b: f64) -> bool {
 fn three_shards_merge_to_the_unsharded_results() {
     let m = stories();
     let tok = m.tokenizer.as_ref().unwrap();
-    let tmp = TempDir(std::env::temp_dir().join(format!("kvslim-eval-shards-{}", std::process::id())));
+    let tmp = TempDir::new("shards");
     let _ = std::fs::remove_dir_all(&tmp.0);
 
     let mut cfg = config(&["100%", "50%"]);

@@ -4,33 +4,31 @@
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{perplexity, PerplexityOptions};
 use kvslim_eval::results::read_rows;
-use kvslim_eval::score::{encode_item, predict, predict_norm};
+use kvslim_eval::score::{encode_item, predict, predict_norm, Choice};
 use kvslim_eval::tasks::{load_mc_jsonl, McItem};
 use kvslim_eval::{
     run_matrix, score_choices, BudgetedPolicy, MatrixConfig, MatrixEvent, McTally, ResultsLog, ScoreMode, TaskSpec,
 };
-use std::path::PathBuf;
+use kvslim_models::LoadedModel;
 mod common;
 
-use common::{shared_dir, stories};
+use common::{data, shared_dir, stories, task_on, TempDir};
 
-fn story_item() -> McItem {
+/// The model, a two-choice story item (the sensible ending first) and the
+/// item's context and choices as the model's tokens.
+fn story() -> (LoadedModel, McItem, Vec<u32>, Vec<Choice>) {
     let ctx = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. \
 One day, she saw a big dog. The dog was very friendly and wanted to play with Lily. Lily was happy and";
-    McItem::from_parts(
-        ctx,
-        " ",
-        &["they played together all day.".into(), "quantum spreadsheets exploded vertically.".into()],
-        0,
-    )
+    let endings = ["they played together all day.".into(), "quantum spreadsheets exploded vertically.".into()];
+    let item = McItem::from_parts(ctx, " ", &endings, 0);
+    let m = stories();
+    let (ctx, choices) = encode_item(m.tokenizer.as_ref().unwrap(), &item).unwrap();
+    (m, item, ctx, choices)
 }
 
 #[test]
 fn modes_agree_under_the_full_cache_and_match_perplexity() {
-    let m = stories();
-    let tok = m.tokenizer.as_ref().unwrap();
-    let item = story_item();
-    let (ctx, choices) = encode_item(tok, &item).unwrap();
+    let (m, item, ctx, choices) = story();
     assert_eq!(ctx[0], 1, "BOS");
     let full = PolicySpec::full();
     let dec = score_choices(&m.model, &full, &ctx, &choices, ScoreMode::Decode).unwrap();
@@ -55,10 +53,7 @@ fn modes_agree_under_the_full_cache_and_match_perplexity() {
 
 #[test]
 fn full_budget_matches_full_and_small_budgets_change_scores() {
-    let m = stories();
-    let tok = m.tokenizer.as_ref().unwrap();
-    let item = story_item();
-    let (ctx, choices) = encode_item(tok, &item).unwrap();
+    let (m, _, ctx, choices) = story();
     let full = score_choices(&m.model, &PolicySpec::full(), &ctx, &choices, ScoreMode::Decode).unwrap();
     for fam in ["window", "sink", "heavy", "random", "h2o"] {
         let p = BudgetedPolicy::new(fam, "100%").unwrap();
@@ -99,18 +94,11 @@ fn smoke_accuracy_on_real_items() {
     }
 }
 
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[test]
 fn matrix_end_to_end_and_resume() {
     let m = stories();
     let tok = m.tokenizer.as_ref().unwrap();
-    let tmp = TempDir(std::env::temp_dir().join(format!("kvslim-eval-matrix-{}", std::process::id())));
+    let tmp = TempDir::new("matrix");
     std::fs::create_dir_all(&tmp.0).unwrap();
     let prompts = tmp.0.join("prompts.txt");
     std::fs::write(&prompts, "Once upon a time\nTom and Sue went to the park. They saw\n").unwrap();
@@ -122,10 +110,9 @@ fn matrix_end_to_end_and_resume() {
          Tom had a red ball. He\n0\nthrew it to his dog.\nmelted into soup.\nsang to the sun.\nis a tree.\n",
     )
     .unwrap();
-    let data = shared_dir().join("data");
     let specs = [
-        format!("ppl:{},seq_len=64,limit=2", data.join("tinystories/tinystories_val.txt").display()),
-        format!("mc:{},limit=6", data.join("copa/copa.jsonl").display()),
+        task_on("ppl", "tinystories/tinystories_val.txt", "seq_len=64,limit=2"),
+        task_on("mc", "copa/copa.jsonl", "limit=6"),
         format!("hellaswag:{}", hellaswag.display()),
         format!("gen:{},max_tokens=24", prompts.display()),
         "passkey:lengths=96,depths=0,1,per_cell=1".to_string(),
@@ -219,9 +206,8 @@ fn matrix_end_to_end_and_resume() {
 fn a_missing_task_file_fails_before_the_output_is_made() {
     let m = stories();
     let tok = m.tokenizer.as_ref().unwrap();
-    let tmp = TempDir(std::env::temp_dir().join(format!("kvslim-eval-missing-{}", std::process::id())));
-    let copa = shared_dir().join("data/copa/copa.jsonl");
-    let tasks = [format!("mc:{},limit=4", copa.display()), "mc:/nonexistent/items.jsonl".to_string()];
+    let tmp = TempDir::new("missing");
+    let tasks = [task_on("mc", "copa/copa.jsonl", "limit=4"), "mc:/nonexistent/items.jsonl".to_string()];
     let mut c = MatrixConfig::new("stories260K", tasks.iter().map(|t| TaskSpec::parse(t).unwrap()).collect());
     c.policies = vec!["full".to_string()];
     c.out_dir = Some(tmp.0.join("out"));
@@ -241,9 +227,8 @@ fn an_interrupted_multiple_choice_cell_resumes_after_its_last_block() {
     use kvslim_eval::results::PartialCell;
     let m = stories();
     let tok = m.tokenizer.as_ref().unwrap();
-    let tmp = TempDir(std::env::temp_dir().join(format!("kvslim-eval-partial-{}", std::process::id())));
-    let copa = shared_dir().join("data/copa/copa.jsonl");
-    let task = TaskSpec::parse(&format!("mc:{},limit=40", copa.display())).unwrap();
+    let tmp = TempDir::new("partial");
+    let task = TaskSpec::parse(&task_on("mc", "copa/copa.jsonl", "limit=40")).unwrap();
     let config = |dir: &str| {
         let mut c = MatrixConfig::new("stories260K", vec![task.clone()]);
         c.policies = vec!["h2o".to_string()];
@@ -284,7 +269,7 @@ fn an_interrupted_multiple_choice_cell_resumes_after_its_last_block() {
     let mut t = config("tampered");
     t.resume = true;
     let from_block = run_matrix(&m.model, tok, &t, |_| {}).unwrap();
-    let golds: Vec<usize> = load_mc_jsonl(&copa, None).unwrap().iter().map(|i| i.gold).collect();
+    let golds: Vec<usize> = load_mc_jsonl(&data("copa/copa.jsonl"), None).unwrap().iter().map(|i| i.gold).collect();
     let by_choice0: Vec<f64> = golds[..16].iter().map(|&g| f64::from(u8::from(g == 0))).collect();
     assert_eq!(from_block[0].per_item["acc"][..16], by_choice0[..]);
     assert_ne!(whole[0].per_item["acc"][..16], by_choice0[..], "the test needs the model to differ from 'always 0'");

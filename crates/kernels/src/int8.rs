@@ -452,6 +452,7 @@ impl Activations {
 
     /// Raw parts for the SIMD kernels: (quants, scales, sums, half sums,
     /// cols).
+    #[cfg(target_arch = "x86_64")]
     pub(crate) fn parts(&self) -> (&[i8], &[f32], &[f32], &[i32], usize) {
         (&self.q, &self.d, &self.s, &self.h, self.cols)
     }
@@ -486,7 +487,10 @@ pub fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
 /// Micro-kernel: rows `16g..16g + 16` (the panel `panel`, all blocks of one
 /// row group) times tokens `t0..t0 + nt` (`nt ≤ TILE_TOKENS`) of `x`;
 /// `out[j][i]` = row `i` · token `t0 + j`.
-pub type TileFn = fn(DType, &[u8], &Activations, usize, usize, &mut [[f32; PANEL_ROWS]; TILE_TOKENS]);
+pub type TileFn = fn(DType, &[u8], &Activations, usize, usize, &mut Tile);
+
+/// A micro-kernel's output: `out[j][i]` = row `i` · token `t0 + j`.
+pub type Tile = [[f32; PANEL_ROWS]; TILE_TOKENS];
 
 /// Row `i`'s two header values for a panel block: the scale and the
 /// minimum (Q6_K: the scales of the two halves), from the block `blk` and
@@ -512,14 +516,7 @@ fn scale_min(dtype: DType, blk: &[u8], dh: &[u8], i: usize) -> (f32, f32) {
 
 /// The portable micro-kernel: the arithmetic every SIMD version reproduces
 /// bit for bit.
-pub fn scalar_tile(
-    dtype: DType,
-    panel: &[u8],
-    x: &Activations,
-    t0: usize,
-    nt: usize,
-    out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS],
-) {
+pub fn scalar_tile(dtype: DType, panel: &[u8], x: &Activations, t0: usize, nt: usize, out: &mut Tile) {
     let (blocks, bb, hb, cols) = (x.blocks(), block_bytes(dtype), header_bytes(dtype), x.cols);
     for (j, o) in out.iter_mut().enumerate().take(nt) {
         let t = t0 + j;
@@ -628,24 +625,35 @@ mod tests {
             .collect()
     }
 
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|f| f.to_bits()).collect()
+    }
+
+    /// Packs `raw` (`rows × cols` of `dt`) and checks that every row
+    /// unpacks to its bytes and dequantizes to `dequantize`'s values, bit
+    /// for bit; returns the panels.
+    fn packed_rows_match(dt: DType, rows: usize, cols: usize, raw: &[u8]) -> Vec<u8> {
+        let mut packed = vec![0u8; packed_len(dt, rows, cols)];
+        pack(dt, rows, cols, raw, &mut packed);
+        let rb = dt.bytes_for(cols);
+        let mut back = vec![0u8; rb];
+        for r in 0..rows {
+            unpack_row(dt, &packed, cols, r, &mut back);
+            assert_eq!(back, raw[r * rb..(r + 1) * rb], "{dt} {rows}x{cols} row {r}");
+            let (mut want, mut got) = (vec![0f32; cols], vec![0f32; cols]);
+            dequantize(dt, &raw[r * rb..(r + 1) * rb], &mut want);
+            dequantize_row(dt, &packed, cols, r, &mut got);
+            assert_eq!(bits(&want), bits(&got), "{dt} {rows}x{cols} row {r}");
+        }
+        packed
+    }
+
     #[test]
     fn panels_keep_every_row_bit_for_bit() {
         for dt in DTYPES {
             for (rows, c) in [(1, 1), (17, 2), (40, 3)] {
                 let cols = cols_of(dt, c);
-                let raw = quantize(dt, &values(rows * cols, 3));
-                let mut packed = vec![0u8; packed_len(dt, rows, cols)];
-                pack(dt, rows, cols, &raw, &mut packed);
-                let rb = dt.bytes_for(cols);
-                let mut back = vec![0u8; rb];
-                for r in 0..rows {
-                    unpack_row(dt, &packed, cols, r, &mut back);
-                    assert_eq!(back, raw[r * rb..(r + 1) * rb], "{dt} row {r}");
-                    let (mut want, mut got) = (vec![0f32; cols], vec![0f32; cols]);
-                    dequantize(dt, &raw[r * rb..(r + 1) * rb], &mut want);
-                    dequantize_row(dt, &packed, cols, r, &mut got);
-                    assert_eq!(want, got, "{dt} row {r}");
-                }
+                packed_rows_match(dt, rows, cols, &quantize(dt, &values(rows * cols, 3)));
             }
         }
     }
@@ -669,19 +677,7 @@ mod tests {
                         }
                     }
                 }
-                let mut packed = vec![0u8; packed_len(dt, rows, cols)];
-                pack(dt, rows, cols, &raw, &mut packed);
-                let rb = dt.bytes_for(cols);
-                let mut back = vec![0u8; rb];
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                for r in 0..rows {
-                    unpack_row(dt, &packed, cols, r, &mut back);
-                    assert_eq!(back, raw[r * rb..(r + 1) * rb], "{dt} {rows}x{cols} row {r}");
-                    let (mut want, mut got) = (vec![0f32; cols], vec![0f32; cols]);
-                    dequantize(dt, &raw[r * rb..(r + 1) * rb], &mut want);
-                    dequantize_row(dt, &packed, cols, r, &mut got);
-                    assert_eq!(bits(&want), bits(&got), "{dt} {rows}x{cols} row {r}");
-                }
+                let packed = packed_rows_match(dt, rows, cols, &raw);
                 let mut m = Matrix::from_bytes_with(dt, rows, cols, &raw, Products::Int8).unwrap();
                 assert_eq!((m.products(), m.nbytes()), (Products::Int8, packed.len()));
                 m.set_products(Products::F32);
@@ -695,22 +691,26 @@ mod tests {
         }
     }
 
-    /// Bytes per weight of the panels against the file's (the module doc's
-    /// table).
+    /// Bits per weight of the panels of `dt` (the module doc's table).
+    fn panel_bits(dt: DType) -> f64 {
+        match dt {
+            DType::Q8_0 => 9.0,
+            DType::Q4_0 | DType::Q4_1 => 5.0,
+            DType::Q5_0 | DType::Q5_1 => 6.0,
+            DType::Q4_K => 4.625,
+            DType::Q5_K => 5.625,
+            DType::Q6_K => 6.5625,
+            _ => unreachable!("{dt} has no panels"),
+        }
+    }
+
+    /// Bytes per weight of the panels against the file's.
     #[test]
     fn panel_sizes_are_as_documented() {
         let (rows, cols) = (64, 1024);
-        for (dt, bits) in [
-            (DType::Q8_0, 9.0),
-            (DType::Q4_0, 5.0),
-            (DType::Q4_1, 5.0),
-            (DType::Q5_0, 6.0),
-            (DType::Q5_1, 6.0),
-            (DType::Q4_K, 4.625),
-            (DType::Q5_K, 5.625),
-            (DType::Q6_K, 6.5625),
-        ] {
-            assert_eq!(packed_len(dt, rows, cols) as f64 * 8.0 / (rows * cols) as f64, bits, "{dt}");
+        for dt in DTYPES {
+            let bits = packed_len(dt, rows, cols) as f64 * 8.0 / (rows * cols) as f64;
+            assert_eq!(bits, panel_bits(dt), "{dt}");
         }
     }
 

@@ -25,6 +25,8 @@ pub mod ops;
 pub mod quant;
 pub mod rope;
 mod simd;
+#[cfg(test)]
+mod test_util;
 
 pub use dtype::DType;
 pub use matrix::{Matrix, Products};

@@ -269,13 +269,8 @@ impl Matrix {
     /// read from memory once (rows outer, tokens inner). Used to verify
     /// speculative drafts with the numerics of single-token decode.
     pub fn matvec_many(&self, x: &[f32], n: usize, out: &mut [f32]) {
-        assert_eq!(x.len(), n * self.cols, "matvec_many input length");
-        assert_eq!(out.len(), n * self.rows, "matvec_many output length");
-        if self.products == Products::Int8 {
-            return self.int8_products(x, n, out);
-        }
-        if n == 1 {
-            return self.matvec(x, out);
+        if self.products_done(x, n, out, "matvec_many") {
+            return;
         }
         let k = kernels();
         let (dt, rb, cols) = (self.dtype, self.row_bytes, self.cols);
@@ -286,6 +281,23 @@ impl Matrix {
                 *v = dot_row(k, dt, row, &x[t * cols..(t + 1) * cols]);
             }
         });
+    }
+
+    /// What [`Matrix::matvec_many`] and [`Matrix::matmul`] (`what`) share:
+    /// the shapes of `x` and `out` for `n` tokens are checked, and the
+    /// integer path, when it is on, or one `matvec` for a single token
+    /// computes the whole product (true).
+    fn products_done(&self, x: &[f32], n: usize, out: &mut [f32], what: &str) -> bool {
+        assert_eq!(x.len(), n * self.cols, "{what} input length");
+        assert_eq!(out.len(), n * self.rows, "{what} output length");
+        if self.products == Products::Int8 {
+            self.int8_products(x, n, out);
+        } else if n == 1 {
+            self.matvec(x, out);
+        } else {
+            return false;
+        }
+        true
     }
 
     /// Fills `out[t, r]` (`n` tokens × `rows`) from `row(state, r, o)`,
@@ -333,13 +345,8 @@ impl Matrix {
     /// summed over `k` in order, so they agree with the row dots to rounding.
     /// Threaded over row panels when the product is large.
     pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
-        assert_eq!(x.len(), n * self.cols, "matmul input length");
-        assert_eq!(out.len(), n * self.rows, "matmul output length");
-        if self.products == Products::Int8 {
-            return self.int8_products(x, n, out);
-        }
-        if n == 1 {
-            return self.matvec(x, out);
+        if self.products_done(x, n, out, "matmul") {
+            return;
         }
         let (rows, cols) = (self.rows, self.cols);
         if rows == 0 || cols == 0 {

@@ -424,16 +424,20 @@ fn quantize_q2_k(b: &[f32], out: &mut Vec<u8>) {
     out.extend_from_slice(&f32_to_f16(dmin).to_le_bytes());
 }
 
-/// Signed group scales (`scale[g]`, the value −1 quant step stands for
-/// with `qmin` as the most negative quant) folded into integer multiples
-/// `-smax..smax-1` of one super-scale d, rounded away from zero so a
-/// group's extremes still fit.
-fn signed_sub_scales(scale: &[f32; 16], smax: i32) -> (f32, [i32; 16]) {
-    let big = signed_amax(scale);
+/// Signed scales of the 16 groups of 16 of `b` (each the value one quant
+/// step stands for, with the group's signed extreme at the quant `qmin`)
+/// folded into integer multiples `-smax..smax-1` of one super-scale d,
+/// rounded away from zero so a group's extremes still fit.
+fn signed_sub_scales(b: &[f32], qmin: f32, smax: i32) -> (f32, [i32; 16]) {
+    let mut scale = [0f32; 16];
+    for (g, x) in b.chunks_exact(16).enumerate() {
+        scale[g] = signed_amax(x) / qmin;
+    }
+    let big = signed_amax(&scale);
     let d = f16_round(big / -(smax as f32));
     let id = inv(d);
     let mut s = [0i32; 16];
-    for (si, &v) in s.iter_mut().zip(scale) {
+    for (si, &v) in s.iter_mut().zip(&scale) {
         let r = v * id;
         let r = if r < 0.0 { r.floor() } else { r.ceil() };
         *si = (r as i32).clamp(-smax, smax - 1);
@@ -443,11 +447,7 @@ fn signed_sub_scales(scale: &[f32; 16], smax: i32) -> (f32, [i32; 16]) {
 
 /// Q3_K: 16 groups of 16, each group's signed extreme mapped to −4.
 fn quantize_q3_k(b: &[f32], out: &mut Vec<u8>) {
-    let mut scale = [0f32; 16];
-    for (g, x) in b.chunks_exact(16).enumerate() {
-        scale[g] = signed_amax(x) / -4.0;
-    }
-    let (d, sc) = signed_sub_scales(&scale, 32);
+    let (d, sc) = signed_sub_scales(b, -4.0, 32);
     let mut hm = [0u8; 32];
     let mut qs = [0u8; 64];
     let mut packed = [0u8; 12];
@@ -517,11 +517,7 @@ fn quantize_q45_k<const FIVE: bool>(b: &[f32], out: &mut Vec<u8>) {
 /// Q6_K: 16 groups of 16, each group's signed extreme mapped to −32, with
 /// i8 group scales.
 fn quantize_q6_k(b: &[f32], out: &mut Vec<u8>) {
-    let mut scale = [0f32; 16];
-    for (g, x) in b.chunks_exact(16).enumerate() {
-        scale[g] = signed_amax(x) / -32.0;
-    }
-    let (d, sc) = signed_sub_scales(&scale, 128);
+    let (d, sc) = signed_sub_scales(b, -32.0, 128);
     let mut ql = [0u8; 128];
     let mut qh = [0u8; 64];
     for (g, x) in b.chunks_exact(16).enumerate() {
@@ -547,24 +543,28 @@ mod tests {
         (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect()
     }
 
+    /// The largest dequantization error of `dt` on [`ramp`].
+    fn max_error(dt: DType) -> f32 {
+        match dt {
+            DType::F32 => 0.0,
+            DType::F16 => 2e-3,
+            DType::BF16 => 2e-2,
+            DType::Q8_0 => 0.03,
+            DType::Q4_0 => 0.4,
+            DType::Q4_1 | DType::Q5_0 => 0.2,
+            DType::Q2_K => 1.1,
+            DType::Q3_K => 0.8,
+            DType::Q4_K => 0.25,
+            DType::Q5_K => 0.12,
+            DType::Q5_1 | DType::Q6_K => 0.1,
+        }
+    }
+
     #[test]
     fn quantize_dequantize_error_is_bounded() {
         let x = ramp(256);
-        for (dt, tol) in [
-            (DType::F32, 0.0),
-            (DType::F16, 2e-3),
-            (DType::BF16, 2e-2),
-            (DType::Q8_0, 0.03),
-            (DType::Q4_0, 0.4),
-            (DType::Q4_1, 0.2),
-            (DType::Q5_0, 0.2),
-            (DType::Q5_1, 0.1),
-            (DType::Q2_K, 1.1),
-            (DType::Q3_K, 0.8),
-            (DType::Q4_K, 0.25),
-            (DType::Q5_K, 0.12),
-            (DType::Q6_K, 0.1),
-        ] {
+        for dt in DType::ALL {
+            let tol = max_error(dt);
             let q = quantize(dt, &x);
             assert_eq!(q.len(), dt.bytes_for(x.len()));
             let mut y = vec![0.0; x.len()];

@@ -77,6 +77,33 @@ pub struct LayerWeights {
 }
 
 impl LayerWeights {
+    /// A classic pre-norm block: no QK norms or sandwich norms; `gate` for
+    /// gated MLPs (Llama family), `None` for GPT-2, OPT and GPT-NeoX.
+    pub fn pre_norm(
+        attn_norm: NormWeights,
+        [q, k, v]: [Linear; 3],
+        o: Linear,
+        mlp_norm: NormWeights,
+        gate: Option<Linear>,
+        [up, down]: [Linear; 2],
+    ) -> LayerWeights {
+        LayerWeights {
+            attn_norm,
+            q,
+            k,
+            v,
+            o,
+            mlp_norm,
+            gate,
+            up,
+            down,
+            q_norm: None,
+            k_norm: None,
+            post_attn_norm: None,
+            post_mlp_norm: None,
+        }
+    }
+
     /// [`Weights::check_against`] for layer `i`.
     fn check_against(&self, i: usize, c: &ModelConfig) -> Result<()> {
         let (d, f) = (c.hidden_size, c.ffn_size);
@@ -300,20 +327,15 @@ mod tests {
 
     /// Weights matching [`config`]: gated MLP, tied output.
     fn weights() -> Weights {
-        let layer = || LayerWeights {
-            attn_norm: norm(D),
-            q: linear(8, D),
-            k: linear(4, D),
-            v: linear(4, D),
-            o: linear(D, 8),
-            mlp_norm: norm(D),
-            gate: Some(linear(F, D)),
-            up: linear(F, D),
-            down: linear(D, F),
-            q_norm: None,
-            k_norm: None,
-            post_attn_norm: None,
-            post_mlp_norm: None,
+        let layer = || {
+            LayerWeights::pre_norm(
+                norm(D),
+                [linear(8, D), linear(4, D), linear(4, D)],
+                linear(D, 8),
+                norm(D),
+                Some(linear(F, D)),
+                [linear(F, D), linear(D, F)],
+            )
         };
         Weights {
             token_embedding: linear(V, D).weight,

@@ -430,21 +430,14 @@ fn memory_model(raw: &Raw, dt: Option<DType>) -> Model {
                 let (rows, cols) = layer_shape(i);
                 Linear::new(m(rows, cols, &ws[i]), None)
             };
-            LayerWeights {
-                attn_norm: norm(&ws[0]),
-                q: lin(1),
-                k: lin(2),
-                v: lin(3),
-                o: lin(4),
-                mlp_norm: norm(&ws[5]),
-                gate: Some(lin(6)),
-                up: lin(7),
-                down: lin(8),
-                q_norm: None,
-                k_norm: None,
-                post_attn_norm: None,
-                post_mlp_norm: None,
-            }
+            LayerWeights::pre_norm(
+                norm(&ws[0]),
+                [lin(1), lin(2), lin(3)],
+                lin(4),
+                norm(&ws[5]),
+                Some(lin(6)),
+                [lin(7), lin(8)],
+            )
         })
         .collect();
     let weights = Weights {
@@ -817,40 +810,27 @@ fn model_level_problems_are_named() {
     assert!(matches!(e, Error::MissingTensor(_)), "{e:?}");
     assert!(e.to_string().contains("blk.1.ffn_gate.weight"), "{e}");
 
+    // what a tiny F32 file edited by `edit` loads with: an error naming `needle`
+    let refused = |edit: &dyn Fn(&mut Gguf) -> &mut Gguf, needle: &str| {
+        let mut g = tiny_file(DType::F32, true);
+        edit(&mut g);
+        let e = err_of(load_bytes("edited", &g.bytes().0)).to_string();
+        assert!(e.contains(needle), "{e}");
+    };
     // missing and mistyped metadata
-    let mut g = tiny_file(DType::F32, true);
-    g.remove("llama.block_count");
-    let e = err_of(load_bytes("meta", &g.bytes().0)).to_string();
-    assert!(e.contains("llama.block_count"), "{e}");
-    let mut g = tiny_file(DType::F32, true);
-    g.kv("llama.embedding_length", V::s("sixty-four"));
-    let e = err_of(load_bytes("meta", &g.bytes().0)).to_string();
-    assert!(e.contains("llama.embedding_length"), "{e}");
+    refused(&|g| g.remove("llama.block_count"), "llama.block_count");
+    refused(&|g| g.kv("llama.embedding_length", V::s("sixty-four")), "llama.embedding_length");
     let mut g = tiny_file(DType::F32, true);
     g.kv("llama.attention.head_count_kv", V::U32(3));
     assert!(load_bytes("meta", &g.bytes().0).is_err());
-
     // quantized rows must hold whole blocks
-    let mut g = tiny_file(DType::F32, true);
-    g.tensor_raw("blk.0.attn_norm.weight", &[40], 8, vec![0; 34]);
-    let e = err_of(load_bytes("block", &g.bytes().0)).to_string();
-    assert!(e.contains("multiple of the q8_0 block size"), "{e}");
-
+    refused(&|g| g.tensor_raw("blk.0.attn_norm.weight", &[40], 8, vec![0; 34]), "multiple of the q8_0 block size");
     // an unsupported tokenizer model is named
-    let mut g = tiny_file(DType::F32, true);
-    g.kv("tokenizer.ggml.model", V::s("bert"));
-    let e = err_of(load_bytes("tok", &g.bytes().0)).to_string();
-    assert!(e.contains("bert"), "{e}");
+    refused(&|g| g.kv("tokenizer.ggml.model", V::s("bert")), "bert");
     // scores of the wrong length
-    let mut g = tiny_file(DType::F32, true);
-    g.kv("tokenizer.ggml.scores", V::f32s(&[0.0; 3]));
-    let e = err_of(load_bytes("tok", &g.bytes().0)).to_string();
-    assert!(e.contains("tokenizer.ggml.scores"), "{e}");
+    refused(&|g| g.kv("tokenizer.ggml.scores", V::f32s(&[0.0; 3])), "tokenizer.ggml.scores");
     // a BOS id outside the vocabulary
-    let mut g = tiny_file(DType::F32, true);
-    g.kv("tokenizer.ggml.bos_token_id", V::U32(100_000));
-    let e = err_of(load_bytes("tok", &g.bytes().0)).to_string();
-    assert!(e.contains("bos_token_id"), "{e}");
+    refused(&|g| g.kv("tokenizer.ggml.bos_token_id", V::U32(100_000)), "bos_token_id");
 }
 
 #[test]

@@ -8,9 +8,6 @@ use kvslim_cache::PolicySpec;
 use kvslim_models::loader::safetensors::SafetensorsFiles;
 use kvslim_models::{load_model, Logits, Scratch, Trace};
 
-const FIXTURES: [&str; 8] =
-    ["llama-gqa", "llama-gqa-bf16", "llama-mha-tied", "mistral", "qwen2", "gpt2", "opt", "gpt-neox"];
-
 fn check_fixture(name: &str) {
     let dir = shared().join("fixtures/parity").join(name);
     let m = load_model(&dir).unwrap_or_else(|e| panic!("{name}: {e}")).model;
@@ -51,35 +48,23 @@ fn check_fixture(name: &str) {
     eprintln!("{name}: logits max |Δ| prefill {d:.2e}, decode {worst:.2e}");
 }
 
-#[test]
-fn parity_llama_gqa() {
-    check_fixture(FIXTURES[0]);
+/// One parity test per fixture (run in parallel, failing by name).
+macro_rules! parity_tests {
+    ($($test:ident: $fixture:literal,)*) => {$(
+        #[test]
+        fn $test() {
+            check_fixture($fixture);
+        }
+    )*};
 }
-#[test]
-fn parity_llama_gqa_bf16() {
-    check_fixture(FIXTURES[1]);
-}
-#[test]
-fn parity_llama_mha_tied() {
-    check_fixture(FIXTURES[2]);
-}
-#[test]
-fn parity_mistral() {
-    check_fixture(FIXTURES[3]);
-}
-#[test]
-fn parity_qwen2() {
-    check_fixture(FIXTURES[4]);
-}
-#[test]
-fn parity_gpt2() {
-    check_fixture(FIXTURES[5]);
-}
-#[test]
-fn parity_opt() {
-    check_fixture(FIXTURES[6]);
-}
-#[test]
-fn parity_gpt_neox() {
-    check_fixture(FIXTURES[7]);
+
+parity_tests! {
+    parity_llama_gqa: "llama-gqa",
+    parity_llama_gqa_bf16: "llama-gqa-bf16",
+    parity_llama_mha_tied: "llama-mha-tied",
+    parity_mistral: "mistral",
+    parity_qwen2: "qwen2",
+    parity_gpt2: "gpt2",
+    parity_opt: "opt",
+    parity_gpt_neox: "gpt-neox",
 }

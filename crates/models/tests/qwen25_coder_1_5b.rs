@@ -10,27 +10,10 @@
 
 mod common;
 
-use common::llamacpp::{load_alias, LlamaCppRef};
+use common::llamacpp::RealModel;
 use common::shared;
-use kvslim_models::LoadedModel;
-use std::sync::OnceLock;
 
-const NAME: &str = "qwen2.5-coder-1.5b";
-
-fn model() -> &'static LoadedModel {
-    static M: OnceLock<LoadedModel> = OnceLock::new();
-    M.get_or_init(|| load_alias(NAME))
-}
-
-fn reference() -> &'static LlamaCppRef {
-    static R: OnceLock<LlamaCppRef> = OnceLock::new();
-    R.get_or_init(|| LlamaCppRef::load("fixtures/qwen25coder/reference_wikitext2.json"))
-}
-
-fn teacher_forced() -> &'static [f32] {
-    static L: OnceLock<Vec<f32>> = OnceLock::new();
-    L.get_or_init(|| reference().teacher_forced(&model().model))
-}
+static QWEN: RealModel = RealModel::new("qwen2.5-coder-1.5b", "fixtures/qwen25coder/reference_wikitext2.json");
 
 /// Our byte-level BPE (`pre=qwen2`, no BOS) gives llama.cpp's 1,024 ids for
 /// the start of WikiText-2 (encoded from a prefix long enough that the cut
@@ -41,8 +24,8 @@ fn teacher_forced() -> &'static [f32] {
 fn tokenization_equals_llama_cpp() {
     let raw = std::fs::read_to_string(shared().join("data/wikitext2/wiki.test.raw")).unwrap();
     let text = raw[..12_000].replace("\r\n", "\n");
-    let tok = model().tokenizer.as_ref().expect("the GGUF carries its tokenizer");
-    let want = &reference().token_ids;
+    let tok = QWEN.model().tokenizer.as_ref().expect("the GGUF carries its tokenizer");
+    let want = &QWEN.reference().token_ids;
     let got = tok.encode(&text).unwrap();
     assert!(got.len() > want.len() + 64, "the prefix holds only {} tokens", got.len());
     if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
@@ -54,17 +37,12 @@ fn tokenization_equals_llama_cpp() {
 /// activations against its 8-bit ones); top-1 agreement ≥ 90%.
 #[test]
 fn teacher_forced_log_probs_match_llama_cpp() {
-    let r = reference();
-    let (nll, top1) = r.compare(NAME, teacher_forced(), model().model.config.vocab_size);
-    assert!((nll - r.nll).abs() <= 0.01 * r.nll, "NLL {nll} not within 1% of llama.cpp's {}", r.nll);
-    assert!(top1 >= 0.9, "top-1 agreement {top1}");
+    QWEN.check_teacher_forced();
 }
 
 /// The 24-token greedy continuation of the first 32 tokens equals
 /// llama.cpp's, or first diverges at a near-tie.
 #[test]
 fn greedy_continuation_matches_llama_cpp() {
-    let m = &model().model;
-    let gap = reference().top1_logit_gap(teacher_forced(), m.config.vocab_size);
-    reference().check_greedy(NAME, m, gap);
+    QWEN.check_greedy();
 }

@@ -33,6 +33,7 @@ fn require_files() {
 }
 
 fn load(products: Products) -> LoadedModel {
+    require_files();
     let mut m = load_model(&model_path()).unwrap_or_else(|e| panic!("loading SmolLM2: {e}"));
     m.model.weights.set_products(products);
     m
@@ -46,6 +47,7 @@ fn model() -> &'static LoadedModel {
 }
 
 fn refs() -> SafetensorsFiles {
+    require_files();
     SafetensorsFiles::open(&fixture_dir().join("reference.safetensors")).unwrap()
 }
 
@@ -65,7 +67,6 @@ fn argmax(x: &[f32]) -> u32 {
 
 #[test]
 fn config_matches_the_readme() {
-    require_files();
     let c = &model().model.config;
     assert_eq!((c.n_layers, c.hidden_size, c.ffn_size, c.n_heads, c.n_kv_heads, c.head_dim), (30, 576, 1536, 9, 3, 64));
     assert_eq!((c.vocab_size, c.context_len), (49152, 8192));
@@ -85,7 +86,6 @@ fn config_matches_the_readme() {
 
 #[test]
 fn tokenizer_matches_reference() {
-    require_files();
     let t = model().tokenizer.as_ref().expect("embedded tokenizer");
     let r = refs();
     let text = std::fs::read_to_string(fixture_dir().join("text.txt")).unwrap();
@@ -112,7 +112,6 @@ fn tokenizer_matches_reference() {
 
 #[test]
 fn greedy_continuation_matches_reference() {
-    require_files();
     let m = &model().model;
     let r = refs();
     let prompt = ids(&r, "prompt_ids");
@@ -137,7 +136,6 @@ fn greedy_continuation_matches_reference() {
 
 #[test]
 fn teacher_forced_logprobs_logits_and_attention() {
-    require_files();
     let m = &model().model;
     let r = refs();
     let input = ids(&r, "input_ids");
@@ -199,7 +197,6 @@ fn teacher_forced_logprobs_logits_and_attention() {
 /// transformers'. (Measured: mean |Δ| 0.057, NLL 3.3244 against 3.3168.)
 #[test]
 fn int8_products_stay_close_to_transformers() {
-    require_files();
     let m = load(Products::Int8);
     let m = &m.model;
     let r = refs();

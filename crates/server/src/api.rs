@@ -43,6 +43,7 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -81,6 +82,24 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status, Json(self.body())).into_response()
+    }
+}
+
+/// A request body read as JSON of type `T`, or the 400 saying why not.
+pub(crate) fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid request: {e}"), None))
+}
+
+/// The value of a required request field `name`, or the 400 naming it.
+pub(crate) fn required<T>(value: Option<T>, name: &'static str) -> Result<T, ApiError> {
+    value.ok_or_else(|| ApiError::bad(format!("`{name}` is required"), Some(name)))
+}
+
+/// A handler's JSON answer or its error.
+pub(crate) fn reply(r: Result<Value, ApiError>) -> Response {
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
@@ -523,24 +542,20 @@ struct TokenizeBody {
 /// the model's tokenizer adds; false drops it), so a client that tokenizes
 /// here and sends token ids scores exactly what it measured.
 pub async fn tokenize(State(st): State<AppState>, body: Bytes) -> Response {
-    let b: TokenizeBody = match serde_json::from_slice(&body) {
-        Ok(b) => b,
-        Err(e) => return ApiError::bad(format!("invalid request: {e}"), None).into_response(),
-    };
-    let Some(text) = b.prompt else {
-        return ApiError::bad("`prompt` is required", Some("prompt")).into_response();
-    };
-    let mut ids = match encode(&st, &text) {
-        Ok(ids) => ids,
-        Err(e) => return e.into_response(),
-    };
+    reply(tokenized(&st, &body))
+}
+
+fn tokenized(st: &AppState, body: &[u8]) -> Result<Value, ApiError> {
+    let b: TokenizeBody = json_body(body)?;
+    let text = required(b.prompt, "prompt")?;
+    let mut ids = encode(st, &text)?;
     let tok = &st.tokenizer;
     let bos_text = tok.bos.and_then(|b| tok.token_text(b));
     let added_bos = tok.prepended_bos().is_some_and(|b| ids.first() == Some(&b));
     if b.add_special_tokens == Some(false) && added_bos && !bos_text.is_some_and(|t| text.starts_with(&t)) {
         ids.remove(0);
     }
-    Json(json!({"tokens": ids, "count": ids.len(), "max_model_len": st.model.config.context_len})).into_response()
+    Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": st.model.config.context_len}))
 }
 
 #[derive(Deserialize)]
@@ -550,18 +565,16 @@ struct DetokenizeBody {
 
 /// `POST /detokenize`: `{"tokens"}` → `{"prompt"}` (special tokens skipped).
 pub async fn detokenize(State(st): State<AppState>, body: Bytes) -> Response {
-    let ids = match serde_json::from_slice::<DetokenizeBody>(&body) {
-        Ok(DetokenizeBody { tokens: Some(t) }) => t,
-        Ok(_) => return ApiError::bad("`tokens` is required", Some("tokens")).into_response(),
-        Err(e) => return ApiError::bad(format!("invalid request: {e}"), None).into_response(),
-    };
+    reply(detokenized(&st, &body))
+}
+
+fn detokenized(st: &AppState, body: &[u8]) -> Result<Value, ApiError> {
+    let ids = required(json_body::<DetokenizeBody>(body)?.tokens, "tokens")?;
     if let Some(&bad) = ids.iter().find(|&&t| t as usize >= st.model.config.vocab_size) {
-        return ApiError::bad(format!("token id {bad} is outside the vocabulary"), Some("tokens")).into_response();
+        return Err(ApiError::bad(format!("token id {bad} is outside the vocabulary"), Some("tokens")));
     }
-    match st.tokenizer.decode(&ids) {
-        Ok(text) => Json(json!({"prompt": text})).into_response(),
-        Err(e) => ApiError::bad(format!("cannot decode: {e}"), Some("tokens")).into_response(),
-    }
+    let text = st.tokenizer.decode(&ids).map_err(|e| ApiError::bad(format!("cannot decode: {e}"), Some("tokens")))?;
+    Ok(json!({"prompt": text}))
 }
 
 /// `GET /tokenizer_info`: the special tokens (as text) and the chat

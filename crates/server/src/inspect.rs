@@ -15,15 +15,14 @@
 //! decode step; a prefill chunk runs whole), one run at a time, and a
 //! client that leaves stops its run the same way.
 
-use crate::api::ApiError;
+use crate::api::{json_body, reply, required, ApiError};
 use crate::request::{chat_prompt_ids, encode, parse_policy};
 use crate::scheduler::{full_kv_bytes, kv_bytes_for};
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use kvslim_cache::PolicySpec;
 use kvslim_engine::perplexity::Stop;
 use kvslim_engine::{perplexity, PerplexityOptions};
@@ -100,30 +99,19 @@ struct PolicyBody {
 /// without running anything: `{"policy": canonical spec, "budget_slots"}`
 /// for a 1000-token sequence, or the 400 a request with it would get.
 pub async fn check_policy(State(st): State<AppState>, body: Bytes) -> Response {
-    let b: PolicyBody = match serde_json::from_slice(&body) {
-        Ok(b) => b,
-        Err(e) => return ApiError::bad(format!("invalid request: {e}"), None).into_response(),
-    };
-    let Some(spec) = b.kv_policy else {
-        return ApiError::bad("`kv_policy` is required", Some("kv_policy")).into_response();
-    };
-    match parse_policy(&st, Some(&spec)) {
-        Ok(p) => Json(json!({"policy": p.to_string(), "budget_slots": p.budget(1000)})).into_response(),
-        Err(e) => e.into_response(),
-    }
+    reply(json_body::<PolicyBody>(&body).and_then(|b| {
+        let p = parse_policy(&st, Some(&required(b.kv_policy, "kv_policy")?))?;
+        Ok(json!({"policy": p.to_string(), "budget_slots": p.budget(1000)}))
+    }))
 }
 
 pub async fn inspect(State(st): State<AppState>, body: Bytes) -> Response {
-    match run(st, &body).await {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    reply(run(st, &body).await)
 }
 
 async fn run(st: AppState, body: &[u8]) -> Result<Value, ApiError> {
     let arrived = Instant::now();
-    let b: InspectBody =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid request: {e}"), None))?;
+    let b: InspectBody = json_body(body)?;
     let ids = match (b.prompt.filter(|p| !p.is_empty()), &b.messages) {
         (Some(prompt), None) => encode(&st, &prompt)?,
         (None, Some(_)) => chat_prompt_ids(&st, body)?,

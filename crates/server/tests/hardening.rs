@@ -48,6 +48,15 @@ fn read_until_closed(s: &mut TcpStream) -> (u16, Value) {
     (status, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
+/// Reads `s` to its close: the answer must be `status` with an OpenAI
+/// error of `kind` and `code`; returns its body.
+fn refused(s: &mut TcpStream, status: u16, kind: &str, code: &str) -> Value {
+    let (got, body) = read_until_closed(s);
+    assert_eq!(got, status, "{body}");
+    assert_openai_error(&body, kind, code);
+    body
+}
+
 fn assert_openai_error(body: &Value, kind: &str, code: &str) {
     assert!(body["error"]["message"].is_string(), "no OpenAI error shape: {body}");
     assert_eq!(body["error"]["type"], kind, "{body}");
@@ -73,9 +82,7 @@ fn oversized_body_is_413_before_it_is_read() {
         &addr,
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n",
     );
-    let (status, body) = read_until_closed(&mut s);
-    assert_eq!(status, 413, "{body}");
-    assert_openai_error(&body, "invalid_request_error", "request_too_large");
+    let body = refused(&mut s, 413, "invalid_request_error", "request_too_large");
     assert!(body["error"]["message"].as_str().unwrap().contains("4096"));
 
     // chunked, no length: refused once it passes the limit
@@ -83,9 +90,7 @@ fn oversized_body_is_413_before_it_is_read() {
     let chunk = format!("1000\r\n{}\r\n", "a".repeat(0x1000));
     s.write_all(chunk.as_bytes()).unwrap();
     s.write_all(chunk.as_bytes()).unwrap();
-    let (status, body) = read_until_closed(&mut s);
-    assert_eq!(status, 413, "{body}");
-    assert_openai_error(&body, "invalid_request_error", "request_too_large");
+    refused(&mut s, 413, "invalid_request_error", "request_too_large");
 
     // a body at the limit is fine
     let mut b = json!({"prompt": "Once upon a time", "max_tokens": 3, "temperature": 0, "pad": ""});
@@ -101,10 +106,8 @@ fn client_stalling_in_its_headers_gets_408_and_is_closed() {
     let (addr, _, _) = start_with(limits(), Duration::from_secs(5), |s| s.with_http_limits(short(1 << 20)));
     let t = Instant::now();
     let mut s = raw(&addr, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le");
-    let (status, body) = read_until_closed(&mut s);
+    refused(&mut s, 408, "invalid_request_error", "request_timeout");
     let waited = t.elapsed();
-    assert_eq!(status, 408, "{body}");
-    assert_openai_error(&body, "invalid_request_error", "request_timeout");
     assert!(waited >= Duration::from_millis(350) && waited < Duration::from_secs(3), "after {waited:?}");
     // many stalled clients at once hold nothing: all answered, server serves
     let mut stalled: Vec<TcpStream> = (0..32).map(|_| raw(&addr, b"GET /health HTTP/1.1\r\n")).collect();
@@ -121,9 +124,7 @@ fn connections_past_the_limit_get_503_and_are_closed() {
     // four idle clients hold every connection the server allows
     let idle: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&addr).unwrap()).collect();
     let mut s = raw(&addr, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
-    let (status, body) = read_until_closed(&mut s);
-    assert_eq!(status, 503, "{body}");
-    assert_openai_error(&body, "server_error", "too_many_connections");
+    let body = refused(&mut s, 503, "server_error", "too_many_connections");
     assert!(body["error"]["message"].as_str().unwrap().contains("4 open connections"), "{body}");
     // once they leave, new clients are served again
     drop(idle);
@@ -146,9 +147,7 @@ fn client_stalling_in_its_body_gets_408_and_is_closed() {
         &addr,
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":",
     );
-    let (status, body) = read_until_closed(&mut s);
-    assert_eq!(status, 408, "{body}");
-    assert_openai_error(&body, "invalid_request_error", "request_timeout");
+    refused(&mut s, 408, "invalid_request_error", "request_timeout");
     assert!(t.elapsed() < Duration::from_secs(3));
     still_serves(&addr);
 }

@@ -183,21 +183,13 @@ fn malformed_json_is_400() {
     still_serves(&addr);
 }
 
+/// The score families and budget allocators (`alloc=`) reach the server
+/// through `kv_policy`: a request under each gets what an in-process
+/// generation under the same spec gets (the prompt is longer than the
+/// budget, so prefill and decode evict, and ada splits each layer in
+/// prefill), and bad specs are 400s naming the parameter.
 #[test]
-fn invalid_kv_policy_is_400() {
-    let addr = start(default_limits());
-    let r = post(&addr, "/v1/completions", &json!({"prompt": "hi", "kv_policy": "h2o:heavy=oops"}));
-    assert_error(&r, 400, "h2o:heavy=oops");
-    assert_eq!(r.json()["error"]["param"], "kv_policy");
-    still_serves(&addr);
-}
-
-/// The score families reach the server through `kv_policy`: a request
-/// under each gets what an in-process generation under the same spec gets
-/// (the prompt is longer than the budget, so prefill and decode evict), and
-/// bad score parameters are 400s naming the parameter.
-#[test]
-fn score_families_work_through_kv_policy() {
+fn score_families_and_allocators_work_through_kv_policy() {
     let addr = start(default_limits());
     let m = stories();
     let prompt =
@@ -208,6 +200,9 @@ fn score_families_work_through_kv_policy() {
         "h2o:heavy=8,recent=8,score=norm",
         "h2o:heavy=8,recent=8,score=vnorm,page=16",
         "heavy:heavy=16,sink=4,score=persist:8",
+        "h2o:heavy=8,recent=8,alloc=pyramid",
+        "h2o:heavy=8,recent=8,alloc=ada:0.2",
+        "h2o:heavy=8,recent=8,alloc=pyramid:0.5/ada,page=16",
     ] {
         let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "kv_policy": policy});
         let r = post(&addr, "/v1/completions", &body);
@@ -215,8 +210,12 @@ fn score_families_work_through_kv_policy() {
         assert_eq!(r.json()["choices"][0]["text"].as_str().unwrap(), solo_text(&m, prompt, policy, 24), "{policy}");
     }
     for (policy, needle) in [
+        ("h2o:heavy=oops", "h2o:heavy=oops"),
         ("h2o:heavy=8,recent=8,score=decay:-0.5", "decay: `-0.5`"),
         ("h2o:heavy=8,recent=8,score=fancy", "unknown score family `fancy`"),
+        ("h2o:heavy=8,recent=8,alloc=pyramid:0", "alloc: pyramid ratio `0` must be in (0, 1]"),
+        ("h2o:heavy=8,recent=8,alloc=fancy", "alloc: unknown allocator `fancy`"),
+        ("h2o:heavy=8,recent=8,alloc=ada:1.5", "alloc: ada floor `1.5`"),
     ] {
         let r = post(&addr, "/v1/completions", &json!({"prompt": "hi", "kv_policy": policy}));
         assert_error(&r, 400, needle);
@@ -259,38 +258,6 @@ fn tuned_files_work_through_kv_policy() {
     still_serves(&addr);
 }
 
-/// Budget allocators (`alloc=`) reach the server through `kv_policy`: a
-/// request under each gets what an in-process generation under the same
-/// spec gets (the prompt is longer than the budget, so ada splits each
-/// layer in prefill), and bad allocator parameters are 400s naming them.
-#[test]
-fn budget_allocators_work_through_kv_policy() {
-    let addr = start(default_limits());
-    let m = stories();
-    let prompt =
-        "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends.";
-    for policy in [
-        "h2o:heavy=8,recent=8,alloc=pyramid",
-        "h2o:heavy=8,recent=8,alloc=ada:0.2",
-        "h2o:heavy=8,recent=8,alloc=pyramid:0.5/ada,page=16",
-    ] {
-        let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "kv_policy": policy});
-        let r = post(&addr, "/v1/completions", &body);
-        assert_eq!(r.status, 200, "{policy}: {}", r.text());
-        assert_eq!(r.json()["choices"][0]["text"].as_str().unwrap(), solo_text(&m, prompt, policy, 24), "{policy}");
-    }
-    for (policy, needle) in [
-        ("h2o:heavy=8,recent=8,alloc=pyramid:0", "alloc: pyramid ratio `0` must be in (0, 1]"),
-        ("h2o:heavy=8,recent=8,alloc=fancy", "alloc: unknown allocator `fancy`"),
-        ("h2o:heavy=8,recent=8,alloc=ada:1.5", "alloc: ada floor `1.5`"),
-    ] {
-        let r = post(&addr, "/v1/completions", &json!({"prompt": "hi", "kv_policy": policy}));
-        assert_error(&r, 400, needle);
-        assert_eq!(r.json()["error"]["param"], "kv_policy");
-    }
-    still_serves(&addr);
-}
-
 #[test]
 fn negative_max_tokens_is_400() {
     let addr = start(default_limits());
@@ -326,39 +293,25 @@ fn request_bigger_than_the_kv_pool_is_400() {
     let addr = start(Limits { kv_memory: 100_000, max_batch: 4, queue_limit: 8, ..Limits::default() });
     let r = post(&addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 500}));
     assert_error(&r, 400, "KV pool");
+    let ask =
+        |policy: &str| post(&addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 500, "kv_policy": policy}));
     // a bounded policy with page eviction fits (3 pages per head: 61,440 bytes)
-    let r = post(
-        &addr,
-        "/v1/completions",
-        &json!({"prompt": "hi", "max_tokens": 500, "kv_policy": "h2o:heavy=8,recent=8,page_score=sum"}),
-    );
+    let r = ask("h2o:heavy=8,recent=8,page_score=sum");
     assert_eq!(r.status, 200, "{}", r.text());
     // token eviction in pages is bounded by the page cap: 3 pages per head
     // for 17 slots of 16-token pages (fits), 7 for 65 slots (does not)
-    let r = post(
-        &addr,
-        "/v1/completions",
-        &json!({"prompt": "hi", "max_tokens": 500, "kv_policy": "h2o:heavy=8,recent=8,page=16"}),
-    );
+    let r = ask("h2o:heavy=8,recent=8,page=16");
     assert_eq!(r.status, 200, "{}", r.text());
-    let r = post(
-        &addr,
-        "/v1/completions",
-        &json!({"prompt": "hi", "max_tokens": 500, "kv_policy": "h2o:heavy=32,recent=32,page=16"}),
-    );
+    let r = ask("h2o:heavy=32,recent=32,page=16");
     assert_error(&r, 400, "KV pool");
     // by default it stays on fixed slots and holds its 17 slots only
-    let r = post(
-        &addr,
-        "/v1/completions",
-        &json!({"prompt": "hi", "max_tokens": 500, "kv_policy": "h2o:heavy=8,recent=8"}),
-    );
+    let r = ask("h2o:heavy=8,recent=8");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["usage"]["kv_bytes_allocated"], 17 * 5 * 4 * 72);
     // an int8 cache reserves int8 rows (codes + one f32 scale per 32 values),
     // within 1.5× of what the sequence really allocates at its peak
     let q8 = "h2o:heavy=8,recent=8,kv_dtype=q8";
-    let r = post(&addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 500, "kv_policy": q8}));
+    let r = ask(q8);
     assert_eq!(r.status, 200, "{}", r.text());
     let reserved = r.json()["usage"]["kv_bytes_allocated"].as_u64().unwrap() as usize;
     let m = stories();

@@ -384,6 +384,17 @@ fn tokenizer_endpoints_match_the_server_tokenizer() {
     let info = r.json();
     assert_eq!(info["eos_token"].as_str(), tok.token_text(tok.eos[0]).as_deref());
     assert_error(&post(&addr, "/detokenize", &json!({"tokens": [99999]})), "outside the vocabulary", "tokens");
+    // a missing field is named; a body of the wrong shape is an invalid request
+    assert_error(&post(&addr, "/tokenize", &json!({})), "`prompt` is required", "prompt");
+    assert_error(&post(&addr, "/detokenize", &json!({})), "`tokens` is required", "tokens");
+    assert_error(&post(&addr, "/v1/kv/policy", &json!({})), "`kv_policy` is required", "kv_policy");
+    for path in ["/tokenize", "/detokenize", "/v1/kv/policy", "/v1/kv/inspect"] {
+        assert_error(
+            &post(&addr, path, &json!({"prompt": 7, "tokens": "x", "kv_policy": 7})),
+            "invalid request",
+            "null",
+        );
+    }
 }
 
 /// A chat answer ended by the model's EOS (`<|im_end|>` on SmolLM2) lists

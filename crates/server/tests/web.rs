@@ -57,6 +57,13 @@ fn page_is_served_without_the_key_and_the_api_needs_it() {
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
+/// A per-(layer, KV head) field of an inspect answer (`{"layers": [{"kv_heads":
+/// [...]}]}`) as nested vectors.
+fn per_head<T: serde::de::DeserializeOwned>(field: &Value) -> Vec<Vec<T>> {
+    let layers = field["layers"].as_array().unwrap();
+    layers.iter().map(|l| serde_json::from_value(l["kv_heads"].clone()).unwrap()).collect()
+}
+
 /// The answer's shapes; `kept` and `scores` equal the engine's perplexity
 /// run on the same ids; the trace, replayed, gives exactly the kept sets.
 #[test]
@@ -81,20 +88,9 @@ fn inspect_matches_the_engine_and_its_trace_replays_to_the_kept_sets() {
         let want =
             perplexity(&m.model, &ids, &PerplexityOptions { prefill, ..PerplexityOptions::new(spec_p) }, |_, _| {})
                 .unwrap();
-        let kept: Vec<Vec<Vec<u32>>> = v["kept"]["layers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| serde_json::from_value(l["kv_heads"].clone()).unwrap())
-            .collect();
+        let kept: Vec<Vec<Vec<u32>>> = per_head(&v["kept"]);
         assert_eq!(kept, want.kept, "prefill {prefill}");
-        let scores: Vec<Vec<Vec<f32>>> = v["scores"]["layers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| serde_json::from_value(l["kv_heads"].clone()).unwrap())
-            .collect();
-        assert_eq!(scores, want.kept_scores);
+        assert_eq!(per_head::<Vec<f32>>(&v["scores"]), want.kept_scores);
         assert_eq!(v["kv_bytes"], want.kv_bytes_allocated);
         assert_eq!(v["budget_slots"], 16);
         assert!(v["kv_bytes"].as_u64().unwrap() < v["kv_bytes_full"].as_u64().unwrap());
@@ -110,15 +106,7 @@ fn inspect_matches_the_engine_and_its_trace_replays_to_the_kept_sets() {
             let spec_p = kvslim_cache::PolicySpec::parse_and_load(spec).unwrap();
             let o = PerplexityOptions { prefill, ..PerplexityOptions::new(spec_p) };
             let k = perplexity(&m.model, cut, &o, |_, _| {}).unwrap().kept;
-            assert_eq!(
-                serde_json::to_value(&k).unwrap(),
-                json!(v["prefill_kept"]["layers"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|l| l["kv_heads"].clone())
-                    .collect::<Vec<_>>())
-            );
+            assert_eq!(k, per_head::<Vec<u32>>(&v["prefill_kept"]));
             k
         });
         assert_eq!(start.is_none(), v["prefill_kept"].is_null());
@@ -164,13 +152,7 @@ fn inspect_takes_chat_messages_as_the_chat_endpoint_renders_them() {
     let m = stories();
     let spec = kvslim_cache::PolicySpec::parse_and_load("h2o:heavy=8,recent=8").unwrap();
     let want = perplexity(&m.model, &ids, &PerplexityOptions::new(spec), |_, _| {}).unwrap();
-    let kept: Vec<Vec<Vec<u32>>> = v["kept"]["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| serde_json::from_value(l["kv_heads"].clone()).unwrap())
-        .collect();
-    assert_eq!(kept, want.kept);
+    assert_eq!(per_head::<Vec<u32>>(&v["kept"]), want.kept);
     let both = post(&addr, "/v1/kv/inspect", &json!({"prompt": TEXT, "messages": messages}));
     assert_eq!(error_code(&both).0, 400);
     assert_eq!(error_code(&post(&addr, "/v1/kv/inspect", &json!({"messages": []}))).1, "messages");

@@ -44,7 +44,7 @@
 //! sinks and prefill are exactly H2O's, only the budget differs per unit.
 
 use super::token::{EvictionEvent, Observation, TokenEviction};
-use super::{CachePolicy, PolicySlots, ScoreAgg, ScoreRule};
+use super::{CachePolicy, HeadId, PolicySlots, ScoreAgg, ScoreRule};
 use std::fmt;
 
 /// Default top-to-bottom heavy ratio of `pyramid`: the top layer keeps a
@@ -341,26 +341,13 @@ impl CachePolicy for Allocated {
         self.decided[layer] = true;
     }
 
-    fn after_decode_step(
-        &mut self,
-        layer: usize,
-        kv_head: usize,
-        slots: &mut PolicySlots<'_>,
-        probs: &[f32],
-    ) -> &[usize] {
+    fn after_decode_step(&mut self, head: HeadId, slots: &mut PolicySlots<'_>, probs: &[f32]) -> &[usize] {
         let kv = self.kv_heads;
-        self.units[layer * kv + kv_head].after_decode_step(layer, kv_head, slots, probs)
+        self.units[head.layer * kv + head.kv_head].after_decode_step(head, slots, probs)
     }
 
-    fn select_after_prefill(
-        &mut self,
-        layer: usize,
-        kv_head: usize,
-        positions: &[u32],
-        scores: &[f32],
-        keep: &mut Vec<usize>,
-    ) {
-        self.unit(layer, kv_head).select_after_prefill(layer, kv_head, positions, scores, keep)
+    fn select_after_prefill(&mut self, head: HeadId, positions: &[u32], scores: &[f32], keep: &mut Vec<usize>) {
+        self.unit(head.layer, head.kv_head).select_after_prefill(head, positions, scores, keep)
     }
 
     fn enable_trace(&mut self, every: u32) {

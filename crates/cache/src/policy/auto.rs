@@ -251,15 +251,7 @@ mod tests {
         // until resolved it stands for paper H2O at the budget
         assert_eq!(p.budget(1000), PolicySpec::parse("h2o:heavy=10%,recent=10%").unwrap().budget(1000));
         assert_eq!(PolicySpec::parse("auto:budget=64").unwrap().budget(1000), Some(64));
-        for (bad, says) in [
-            ("auto", "needs `budget=B`"),
-            ("auto:budget=0", "at least 1 slot"),
-            ("auto:budget=20%,score=norm", "unknown parameter"),
-            ("auto:budget=20%+chai:plan=p.json", "whole policy"),
-        ] {
-            let e = PolicySpec::parse(bad).unwrap_err().to_string();
-            assert!(e.contains(says), "{bad}: {e}");
-        }
+        // its refusals: `spec::tests`
     }
 
     #[test]

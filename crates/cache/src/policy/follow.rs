@@ -10,8 +10,8 @@
 //! quantization error only, not the feedback of quantized attention scores
 //! on eviction decisions.
 
-use super::PolicySlots;
 use super::{CachePolicy, ScoreAgg};
+use super::{HeadId, PolicySlots};
 use std::sync::{Arc, Mutex};
 
 /// Kept positions per layer, per KV head, ascending (as
@@ -91,13 +91,8 @@ impl CachePolicy for FollowDecisions {
     /// highest slot index down, so each recorded index is the victim's index
     /// at its own eviction (the slot moved into a victim's place is one
     /// already checked).
-    fn after_decode_step(
-        &mut self,
-        layer: usize,
-        kv_head: usize,
-        slots: &mut PolicySlots<'_>,
-        _probs: &[f32],
-    ) -> &[usize] {
+    fn after_decode_step(&mut self, head: HeadId, slots: &mut PolicySlots<'_>, _probs: &[f32]) -> &[usize] {
+        let HeadId { layer, kv_head } = head;
         self.victims.clear();
         let sets = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(set) = sets.get(layer).and_then(|l| l.get(kv_head)) {
@@ -112,14 +107,8 @@ impl CachePolicy for FollowDecisions {
         &self.victims
     }
 
-    fn select_after_prefill(
-        &mut self,
-        layer: usize,
-        kv_head: usize,
-        positions: &[u32],
-        _scores: &[f32],
-        keep: &mut Vec<usize>,
-    ) {
+    fn select_after_prefill(&mut self, head: HeadId, positions: &[u32], _scores: &[f32], keep: &mut Vec<usize>) {
+        let HeadId { layer, kv_head } = head;
         keep.clear();
         let found = self.wanted(layer, kv_head, |set| {
             keep.extend((0..positions.len()).filter(|&i| set.binary_search(&positions[i]).is_ok()))
@@ -152,7 +141,7 @@ mod tests {
         let mut h = head(&[0, 1, 2, 3, 4, 5]);
         // a second head replays the victims, as the forward pass does for aligned heads
         let mut mirror = head(&[0, 1, 2, 3, 4, 5]);
-        let victims = f.after_decode_step(0, 0, &mut PolicySlots::new(&mut h), &[]).to_vec();
+        let victims = f.after_decode_step(HeadId::new(0, 0), &mut PolicySlots::new(&mut h), &[]).to_vec();
         assert_eq!(victims, [4, 3, 1], "highest index first");
         victims.iter().for_each(|&v| mirror.evict(v));
         let sorted = |h: &HeadSlots| {
@@ -168,14 +157,14 @@ mod tests {
             assert_eq!(v[i * 2], p as f32 + 0.5);
         }
         // nothing to drop: no victims
-        assert!(f.after_decode_step(0, 0, &mut PolicySlots::new(&mut h), &[]).is_empty());
+        assert!(f.after_decode_step(HeadId::new(0, 0), &mut PolicySlots::new(&mut h), &[]).is_empty());
         // the other head follows its own set
         let mut h1 = head(&[0, 1, 2, 3, 4, 5]);
-        assert_eq!(f.after_decode_step(0, 1, &mut PolicySlots::new(&mut h1), &[]), &[0]);
+        assert_eq!(f.after_decode_step(HeadId::new(0, 1), &mut PolicySlots::new(&mut h1), &[]), &[0]);
         assert_eq!(sorted(&h1), [1, 2, 3, 4, 5]);
         // no set for layer 3: keep all
         let mut h3 = head(&[0, 1]);
-        assert!(f.after_decode_step(3, 0, &mut PolicySlots::new(&mut h3), &[]).is_empty());
+        assert!(f.after_decode_step(HeadId::new(3, 0), &mut PolicySlots::new(&mut h3), &[]).is_empty());
         assert_eq!(h3.len(), 2);
     }
 
@@ -184,10 +173,10 @@ mod tests {
         let kept = FollowDecisions::handle();
         let mut f = FollowDecisions::new(kept.clone(), 4, true, Some(16));
         let mut keep = Vec::new();
-        f.select_after_prefill(0, 0, &[7, 3, 9, 10], &[0.0; 4], &mut keep);
+        f.select_after_prefill(HeadId::new(0, 0), &[7, 3, 9, 10], &[0.0; 4], &mut keep);
         assert_eq!(keep, [0, 1, 2, 3], "no reference yet: keep all");
         *kept.lock().unwrap() = vec![vec![vec![3, 9, 11]]];
-        f.select_after_prefill(0, 0, &[7, 3, 9, 10], &[0.0; 4], &mut keep);
+        f.select_after_prefill(HeadId::new(0, 0), &[7, 3, 9, 10], &[0.0; 4], &mut keep);
         assert_eq!(keep, [1, 2]);
         assert_eq!(f.prefill_chunk(), Some(16));
     }

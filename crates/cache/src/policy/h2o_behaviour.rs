@@ -2,7 +2,7 @@
 //! (no model): age bias, a kept distant hot spot, a stale hot spot after a
 //! switch, an unrecoverable delayed first reference; and GQA aggregation.
 
-use crate::policy::{CachePolicy, EvictionConfig, PolicySlots, ScoreAgg, TokenEviction, VictimRule};
+use crate::policy::{CachePolicy, EvictionConfig, HeadId, PolicySlots, ScoreAgg, TokenEviction, VictimRule};
 use crate::{HeadSlots, KvStore};
 
 fn h2o(heavy: usize, recent: usize, agg: ScoreAgg) -> TokenEviction {
@@ -33,7 +33,7 @@ fn run(
         slots.push(t, &[0.0], &[0.0]).expect("capacity B+1 holds the candidate");
         let probs = attn(t, slots.positions());
         assert_eq!(probs.len(), g * slots.len());
-        policy.after_decode_step(0, 0, &mut PolicySlots::new(&mut slots), &probs);
+        policy.after_decode_step(HeadId::new(0, 0), &mut PolicySlots::new(&mut slots), &probs);
         let mut kept = slots.positions().to_vec();
         kept.sort_unstable();
         history.push(kept);

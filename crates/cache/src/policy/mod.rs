@@ -80,6 +80,19 @@ impl ScoreAgg {
     }
 }
 
+/// One (layer, KV head) of a cache, as the policies address it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct HeadId {
+    pub layer: usize,
+    pub kv_head: usize,
+}
+
+impl HeadId {
+    pub const fn new(layer: usize, kv_head: usize) -> HeadId {
+        HeadId { layer, kv_head }
+    }
+}
+
 /// What a policy may see of and do to one (layer, KV head)'s slots during a
 /// decode step: read positions and scores, add attention to the scores,
 /// and evict. Nothing else of [`HeadSlots`] (K/V rows, pushes, pages) is
@@ -212,13 +225,7 @@ pub trait CachePolicy: Send {
     /// them (each index as it was at its own eviction), so KV heads that
     /// must stay aligned can replay the same evictions. Token eviction
     /// returns at most one victim; page eviction a whole page's slots.
-    fn after_decode_step(
-        &mut self,
-        _layer: usize,
-        _kv_head: usize,
-        _slots: &mut PolicySlots<'_>,
-        _probs: &[f32],
-    ) -> &[usize] {
+    fn after_decode_step(&mut self, _head: HeadId, _slots: &mut PolicySlots<'_>, _probs: &[f32]) -> &[usize] {
         &[]
     }
 
@@ -226,14 +233,7 @@ pub trait CachePolicy: Send {
     /// candidate (the slots held before the chunk, then the chunk's tokens):
     /// their positions and scores (column sums of the chunk's attention
     /// added). Fills `keep` with the candidate indices to retain.
-    fn select_after_prefill(
-        &mut self,
-        _layer: usize,
-        _kv_head: usize,
-        positions: &[u32],
-        _scores: &[f32],
-        keep: &mut Vec<usize>,
-    ) {
+    fn select_after_prefill(&mut self, _head: HeadId, positions: &[u32], _scores: &[f32], keep: &mut Vec<usize>) {
         keep.clear();
         keep.extend(0..positions.len());
     }

@@ -12,8 +12,8 @@
 //! exactly a window of `W − 1` recent tokens (llama.cpp keeps the same
 //! bound for its SWA cache).
 
-use super::PolicySlots;
 use super::{CachePolicy, EvictionEvent, ScoreAgg};
+use super::{HeadId, PolicySlots};
 
 /// A token policy with sliding-window layers (see the module docs).
 pub struct SlidingWindowLayers {
@@ -99,19 +99,13 @@ impl CachePolicy for SlidingWindowLayers {
         self.inner.observation()
     }
 
-    fn after_decode_step(
-        &mut self,
-        layer: usize,
-        kv_head: usize,
-        slots: &mut PolicySlots<'_>,
-        probs: &[f32],
-    ) -> &[usize] {
-        if !self.is_local(layer) {
-            return self.inner.after_decode_step(layer, kv_head, slots, probs);
+    fn after_decode_step(&mut self, head: HeadId, slots: &mut PolicySlots<'_>, probs: &[f32]) -> &[usize] {
+        if !self.is_local(head.layer) {
+            return self.inner.after_decode_step(head, slots, probs);
         }
         let newest = slots.positions().last().copied();
         self.victims.clear();
-        self.victims.extend_from_slice(self.inner.after_decode_step(layer, kv_head, slots, probs));
+        self.victims.extend_from_slice(self.inner.after_decode_step(head, slots, probs));
         let Some(newest) = newest else { return &self.victims };
         let first = self.first_needed(newest);
         // highest slot first: `evict` moves the last slot into the hole, and
@@ -125,16 +119,9 @@ impl CachePolicy for SlidingWindowLayers {
         &self.victims
     }
 
-    fn select_after_prefill(
-        &mut self,
-        layer: usize,
-        kv_head: usize,
-        positions: &[u32],
-        scores: &[f32],
-        keep: &mut Vec<usize>,
-    ) {
-        self.inner.select_after_prefill(layer, kv_head, positions, scores, keep);
-        if self.is_local(layer) {
+    fn select_after_prefill(&mut self, head: HeadId, positions: &[u32], scores: &[f32], keep: &mut Vec<usize>) {
+        self.inner.select_after_prefill(head, positions, scores, keep);
+        if self.is_local(head.layer) {
             if let Some(&newest) = positions.iter().max() {
                 let first = self.first_needed(newest);
                 keep.retain(|&i| positions[i] as u64 >= first);
@@ -175,9 +162,9 @@ mod tests {
             push(&mut local, pos);
             push(&mut global, pos);
             let probs = vec![1.0 / local.len() as f32; local.len()];
-            p.after_decode_step(0, 0, &mut PolicySlots::new(&mut local), &probs);
+            p.after_decode_step(HeadId::new(0, 0), &mut PolicySlots::new(&mut local), &probs);
             let probs = vec![1.0 / global.len() as f32; global.len()];
-            p.after_decode_step(1, 0, &mut PolicySlots::new(&mut global), &probs);
+            p.after_decode_step(HeadId::new(1, 0), &mut PolicySlots::new(&mut global), &probs);
             let mut held = local.positions().to_vec();
             held.sort_unstable();
             let from = (pos + 2).saturating_sub(w as u32);
@@ -199,7 +186,7 @@ mod tests {
             push(&mut h, pos);
             // position 0 would be the heaviest hitter forever
             let probs: Vec<f32> = h.positions().iter().map(|&q| if q == 0 { 0.9 } else { 0.01 }).collect();
-            p.after_decode_step(0, 0, &mut PolicySlots::new(&mut h), &probs);
+            p.after_decode_step(HeadId::new(0, 0), &mut PolicySlots::new(&mut h), &probs);
             assert!(h.len() <= 3);
             let first = (pos + 2).saturating_sub(w as u32);
             assert!(h.positions().iter().all(|&q| q >= first), "position {pos}: {:?}", h.positions());
@@ -207,7 +194,7 @@ mod tests {
         // prefill selection drops what the next query cannot see
         let positions: Vec<u32> = (0..10).collect();
         let mut keep = Vec::new();
-        p.select_after_prefill(0, 0, &positions, &[1.0; 10], &mut keep);
+        p.select_after_prefill(HeadId::new(0, 0), &positions, &[1.0; 10], &mut keep);
         assert!(keep.iter().all(|&i| positions[i] >= 5), "{keep:?}");
     }
 }

@@ -7,8 +7,8 @@
 //! run; scores are updated; if |D_t| > B exactly one victim outside the
 //! protected set leaves, and the candidate moves into its slot.
 
-use super::PolicySlots;
 use super::{CachePolicy, ScoreAgg, ScoreRule};
+use super::{HeadId, PolicySlots};
 use crate::rng::SplitMix64;
 use std::collections::HashMap;
 
@@ -423,13 +423,8 @@ impl CachePolicy for TokenEviction {
         self.observation
     }
 
-    fn after_decode_step(
-        &mut self,
-        layer: usize,
-        kv_head: usize,
-        slots: &mut PolicySlots<'_>,
-        probs: &[f32],
-    ) -> &[usize] {
+    fn after_decode_step(&mut self, head: HeadId, slots: &mut PolicySlots<'_>, probs: &[f32]) -> &[usize] {
+        let HeadId { layer, kv_head } = head;
         let len = slots.len();
         self.victims.clear();
         if let Some(agg) = self.agg {
@@ -488,14 +483,8 @@ impl CachePolicy for TokenEviction {
         &self.victims
     }
 
-    fn select_after_prefill(
-        &mut self,
-        layer: usize,
-        kv_head: usize,
-        positions: &[u32],
-        scores: &[f32],
-        keep: &mut Vec<usize>,
-    ) {
+    fn select_after_prefill(&mut self, head: HeadId, positions: &[u32], scores: &[f32], keep: &mut Vec<usize>) {
+        let HeadId { layer, kv_head } = head;
         keep.clear();
         keep.extend(0..positions.len());
         if positions.len() <= self.budget {
@@ -548,7 +537,7 @@ mod tests {
         slots.push(11, &[0.0], &[0.0]).unwrap();
         let probs = [0.20, 0.05, 0.02, 0.08, 0.15, 0.30, 0.20];
         h2o.enable_trace(1);
-        h2o.after_decode_step(0, 0, &mut PolicySlots::new(&mut slots), &probs);
+        h2o.after_decode_step(HeadId::new(0, 0), &mut PolicySlots::new(&mut slots), &probs);
         let mut kept: Vec<(u32, f32)> = slots.positions().iter().copied().zip(slots.scores().iter().copied()).collect();
         kept.sort_by_key(|k| k.0);
         let want = [(1, 2.60), (3, 1.75), (5, 1.22), (9, 0.35), (10, 0.30), (11, 0.20)];
@@ -582,7 +571,7 @@ mod tests {
         for p in [4, 2, 7] {
             slots.push(p, &[0.0], &[0.0]).unwrap();
         }
-        h2o.after_decode_step(0, 0, &mut PolicySlots::new(&mut slots), &[0.25, 0.25, 0.5]);
+        h2o.after_decode_step(HeadId::new(0, 0), &mut PolicySlots::new(&mut slots), &[0.25, 0.25, 0.5]);
         let mut kept = slots.positions().to_vec();
         kept.sort();
         assert_eq!(kept, vec![4, 7]);
@@ -604,7 +593,7 @@ mod tests {
         for t in 0..20u32 {
             slots.push(t, &[0.0], &[0.0]).unwrap();
             let n = slots.len();
-            sink.after_decode_step(0, 0, &mut PolicySlots::new(&mut slots), &vec![1.0 / n as f32; n]);
+            sink.after_decode_step(HeadId::new(0, 0), &mut PolicySlots::new(&mut slots), &vec![1.0 / n as f32; n]);
         }
         let mut kept = slots.positions().to_vec();
         kept.sort();

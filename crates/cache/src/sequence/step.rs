@@ -5,7 +5,7 @@
 
 use super::SequenceCache;
 use crate::error::CacheError;
-use crate::policy::{Observation, PolicySlots, ScoreAgg, ScoreRule};
+use crate::policy::{HeadId, Observation, PolicySlots, ScoreAgg, ScoreRule};
 
 impl SequenceCache {
     /// Appends one token's keys and values at `pos` to every KV head of
@@ -96,7 +96,7 @@ impl SequenceCache {
                 rows[i * len..(i + 1) * len].copy_from_slice(&probs[r * stride..r * stride + len]);
             }
             let mut view = PolicySlots::new(self.store.head_mut(layer, comp.leader));
-            let victims = self.policy.after_decode_step(layer, comp.leader, &mut view, rows);
+            let victims = self.policy.after_decode_step(HeadId::new(layer, comp.leader), &mut view, rows);
             for &kv in comp.kv_heads.iter().filter(|&&kv| kv != comp.leader) {
                 let head = self.store.head_mut(layer, kv);
                 victims.iter().for_each(|&v| head.evict(v));
@@ -233,7 +233,8 @@ impl SequenceCache {
     ) -> Result<(), CacheError> {
         let lh = self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense);
         let comp = &lh.components[component];
-        self.policy.select_after_prefill(layer, comp.leader, &cand.positions, &cand.scores, &mut cand.keep);
+        let head = HeadId::new(layer, comp.leader);
+        self.policy.select_after_prefill(head, &cand.positions, &cand.scores, &mut cand.keep);
         let d = self.store.head(layer, 0).head_dim();
         let old = cand.held;
         for &kv in &comp.kv_heads {

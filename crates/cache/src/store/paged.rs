@@ -17,10 +17,9 @@
 //! leaks into another's.
 
 use super::rows::RowBuf;
-use kvslim_kernels::attention::{
-    axpy_group_each, axpy_group_f32, dot_group_each, dot_group_f32, prefetch_bytes, SlotRows,
-};
+use kvslim_kernels::attention::{axpy_group_f32, dot_group_f32, group_each, prefetch_bytes, SlotRows};
 use kvslim_kernels::kvquant::KvDtype;
+use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -562,6 +561,29 @@ impl PagedRows<'_> {
         }
     }
 
+    /// [`SlotRows::dot_group_run`] (`DOT`) or `axpy_group_run` on coded
+    /// pages: the fixed store's run kernel over each stretch of slots that
+    /// sit on consecutive rows of one page (bit-identical to slot by slot,
+    /// so paged and fixed stay equal); f32 pages slot by slot.
+    #[inline]
+    fn group_run<const DOT: bool>(&self, slots: Range<usize>, a: &[f32], buf: &mut [f32], b: &mut [f32]) {
+        if !self.base.is_empty() {
+            return group_each::<DOT, _>(self, slots, a, buf, b);
+        }
+        let g = if DOT { b.len() } else { a.len() } / slots.len().max(1);
+        let mut j = 0;
+        while j < slots.len() {
+            let m = self.stretch(slots.start + j, slots.len() - j);
+            let (rows, r) = self.locate(slots.start + j);
+            if DOT {
+                rows.dot_group_run(r, m, a, buf, &mut b[j * g..(j + m) * g]);
+            } else {
+                rows.axpy_group_run(r, m, &a[j * g..(j + m) * g], buf, b);
+            }
+            j += m;
+        }
+    }
+
     /// How many of the `max` slots from `slot` on sit on consecutive rows
     /// of `slot`'s page (at least 1).
     #[inline]
@@ -615,37 +637,14 @@ impl SlotRows for PagedRows<'_> {
         rows.axpy_group(r, probs, buf, outs)
     }
 
-    /// Coded pages: the fixed store's run kernel over each stretch of
-    /// slots that sit on consecutive rows of one page (bit-identical to
-    /// slot by slot, so paged and fixed stay equal); f32 pages slot by slot.
     #[inline]
     fn dot_group_run(&self, start: usize, n: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
-        if !self.base.is_empty() {
-            return dot_group_each(self, start, n, queries, buf, out);
-        }
-        let g = out.len() / n.max(1);
-        let mut j = 0;
-        while j < n {
-            let m = self.stretch(start + j, n - j);
-            let (rows, r) = self.locate(start + j);
-            rows.dot_group_run(r, m, queries, buf, &mut out[j * g..(j + m) * g]);
-            j += m;
-        }
+        self.group_run::<true>(start..start + n, queries, buf, out)
     }
 
     #[inline]
     fn axpy_group_run(&self, start: usize, n: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
-        if !self.base.is_empty() {
-            return axpy_group_each(self, start, n, probs, buf, outs);
-        }
-        let g = probs.len() / n.max(1);
-        let mut j = 0;
-        while j < n {
-            let m = self.stretch(start + j, n - j);
-            let (rows, r) = self.locate(start + j);
-            rows.axpy_group_run(r, m, &probs[j * g..(j + m) * g], buf, outs);
-            j += m;
-        }
+        self.group_run::<false>(start..start + n, probs, buf, outs)
     }
 
     #[inline]

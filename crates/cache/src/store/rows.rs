@@ -4,10 +4,8 @@
 //! with another row's scale would still decode to finite numbers, so the
 //! mistake would never announce itself.
 
-use kvslim_kernels::attention::{
-    axpy_group_each, axpy_group_f32, dot_group_each, dot_group_f32, prefetch_bytes, SlotRows,
-};
-use kvslim_kernels::kvquant::KvDtype;
+use kvslim_kernels::attention::{axpy_group_f32, dot_group_f32, group_each, prefetch_bytes, SlotRows};
+use kvslim_kernels::kvquant::{KvDtype, KvRun};
 
 /// `rows` rows of `d` elements stored as `dtype`.
 #[derive(Clone)]
@@ -64,11 +62,13 @@ impl RowBuf {
         unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr().cast::<u8>(), w.len() * 4) }
     }
 
-    /// The codes of rows `i..` (runs of consecutive rows).
-    fn codes_from(&self, i: usize) -> &[u8] {
+    /// Rows `i..i + n` as a run (the codes reach to the end of the store).
+    fn run(&self, i: usize, n: usize) -> KvRun<'_> {
         let w = &self.data[i * self.row_words..];
         // SAFETY: as in `codes`.
-        unsafe { std::slice::from_raw_parts(w.as_ptr().cast::<u8>(), w.len() * 4) }
+        let codes = unsafe { std::slice::from_raw_parts(w.as_ptr().cast::<u8>(), w.len() * 4) };
+        let spr = self.scales_per_row;
+        KvRun { codes, stride: self.row_words * 4, scales: &self.scales[i * spr..], spr, n }
     }
 
     fn side(&self, i: usize) -> &[f32] {
@@ -184,22 +184,19 @@ impl SlotRows for RowBuf {
     #[inline]
     fn dot_group_run(&self, start: usize, n: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
         if self.dtype == KvDtype::F32 {
-            return dot_group_each(self, start, n, queries, buf, out);
+            return group_each::<true, _>(self, start..start + n, queries, buf, out);
         }
-        let (stride, spr) = (self.row_words * 4, self.scales_per_row);
         let q = &queries[..out.len() / n.max(1) * self.d];
-        self.dtype.dot_group_run(self.codes_from(start), stride, &self.scales[start * spr..], spr, n, q, out);
+        self.dtype.dot_group_run(self.run(start, n), q, out);
     }
 
     #[inline]
     fn axpy_group_run(&self, start: usize, n: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
         if self.dtype == KvDtype::F32 {
-            return axpy_group_each(self, start, n, probs, buf, outs);
+            return group_each::<false, _>(self, start..start + n, probs, buf, outs);
         }
-        let g = probs.len() / n.max(1);
-        let (stride, spr) = (self.row_words * 4, self.scales_per_row);
-        let outs = &mut outs[..g * self.d];
-        self.dtype.axpy_group_run(self.codes_from(start), stride, &self.scales[start * spr..], spr, n, probs, outs);
+        let outs = &mut outs[..probs.len() / n.max(1) * self.d];
+        self.dtype.axpy_group_run(self.run(start, n), probs, outs);
     }
 
     #[inline]

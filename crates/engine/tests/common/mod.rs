@@ -46,3 +46,14 @@ pub fn assert_same_cache(a: &SequenceCache, b: &SequenceCache, what: &str) {
         }
     }
 }
+
+/// Writes a CHAI plan keeping `ks[l]` clusters in layer `l` of a model
+/// with `heads` query heads (head errors falling with the index); returns
+/// its path (`name` keeps plans of one test process apart).
+pub fn chai_plan(name: &str, heads: usize, ks: &[usize]) -> String {
+    let errors: Vec<f64> = (0..heads).map(|i| (heads - i) as f64).collect();
+    let layers: Vec<_> = ks.iter().map(|&k| serde_json::json!({ "k": k, "errors": errors })).collect();
+    let path = std::env::temp_dir().join(format!("kvslim-chai-{}-{name}.json", std::process::id()));
+    std::fs::write(&path, serde_json::json!({ "layers": layers }).to_string()).unwrap();
+    path.display().to_string()
+}

@@ -14,16 +14,7 @@ pub enum Grid {
     Tiny,
 }
 
-impl std::str::FromStr for Grid {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "default" => Ok(Grid::Default),
-            "tiny" => Ok(Grid::Tiny),
-            o => Err(format!("grid `{o}` is not `default` or `tiny`")),
-        }
-    }
-}
+parse_names! { Grid, "grid": "default" => Grid::Default, "tiny" => Grid::Tiny }
 
 /// The score families the default grid tries on H2O.
 pub const SCORE_FAMILIES: [&str; 7] = ["sum", "norm", "decay:0.9", "decay:0.98", "tova", "vnorm", "persist:16"];

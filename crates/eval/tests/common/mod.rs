@@ -17,9 +17,32 @@ pub fn data(rel: &str) -> PathBuf {
     p
 }
 
+/// The task spec `KIND:PATH,OPTIONS` on the data file `../shared/data/REL`.
+pub fn task_on(kind: &str, rel: &str, options: &str) -> String {
+    format!("{kind}:{},{options}", data(rel).display())
+}
+
 /// The 260K-parameter TinyStories model.
 pub fn stories() -> LoadedModel {
     let p = shared_dir().join("models/stories260K/stories260K.bin");
     assert!(p.exists(), "{} is absent: the tests need ../shared (or KVSLIM_SHARED)", p.display());
     load_model(&p).unwrap()
+}
+
+/// A scratch folder `kvslim-eval-NAME-PID` under the temporary folder,
+/// emptied when made and removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("kvslim-eval-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

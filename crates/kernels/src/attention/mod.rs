@@ -13,6 +13,7 @@
 //! flash-decoding) and tiled causal prefill (`tiled.rs`).
 
 use crate::dot::{axpy, dot};
+use std::ops::Range;
 
 mod split;
 mod tiled;
@@ -50,7 +51,7 @@ pub trait SlotRows: Sync {
     /// Storage with consecutive rows overrides it with the run kernels.
     #[inline]
     fn dot_group_run(&self, start: usize, n: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
-        dot_group_each(self, start, n, queries, buf, out);
+        group_each::<true, _>(self, start..start + n, queries, buf, out);
     }
 
     /// `outs_h += Σ_j probs[j·g + h] · value(start + j)` over the `n` slots
@@ -58,7 +59,7 @@ pub trait SlotRows: Sync {
     /// [`axpy_group`](Self::axpy_group) slot after slot.
     #[inline]
     fn axpy_group_run(&self, start: usize, n: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
-        axpy_group_each(self, start, n, probs, buf, outs);
+        group_each::<false, _>(self, start..start + n, probs, buf, outs);
     }
 
     /// `outs_h += probs[h] · value(slot)` for `g = probs.len()` heads
@@ -71,39 +72,27 @@ pub trait SlotRows: Sync {
     }
 }
 
-/// [`SlotRows::dot_group_run`] slot by slot (the default, and what
-/// storage without a run kernel falls back to).
+/// [`SlotRows::dot_group_run`] (`DOT`: `a` the queries, `b` the scores)
+/// or [`SlotRows::axpy_group_run`] (`a` the weights, `b` the outputs)
+/// slot by slot: the default, and what storage without a run kernel falls
+/// back to. Weighted sums skip the slots no head attends to.
 #[inline]
-pub fn dot_group_each<S: SlotRows + ?Sized>(
+pub fn group_each<const DOT: bool, S: SlotRows + ?Sized>(
     rows: &S,
-    start: usize,
-    n: usize,
-    queries: &[f32],
+    slots: Range<usize>,
+    a: &[f32],
     buf: &mut [f32],
-    out: &mut [f32],
+    b: &mut [f32],
 ) {
-    let g = out.len() / n.max(1);
-    for j in 0..n {
-        rows.dot_group(start + j, queries, buf, &mut out[j * g..(j + 1) * g]);
-    }
-}
-
-/// [`SlotRows::axpy_group_run`] slot by slot, skipping slots no head
-/// attends to.
-#[inline]
-pub fn axpy_group_each<S: SlotRows + ?Sized>(
-    rows: &S,
-    start: usize,
-    n: usize,
-    probs: &[f32],
-    buf: &mut [f32],
-    outs: &mut [f32],
-) {
-    let g = probs.len() / n.max(1);
-    for j in 0..n {
-        let w = &probs[j * g..(j + 1) * g];
-        if w.iter().any(|&x| x != 0.0) {
-            rows.axpy_group(start + j, w, buf, outs);
+    let g = if DOT { b.len() } else { a.len() } / slots.len().max(1);
+    for (j, slot) in slots.enumerate() {
+        if DOT {
+            rows.dot_group(slot, a, buf, &mut b[j * g..(j + 1) * g]);
+        } else {
+            let w = &a[j * g..(j + 1) * g];
+            if w.iter().any(|&x| x != 0.0) {
+                rows.axpy_group(slot, w, buf, b);
+            }
         }
     }
 }
@@ -288,68 +277,29 @@ mod tests {
         let k: Vec<f32> = (0..3 * d).map(|i| (i as f32 * 0.37).sin()).collect();
         let v: Vec<f32> = (0..3 * d).map(|i| (i as f32 * 0.11).cos()).collect();
         let q = vec![0.3, -0.2, 0.5, 0.1, 0.2, 0.2, -0.4, 0.9];
-        let (mut p1, mut o1) = (vec![0.0; 6], vec![0.0; 8]);
-        attend_group(
-            &q,
-            &DenseRows { data: &k, d },
-            &DenseRows { data: &v, d },
-            &[0, 1, 2],
-            Visible::causal(2),
-            d,
-            0.5,
-            &mut p1,
-            3,
-            &mut o1,
-        );
+        // the two query heads of `q` over three slots: (probabilities, outputs)
+        let attend = |k: &[f32], v: &[f32], positions: &[u32], visible: Visible| {
+            let (mut p, mut o) = (vec![0.0; 6], vec![0.0; 8]);
+            let (keys, values) = (DenseRows { data: k, d }, DenseRows { data: v, d });
+            attend_group(&q, &keys, &values, positions, visible, d, 0.5, &mut p, 3, &mut o);
+            (p, o)
+        };
+        let (p1, o1) = attend(&k, &v, &[0, 1, 2], Visible::causal(2));
         // permute slots: 2,0,1
         let perm = [2usize, 0, 1];
         let k2: Vec<f32> = perm.iter().flat_map(|&s| k[s * d..(s + 1) * d].to_vec()).collect();
         let v2: Vec<f32> = perm.iter().flat_map(|&s| v[s * d..(s + 1) * d].to_vec()).collect();
-        let (mut p2, mut o2) = (vec![0.0; 6], vec![0.0; 8]);
-        attend_group(
-            &q,
-            &DenseRows { data: &k2, d },
-            &DenseRows { data: &v2, d },
-            &[2, 0, 1],
-            Visible::causal(2),
-            d,
-            0.5,
-            &mut p2,
-            3,
-            &mut o2,
-        );
+        let (p2, o2) = attend(&k2, &v2, &[2, 0, 1], Visible::causal(2));
         for (a, b) in o1.iter().zip(&o2) {
             assert!((a - b).abs() < 1e-6);
         }
         assert!((p1[2] - p2[0]).abs() < 1e-7);
         // causal mask: query at position 1 ignores slot with position 2
-        attend_group(
-            &q,
-            &DenseRows { data: &k, d },
-            &DenseRows { data: &v, d },
-            &[0, 1, 2],
-            Visible::causal(1),
-            d,
-            0.5,
-            &mut p1,
-            3,
-            &mut o1,
-        );
+        let (p1, _) = attend(&k, &v, &[0, 1, 2], Visible::causal(1));
         assert_eq!(p1[2], 0.0);
         assert!((p1[0] + p1[1] - 1.0).abs() < 1e-6);
         // sliding window of 2: query at position 2 sees positions 1 and 2 only
-        attend_group(
-            &q,
-            &DenseRows { data: &k, d },
-            &DenseRows { data: &v, d },
-            &[0, 1, 2],
-            Visible::within(2, Some(2)),
-            d,
-            0.5,
-            &mut p1,
-            3,
-            &mut o1,
-        );
+        let (p1, _) = attend(&k, &v, &[0, 1, 2], Visible::within(2, Some(2)));
         assert_eq!(p1[0], 0.0);
         assert!((p1[1] + p1[2] - 1.0).abs() < 1e-6);
         assert_eq!(Visible::within(0, Some(4)), Visible::causal(0));

@@ -355,6 +355,7 @@ fn tiled_impl<const FMA: bool>(args: TiledArgs<'_, '_>) {
 mod tests {
     use super::*;
     use crate::attention::{attend_group, weighted_values, DenseRows};
+    use crate::test_util::Rng;
 
     /// The tiled prefill kernel against [`attend_group`] run per query
     /// (plus [`weighted_values`] for a member and per-row column sums):
@@ -362,13 +363,8 @@ mod tests {
     /// query counts / candidate counts across tile boundaries.
     #[test]
     fn tiled_prefill_matches_per_token_attention() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut rnd = move || rng.unit();
         let cases = [
             (5, 0, 1, 0, None),
             (17, 3, 16, 0, None),

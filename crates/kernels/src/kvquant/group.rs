@@ -35,11 +35,23 @@ pub struct KvGroupKernels {
 /// rows: a run also adds the rows whose weights are all zero).
 pub type KvRunFn = fn(&[u8], usize, &[f32], usize, &[f32], &mut [f32]);
 
+/// `n` consecutive coded rows: `codes` and `scales` start at the first,
+/// rows are `stride` bytes and `spr` side values apart.
+#[derive(Clone, Copy, Debug)]
+pub struct KvRun<'a> {
+    pub codes: &'a [u8],
+    pub stride: usize,
+    pub scales: &'a [f32],
+    pub spr: usize,
+    pub n: usize,
+}
+
 /// Rows, heads and width of a run (`n`, `g`, `d`), after checking that the
 /// codes, side values, queries (or weights) and outputs cover them: the
 /// SIMD run kernels read through raw pointers and rely on this. `n` is the
 /// number of rows the codes hold (`codes = (n − 1)·stride + row bytes`).
 #[allow(clippy::too_many_arguments)]
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn check_run(
     kind: u8,
     codes: usize,
@@ -108,7 +120,7 @@ impl KvGroupKernels {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => crate::simd::avx512::kv_group_kernels(),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => crate::simd::avx2::kv_group_kernels(),
+            Isa::Avx2 => crate::simd::lanes::kv_group_kernels::<crate::simd::avx2::Avx2>(None),
             Isa::Scalar => Some(Self::SCALAR),
             _ => None,
         }
@@ -130,79 +142,7 @@ impl KvDtype {
     /// coded types use [`group_kernels`].
     #[inline]
     pub fn dot_group(self, data: &[u8], scales: &[f32], queries: &[f32], out: &mut [f32]) {
-        let d = queries.len().checked_div(out.len()).unwrap_or(0);
-        self.check(d, data.len(), scales.len());
-        match self {
-            KvDtype::F32 => {
-                for (h, o) in out.iter_mut().enumerate() {
-                    *o = self.dot(data, scales, &queries[h * d..(h + 1) * d]);
-                }
-            }
-            _ => (group_kernels().dot[self as usize - 1])(data, scales, queries, out),
-        }
-    }
-
-    /// [`KvDtype::dot_group`] for the `n` rows of a run (`codes` and
-    /// `scales` start at the first row; rows are `stride` bytes and `spr`
-    /// side values apart): `out[j·g + h]` (`out` is `n × g`). Bit for bit
-    /// the per-row results; the run kernels only do less work per row.
-    #[allow(clippy::too_many_arguments)]
-    pub fn dot_group_run(
-        self,
-        codes: &[u8],
-        stride: usize,
-        scales: &[f32],
-        spr: usize,
-        n: usize,
-        queries: &[f32],
-        out: &mut [f32],
-    ) {
-        let g = out.len().checked_div(n).unwrap_or(0);
-        let d = queries.len().checked_div(g).unwrap_or(0);
-        let run = group_kernels().dot_run;
-        self.run((codes, stride, scales, spr, n), d, run, queries, out, |c, sc, j, out| {
-            self.dot_group(c, sc, queries, &mut out[j * g..(j + 1) * g])
-        });
-    }
-
-    /// [`KvDtype::axpy_group`] for the `n` rows of a run (as in
-    /// [`KvDtype::dot_group_run`]; `probs` is `n × g`), rows in order.
-    #[allow(clippy::too_many_arguments)]
-    pub fn axpy_group_run(
-        self,
-        codes: &[u8],
-        stride: usize,
-        scales: &[f32],
-        spr: usize,
-        n: usize,
-        probs: &[f32],
-        outs: &mut [f32],
-    ) {
-        let g = probs.len().checked_div(n).unwrap_or(0);
-        let d = outs.len().checked_div(g).unwrap_or(0);
-        let run = group_kernels().axpy_run;
-        self.run((codes, stride, scales, spr, n), d, run, probs, outs, |c, sc, j, outs| {
-            self.axpy_group(c, sc, &probs[j * g..(j + 1) * g], outs)
-        });
-    }
-
-    /// A run through `kernels` (coded types, when the set has run kernels)
-    /// or row by row through `per_row(codes, side values, j, b)`.
-    fn run(
-        self,
-        (codes, stride, scales, spr, n): (&[u8], usize, &[f32], usize, usize),
-        d: usize,
-        kernels: Option<[KvRunFn; 3]>,
-        a: &[f32],
-        b: &mut [f32],
-        per_row: impl Fn(&[u8], &[f32], usize, &mut [f32]),
-    ) {
-        let row = self.data_bytes(d);
-        let codes = &codes[..n.saturating_sub(1) * stride + if n > 0 { row } else { 0 }];
-        match kernels {
-            Some(run) if self != KvDtype::F32 && n > 0 => run[self as usize - 1](codes, stride, scales, spr, a, b),
-            _ => (0..n).for_each(|j| per_row(&codes[j * stride..j * stride + row], &scales[j * spr..], j, b)),
-        }
+        self.group::<true>(data, scales, queries, out)
     }
 
     /// `outs_h += probs[h] · decode(row)` for `g = probs.len()` heads
@@ -210,17 +150,72 @@ impl KvDtype {
     /// and uses [`crate::dot::axpy`], like the dense path.
     #[inline]
     pub fn axpy_group(self, data: &[u8], scales: &[f32], probs: &[f32], outs: &mut [f32]) {
-        let d = outs.len().checked_div(probs.len()).unwrap_or(0);
+        self.group::<false>(data, scales, probs, outs)
+    }
+
+    /// [`KvDtype::dot_group`] (`DOT`: `a` the queries, `b` the scores) or
+    /// [`KvDtype::axpy_group`] (`a` the weights, `b` the outputs).
+    #[inline]
+    fn group<const DOT: bool>(self, data: &[u8], scales: &[f32], a: &[f32], b: &mut [f32]) {
+        let (heads, width) = if DOT { (b.len(), a.len()) } else { (a.len(), b.len()) };
+        let d = width.checked_div(heads).unwrap_or(0);
         self.check(d, data.len(), scales.len());
         match self {
+            KvDtype::F32 if DOT => {
+                for (h, o) in b.iter_mut().enumerate() {
+                    *o = self.dot(data, scales, &a[h * d..(h + 1) * d]);
+                }
+            }
             KvDtype::F32 => {
-                for (h, &p) in probs.iter().enumerate() {
+                for (h, &p) in a.iter().enumerate() {
                     if p != 0.0 {
-                        self.axpy(p, data, scales, &mut outs[h * d..(h + 1) * d]);
+                        self.axpy(p, data, scales, &mut b[h * d..(h + 1) * d]);
                     }
                 }
             }
-            _ => (group_kernels().axpy[self as usize - 1])(data, scales, probs, outs),
+            _ => {
+                let k = group_kernels();
+                (if DOT { k.dot } else { k.axpy })[self as usize - 1](data, scales, a, b)
+            }
+        }
+    }
+
+    /// [`KvDtype::dot_group`] for the rows of a run: `out[j·g + h]` (`out`
+    /// is `n × g`). Bit for bit the per-row results; the run kernels only
+    /// do less work per row.
+    pub fn dot_group_run(self, run: KvRun<'_>, queries: &[f32], out: &mut [f32]) {
+        self.group_run::<true>(run, queries, out)
+    }
+
+    /// [`KvDtype::axpy_group`] for the rows of a run (`probs` is `n × g`),
+    /// rows in order.
+    pub fn axpy_group_run(self, run: KvRun<'_>, probs: &[f32], outs: &mut [f32]) {
+        self.group_run::<false>(run, probs, outs)
+    }
+
+    /// A run through the set's run kernels (`DOT`: scores, else weighted
+    /// sums; coded types, when the set has them) or row by row.
+    fn group_run<const DOT: bool>(self, run: KvRun<'_>, a: &[f32], b: &mut [f32]) {
+        let KvRun { codes, stride, scales, spr, n } = run;
+        // dot: a = g·d queries, b = n·g scores; axpy: a = n·g weights, b = g·d outputs
+        let (scores, width) = if DOT { (b.len(), a.len()) } else { (a.len(), b.len()) };
+        let g = scores.checked_div(n).unwrap_or(0);
+        let d = width.checked_div(g).unwrap_or(0);
+        let row = self.data_bytes(d);
+        let codes = &codes[..n.saturating_sub(1) * stride + if n > 0 { row } else { 0 }];
+        let kernels = if DOT { group_kernels().dot_run } else { group_kernels().axpy_run };
+        match kernels {
+            Some(run) if self != KvDtype::F32 && n > 0 => run[self as usize - 1](codes, stride, scales, spr, a, b),
+            _ => {
+                for j in 0..n {
+                    let (c, sc) = (&codes[j * stride..j * stride + row], &scales[j * spr..]);
+                    if DOT {
+                        self.dot_group(c, sc, a, &mut b[j * g..(j + 1) * g]);
+                    } else {
+                        self.axpy_group(c, sc, &a[j * g..(j + 1) * g], b);
+                    }
+                }
+            }
         }
     }
 }
@@ -229,19 +224,15 @@ impl KvDtype {
 mod tests {
     use super::*;
     use crate::kvquant::tests::{dec, enc};
+    use crate::test_util::Rng;
 
     /// Every group kernel set (scalar, AVX2, AVX-512 where present) against
     /// decode-then-f32 on random rows, for every dtype, odd head dims and
     /// group sizes that exercise the blocks of four heads.
     #[test]
     fn group_kernels_match_decode_then_f32() {
-        let mut seed = 0x2545_f491_u32;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            (seed as f32 / u32::MAX as f32) * 4.0 - 2.0
-        };
+        let mut rng = Rng(0x2545_f491);
+        let mut rnd = move || rng.unit() * 2.0;
         let sets: Vec<KvGroupKernels> =
             [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter_map(KvGroupKernels::for_isa).collect();
         for d in [1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 47, 63, 64, 65, 100, 128, 130, 256] {
@@ -296,15 +287,8 @@ mod tests {
     /// 16-row reduction, rows further apart than their size.
     #[test]
     fn run_kernels_equal_per_row_kernels_bit_for_bit() {
-        let mut seed = 99u64;
-        let mut rnd = |n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                    ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
-                })
-                .collect()
-        };
+        let mut rng = Rng(99);
+        let mut rnd = |n: usize| rng.vec(n, 1.5);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for dt in [KvDtype::F16, KvDtype::Q8, KvDtype::Q4] {
             for d in [64usize, 80, 256] {
@@ -323,10 +307,11 @@ mod tests {
                         let (queries, mut probs) = (rnd(g * d), rnd(n * g));
                         probs[0] = 0.0;
                         let (mut run, mut rows) = (vec![0f32; n * g], vec![0f32; n * g]);
-                        dt.dot_group_run(&codes, stride, &scales, spr, n, &queries, &mut run);
+                        let kv = KvRun { codes: &codes, stride, scales: &scales, spr, n };
+                        dt.dot_group_run(kv, &queries, &mut run);
                         let start = rnd(g * d);
                         let (mut run_out, mut rows_out) = (start.clone(), start.clone());
-                        dt.axpy_group_run(&codes, stride, &scales, spr, n, &probs, &mut run_out);
+                        dt.axpy_group_run(kv, &probs, &mut run_out);
                         for j in 0..n {
                             let (c, sc) = (&codes[j * stride..j * stride + rb], &scales[j * spr..(j + 1) * spr]);
                             dt.dot_group(c, sc, &queries, &mut rows[j * g..(j + 1) * g]);

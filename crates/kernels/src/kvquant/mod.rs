@@ -37,8 +37,10 @@ use std::str::FromStr;
 
 mod group;
 
-pub(crate) use group::{check_group_row, check_run};
-pub use group::{group_kernels, KvGroupFn, KvGroupKernels, KvRunFn};
+pub(crate) use group::check_group_row;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use group::check_run;
+pub use group::{group_kernels, KvGroupFn, KvGroupKernels, KvRun, KvRunFn};
 
 /// How cached K/V rows are stored.
 ///
@@ -77,39 +79,33 @@ fn groups(d: usize) -> usize {
     d.div_ceil(G)
 }
 
-/// Views little-endian f32 bytes as `&[f32]` when aligned (and the target is
+/// Element types a row's bytes can be viewed as: every bit pattern is a
+/// valid value.
+trait Plain {}
+impl Plain for f32 {}
+impl Plain for u16 {}
+
+/// Views little-endian bytes as `&[T]` when aligned (and the target is
 /// little-endian); `None` means the caller must use the byte-wise fallback.
 #[inline]
-fn f32_view(data: &[u8]) -> Option<&[f32]> {
-    if !cfg!(target_endian = "little") {
-        return None;
-    }
-    // SAFETY: every bit pattern is a valid f32; align_to only hands out the
+fn view<T: Plain>(data: &[u8]) -> Option<&[T]> {
+    // SAFETY: every bit pattern is a valid `T`; align_to only hands out the
     // correctly aligned middle part.
-    let (pre, mid, post) = unsafe { data.align_to::<f32>() };
-    (pre.is_empty() && post.is_empty()).then_some(mid)
+    let (pre, mid, post) = unsafe { data.align_to::<T>() };
+    (cfg!(target_endian = "little") && pre.is_empty() && post.is_empty()).then_some(mid)
 }
 
-/// Mutable counterpart of [`f32_view`].
-#[inline]
-fn f32_view_mut(data: &mut [u8]) -> Option<&mut [f32]> {
-    if !cfg!(target_endian = "little") {
-        return None;
-    }
-    // SAFETY: as in `f32_view`; any f32 written is a valid byte pattern.
+/// `src` stored as little-endian f32 bytes in `data`.
+fn put_f32s(src: &[f32], data: &mut [u8]) {
+    // SAFETY: as in `view`; any f32 written is a valid byte pattern.
     let (pre, mid, post) = unsafe { data.align_to_mut::<f32>() };
-    (pre.is_empty() && post.is_empty()).then_some(mid)
-}
-
-/// Views little-endian u16 bytes as `&[u16]` when aligned (little-endian only).
-#[inline]
-fn u16_view(data: &[u8]) -> Option<&[u16]> {
-    if !cfg!(target_endian = "little") {
-        return None;
+    if cfg!(target_endian = "little") && pre.is_empty() && post.is_empty() {
+        mid.copy_from_slice(src);
+    } else {
+        for (c, &x) in data.chunks_exact_mut(4).zip(src) {
+            c.copy_from_slice(&x.to_le_bytes());
+        }
     }
-    // SAFETY: every bit pattern is a valid u16.
-    let (pre, mid, post) = unsafe { data.align_to::<u16>() };
-    (pre.is_empty() && post.is_empty()).then_some(mid)
 }
 
 /// Q8 decode, one group at a time: code × scale (exact conversion, one
@@ -278,14 +274,7 @@ impl KvDtype {
         let d = src.len();
         self.check(d, data.len(), scales.len());
         match self {
-            KvDtype::F32 => match f32_view_mut(data) {
-                Some(row) => row.copy_from_slice(src),
-                None => {
-                    for (c, &x) in data.chunks_exact_mut(4).zip(src) {
-                        c.copy_from_slice(&x.to_le_bytes());
-                    }
-                }
-            },
+            KvDtype::F32 => put_f32s(src, data),
             KvDtype::F16 => {
                 for (c, &x) in data.chunks_exact_mut(2).zip(src) {
                     c.copy_from_slice(&f32_to_f16(x).to_le_bytes());
@@ -339,7 +328,7 @@ impl KvDtype {
         let d = out.len();
         self.check(d, data.len(), scales.len());
         match self {
-            KvDtype::F32 => match f32_view(data) {
+            KvDtype::F32 => match view::<f32>(data) {
                 Some(row) => out.copy_from_slice(row),
                 None => {
                     for (o, c) in out.iter_mut().zip(data.chunks_exact(4)) {
@@ -347,7 +336,7 @@ impl KvDtype {
                     }
                 }
             },
-            KvDtype::F16 => match u16_view(&data[..2 * d]) {
+            KvDtype::F16 => match view::<u16>(&data[..2 * d]) {
                 Some(w) => crate::f16::f16_slice_to_f32(w, out),
                 None => {
                     for (o, c) in out.iter_mut().zip(data.chunks_exact(2)) {
@@ -383,13 +372,13 @@ impl KvDtype {
         let d = q.len();
         self.check(d, data.len(), scales.len());
         match self {
-            KvDtype::F32 => match f32_view(data) {
+            KvDtype::F32 => match view::<f32>(data) {
                 Some(row) => crate::dot::dot(q, row),
                 None => {
                     data.chunks_exact(4).zip(q).map(|(c, &y)| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * y).sum()
                 }
             },
-            KvDtype::F16 => match u16_view(&data[..2 * d]) {
+            KvDtype::F16 => match view::<u16>(&data[..2 * d]) {
                 Some(w) => (crate::dot::kernels().f16)(w, q),
                 None => {
                     data.chunks_exact(2).zip(q).map(|(c, &y)| f16_to_f32(u16::from_le_bytes([c[0], c[1]])) * y).sum()
@@ -422,7 +411,7 @@ impl KvDtype {
         let d = out.len();
         self.check(d, data.len(), scales.len());
         match self {
-            KvDtype::F32 => match f32_view(data) {
+            KvDtype::F32 => match view::<f32>(data) {
                 Some(row) => crate::dot::axpy(a, row, out),
                 None => {
                     for (o, c) in out.iter_mut().zip(data.chunks_exact(4)) {

@@ -10,86 +10,13 @@
 //! Some functions are `pub(super)` so the AVX-512 set can reuse them; it
 //! only does so after checking that AVX2, FMA and F16C are present too.
 
-use crate::dot::{DotKernels, GEMM_MR, GEMM_NR};
+use crate::dot::{Isa, GEMM_MR, GEMM_NR};
 use crate::dtype::DType;
-use crate::f16::{bf16_to_f32, f16_to_f32};
-use crate::simd::lanes::{self, F32Row, HalfLanes, HalfRow};
-use crate::simd::whole_blocks;
+use crate::f16::f16_to_f32;
+use crate::simd::lanes::{self, F32Lanes, HalfLanes};
+use crate::simd::DotIsa;
 use std::arch::x86_64::*;
 use std::ptr;
-
-/// The AVX2 kernel set, when the CPU has AVX2, FMA and F16C.
-pub(crate) fn kernels() -> Option<DotKernels> {
-    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-        Some(KERNELS)
-    } else {
-        None
-    }
-}
-
-/// Only reachable through [`kernels`], i.e. after feature detection.
-const KERNELS: DotKernels = DotKernels {
-    isa: crate::dot::Isa::Avx2,
-    f32: dot_f32,
-    f16: dot_f16,
-    bf16: dot_bf16,
-    q8_0: dot_q8_0,
-    q4_0: dot_q4_0,
-    q4_1: dot_q4_1,
-    q5_0: dot_q5_0,
-    q5_1: dot_q5_1,
-    q2_k: dot_q2_k,
-    q3_k: dot_q3_k,
-    q4_k: dot_q4_k,
-    q5_k: dot_q5_k,
-    q6_k: dot_q6_k,
-    axpy,
-    dot4x4,
-    gemm_tile,
-    dequantize,
-};
-
-// ---- safe wrappers (installed only after detection) ----------------------
-
-// Safe wrappers, installed only after detection (see `safe_kernels`).
-crate::simd::safe_kernels! {
-    pub(super) dot_f32: elems(f32) => dot_f32_impl;
-    pub(super) dot_f16: elems(u16) => dot_half_impl::<false>;
-    pub(super) dot_bf16: elems(u16) => dot_half_impl::<true>;
-    pub(super) dot_q8_0: blocks(34) => dot_scaled_impl::<false>;
-    pub(super) dot_q4_0: blocks(18) => dot_scaled_impl::<true>;
-    pub(super) dot_q4_1: blocks(20) => dot_q4_1_impl;
-    pub(super) dot_q5_0: blocks(22) => dot_q5_impl::<false>;
-    pub(super) dot_q5_1: blocks(24) => dot_q5_impl::<true>;
-    pub(super) dot_q2_k: super_blocks(84) => dot_q2_k_impl;
-    pub(super) dot_q3_k: super_blocks(110) => dot_q3_k_impl;
-    pub(super) dot_q4_k: super_blocks(144) => dot_q45_k_impl::<false>;
-    pub(super) dot_q5_k: super_blocks(176) => dot_q45_k_impl::<true>;
-    pub(super) dot_q6_k: super_blocks(210) => dot_q6_k_impl;
-    pub(super) axpy: axpy => axpy_impl;
-    pub(super) dot4x4: tile => dot4x4_impl;
-}
-
-pub(super) fn dequantize(dt: DType, src: &[u8], out: &mut [f32]) {
-    let (s, o) = (src.as_ptr(), out.as_mut_ptr());
-    unsafe {
-        match dt {
-            DType::F32 => crate::quant::dequantize(dt, src, out),
-            DType::F16 => deq_half::<false>(s, o, (src.len() / 2).min(out.len())),
-            DType::BF16 => deq_half::<true>(s, o, (src.len() / 2).min(out.len())),
-            DType::Q8_0 => deq_q8_0(s, o, whole_blocks(src.len(), 34, out.len())),
-            DType::Q4_0 => deq_q4::<false>(s, o, whole_blocks(src.len(), 18, out.len())),
-            DType::Q4_1 => deq_q4::<true>(s, o, whole_blocks(src.len(), 20, out.len())),
-            DType::Q5_0 => deq_q5::<false>(s, o, whole_blocks(src.len(), 22, out.len())),
-            DType::Q5_1 => deq_q5::<true>(s, o, whole_blocks(src.len(), 24, out.len())),
-            DType::Q2_K => deq_k(src, out, 84, deq_q2_k_block),
-            DType::Q3_K => deq_k(src, out, 110, deq_q3_k_block),
-            DType::Q4_K => deq_k(src, out, 144, deq_q45_k_block::<false>),
-            DType::Q5_K => deq_k(src, out, 176, deq_q45_k_block::<true>),
-            DType::Q6_K => deq_k(src, out, 210, deq_q6_k_block),
-        }
-    }
-}
 
 // ---- helpers --------------------------------------------------------------
 
@@ -125,21 +52,32 @@ pub(super) unsafe fn rd16(p: *const u8) -> u16 {
     u16::from_le(ptr::read_unaligned(p as *const u16))
 }
 
-/// The f16 values at `p0` and `p1` converted and broadcast to all lanes.
+/// The two f16 packed in `h` (the first in the low half) as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scales2(p0: *const u8, p1: *const u8) -> (__m256, __m256) {
-    let h = rd16(p0) as u32 | (rd16(p1) as u32) << 16;
+fn f16x2(h: u32) -> (f32, f32) {
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32));
-    (_mm256_broadcastss_ps(v), _mm256_broadcastss_ps(_mm_movehdup_ps(v)))
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
-/// The f16 value at `p` converted and broadcast to all lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale1(p: *const u8) -> __m256 {
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(rd16(p) as i32));
-    _mm256_broadcastss_ps(v)
+/// The f16 values at `p0` and `p1`, each broadcast to the lanes of `L`.
+#[inline(always)]
+pub(super) unsafe fn scales2<L: F32Lanes>(p0: *const u8, p1: *const u8) -> (L::V, L::V) {
+    let (a, b) = f16x2(rd16(p0) as u32 | (rd16(p1) as u32) << 16);
+    (L::splat(a), L::splat(b))
+}
+
+/// The f16 value at `p`, broadcast.
+#[inline(always)]
+pub(super) unsafe fn scale1<L: F32Lanes>(p: *const u8) -> L::V {
+    L::splat(f16x2(rd16(p) as u32).0)
+}
+
+/// d and m of the Q4_1 block at `p` (its first two f16), broadcast.
+#[inline(always)]
+pub(super) unsafe fn scale_min<L: F32Lanes>(p: *const u8) -> (L::V, L::V) {
+    let (d, m) = f16x2(rd32(p));
+    (L::splat(d), L::splat(m))
 }
 
 /// Loads 8 i8 at `p` widened to f32.
@@ -156,56 +94,28 @@ unsafe fn i8x8(p: *const u8) -> __m256 {
 pub(crate) struct Avx2;
 
 lanes::f32_lanes!(Avx2, __m256, 8, splat: _mm256_set1_ps, load: _mm256_loadu_ps, store: _mm256_storeu_ps,
-    fma: |a, b, c| _mm256_fmadd_ps(a, b, c), add: _mm256_add_ps, reduce: hsum);
+    fma: |a, b, c| _mm256_fmadd_ps(a, b, c), add: _mm256_add_ps, mul: _mm256_mul_ps, reduce: hsum);
+
+lanes::int_lanes!(Avx2, __m256i, bytes: u8x8, splat: |v| _mm256_set1_epi32(v as i32), and: _mm256_and_si256, or: _mm256_or_si256,
+    shl: _mm256_slli_epi32, shr: _mm256_srli_epi32);
 
 impl HalfLanes for Avx2 {
+    /// bf16 is the top half of an f32.
     #[inline(always)]
     unsafe fn half<const BF: bool>(p: *const u16) -> __m256 {
-        half8::<BF>(p)
+        let v = _mm_loadu_si128(p as *const __m128i);
+        if BF {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(v)))
+        } else {
+            _mm256_cvtph_ps(v)
+        }
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
-    lanes::dot::<Avx2, F32Row>(a, b, n)
-}
-
-/// 8 f16 at `p` as f32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16x8(p: *const u16) -> __m256 {
-    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-}
-
-/// 8 bf16 at `p` as f32 (bf16 is the top half of an f32).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bf16x8(p: *const u16) -> __m256 {
-    let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
-    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
-}
-
-/// 8 f16 (`BF` false) or bf16 (`BF` true) values at `p` as f32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn half8<const BF: bool>(p: *const u16) -> __m256 {
-    if BF {
-        bf16x8(p)
-    } else {
-        f16x8(p)
-    }
-}
-
-/// Σ w·x over `n` f16 (`BF` false) or bf16 (`BF` true) weights.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_half_impl<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f32 {
-    lanes::dot::<Avx2, HalfRow<BF>>(w, x, n)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
-    lanes::axpy::<Avx2>(a, x, y, n)
-}
+// 4×4 tile: two passes of 4 × 2: eight accumulators plus four weight and
+// two activation registers fit the 16 ymm registers, and each weight load
+// feeds two FMAs.
+crate::simd::isa_entries!(Avx2, #[target_feature(enable = "avx2,fma,f16c")], dot4x4: 2, false);
 
 // ---- block formats ------------------------------------------------------------
 
@@ -248,41 +158,33 @@ unsafe fn q4_0_block(q: *const u8, x: *const f32) -> __m256 {
     _mm256_add_ps(a, b)
 }
 
-/// Σ q·x over one Q8_0 (`Q4` false) or Q4_0 (`Q4` true) block, unscaled.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scaled_block<const Q4: bool>(q: *const u8, x: *const f32) -> __m256 {
-    if Q4 {
-        q4_0_block(q, x)
-    } else {
-        q8_block(q, x)
-    }
-}
-
-/// Σ w·x over `nb` blocks of a format with one f16 scale per 32 weights:
-/// Q8_0 (`Q4` false, 34-byte blocks) or Q4_0 (`Q4` true, 18-byte blocks,
-/// prefetched: the nibble unpacking leaves the loads time to land).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_scaled_impl<const Q4: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
-    let bb = if Q4 { 18 } else { 34 };
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
+/// Σ w·x over `nb` blocks of `bb` bytes that hold an f16 scale d and 32
+/// quants (Q8_0, Q4_0), with `L`'s lanes: d times `sum(quants,
+/// activations)`, two blocks a step into alternating accumulators (two
+/// independent FMA chains), `fetch(p0, p1)` first for each pair; returns
+/// the two accumulators summed.
+#[inline(always)]
+pub(super) unsafe fn dot_d_blocks<L: F32Lanes>(
+    (w, x, nb): (*const u8, *const f32, usize),
+    bb: usize,
+    fetch: impl Fn(*const u8, *const u8),
+    sum: impl Fn(*const u8, *const f32) -> L::V,
+) -> L::V {
+    let mut acc = [L::zero(); 2];
     let mut b = 0;
     while b + 2 <= nb {
         let (p0, p1) = (w.add(b * bb), w.add((b + 1) * bb));
-        if Q4 {
-            prefetch(p0);
-        }
-        let (d0, d1) = scales2(p0, p1);
-        acc0 = _mm256_fmadd_ps(d0, scaled_block::<Q4>(p0.add(2), x.add(b * 32)), acc0);
-        acc1 = _mm256_fmadd_ps(d1, scaled_block::<Q4>(p1.add(2), x.add(b * 32 + 32)), acc1);
+        fetch(p0, p1);
+        let (d0, d1) = scales2::<L>(p0, p1);
+        acc[0] = L::fma(d0, sum(p0.add(2), x.add(b * 32)), acc[0]);
+        acc[1] = L::fma(d1, sum(p1.add(2), x.add(b * 32 + 32)), acc[1]);
         b += 2;
     }
     if b < nb {
         let p = w.add(b * bb);
-        acc0 = _mm256_fmadd_ps(scale1(p), scaled_block::<Q4>(p.add(2), x.add(b * 32)), acc0);
+        acc[0] = L::fma(scale1::<L>(p), sum(p.add(2), x.add(b * 32)), acc[0]);
     }
-    hsum(_mm256_add_ps(acc0, acc1))
+    L::add(acc[0], acc[1])
 }
 
 /// (Σ q·x, Σ x) over one Q4_1 block.
@@ -300,111 +202,33 @@ unsafe fn q4_1_block(q: *const u8, x: *const f32) -> (__m256, __m256) {
     (_mm256_add_ps(a, b), xs)
 }
 
-/// d and m of the Q4_1 block at `p`, broadcast.
-#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_min(p: *const u8) -> (__m256, __m256) {
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(ptr::read_unaligned(p as *const i32)));
-    (_mm256_broadcastss_ps(v), _mm256_broadcastss_ps(_mm_movehdup_ps(v)))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
+unsafe fn dot_q4_1(w: *const u8, x: *const f32, nb: usize) -> f32 {
     const BB: usize = 20;
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
-    let mut accm0 = _mm256_setzero_ps();
-    let mut accm1 = _mm256_setzero_ps();
+    // Σ d·q·x of even and odd blocks, then Σ m·x of even and odd blocks
+    let mut acc = [_mm256_setzero_ps(); 4];
     let mut b = 0;
     while b + 2 <= nb {
         let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
         prefetch(p0);
-        let (d0, m0) = scale_min(p0);
-        let (d1, m1) = scale_min(p1);
+        let (d0, m0) = scale_min::<Avx2>(p0);
+        let (d1, m1) = scale_min::<Avx2>(p1);
         let (s0, x0) = q4_1_block(p0.add(4), x.add(b * 32));
         let (s1, x1) = q4_1_block(p1.add(4), x.add(b * 32 + 32));
-        acc0 = _mm256_fmadd_ps(d0, s0, acc0);
-        acc1 = _mm256_fmadd_ps(d1, s1, acc1);
-        accm0 = _mm256_fmadd_ps(m0, x0, accm0);
-        accm1 = _mm256_fmadd_ps(m1, x1, accm1);
+        acc[0] = _mm256_fmadd_ps(d0, s0, acc[0]);
+        acc[1] = _mm256_fmadd_ps(d1, s1, acc[1]);
+        acc[2] = _mm256_fmadd_ps(m0, x0, acc[2]);
+        acc[3] = _mm256_fmadd_ps(m1, x1, acc[3]);
         b += 2;
     }
     if b < nb {
         let p = w.add(b * BB);
-        let (d, m) = scale_min(p);
+        let (d, m) = scale_min::<Avx2>(p);
         let (s, xs) = q4_1_block(p.add(4), x.add(b * 32));
-        acc0 = _mm256_fmadd_ps(d, s, acc0);
-        accm0 = _mm256_fmadd_ps(m, xs, accm0);
+        acc[0] = _mm256_fmadd_ps(d, s, acc[0]);
+        acc[2] = _mm256_fmadd_ps(m, xs, acc[2]);
     }
-    let acc = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(accm0, accm1));
-    hsum(acc)
-}
-
-// ---- GEMM micro-tile ----------------------------------------------------------
-
-/// 4 weight rows × 4 activation rows as two passes of 4 × 2: eight
-/// accumulators plus four weight and two activation registers fit the 16
-/// ymm registers, and each weight load feeds two FMAs.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot4x4_impl(w: &[*const f32; 4], x: &[*const f32; 4], n: usize, out: &mut [[f32; 4]; 4]) {
-    lanes::dot4x4::<Avx2, 2, false>(w, x, n, out)
-}
-
-// ---- dequantization -------------------------------------------------------------
-
-/// f16 (`BF` false) or bf16 (`BF` true) bytes at `s` to `n` f32 at `o`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn deq_half<const BF: bool>(s: *const u8, o: *mut f32, n: usize) {
-    let w = s as *const u16;
-    let mut i = 0;
-    while i + 8 <= n {
-        let v = half8::<BF>(w.add(i));
-        _mm256_storeu_ps(o.add(i), v);
-        i += 8;
-    }
-    while i < n {
-        let h = rd16(s.add(2 * i));
-        *o.add(i) = if BF { bf16_to_f32(h) } else { f16_to_f32(h) };
-        i += 1;
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn deq_q8_0(s: *const u8, o: *mut f32, nb: usize) {
-    for b in 0..nb {
-        let p = s.add(b * 34);
-        let d = scale1(p);
-        for k in 0..4 {
-            _mm256_storeu_ps(o.add(b * 32 + k * 8), _mm256_mul_ps(d, i8x8(p.add(2 + k * 8))));
-        }
-    }
-}
-
-/// Q4_0 (`MIN` false: d·(q−8)) or Q4_1 (`MIN` true: d·q + m, rounded as
-/// the scalar code: product, then sum).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn deq_q4<const MIN: bool>(s: *const u8, o: *mut f32, nb: usize) {
-    let bb = if MIN { 20 } else { 18 };
-    let eight = _mm256_set1_epi32(8);
-    for b in 0..nb {
-        let p = s.add(b * bb);
-        let ob = o.add(b * 32);
-        if MIN {
-            let (d, m) = scale_min(p);
-            let q = nibbles(p.add(4));
-            for (k, v) in q.iter().enumerate() {
-                let f = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(*v)), m);
-                _mm256_storeu_ps(ob.add(k * 8), f);
-            }
-        } else {
-            let d = scale1(p);
-            let q = nibbles(p.add(2));
-            for (k, v) in q.iter().enumerate() {
-                let f = _mm256_cvtepi32_ps(_mm256_sub_epi32(*v, eight));
-                _mm256_storeu_ps(ob.add(k * 8), _mm256_mul_ps(d, f));
-            }
-        }
-    }
+    hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
 }
 
 // ---- Q5 and K-quant formats -------------------------------------------------
@@ -452,14 +276,6 @@ pub(super) unsafe fn prefetch_block(p: *const u8, bytes: usize) {
     }
 }
 
-/// The f16 values at `p` and `p + 2` as f32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn halves2(p: *const u8) -> (f32, f32) {
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(ptr::read_unaligned(p as *const i32)));
-    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
-}
-
 /// `d` times the 8 unsigned bytes of `b` (little-endian), stored to `out`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -487,7 +303,7 @@ unsafe fn rd32(p: *const u8) -> u32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn k4_scales(p: *const u8) -> ([f32; 8], [f32; 8]) {
-    let (d, dmin) = halves2(p);
+    let (d, dmin) = f16x2(rd32(p));
     // the 6-bit scales and mins of groups 0-3 and 4-7, one byte each
     // (see quant::k4_scale_min), unpacked four at a time
     let (w0, w1, w2) = (rd32(p.add(4)), rd32(p.add(8)), rd32(p.add(12)));
@@ -502,6 +318,143 @@ pub(super) unsafe fn k4_scales(p: *const u8) -> ([f32; 8], [f32; 8]) {
     (dl, off)
 }
 
+/// The loop of the K-quant kernels: each super-block `p` of `dt` (its
+/// lines prefetched ahead) with its 256 activations `xb`; `block(p, xb,
+/// acc)` adds the super-block's products into the eight accumulators.
+#[inline(always)]
+unsafe fn k_quant_dot(
+    (w, x, nb): (*const u8, *const f32, usize),
+    dt: DType,
+    block: unsafe fn(*const u8, *const f32, &mut [__m256; 8]),
+) -> f32 {
+    let bb = dt.block_bytes();
+    let mut acc = [_mm256_setzero_ps(); 8];
+    for b in 0..nb {
+        let p = w.add(b * bb);
+        prefetch_block(p, bb);
+        block(p, x.add(b * 256), &mut acc);
+    }
+    hsum8(&acc)
+}
+
+/// Q2_K: element 128h + 32j + l is bits 2j of byte 32h + l; group e/16
+/// has scale d·(s & 15) and offset −dmin·(s >> 4).
+#[inline(always)]
+unsafe fn q2_k_block(p: *const u8, xb: *const f32, acc: &mut [__m256; 8]) {
+    let m3 = _mm256_set1_epi32(3);
+    let (d, dmin) = f16x2(rd32(p.add(80)));
+    let (lo, hi) = (ptr::read_unaligned(p as *const u64), ptr::read_unaligned(p.add(8) as *const u64));
+    let k4 = 0x0f0f_0f0f_0f0f_0f0f;
+    let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
+    scaled_bytes(lo & k4, d, dl.as_mut_ptr());
+    scaled_bytes(hi & k4, d, dl.as_mut_ptr().add(8));
+    // −(dmin·m) is (−dmin)·m exactly
+    scaled_bytes((lo >> 4) & k4, -dmin, off.as_mut_ptr());
+    scaled_bytes((hi >> 4) & k4, -dmin, off.as_mut_ptr().add(8));
+    for h in 0..2 {
+        for lc in 0..4 {
+            let r = u8x8(p.add(16 + 32 * h + 8 * lc));
+            for j in 0..4 {
+                let g = 8 * h + 2 * j + lc / 2;
+                let u = _mm256_and_si256(shr(r, 2 * j as i32), m3);
+                let a = &mut acc[2 * j + (lc & 1)];
+                *a = fma_q(u, dl[g], off[g], xb.add(128 * h + 32 * j + 8 * lc), *a);
+            }
+        }
+    }
+}
+
+/// Q3_K: as Q2_K's layout plus a high bit 4h + j in hmask byte l; group
+/// scale d·(s − 32), offset −4 times that (u = low | high << 2 is q + 4).
+#[inline(always)]
+unsafe fn q3_k_block(p: *const u8, xb: *const f32, acc: &mut [__m256; 8]) {
+    let m3 = _mm256_set1_epi32(3);
+    let four = _mm256_set1_epi32(4);
+    let d = f16_to_f32(rd16(p.add(108)));
+    // the 16 6-bit scales (see quant::q3_k_scale), four at a time
+    let (a0, a1, a2) = (rd32(p.add(96)), rd32(p.add(100)), rd32(p.add(104)));
+    let k4 = 0x0f0f_0f0f;
+    let k2 = 0x0303_0303;
+    let s = [
+        (a0 & k4) | ((a2 & k2) << 4),
+        (a1 & k4) | (((a2 >> 2) & k2) << 4),
+        ((a0 >> 4) & k4) | (((a2 >> 4) & k2) << 4),
+        ((a1 >> 4) & k4) | (((a2 >> 6) & k2) << 4),
+    ];
+    let sb = [s[0] as u64 | (s[1] as u64) << 32, s[2] as u64 | (s[3] as u64) << 32];
+    let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
+    // −4·dl is exact; the bytes are below 64, so signed = unsigned
+    scaled_i8(sb.as_ptr() as *const u8, 32, d, dl.as_mut_ptr());
+    scaled_i8((sb.as_ptr() as *const u8).add(8), 32, d, dl.as_mut_ptr().add(8));
+    scaled_i8(sb.as_ptr() as *const u8, 32, -4.0 * d, off.as_mut_ptr());
+    scaled_i8((sb.as_ptr() as *const u8).add(8), 32, -4.0 * d, off.as_mut_ptr().add(8));
+    for lc in 0..4 {
+        let hm = u8x8(p.add(8 * lc));
+        for h in 0..2 {
+            let r = u8x8(p.add(32 + 32 * h + 8 * lc));
+            for j in 0..4 {
+                let g = 8 * h + 2 * j + lc / 2;
+                let lo = _mm256_and_si256(shr(r, 2 * j as i32), m3);
+                // bit 4h + j of hmask moved to bit 2
+                let hi = _mm256_and_si256(_mm256_slli_epi32::<2>(shr(hm, (4 * h + j) as i32)), four);
+                let a = &mut acc[2 * j + h];
+                *a = fma_q(_mm256_or_si256(lo, hi), dl[g], off[g], xb.add(128 * h + 32 * j + 8 * lc), *a);
+            }
+        }
+    }
+}
+
+/// Q4_K (`FIVE` false) or Q5_K (`FIVE` true): chunk c of 64 elements reads
+/// 32 nibble bytes; low nibbles are group 2c, high nibbles group 2c + 1;
+/// Q5_K's fifth bit of element 32g + l is bit g of qh byte l.
+#[inline(always)]
+unsafe fn q45_k_block<const FIVE: bool>(p: *const u8, xb: *const f32, acc: &mut [__m256; 8]) {
+    let qs_at = if FIVE { 48 } else { 16 };
+    let m4 = _mm256_set1_epi32(0x0f);
+    let b4 = _mm256_set1_epi32(0x10);
+    let (dl, off) = k4_scales(p);
+    for c in 0..4 {
+        let q = p.add(qs_at + 32 * c);
+        for k in 0..4 {
+            let r = u8x8(q.add(8 * k));
+            let mut lo = _mm256_and_si256(r, m4);
+            let mut hi = _mm256_srli_epi32::<4>(r);
+            if FIVE {
+                let h = shr(u8x8(p.add(16 + 8 * k)), 2 * c as i32);
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32::<4>(h), b4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi32::<3>(h), b4));
+            }
+            let xc = xb.add(64 * c + 8 * k);
+            // four accumulators: eight would spill (16 ymm registers)
+            let a = 2 * (k & 1);
+            acc[a] = fma_q(lo, dl[2 * c], off[2 * c], xc, acc[a]);
+            acc[a + 1] = fma_q(hi, dl[2 * c + 1], off[2 * c + 1], xc.add(32), acc[a + 1]);
+        }
+    }
+}
+
+/// Q6_K: element 128h + 32k + l: nibble k / 2 of ql byte 64h + 32(k % 2) + l,
+/// bits 2k of qh byte 32h + l; group e/16 scale d·s, offset −32 times that.
+#[inline(always)]
+unsafe fn q6_k_block(p: *const u8, xb: *const f32, acc: &mut [__m256; 8]) {
+    let d = f16_to_f32(rd16(p.add(208)));
+    let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
+    scaled_i8(p.add(192), 0, d, dl.as_mut_ptr());
+    scaled_i8(p.add(200), 0, d, dl.as_mut_ptr().add(8));
+    // −32·dl is exact
+    scaled_i8(p.add(192), 0, -32.0 * d, off.as_mut_ptr());
+    scaled_i8(p.add(200), 0, -32.0 * d, off.as_mut_ptr().add(8));
+    for h in 0..2 {
+        for lc in 0..4 {
+            let u = lanes::q6_quants::<Avx2>(p, h, 8 * lc);
+            for (k, uk) in u.iter().enumerate() {
+                let g = 8 * h + 2 * k + lc / 2;
+                let a = &mut acc[k];
+                *a = fma_q(*uk, dl[g], off[g], xb.add(128 * h + 32 * k + 8 * lc), *a);
+            }
+        }
+    }
+}
 /// Sum of eight accumulators.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -511,221 +464,7 @@ fn hsum8(a: &[__m256; 8]) -> f32 {
     hsum(_mm256_add_ps(s0, s1))
 }
 
-/// Q5_0 (`MIN` false: u·d − 16d) or Q5_1 (`MIN` true: u·d + m), one
-/// 32-element block per step into four accumulators.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_impl<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
-    let (bb, head) = if MIN { (24, 8) } else { (22, 6) };
-    let m4 = _mm256_set1_epi32(0x0f);
-    let one = _mm256_set1_epi32(1);
-    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for b in 0..nb {
-        let p = w.add(b * bb);
-        prefetch(p);
-        let d = f16_to_f32(rd16(p));
-        let off = if MIN { f16_to_f32(rd16(p.add(2))) } else { -16.0 * d };
-        let qh = _mm256_set1_epi32(ptr::read_unaligned(p.add(head - 4) as *const i32));
-        let q = p.add(head);
-        let (r0, r1) = (u8x8(q), u8x8(q.add(8)));
-        let nib = [
-            _mm256_and_si256(r0, m4),
-            _mm256_and_si256(r1, m4),
-            _mm256_srli_epi32::<4>(r0),
-            _mm256_srli_epi32::<4>(r1),
-        ];
-        let xb = x.add(b * 32);
-        for (k, nk) in nib.iter().enumerate() {
-            // fifth bit of element 8k + lane is bit 8k + lane of qh
-            let idx = _mm256_add_epi32(lanes, _mm256_set1_epi32(8 * k as i32));
-            let hb = _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srlv_epi32(qh, idx), one));
-            acc[k] = fma_q(_mm256_or_si256(*nk, hb), d, off, xb.add(8 * k), acc[k]);
-        }
-    }
-    hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
-}
-
-/// Q2_K: element 128h + 32j + l is bits 2j of byte 32h + l; group e/16
-/// has scale d·(s & 15) and offset −dmin·(s >> 4).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q2_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
-    const BB: usize = 84;
-    let m3 = _mm256_set1_epi32(3);
-    let mut acc = [_mm256_setzero_ps(); 8];
-    for b in 0..nb {
-        let p = w.add(b * BB);
-        prefetch_block(p, BB);
-        let (d, dmin) = halves2(p.add(80));
-        let (lo, hi) = (ptr::read_unaligned(p as *const u64), ptr::read_unaligned(p.add(8) as *const u64));
-        let k4 = 0x0f0f_0f0f_0f0f_0f0f;
-        let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
-        scaled_bytes(lo & k4, d, dl.as_mut_ptr());
-        scaled_bytes(hi & k4, d, dl.as_mut_ptr().add(8));
-        // −(dmin·m) is (−dmin)·m exactly
-        scaled_bytes((lo >> 4) & k4, -dmin, off.as_mut_ptr());
-        scaled_bytes((hi >> 4) & k4, -dmin, off.as_mut_ptr().add(8));
-        let xb = x.add(b * 256);
-        for h in 0..2 {
-            for lc in 0..4 {
-                let r = u8x8(p.add(16 + 32 * h + 8 * lc));
-                for j in 0..4 {
-                    let g = 8 * h + 2 * j + lc / 2;
-                    let u = _mm256_and_si256(shr(r, 2 * j as i32), m3);
-                    let a = &mut acc[2 * j + (lc & 1)];
-                    *a = fma_q(u, dl[g], off[g], xb.add(128 * h + 32 * j + 8 * lc), *a);
-                }
-            }
-        }
-    }
-    hsum8(&acc)
-}
-
-/// Q3_K: as Q2_K's layout plus a high bit 4h + j in hmask byte l; group
-/// scale d·(s − 32), offset −4 times that (u = low | high << 2 is q + 4).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q3_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
-    const BB: usize = 110;
-    let m3 = _mm256_set1_epi32(3);
-    let four = _mm256_set1_epi32(4);
-    let mut acc = [_mm256_setzero_ps(); 8];
-    for b in 0..nb {
-        let p = w.add(b * BB);
-        prefetch_block(p, BB);
-        let d = f16_to_f32(rd16(p.add(108)));
-        // the 16 6-bit scales (see quant::q3_k_scale), four at a time
-        let (a0, a1, a2) = (rd32(p.add(96)), rd32(p.add(100)), rd32(p.add(104)));
-        let k4 = 0x0f0f_0f0f;
-        let k2 = 0x0303_0303;
-        let s = [
-            (a0 & k4) | ((a2 & k2) << 4),
-            (a1 & k4) | (((a2 >> 2) & k2) << 4),
-            ((a0 >> 4) & k4) | (((a2 >> 4) & k2) << 4),
-            ((a1 >> 4) & k4) | (((a2 >> 6) & k2) << 4),
-        ];
-        let sb = [s[0] as u64 | (s[1] as u64) << 32, s[2] as u64 | (s[3] as u64) << 32];
-        let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
-        // −4·dl is exact; the bytes are below 64, so signed = unsigned
-        scaled_i8(sb.as_ptr() as *const u8, 32, d, dl.as_mut_ptr());
-        scaled_i8((sb.as_ptr() as *const u8).add(8), 32, d, dl.as_mut_ptr().add(8));
-        scaled_i8(sb.as_ptr() as *const u8, 32, -4.0 * d, off.as_mut_ptr());
-        scaled_i8((sb.as_ptr() as *const u8).add(8), 32, -4.0 * d, off.as_mut_ptr().add(8));
-        let xb = x.add(b * 256);
-        for lc in 0..4 {
-            let hm = u8x8(p.add(8 * lc));
-            for h in 0..2 {
-                let r = u8x8(p.add(32 + 32 * h + 8 * lc));
-                for j in 0..4 {
-                    let g = 8 * h + 2 * j + lc / 2;
-                    let lo = _mm256_and_si256(shr(r, 2 * j as i32), m3);
-                    // bit 4h + j of hmask moved to bit 2
-                    let hi = _mm256_and_si256(_mm256_slli_epi32::<2>(shr(hm, (4 * h + j) as i32)), four);
-                    let a = &mut acc[2 * j + h];
-                    *a = fma_q(_mm256_or_si256(lo, hi), dl[g], off[g], xb.add(128 * h + 32 * j + 8 * lc), *a);
-                }
-            }
-        }
-    }
-    hsum8(&acc)
-}
-
-/// Q4_K (`FIVE` false) or Q5_K (`FIVE` true): chunk c of 64 elements reads
-/// 32 nibble bytes; low nibbles are group 2c, high nibbles group 2c + 1;
-/// Q5_K's fifth bit of element 32g + l is bit g of qh byte l.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q45_k_impl<const FIVE: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
-    let (bb, qs_at) = if FIVE { (176, 48) } else { (144, 16) };
-    let m4 = _mm256_set1_epi32(0x0f);
-    let b4 = _mm256_set1_epi32(0x10);
-    let mut acc = [_mm256_setzero_ps(); 8];
-    for b in 0..nb {
-        let p = w.add(b * bb);
-        prefetch_block(p, bb);
-        let (dl, off) = k4_scales(p);
-        let xb = x.add(b * 256);
-        for c in 0..4 {
-            let q = p.add(qs_at + 32 * c);
-            for k in 0..4 {
-                let r = u8x8(q.add(8 * k));
-                let mut lo = _mm256_and_si256(r, m4);
-                let mut hi = _mm256_srli_epi32::<4>(r);
-                if FIVE {
-                    let h = shr(u8x8(p.add(16 + 8 * k)), 2 * c as i32);
-                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32::<4>(h), b4));
-                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi32::<3>(h), b4));
-                }
-                let xc = xb.add(64 * c + 8 * k);
-                // four accumulators: eight would spill (16 ymm registers)
-                let a = 2 * (k & 1);
-                acc[a] = fma_q(lo, dl[2 * c], off[2 * c], xc, acc[a]);
-                acc[a + 1] = fma_q(hi, dl[2 * c + 1], off[2 * c + 1], xc.add(32), acc[a + 1]);
-            }
-        }
-    }
-    hsum8(&acc)
-}
-
-/// Q6_K: element 128h + 32k + l: nibble k / 2 of ql byte 64h + 32(k % 2) + l,
-/// bits 2k of qh byte 32h + l; group e/16 scale d·s, offset −32 times that.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q6_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
-    const BB: usize = 210;
-    let m4 = _mm256_set1_epi32(0x0f);
-    let m30 = _mm256_set1_epi32(0x30);
-    let mut acc = [_mm256_setzero_ps(); 8];
-    for b in 0..nb {
-        let p = w.add(b * BB);
-        prefetch_block(p, BB);
-        let d = f16_to_f32(rd16(p.add(208)));
-        let (mut dl, mut off) = ([0f32; 16], [0f32; 16]);
-        scaled_i8(p.add(192), 0, d, dl.as_mut_ptr());
-        scaled_i8(p.add(200), 0, d, dl.as_mut_ptr().add(8));
-        // −32·dl is exact
-        scaled_i8(p.add(192), 0, -32.0 * d, off.as_mut_ptr());
-        scaled_i8(p.add(200), 0, -32.0 * d, off.as_mut_ptr().add(8));
-        let xb = x.add(b * 256);
-        for h in 0..2 {
-            for lc in 0..4 {
-                let qa = u8x8(p.add(64 * h + 8 * lc));
-                let qb = u8x8(p.add(64 * h + 32 + 8 * lc));
-                let qh = u8x8(p.add(128 + 32 * h + 8 * lc));
-                let u = [
-                    _mm256_or_si256(_mm256_and_si256(qa, m4), _mm256_and_si256(_mm256_slli_epi32::<4>(qh), m30)),
-                    _mm256_or_si256(_mm256_and_si256(qb, m4), _mm256_and_si256(_mm256_slli_epi32::<2>(qh), m30)),
-                    _mm256_or_si256(_mm256_srli_epi32::<4>(qa), _mm256_and_si256(qh, m30)),
-                    _mm256_or_si256(_mm256_srli_epi32::<4>(qb), _mm256_and_si256(_mm256_srli_epi32::<2>(qh), m30)),
-                ];
-                for (k, uk) in u.iter().enumerate() {
-                    let g = 8 * h + 2 * k + lc / 2;
-                    let a = &mut acc[k];
-                    *a = fma_q(*uk, dl[g], off[g], xb.add(128 * h + 32 * k + 8 * lc), *a);
-                }
-            }
-        }
-    }
-    hsum8(&acc)
-}
-
 // ---- packed-panel GEMM micro-kernel -------------------------------------------
-
-fn gemm_tile(w: &[f32], x: &[f32], nt: usize, out: &mut [[f32; GEMM_MR]; GEMM_NR]) {
-    let cols = (w.len() / GEMM_MR).min(x.len() / GEMM_NR);
-    let nt = nt.min(GEMM_NR);
-    // SAFETY: see the note above the wrappers; the kernel reads
-    // cols·GEMM_MR weights and cols·GEMM_NR activations.
-    unsafe {
-        for half in [0, 16] {
-            let mut j = 0;
-            while j < nt {
-                if nt - j > 3 {
-                    gemm_tile_impl::<6>(w.as_ptr().add(half), x.as_ptr().add(j), cols, half, j, out);
-                } else {
-                    gemm_tile_impl::<3>(w.as_ptr().add(half), x.as_ptr().add(j), cols, half, j, out);
-                }
-                j += if nt - j > 3 { 6 } else { 3 };
-            }
-        }
-    }
-}
 
 /// 16 of the panel's 32 weight rows (two ymm) × `NT` tokens starting at
 /// token `j0`: at 6 tokens, 12 accumulators plus two weight vectors and a
@@ -781,34 +520,23 @@ unsafe fn store_scaled(o: *mut f32, q: __m256i, dl: f32, ml: Option<f32>) {
 
 /// Q5_0 (`MIN` false: d·(q − 16)) or Q5_1 (`MIN` true: d·q + m).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn deq_q5<const MIN: bool>(s: *const u8, o: *mut f32, nb: usize) {
-    let (bb, head) = if MIN { (24, 4) } else { (22, 2) };
-    for b in 0..nb {
-        let p = s.add(b * bb);
-        let (d, m) = if MIN { scale_min(p) } else { (scale1(p), _mm256_setzero_ps()) };
-        let qh = rd32(p.add(head));
-        let qs = p.add(head + 4);
-        let ob = o.add(b * 32);
-        for e0 in [0usize, 8] {
-            let lo = _mm256_or_si256(bits8(qs.add(e0), 0, 0x0f), _mm256_slli_epi32::<4>(word_bits(qh, e0 as i32)));
-            let hi = _mm256_or_si256(bits8(qs.add(e0), 4, 0x0f), _mm256_slli_epi32::<4>(word_bits(qh, 16 + e0 as i32)));
-            for (k, q) in [(e0, lo), (e0 + 16, hi)] {
-                let v = if MIN {
-                    _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(q)), m)
-                } else {
-                    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(16))))
-                };
-                _mm256_storeu_ps(ob.add(k), v);
-            }
+unsafe fn deq_q5_block<const MIN: bool>(b: &[u8], o: *mut f32) {
+    let head = if MIN { 4 } else { 2 };
+    let p = b.as_ptr();
+    let (d, m) = if MIN { scale_min::<Avx2>(p) } else { (scale1::<Avx2>(p), _mm256_setzero_ps()) };
+    let qh = rd32(p.add(head));
+    let qs = p.add(head + 4);
+    for e0 in [0usize, 8] {
+        let lo = _mm256_or_si256(bits8(qs.add(e0), 0, 0x0f), _mm256_slli_epi32::<4>(word_bits(qh, e0 as i32)));
+        let hi = _mm256_or_si256(bits8(qs.add(e0), 4, 0x0f), _mm256_slli_epi32::<4>(word_bits(qh, 16 + e0 as i32)));
+        for (k, q) in [(e0, lo), (e0 + 16, hi)] {
+            let v = if MIN {
+                _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(q)), m)
+            } else {
+                _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(16))))
+            };
+            _mm256_storeu_ps(o.add(k), v);
         }
-    }
-}
-
-/// Applies a super-block dequantizer to every whole 256-element block.
-fn deq_k(src: &[u8], out: &mut [f32], bb: usize, f: unsafe fn(&[u8], *mut f32)) {
-    for (b, o) in src.chunks_exact(bb).zip(out.chunks_exact_mut(crate::quant::QK_K)) {
-        // SAFETY: `o` holds 256 f32; callers are installed after detection.
-        unsafe { f(b, o.as_mut_ptr()) }
     }
 }
 
@@ -818,20 +546,38 @@ fn half(b: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
+/// The 256 elements of a super-block of 16 groups of 16 (Q2_K, Q3_K,
+/// Q6_K) stored to `o`: group g's scale and offset `scale(g)` (as
+/// [`store_scaled`] takes them) times the quants `quants(h, j, l)` of its
+/// elements 128h + 32j + l .. l + 8 (j = (g mod 8) / 2; l = 16 (g mod 2),
+/// then 8 more).
+#[inline(always)]
+unsafe fn deq_groups16(
+    o: *mut f32,
+    scale: impl Fn(usize) -> (f32, Option<f32>),
+    quants: impl Fn(usize, usize, usize) -> __m256i,
+) {
+    for g in 0..16 {
+        let (dl, ml) = scale(g);
+        let (h, j, l0) = (g / 8, (g % 8) / 2, (g % 2) * 16);
+        for half8 in [0, 8] {
+            store_scaled(o.add(16 * g + half8), quants(h, j, l0 + half8), dl, ml);
+        }
+    }
+}
+
 /// Q2_K: x = (d·s)·q − (dmin·m) per group of 16.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn deq_q2_k_block(b: &[u8], o: *mut f32) {
     let (d, dmin) = (half(b, 80), half(b, 82));
     let qs = b.as_ptr().add(16);
-    for (g, &sc) in b[..16].iter().enumerate() {
-        let dl = d * (sc & 0x0f) as f32;
-        let ml = dmin * (sc >> 4) as f32;
-        let (h, j, l0) = (g / 8, (g % 8) / 2, (g % 2) * 16);
-        for half8 in [0, 8] {
-            let q = bits8(qs.add(32 * h + l0 + half8), 2 * j as i32, 3);
-            store_scaled(o.add(16 * g + half8), q, dl, Some(ml));
-        }
-    }
+    deq_groups16(
+        o,
+        #[inline(always)]
+        |g| (d * (b[g] & 0x0f) as f32, Some(dmin * (b[g] >> 4) as f32)),
+        #[inline(always)]
+        |h, j, l| bits8(qs.add(32 * h + l), 2 * j as i32, 3),
+    );
 }
 
 /// Q3_K: x = (d·(s − 32))·(lo − 4·(1 − high)) per group of 16.
@@ -839,18 +585,18 @@ unsafe fn deq_q2_k_block(b: &[u8], o: *mut f32) {
 unsafe fn deq_q3_k_block(b: &[u8], o: *mut f32) {
     let d = half(b, 108);
     let (hm, qs) = (b.as_ptr(), b.as_ptr().add(32));
-    let four = _mm256_set1_epi32(4);
-    for g in 0..16 {
-        let dl = d * (crate::quant::q3_k_scale(&b[96..108], g) as i32 - 32) as f32;
-        let (h, j, l0) = (g / 8, (g % 8) / 2, (g % 2) * 16);
-        for half8 in [0, 8] {
-            let lo = bits8(qs.add(32 * h + l0 + half8), 2 * j as i32, 3);
-            let high = bits8(hm.add(l0 + half8), (4 * h + j) as i32, 1);
+    deq_groups16(
+        o,
+        #[inline(always)]
+        |g| (d * (crate::quant::q3_k_scale(&b[96..108], g) as i32 - 32) as f32, None),
+        #[inline(always)]
+        |h, j, l| {
+            let lo = bits8(qs.add(32 * h + l), 2 * j as i32, 3);
+            let high = bits8(hm.add(l), (4 * h + j) as i32, 1);
             // lo − 4 + 4·high: subtracts 4 exactly when the high bit is clear
-            let q = _mm256_add_epi32(_mm256_sub_epi32(lo, four), _mm256_slli_epi32::<2>(high));
-            store_scaled(o.add(16 * g + half8), q, dl, None);
-        }
-    }
+            _mm256_add_epi32(_mm256_sub_epi32(lo, _mm256_set1_epi32(4)), _mm256_slli_epi32::<2>(high))
+        },
+    );
 }
 
 /// Q4_K (`FIVE` false) or Q5_K (`FIVE` true): x = (d·s)·q − (dmin·m) per
@@ -875,20 +621,191 @@ unsafe fn deq_q45_k_block<const FIVE: bool>(b: &[u8], o: *mut f32) {
     }
 }
 
-/// Q6_K: x = (d·s)·(q − 32) per group of 16.
+/// Q6_K: x = (d·s)·(q − 32) per group of 16 (group g's quants: nibble
+/// k / 2 of ql byte 64h + 32(k mod 2) + l, bits 2k of qh byte 32h + l,
+/// k = (g mod 8) / 2).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn deq_q6_k_block(b: &[u8], o: *mut f32) {
     let d = half(b, 208);
-    let (ql, qh) = (b.as_ptr(), b.as_ptr().add(128));
-    let bias = _mm256_set1_epi32(32);
-    for g in 0..16 {
-        let dl = d * (b[192 + g] as i8) as f32;
-        let (h, k, l0) = (g / 8, (g % 8) / 2, (g % 2) * 16);
-        for half8 in [0, 8] {
-            let lo = bits8(ql.add(64 * h + 32 * (k % 2) + l0 + half8), 4 * (k / 2) as i32, 0x0f);
-            let hi = bits8(qh.add(32 * h + l0 + half8), 2 * k as i32, 3);
-            let q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)), bias);
-            store_scaled(o.add(16 * g + half8), q, dl, None);
+    deq_groups16(
+        o,
+        #[inline(always)]
+        |g| (d * (b[192 + g] as i8) as f32, None),
+        #[inline(always)]
+        |h, k, l| {
+            let lo = bits8(b.as_ptr().add(64 * h + 32 * (k % 2) + l), 4 * (k / 2) as i32, 0x0f);
+            let hi = bits8(b.as_ptr().add(128 + 32 * h + l), 2 * k as i32, 3);
+            _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)), _mm256_set1_epi32(32))
+        },
+    );
+}
+
+// ---- the kernel set --------------------------------------------------------
+
+impl DotIsa for Avx2 {
+    const ISA: Isa = Isa::Avx2;
+
+    fn detected() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q8_0(w: *const u8, x: *const f32, nb: usize) -> f32 {
+        hsum(dot_d_blocks::<Avx2>(
+            (w, x, nb),
+            34,
+            |_, _| {},
+            #[inline(always)]
+            |q, x| q8_block(q, x),
+        ))
+    }
+
+    /// Q4_0 prefetches (the nibble unpacking leaves the loads time to land).
+    #[inline(always)]
+    unsafe fn dot_q4<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
+        if MIN {
+            dot_q4_1(w, x, nb)
+        } else {
+            hsum(dot_d_blocks::<Avx2>(
+                (w, x, nb),
+                18,
+                #[inline(always)]
+                |p0, _| prefetch(p0),
+                #[inline(always)]
+                |q, x| q4_0_block(q, x),
+            ))
+        }
+    }
+
+    /// Q5_0 (`MIN` false: u·d − 16d) or Q5_1 (`MIN` true: u·d + m), one
+    /// 32-element block per step into four accumulators.
+    #[inline(always)]
+    unsafe fn dot_q5<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
+        let (bb, head) = if MIN { (24, 8) } else { (22, 6) };
+        let m4 = _mm256_set1_epi32(0x0f);
+        let one = _mm256_set1_epi32(1);
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for b in 0..nb {
+            let p = w.add(b * bb);
+            prefetch(p);
+            let d = f16_to_f32(rd16(p));
+            let off = if MIN { f16_to_f32(rd16(p.add(2))) } else { -16.0 * d };
+            let qh = _mm256_set1_epi32(ptr::read_unaligned(p.add(head - 4) as *const i32));
+            let q = p.add(head);
+            let (r0, r1) = (u8x8(q), u8x8(q.add(8)));
+            let nib = [
+                _mm256_and_si256(r0, m4),
+                _mm256_and_si256(r1, m4),
+                _mm256_srli_epi32::<4>(r0),
+                _mm256_srli_epi32::<4>(r1),
+            ];
+            let xb = x.add(b * 32);
+            for (k, nk) in nib.iter().enumerate() {
+                // fifth bit of element 8k + lane is bit 8k + lane of qh
+                let idx = _mm256_add_epi32(lanes, _mm256_set1_epi32(8 * k as i32));
+                let hb = _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srlv_epi32(qh, idx), one));
+                acc[k] = fma_q(_mm256_or_si256(*nk, hb), d, off, xb.add(8 * k), acc[k]);
+            }
+        }
+        hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q2_k(w: *const u8, x: *const f32, nb: usize) -> f32 {
+        k_quant_dot((w, x, nb), DType::Q2_K, q2_k_block)
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q3_k(w: *const u8, x: *const f32, nb: usize) -> f32 {
+        k_quant_dot((w, x, nb), DType::Q3_K, q3_k_block)
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q45_k<const FIVE: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
+        k_quant_dot((w, x, nb), if FIVE { DType::Q5_K } else { DType::Q4_K }, q45_k_block::<FIVE>)
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q6_k(w: *const u8, x: *const f32, nb: usize) -> f32 {
+        k_quant_dot((w, x, nb), DType::Q6_K, q6_k_block)
+    }
+
+    #[inline(always)]
+    unsafe fn deq_q8_0(s: *const u8, o: *mut f32, nb: usize) {
+        for b in 0..nb {
+            let p = s.add(b * 34);
+            let d = scale1::<Avx2>(p);
+            for k in 0..4 {
+                _mm256_storeu_ps(o.add(b * 32 + k * 8), _mm256_mul_ps(d, i8x8(p.add(2 + k * 8))));
+            }
+        }
+    }
+
+    /// Q4_0 (`MIN` false: d·(q−8)) or Q4_1 (`MIN` true: d·q + m, rounded as
+    /// the scalar code: product, then sum).
+    #[inline(always)]
+    unsafe fn deq_q4<const MIN: bool>(s: *const u8, o: *mut f32, nb: usize) {
+        let bb = if MIN { 20 } else { 18 };
+        let eight = _mm256_set1_epi32(8);
+        for b in 0..nb {
+            let p = s.add(b * bb);
+            let ob = o.add(b * 32);
+            if MIN {
+                let (d, m) = scale_min::<Avx2>(p);
+                let q = nibbles(p.add(4));
+                for (k, v) in q.iter().enumerate() {
+                    let f = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(*v)), m);
+                    _mm256_storeu_ps(ob.add(k * 8), f);
+                }
+            } else {
+                let d = scale1::<Avx2>(p);
+                let q = nibbles(p.add(2));
+                for (k, v) in q.iter().enumerate() {
+                    let f = _mm256_cvtepi32_ps(_mm256_sub_epi32(*v, eight));
+                    _mm256_storeu_ps(ob.add(k * 8), _mm256_mul_ps(d, f));
+                }
+            }
+        }
+    }
+
+    /// Q5_0/Q5_1 and the K-quants, a block at a time.
+    #[inline(always)]
+    unsafe fn deq_other(dt: DType, s: *const u8, o: *mut f32, nb: usize) -> bool {
+        let (bb, be) = (dt.block_bytes(), dt.block_elems());
+        for b in 0..nb {
+            let (blk, o) = (std::slice::from_raw_parts(s.add(b * bb), bb), o.add(b * be));
+            match dt {
+                DType::Q5_0 => deq_q5_block::<false>(blk, o),
+                DType::Q5_1 => deq_q5_block::<true>(blk, o),
+                DType::Q2_K => deq_q2_k_block(blk, o),
+                DType::Q3_K => deq_q3_k_block(blk, o),
+                DType::Q4_K => deq_q45_k_block::<false>(blk, o),
+                DType::Q5_K => deq_q45_k_block::<true>(blk, o),
+                DType::Q6_K => deq_q6_k_block(blk, o),
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    fn gemm_tile(w: &[f32], x: &[f32], nt: usize, out: &mut [[f32; GEMM_MR]; GEMM_NR]) {
+        let cols = (w.len() / GEMM_MR).min(x.len() / GEMM_NR);
+        let nt = nt.min(GEMM_NR);
+        // SAFETY: see the note above the wrappers; the kernel reads
+        // cols·GEMM_MR weights and cols·GEMM_NR activations.
+        unsafe {
+            for half in [0, 16] {
+                let mut j = 0;
+                while j < nt {
+                    if nt - j > 3 {
+                        gemm_tile_impl::<6>(w.as_ptr().add(half), x.as_ptr().add(j), cols, half, j, out);
+                    } else {
+                        gemm_tile_impl::<3>(w.as_ptr().add(half), x.as_ptr().add(j), cols, half, j, out);
+                    }
+                    j += if nt - j > 3 { 6 } else { 3 };
+                }
+            }
         }
     }
 }
@@ -901,47 +818,26 @@ unsafe fn deq_q6_k_block(b: &[u8], o: *mut f32) {
 // every head of a block of up to four heads, so the row is never written
 // out as f32 (the decode-then-dot path wrote and re-read `d` floats a row).
 
-use super::lanes::{KvLanes, KV_F16, KV_Q8};
-
-/// Elements `i..i + 8` of a coded row as f32 (`i` a multiple of 8, so the
-/// eight share one scale group).
-///
-/// # Safety
-/// `i + 8` must not exceed the row's length.
-impl KvLanes for Avx2 {
+impl lanes::KvLanes for Avx2 {
     #[inline(always)]
-    unsafe fn kv_load<const T: u8>(data: *const u8, scales: *const f32, i: usize) -> __m256 {
-        let g = i / crate::kvquant::KV_GROUP;
-        unsafe {
-            match T {
-                KV_F16 => _mm256_cvtph_ps(_mm_loadu_si128(data.add(2 * i).cast())),
-                KV_Q8 => {
-                    let c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(data.add(i).cast())));
-                    _mm256_mul_ps(c, _mm256_set1_ps(*scales.add(g)))
-                }
-                _ => {
-                    // 4 bytes = 8 nibbles; as u16 lanes b, (b & 15) | (b << 4 & 0xf00)
-                    // puts low then high nibble into consecutive bytes (element order)
-                    let b = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(ptr::read_unaligned(data.add(i / 2).cast::<i32>())));
-                    let lo = _mm_and_si128(b, _mm_set1_epi16(0x0f));
-                    let hi = _mm_and_si128(_mm_slli_epi16::<4>(b), _mm_set1_epi16(0x0f00));
-                    let c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_or_si128(lo, hi)));
-                    _mm256_fmadd_ps(c, _mm256_set1_ps(*scales.add(2 * g)), _mm256_set1_ps(*scales.add(2 * g + 1)))
-                }
-            }
-        }
+    unsafe fn i8s(p: *const u8) -> __m256 {
+        i8x8(p)
+    }
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> __m256 {
+        let b = _mm_cvtsi32_si128(ptr::read_unaligned(p.cast::<i32>()));
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nibble_bytes(b)))
     }
 }
 
-lanes::kv_isa!(Avx2, "avx2,fma,f16c");
-
-/// The AVX2 KV group kernels, when the CPU has AVX2, FMA and F16C.
-pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::KvGroupKernels> {
-    kernels().map(|_| crate::kvquant::KvGroupKernels {
-        isa: crate::dot::Isa::Avx2,
-        dot: lanes::kv_group_fns::<Avx2>().0,
-        axpy: lanes::kv_group_fns::<Avx2>().1,
-        dot_run: None,
-        axpy_run: None,
-    })
+/// The nibbles of the low 8 bytes of `v` as 16 bytes, element order: as
+/// u16 lanes b, (b & 15) | (b << 4 & 0xf00) puts the low then the high
+/// nibble into consecutive bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn nibble_bytes(v: __m128i) -> __m128i {
+    let b = _mm_cvtepu8_epi16(v);
+    _mm_or_si128(_mm_and_si128(b, _mm_set1_epi16(0x0f)), _mm_and_si128(_mm_slli_epi16::<4>(b), _mm_set1_epi16(0x0f00)))
 }
+
+lanes::kv_isa!(Avx2, "avx2,fma,f16c");

@@ -15,60 +15,12 @@
 //! measured yet (Q5_K could use a 32-entry `vpermt2ps` table; Q6_K's 64
 //! values per group fit no single permute).
 
-use crate::dot::{DotKernels, GEMM_MR, GEMM_NR};
-use crate::simd::avx2;
-use crate::simd::lanes::{self, F32Row, HalfLanes, HalfRow};
+use crate::dot::{Isa, GEMM_MR, GEMM_NR};
+use crate::simd::avx2::{self, Avx2};
+use crate::simd::lanes::{self, HalfLanes, HalfRow};
+use crate::simd::DotIsa;
+use crate::DType;
 use std::arch::x86_64::*;
-use std::ptr;
-
-/// The AVX-512 kernel set, when the CPU has AVX-512F/BW/VL, AVX2, FMA, F16C.
-pub(crate) fn kernels() -> Option<DotKernels> {
-    if is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && avx2::kernels().is_some()
-    {
-        Some(KERNELS)
-    } else {
-        None
-    }
-}
-
-/// Only reachable through [`kernels`], i.e. after feature detection.
-const KERNELS: DotKernels = DotKernels {
-    isa: crate::dot::Isa::Avx512,
-    f32: dot_f32,
-    f16: dot_f16,
-    // measured slower than the 256-bit kernel on Zen 4 (extra widening work)
-    bf16: avx2::dot_bf16,
-    q8_0: dot_q8_0,
-    q4_0: dot_q4_0,
-    q4_1: dot_q4_1,
-    // Q5 and K-quants: the AVX2 kernels (see the module comment)
-    q5_0: avx2::dot_q5_0,
-    q5_1: avx2::dot_q5_1,
-    q2_k: avx2::dot_q2_k,
-    q3_k: avx2::dot_q3_k,
-    q4_k: dot_q4_k,
-    q5_k: avx2::dot_q5_k,
-    q6_k: avx2::dot_q6_k,
-    axpy,
-    dot4x4,
-    gemm_tile,
-    dequantize: avx2::dequantize,
-};
-
-// Safe wrappers, installed only after detection (see `safe_kernels`).
-crate::simd::safe_kernels! {
-    dot_f32: elems(f32) => dot_f32_impl;
-    dot_f16: elems(u16) => dot_f16_impl;
-    dot_q8_0: blocks(34) => dot_q8_0_impl;
-    dot_q4_0: blocks(18) => dot_q4_impl::<false>;
-    dot_q4_1: blocks(20) => dot_q4_impl::<true>;
-    dot_q4_k: super_blocks(144) => dot_q4_k_impl;
-    axpy: axpy => axpy_impl;
-    dot4x4: tile => dot4x4_impl;
-}
 
 // ---- helpers --------------------------------------------------------------
 
@@ -78,22 +30,6 @@ fn tail_mask(n: usize) -> __mmask16 {
     ((1u32 << n) - 1) as __mmask16
 }
 
-/// The f16 values at `p0` and `p1` converted and broadcast to all lanes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scales2(p0: *const u8, p1: *const u8) -> (__m512, __m512) {
-    let h = avx2::rd16(p0) as u32 | (avx2::rd16(p1) as u32) << 16;
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32));
-    (_mm512_broadcastss_ps(v), _mm512_broadcastss_ps(_mm_movehdup_ps(v)))
-}
-
-/// The f16 value at `p` converted and broadcast to all lanes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scale1(p: *const u8) -> __m512 {
-    _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(avx2::rd16(p) as i32)))
-}
-
 // ---- float rows -------------------------------------------------------------
 
 /// The 16-lane AVX-512 vector of [`F32Lanes`]; tails use masked loads.
@@ -101,7 +37,7 @@ unsafe fn scale1(p: *const u8) -> __m512 {
 pub(crate) struct Avx512;
 
 lanes::f32_lanes!(Avx512, __m512, 16, splat: _mm512_set1_ps, load: _mm512_loadu_ps, store: _mm512_storeu_ps,
-    fma: |a, b, c| _mm512_fmadd_ps(a, b, c), add: _mm512_add_ps, reduce: _mm512_reduce_add_ps,
+    fma: |a, b, c| _mm512_fmadd_ps(a, b, c), add: _mm512_add_ps, mul: _mm512_mul_ps, reduce: _mm512_reduce_add_ps,
     #[inline(always)]
     unsafe fn load_part(p: *const f32, n: usize) -> __m512 {
         _mm512_maskz_loadu_ps(tail_mask(n), p)
@@ -123,6 +59,9 @@ impl HalfLanes for Avx512 {
     }
 }
 
+// 4×4 tile in one pass: 16 zmm accumulators, and each load feeds four FMAs.
+crate::simd::isa_entries!(Avx512, #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")], dot4x4: 4, true);
+
 /// 16 f16 (`BF` false) or bf16 (`BF` true) values as f32.
 #[inline(always)]
 unsafe fn half16<const BF: bool>(v: __m256i) -> __m512 {
@@ -133,53 +72,15 @@ unsafe fn half16<const BF: bool>(v: __m256i) -> __m512 {
     }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dot_f32_impl(a: *const f32, b: *const f32, n: usize) -> f32 {
-    lanes::dot::<Avx512, F32Row>(a, b, n)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dot_f16_impl(w: *const u16, x: *const f32, n: usize) -> f32 {
-    lanes::dot::<Avx512, HalfRow<false>>(w, x, n)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn axpy_impl(a: f32, x: *const f32, y: *mut f32, n: usize) {
-    lanes::axpy::<Avx512>(a, x, y, n)
-}
-
 // ---- block formats ------------------------------------------------------------
 
 /// Σ q·x over one Q8_0 block.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn q8_block(q: *const u8, x: *const f32) -> __m512 {
-    let q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q as *const __m128i)));
-    let q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q.add(16) as *const __m128i)));
+    let (q0, q1) = (Avx512::i8s(q), Avx512::i8s(q.add(16)));
     let a = _mm512_mul_ps(q0, _mm512_loadu_ps(x));
     _mm512_fmadd_ps(q1, _mm512_loadu_ps(x.add(16)), a)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dot_q8_0_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
-    const BB: usize = 34;
-    let mut acc0 = _mm512_setzero_ps();
-    let mut acc1 = _mm512_setzero_ps();
-    let mut b = 0;
-    while b + 2 <= nb {
-        let (p0, p1) = (w.add(b * BB), w.add((b + 1) * BB));
-        avx2::prefetch(p0);
-        avx2::prefetch(p1);
-        let (d0, d1) = scales2(p0, p1);
-        acc0 = _mm512_fmadd_ps(d0, q8_block(p0.add(2), x.add(b * 32)), acc0);
-        acc1 = _mm512_fmadd_ps(d1, q8_block(p1.add(2), x.add(b * 32 + 32)), acc1);
-        b += 2;
-    }
-    if b < nb {
-        let p = w.add(b * BB);
-        acc0 = _mm512_fmadd_ps(scale1(p), q8_block(p.add(2), x.add(b * 32)), acc0);
-    }
-    _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
 }
 
 /// The 32 nibbles of a Q4 block at `q` looked up in `table` (16 f32, one
@@ -203,67 +104,23 @@ fn ramp(base: f32) -> __m512 {
     )
 }
 
-/// d and m of the Q4_1 block at `p`, broadcast.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scale_min(p: *const u8) -> (__m512, __m512) {
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(ptr::read_unaligned(p as *const i32)));
-    (_mm512_broadcastss_ps(v), _mm512_broadcastss_ps(_mm_movehdup_ps(v)))
-}
-
 /// The 16 values a Q4 block's nibbles stand for: d·(q−8) for Q4_0 (`MIN`
 /// false; `q` is the ramp from −8), d·q + m for Q4_1 (`MIN` true).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn q4_table<const MIN: bool>(p: *const u8, q: __m512) -> __m512 {
     if MIN {
-        let (d, m) = scale_min(p);
+        let (d, m) = avx2::scale_min::<Avx512>(p);
         _mm512_fmadd_ps(d, q, m)
     } else {
-        _mm512_mul_ps(scale1(p), q)
+        _mm512_mul_ps(avx2::scale1::<Avx512>(p), q)
     }
-}
-
-/// Q4_0 (`MIN` false) and Q4_1 (`MIN` true) as a table lookup: the block's
-/// 16 possible values are built once, then each nibble selects its
-/// dequantized weight, so the product is exactly dequantize-then-dot.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dot_q4_impl<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
-    // block bytes and where the nibbles start: f16 d (Q4_0), f16 d and m (Q4_1)
-    let (bb, head) = if MIN { (20, 4) } else { (18, 2) };
-    let q = ramp(if MIN { 0.0 } else { -8.0 });
-    let mut acc0 = _mm512_setzero_ps();
-    let mut acc1 = _mm512_setzero_ps();
-    let mut acc2 = _mm512_setzero_ps();
-    let mut acc3 = _mm512_setzero_ps();
-    let mut b = 0;
-    while b + 2 <= nb {
-        let (p0, p1) = (w.add(b * bb), w.add((b + 1) * bb));
-        avx2::prefetch(p0);
-        let (lo0, hi0) = nibbles(p0.add(head), q4_table::<MIN>(p0, q));
-        let (lo1, hi1) = nibbles(p1.add(head), q4_table::<MIN>(p1, q));
-        let xb = x.add(b * 32);
-        acc0 = _mm512_fmadd_ps(lo0, _mm512_loadu_ps(xb), acc0);
-        acc1 = _mm512_fmadd_ps(hi0, _mm512_loadu_ps(xb.add(16)), acc1);
-        acc2 = _mm512_fmadd_ps(lo1, _mm512_loadu_ps(xb.add(32)), acc2);
-        acc3 = _mm512_fmadd_ps(hi1, _mm512_loadu_ps(xb.add(48)), acc3);
-        b += 2;
-    }
-    if b < nb {
-        let p = w.add(b * bb);
-        let (lo, hi) = nibbles(p.add(head), q4_table::<MIN>(p, q));
-        let xb = x.add(b * 32);
-        acc0 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), acc0);
-        acc1 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb.add(16)), acc1);
-    }
-    let acc = _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3));
-    _mm512_reduce_add_ps(acc)
 }
 
 /// Q4_K as a table lookup, like the Q4 kernels: each group's 16 possible
 /// weights u·dl + off are built with one FMA, then the nibbles select them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dot_q4_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
+unsafe fn dot_q4_k(w: *const u8, x: *const f32, nb: usize) -> f32 {
     const BB: usize = 144;
     let q = ramp(0.0);
     let mut acc = [_mm512_setzero_ps(); 4];
@@ -290,30 +147,7 @@ unsafe fn dot_q4_k_impl(w: *const u8, x: *const f32, nb: usize) -> f32 {
     _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
 }
 
-// ---- GEMM micro-tile ----------------------------------------------------------
-
-/// 4 weight rows × 4 activation rows in one pass: 16 zmm accumulators, and
-/// each load feeds four FMAs.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn dot4x4_impl(w: &[*const f32; 4], x: &[*const f32; 4], n: usize, out: &mut [[f32; 4]; 4]) {
-    lanes::dot4x4::<Avx512, 4, true>(w, x, n, out)
-}
-
 // ---- packed-panel GEMM micro-kernel -------------------------------------------
-
-fn gemm_tile(w: &[f32], x: &[f32], nt: usize, out: &mut [[f32; GEMM_MR]; GEMM_NR]) {
-    let cols = (w.len() / GEMM_MR).min(x.len() / GEMM_NR);
-    // SAFETY: see the note above the wrappers; the kernel reads
-    // cols·GEMM_MR weights and cols·GEMM_NR activations.
-    unsafe {
-        match nt {
-            0 => {}
-            1..=4 => gemm_tile_impl::<4>(w.as_ptr(), x.as_ptr(), cols, out),
-            5..=8 => gemm_tile_impl::<8>(w.as_ptr(), x.as_ptr(), cols, out),
-            _ => gemm_tile_impl::<GEMM_NR>(w.as_ptr(), x.as_ptr(), cols, out),
-        }
-    }
-}
 
 /// 32 weight rows (two zmm) × `NT` tokens (≤ 12) of accumulators: at 12
 /// tokens, 24 of the 32 zmm registers. Each step over `k` loads the two
@@ -331,39 +165,161 @@ unsafe fn gemm_tile_impl<const NT: usize>(
     lanes::gemm_block::<Avx512, NT>(w, x, cols, 0, 0, out)
 }
 
+// ---- the kernel set --------------------------------------------------------
+
+impl DotIsa for Avx512 {
+    const ISA: Isa = Isa::Avx512;
+
+    fn detected() -> bool {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && Avx2::detected()
+    }
+
+    /// bf16: the AVX2 kernel, measured faster on Zen 4 (the 512-bit one
+    /// spends more on widening).
+    #[inline(always)]
+    unsafe fn dot_half<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f32 {
+        if BF {
+            Avx2::dot_half::<true>(w, x, n)
+        } else {
+            lanes::dot::<Avx512, HalfRow<false>, false>(w, x, n)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q8_0(w: *const u8, x: *const f32, nb: usize) -> f32 {
+        let sum = avx2::dot_d_blocks::<Avx512>(
+            (w, x, nb),
+            34,
+            #[inline(always)]
+            |p0, p1| {
+                avx2::prefetch(p0);
+                avx2::prefetch(p1);
+            },
+            #[inline(always)]
+            |q, x| q8_block(q, x),
+        );
+        _mm512_reduce_add_ps(sum)
+    }
+
+    /// Q4_0 (`MIN` false) and Q4_1 (`MIN` true) as a table lookup: the block's
+    /// 16 possible values are built once, then each nibble selects its
+    /// dequantized weight, so the product is exactly dequantize-then-dot.
+    #[inline(always)]
+    unsafe fn dot_q4<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
+        // block bytes and where the nibbles start: f16 d (Q4_0), f16 d and m (Q4_1)
+        let (bb, head) = if MIN { (20, 4) } else { (18, 2) };
+        let q = ramp(if MIN { 0.0 } else { -8.0 });
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut b = 0;
+        while b + 2 <= nb {
+            let (p0, p1) = (w.add(b * bb), w.add((b + 1) * bb));
+            avx2::prefetch(p0);
+            let (lo0, hi0) = nibbles(p0.add(head), q4_table::<MIN>(p0, q));
+            let (lo1, hi1) = nibbles(p1.add(head), q4_table::<MIN>(p1, q));
+            let xb = x.add(b * 32);
+            for (k, v) in [lo0, hi0, lo1, hi1].into_iter().enumerate() {
+                acc[k] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xb.add(16 * k)), acc[k]);
+            }
+            b += 2;
+        }
+        if b < nb {
+            let p = w.add(b * bb);
+            let (lo, hi) = nibbles(p.add(head), q4_table::<MIN>(p, q));
+            let xb = x.add(b * 32);
+            for (k, v) in [lo, hi].into_iter().enumerate() {
+                acc[k] = _mm512_fmadd_ps(v, _mm512_loadu_ps(xb.add(16 * k)), acc[k]);
+            }
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
+    }
+
+    // Q5 and K-quants but Q4_K: the AVX2 kernels (see the module comment)
+
+    #[inline(always)]
+    unsafe fn dot_q5<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
+        Avx2::dot_q5::<MIN>(w, x, nb)
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q2_k(w: *const u8, x: *const f32, nb: usize) -> f32 {
+        Avx2::dot_q2_k(w, x, nb)
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q3_k(w: *const u8, x: *const f32, nb: usize) -> f32 {
+        Avx2::dot_q3_k(w, x, nb)
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q45_k<const FIVE: bool>(w: *const u8, x: *const f32, nb: usize) -> f32 {
+        if FIVE {
+            Avx2::dot_q45_k::<true>(w, x, nb)
+        } else {
+            dot_q4_k(w, x, nb)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q6_k(w: *const u8, x: *const f32, nb: usize) -> f32 {
+        Avx2::dot_q6_k(w, x, nb)
+    }
+
+    // dequantization: the AVX2 code (see the module comment)
+
+    #[inline(always)]
+    unsafe fn deq_half<const BF: bool>(s: *const u8, o: *mut f32, n: usize) {
+        Avx2::deq_half::<BF>(s, o, n)
+    }
+
+    #[inline(always)]
+    unsafe fn deq_q8_0(s: *const u8, o: *mut f32, nb: usize) {
+        Avx2::deq_q8_0(s, o, nb)
+    }
+
+    #[inline(always)]
+    unsafe fn deq_q4<const MIN: bool>(s: *const u8, o: *mut f32, nb: usize) {
+        Avx2::deq_q4::<MIN>(s, o, nb)
+    }
+
+    #[inline(always)]
+    unsafe fn deq_other(dt: DType, s: *const u8, o: *mut f32, nb: usize) -> bool {
+        Avx2::deq_other(dt, s, o, nb)
+    }
+
+    fn gemm_tile(w: &[f32], x: &[f32], nt: usize, out: &mut [[f32; GEMM_MR]; GEMM_NR]) {
+        let cols = (w.len() / GEMM_MR).min(x.len() / GEMM_NR);
+        // SAFETY: see the note above the wrappers; the kernel reads
+        // cols·GEMM_MR weights and cols·GEMM_NR activations.
+        unsafe {
+            match nt {
+                0 => {}
+                1..=4 => gemm_tile_impl::<4>(w.as_ptr(), x.as_ptr(), cols, out),
+                5..=8 => gemm_tile_impl::<8>(w.as_ptr(), x.as_ptr(), cols, out),
+                _ => gemm_tile_impl::<GEMM_NR>(w.as_ptr(), x.as_ptr(), cols, out),
+            }
+        }
+    }
+}
+
 // ---- KV cache rows: group dot / axpy on coded rows -----------------------
 //
 // The 16-lane versions of the AVX2 group kernels (see there): a scale
 // group of 32 is two vectors; tails (`d % 16`) use the scalar element
 // decode. For f16 rows one `vcvtph2ps` converts 16 elements.
 
-use crate::simd::lanes::{kv_elem, KvLanes, KV_F16, KV_Q4, KV_Q8};
+use crate::simd::lanes::{kv_elem, kv_load, KvLanes, KV_F16, KV_Q4, KV_Q8};
 
-/// Elements `i..i + 16` of a coded row as f32 (`i` a multiple of 16).
-///
-/// # Safety
-/// `i + 16` must not exceed the row's length.
 impl KvLanes for Avx512 {
     #[inline(always)]
-    unsafe fn kv_load<const T: u8>(data: *const u8, scales: *const f32, i: usize) -> __m512 {
-        let g = i / crate::kvquant::KV_GROUP;
-        unsafe {
-            match T {
-                KV_F16 => _mm512_cvtph_ps(_mm256_loadu_si256(data.add(2 * i).cast())),
-                KV_Q8 => {
-                    let c = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(data.add(i).cast())));
-                    _mm512_mul_ps(c, _mm512_set1_ps(*scales.add(g)))
-                }
-                _ => {
-                    // 8 bytes = 16 nibbles, spread to bytes in element order
-                    let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(data.add(i / 2).cast()));
-                    let lo = _mm_and_si128(b, _mm_set1_epi16(0x0f));
-                    let hi = _mm_and_si128(_mm_slli_epi16::<4>(b), _mm_set1_epi16(0x0f00));
-                    let c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_or_si128(lo, hi)));
-                    _mm512_fmadd_ps(c, _mm512_set1_ps(*scales.add(2 * g)), _mm512_set1_ps(*scales.add(2 * g + 1)))
-                }
-            }
-        }
+    unsafe fn i8s(p: *const u8) -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast())))
+    }
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(avx2::nibble_bytes(_mm_loadl_epi64(p.cast()))))
     }
 }
 
@@ -371,18 +327,15 @@ lanes::kv_isa!(Avx512, "avx512f,avx512bw,avx512vl,avx2,fma,f16c");
 
 /// The AVX-512 KV group kernels, when the CPU has every feature they use.
 pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::KvGroupKernels> {
-    kernels().map(|_| crate::kvquant::KvGroupKernels {
-        isa: crate::dot::Isa::Avx512,
-        dot: lanes::kv_group_fns::<Avx512>().0,
-        axpy: lanes::kv_group_fns::<Avx512>().1,
-        dot_run: Some([kv_dot_run::<KV_F16>, kv_dot_run::<KV_Q8>, kv_dot_run::<KV_Q4>]),
-        axpy_run: Some([kv_axpy_run::<KV_F16>, kv_axpy_run::<KV_Q8>, kv_axpy_run::<KV_Q4>]),
-    })
+    lanes::kv_group_kernels::<Avx512>(Some((
+        [kv_dot_run::<KV_F16>, kv_dot_run::<KV_Q8>, kv_dot_run::<KV_Q4>],
+        [kv_axpy_run::<KV_F16>, kv_axpy_run::<KV_Q8>, kv_axpy_run::<KV_Q4>],
+    )))
 }
 
 // ---- runs of consecutive coded rows ----------------------------------------
 //
-// The same per-row arithmetic as `kv_dot_impl` / `kv_axpy_impl`, bit for
+// The same per-row arithmetic as `lanes::kv_dot` / `lanes::kv_axpy`, bit for
 // bit, with less work per row: scores sum 16 rows' accumulators at once
 // (a transposed reduction that pairs lanes as `_mm512_reduce_add_ps` does),
 // and weighted sums keep each 16-column slice of every head's output in a
@@ -410,29 +363,47 @@ fn transpose_sum16(v: &[__m512; RUN]) -> __m512 {
     _mm512_permutexvar_ps(rows, z)
 }
 
-/// Scores of `n ≤ 16` rows for `N` heads: `out[j·g + h]` (`out` points at
-/// head `h0` of row 0).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn kv_dot_run_impl<const T: u8, const N: usize>(
-    rows: (*const u8, usize, *const f32, usize),
+/// The operands of a run kernel: `n` rows (codes at `data`, side values
+/// at `scales`, `stride` bytes and `spr` values apart), `g` heads of width
+/// `d`, the queries or weights `a` and the outputs `out`, both from the
+/// first head the call computes.
+#[derive(Clone, Copy)]
+struct RunArgs {
+    data: *const u8,
+    stride: usize,
+    scales: *const f32,
+    spr: usize,
     n: usize,
-    q: *const f32,
-    d: usize,
     g: usize,
+    d: usize,
+    a: *const f32,
     out: *mut f32,
-) {
-    let (data, stride, scales, spr) = rows;
+}
+
+impl RunArgs {
+    /// Row `j`'s codes and side values.
+    #[inline(always)]
+    unsafe fn row(self, j: usize) -> (*const u8, *const f32) {
+        (self.data.add(j * self.stride), self.scales.add(j * self.spr))
+    }
+}
+
+/// Scores of `n ≤ 16` rows for `N` heads (`a` the queries):
+/// `out[j·g + h]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn kv_dot_run_impl<const T: u8, const N: usize>(r: RunArgs) {
+    let (d, q) = (r.d, r.a);
     let full = d / 16 * 16;
     let mut accs = [[_mm512_setzero_ps(); RUN]; N];
     // SAFETY: the caller checked n rows of `stride` bytes / `spr` side
     // values and N query rows of d.
     unsafe {
-        for j in 0..n {
-            let (rd, rs) = (data.add(j * stride), scales.add(j * spr));
+        for j in 0..r.n {
+            let (rd, rs) = r.row(j);
             let mut acc = [_mm512_setzero_ps(); N];
             let mut i = 0;
             while i < full {
-                let k = <Avx512 as KvLanes>::kv_load::<T>(rd, rs, i);
+                let k = kv_load::<Avx512, T>(rd, rs, i);
                 for (h, a) in acc.iter_mut().enumerate() {
                     *a = _mm512_fmadd_ps(k, _mm512_loadu_ps(q.add(h * d + i)), *a);
                 }
@@ -445,40 +416,35 @@ unsafe fn kv_dot_run_impl<const T: u8, const N: usize>(
         for (h, a) in accs.iter().enumerate() {
             let mut sums = [0f32; RUN];
             _mm512_storeu_ps(sums.as_mut_ptr(), transpose_sum16(a));
-            for (j, &sum) in sums.iter().enumerate().take(n) {
-                let (rd, rs) = (data.add(j * stride), scales.add(j * spr));
+            for (j, &sum) in sums.iter().enumerate().take(r.n) {
+                let (rd, rs) = r.row(j);
                 let mut s = sum;
                 for e in full..d {
                     s += kv_elem::<T>(rd, rs, e) * *q.add(h * d + e);
                 }
-                *out.add(j * g + h) = s;
+                *r.out.add(j * r.g + h) = s;
             }
         }
     }
 }
 
-/// `outs_h += Σ_j p[j·g + h] · row_j` for `N` heads over `n` rows, in row
-/// order (zero weights included: `0·v` adds nothing to a finite sum).
+/// `outs_h += Σ_j p[j·g + h] · row_j` for `N` heads over `n` rows (`a` the
+/// weights `p`), in row order (zero weights included: `0·v` adds nothing
+/// to a finite sum).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn kv_axpy_run_impl<const T: u8, const N: usize>(
-    rows: (*const u8, usize, *const f32, usize),
-    n: usize,
-    p: *const f32,
-    g: usize,
-    d: usize,
-    out: *mut f32,
-) {
-    let (data, stride, scales, spr) = rows;
+unsafe fn kv_axpy_run_impl<const T: u8, const N: usize>(r: RunArgs) {
+    let (d, p, out) = (r.d, r.a, r.out);
     let full = d / 16 * 16;
     // SAFETY: as in `kv_dot_run_impl`; `out` holds N rows of d.
     unsafe {
         let mut i = 0;
         while i < full {
             let mut acc: [__m512; N] = std::array::from_fn(|h| _mm512_loadu_ps(out.add(h * d + i)));
-            for j in 0..n {
-                let v = <Avx512 as KvLanes>::kv_load::<T>(data.add(j * stride), scales.add(j * spr), i);
+            for j in 0..r.n {
+                let (rd, rs) = r.row(j);
+                let v = kv_load::<Avx512, T>(rd, rs, i);
                 for (h, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(j * g + h)), v, *a);
+                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(j * r.g + h)), v, *a);
                 }
             }
             for (h, a) in acc.iter().enumerate() {
@@ -486,12 +452,12 @@ unsafe fn kv_axpy_run_impl<const T: u8, const N: usize>(
             }
             i += 16;
         }
-        for j in 0..n {
-            let (rd, rs) = (data.add(j * stride), scales.add(j * spr));
+        for j in 0..r.n {
+            let (rd, rs) = r.row(j);
             for e in full..d {
                 let v = kv_elem::<T>(rd, rs, e);
                 for h in 0..N {
-                    *out.add(h * d + e) += *p.add(j * g + h) * v;
+                    *out.add(h * d + e) += *p.add(j * r.g + h) * v;
                 }
             }
         }
@@ -502,22 +468,21 @@ unsafe fn kv_axpy_run_impl<const T: u8, const N: usize>(
 fn kv_dot_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: usize, queries: &[f32], out: &mut [f32]) {
     let (n, g, d) =
         crate::kvquant::check_run(T, codes.len(), stride, scales.len(), spr, queries.len(), out.len(), true);
-    let rows = (codes.as_ptr(), stride, scales.as_ptr(), spr);
     for r0 in (0..n).step_by(RUN) {
-        let nr = (n - r0).min(RUN);
-        let rows = (rows.0.wrapping_add(r0 * stride), stride, rows.2.wrapping_add(r0 * spr), spr);
+        let (data, scales) = (codes.as_ptr().wrapping_add(r0 * stride), scales.as_ptr().wrapping_add(r0 * spr));
         let mut h = 0;
         while h < g {
             let m = (g - h).min(4);
-            let (q, o) = (queries[h * d..].as_ptr(), out[r0 * g + h..].as_mut_ptr());
+            let (a, out) = (queries[h * d..].as_ptr(), out[r0 * g + h..].as_mut_ptr());
+            let r = RunArgs { data, stride, scales, spr, n: (n - r0).min(RUN), g, d, a, out };
             // SAFETY: reachable only after AVX-512 detection; `check_run`
             // bounded every row, query and output read or written.
             unsafe {
                 match m {
-                    1 => kv_dot_run_impl::<T, 1>(rows, nr, q, d, g, o),
-                    2 => kv_dot_run_impl::<T, 2>(rows, nr, q, d, g, o),
-                    3 => kv_dot_run_impl::<T, 3>(rows, nr, q, d, g, o),
-                    _ => kv_dot_run_impl::<T, 4>(rows, nr, q, d, g, o),
+                    1 => kv_dot_run_impl::<T, 1>(r),
+                    2 => kv_dot_run_impl::<T, 2>(r),
+                    3 => kv_dot_run_impl::<T, 3>(r),
+                    _ => kv_dot_run_impl::<T, 4>(r),
                 }
             }
             h += m;
@@ -529,22 +494,23 @@ fn kv_dot_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: usi
 fn kv_axpy_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: usize, probs: &[f32], outs: &mut [f32]) {
     let (n, g, d) =
         crate::kvquant::check_run(T, codes.len(), stride, scales.len(), spr, probs.len(), outs.len(), false);
-    let rows = (codes.as_ptr(), stride, scales.as_ptr(), spr);
+    let (data, scales) = (codes.as_ptr(), scales.as_ptr());
     let mut h = 0;
     while h < g {
         let m = (g - h).min(8);
-        let (p, o) = (probs[h..].as_ptr(), outs[h * d..].as_mut_ptr());
+        let (a, out) = (probs[h..].as_ptr(), outs[h * d..].as_mut_ptr());
+        let r = RunArgs { data, stride, scales, spr, n, g, d, a, out };
         // SAFETY: as in `kv_dot_run`.
         unsafe {
             match m {
-                1 => kv_axpy_run_impl::<T, 1>(rows, n, p, g, d, o),
-                2 => kv_axpy_run_impl::<T, 2>(rows, n, p, g, d, o),
-                3 => kv_axpy_run_impl::<T, 3>(rows, n, p, g, d, o),
-                4 => kv_axpy_run_impl::<T, 4>(rows, n, p, g, d, o),
-                5 => kv_axpy_run_impl::<T, 5>(rows, n, p, g, d, o),
-                6 => kv_axpy_run_impl::<T, 6>(rows, n, p, g, d, o),
-                7 => kv_axpy_run_impl::<T, 7>(rows, n, p, g, d, o),
-                _ => kv_axpy_run_impl::<T, 8>(rows, n, p, g, d, o),
+                1 => kv_axpy_run_impl::<T, 1>(r),
+                2 => kv_axpy_run_impl::<T, 2>(r),
+                3 => kv_axpy_run_impl::<T, 3>(r),
+                4 => kv_axpy_run_impl::<T, 4>(r),
+                5 => kv_axpy_run_impl::<T, 5>(r),
+                6 => kv_axpy_run_impl::<T, 6>(r),
+                7 => kv_axpy_run_impl::<T, 7>(r),
+                _ => kv_axpy_run_impl::<T, 8>(r),
             }
         }
         h += m;
@@ -553,23 +519,15 @@ fn kv_axpy_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: us
 
 // ---- integer products on repacked block weights (VNNI) -------------------
 
-use crate::int8::{self, Activations, PANEL_ROWS, TILE_TOKENS};
-use crate::DType;
+use crate::int8::{self, Activations, Tile, TILE_TOKENS};
 
 /// The VNNI micro-kernel of [`crate::int8`], when the CPU has AVX-512 VNNI
 /// besides the features of this module.
 pub(crate) fn int8_tile() -> Option<int8::TileFn> {
-    (kernels().is_some() && is_x86_feature_detected!("avx512vnni")).then_some(int8_tile_dispatch as int8::TileFn)
+    (Avx512::detected() && is_x86_feature_detected!("avx512vnni")).then_some(int8_tile_dispatch as int8::TileFn)
 }
 
-fn int8_tile_dispatch(
-    dtype: DType,
-    panel: &[u8],
-    x: &Activations,
-    t0: usize,
-    nt: usize,
-    out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS],
-) {
+fn int8_tile_dispatch(dtype: DType, panel: &[u8], x: &Activations, t0: usize, nt: usize, out: &mut Tile) {
     let (q, d, s, h, cols) = x.parts();
     let blocks = cols / crate::quant::QK;
     assert!(panel.len() >= int8::panel_bytes(dtype, cols), "int8 panel too short");
@@ -589,41 +547,18 @@ fn int8_tile_dispatch(
     // SAFETY: reachable only through `int8_tile`, after feature detection;
     // the asserts above bound every read.
     unsafe {
-        match (dtype, nt) {
-            (_, 0) => {}
-            (DType::Q8_0, n) => int8_nt::<Q8>(p, n, out),
-            (DType::Q4_0, n) => int8_nt::<Q40>(p, n, out),
-            (DType::Q4_1, n) => int8_nt::<Q41>(p, n, out),
-            (DType::Q5_0, n) => int8_nt::<Q50>(p, n, out),
-            (DType::Q5_1, n) => int8_nt::<Q51>(p, n, out),
-            (DType::Q4_K, n) => int8_nt::<K4>(p, n, out),
-            (DType::Q5_K, n) => int8_nt::<K5>(p, n, out),
-            (DType::Q6_K, n) => int8_nt::<K6>(p, n, out),
+        match dtype {
+            _ if nt == 0 => {}
+            DType::Q8_0 => int8_nt::<{ DType::Q8_0 as u8 }>(p, nt, out),
+            DType::Q4_0 => int8_nt::<{ DType::Q4_0 as u8 }>(p, nt, out),
+            DType::Q4_1 => int8_nt::<{ DType::Q4_1 as u8 }>(p, nt, out),
+            DType::Q5_0 => int8_nt::<{ DType::Q5_0 as u8 }>(p, nt, out),
+            DType::Q5_1 => int8_nt::<{ DType::Q5_1 as u8 }>(p, nt, out),
+            DType::Q4_K => int8_nt::<{ DType::Q4_K as u8 }>(p, nt, out),
+            DType::Q5_K => int8_nt::<{ DType::Q5_K as u8 }>(p, nt, out),
+            DType::Q6_K => int8_nt::<{ DType::Q6_K as u8 }>(p, nt, out),
             _ => unreachable!("{dtype} has no integer path"),
         }
-    }
-}
-
-const Q40: u8 = 0;
-const Q41: u8 = 1;
-const Q8: u8 = 2;
-const Q50: u8 = 3;
-const Q51: u8 = 4;
-const K4: u8 = 5;
-const K5: u8 = 6;
-const K6: u8 = 7;
-
-/// The format a kernel constant stands for.
-const fn kind_dtype(kind: u8) -> DType {
-    match kind {
-        Q40 => DType::Q4_0,
-        Q41 => DType::Q4_1,
-        Q8 => DType::Q8_0,
-        Q50 => DType::Q5_0,
-        Q51 => DType::Q5_1,
-        K4 => DType::Q4_K,
-        K5 => DType::Q5_K,
-        _ => DType::Q6_K,
     }
 }
 
@@ -640,7 +575,7 @@ struct Int8Args {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn int8_nt<const KIND: u8>(p: Int8Args, nt: usize, out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS]) {
+unsafe fn int8_nt<const KIND: u8>(p: Int8Args, nt: usize, out: &mut Tile) {
     match nt {
         1 => int8_impl::<KIND, 1>(p, out),
         2 => int8_impl::<KIND, 2>(p, out),
@@ -661,13 +596,13 @@ unsafe fn int8_nt<const KIND: u8>(p: Int8Args, nt: usize, out: &mut [[f32; PANEL
 /// `acc = (isum_h − 32·Σx_h)·(d_h·dx) + acc`), exactly as
 /// `int8::scalar_tile`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f32; PANEL_ROWS]; TILE_TOKENS]) {
-    let dtype = kind_dtype(KIND);
+unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut Tile) {
+    let dtype = DType::ALL[KIND as usize];
     let (hb, planes) = (int8::header_bytes(dtype), int8::planes(dtype));
-    let split = KIND == K6;
+    let split = dtype == DType::Q6_K;
     let low = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); NT];
-    let k_quant = matches!(KIND, K4 | K5 | K6);
+    let k_quant = dtype.is_k_quant();
     let (mut d, mut neg_dmin) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     for b in 0..p.blocks {
         // the block, and the header holding its f16 `d` (a K-quant's
@@ -677,28 +612,28 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f3
         let f16_at = |at: usize| _mm512_cvtph_ps(_mm256_loadu_si256(dh.add(at) as *const __m256i));
         if !k_quant || b % 8 == 0 {
             d = f16_at(0);
-            if matches!(KIND, K4 | K5) {
+            if matches!(dtype, DType::Q4_K | DType::Q5_K) {
                 let sign = _mm512_set1_epi32(i32::MIN);
                 let dmin = _mm512_castps_si512(f16_at(int8::MIN_OFFSET));
                 neg_dmin = _mm512_castsi512_ps(_mm512_xor_si512(dmin, sign));
             }
         }
         let bytes_at = |at: usize| _mm_loadu_si128(blk.add(at) as *const __m128i);
-        let (d, m) = match KIND {
-            K4 | K5 => {
+        let (d, m) = match dtype {
+            DType::Q4_K | DType::Q5_K => {
                 // d·sc and −dmin·m, as `int8::scale_min`
                 let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes_at(int8::K_SCALE_OFFSET)));
                 let mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes_at(int8::K_MIN_OFFSET)));
                 (_mm512_mul_ps(d, sc), _mm512_mul_ps(neg_dmin, mn))
             }
-            K6 => {
+            DType::Q6_K => {
                 let s0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(int8::K_SCALE_OFFSET)));
                 let s1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(int8::K_MIN_OFFSET)));
                 (_mm512_mul_ps(d, s0), _mm512_mul_ps(d, s1))
             }
-            Q41 | Q51 => (d, f16_at(int8::MIN_OFFSET)),
-            Q40 => (d, _mm512_mul_ps(d, _mm512_set1_ps(-8.0))),
-            Q50 => (d, _mm512_mul_ps(d, _mm512_set1_ps(-16.0))),
+            DType::Q4_1 | DType::Q5_1 => (d, f16_at(int8::MIN_OFFSET)),
+            DType::Q4_0 => (d, _mm512_mul_ps(d, _mm512_set1_ps(-8.0))),
+            DType::Q5_0 => (d, _mm512_mul_ps(d, _mm512_set1_ps(-16.0))),
             _ => (d, _mm512_mul_ps(d, _mm512_set1_ps(-128.0))),
         };
         let quants = blk.add(hb);
@@ -712,7 +647,7 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut [[f3
             let at = p.q.add((p.t0 + t) * p.cols + b * 32 + k) as *const i32;
             _mm512_set1_epi32(at.read_unaligned())
         };
-        if KIND == Q8 {
+        if dtype == DType::Q8_0 {
             for j in 0..8 {
                 let w = _mm512_loadu_si512(quants.add(64 * j) as *const __m512i);
                 let c = j % chains;

@@ -27,6 +27,7 @@ pub(crate) trait F32Lanes {
     /// `a·b + c`, fused.
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
     /// Sum of the lanes, in the ISA's usual order.
     unsafe fn reduce(v: Self::V) -> f32;
 
@@ -54,37 +55,38 @@ pub(crate) trait F32Lanes {
 /// The widest vector's lane count (stack buffers for tails).
 const MAX_N: usize = 16;
 
+/// Methods of a lane trait that call one intrinsic each:
+/// `name(args) -> ret = intrinsic;`, `<S>` for a shift count.
+macro_rules! intrinsics {
+    ($($name:ident $(<$s:ident>)? ($($arg:ident: $t:ty),*) $(-> $r:ty)? = $f:ident;)*) => {$(
+        #[inline(always)]
+        unsafe fn $name $(<const $s: i32>)? ($($arg: $t),*) $(-> $r)? {
+            $f $(::<$s>)? ($($arg),*)
+        }
+    )*};
+}
+pub(crate) use intrinsics;
+
 /// Implements [`F32Lanes`] for `$isa` from the ISA's intrinsics, the way
 /// ggml maps `GGML_F32_VEC_*` to each instruction set.
 macro_rules! f32_lanes {
-    ($isa:ty, $v:ty, $n:expr, splat: $splat:path, load: $load:path, store: $store:path,
-     fma: |$a:ident, $b:ident, $c:ident| $fma:expr, add: $add:path, reduce: $reduce:path $(, $extra:item)* $(,)?) => {
+    ($isa:ty, $v:ty, $n:expr, splat: $splat:ident, load: $load:ident, store: $store:ident,
+     fma: |$a:ident, $b:ident, $c:ident| $fma:expr, add: $add:ident, mul: $mul:ident, reduce: $reduce:ident
+     $(, $extra:item)* $(,)?) => {
         impl $crate::simd::lanes::F32Lanes for $isa {
             type V = $v;
             const N: usize = $n;
-            #[inline(always)]
-            unsafe fn splat(x: f32) -> $v {
-                $splat(x)
-            }
-            #[inline(always)]
-            unsafe fn load(p: *const f32) -> $v {
-                $load(p)
-            }
-            #[inline(always)]
-            unsafe fn store(p: *mut f32, v: $v) {
-                $store(p, v)
+            $crate::simd::lanes::intrinsics! {
+                splat(x: f32) -> $v = $splat;
+                load(p: *const f32) -> $v = $load;
+                store(p: *mut f32, v: $v) = $store;
+                add(a: $v, b: $v) -> $v = $add;
+                mul(a: $v, b: $v) -> $v = $mul;
+                reduce(v: $v) -> f32 = $reduce;
             }
             #[inline(always)]
             unsafe fn fma($a: $v, $b: $v, $c: $v) -> $v {
                 $fma
-            }
-            #[inline(always)]
-            unsafe fn add(a: $v, b: $v) -> $v {
-                $add(a, b)
-            }
-            #[inline(always)]
-            unsafe fn reduce(v: $v) -> f32 {
-                $reduce(v)
             }
             $($extra)*
         }
@@ -142,10 +144,11 @@ impl<L: HalfLanes, const BF: bool> Row<L> for HalfRow<BF> {
 }
 
 /// Σ w·x over `n` elements: four accumulators over `4·N` elements a step,
-/// then `N` at a time into the first, the zero-padded tail into the second,
-/// and `(s0 + s1) + (s2 + s3)` reduced.
+/// then the tail: `N` at a time into the first and the zero-padded rest
+/// into the second, or (`PAIRS`, NEON's f16 order) zero-padded steps of
+/// `2·N` into the first two; `(s0 + s1) + (s2 + s3)` reduced.
 #[inline(always)]
-pub(crate) unsafe fn dot<L: F32Lanes, R: Row<L>>(w: *const R::E, x: *const f32, n: usize) -> f32 {
+pub(crate) unsafe fn dot<L: F32Lanes, R: Row<L>, const PAIRS: bool>(w: *const R::E, x: *const f32, n: usize) -> f32 {
     let (mut s0, mut s1, mut s2, mut s3) = (L::zero(), L::zero(), L::zero(), L::zero());
     let mut i = 0;
     while i + 4 * L::N <= n {
@@ -155,6 +158,16 @@ pub(crate) unsafe fn dot<L: F32Lanes, R: Row<L>>(w: *const R::E, x: *const f32, 
         s3 = L::fma(R::load(w.add(i + 3 * L::N)), L::load(x.add(i + 3 * L::N)), s3);
         i += 4 * L::N;
     }
+    if PAIRS {
+        while i < n {
+            let k = (n - i).min(2 * L::N);
+            let (k0, k1) = (k.min(L::N), k.saturating_sub(L::N));
+            s0 = L::fma(R::load_part(w.add(i), k0), L::load_part(x.add(i), k0), s0);
+            let (w1, x1) = (w.wrapping_add(i + L::N), x.wrapping_add(i + L::N));
+            s1 = L::fma(R::load_part(w1, k1), L::load_part(x1, k1), s1);
+            i += k;
+        }
+    }
     while i + L::N <= n {
         s0 = L::fma(R::load(w.add(i)), L::load(x.add(i)), s0);
         i += L::N;
@@ -163,6 +176,75 @@ pub(crate) unsafe fn dot<L: F32Lanes, R: Row<L>>(w: *const R::E, x: *const f32, 
         s1 = L::fma(R::load_part(w.add(i), n - i), L::load_part(x.add(i), n - i), s1);
     }
     L::reduce(L::add(L::add(s0, s1), L::add(s2, s3)))
+}
+
+/// `n` f16 (`BF` false) or bf16 (`BF` true) values at `s` (any alignment)
+/// to f32 at `o`, `N` at a time: the conversion is exact, so this is the
+/// scalar conversion bit for bit.
+#[inline(always)]
+pub(crate) unsafe fn deq_half<L: HalfLanes, const BF: bool>(s: *const u8, o: *mut f32, n: usize) {
+    let mut i = 0;
+    while i + L::N <= n {
+        L::store(o.add(i), L::half::<BF>(s.add(2 * i).cast()));
+        i += L::N;
+    }
+    for j in i..n {
+        let h = u16::from_le(std::ptr::read_unaligned(s.add(2 * j).cast::<u16>()));
+        *o.add(j) = if BF { crate::f16::bf16_to_f32(h) } else { crate::f16::f16_to_f32(h) };
+    }
+}
+
+/// Integer lanes for unpacking quants (AVX2: eight i32 lanes of one byte
+/// each, NEON: sixteen bytes), the integer counterpart of [`F32Lanes`].
+pub(crate) trait IntLanes {
+    type I: Copy;
+    /// The bytes at `p`, one a lane.
+    unsafe fn bytes(p: *const u8) -> Self::I;
+    unsafe fn splat_int(v: u8) -> Self::I;
+    unsafe fn and(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn or(a: Self::I, b: Self::I) -> Self::I;
+    /// Shifts left by `S`; only the low 8 bits of a lane are meaningful.
+    unsafe fn shl<const S: i32>(a: Self::I) -> Self::I;
+    unsafe fn shr<const S: i32>(a: Self::I) -> Self::I;
+}
+
+/// Implements [`IntLanes`] for `$isa` from the ISA's intrinsics.
+macro_rules! int_lanes {
+    ($isa:ty, $i:ty, bytes: $bytes:ident, splat: |$v:ident| $splat:expr, and: $and:ident, or: $or:ident,
+     shl: $shl:ident, shr: $shr:ident) => {
+        impl $crate::simd::lanes::IntLanes for $isa {
+            type I = $i;
+            $crate::simd::lanes::intrinsics! {
+                bytes(p: *const u8) -> $i = $bytes;
+                and(a: $i, b: $i) -> $i = $and;
+                or(a: $i, b: $i) -> $i = $or;
+                shl<S>(a: $i) -> $i = $shl;
+                shr<S>(a: $i) -> $i = $shr;
+            }
+            #[inline(always)]
+            unsafe fn splat_int($v: u8) -> $i {
+                $splat
+            }
+        }
+    };
+}
+pub(crate) use int_lanes;
+
+/// The four 6-bit quants of Q6_K at byte `l` of each 32-byte run of the
+/// half `h` of the super-block `p`, a lane each: quant k is nibble k / 2 of
+/// ql byte 64h + 32(k % 2) + l with bits 2k..2k+1 of qh byte 128 + 32h + l
+/// above it.
+#[inline(always)]
+pub(crate) unsafe fn q6_quants<L: IntLanes>(p: *const u8, h: usize, l: usize) -> [L::I; 4] {
+    let (qa, qb, qh) =
+        (L::bytes(p.add(64 * h + l)), L::bytes(p.add(64 * h + 32 + l)), L::bytes(p.add(128 + 32 * h + l)));
+    let (m4, m30) = (L::splat_int(0x0f), L::splat_int(0x30));
+    [
+        L::or(L::and(qa, m4), L::and(L::shl::<4>(qh), m30)),
+        L::or(L::and(qb, m4), L::and(L::shl::<2>(qh), m30)),
+        L::or(L::shr::<4>(qa), L::and(qh, m30)),
+        L::or(L::shr::<4>(qb), L::and(L::shr::<2>(qh), m30)),
+    ]
 }
 
 /// `y += a·x` over `n` elements (each element one FMA, so the unrolling
@@ -302,27 +384,40 @@ pub(crate) unsafe fn kv_elem<const T: u8>(data: *const u8, scales: *const f32, j
     }
 }
 
-/// Coded KV rows (f16, q8, q4; see `avx2::KV_*`) widened `N` at a time.
-pub(crate) trait KvLanes: F32Lanes {
-    /// Elements `i..i + N` of a coded row as f32 (`i` a multiple of `N`).
-    unsafe fn kv_load<const T: u8>(data: *const u8, scales: *const f32, i: usize) -> Self::V;
+/// Coded KV rows (f16, q8, q4) widened `N` at a time: f16 through
+/// [`HalfLanes`], the integer codes through these.
+pub(crate) trait KvLanes: HalfLanes {
+    /// `N` signed bytes at `p` as f32.
+    unsafe fn i8s(p: *const u8) -> Self::V;
+    /// The `N` nibbles of the `N / 2` bytes at `p` as f32, element order
+    /// (the low nibble of a byte first).
+    unsafe fn nibbles(p: *const u8) -> Self::V;
+}
+
+/// Elements `i..i + N` of a coded row as f32 (`i` a multiple of `N`, so
+/// the `N` share one scale group): exactly [`kv_elem`] lane by lane.
+///
+/// # Safety
+/// `i + N` must not exceed the row's length.
+#[inline(always)]
+pub(crate) unsafe fn kv_load<L: KvLanes, const T: u8>(data: *const u8, scales: *const f32, i: usize) -> L::V {
+    let g = i / crate::kvquant::KV_GROUP;
+    match T {
+        KV_F16 => L::half::<false>(data.add(2 * i).cast()),
+        KV_Q8 => L::mul(L::i8s(data.add(i)), L::splat(*scales.add(g))),
+        _ => L::fma(L::nibbles(data.add(i / 2)), L::splat(*scales.add(2 * g)), L::splat(*scales.add(2 * g + 1))),
+    }
 }
 
 /// `out[h] = q_h · row` for `N` heads (`q_h` at `q + h·d`); the tail
 /// (`d % L::N`) through the scalar element decode.
 #[inline(always)]
-pub(crate) unsafe fn kv_dot<L: KvLanes, const T: u8, const H: usize>(
-    data: *const u8,
-    scales: *const f32,
-    q: *const f32,
-    d: usize,
-    out: *mut f32,
-) {
+pub(crate) unsafe fn kv_dot<L: KvLanes, const T: u8, const H: usize>((data, scales, q, d, out): KvRowArgs) {
     let mut acc = [L::zero(); H];
     let full = d / L::N * L::N;
     let mut i = 0;
     while i < full {
-        let k = L::kv_load::<T>(data, scales, i);
+        let k = kv_load::<L, T>(data, scales, i);
         for (h, a) in acc.iter_mut().enumerate() {
             *a = L::fma(k, L::load(q.add(h * d + i)), *a);
         }
@@ -339,13 +434,7 @@ pub(crate) unsafe fn kv_dot<L: KvLanes, const T: u8, const H: usize>(
 
 /// `out_h += p[h] · row` for `H` heads (`out_h` at `out + h·d`).
 #[inline(always)]
-pub(crate) unsafe fn kv_axpy<L: KvLanes, const T: u8, const H: usize>(
-    data: *const u8,
-    scales: *const f32,
-    p: *const f32,
-    d: usize,
-    out: *mut f32,
-) {
+pub(crate) unsafe fn kv_axpy<L: KvLanes, const T: u8, const H: usize>((data, scales, p, d, out): KvRowArgs) {
     let mut pv = [L::zero(); H];
     for (h, v) in pv.iter_mut().enumerate() {
         *v = L::splat(*p.add(h));
@@ -353,7 +442,7 @@ pub(crate) unsafe fn kv_axpy<L: KvLanes, const T: u8, const H: usize>(
     let full = d / L::N * L::N;
     let mut i = 0;
     while i < full {
-        let v = L::kv_load::<T>(data, scales, i);
+        let v = kv_load::<L, T>(data, scales, i);
         for (h, &a) in pv.iter().enumerate() {
             let o = out.add(h * d + i);
             L::store(o, L::fma(a, v, L::load(o)));
@@ -378,29 +467,29 @@ pub(crate) trait KvIsa {
 pub(crate) type KvRowArgs = (*const u8, *const f32, *const f32, usize, *mut f32);
 
 /// Implements [`KvIsa`] for `$isa` with the target features `$features`.
+#[cfg(target_arch = "x86_64")]
 macro_rules! kv_isa {
     ($isa:ty, $features:literal) => {
         impl $crate::simd::lanes::KvIsa for $isa {
             #[target_feature(enable = $features)]
-            unsafe fn row<const T: u8, const H: usize, const DOT: bool>(
-                (data, scales, a, d, o): $crate::simd::lanes::KvRowArgs,
-            ) {
+            unsafe fn row<const T: u8, const H: usize, const DOT: bool>(args: $crate::simd::lanes::KvRowArgs) {
                 if DOT {
-                    $crate::simd::lanes::kv_dot::<$isa, T, H>(data, scales, a, d, o)
+                    $crate::simd::lanes::kv_dot::<$isa, T, H>(args)
                 } else {
-                    $crate::simd::lanes::kv_axpy::<$isa, T, H>(data, scales, a, d, o)
+                    $crate::simd::lanes::kv_axpy::<$isa, T, H>(args)
                 }
             }
         }
     };
 }
+#[cfg(target_arch = "x86_64")]
 pub(crate) use kv_isa;
 
 /// Group dot (`DOT`: `a` the queries, `b` one score per head, `b[h] =
 /// a_h · row`) or group axpy (`a` one weight per head, `b` the outputs,
 /// `b_h += a[h] · row`) on a coded row, heads in blocks of up to four.
-/// Only installed by an ISA's `kv_group_kernels()`, after its detection.
-pub(crate) fn kv_group<I: KvIsa, const T: u8, const DOT: bool>(data: &[u8], scales: &[f32], a: &[f32], b: &mut [f32]) {
+/// Only installed by [`kv_group_kernels`], after the ISA's detection.
+fn kv_group<I: KvIsa, const T: u8, const DOT: bool>(data: &[u8], scales: &[f32], a: &[f32], b: &mut [f32]) {
     let (g, rows) = if DOT { (b.len(), a.len()) } else { (a.len(), b.len()) };
     let d = rows.checked_div(g).unwrap_or(0);
     crate::kvquant::check_group_row(T, d, data.len(), scales.len());
@@ -423,10 +512,16 @@ pub(crate) fn kv_group<I: KvIsa, const T: u8, const DOT: bool>(data: &[u8], scal
     }
 }
 
-/// The three group dots and three group axpys (F16, Q8, Q4) of an ISA.
-pub(crate) fn kv_group_fns<I: KvIsa>() -> ([crate::kvquant::KvGroupFn; 3], [crate::kvquant::KvGroupFn; 3]) {
-    (
-        [kv_group::<I, KV_F16, true>, kv_group::<I, KV_Q8, true>, kv_group::<I, KV_Q4, true>],
-        [kv_group::<I, KV_F16, false>, kv_group::<I, KV_Q8, false>, kv_group::<I, KV_Q4, false>],
-    )
+/// The group kernels of `I` (with `runs`, its run kernels: dots, axpys),
+/// when the CPU has its features.
+pub(crate) fn kv_group_kernels<I: KvIsa + crate::simd::DotIsa>(
+    runs: Option<([crate::kvquant::KvRunFn; 3], [crate::kvquant::KvRunFn; 3])>,
+) -> Option<crate::kvquant::KvGroupKernels> {
+    I::detected().then(|| crate::kvquant::KvGroupKernels {
+        isa: I::ISA,
+        dot: [kv_group::<I, KV_F16, true>, kv_group::<I, KV_Q8, true>, kv_group::<I, KV_Q4, true>],
+        axpy: [kv_group::<I, KV_F16, false>, kv_group::<I, KV_Q8, false>, kv_group::<I, KV_Q4, false>],
+        dot_run: runs.map(|r| r.0),
+        axpy_run: runs.map(|r| r.1),
+    })
 }

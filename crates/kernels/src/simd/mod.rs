@@ -1,10 +1,13 @@
-//! SIMD implementations of the [`DotKernels`](crate::dot::DotKernels) set.
+//! SIMD implementations of the [`DotKernels`] set.
 //!
-//! Each submodule exposes `kernels() -> Option<DotKernels>`, which returns
-//! `Some` only when the running CPU has every feature the module's
-//! `#[target_feature]` functions need. The safe function pointers inside the
-//! returned set call those functions; they are private to their module, so
-//! the detection check is the only way to obtain them.
+//! Each submodule implements [`DotIsa`] (its kernels) and, through
+//! [`isa_entries`], [`Entries`] (their `#[target_feature]` entry points) for
+//! its vector type. [`kernels`] wraps the entry points, once for every ISA,
+//! in the safe function pointers of a [`DotKernels`], and hands the set out
+//! only when the running CPU has every feature they enable.
+
+use crate::dot::{DotKernels, Isa, GEMM_MR, GEMM_NR};
+use crate::DType;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
@@ -16,75 +19,213 @@ pub(crate) mod neon;
 #[cfg(all(test, not(target_arch = "aarch64")))]
 mod neon_mock;
 
-/// Whole 256-element super-blocks of `bb` bytes covered by a row and `x`.
+/// One instruction set's kernels, written as `#[inline(always)]` bodies
+/// without target features: the entry points of [`isa_entries`] call them
+/// inside functions that have the ISA's features, so they (and the
+/// intrinsics they call) are compiled with those. Lengths are element
+/// counts (`n`) or whole blocks (`nb`) that both operands hold.
+pub(crate) trait DotIsa: lanes::HalfLanes + Sized {
+    /// The set's [`DotKernels::isa`].
+    const ISA: Isa;
+    /// Whether the running CPU has every feature the entry points enable.
+    fn detected() -> bool;
+    /// Σ w·x over `n` f16 (`BF` false) or bf16 (`BF` true) weights.
+    #[inline(always)]
+    unsafe fn dot_half<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f32 {
+        lanes::dot::<Self, lanes::HalfRow<BF>, false>(w, x, n)
+    }
+    unsafe fn dot_q8_0(w: *const u8, x: *const f32, nb: usize) -> f32;
+    /// Q4_0 (`MIN` false) or Q4_1 (`MIN` true).
+    unsafe fn dot_q4<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -> f32;
+    /// Q5_0 (`MIN` false) or Q5_1 (`MIN` true).
+    unsafe fn dot_q5<const MIN: bool>(w: *const u8, x: *const f32, nb: usize) -> f32;
+    unsafe fn dot_q2_k(w: *const u8, x: *const f32, nb: usize) -> f32;
+    unsafe fn dot_q3_k(w: *const u8, x: *const f32, nb: usize) -> f32;
+    /// Q4_K (`FIVE` false) or Q5_K (`FIVE` true).
+    unsafe fn dot_q45_k<const FIVE: bool>(w: *const u8, x: *const f32, nb: usize) -> f32;
+    unsafe fn dot_q6_k(w: *const u8, x: *const f32, nb: usize) -> f32;
+    /// `n` f16 (`BF` false) or bf16 (`BF` true) values at `s` (any
+    /// alignment) to f32 at `o`, bit-identical to the scalar conversion.
+    #[inline(always)]
+    unsafe fn deq_half<const BF: bool>(s: *const u8, o: *mut f32, n: usize) {
+        lanes::deq_half::<Self, BF>(s, o, n)
+    }
+    /// `nb` Q8_0 blocks at `s` to f32 at `o`; as the other dequantizers,
+    /// bit-identical to [`crate::quant::dequantize`].
+    unsafe fn deq_q8_0(s: *const u8, o: *mut f32, nb: usize);
+    /// `nb` Q4_0 (`MIN` false) or Q4_1 (`MIN` true) blocks.
+    unsafe fn deq_q4<const MIN: bool>(s: *const u8, o: *mut f32, nb: usize);
+    /// `nb` blocks of another block format; false (nothing written) where
+    /// the ISA leaves `dt` to the scalar code, as by default.
+    #[inline(always)]
+    unsafe fn deq_other(_dt: DType, _s: *const u8, _o: *mut f32, _nb: usize) -> bool {
+        false
+    }
+    /// [`DotKernels::gemm_tile`]; by default the portable one.
+    fn gemm_tile(w: &[f32], x: &[f32], nt: usize, out: &mut [[f32; GEMM_MR]; GEMM_NR]) {
+        crate::dot::scalar::gemm_tile(w, x, nt, out)
+    }
+}
+
+/// The entry points of an ISA (see [`isa_entries`]): the [`DotIsa`]
+/// kernels and the lane-generic f32 loops of [`lanes`], each compiled with
+/// the ISA's target features. Callers must have checked those features.
+pub(crate) trait Entries {
+    unsafe fn f32(w: *const f32, x: *const f32, n: usize) -> f32;
+    unsafe fn axpy(a: f32, x: *const f32, y: *mut f32, n: usize);
+    unsafe fn dot4x4(w: &[*const f32; 4], x: &[*const f32; 4], n: usize, out: &mut [[f32; 4]; 4]);
+    unsafe fn half<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f32;
+    /// Σ w·x over `nb` whole blocks of the block format `DType::ALL[T]`.
+    unsafe fn blocks<const T: u8>(w: *const u8, x: *const f32, nb: usize) -> f32;
+    unsafe fn deq_half<const BF: bool>(s: *const u8, o: *mut f32, n: usize);
+    /// `nb` whole blocks of `dt` dequantized; false where the ISA has no
+    /// kernel for `dt`.
+    unsafe fn deq_blocks(dt: DType, s: *const u8, o: *mut f32, nb: usize) -> bool;
+}
+
+/// Implements [`Entries`] for `$isa`, every function under the attribute
+/// `$tf` (the ISA's `target_feature`), the 4×4 tile in passes of `$c`
+/// activation rows with (`$part` true) or without a vector tail step (see
+/// [`lanes::dot4x4`]).
+macro_rules! isa_entries {
+    ($isa:ty, #[$tf:meta], dot4x4: $c:literal, $part:literal) => {
+        impl $crate::simd::Entries for $isa {
+            #[$tf]
+            unsafe fn f32(w: *const f32, x: *const f32, n: usize) -> f32 {
+                $crate::simd::lanes::dot::<$isa, $crate::simd::lanes::F32Row, false>(w, x, n)
+            }
+            #[$tf]
+            unsafe fn axpy(a: f32, x: *const f32, y: *mut f32, n: usize) {
+                $crate::simd::lanes::axpy::<$isa>(a, x, y, n)
+            }
+            #[$tf]
+            unsafe fn dot4x4(w: &[*const f32; 4], x: &[*const f32; 4], n: usize, out: &mut [[f32; 4]; 4]) {
+                $crate::simd::lanes::dot4x4::<$isa, $c, $part>(w, x, n, out)
+            }
+            #[$tf]
+            unsafe fn half<const BF: bool>(w: *const u16, x: *const f32, n: usize) -> f32 {
+                <$isa as $crate::simd::DotIsa>::dot_half::<BF>(w, x, n)
+            }
+            #[$tf]
+            unsafe fn blocks<const T: u8>(w: *const u8, x: *const f32, nb: usize) -> f32 {
+                $crate::simd::block_dot::<$isa, T>(w, x, nb)
+            }
+            #[$tf]
+            unsafe fn deq_half<const BF: bool>(s: *const u8, o: *mut f32, n: usize) {
+                <$isa as $crate::simd::DotIsa>::deq_half::<BF>(s, o, n)
+            }
+            #[$tf]
+            unsafe fn deq_blocks(dt: $crate::DType, s: *const u8, o: *mut f32, nb: usize) -> bool {
+                $crate::simd::deq_blocks::<$isa>(dt, s, o, nb)
+            }
+        }
+    };
+}
+pub(crate) use isa_entries;
+
+/// [`Entries::blocks`]: the [`DotIsa`] kernel of the format `DType::ALL[T]`.
+#[inline(always)]
+pub(crate) unsafe fn block_dot<I: DotIsa, const T: u8>(w: *const u8, x: *const f32, nb: usize) -> f32 {
+    match DType::ALL[T as usize] {
+        DType::Q8_0 => I::dot_q8_0(w, x, nb),
+        DType::Q4_0 => I::dot_q4::<false>(w, x, nb),
+        DType::Q4_1 => I::dot_q4::<true>(w, x, nb),
+        DType::Q5_0 => I::dot_q5::<false>(w, x, nb),
+        DType::Q5_1 => I::dot_q5::<true>(w, x, nb),
+        DType::Q2_K => I::dot_q2_k(w, x, nb),
+        DType::Q3_K => I::dot_q3_k(w, x, nb),
+        DType::Q4_K => I::dot_q45_k::<false>(w, x, nb),
+        DType::Q5_K => I::dot_q45_k::<true>(w, x, nb),
+        _ => I::dot_q6_k(w, x, nb),
+    }
+}
+
+/// [`Entries::deq_blocks`]: the [`DotIsa`] dequantizer of `dt`.
+#[inline(always)]
+pub(crate) unsafe fn deq_blocks<I: DotIsa>(dt: DType, s: *const u8, o: *mut f32, nb: usize) -> bool {
+    match dt {
+        DType::Q8_0 => I::deq_q8_0(s, o, nb),
+        DType::Q4_0 => I::deq_q4::<false>(s, o, nb),
+        DType::Q4_1 => I::deq_q4::<true>(s, o, nb),
+        _ => return I::deq_other(dt, s, o, nb),
+    }
+    true
+}
+
+/// The kernel set of `I`, when the CPU has its features.
+pub(crate) fn kernels<I: DotIsa + Entries>() -> Option<DotKernels> {
+    I::detected().then(kernel_set::<I>)
+}
+
+/// The safe wrappers below around `I`'s entry points (call only after
+/// `I::detected()`).
+fn kernel_set<I: DotIsa + Entries>() -> DotKernels {
+    DotKernels {
+        isa: I::ISA,
+        f32: dot_f32::<I>,
+        f16: dot_half::<I, false>,
+        bf16: dot_half::<I, true>,
+        q8_0: dot_blocks::<I, { DType::Q8_0 as u8 }>,
+        q4_0: dot_blocks::<I, { DType::Q4_0 as u8 }>,
+        q4_1: dot_blocks::<I, { DType::Q4_1 as u8 }>,
+        q5_0: dot_blocks::<I, { DType::Q5_0 as u8 }>,
+        q5_1: dot_blocks::<I, { DType::Q5_1 as u8 }>,
+        q2_k: dot_blocks::<I, { DType::Q2_K as u8 }>,
+        q3_k: dot_blocks::<I, { DType::Q3_K as u8 }>,
+        q4_k: dot_blocks::<I, { DType::Q4_K as u8 }>,
+        q5_k: dot_blocks::<I, { DType::Q5_K as u8 }>,
+        q6_k: dot_blocks::<I, { DType::Q6_K as u8 }>,
+        axpy: axpy::<I>,
+        dot4x4: dot4x4::<I>,
+        gemm_tile: I::gemm_tile,
+        dequantize: dequantize::<I>,
+    }
+}
+
+// The safe wrappers of `kernel_set`: reachable only through the set, i.e.
+// after the ISA's detection, and the lengths they pass never exceed either
+// slice, which is all the entry points need.
+
+fn dot_f32<I: Entries>(w: &[f32], x: &[f32]) -> f32 {
+    // SAFETY: see above.
+    unsafe { I::f32(w.as_ptr(), x.as_ptr(), w.len().min(x.len())) }
+}
+
+fn dot_half<I: Entries, const BF: bool>(w: &[u16], x: &[f32]) -> f32 {
+    // SAFETY: see above.
+    unsafe { I::half::<BF>(w.as_ptr(), x.as_ptr(), w.len().min(x.len())) }
+}
+
+fn dot_blocks<I: Entries, const T: u8>(w: &[u8], x: &[f32]) -> f32 {
+    // SAFETY: see above; `nb` whole blocks of both.
+    unsafe { I::blocks::<T>(w.as_ptr(), x.as_ptr(), whole_blocks(DType::ALL[T as usize], w.len(), x.len())) }
+}
+
+fn axpy<I: Entries>(a: f32, x: &[f32], y: &mut [f32]) {
+    // SAFETY: see above.
+    unsafe { I::axpy(a, x.as_ptr(), y.as_mut_ptr(), x.len().min(y.len())) }
+}
+
+fn dot4x4<I: Entries>(w: &[&[f32]; 4], x: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
+    let n = w.iter().chain(x).map(|s| s.len()).min().unwrap_or(0);
+    // SAFETY: see above; every slice holds `n` elements.
+    unsafe { I::dot4x4(&w.map(|s| s.as_ptr()), &x.map(|s| s.as_ptr()), n, out) }
+}
+
+fn dequantize<I: Entries>(dt: DType, src: &[u8], out: &mut [f32]) {
+    let (s, o, halves) = (src.as_ptr(), out.as_mut_ptr(), (src.len() / 2).min(out.len()));
+    let nb = whole_blocks(dt, src.len(), out.len());
+    // SAFETY: see above; `halves` values or `nb` whole blocks of both.
+    match dt {
+        DType::F16 => unsafe { I::deq_half::<false>(s, o, halves) },
+        DType::BF16 => unsafe { I::deq_half::<true>(s, o, halves) },
+        _ if dt != DType::F32 && unsafe { I::deq_blocks(dt, s, o, nb) } => {}
+        _ => crate::quant::dequantize(dt, src, out),
+    }
+}
+
+/// Whole blocks of `dt` covered by both `bytes` bytes and `elems` elements.
 #[inline]
-#[allow(dead_code)]
-pub(crate) fn super_blocks(w_len: usize, bb: usize, x_len: usize) -> usize {
-    (w_len / bb).min(x_len / crate::quant::QK_K)
-}
-
-/// Shortest length of the eight slices of a 4×4 tile.
-#[allow(dead_code)]
-pub(crate) fn tile_len(w: &[&[f32]; 4], x: &[&[f32]; 4]) -> usize {
-    w.iter().chain(x).map(|s| s.len()).min().unwrap_or(0)
-}
-
-/// The safe wrappers of an ISA's unsafe kernels, one line each:
-/// `vis name: kind => implementation;`, where kind is how the length is
-/// found: `elems(T)` (rows of `T` and f32, the shorter length), `blocks(BB)`
-/// (whole 32-element blocks of `BB` bytes), `super_blocks(BB)` (whole
-/// 256-element super-blocks), `axpy` or `tile` (the 4×4 GEMM tile).
-///
-/// Use it only in an ISA module whose `kernels()` checks every feature the
-/// implementations enable: the wrappers are reachable only through the set
-/// it returns, and the lengths passed never exceed either slice.
-macro_rules! safe_kernels {
-    ($($vis:vis $name:ident: $kind:ident $(($arg:tt))? => $imp:expr;)*) => {$(
-        $crate::simd::safe_kernels!(@ $vis $name $kind ($($arg)?) $imp);
-    )*};
-    (@ $vis:vis $name:ident elems ($t:ty) $imp:expr) => {
-        $vis fn $name(w: &[$t], x: &[f32]) -> f32 {
-            let n = w.len().min(x.len());
-            // SAFETY: see `safe_kernels`.
-            unsafe { $imp(w.as_ptr(), x.as_ptr(), n) }
-        }
-    };
-    (@ $vis:vis $name:ident blocks ($bb:expr) $imp:expr) => {
-        $vis fn $name(w: &[u8], x: &[f32]) -> f32 {
-            let nb = $crate::simd::whole_blocks(w.len(), $bb, x.len());
-            // SAFETY: see `safe_kernels`.
-            unsafe { $imp(w.as_ptr(), x.as_ptr(), nb) }
-        }
-    };
-    (@ $vis:vis $name:ident super_blocks ($bb:expr) $imp:expr) => {
-        $vis fn $name(w: &[u8], x: &[f32]) -> f32 {
-            let nb = $crate::simd::super_blocks(w.len(), $bb, x.len());
-            // SAFETY: see `safe_kernels`.
-            unsafe { $imp(w.as_ptr(), x.as_ptr(), nb) }
-        }
-    };
-    (@ $vis:vis $name:ident axpy () $imp:expr) => {
-        $vis fn $name(a: f32, x: &[f32], y: &mut [f32]) {
-            let n = x.len().min(y.len());
-            // SAFETY: see `safe_kernels`.
-            unsafe { $imp(a, x.as_ptr(), y.as_mut_ptr(), n) }
-        }
-    };
-    (@ $vis:vis $name:ident tile () $imp:expr) => {
-        $vis fn $name(w: &[&[f32]; 4], x: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
-            let n = $crate::simd::tile_len(w, x);
-            // SAFETY: see `safe_kernels`.
-            unsafe { $imp(&w.map(|s| s.as_ptr()), &x.map(|s| s.as_ptr()), n, out) }
-        }
-    };
-}
-#[allow(unused_imports)]
-pub(crate) use safe_kernels;
-
-/// Number of whole 32-element blocks covered by both a block-format row of
-/// `block_bytes`-byte blocks and the activations.
-#[inline]
-#[allow(dead_code)]
-pub(crate) fn whole_blocks(w_len: usize, block_bytes: usize, x_len: usize) -> usize {
-    (w_len / block_bytes).min(x_len / crate::quant::QK)
+pub(crate) fn whole_blocks(dt: DType, bytes: usize, elems: usize) -> usize {
+    (bytes / dt.block_bytes()).min(elems / dt.block_elems())
 }

@@ -201,36 +201,14 @@ fn write_json(out: &mut String, v: &Value, opts: &JsonOpts, depth: usize) -> Res
         ValueKind::String => write_json_str(out, v.as_str().unwrap_or(""), opts.ensure_ascii),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = v.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
-                return Ok(());
-            }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(&opts.item_sep);
-                }
-                newline(out, opts, depth + 1);
-                write_json(out, item, opts, depth + 1)?;
-            }
-            newline(out, opts, depth);
-            out.push(']');
+            write_container(out, opts, depth, "[]", &items, |out, item| write_json(out, item, opts, depth + 1))?;
         }
         ValueKind::Map => {
             let mut keys: Vec<Value> = v.try_iter()?.collect();
             if opts.sort_keys {
                 keys.sort();
             }
-            if keys.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(&opts.item_sep);
-                }
-                newline(out, opts, depth + 1);
+            write_container(out, opts, depth, "{}", &keys, |out, k| {
                 // Python turns int/float/bool/None keys into strings
                 match k.as_str() {
                     Some(s) => write_json_str(out, s, opts.ensure_ascii),
@@ -238,10 +216,8 @@ fn write_json(out: &mut String, v: &Value, opts: &JsonOpts, depth: usize) -> Res
                     None => write_json_str(out, &k.to_string(), opts.ensure_ascii),
                 }
                 out.push_str(&opts.key_sep);
-                write_json(out, &v.get_item(k)?, opts, depth + 1)?;
-            }
-            newline(out, opts, depth);
-            out.push('}');
+                write_json(out, &v.get_item(k)?, opts, depth + 1)
+            })?;
         }
         _ => {
             return Err(JinjaError::new(
@@ -250,6 +226,33 @@ fn write_json(out: &mut String, v: &Value, opts: &JsonOpts, depth: usize) -> Res
             ))
         }
     }
+    Ok(())
+}
+
+/// A JSON array or object (`brackets`: `[]` or `{}`) as `json.dumps`
+/// lays it out: each item (written by `item`) on its own line under
+/// `indent`, separated by `item_sep`; an empty one as the bare brackets.
+fn write_container<T>(
+    out: &mut String,
+    opts: &JsonOpts,
+    depth: usize,
+    brackets: &str,
+    items: &[T],
+    mut item: impl FnMut(&mut String, &T) -> Result<(), JinjaError>,
+) -> Result<(), JinjaError> {
+    let (open, close) = brackets.split_at(1);
+    out.push_str(open);
+    for (i, x) in items.iter().enumerate() {
+        if i > 0 {
+            out.push_str(&opts.item_sep);
+        }
+        newline(out, opts, depth + 1);
+        item(out, x)?;
+    }
+    if !items.is_empty() {
+        newline(out, opts, depth);
+    }
+    out.push_str(close);
     Ok(())
 }
 

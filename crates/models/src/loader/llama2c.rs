@@ -151,21 +151,18 @@ pub fn parse(path: &Path, data: &[u8]) -> Result<(ModelConfig, Weights)> {
     let norm = |src: &[f32], l: usize| NormWeights { weight: src[l * dim..(l + 1) * dim].to_vec(), bias: None };
     let mut layers = Vec::with_capacity(n_layers);
     for l in 0..n_layers {
-        layers.push(LayerWeights {
-            attn_norm: norm(&rms_att, l),
-            q: Linear::new(mat(&wq, l, dim, dim)?, None),
-            k: Linear::new(mat(&wk, l, kv_dim, dim)?, None),
-            v: Linear::new(mat(&wv, l, kv_dim, dim)?, None),
-            o: Linear::new(mat(&wo, l, dim, dim)?, None),
-            mlp_norm: norm(&rms_ffn, l),
-            gate: Some(Linear::new(mat(&w1, l, hidden, dim)?, None)),
-            up: Linear::new(mat(&w3, l, hidden, dim)?, None),
-            down: Linear::new(mat(&w2, l, dim, hidden)?, None),
-            q_norm: None,
-            k_norm: None,
-            post_attn_norm: None,
-            post_mlp_norm: None,
-        });
+        layers.push(LayerWeights::pre_norm(
+            norm(&rms_att, l),
+            [
+                Linear::new(mat(&wq, l, dim, dim)?, None),
+                Linear::new(mat(&wk, l, kv_dim, dim)?, None),
+                Linear::new(mat(&wv, l, kv_dim, dim)?, None),
+            ],
+            Linear::new(mat(&wo, l, dim, dim)?, None),
+            norm(&rms_ffn, l),
+            Some(Linear::new(mat(&w1, l, hidden, dim)?, None)),
+            [Linear::new(mat(&w3, l, hidden, dim)?, None), Linear::new(mat(&w2, l, dim, hidden)?, None)],
+        ));
     }
     let weights = Weights {
         token_embedding: Matrix::from_f32(vocab, dim, &embed)?,

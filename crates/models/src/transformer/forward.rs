@@ -35,7 +35,7 @@ impl Model {
     /// prefill chunk (GEMM, tiled attention). Logits land in
     /// `scratch.logits()`.
     pub fn forward(&self, tokens: &[u32], cache: &mut SequenceCache, s: &mut Scratch, want: Logits) -> Result<()> {
-        self.forward_chunk(tokens, cache, &mut [], s, want)
+        self.forward_shared(tokens, cache, &mut [], s, want)
     }
 
     /// A prompt's prefill shared by several fresh caches (the kvpress
@@ -49,7 +49,8 @@ impl Model {
     /// every budget, its allocators, `score=norm`) attend once for all of
     /// them. Each cache ends bit-identical to
     /// its own [`Model::forward`] of `tokens`, and so do the logits. Fails
-    /// unless every cache shares the same prefill kernel.
+    /// unless every cache shares the same prefill kernel. With no `others`
+    /// this is [`Model::forward`].
     pub fn forward_shared(
         &self,
         tokens: &[u32],
@@ -58,33 +59,22 @@ impl Model {
         s: &mut Scratch,
         want: Logits,
     ) -> Result<()> {
-        let kernel = cache.shared_prefill_kernel();
-        for (i, o) in others.iter().enumerate() {
-            let theirs = o.shared_prefill_kernel();
-            if kernel.is_none() || theirs != kernel {
-                return Err(Error::Unsupported(format!(
-                    "cache {} cannot share this prefill: every cache must be empty, take the prompt as one chunk, \
-                     have no head sharing and use the same prefill kernel (here {theirs:?} and {kernel:?})",
-                    i + 1
-                )));
+        if !others.is_empty() {
+            let kernel = cache.shared_prefill_kernel();
+            for (i, o) in others.iter().enumerate() {
+                let theirs = o.shared_prefill_kernel();
+                if kernel.is_none() || theirs != kernel {
+                    return Err(Error::Unsupported(format!(
+                        "cache {} cannot share this prefill: every cache must be empty, take the prompt as one \
+                         chunk, have no head sharing and use the same prefill kernel (here {theirs:?} and {kernel:?})",
+                        i + 1
+                    )));
+                }
+            }
+            if tokens.len() < 2 || s.trace.is_some() {
+                return Err(Error::Unsupported("only an untraced prefill of two or more tokens can be shared".into()));
             }
         }
-        if !others.is_empty() && (tokens.len() < 2 || s.trace.is_some()) {
-            return Err(Error::Unsupported("only an untraced prefill of two or more tokens can be shared".into()));
-        }
-        self.forward_chunk(tokens, cache, others, s, want)
-    }
-
-    /// [`Model::forward`], with `others` sharing a prefill chunk's products
-    /// ([`Model::forward_shared`] checks that they may).
-    fn forward_chunk(
-        &self,
-        tokens: &[u32],
-        cache: &mut SequenceCache,
-        others: &mut [&mut SequenceCache],
-        s: &mut Scratch,
-        want: Logits,
-    ) -> Result<()> {
         let c = &self.config;
         let n = tokens.len();
         if n == 0 {

@@ -7,6 +7,7 @@
 use kvslim_cache::PolicySpec;
 use kvslim_models::{load_model, LoadedModel, Logits, Model, Scratch};
 use serde_json::Value;
+use std::sync::OnceLock;
 
 /// The model behind a built-in alias (user caches, else fetched), loaded;
 /// the panic says how to fetch it.
@@ -14,6 +15,57 @@ pub fn load_alias(alias: &str) -> LoadedModel {
     let path =
         kvslim_hub::resolve_model(alias).unwrap_or_else(|e| panic!("{alias} is needed (`kvslim fetch {alias}`): {e}"));
     load_model(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+}
+
+/// A real model (behind its alias) and llama.cpp's reference for it, each
+/// loaded once, with the checks every real-model test runs.
+pub struct RealModel {
+    alias: &'static str,
+    fixture: &'static str,
+    model: OnceLock<LoadedModel>,
+    reference: OnceLock<LlamaCppRef>,
+    teacher_forced: OnceLock<Vec<f32>>,
+}
+
+impl RealModel {
+    pub const fn new(alias: &'static str, fixture: &'static str) -> Self {
+        RealModel {
+            alias,
+            fixture,
+            model: OnceLock::new(),
+            reference: OnceLock::new(),
+            teacher_forced: OnceLock::new(),
+        }
+    }
+
+    pub fn model(&self) -> &LoadedModel {
+        self.model.get_or_init(|| load_alias(self.alias))
+    }
+
+    pub fn reference(&self) -> &LlamaCppRef {
+        self.reference.get_or_init(|| LlamaCppRef::load(self.fixture))
+    }
+
+    /// Teacher-forced logits of the reference tokens, prefilled as one chunk.
+    pub fn teacher_forced(&self) -> &[f32] {
+        self.teacher_forced.get_or_init(|| self.reference().teacher_forced(&self.model().model))
+    }
+
+    /// Mean NLL within 1% of llama.cpp's; top-1 agreement at least 90%.
+    pub fn check_teacher_forced(&self) {
+        let r = self.reference();
+        let (nll, top1) = r.compare(self.alias, self.teacher_forced(), self.model().model.config.vocab_size);
+        assert!((nll - r.nll).abs() <= 0.01 * r.nll, "NLL {nll} not within 1% of llama.cpp's {}", r.nll);
+        assert!(top1 >= 0.9, "top-1 agreement {top1}");
+    }
+
+    /// [`LlamaCppRef::check_greedy`] with our measured logit distance from
+    /// llama.cpp as the near-tie gap.
+    pub fn check_greedy(&self) -> usize {
+        let m = &self.model().model;
+        let gap = self.reference().top1_logit_gap(self.teacher_forced(), m.config.vocab_size);
+        self.reference().check_greedy(self.alias, m, gap)
+    }
 }
 
 pub struct LlamaCppRef {

@@ -504,21 +504,27 @@ fn parse_drift(v: &str) -> Result<Drift, String> {
     Ok(Drift { every, threshold })
 }
 
+/// Runs `parse` on the parameters of `text` when it is a `name:k=v,…`
+/// policy; `None` when it is another.
+fn parse_named<'a, T>(
+    text: &'a str,
+    name: &'static str,
+    parse: impl FnOnce(Params<'a>) -> Result<T, String>,
+) -> Option<Result<T, String>> {
+    let (n, args) = text.split_once(':').unwrap_or((text, ""));
+    (n.trim() == name).then(|| Params::parse(name, args).and_then(parse))
+}
+
 /// Parses `auto:budget=B`; `None` when `text` is not `auto`.
 fn parse_auto(text: &str) -> Option<Result<Budget, String>> {
-    let (name, args) = text.split_once(':').unwrap_or((text, ""));
-    if name.trim() != "auto" {
-        return None;
-    }
-    Some((|| {
-        let mut p = Params::parse("auto", args)?;
+    parse_named(text, "auto", |mut p| {
         let b = p.take("budget").ok_or("`auto` needs `budget=B` (slots, or P% of the sequence)")?;
         p.finish("budget")?;
         match b.parse::<Budget>()? {
             Budget::Slots(0) => Err("auto: a budget needs at least 1 slot".into()),
             b => Ok(b),
         }
-    })())
+    })
 }
 
 /// Half of `b` for paper H2O's split: the heavy part (`recent` false) gets
@@ -534,16 +540,11 @@ fn half(b: Budget, recent: bool) -> Budget {
 /// Parses `tuned:file=FILE`; `None` when `text` is not a tuned policy.
 /// Reads no file.
 fn parse_tuned(text: &str, default_page: Option<usize>) -> Option<Result<TunedRef, String>> {
-    let (name, args) = text.split_once(':').unwrap_or((text, ""));
-    if name.trim() != "tuned" {
-        return None;
-    }
-    Some((|| {
-        let mut p = Params::parse("tuned", args)?;
+    parse_named(text, "tuned", |mut p| {
         let path = p.take("file").ok_or("`tuned` needs `file=FILE` (written by `kvslim tune --out`)")?;
         p.finish("file")?;
         Ok(TunedRef { path: path.to_string(), default_page })
-    })())
+    })
 }
 
 fn parse_token_policy(text: &str, default_page: Option<usize>) -> Result<(TokenPolicySpec, StorageSpec), String> {

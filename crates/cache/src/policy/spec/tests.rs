@@ -105,6 +105,14 @@ fn bad_specs_name_the_problem() {
         ("h2o:heavy=1,recent=1,page=8,page_score=max,alloc=ada", "does not take page_score"),
         ("heavy:heavy=4,alloc=pyramid", "unknown parameter `alloc`"),
         ("window:recent=4,alloc=ada", "unknown parameter `alloc`"),
+        ("auto", "needs `budget=B`"),
+        ("auto:budget=0", "at least 1 slot"),
+        ("auto:budget=20%,score=norm", "unknown parameter"),
+        ("auto:budget=20%+chai:plan=p.json", "whole policy"),
+        ("tuned", "needs `file=FILE`"),
+        ("tuned:file=a.json,x=1", "unknown parameter `x`"),
+        ("tuned:file=a.json+chai:plan=p.json", "whole policy"),
+        ("h2o:heavy=1,recent=1+tuned:file=a.json", "only a head policy"),
     ];
     for (spec, want) in cases {
         let e = PolicySpec::parse(spec).unwrap_err().to_string();

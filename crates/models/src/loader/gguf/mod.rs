@@ -181,80 +181,65 @@ impl Metadata {
         Error::format(&self.path, format!("metadata key `{key}` should be {want} but is {}", v.type_name()))
     }
 
-    /// A string value (`None` when absent).
-    pub fn str(&self, key: &str) -> Result<Option<&str>> {
+    /// The value of `key` as `get` reads it (`None` when absent); a value
+    /// `get` refuses is an error saying it should be `want`.
+    fn typed<'a, T>(&'a self, key: &str, want: &str, get: impl Fn(&'a Value) -> Option<T>) -> Result<Option<T>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| self.wrong_type(key, "a string", v)),
+            Some(v) => get(v).map(Some).ok_or_else(|| self.wrong_type(key, want, v)),
         }
+    }
+
+    /// The array of `key` with every element as `get` reads it.
+    fn typed_array<'a, T>(
+        &'a self,
+        key: &str,
+        want: &str,
+        get: impl Fn(&'a Value) -> Option<T>,
+    ) -> Result<Option<Vec<T>>> {
+        let Some(a) = self.array(key)? else {
+            return Ok(None);
+        };
+        a.iter().map(|v| get(v).ok_or_else(|| self.wrong_type(key, want, v))).collect::<Result<Vec<_>>>().map(Some)
+    }
+
+    /// A string value (`None` when absent).
+    pub fn str(&self, key: &str) -> Result<Option<&str>> {
+        self.typed(key, "a string", Value::as_str)
     }
 
     /// A non-negative integer value of any integer type.
     pub fn usize(&self, key: &str) -> Result<Option<usize>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_i64()
-                .and_then(|i| usize::try_from(i).ok())
-                .map(Some)
-                .ok_or_else(|| self.wrong_type(key, "a non-negative integer", v)),
-        }
+        self.typed(key, "a non-negative integer", |v| v.as_i64().and_then(|i| usize::try_from(i).ok()))
     }
 
     /// A numeric value as f32.
     pub fn f32(&self, key: &str) -> Result<Option<f32>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_f64().map(|f| Some(f as f32)).ok_or_else(|| self.wrong_type(key, "a number", v)),
-        }
+        self.typed(key, "a number", |v| v.as_f64().map(|f| f as f32))
     }
 
     pub fn bool(&self, key: &str) -> Result<Option<bool>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.wrong_type(key, "a bool", v)),
-        }
+        self.typed(key, "a bool", Value::as_bool)
     }
 
     /// An array value (`None` when absent).
     pub fn array(&self, key: &str) -> Result<Option<&[Value]>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_array().map(Some).ok_or_else(|| self.wrong_type(key, "an array", v)),
-        }
+        self.typed(key, "an array", Value::as_array)
     }
 
     /// An array of strings.
     pub fn strings(&self, key: &str) -> Result<Option<Vec<&str>>> {
-        let Some(a) = self.array(key)? else {
-            return Ok(None);
-        };
-        a.iter()
-            .map(|v| v.as_str().ok_or_else(|| self.wrong_type(key, "an array of strings", v)))
-            .collect::<Result<Vec<_>>>()
-            .map(Some)
+        self.typed_array(key, "an array of strings", Value::as_str)
     }
 
     /// An array of numbers as f32.
     pub fn f32s(&self, key: &str) -> Result<Option<Vec<f32>>> {
-        let Some(a) = self.array(key)? else {
-            return Ok(None);
-        };
-        a.iter()
-            .map(|v| v.as_f64().map(|f| f as f32).ok_or_else(|| self.wrong_type(key, "an array of numbers", v)))
-            .collect::<Result<Vec<_>>>()
-            .map(Some)
+        self.typed_array(key, "an array of numbers", |v| v.as_f64().map(|f| f as f32))
     }
 
     /// An array of integers.
     pub fn i64s(&self, key: &str) -> Result<Option<Vec<i64>>> {
-        let Some(a) = self.array(key)? else {
-            return Ok(None);
-        };
-        a.iter()
-            .map(|v| v.as_i64().ok_or_else(|| self.wrong_type(key, "an array of integers", v)))
-            .collect::<Result<Vec<_>>>()
-            .map(Some)
+        self.typed_array(key, "an array of integers", Value::as_i64)
     }
 }
 

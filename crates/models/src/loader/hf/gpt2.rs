@@ -3,9 +3,9 @@
 //! output tied to the token embedding.
 
 use super::reader::Reader;
-use super::{layers, ungated_block, ungated_config, Cfg, ConfigError, Sizes};
+use super::{layers, ungated_config, Cfg, ConfigError, Sizes};
 use crate::config::{Architecture, ModelConfig};
-use crate::weights::{Linear, Weights};
+use crate::weights::{LayerWeights, Linear, Weights};
 use crate::{Error, Result};
 use kvslim_kernels::Matrix;
 
@@ -40,11 +40,12 @@ pub(super) fn weights(r: &Reader, c: &ModelConfig) -> Result<Weights> {
         let qkv: [Linear; 3] = conv1d(r, &format!("{p}.attn.c_attn"), d, 3 * d, 3)?
             .try_into()
             .unwrap_or_else(|_| unreachable!("three parts requested"));
-        Ok(ungated_block(
+        Ok(LayerWeights::pre_norm(
             r.norm(&format!("{p}.ln_1"), d)?,
             qkv,
             one(&format!("{p}.attn.c_proj"), d, d)?,
             r.norm(&format!("{p}.ln_2"), d)?,
+            None,
             [one(&format!("{p}.mlp.c_fc"), d, f)?, one(&format!("{p}.mlp.c_proj"), f, d)?],
         ))
     };

@@ -19,7 +19,7 @@ use super::safetensors::SafetensorsFiles;
 use super::LoadedModel;
 use crate::config::{Architecture, ModelConfig, NormKind, SourceFormat};
 use crate::transformer::Model;
-use crate::weights::{LayerWeights, Linear, NormWeights, Weights};
+use crate::weights::{LayerWeights, Linear, Weights};
 use crate::{Error, Result};
 use kvslim_kernels::ops::Activation;
 use reader::Reader;
@@ -246,32 +246,6 @@ fn ungated_config(j: &Cfg, architecture: Architecture, s: Sizes, activation: Act
         bos_token_id: j.bos(),
         eos_token_ids: j.eos(),
         features: Default::default(),
-    }
-}
-
-/// A classic pre-norm block: no MLP gate, QK norms or sandwich norms
-/// (GPT-2, OPT, GPT-NeoX).
-fn ungated_block(
-    attn_norm: NormWeights,
-    [q, k, v]: [Linear; 3],
-    o: Linear,
-    mlp_norm: NormWeights,
-    [up, down]: [Linear; 2],
-) -> LayerWeights {
-    LayerWeights {
-        attn_norm,
-        q,
-        k,
-        v,
-        o,
-        mlp_norm,
-        gate: None,
-        up,
-        down,
-        q_norm: None,
-        k_norm: None,
-        post_attn_norm: None,
-        post_mlp_norm: None,
     }
 }
 

@@ -3,9 +3,9 @@
 //! `query_key_value`.
 
 use super::reader::Reader;
-use super::{head, layers, rotary_dim, ungated_block, ungated_config, Cfg, ConfigError, Sizes};
+use super::{head, layers, rotary_dim, ungated_config, Cfg, ConfigError, Sizes};
 use crate::config::{Architecture, ModelConfig, RopeConfig};
-use crate::weights::{Linear, Weights};
+use crate::weights::{LayerWeights, Linear, Weights};
 use crate::Result;
 use kvslim_kernels::rope::RopeLayout;
 use kvslim_kernels::Matrix;
@@ -40,11 +40,12 @@ pub(super) fn weights(r: &Reader, c: &ModelConfig) -> Result<Weights> {
     let (d, f) = (c.hidden_size, c.ffn_size);
     let layer = |l: usize| {
         let p = format!("gpt_neox.layers.{l}");
-        Ok(ungated_block(
+        Ok(LayerWeights::pre_norm(
             r.norm(&format!("{p}.input_layernorm"), d)?,
             fused_qkv(r, &format!("{p}.attention.query_key_value"), c.n_heads, c.head_dim, d)?,
             r.linear(&format!("{p}.attention.dense"), d, d)?,
             r.norm(&format!("{p}.post_attention_layernorm"), d)?,
+            None,
             [r.linear(&format!("{p}.mlp.dense_h_to_4h"), f, d)?, r.linear(&format!("{p}.mlp.dense_4h_to_h"), d, f)?],
         ))
     };

@@ -3,9 +3,9 @@
 //! projected embedding width are refused.
 
 use super::reader::Reader;
-use super::{head, layers, ungated_block, ungated_config, Cfg, ConfigError, Sizes};
+use super::{head, layers, ungated_config, Cfg, ConfigError, Sizes};
 use crate::config::{Architecture, ModelConfig};
-use crate::weights::Weights;
+use crate::weights::{LayerWeights, Weights};
 use crate::Result;
 
 pub(super) fn config(j: &Cfg) -> Result<ModelConfig, ConfigError> {
@@ -41,11 +41,12 @@ pub(super) fn weights(r: &Reader, c: &ModelConfig) -> Result<Weights> {
     let layer = |l: usize| {
         let p = format!("{pre}layers.{l}");
         let att = |s: &str| r.linear(&format!("{p}.self_attn.{s}"), d, d);
-        Ok(ungated_block(
+        Ok(LayerWeights::pre_norm(
             r.norm(&format!("{p}.self_attn_layer_norm"), d)?,
             [att("q_proj")?, att("k_proj")?, att("v_proj")?],
             att("out_proj")?,
             r.norm(&format!("{p}.final_layer_norm"), d)?,
+            None,
             [r.linear(&format!("{p}.fc1"), f, d)?, r.linear(&format!("{p}.fc2"), d, f)?],
         ))
     };
