@@ -18,7 +18,7 @@ use kvslim_models::{Logits, Model, Trace};
 use reference::{ref_ada_shares, ref_pyramid, RefExpect, RefHead, RefPolicy, RefScore, Rule};
 mod common;
 
-use common::{stories, tokens};
+use common::{shared, stories, tokens};
 
 /// The reference score family of the engine's parsed one.
 fn ref_score(rule: ScoreRule) -> RefScore {
