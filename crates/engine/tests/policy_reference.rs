@@ -18,7 +18,7 @@ use kvslim_models::{Logits, Model, Trace};
 use reference::{ref_ada_shares, ref_pyramid, RefExpect, RefHead, RefPolicy, RefScore, Rule};
 mod common;
 
-use common::{shared, stories, tokens};
+use common::{stories, tokens};
 
 /// The reference score family of the engine's parsed one.
 fn ref_score(rule: ScoreRule) -> RefScore {
@@ -158,13 +158,17 @@ const STORIES: [(usize, &[(&str, usize)]); 4] = [
             ("heavy:heavy=24,sink=4,score=tova", 60),
         ],
     ),
-    // expected attention
+    // one-shot prefill scores: expected attention, KVzip, ADAPTIVE_RKV
     (
         200,
         &[
             ("h2o:heavy=24,recent=8,sink=4,prefill=expect", 120),
             ("h2o:heavy=16,recent=16,prefill=expect", 120),
             ("h2o:heavy=24,recent=8,sink=4,prefill=expect:64", 120),
+            ("h2o:heavy=24,recent=8,sink=4,prefill=kvzip", 120),
+            ("h2o:heavy=16,recent=16,prefill=kvzip,alloc=ada:0.2", 120),
+            ("h2o:heavy=24,recent=8,sink=4,prefill=rkv", 120),
+            ("h2o:heavy=16,recent=16,prefill=rkv:0.5,alloc=ada:0.2", 120),
         ],
     ),
     // budget allocators
@@ -438,90 +442,48 @@ fn expected_attention_prefill_equals_reference() {
 /// KVzip-style prefill (`prefill=kvzip`): the prompt fed again after
 /// itself, teacher-forced; every prompt token scored by the most attention
 /// a repeat query (any head of its group) paid it; the repeat rows leave;
-/// then decode steps as H2O. Random shapes with sinks, max aggregation,
-/// score=norm and ada's per-head budgets; the 260K TinyStories model (which
-/// prepends BOS: the probe repeats the prompt without it).
+/// then decode steps as H2O. Random shapes with sinks, max aggregation and
+/// score=norm (TinyStories, with ada's per-head budgets: [`STORIES`]).
 #[test]
 fn kvzip_prefill_equals_reference() {
-    let mut rng = Rng::new(6161);
-    let mut pick = |n: u64| (rng.next_u64() % n) as usize;
-    for case in 0..16 {
-        let (heads, kv_heads) = [(2, 2), (4, 2), (4, 1), (6, 3), (8, 4)][pick(5)];
-        let head_dim = [4, 8, 16][pick(3)];
-        let cfg = tiny_config(heads, kv_heads, head_dim);
-        let model = kvslim_engine::synthetic::random_model(cfg, DType::F32, 900 + case as u64, 3.0).unwrap();
-        let prompt_len = 8 + pick(60);
-        let total = prompt_len + 10 + pick(30);
-        let tokens: Vec<u32> = (0..total).map(|_| pick(64) as u32).collect();
+    let shapes = [(2, 2), (4, 2), (4, 1), (6, 3), (8, 4)];
+    property_cases((6161, 16, 900), &shapes, ((8, 60), (10, 30)), true, |_, pick| {
         let b = 4 + pick(20);
         let r = 1 + pick(b as u64 / 2);
         let sink = pick(3);
         let agg = ["sum", "max"][pick(2)];
         let score = ["sum", "norm"][pick(2)];
-        let spec = format!("h2o:heavy={},recent={r},sink={sink},agg={agg},score={score},prefill=kvzip", b - r);
-        let spec = PolicySpec::parse(&spec).unwrap();
-        let label = format!("case {case} {spec} H={heads}/{kv_heads} D={head_dim}");
-        compare(&model, &spec, &tokens, prompt_len, &label);
-        assert_tiled_keeps_what_traced_keeps(&model, &spec, &tokens[..prompt_len], &label);
-    }
-    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
-    let tok = m.tokenizer.as_ref().unwrap();
-    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
-    let mut ids = tok.encode(&text[..4000]).unwrap();
-    ids.truncate(200);
-    assert_eq!(Some(ids[0]), m.model.config.bos_token_id, "the prompt starts with BOS");
-    for spec in ["h2o:heavy=24,recent=8,sink=4,prefill=kvzip", "h2o:heavy=16,recent=16,prefill=kvzip,alloc=ada:0.2"] {
-        let spec = PolicySpec::parse(spec).unwrap();
-        compare(&m.model, &spec, &ids, 120, &format!("stories260K {spec}"));
-        assert_tiled_keeps_what_traced_keeps(&m.model, &spec, &ids[..120], &format!("stories260K {spec}"));
-    }
+        format!("h2o:heavy={},recent={r},sink={sink},agg={agg},score={score},prefill=kvzip", b - r)
+    });
 }
 
 /// ADAPTIVE_RKV-style prefill (`prefill=rkv:P`): the prompt scored by
 /// every query as plain H2O; the top tokens holding P of the attention mass
 /// rank first, the rest by key diversity; then decode steps as H2O. Random
-/// shapes with sinks, max aggregation, several mass shares and ada's
-/// per-head budgets; the 260K TinyStories model.
+/// shapes with sinks, max aggregation and several mass shares (TinyStories,
+/// with ada's per-head budgets: [`STORIES`]), and on TinyStories the budget
+/// really fills by diversity (kept prompt tokens scored below 2).
 #[test]
 fn rkv_prefill_equals_reference() {
-    let mut rng = Rng::new(7171);
-    let mut pick = |n: u64| (rng.next_u64() % n) as usize;
-    let mut filled = 0;
-    for case in 0..16 {
-        let (heads, kv_heads) = [(2, 2), (4, 2), (4, 1), (6, 3), (8, 4)][pick(5)];
-        let head_dim = [4, 8, 16][pick(3)];
-        let cfg = tiny_config(heads, kv_heads, head_dim);
-        let model = kvslim_engine::synthetic::random_model(cfg, DType::F32, 1100 + case as u64, 3.0).unwrap();
-        let prompt_len = 8 + pick(60);
-        let total = prompt_len + 10 + pick(30);
-        let tokens: Vec<u32> = (0..total).map(|_| pick(64) as u32).collect();
+    let shapes = [(2, 2), (4, 2), (4, 1), (6, 3), (8, 4)];
+    property_cases((7171, 16, 1100), &shapes, ((8, 60), (10, 30)), true, |_, pick| {
         let b = 4 + pick(20);
         let r = 1 + pick(b as u64 / 2);
         let sink = pick(3);
         let agg = ["sum", "max"][pick(2)];
         let mass = ["0.5", "0.7", "0.9", "1"][pick(4)];
-        let spec = format!("h2o:heavy={},recent={r},sink={sink},agg={agg},prefill=rkv:{mass}", b - r);
-        let spec = PolicySpec::parse(&spec).unwrap();
-        let label = format!("case {case} {spec} H={heads}/{kv_heads} D={head_dim}");
-        compare(&model, &spec, &tokens, prompt_len, &label);
-        assert_tiled_keeps_what_traced_keeps(&model, &spec, &tokens[..prompt_len], &label);
-        // a kept prompt token scored below 2 came in by diversity
-        let mut s = Session::new(&model, &spec, prompt_len, prompt_len).unwrap();
-        s.feed(&tokens[..prompt_len], Logits::Last).unwrap();
-        filled += (0..model.config.n_kv_heads)
-            .filter(|&h| s.cache.store().head(0, h).scores().iter().any(|&x| x < 2.0))
-            .count();
-    }
-    assert!(filled > 0, "no case filled its budget by diversity");
-    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
-    let tok = m.tokenizer.as_ref().unwrap();
-    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
-    let mut ids = tok.encode(&text[..4000]).unwrap();
-    ids.truncate(200);
-    for spec in ["h2o:heavy=24,recent=8,sink=4,prefill=rkv", "h2o:heavy=16,recent=16,prefill=rkv:0.5,alloc=ada:0.2"] {
-        let spec = PolicySpec::parse(spec).unwrap();
-        compare(&m.model, &spec, &ids, 120, &format!("stories260K {spec}"));
-    }
+        format!("h2o:heavy={},recent={r},sink={sink},agg={agg},prefill=rkv:{mass}", b - r)
+    });
+    let m = stories();
+    let ids = tokens(&m, 120);
+    let spec = PolicySpec::parse("h2o:heavy=24,recent=8,sink=4,prefill=rkv").unwrap();
+    let mut s = Session::new(&m.model, &spec, ids.len(), ids.len()).unwrap();
+    s.feed(&ids, Logits::Last).unwrap();
+    let store = s.cache.store();
+    let filled = (0..store.layers())
+        .flat_map(|l| (0..m.model.config.n_kv_heads).map(move |h| (l, h)))
+        .any(|(l, h)| store.head(l, h).scores().iter().any(|&x| x < 2.0));
+    assert!(filled, "no head filled its budget by diversity");
 }
 
 /// The KVzip probe is the prompt teacher-forced again: its rows' keys in
@@ -529,7 +491,7 @@ fn rkv_prefill_equals_reference() {
 /// prompt without its BOS, and the repeat never enters the cache.
 #[test]
 fn kvzip_probe_is_the_prompt_repeated() {
-    let m = kvslim_models::load_model(&shared().join("models/stories260K/stories260K.bin")).unwrap();
+    let m = stories();
     let tok = m.tokenizer.as_ref().unwrap();
     let prompt = tok.encode("Tom had a red ball and a blue kite. He ran to the park").unwrap();
     assert_eq!(Some(prompt[0]), m.model.config.bos_token_id);
