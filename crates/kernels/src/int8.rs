@@ -12,20 +12,21 @@
 //! scales and minimums), the quants interleaved so that one 64-byte load
 //! holds four consecutive quants of each of the 16 rows — one row per 32-bit
 //! lane, so the sums come out as a vector of 16 rows with no horizontal
-//! reduction — and, for the 5- and 6-bit formats, bit planes. The K-quants
+//! reduction — and, for the 5-bit formats, bit planes (Q6_K: its high bits
+//! as 2-bit "crumbs" beside the nibbles, see `crumb_at`). The K-quants
 //! keep their super-block's f16 `d` (and `dmin`) once per 256 columns, in a
 //! super-block header before its 8 blocks, as the file does: a decode step
 //! is bound by the bytes it streams, so the panels should be no larger than
 //! the file's blocks.
 //!
-//! | format | super-block header (16 rows) | block header (16 rows) | quants | bit planes | bits per weight (file) |
+//! | format | super-block header (16 rows) | block header (16 rows) | quants | high bits | bits per weight (file) |
 //! |---|---|---|---|---|---|
 //! | Q8_0 | — | 64 B: f16 `d` | 512 B: `q + 128` | — | 9.0 (8.5) |
 //! | Q4_0, Q4_1 | — | 64 B: f16 `d`, f16 `m` | 256 B nibbles | — | 5.0 (4.5, 5.0) |
 //! | Q5_0, Q5_1 | — | 64 B: f16 `d`, f16 `m` | 256 B nibbles | bit 4 | 6.0 (5.5, 6.0) |
 //! | Q4_K | 64 B: f16 `d`, `dmin` | 32 B: u8 `sc`, `m` | 256 B nibbles | — | 4.625 (4.5) |
 //! | Q5_K | 64 B: f16 `d`, `dmin` | 32 B: u8 `sc`, `m` | 256 B nibbles | bit 4 | 5.625 (5.5) |
-//! | Q6_K | 32 B: f16 `d` | 32 B: i8 `sc` of both halves | 256 B nibbles | bits 4, 5 | 6.5625 (6.5625) |
+//! | Q6_K | 32 B: f16 `d` | 32 B: i8 `sc` of both halves | 256 B nibbles | bits 4, 5 as crumbs | 6.5625 (6.5625) |
 //!
 //! Nibble byte `4j + b` of lane `i` holds column `4j + b` (low nibble) and
 //! `16 + 4j + b` (high nibble); bit plane `p` is 8 little-endian `u64`
@@ -36,7 +37,7 @@
 //! `dmin` (exact f32 products, as GGML's dequantizer forms them); every bit
 //! of the file's super-block header is there, so [`unpack_row`] restores
 //! the file's bytes exactly and [`dequantize_row`] is GGML's dequantization
-//! bit for bit. The bit planes cost what the file's own fifth and sixth
+//! bit for bit. The high bits cost what the file's own fifth and sixth
 //! bits cost; Q6_K's panels are exactly the file's size, and the K-quants'
 //! byte-wide 6-bit scales are Q4_K's remaining 1.028× (Q5_K 1.023×).
 //!
@@ -126,7 +127,8 @@ pub(crate) fn block_at(dtype: DType, b: usize) -> (usize, usize) {
     }
 }
 
-/// Bit planes above the nibbles (the fifth and sixth bits of the quants).
+/// Bit planes above the nibbles (the fifth and sixth bits of the quants;
+/// Q6_K holds its two in the same bytes as crumbs, see [`crumb_at`]).
 pub(crate) fn planes(dtype: DType) -> usize {
     match dtype {
         DType::Q5_0 | DType::Q5_1 | DType::Q5_K => 1,
@@ -159,6 +161,22 @@ fn nibble_at(i: usize, k: usize) -> (usize, bool) {
     ((kk / 4) * 64 + 4 * i + kk % 4, k >= 16)
 }
 
+/// Where Q6_K keeps the two high bits of column `k`'s quant of lane `i`
+/// in a panel block's quant area: (byte, shift). The 128 bytes after the
+/// nibbles are two "crumb" vectors laid out as the nibble vectors are
+/// (byte `4i + k % 4` holds lane `i`); crumb vector `v` serves nibble
+/// vectors `2v` and `2v + 1`, each byte holding four 2-bit fields: the
+/// low-nibble column and the high-nibble column of the first vector
+/// (bits 0–1, 2–3), then of the second (bits 4–5, 6–7). One shift and one
+/// mask then put a field at bits 4–5 of every byte, where a bitwise select
+/// joins it to the nibble: cheaper than a masked add per bit plane.
+#[inline]
+fn crumb_at(i: usize, k: usize) -> (usize, u32) {
+    let (kk, high) = (k % 16, (k >= 16) as usize);
+    let j = kk / 4;
+    (NIBBLES + 64 * (j / 2) + 4 * i + kk % 4, (2 * (2 * (j % 2) + high)) as u32)
+}
+
 /// Writes row `i`'s 32 quants (`q`, unsigned, as the kernels multiply them)
 /// into a panel block's quant area (`quants`, after the header).
 fn put_quants(dtype: DType, q: &[u8; QK], i: usize, quants: &mut [u8]) {
@@ -171,6 +189,11 @@ fn put_quants(dtype: DType, q: &[u8; QK], i: usize, quants: &mut [u8]) {
     for (k, &v) in q.iter().enumerate() {
         let (at, high) = nibble_at(i, k);
         quants[at] |= if high { (v & 0x0f) << 4 } else { v & 0x0f };
+        if dtype == DType::Q6_K {
+            let (at, shift) = crumb_at(i, k);
+            quants[at] |= ((v >> 4) & 3) << shift;
+            continue;
+        }
         for p in 0..planes(dtype) {
             let bit = ((v >> (4 + p)) & 1) as u64;
             let m = NIBBLES + p * PLANE + 8 * (k / 4);
@@ -189,6 +212,10 @@ fn quant_at(dtype: DType, quants: &[u8], i: usize, k: usize) -> u8 {
     }
     let (at, high) = nibble_at(i, k);
     let mut v = if high { quants[at] >> 4 } else { quants[at] & 0x0f };
+    if dtype == DType::Q6_K {
+        let (at, shift) = crumb_at(i, k);
+        return v | (((quants[at] >> shift) & 3) << 4);
+    }
     for p in 0..planes(dtype) {
         let m = NIBBLES + p * PLANE + 8 * (k / 4);
         let mask = u64::from_le_bytes(quants[m..m + 8].try_into().unwrap());

@@ -590,8 +590,9 @@ unsafe fn int8_nt<const KIND: u8>(p: Int8Args, nt: usize, out: &mut Tile) {
 
 /// 16 rows (one per lane) × `NT` tokens. Per block: the integer sums of
 /// 32 products per (row, token) with `vpdpbusd` (the 4-bit quants are split
-/// into low and high nibbles, the bit planes added back with masked byte
-/// adds, each lane's four bytes against four broadcast activation bytes),
+/// into low and high nibbles, the 5-bit formats' bit planes added back
+/// with masked byte adds, Q6_K's crumbs joined by a bitwise select, each
+/// lane's four bytes against four broadcast activation bytes),
 /// then `acc = isum·(d·dx) + acc` and `acc = m·sx + acc` (Q6_K: per half
 /// `acc = (isum_h − 32·Σx_h)·(d_h·dx) + acc`), exactly as
 /// `int8::scalar_tile`.
@@ -653,6 +654,32 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut Tile
                 let c = j % chains;
                 for (t, s) in lo_sums[c].iter_mut().enumerate() {
                     *s = _mm512_dpbusd_epi32(*s, w, xat(t, 4 * j));
+                }
+            }
+        } else if split {
+            // Q6_K: per pair of nibble vectors one crumb vector; each 2-bit
+            // field shifted to bits 4–5 and masked, then `(nibble & 0x0f) |
+            // field` in one ternary-logic select (int8::crumb_at)
+            let m30 = _mm512_set1_epi8(0x30);
+            for v in 0..2 {
+                let cr = _mm512_loadu_si512(quants.add(int8::NIBBLES + 64 * v) as *const __m512i);
+                let fields = [
+                    _mm512_and_si512(_mm512_slli_epi16(cr, 4), m30),
+                    _mm512_and_si512(_mm512_slli_epi16(cr, 2), m30),
+                    _mm512_and_si512(cr, m30),
+                    _mm512_and_si512(_mm512_srli_epi16(cr, 2), m30),
+                ];
+                for half in 0..2 {
+                    let j = 2 * v + half;
+                    let w = _mm512_loadu_si512(quants.add(64 * j) as *const __m512i);
+                    // (a & c) | b
+                    let lo = _mm512_ternarylogic_epi32(w, fields[2 * half], low, 0xEC);
+                    let hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 4), fields[2 * half + 1], low, 0xEC);
+                    let c = j % chains;
+                    for t in 0..NT {
+                        lo_sums[c][t] = _mm512_dpbusd_epi32(lo_sums[c][t], lo, xat(t, 4 * j));
+                        hi_sums[c][t] = _mm512_dpbusd_epi32(hi_sums[c][t], hi, xat(t, 16 + 4 * j));
+                    }
                 }
             }
         } else {
