@@ -69,7 +69,21 @@ pub struct TiledScratch {
     alpha: Vec<f32>,
     probs: Vec<f32>,
     live: Vec<bool>,
+    /// First-pass probabilities kept for the column pass: per (rep, key
+    /// tile, query row) the tile's `exp(s − m)` under the running max `m`
+    /// of that moment (`tile_max`), so the column pass rescales them
+    /// instead of computing the scores again.
+    kept: Vec<f32>,
+    tile_max: Vec<f32>,
+    /// Tests: always compute the column pass's scores again.
+    #[cfg(test)]
+    recompute: bool,
 }
+
+/// Most bytes [`TiledScratch`] keeps of first-pass probabilities for the
+/// column pass (per worker); above it the column pass recomputes its score
+/// tiles. 16 queries × 12 heads × 16K keys fit.
+const KEPT_MAX_BYTES: usize = 16 << 20;
 
 /// Tiled causal attention of a block of consecutive queries (prefill):
 /// for every representative, score tiles `Q·Kᵀ` (query block ×
@@ -244,7 +258,11 @@ fn tiled_impl<const FMA: bool>(args: TiledArgs<'_, '_>) {
     let nreps = reps.len();
     let nqp = nq.next_multiple_of(TILE_ROWS);
     let nb = len.div_ceil(TILE_KEYS);
-    let TiledScratch { q, s, m, l, alpha, probs, live } = scratch;
+    #[cfg(test)]
+    let recompute = scratch.recompute;
+    #[cfg(not(test))]
+    let recompute = false;
+    let TiledScratch { q, s, m, l, alpha, probs, live, kept, tile_max, .. } = scratch;
     q.clear();
     q.resize(nreps * nqp * d, 0.0);
     for (rep, qb) in reps.iter().zip(q.chunks_exact_mut(nqp * d)) {
@@ -271,6 +289,12 @@ fn tiled_impl<const FMA: bool>(args: TiledArgs<'_, '_>) {
             out[t.out_offset + r * out_stride..][..d].fill(0.0);
         }
     }
+    // keep the first pass's probabilities for the column pass when they fit
+    let keep = columns.is_some() && !recompute && nreps * nb * nq * TILE_KEYS * 4 <= KEPT_MAX_BYTES;
+    if keep {
+        kept.resize(nreps * nb * nq * TILE_KEYS, 0.0);
+        tile_max.resize(nreps * nb * nq, 0.0);
+    }
     for (i, rep) in reps.iter().enumerate() {
         let qi = &q[i * nqp * d..(i + 1) * nqp * d];
         for b in (0..nb).filter(|&b| live[b]) {
@@ -291,6 +315,9 @@ fn tiled_impl<const FMA: bool>(args: TiledArgs<'_, '_>) {
                 if m_new == f32::NEG_INFINITY {
                     alpha[r] = 1.0;
                     row.fill(0.0);
+                    if keep {
+                        tile_max[(i * nb + b) * nq + r] = f32::NEG_INFINITY;
+                    }
                     continue;
                 }
                 alpha[r] = if m_old == f32::NEG_INFINITY { 0.0 } else { (m_old - m_new).exp() };
@@ -301,6 +328,11 @@ fn tiled_impl<const FMA: bool>(args: TiledArgs<'_, '_>) {
                 }
                 l[i * nq + r] = l[i * nq + r] * alpha[r] + sum;
                 m[i * nq + r] = m_new;
+                if keep {
+                    let at = (i * nb + b) * nq + r;
+                    kept[at * TILE_KEYS..][..kbv].copy_from_slice(row);
+                    tile_max[at] = m_new;
+                }
             }
             for t in targets.iter().filter(|t| t.rep == i) {
                 for (r, &a) in alpha.iter().enumerate() {
@@ -332,21 +364,69 @@ fn tiled_impl<const FMA: bool>(args: TiledArgs<'_, '_>) {
     for b in (0..nb).filter(|&b| live[b]) {
         let j0 = b * TILE_KEYS;
         let kbv = TILE_KEYS.min(len - j0);
-        let pos = &positions[j0..j0 + kbv];
         probs.resize(nq * nreps * kbv, 0.0);
-        for (i, rep) in reps.iter().enumerate() {
-            score_tile::<FMA>(&q[i * nqp * d..(i + 1) * nqp * d], nqp, &rep.packed_keys[b * d * TILE_KEYS..], d, s);
-            for r in 0..nq {
-                let vis = Visible::within(pos0 + r as u32, window);
-                let (mr, inv) = (m[i * nq + r], 1.0 / l[i * nq + r]);
-                let dst = &mut probs[(r * nreps + i) * kbv..][..kbv];
-                for ((x, &sc), &p) in dst.iter_mut().zip(&s[r * TILE_KEYS..]).zip(pos) {
-                    *x = if vis.contains(p) { (sc * scale - mr).exp() * inv } else { 0.0 };
+        if keep {
+            // p = exp(s − m_tile) · exp(m_tile − m) / l (0 where masked)
+            for i in 0..nreps {
+                for r in 0..nq {
+                    let at = (i * nb + b) * nq + r;
+                    let f = (tile_max[at] - m[i * nq + r]).exp() / l[i * nq + r];
+                    let dst = &mut probs[(r * nreps + i) * kbv..][..kbv];
+                    dst.iter_mut().zip(&kept[at * TILE_KEYS..]).for_each(|(x, &e)| *x = e * f);
                 }
             }
+        } else {
+            recompute_probs::<FMA>(
+                reps,
+                &*q,
+                nqp,
+                d,
+                b,
+                positions,
+                j0,
+                kbv,
+                (pos0, nq, window),
+                scale,
+                (&*m, &*l),
+                s,
+                probs,
+            );
         }
         for r in 0..nq {
             agg(&probs[r * nreps * kbv..(r + 1) * nreps * kbv], nreps, &mut scores[j0..j0 + kbv]);
+        }
+    }
+}
+
+/// The column pass's probabilities of key tile `b` (keys `j0 .. j0 + kbv`)
+/// computed again from the scores and the final per-row max and sum, when
+/// the first pass's were too many to keep.
+#[allow(clippy::too_many_arguments)]
+fn recompute_probs<const FMA: bool>(
+    reps: &[TiledRep],
+    q: &[f32],
+    nqp: usize,
+    d: usize,
+    b: usize,
+    positions: &[u32],
+    j0: usize,
+    kbv: usize,
+    (pos0, nq, window): (u32, usize, Option<usize>),
+    scale: f32,
+    (m, l): (&[f32], &[f32]),
+    s: &mut [f32],
+    probs: &mut [f32],
+) {
+    let (pos, nreps) = (&positions[j0..j0 + kbv], reps.len());
+    for (i, rep) in reps.iter().enumerate() {
+        score_tile::<FMA>(&q[i * nqp * d..(i + 1) * nqp * d], nqp, &rep.packed_keys[b * d * TILE_KEYS..], d, s);
+        for r in 0..nq {
+            let vis = Visible::within(pos0 + r as u32, window);
+            let (mr, inv) = (m[i * nq + r], 1.0 / l[i * nq + r]);
+            let dst = &mut probs[(r * nreps + i) * kbv..][..kbv];
+            for ((x, &sc), &p) in dst.iter_mut().zip(&s[r * TILE_KEYS..]).zip(pos) {
+                *x = if vis.contains(p) { (sc * scale - mr).exp() * inv } else { 0.0 };
+            }
         }
     }
 }
@@ -403,63 +483,65 @@ mod tests {
                 (0..nreps).map(|h| TiledRep { queries: &qs[h * d..], q_stride: qd, packed_keys: &packed[h] }).collect();
             let targets: Vec<TiledTarget> =
                 (0..3).map(|h| TiledTarget { rep: h.min(1), values: &values[h], out_offset: h * d }).collect();
-            let mut out = vec![f32::NAN; nq * qd];
-            let mut cols = vec![0f32; len];
             let agg = |p: &[f32], g: usize, sc: &mut [f32]| {
                 let n = sc.len();
                 for h in 0..g {
                     sc.iter_mut().zip(&p[h * n..(h + 1) * n]).for_each(|(s, x)| *s += x);
                 }
             };
-            let mut scratch = TiledScratch::default();
-            attend_causal_tiled(
-                &reps,
-                &targets,
-                &positions,
-                TiledQueries { pos0: qpos0, n: nq, window },
-                d,
-                scale,
-                &mut out,
-                qd,
-                Some((&mut cols, &agg)),
-                &mut scratch,
-            );
-            // reference
-            let mut ref_cols = vec![0f32; len];
-            let mut probs = vec![0f32; nreps * visible_len];
-            let mut ref_out = vec![0f32; nq * qd];
-            for t in 0..nq {
-                let vis = old + extra + t + 1;
-                for h in 0..nreps {
-                    attend_group(
-                        &qs[t * qd + h * d..t * qd + (h + 1) * d],
-                        &DenseRows { data: &keys[h][..vis * d], d },
-                        &DenseRows { data: &values[h][..vis * d], d },
-                        &positions[..vis],
-                        Visible::within(qpos0 + t as u32, window),
-                        d,
-                        scale,
-                        &mut probs[h * vis..(h + 1) * vis],
-                        vis,
-                        &mut ref_out[t * qd + h * d..t * qd + (h + 1) * d],
-                    );
-                }
-                weighted_values(
-                    &probs[vis..2 * vis],
-                    &DenseRows { data: &values[2][..vis * d], d },
-                    &mut ref_out[t * qd + 2 * d..t * qd + 3 * d],
+            for recompute in [false, true] {
+                let mut out = vec![f32::NAN; nq * qd];
+                let mut cols = vec![0f32; len];
+                let mut scratch = TiledScratch { recompute, ..TiledScratch::default() };
+                attend_causal_tiled(
+                    &reps,
+                    &targets,
+                    &positions,
+                    TiledQueries { pos0: qpos0, n: nq, window },
+                    d,
+                    scale,
+                    &mut out,
+                    qd,
+                    Some((&mut cols, &agg)),
+                    &mut scratch,
                 );
-                agg(&probs[..nreps * vis], nreps, &mut ref_cols[..vis]);
-            }
-            let case = format!("d={d} old={old} nq={nq} extra={extra} window={window:?}");
-            for (row, ref_row) in out.chunks_exact(d).zip(ref_out.chunks_exact(d)) {
-                let norm = ref_row.iter().fold(0f32, |m, x| m.max(x.abs()));
-                for (a, b) in row.iter().zip(ref_row) {
-                    assert!((a - b).abs() <= 1e-5 * norm.max(1e-3), "{case}: {a} vs {b} (row max {norm})");
+                // reference
+                let mut ref_cols = vec![0f32; len];
+                let mut probs = vec![0f32; nreps * visible_len];
+                let mut ref_out = vec![0f32; nq * qd];
+                for t in 0..nq {
+                    let vis = old + extra + t + 1;
+                    for h in 0..nreps {
+                        attend_group(
+                            &qs[t * qd + h * d..t * qd + (h + 1) * d],
+                            &DenseRows { data: &keys[h][..vis * d], d },
+                            &DenseRows { data: &values[h][..vis * d], d },
+                            &positions[..vis],
+                            Visible::within(qpos0 + t as u32, window),
+                            d,
+                            scale,
+                            &mut probs[h * vis..(h + 1) * vis],
+                            vis,
+                            &mut ref_out[t * qd + h * d..t * qd + (h + 1) * d],
+                        );
+                    }
+                    weighted_values(
+                        &probs[vis..2 * vis],
+                        &DenseRows { data: &values[2][..vis * d], d },
+                        &mut ref_out[t * qd + 2 * d..t * qd + 3 * d],
+                    );
+                    agg(&probs[..nreps * vis], nreps, &mut ref_cols[..vis]);
                 }
-            }
-            for (j, (a, b)) in cols.iter().zip(&ref_cols).enumerate() {
-                assert!((a - b).abs() <= 1e-5 * b.abs().max(1e-6), "{case}: column {j}: {a} vs {b}");
+                let case = format!("d={d} old={old} nq={nq} extra={extra} window={window:?} recompute={recompute}");
+                for (row, ref_row) in out.chunks_exact(d).zip(ref_out.chunks_exact(d)) {
+                    let norm = ref_row.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    for (a, b) in row.iter().zip(ref_row) {
+                        assert!((a - b).abs() <= 1e-5 * norm.max(1e-3), "{case}: {a} vs {b} (row max {norm})");
+                    }
+                }
+                for (j, (a, b)) in cols.iter().zip(&ref_cols).enumerate() {
+                    assert!((a - b).abs() <= 1e-5 * b.abs().max(1e-6), "{case}: column {j}: {a} vs {b}");
+                }
             }
         }
     }
