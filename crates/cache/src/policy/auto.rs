@@ -30,6 +30,10 @@ pub struct AutoChoice {
     pub sinks: usize,
     /// Heavy slots as a fraction of the non-sink slots.
     pub heavy: f64,
+    /// The prompt's prefill (`prefill=` of the grammar, e.g. `snap:32`)
+    /// when the winner compresses the prompt after its prefill; `None`:
+    /// the prompt streams through the decode-time policy.
+    pub prefill: Option<&'static str>,
     /// Where the measurement is: the file and the table.
     pub evidence: &'static str,
 }
@@ -48,6 +52,7 @@ pub const CHOICES: &[AutoChoice] = &[
         score: "vnorm",
         sinks: 4,
         heavy: 0.5,
+        prefill: None,
         evidence: "docs/tuned/smollm2-40.json",
     },
     AutoChoice {
@@ -57,6 +62,7 @@ pub const CHOICES: &[AutoChoice] = &[
         score: "norm",
         sinks: 4,
         heavy: 0.75,
+        prefill: None,
         evidence: "docs/tuned/smollm2-20.json",
     },
     AutoChoice {
@@ -66,6 +72,7 @@ pub const CHOICES: &[AutoChoice] = &[
         score: "norm",
         sinks: 0,
         heavy: 0.5,
+        prefill: None,
         evidence: "docs/tuned/smollm2-10.json",
     },
     AutoChoice {
@@ -75,6 +82,7 @@ pub const CHOICES: &[AutoChoice] = &[
         score: "norm",
         sinks: 0,
         heavy: 38.0 / 51.0,
+        prefill: None,
         evidence: "docs/tuned/smollm2-5.json",
     },
     AutoChoice {
@@ -84,6 +92,7 @@ pub const CHOICES: &[AutoChoice] = &[
         score: "vnorm",
         sinks: 4,
         heavy: 0.5,
+        prefill: None,
         evidence: "docs/tuned/gemma-40.json",
     },
     AutoChoice {
@@ -93,6 +102,7 @@ pub const CHOICES: &[AutoChoice] = &[
         score: "vnorm",
         sinks: 4,
         heavy: 0.5,
+        prefill: None,
         evidence: "docs/tuned/gemma-20.json",
     },
     AutoChoice {
@@ -102,6 +112,7 @@ pub const CHOICES: &[AutoChoice] = &[
         score: "norm",
         sinks: 0,
         heavy: 0.5,
+        prefill: None,
         evidence: "docs/tuned/gemma-10.json",
     },
     AutoChoice {
@@ -111,6 +122,7 @@ pub const CHOICES: &[AutoChoice] = &[
         score: "norm",
         sinks: 0,
         heavy: 38.0 / 51.0,
+        prefill: None,
         evidence: "docs/tuned/gemma-5.json",
     },
     AutoChoice {
@@ -120,6 +132,7 @@ pub const CHOICES: &[AutoChoice] = &[
         score: "decay:0.9",
         sinks: 4,
         heavy: 0.25,
+        prefill: None,
         evidence: "docs/tuned/stories260k-40.json",
     },
     AutoChoice {
@@ -129,6 +142,7 @@ pub const CHOICES: &[AutoChoice] = &[
         score: "decay:0.98",
         sinks: 0,
         heavy: 26.0 / 102.0,
+        prefill: None,
         evidence: "docs/tuned/stories260k-20.json",
     },
     AutoChoice {
@@ -138,6 +152,7 @@ pub const CHOICES: &[AutoChoice] = &[
         score: "decay:0.9",
         sinks: 0,
         heavy: 13.0 / 51.0,
+        prefill: None,
         evidence: "docs/tuned/stories260k-10.json",
     },
     AutoChoice {
@@ -147,7 +162,22 @@ pub const CHOICES: &[AutoChoice] = &[
         score: "decay:0.9",
         sinks: 0,
         heavy: 13.0 / 25.0,
+        prefill: None,
         evidence: "docs/tuned/stories260k-5.json",
+    },
+    // Qwen2.5-Coder-1.5B: SnapKV's prompt compression (with TOVA the only
+    // policy that kept the passkey at 12.5% in the r4k matrix) and, of the
+    // decode-time variants it combines with, the lowest WikiText-2 KL at 20%
+    // (docs/qwen.md, "auto")
+    AutoChoice {
+        model: "qwen2:28x1536",
+        model_name: "Qwen2.5-Coder-1.5B",
+        share: 20.0,
+        score: "norm",
+        sinks: 4,
+        heavy: 0.5,
+        prefill: Some("snap:32"),
+        evidence: "docs/qwen/auto-kl/results.jsonl",
     },
     // the default: SmolLM2's and Gemma 3's winners agree at 40, 10 and 5%
     AutoChoice {
@@ -157,6 +187,7 @@ pub const CHOICES: &[AutoChoice] = &[
         score: "vnorm",
         sinks: 4,
         heavy: 0.5,
+        prefill: None,
         evidence: TUNING,
     },
     AutoChoice {
@@ -166,6 +197,7 @@ pub const CHOICES: &[AutoChoice] = &[
         score: "norm",
         sinks: 0,
         heavy: 0.5,
+        prefill: None,
         evidence: TUNING,
     },
     AutoChoice {
@@ -175,6 +207,7 @@ pub const CHOICES: &[AutoChoice] = &[
         score: "norm",
         sinks: 0,
         heavy: 38.0 / 51.0,
+        prefill: None,
         evidence: TUNING,
     },
 ];
@@ -215,7 +248,10 @@ pub fn resolve(budget: Budget, model: Option<&str>, base_len: usize) -> (PolicyS
     let sinks = row.sinks.min(slots - 1);
     let rest = slots - sinks;
     let heavy = ((rest as f64 * row.heavy).round() as usize).min(rest);
-    let spec = format!("h2o:heavy={heavy},recent={},sink={sinks},score={}", rest - heavy, row.score);
+    let mut spec = format!("h2o:heavy={heavy},recent={},sink={sinks},score={}", rest - heavy, row.score);
+    if let Some(p) = row.prefill {
+        spec += &format!(",prefill={p}");
+    }
     (PolicySpec::parse(&spec).expect("the table's rows are valid specs"), row)
 }
 
@@ -242,6 +278,14 @@ mod tests {
         assert_eq!(spec.to_string(), "h2o:heavy=150,recent=50,sink=4,score=norm");
         let (spec, _) = resolve(Budget::Percent(5.0), Some("gemma3:18x640"), 1024);
         assert_eq!(spec.to_string(), "h2o:heavy=38,recent=13,score=norm");
+        // Qwen2.5-Coder-1.5B: one row, with SnapKV's prompt compression, at any share
+        for p in [12.5, 20.0, 50.0] {
+            let (spec, row) = resolve(Budget::Percent(p), Some("qwen2:28x1536"), 4096);
+            let b = Budget::Percent(p).resolve(4096);
+            let heavy = ((b - 4) as f64 * 0.5).round() as usize;
+            let want = format!("h2o:heavy={heavy},recent={},sink=4,score=norm,prefill=snap:32", b - 4 - heavy);
+            assert_eq!((spec.to_string(), row.share), (PolicySpec::parse(&want).unwrap().to_string(), 20.0));
+        }
     }
 
     #[test]
@@ -273,14 +317,14 @@ mod tests {
             bytes("auto:budget=20%", "llama:30x576"),
             bytes("h2o:heavy=150,recent=50,sink=4,score=norm", "llama:30x576")
         );
-        assert_eq!(bytes("auto:budget=20%", "qwen2:28x1536"), bytes("h2o:heavy=102,recent=102,score=norm", "x"));
+        assert_eq!(bytes("auto:budget=20%", "qwen3:28x1024"), bytes("h2o:heavy=102,recent=102,score=norm", "x"));
     }
 
     #[test]
     fn nearest_share_of_the_models_rows_else_the_default() {
         assert_eq!(choose(Some("llama:30x576"), 25.0).share, 20.0);
         assert_eq!(choose(Some("llama:30x576"), 30.0).share, 40.0, "a tie takes the larger share");
-        let unknown = choose(Some("qwen2:28x1536"), 20.0);
+        let unknown = choose(Some("qwen3:28x1024"), 20.0);
         assert_eq!((unknown.model, unknown.share), ("*", 10.0));
         assert_eq!(choose(None, 60.0).share, 40.0);
         assert_eq!(model_key("Qwen2", 28, 1536), "qwen2:28x1536");
