@@ -166,7 +166,7 @@ pub const CHOICES: &[AutoChoice] = &[
         evidence: "docs/tuned/stories260k-5.json",
     },
     // Qwen2.5-Coder-1.5B: SnapKV's prompt compression (with TOVA the only
-    // policy that kept the passkey at 12.5% in the r4k matrix) and, of the
+    // policy that kept the needles at 12.5% in the r4k matrix) and, of the
     // decode-time variants it combines with, the lowest WikiText-2 KL at 20%
     // (docs/qwen.md, "auto")
     AutoChoice {
