@@ -70,8 +70,10 @@ pub struct Args {
     /// on any unexpected answer. --requests and --prompt are not used.
     #[arg(long, value_name = "SECONDS")]
     soak: Option<f64>,
-    /// The server's process ID: its peak resident memory (VmHWM from /proc)
-    /// goes in the report.
+    /// The server's process ID: its peak resident memory (VmHWM from /proc;
+    /// for a server started just before, that is often the moment its
+    /// weights were loaded) and its largest resident memory sampled during
+    /// the run (VmRSS every 100 ms; the soak: every second) go in the report.
     #[arg(long)]
     server_pid: Option<u32>,
     /// API key sent as `Authorization: Bearer` (also KVSLIM_API_KEY).
@@ -237,17 +239,18 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// A `/metrics` value.
-fn metric(addr: &str, headers: &[(&str, &str)], name: &str) -> Option<f64> {
-    let r = http_client::request_with(addr, "GET", "/metrics", None, headers).ok()?;
-    r.text().lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
-/// The largest values a watcher of `/metrics` saw during the run.
+/// The largest values a watcher saw during the run: on `/metrics`, and
+/// the server's resident memory (`VmRSS`, with `--server-pid`).
 #[derive(Default)]
 struct Peaks {
     kv_bytes: f64,
     running: f64,
     batch: f64,
+    rss: Option<u64>,
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -303,14 +306,23 @@ pub fn run(a: Args) -> CliResult {
     let done = Arc::new(AtomicBool::new(false));
     let watcher = {
         let (addr, auth, done) = (addr.clone(), auth.clone(), done.clone());
-        let watch = a.watch_metrics;
+        let (watch, pid) = (a.watch_metrics, a.server_pid);
         std::thread::spawn(move || {
             let headers: Vec<(&str, &str)> = auth.as_deref().map(|a| ("Authorization", a)).into_iter().collect();
             let mut p = Peaks::default();
-            while watch && !done.load(Ordering::Relaxed) {
-                p.kv_bytes = p.kv_bytes.max(metric(&addr, &headers, "kvslim_kv_bytes_in_use").unwrap_or(0.0));
-                p.running = p.running.max(metric(&addr, &headers, "kvslim_running_requests").unwrap_or(0.0));
-                p.batch = p.batch.max(metric(&addr, &headers, "kvslim_batch_size").unwrap_or(0.0));
+            while (watch || pid.is_some()) && !done.load(Ordering::Relaxed) {
+                if let Some(r) = pid.and_then(kvslim_loadtest::soak::rss) {
+                    p.rss = Some(p.rss.unwrap_or(0).max(r));
+                }
+                let text = match watch {
+                    true => http_client::request_with(&addr, "GET", "/metrics", None, &headers).map(|r| r.text()),
+                    false => Ok(String::new()),
+                };
+                if let Ok(t) = text {
+                    p.kv_bytes = p.kv_bytes.max(metric(&t, "kvslim_kv_bytes_in_use").unwrap_or(0.0));
+                    p.running = p.running.max(metric(&t, "kvslim_running_requests").unwrap_or(0.0));
+                    p.batch = p.batch.max(metric(&t, "kvslim_batch_size").unwrap_or(0.0));
+                }
                 std::thread::sleep(Duration::from_millis(100));
             }
             p
@@ -379,6 +391,7 @@ pub fn run(a: Args) -> CliResult {
         "peak_running_requests": watched.then_some(peaks.running),
         "peak_batch_size": watched.then_some(peaks.batch),
         "peak_rss_bytes": a.server_pid.and_then(kvslim_loadtest::soak::peak_rss),
+        "rss_max_sampled_bytes": peaks.rss,
     });
     if a.json {
         println!("{report}");
