@@ -3,9 +3,12 @@
 //!
 //! * [`http_client`]: blocking HTTP helpers over `ureq` for the server's
 //!   integration tests and `kvslim loadtest`.
+//! * [`prompts`]: prompts of an exact token count cut from a text file
+//!   through the server's `/tokenize`.
 //! * [`soak`]: the soak driver (`kvslim loadtest --soak`): concurrent
 //!   clients mixing normal, cancelled, malformed, oversized and stalled
 //!   requests, checked against solo runs, KV and peak memory reported.
 
 pub mod http_client;
+pub mod prompts;
 pub mod soak;

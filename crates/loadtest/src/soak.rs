@@ -9,6 +9,12 @@
 //! reads its `/metrics` (KV bytes in use must be back to 0) and, given the
 //! server's PID, its peak resident memory (`VmHWM`).
 //!
+//! The prompts are four short stories260K-sized texts unless
+//! [`SoakConfig::prompt_file`] names a text: then four windows of it, each
+//! cut to exactly [`SoakConfig::prompt_tokens`] tokens by the server's
+//! tokenizer and sent as token ids ([`crate::prompts`]). Greedy and
+//! sampled requests draw their `kv_policy` from [`SoakConfig::policies`].
+//!
 //! Used by `kvslim loadtest --soak SECONDS` and by the short soak test in
 //! `crates/server/tests/soak.rs`.
 
@@ -18,6 +24,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,6 +49,56 @@ pub struct SoakConfig {
     /// Tokens per well-formed request.
     pub max_tokens: usize,
     pub seed: u64,
+    /// A text to cut the prompts from (with `prompt_tokens`); `None`: the
+    /// four built-in short prompts.
+    pub prompt_file: Option<PathBuf>,
+    /// Tokens per prompt cut from `prompt_file`.
+    pub prompt_tokens: Option<usize>,
+    /// `kv_policy` of greedy and sampled requests, one drawn per request
+    /// (each greedy one checked against its solo run under that policy);
+    /// [`DEFAULT_POLICIES`] unless given.
+    pub policies: Vec<String>,
+}
+
+impl SoakConfig {
+    /// A configuration with the defaults of `kvslim loadtest --soak`: 8
+    /// clients, 48 tokens, the built-in prompts and [`DEFAULT_POLICIES`],
+    /// no key, PID, stalled clients; oversized bodies declare 2 MiB.
+    pub fn new(addr: impl Into<String>, duration: Duration) -> SoakConfig {
+        SoakConfig {
+            addr: addr.into(),
+            clients: 8,
+            duration,
+            api_key: None,
+            server_pid: None,
+            oversize_bytes: 2 << 20,
+            stalled: false,
+            max_tokens: 48,
+            seed: 1,
+            prompt_file: None,
+            prompt_tokens: None,
+            policies: DEFAULT_POLICIES.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+}
+
+/// Splits a `;`-separated policy list (`"full;h2o:heavy=8,recent=8"`),
+/// each entry trimmed; an empty list or an empty entry is an error.
+pub fn parse_policy_list(s: &str) -> Result<Vec<String>, String> {
+    if s.trim().is_empty() {
+        return Err("the KV policy list is empty".into());
+    }
+    s.split(';')
+        .enumerate()
+        .map(|(i, p)| {
+            let p = p.trim();
+            if p.is_empty() {
+                Err(format!("entry {} of the KV policy list `{s}` is empty", i + 1))
+            } else {
+                Ok(p.to_string())
+            }
+        })
+        .collect()
 }
 
 /// The kinds of request the clients send.
@@ -89,9 +146,56 @@ impl Kind {
     }
 }
 
-const PROMPTS: [&str; 4] = ["Once upon a time", "The little dog", "Lily wanted to", "One day, a boy"];
-const POLICIES: [&str; 3] = ["full", "h2o:heavy=8,recent=8", "window:recent=16"];
+/// The built-in prompts (sized for stories260K).
+pub const PROMPTS: [&str; 4] = ["Once upon a time", "The little dog", "Lily wanted to", "One day, a boy"];
+/// The policies greedy and sampled requests draw from by default.
+pub const DEFAULT_POLICIES: [&str; 3] = ["full", "h2o:heavy=8,recent=8", "window:recent=16"];
+/// Prompts cut from a `prompt_file`.
+const FILE_PROMPTS: usize = 4;
 const BEAMS: usize = 3;
+/// How long a client waits for data from the server (a whole answer for
+/// the non-streamed requests; more than the server's default
+/// `--request-timeout` of 600 s, so that its 504 arrives first).
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// A soak prompt: a text, or token ids cut from a prompt file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Prompt {
+    Text(String),
+    /// Window `index` of the prompt file, as token ids.
+    Ids {
+        index: usize,
+        ids: Vec<u32>,
+    },
+}
+
+impl Prompt {
+    /// The `prompt` field of a completion request.
+    pub fn json(&self) -> Value {
+        match self {
+            Prompt::Text(t) => json!(t),
+            Prompt::Ids { ids, .. } => json!(ids),
+        }
+    }
+
+    /// A short name for messages.
+    pub fn label(&self) -> String {
+        match self {
+            Prompt::Text(t) => format!("{t:?}"),
+            Prompt::Ids { index, ids } => format!("window {index} ({} tokens)", ids.len()),
+        }
+    }
+}
+
+/// A greedy answer every greedy request of its prompt and policy was
+/// checked against: the solo run made before the load.
+#[derive(Clone, Debug)]
+pub struct GreedyReference {
+    pub prompt: Prompt,
+    pub policy: String,
+    pub max_tokens: usize,
+    pub text: String,
+}
 
 /// One request's outcome.
 struct Outcome {
@@ -112,10 +216,9 @@ pub struct SoakReport {
     pub failed: usize,
     /// KV bytes the server reported in use once idle after the run.
     pub kv_bytes_at_end: f64,
-    /// The solo greedy runs every greedy answer was checked against:
-    /// (prompt, policy, max_tokens, text), for checking them against the
-    /// engine without the server.
-    pub greedy_references: Vec<(String, String, usize, String)>,
+    /// The solo greedy runs every greedy answer was checked against, for
+    /// checking them against the engine without the server.
+    pub greedy_references: Vec<GreedyReference>,
 }
 
 impl SoakReport {
@@ -129,6 +232,7 @@ impl SoakReport {
 /// context.
 struct Shared {
     cfg: SoakConfig,
+    prompts: Vec<Prompt>,
     /// Greedy text per (prompt, policy), from a solo run.
     greedy: Vec<Vec<String>>,
     /// Beam text per prompt, from a solo run.
@@ -145,8 +249,18 @@ impl Shared {
     fn post(&self, body: &Value) -> Result<http_client::Response, String> {
         let h = self.headers();
         let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        http_client::request_with(&self.cfg.addr, "POST", "/v1/completions", Some(&body.to_string()), &h)
-            .map_err(|e| e.to_string())
+        let mut s = http_client::open_with(
+            &self.cfg.addr,
+            "POST",
+            "/v1/completions",
+            Some(&body.to_string()),
+            CLIENT_TIMEOUT,
+            &h,
+        )
+        .map_err(|e| e.to_string())?;
+        let mut buf = Vec::new();
+        s.body.read_to_end(&mut buf).map_err(|e| e.to_string())?;
+        Ok(http_client::Response { status: s.status, headers: s.headers, body: buf })
     }
 
     fn get(&self, path: &str) -> Result<http_client::Response, String> {
@@ -156,11 +270,12 @@ impl Shared {
     }
 
     fn greedy_body(&self, p: usize, pol: usize) -> Value {
-        json!({"prompt": PROMPTS[p], "max_tokens": self.cfg.max_tokens, "temperature": 0, "kv_policy": POLICIES[pol]})
+        json!({"prompt": self.prompts[p].json(), "max_tokens": self.cfg.max_tokens, "temperature": 0,
+            "kv_policy": self.cfg.policies[pol]})
     }
 
     fn beam_body(&self, p: usize) -> Value {
-        json!({"prompt": PROMPTS[p], "max_tokens": self.cfg.max_tokens.min(24), "beams": BEAMS})
+        json!({"prompt": self.prompts[p].json(), "max_tokens": self.cfg.max_tokens.min(24), "beams": BEAMS})
     }
 }
 
@@ -172,31 +287,62 @@ fn text_of(r: &http_client::Response) -> Result<String, String> {
     r.json()["choices"][0]["text"].as_str().map(str::to_string).ok_or_else(|| format!("no text in {}", r.text()))
 }
 
-/// Solo runs (one request at a time, before the load) for the references.
+/// Checks the configuration against the server (every policy accepted,
+/// the prompts cut), then makes the solo runs (one request at a time,
+/// before the load) for the references.
 fn prepare(cfg: &SoakConfig) -> Result<Shared, String> {
-    let mut sh = Shared { cfg: cfg.clone(), greedy: Vec::new(), beams: Vec::new(), too_long: Vec::new() };
-    for p in 0..PROMPTS.len() {
-        let row =
-            (0..POLICIES.len()).map(|pol| text_of(&sh.post(&sh.greedy_body(p, pol))?)).collect::<Result<_, _>>()?;
-        sh.greedy.push(row);
-        sh.beams.push(text_of(&sh.post(&sh.beam_body(p))?)?);
+    if cfg.policies.is_empty() {
+        return Err("no KV policy to draw from: the policy list is empty".into());
     }
-    let models = sh.get("/v1/models")?.json();
-    let ctx = models["data"][0]["context_length"].as_u64().ok_or("no context_length in /v1/models")? as usize;
-    let ids = sh.post_tokenize(PROMPTS[0])?;
-    sh.too_long = ids.iter().copied().cycle().take(ctx + 1).collect();
+    if cfg.prompt_file.is_some() != cfg.prompt_tokens.is_some() {
+        return Err("a prompt file and a prompt length (--prompt-file, --prompt-tokens) go together".into());
+    }
+    let mut sh = Shared {
+        cfg: cfg.clone(),
+        prompts: PROMPTS.iter().map(|p| Prompt::Text(p.to_string())).collect(),
+        greedy: Vec::new(),
+        beams: Vec::new(),
+        too_long: Vec::new(),
+    };
+    let auth = cfg.api_key.as_ref().map(|k| format!("Bearer {k}"));
+    let h: Vec<(&str, &str)> = auth.iter().map(|v| ("Authorization", v.as_str())).collect();
+    for p in &cfg.policies {
+        check_policy(&cfg.addr, &h, p)?;
+    }
+    let ctx = crate::prompts::context_on(&cfg.addr, &h)?;
+    if let (Some(path), Some(n)) = (&cfg.prompt_file, cfg.prompt_tokens) {
+        let w = crate::prompts::from_file_on(&cfg.addr, &h, path, FILE_PROMPTS, n)?;
+        sh.prompts = w.into_iter().enumerate().map(|(index, ids)| Prompt::Ids { index, ids }).collect();
+    }
+    let first_ids = match &sh.prompts[0] {
+        Prompt::Ids { ids, .. } => ids.clone(),
+        Prompt::Text(t) => crate::prompts::tokenize_on(&cfg.addr, &h, t)?,
+    };
+    sh.too_long = first_ids.iter().copied().cycle().take(ctx + 1).collect();
+    for p in 0..sh.prompts.len() {
+        let row = (0..cfg.policies.len())
+            .map(|pol| text_of(&sh.post(&sh.greedy_body(p, pol))?))
+            .collect::<Result<_, String>>()
+            .map_err(|e| format!("solo greedy run of {}: {e}", sh.prompts[p].label()))?;
+        sh.greedy.push(row);
+        let beams = text_of(&sh.post(&sh.beam_body(p))?)
+            .map_err(|e| format!("solo beam run of {}: {e}", sh.prompts[p].label()))?;
+        sh.beams.push(beams);
+    }
     Ok(sh)
 }
 
-impl Shared {
-    fn post_tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
-        let h = self.headers();
-        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let body = json!({"prompt": text}).to_string();
-        let r = http_client::request_with(&self.cfg.addr, "POST", "/tokenize", Some(&body), &h)
-            .map_err(|e| e.to_string())?;
-        serde_json::from_value(r.json()["tokens"].clone()).map_err(|e| format!("/tokenize: {e}: {}", r.text()))
+/// `POST /v1/kv/policy`: the server accepts `policy` as a request's
+/// `kv_policy`, or the error says why not.
+fn check_policy(addr: &str, headers: &[(&str, &str)], policy: &str) -> Result<(), String> {
+    let body = json!({"kv_policy": policy}).to_string();
+    let r = http_client::request_with(addr, "POST", "/v1/kv/policy", Some(&body), headers)
+        .map_err(|e| format!("/v1/kv/policy: {e}"))?;
+    if r.status == 200 {
+        return Ok(());
     }
+    let why = r.json()["error"]["message"].as_str().map(str::to_string).unwrap_or_else(|| r.text());
+    Err(format!("the server refuses the KV policy `{policy}` (HTTP {}): {why}", r.status))
 }
 
 /// Draws the next kind: mostly well-formed traffic, a steady share of abuse.
@@ -229,14 +375,8 @@ fn draw(rng: &mut SplitMix64, stalled: bool) -> Kind {
 fn read_stream(sh: &Shared, body: &Value, stop_after: Option<usize>) -> (u16, Result<String, String>) {
     let h = sh.headers();
     let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let open = http_client::open_with(
-        &sh.cfg.addr,
-        "POST",
-        "/v1/completions",
-        Some(&body.to_string()),
-        Duration::from_secs(600),
-        &h,
-    );
+    let open =
+        http_client::open_with(&sh.cfg.addr, "POST", "/v1/completions", Some(&body.to_string()), CLIENT_TIMEOUT, &h);
     let mut s = match open {
         Ok(s) => s,
         Err(e) => return (0, Err(format!("no response: {e}"))),
@@ -302,7 +442,7 @@ fn one(sh: &Shared, kind: Kind, rng: &mut SplitMix64) -> Outcome {
     let expect = |status: u16, want: u16| (status != want).then(|| format!("expected HTTP {want}, got {status}"));
     let (status, failure) = match kind {
         Kind::Greedy => {
-            let (p, pol) = (rng.below(PROMPTS.len()), rng.below(POLICIES.len()));
+            let (p, pol) = (rng.below(sh.prompts.len()), rng.below(sh.cfg.policies.len()));
             let mut body = sh.greedy_body(p, pol);
             body["stream"] = json!(true);
             match read_stream(sh, &body, None) {
@@ -310,27 +450,30 @@ fn one(sh: &Shared, kind: Kind, rng: &mut SplitMix64) -> Outcome {
                 (s, Ok(t)) => (
                     s,
                     Some(format!(
-                        "greedy {:?} under {} differs from its solo run: {t:?} vs {:?}",
-                        PROMPTS[p], POLICIES[pol], sh.greedy[p][pol]
+                        "greedy {} under {} differs from its solo run: {t:?} vs {:?}",
+                        sh.prompts[p].label(),
+                        sh.cfg.policies[pol],
+                        sh.greedy[p][pol]
                     )),
                 ),
                 (s, Err(e)) => (s, Some(e)),
             }
         }
         Kind::Sampled => {
-            let body = json!({"prompt": PROMPTS[rng.below(PROMPTS.len())], "max_tokens": sh.cfg.max_tokens,
-                "temperature": 0.8, "seed": rng.below(1 << 20), "stream": true});
+            let (p, pol) = (rng.below(sh.prompts.len()), rng.below(sh.cfg.policies.len()));
+            let body = json!({"prompt": sh.prompts[p].json(), "max_tokens": sh.cfg.max_tokens,
+                "temperature": 0.8, "seed": rng.below(1 << 20), "stream": true, "kv_policy": sh.cfg.policies[pol]});
             let (s, r) = read_stream(sh, &body, None);
             (s, r.err())
         }
         Kind::Cancelled => {
-            let body = json!({"prompt": PROMPTS[rng.below(PROMPTS.len())], "max_tokens": 400,
+            let body = json!({"prompt": sh.prompts[rng.below(sh.prompts.len())].json(), "max_tokens": 400,
                 "temperature": 0.8, "seed": 7, "stream": true, "n": 1 + rng.below(3)});
             let (s, r) = read_stream(sh, &body, Some(1 + rng.below(4)));
             (s, r.err())
         }
         Kind::Beams => {
-            let p = rng.below(PROMPTS.len());
+            let p = rng.below(sh.prompts.len());
             match sh.post(&sh.beam_body(p)) {
                 Ok(r) => match text_of(&r) {
                     Ok(t) if t == sh.beams[p] => (r.status, None),
@@ -387,9 +530,27 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 
 /// `VmHWM` (peak resident set) of a process, in bytes.
 pub fn peak_rss(pid: u32) -> Option<u64> {
+    proc_status_bytes(pid, "VmHWM:")
+}
+
+/// `VmRSS` (resident set now) of a process, in bytes.
+pub fn rss(pid: u32) -> Option<u64> {
+    proc_status_bytes(pid, "VmRSS:")
+}
+
+fn proc_status_bytes(pid: u32, field: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = s.lines().find(|l| l.starts_with(field))?;
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+}
+
+/// What a watcher saw every second during the load: the server's resident
+/// memory, its KV bytes in use and running requests (largest values).
+#[derive(Default)]
+struct Watch {
+    rss_max: Option<u64>,
+    kv_max: f64,
+    running_max: f64,
 }
 
 /// A `/metrics` value.
@@ -403,8 +564,25 @@ fn metric(sh: &Shared, name: &str) -> Option<f64> {
 pub fn run(cfg: &SoakConfig) -> Result<SoakReport, String> {
     let sh = Arc::new(prepare(cfg)?);
     let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));
+    let rss_start = cfg.server_pid.and_then(rss);
     let start = Instant::now();
     let end = start + cfg.duration;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (sh, done) = (sh.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut w = Watch::default();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(r) = sh.cfg.server_pid.and_then(rss) {
+                    w.rss_max = Some(w.rss_max.unwrap_or(0).max(r));
+                }
+                w.kv_max = w.kv_max.max(metric(&sh, "kvslim_kv_bytes_in_use").unwrap_or(0.0));
+                w.running_max = w.running_max.max(metric(&sh, "kvslim_running_requests").unwrap_or(0.0));
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            w
+        })
+    };
     let threads: Vec<_> = (0..cfg.clients.max(1))
         .map(|c| {
             let (sh, outcomes) = (sh.clone(), outcomes.clone());
@@ -421,13 +599,15 @@ pub fn run(cfg: &SoakConfig) -> Result<SoakReport, String> {
     let panicked = threads.into_iter().map(|t| t.join()).filter(Result::is_err).count();
     let wall = start.elapsed().as_secs_f64();
     // the server goes idle once the cancelled streams are noticed
-    let idle_by = Instant::now() + Duration::from_secs(30);
+    let idle_by = Instant::now() + Duration::from_secs(120);
     while Instant::now() < idle_by
         && (metric(&sh, "kvslim_running_requests") != Some(0.0) || metric(&sh, "kvslim_queue_length") != Some(0.0))
     {
         std::thread::sleep(Duration::from_millis(50));
     }
     let kv_end = metric(&sh, "kvslim_kv_bytes_in_use").unwrap_or(f64::NAN);
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let watch = watcher.join().unwrap_or_default();
     let outcomes = outcomes.lock().unwrap_or_else(|e| e.into_inner());
     let mut by_kind: BTreeMap<&str, usize> = BTreeMap::new();
     let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
@@ -472,12 +652,59 @@ pub fn run(cfg: &SoakConfig) -> Result<SoakReport, String> {
         "latency_by_kind": per_kind,
         "kv_bytes_at_end": kv_end,
         "peak_rss_bytes": cfg.server_pid.and_then(peak_rss),
+        "rss_at_start_bytes": rss_start,
+        "rss_at_end_bytes": cfg.server_pid.and_then(rss),
+        "rss_max_sampled_bytes": watch.rss_max,
+        "kv_bytes_in_use_max_sampled": watch.kv_max,
+        "running_requests_max_sampled": watch.running_max,
+        "prompts": sh.prompts.iter().map(Prompt::label).collect::<Vec<_>>(),
+        "policies": cfg.policies,
+        "max_tokens": cfg.max_tokens,
         "requests_timed_out_total": metric(&sh, "kvslim_requests_timed_out_total"),
         "requests_cancelled_total": metric(&sh, "kvslim_requests_cancelled_total"),
     });
-    let greedy_references = (0..PROMPTS.len())
-        .flat_map(|p| (0..POLICIES.len()).map(move |pol| (p, pol)))
-        .map(|(p, pol)| (PROMPTS[p].to_string(), POLICIES[pol].to_string(), cfg.max_tokens, sh.greedy[p][pol].clone()))
+    let greedy_references = (0..sh.prompts.len())
+        .flat_map(|p| (0..cfg.policies.len()).map(move |pol| (p, pol)))
+        .map(|(p, pol)| GreedyReference {
+            prompt: sh.prompts[p].clone(),
+            policy: cfg.policies[pol].clone(),
+            max_tokens: cfg.max_tokens,
+            text: sh.greedy[p][pol].clone(),
+        })
         .collect();
     Ok(SoakReport { json, failures, failed, kv_bytes_at_end: kv_end, greedy_references })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_lists_split_trim_and_refuse_empty_entries() {
+        assert_eq!(
+            parse_policy_list(" full ; h2o:heavy=10%,recent=10%").unwrap(),
+            ["full", "h2o:heavy=10%,recent=10%"]
+        );
+        assert_eq!(parse_policy_list("window:recent=16").unwrap(), ["window:recent=16"]);
+        assert!(parse_policy_list("").unwrap_err().contains("empty"));
+        assert!(parse_policy_list(" ; ").unwrap_err().contains("entry 1"));
+        assert!(parse_policy_list("full;;window:recent=4").unwrap_err().contains("entry 2"));
+        assert!(parse_policy_list("full;").unwrap_err().contains("entry 2"));
+    }
+
+    #[test]
+    fn bad_configurations_fail_before_any_request() {
+        // nothing listens on port 9 of this address: the checks that need no
+        // server fail first, with their own message
+        let mut cfg = SoakConfig::new("127.0.0.1:9", Duration::from_secs(1));
+        cfg.policies.clear();
+        let e = run(&cfg).unwrap_err();
+        assert!(e.contains("policy list is empty"), "{e}");
+        let mut cfg = SoakConfig::new("127.0.0.1:9", Duration::from_secs(1));
+        cfg.prompt_tokens = Some(64);
+        let e = run(&cfg).unwrap_err();
+        assert!(e.contains("go together"), "{e}");
+        assert_eq!(Prompt::Ids { index: 2, ids: vec![1, 2, 3] }.json(), json!([1, 2, 3]));
+        assert_eq!(Prompt::Ids { index: 2, ids: vec![1, 2, 3] }.label(), "window 2 (3 tokens)");
+    }
 }

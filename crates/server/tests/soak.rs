@@ -4,10 +4,12 @@
 //! malformed, oversized, unknown-policy, beyond-context and stalled ones.
 //! Every request must get its expected answer (greedy and beam text equal
 //! to solo runs), the KV must come back to 0, and memory stay bounded.
+//! A second, shorter run cuts its prompts from a text (`prompt_file`) and
+//! mixes its own policies, then checks the inputs the driver must refuse.
 
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{generate, GenerateOptions, SamplingParams};
-use kvslim_loadtest::soak::{self, SoakConfig};
+use kvslim_loadtest::soak::{self, GreedyReference, Prompt, SoakConfig};
 use kvslim_server::{HttpLimits, Limits};
 use std::time::Duration;
 mod common;
@@ -37,6 +39,7 @@ fn short_soak_answers_everything_and_returns_the_kv() {
         stalled: true,
         max_tokens: 48,
         seed: 17,
+        ..SoakConfig::new("", Duration::ZERO)
     };
     let report = soak::run(&cfg).expect("solo references");
     println!("{}", serde_json::to_string_pretty(&report.json).unwrap());
@@ -46,20 +49,82 @@ fn short_soak_answers_everything_and_returns_the_kv() {
     for k in ["greedy", "sampled", "cancelled", "malformed", "oversized", "unknown_policy", "beyond_context"] {
         assert!(kinds.get(k).and_then(|v| v.as_u64()).unwrap_or(0) > 0, "no {k} request in {kinds:?}");
     }
-    // the solo references are what the engine gives without the server
-    let m = common::stories();
-    let tok = m.tokenizer.as_ref().unwrap();
-    for (prompt, policy, max_tokens, text) in &report.greedy_references {
-        let opts = GenerateOptions {
-            max_tokens: *max_tokens,
-            sampling: SamplingParams::default(),
-            policy: PolicySpec::parse(policy).unwrap(),
-            eos: tok.eos.clone(),
-        };
-        let g = generate(&m.model, &tok.encode(prompt).unwrap(), &opts, |_| true).unwrap();
-        assert_eq!(&tok.decode(&g.token_ids).unwrap(), text, "{prompt:?} under {policy}");
-    }
+    check_references(&report.greedy_references);
     // stories260K weighs ~1 MB and its KV pool is capped at 64 MiB
     let rss = report.json["peak_rss_bytes"].as_u64().unwrap_or(0);
     assert!(rss < 1 << 30, "peak RSS {rss} bytes");
+}
+
+/// The solo references are what the engine gives without the server.
+fn check_references(refs: &[GreedyReference]) {
+    let m = common::stories();
+    let tok = m.tokenizer.as_ref().unwrap();
+    assert!(!refs.is_empty());
+    for r in refs {
+        let opts = GenerateOptions {
+            max_tokens: r.max_tokens,
+            sampling: SamplingParams::default(),
+            policy: PolicySpec::parse(&r.policy).unwrap(),
+            eos: tok.eos.clone(),
+        };
+        let ids = match &r.prompt {
+            Prompt::Text(t) => tok.encode(t).unwrap(),
+            Prompt::Ids { ids, .. } => ids.clone(),
+        };
+        let g = generate(&m.model, &ids, &opts, |_| true).unwrap();
+        assert_eq!(tok.decode(&g.token_ids).unwrap(), r.text, "{:?} under {}", r.prompt, r.policy);
+    }
+}
+
+/// The soak with prompts cut from a text (4 windows of exactly 96 tokens,
+/// sent as ids) and its own policy mix: a few seconds, every answer
+/// expected, the KV back to 0; then the inputs it must refuse before any
+/// load, each with its reason.
+#[test]
+fn soak_with_prompt_file_and_policy_mix() {
+    let limits = Limits { kv_memory: 64 << 20, max_batch: 16, queue_limit: 64, ..Limits::default() };
+    let (addr, _, _) = common::start_with(limits, Duration::from_secs(5), |s| s);
+    let text = common::shared().join("data/tinystories/tinystories_val.txt");
+    let policies = ["full", "h2o:heavy=10%,recent=10%,kv_dtype=q8", "window:recent=32"];
+    let cfg = SoakConfig {
+        clients: 4,
+        max_tokens: 16,
+        seed: 5,
+        prompt_file: Some(text.clone()),
+        prompt_tokens: Some(96),
+        policies: policies.iter().map(|p| p.to_string()).collect(),
+        ..SoakConfig::new(addr.clone(), Duration::from_secs(4))
+    };
+    let report = soak::run(&cfg).expect("solo references");
+    println!("{}", serde_json::to_string_pretty(&report.json).unwrap());
+    assert!(report.passed(), "{:#?} {}", report.failures, report.json);
+    assert_eq!(report.json["prompts"].as_array().unwrap().len(), 4);
+    assert!(report.json["requests_by_kind"]["greedy"].as_u64().unwrap_or(0) > 0);
+    // 4 windows x 3 policies, each window exactly 96 distinct-from-the-others ids
+    assert_eq!(report.greedy_references.len(), 12);
+    let mut windows: Vec<&Vec<u32>> = Vec::new();
+    for r in &report.greedy_references {
+        let Prompt::Ids { ids, .. } = &r.prompt else { panic!("a text prompt: {:?}", r.prompt) };
+        assert_eq!(ids.len(), 96);
+        if !windows.contains(&ids) {
+            windows.push(ids);
+        }
+    }
+    assert_eq!(windows.len(), 4);
+    check_references(&report.greedy_references);
+
+    let refused = |change: &dyn Fn(&mut SoakConfig)| {
+        let mut c = cfg.clone();
+        change(&mut c);
+        soak::run(&c).expect_err("must be refused")
+    };
+    let e = refused(&|c| c.prompt_tokens = Some(512));
+    assert!(e.contains("does not fit the server's context of 512"), "{e}");
+    let e = refused(&|c| c.prompt_file = Some(text.with_file_name("no-such-file.txt")));
+    assert!(e.contains("cannot read prompt file") && e.contains("no-such-file.txt"), "{e}");
+    let e = refused(&|c| c.policies = vec!["full".into(), "h2o:heavy=8,nope=1".into()]);
+    assert!(e.contains("refuses the KV policy `h2o:heavy=8,nope=1`") && e.contains("nope"), "{e}");
+    let e = refused(&|c| c.policies.clear());
+    assert!(e.contains("policy list is empty"), "{e}");
+    assert_eq!(common::metric(&addr, "kvslim_kv_bytes_in_use"), 0.0);
 }
