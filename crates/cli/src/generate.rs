@@ -172,6 +172,7 @@ pub fn run(a: Args) -> CliResult {
                 "target_passes": st.target_passes,
                 "drafted": st.drafted,
                 "accepted": st.accepted,
+                "replays": st.replays,
                 "tokens_per_pass": st.tokens_per_pass(),
             })),
         });
@@ -190,13 +191,14 @@ pub fn run(a: Args) -> CliResult {
     }
     if let Some(st) = spec_stats {
         eprintln!(
-            "[speculative {}: {} target passes, {} drafted, {} accepted ({:.1}%), {:.2} tokens per pass]",
+            "[speculative {}: {} target passes, {} drafted, {} accepted ({:.1}%), {:.2} tokens per pass, {} replays]",
             a.speculative.as_deref().unwrap_or(""),
             st.target_passes,
             st.drafted,
             st.accepted,
             if st.drafted > 0 { 100.0 * st.accepted as f64 / st.drafted as f64 } else { 0.0 },
-            st.tokens_per_pass()
+            st.tokens_per_pass(),
+            st.replays
         );
     }
     Ok(())

@@ -36,12 +36,19 @@
 //! slots' scores, and cutting would keep it.
 //! Otherwise the cache starts an undo journal before verification
 //! ([`SequenceCache::checkpoint`]: each head's positions and scores, the
-//! policy's state, and then only the rows an eviction overwrites — no
-//! copy of the K/V slots) and, unless every draft is accepted, rolls back
-//! and replays exactly the accepted tokens (the pending token plus the
-//! accepted drafts), so scoring and eviction happen only for committed
-//! tokens. Where a journal does not apply (paged stores, whose copies
-//! share pages anyway; CHAI head sharing) the cache is copied instead.
+//! policy's state, then only the rows an eviction overwrites and, before
+//! each token, the live slots' positions and scores — no copy of the K/V
+//! slots). Unless every draft is accepted, the cache returns to the state
+//! just after the last accepted token ([`SequenceCache::rollback_to`]):
+//! each token's step in a pass depends only on the tokens before it, so
+//! that state is exactly plain decoding's and nothing is recomputed. Where
+//! the policy's state moves with the steps (`random`'s RNG, a trace) or an
+//! allocator split a layer during the pass, the cache rolls back to the
+//! pass's start and replays exactly the accepted tokens (the pending token
+//! plus the accepted drafts), one more forward pass. Either way scoring
+//! and eviction happen only for committed tokens. Where a journal does not
+//! apply (paged stores, whose copies share pages anyway; CHAI head
+//! sharing) the cache is copied instead and the accepted tokens replayed.
 
 use crate::generate::start_session;
 use crate::generate::{GenerateOptions, Generation, StopReason};
@@ -262,6 +269,10 @@ pub struct SpecStats {
     pub drafted: usize,
     /// Draft tokens accepted.
     pub accepted: usize,
+    /// Extra forward passes that replayed accepted tokens after a rollback
+    /// to a pass's start (policies that cannot return to a single token;
+    /// see the module docs). Not in `target_passes`.
+    pub replays: usize,
 }
 
 impl SpecStats {
@@ -363,13 +374,19 @@ pub fn speculative_run(
                 // nothing was or could be evicted: the first tokens' state
                 // is theirs alone
                 Rollback::Cut => session.cache.truncate(start_pos + keep.len()).map_err(kvslim_models::Error::from)?,
+                // back to the last accepted token when the policy allows,
+                // else to the pass's start, replaying the accepted tokens
                 Rollback::Journal => {
-                    session.cache.rollback();
-                    verification.run(model, keep, &mut session)?;
+                    if !session.cache.rollback_to(keep.len()) {
+                        session.cache.rollback();
+                        verification.run(model, keep, &mut session)?;
+                        stats.replays += 1;
+                    }
                 }
                 Rollback::Snapshot(snapshot) => {
                     session.cache = *snapshot;
                     verification.run(model, keep, &mut session)?;
+                    stats.replays += 1;
                 }
             }
         } else if let Rollback::Journal = rollback {

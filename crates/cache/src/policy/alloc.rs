@@ -350,6 +350,10 @@ impl CachePolicy for Allocated {
         self.unit(head.layer, head.kv_head).select_after_prefill(head, positions, scores, keep)
     }
 
+    fn rolls_back_per_token(&self) -> bool {
+        self.units.iter().all(|u| u.rolls_back_per_token())
+    }
+
     fn enable_trace(&mut self, every: u32) {
         self.units.iter_mut().for_each(|u| u.enable_trace(every));
     }

@@ -238,6 +238,16 @@ pub trait CachePolicy: Send {
         keep.extend(0..positions.len());
     }
 
+    /// True when a decode step changes no policy state besides its scratch
+    /// (no random draws, no trace), so an undo journal can return the cache
+    /// to the state after any one token of a verification pass by restoring
+    /// slots alone ([`crate::SequenceCache::rollback_to`]); layer decisions
+    /// are tracked by the cache. False (the safe default) makes speculative
+    /// decoding roll back to the pass's start and replay the accepted tokens.
+    fn rolls_back_per_token(&self) -> bool {
+        false
+    }
+
     /// Starts recording eviction events for steps divisible by `every`
     /// (policies that never evict ignore it).
     fn enable_trace(&mut self, _every: u32) {}
@@ -261,5 +271,8 @@ impl CachePolicy for FullCache {
     }
     fn capacity(&self, max_len: usize) -> usize {
         max_len
+    }
+    fn rolls_back_per_token(&self) -> bool {
+        true
     }
 }

@@ -79,6 +79,10 @@ impl CachePolicy for SlidingWindowLayers {
         self.inner.decide_layer(layer, heads)
     }
 
+    fn rolls_back_per_token(&self) -> bool {
+        self.inner.rolls_back_per_token()
+    }
+
     fn bounded(&self) -> bool {
         self.inner.bounded() || self.local.iter().all(|&l| l)
     }

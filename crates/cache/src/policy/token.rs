@@ -502,6 +502,11 @@ impl CachePolicy for TokenEviction {
         }
     }
 
+    fn rolls_back_per_token(&self) -> bool {
+        // random eviction draws from per-head RNG streams; a trace records events
+        !matches!(self.rule, VictimRule::Random { .. }) && self.trace_every == 0
+    }
+
     fn enable_trace(&mut self, every: u32) {
         self.trace_every = every.max(1);
     }

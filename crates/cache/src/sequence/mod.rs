@@ -90,6 +90,9 @@ struct Checkpoint {
     policy: Box<dyn CachePolicy>,
     next_pos: usize,
     steps_since_compact: usize,
+    /// The policy split a layer among its heads since (a decision that
+    /// returning to a single token would have to undo).
+    decided_layer: bool,
 }
 
 impl Clone for SequenceCache {
@@ -387,6 +390,7 @@ impl SequenceCache {
             policy: self.policy.clone_box(),
             next_pos: self.next_pos,
             steps_since_compact: self.steps_since_compact,
+            decided_layer: false,
         });
         true
     }
@@ -406,6 +410,36 @@ impl SequenceCache {
         self.policy = cp.policy;
         self.next_pos = cp.next_pos;
         self.steps_since_compact = cp.steps_since_compact;
+    }
+
+    /// Returns to the state just after the first `tokens` tokens fed since
+    /// [`SequenceCache::checkpoint`], bit for bit as if only they had been
+    /// fed, and ends the journal: what speculative decoding needs after a
+    /// pass whose later drafts were rejected, without replaying the accepted
+    /// ones. Every head returns to its mark before push number `tokens`
+    /// (the state after the previous token's eviction). Possible when the
+    /// policy's state does not move with decode steps
+    /// ([`CachePolicy::rolls_back_per_token`]) and no layer was split among
+    /// its heads since; otherwise returns false and changes nothing (the
+    /// journal stays open for [`SequenceCache::rollback`]).
+    pub fn rollback_to(&mut self, tokens: usize) -> bool {
+        let Some(cp) = self.checkpoint.as_ref() else { return false };
+        let fed = self.next_pos - cp.next_pos;
+        let heads_ok =
+            (0..self.store.layers()).all(|l| self.store.layer(l).iter().all(|h| h.pushes_since_checkpoint() == fed));
+        if tokens > fed || cp.decided_layer || !self.policy.rolls_back_per_token() || !heads_ok {
+            return false;
+        }
+        if tokens == fed {
+            self.commit();
+            return true;
+        }
+        let cp = self.checkpoint.take().expect("checked above");
+        (0..self.store.layers()).for_each(|l| self.store.layer_mut(l).iter_mut().for_each(|h| h.rollback_to(tokens)));
+        self.policy = cp.policy;
+        self.next_pos = cp.next_pos + tokens;
+        self.steps_since_compact = cp.steps_since_compact;
+        true
     }
 
     /// Cuts the sequence back to its first `len` tokens, as if only they had

@@ -67,6 +67,9 @@ impl SequenceCache {
             let heads: Vec<(&[u32], &[f32])> =
                 self.store.layer(layer).iter().map(|h| (h.positions(), h.scores())).collect();
             self.policy.decide_layer(layer, &heads);
+            if let Some(cp) = self.checkpoint.as_mut() {
+                cp.decided_layer = true;
+            }
         }
         self.evict_after_decode(layer, probs, stride);
         if deciding {
@@ -694,6 +697,54 @@ mod journal_tests {
             assert_eq!(state(&c), state(&copy), "{spec}: committed");
             let paged = PolicySpec::parse(&format!("{spec},page=4")).unwrap();
             assert!(!SequenceCache::new(&paged, shape, 64, 64).unwrap().checkpoint(), "paged stores decline");
+        }
+    }
+
+    /// Returning to any token of a journal equals a copy that was fed only
+    /// the tokens up to it (every head evicting at every step), and both
+    /// continue identically; where the policy's state moves with the steps
+    /// (`random`) or a layer was split among its heads during the journal
+    /// (`ada`'s first overflow), `rollback_to` declines and changes nothing.
+    #[test]
+    fn rollback_to_a_token_equals_feeding_only_the_tokens_before_it() {
+        let shape = CacheShape { layers: 2, heads: 4, kv_heads: 2, head_dim: 8, sliding_window: None, model: None };
+        for spec in [
+            "h2o:heavy=3,recent=2",
+            "h2o:heavy=3,recent=2,kv_dtype=q8,score=persist:4",
+            "h2o:heavy=3,recent=2,score=vnorm,sink=1",
+            "h2o:heavy=4,recent=2,alloc=pyramid:0.5",
+            "h2o:heavy=4,recent=2,alloc=ada:0.2",
+            "h2o:heavy=3,recent=2,agg=max,score=tova",
+            "full",
+        ] {
+            let spec = PolicySpec::parse(spec).unwrap();
+            for kept in 0..=4 {
+                let mut c = SequenceCache::new(&spec, shape.clone(), 64, 64).unwrap();
+                (0..9).for_each(|p| step(&mut c, p));
+                let mut copy = c.clone();
+                (9..9 + kept).for_each(|p| step(&mut copy, p));
+                assert!(c.checkpoint());
+                (9..13).for_each(|p| step(&mut c, p));
+                assert!(!c.rollback_to(5), "{spec}: only 4 tokens were fed");
+                assert!(c.rollback_to(kept), "{spec}: back to token {kept}");
+                assert_eq!(state(&c), state(&copy), "{spec}: after {kept} tokens");
+                assert_eq!(c.next_pos(), copy.next_pos());
+                for p in 9 + kept..16 {
+                    step(&mut c, p);
+                    step(&mut copy, p);
+                }
+                assert_eq!(state(&c), state(&copy), "{spec}: continued from {kept}");
+            }
+        }
+        for (spec, before) in [("random:budget=5,recent=1", 9), ("h2o:heavy=4,recent=2,alloc=ada:0.2", 3)] {
+            let mut c = SequenceCache::new(&PolicySpec::parse(spec).unwrap(), shape.clone(), 64, 64).unwrap();
+            (0..before).for_each(|p| step(&mut c, p));
+            let copy = c.clone();
+            assert!(c.checkpoint());
+            (before..before + 4).for_each(|p| step(&mut c, p));
+            assert!(!c.rollback_to(2), "{spec} declines");
+            c.rollback();
+            assert_eq!(state(&c), state(&copy), "{spec}: the journal stayed open for rollback");
         }
     }
 }

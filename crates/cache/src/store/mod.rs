@@ -72,7 +72,9 @@ pub struct HeadSlots {
 
 /// What a fixed-slot head looked like at a checkpoint, and the old contents
 /// of every row overwritten since, in order: rolling back restores the
-/// metadata and writes the rows back newest first.
+/// metadata and writes the rows back newest first. Each token appended
+/// since leaves a [`Mark`], so the head can also return to the moment just
+/// before any of them ([`HeadSlots::rollback_to`]).
 #[derive(Clone)]
 struct Undo {
     active: bool,
@@ -83,6 +85,21 @@ struct Undo {
     slots: Vec<usize>,
     keys: Option<RowBuf>,
     values: RowBuf,
+    /// One per push since the checkpoint: the head just before it.
+    marks: Vec<Mark>,
+    /// The live positions and scores of every mark, back to back.
+    mark_positions: Vec<u32>,
+    mark_scores: Vec<f32>,
+}
+
+/// A head's metadata just before one push inside a journal: its live slots'
+/// positions and scores sit at `at..at + len` of the journal's mark arrays.
+#[derive(Clone, Copy)]
+struct Mark {
+    len: usize,
+    /// Saved rows at that moment (the undo log's length).
+    saved: usize,
+    at: usize,
 }
 
 /// Slot-order view of a head's K or V rows, for the attention kernel.
@@ -203,6 +220,9 @@ impl HeadSlots {
                 slots: Vec::new(),
                 keys: keys.as_ref().map(|k| RowBuf::new(k.dtype(), self.head_dim, 0)),
                 values: RowBuf::new(values.dtype(), self.head_dim, 0),
+                marks: Vec::new(),
+                mark_positions: Vec::new(),
+                mark_scores: Vec::new(),
             })
         });
         undo.active = true;
@@ -214,6 +234,9 @@ impl HeadSlots {
             k.clear();
         }
         undo.values.clear();
+        undo.marks.clear();
+        undo.mark_positions.clear();
+        undo.mark_scores.clear();
         true
     }
 
@@ -240,6 +263,47 @@ impl HeadSlots {
         self.positions.clone_from(&u.positions);
         self.scores.clone_from(&u.scores);
         u.active = false;
+    }
+
+    /// Pushes since the checkpoint (each can be returned to).
+    pub(crate) fn pushes_since_checkpoint(&self) -> usize {
+        self.undo.as_ref().filter(|u| u.active).map_or(0, |u| u.marks.len())
+    }
+
+    /// Returns to the moment just before push number `pushes` since the
+    /// checkpoint (0: the checkpoint itself) and ends the journal: the rows
+    /// overwritten since are written back newest first, the live slots'
+    /// positions and scores restored. Slots beyond the live ones may hold
+    /// other stale data than before; nothing reads them. Panics without an
+    /// active checkpoint or with fewer pushes.
+    pub(crate) fn rollback_to(&mut self, pushes: usize) {
+        if pushes == 0 {
+            return self.rollback();
+        }
+        let u = self.undo.as_mut().filter(|u| u.active).expect("rollback without a checkpoint");
+        let m = u.marks[pushes];
+        let Kv::Slots { keys, values } = &mut self.kv else { unreachable!("journals are for fixed slots") };
+        for i in (m.saved..u.slots.len()).rev() {
+            let slot = u.slots[i];
+            if let (Some(k), Some(saved)) = (keys.as_mut(), u.keys.as_ref()) {
+                k.copy_row(slot, saved, i);
+            }
+            values.copy_row(slot, &u.values, i);
+        }
+        self.len = m.len;
+        self.positions[..m.len].copy_from_slice(&u.mark_positions[m.at..m.at + m.len]);
+        self.scores[..m.len].copy_from_slice(&u.mark_scores[m.at..m.at + m.len]);
+        u.active = false;
+    }
+
+    /// Records a [`Mark`] in the active journal before a push.
+    #[inline]
+    fn mark(&mut self) {
+        let Some(u) = self.undo.as_mut().filter(|u| u.active) else { return };
+        let (len, at) = (self.len, u.mark_positions.len());
+        u.marks.push(Mark { len, saved: u.slots.len(), at });
+        u.mark_positions.extend_from_slice(&self.positions[..len]);
+        u.mark_scores.extend_from_slice(&self.scores[..len]);
     }
 
     /// Saves row `slot` into the active journal before it is overwritten.
@@ -309,6 +373,7 @@ impl HeadSlots {
             return None;
         }
         let s = self.len;
+        self.mark();
         self.save_row(s);
         match &mut self.kv {
             Kv::Slots { keys, values } => {
