@@ -400,7 +400,8 @@ fn snapkv_prefill_equals_reference() {
         let r = 1 + pick(b as u64 - 1);
         let (w, k) = (1 + pick(prompt_len as u64), [1, 3, 7][pick(3)]);
         let agg = ["sum", "max"][pick(2)];
-        format!("h2o:heavy={},recent={r},agg={agg},prefill=snap:{w}:{k}", b - r)
+        let score = ["sum", "norm", "vnorm"][pick(3)];
+        format!("h2o:heavy={},recent={r},agg={agg},prefill=snap:{w}:{k},score={score}", b - r)
     });
     let m = stories();
     let ids = tokens(&m, 200);
@@ -411,8 +412,13 @@ fn snapkv_prefill_equals_reference() {
     for (spec, decode) in [
         ("h2o:heavy=16,recent=16,prefill=snap:16:1", true),
         ("h2o:heavy=24,recent=8,sink=2,prefill=snap:32:1,score=norm", true),
+        ("h2o:heavy=24,recent=8,sink=4,prefill=snap:32:1,score=vnorm", true),
         ("h2o:heavy=16,recent=16,prefill=snap:16", false),
         ("h2o:heavy=24,recent=8,sink=2,prefill=snap:32:3,score=norm", false),
+        ("h2o:heavy=24,recent=8,sink=4,prefill=snap:32,score=vnorm", false),
+        // one chunk, every query scoring: vnorm's column sums times ‖v‖ in
+        // the tiled kernel keep what query-by-query updates keep
+        ("h2o:heavy=24,recent=8,sink=4,score=vnorm", false),
     ] {
         let spec = PolicySpec::parse(spec).unwrap();
         let tokens = if decode { &ids[..] } else { &ids[..120] };

@@ -13,8 +13,9 @@ mod common;
 use common::{assert_same_cache, shared, stories, tokens};
 
 /// Policies that share a tiled prefill: no scores, column sums, SnapKV's
-/// window, allocators, pages, quantized rows, sinks.
-const TILED: [&str; 15] = [
+/// window, allocators, pages, quantized rows, sinks, value-norm weights
+/// (which must not take the plain column sums' scores).
+const TILED: [&str; 17] = [
     "full",
     "full:kv_dtype=q8",
     "h2o:heavy=25%,recent=25%",
@@ -30,12 +31,14 @@ const TILED: [&str; 15] = [
     "h2o:heavy=20%,recent=20%,sink=2,page=4",
     "h2o:heavy=20%,recent=20%,kv_dtype=q8,page=8",
     "h2o:heavy=20%,recent=20%,prefill=rkv",
+    "h2o:heavy=25%,recent=25%,score=vnorm",
+    "h2o:heavy=10%,recent=15%,sink=4,prefill=snap:6,score=vnorm",
 ];
 
 /// Policies whose prefill scores query by query (the decode kernel).
 const EVERY_QUERY: [&str; 4] = [
     "h2o:heavy=25%,recent=25%,score=tova",
-    "h2o:heavy=25%,recent=25%,score=vnorm",
+    "h2o:heavy=25%,recent=25%,score=decay:0.5",
     "h2o:heavy=25%,recent=25%,score=decay:0.9",
     "heavy:heavy=40%,score=persist:4",
 ];

@@ -168,12 +168,12 @@ pub const CHOICES: &[AutoChoice] = &[
     // Qwen2.5-Coder-1.5B: SnapKV's prompt compression (with TOVA the only
     // policy that kept the needles at 12.5% in the r4k matrix) and, of the
     // decode-time variants it combines with, the lowest WikiText-2 KL at 20%
-    // (docs/qwen.md, "auto")
+    // (value-norm weights, 4 sinks; docs/qwen.md, "auto")
     AutoChoice {
         model: "qwen2:28x1536",
         model_name: "Qwen2.5-Coder-1.5B",
         share: 20.0,
-        score: "norm",
+        score: "vnorm",
         sinks: 4,
         heavy: 0.5,
         prefill: Some("snap:32"),
@@ -283,7 +283,7 @@ mod tests {
             let (spec, row) = resolve(Budget::Percent(p), Some("qwen2:28x1536"), 4096);
             let b = Budget::Percent(p).resolve(4096);
             let heavy = ((b - 4) as f64 * 0.5).round() as usize;
-            let want = format!("h2o:heavy={heavy},recent={},sink=4,score=norm,prefill=snap:32", b - 4 - heavy);
+            let want = format!("h2o:heavy={heavy},recent={},sink=4,score=vnorm,prefill=snap:32", b - 4 - heavy);
             assert_eq!((spec.to_string(), row.share), (PolicySpec::parse(&want).unwrap().to_string(), 20.0));
         }
     }

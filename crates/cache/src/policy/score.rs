@@ -13,8 +13,9 @@
 //! | `vnorm` | s + a·‖v‖ (the slot's stored value row) | s |
 //! | `persist:H[:T]` | last H hit bits, hit = mean attention ≥ T/len | number of hits |
 //!
-//! Only `sum` and `norm` are column sums (a prefill chunk can add the
-//! chunk's attention in any order); the others depend on the order of the
+//! `sum`, `norm` and `vnorm` are column sums (a prefill chunk can add the
+//! chunk's attention in any order; `vnorm` multiplies each slot's sum by
+//! its ‖v‖, a per-slot factor); the others depend on the order of the
 //! queries, so a prefill chunk applies them query by query
 //! ([`ScoreRule::column_summable`]).
 //!
@@ -51,10 +52,12 @@ pub enum ScoreRule {
 }
 
 impl ScoreRule {
-    /// True when the update is a plain sum of the queries' attention, so a
-    /// prefill chunk may add column sums in any order.
+    /// True when the update is a sum of the queries' attention, so a
+    /// prefill chunk may add column sums in any order: plain (`sum`,
+    /// `norm`) or times the slot's value norm (`vnorm`: Σ a·‖v‖ = ‖v‖·Σ a;
+    /// see [`ScoreRule::needs_value_norms`]).
     pub fn column_summable(self) -> bool {
-        matches!(self, ScoreRule::Sum | ScoreRule::Norm)
+        matches!(self, ScoreRule::Sum | ScoreRule::Norm | ScoreRule::ValueNorm)
     }
 
     /// True when the update reads the slots' value norms.

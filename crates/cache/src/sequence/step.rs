@@ -162,13 +162,14 @@ impl SequenceCache {
         cand.repeat = repeat;
         cand.columns.clear();
         cand.value_norms.clear();
-        match cand.scoring {
-            Some((_, rule)) if rule.column_summable() => cand.columns.resize(cand.held + n, 0.0),
-            Some((_, rule)) if rule.needs_value_norms() => {
+        if let Some((_, rule)) = cand.scoring {
+            if rule.column_summable() {
+                cand.columns.resize(cand.held + n, 0.0);
+            }
+            if rule.needs_value_norms() {
                 let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
                 cand.value_norms.extend(cand.values[comp.leader].chunks_exact(d).map(norm));
             }
-            _ => {}
         }
         let group = lh.representative_of.len() / kv_heads;
         match comp.reps.iter().find(|&&r| cand.keys[r / group].is_empty()) {
@@ -188,6 +189,9 @@ impl SequenceCache {
         cand: &mut PrefillCandidates,
     ) -> Result<(), CacheError> {
         if !cand.columns.is_empty() {
+            // `vnorm`: each query's attention times the slot's ‖v‖, summed
+            // (then pooled, as SnapKV pools the scores it keeps)
+            cand.columns.iter_mut().zip(&cand.value_norms).for_each(|(c, n)| *c *= n);
             if let Some(Observation::Window { pool, .. }) = cand.observation {
                 cand.pool_columns(pool);
             }
@@ -454,26 +458,33 @@ impl PrefillCandidates {
         if rule.column_summable() {
             agg.accumulate(&probs[..group * visible], group, &mut self.columns[..visible]);
         } else {
-            let norms = &self.value_norms[..if self.value_norms.is_empty() { 0 } else { visible }];
-            rule.update(agg, &probs[..group * visible], group, &mut self.scores[..visible], norms);
+            // no rule that reads value norms is order-dependent
+            rule.update(agg, &probs[..group * visible], group, &mut self.scores[..visible], &[]);
         }
     }
 
     /// Adds column sums computed elsewhere (the tiled kernel's, one block
-    /// of queries at a time, in block order) to the candidates' scores.
+    /// of queries at a time, in block order) to the candidates' scores,
+    /// times each candidate's ‖v‖ under `vnorm`.
     pub fn add_column_sums(&mut self, sums: &[f32]) {
-        self.scores.iter_mut().zip(sums).for_each(|(sc, p)| *sc += p);
+        if self.value_norms.is_empty() {
+            self.scores.iter_mut().zip(sums).for_each(|(sc, p)| *sc += p);
+        } else {
+            self.scores.iter_mut().zip(sums).zip(&self.value_norms).for_each(|((sc, p), n)| *sc += p * n);
+        }
     }
     /// What decides the scores a chunk's attention adds to these
-    /// candidates: the aggregation, the rule (every column-summable rule
-    /// adds the same column sums) and SnapKV's window. `None`: the policy
+    /// candidates: the aggregation, the rule (`sum` and `norm` add the same
+    /// column sums) and SnapKV's window. `None`: the policy
     /// does not score. Caches sharing a prefill whose candidates have equal
     /// keys get equal scores from it ([`PrefillCandidates::attention_scores`]).
     pub fn scoring_key(&self) -> Option<ScoringKey> {
         let (agg, rule) = self.scoring?;
         // ADAPTIVE_RKV re-ranks plain column sums when it commits
         let observation = self.observation.filter(|o| !matches!(o, Observation::Diverse { .. }));
-        Some(ScoringKey { agg, rule: (!rule.column_summable()).then_some(rule), observation })
+        // plain column sums are shared by `sum` and `norm`; `vnorm` weights them
+        let distinct = !rule.column_summable() || rule.needs_value_norms();
+        Some(ScoringKey { agg, rule: distinct.then_some(rule), observation })
     }
 
     /// The scores and column sums the chunk's attention has added so far:
@@ -519,7 +530,7 @@ pub fn repeat_attention_into(probs: &[f32], group: usize, scores: &mut [f32]) {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ScoringKey {
     agg: ScoreAgg,
-    /// `None` for the column-summable rules.
+    /// `None` for the rules that add plain column sums (`sum`, `norm`).
     rule: Option<ScoreRule>,
     observation: Option<Observation>,
 }

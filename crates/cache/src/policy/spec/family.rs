@@ -146,7 +146,7 @@ pub(in crate::policy) static FAMILIES: &[Family] = &[
             }
             let score = p.score()?;
             if matches!(prefill, PrefillMode::Snap { .. }) && !score.column_summable() {
-                return Err(format!("prefill=snap sums the observation window's attention; it needs score=sum or score=norm, not score={score}"));
+                return Err(format!("prefill=snap sums the observation window's attention; it needs score=sum, norm or vnorm, not score={score}"));
             }
             let once = match prefill {
                 PrefillMode::Expect { .. } => Some("expect"),
@@ -154,7 +154,7 @@ pub(in crate::policy) static FAMILIES: &[Family] = &[
                 PrefillMode::Rkv { .. } => Some("rkv"),
                 _ => None,
             };
-            if let (Some(mode), false) = (once, score.column_summable()) {
+            if let (Some(mode), false) = (once, matches!(score, ScoreRule::Sum | ScoreRule::Norm)) {
                 return Err(format!("prefill={mode} scores the prompt once, then decode steps add attention; it needs score=sum or score=norm, not score={score}"));
             }
             let alloc = match p.take("alloc") {
