@@ -22,8 +22,9 @@
 #   one repeat prefill (the prompt twice) shared by the four kvzip budgets
 #   and one tiled prefill shared by full and rkv.
 # Group r4k-auto: the r4k items under `auto` (docs/qwen.md, "auto on
-#   Qwen2.5-Coder-1.5B") beside paper H2O, SnapKV and the full cache, at the
-#   four kept shares: 13 cells per task, 91 in all.
+#   Qwen2.5-Coder-1.5B"; pinned where its Qwen row became value-norm scores,
+#   4 sinks and SnapKV's prefill) beside paper H2O, SnapKV and the full
+#   cache, at the four kept shares: 13 cells per task, 91 in all.
 # Group r4k-a: the RULER-style suite (passkey, niah single/multikey/
 #   multivalue, vt, cwe) at 4,096-token prompts, needles at half depth, two
 #   items per task (12 per cell); full + window, sink, H2O, SnapKV
@@ -70,7 +71,7 @@ group() {
     r4k-z) POLICIES="full;h2o:prefill=kvzip;h2o:prefill=rkv" TASKS="$RULER4K;niah_multiquery:$AT4K" BUDGETS=75%,50%,25%,12.5%
            pin d1661aa5416a327ae8e3d4e58a762d4ce6de6df8 ;;
     r4k-auto) POLICIES="full;auto;h2o;h2o:prefill=snap:32" TASKS="$RULER4K;niah_multiquery:$AT4K" BUDGETS=75%,50%,25%,12.5%
-              pin 68927ff65c16f3a91422bebc1cb6a9a9ce37bc1c ;;
+              pin c0e6770df28b0a71c35071cf00ddea5eab012ce6 ;;
     r4k-a) POLICIES=$A TASKS=$RULER4K; pin 7035e4e7da12591bd7cc79fd93c220ee7991b169 ;;
     r4k-b) POLICIES=$B TASKS=$RULER4K; pin 7035e4e7da12591bd7cc79fd93c220ee7991b169 ;;
     lcc-a) POLICIES=$A TASKS="lcc:$S/data/code_completion/stdlib_lcc.jsonl,max_context=2600"
