@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""Tables of the Qwen2.5-Coder-1.5B fidelity matrix (issue #34), straight from its shards.
+
+Reads docs/qwen/GROUP/shard-*/results.jsonl of the groups of scripts/qwen_matrix.sh
+(r4k, r4k-z, r4k-auto, lcc-a; r4k-a is superseded and not read) and prints Markdown:
+
+  0. coverage: finished / expected cells per group and task, and the commit they ran at;
+  1. RULER-4K average: per policy × kept share, the mean accuracy over the six RULER tasks
+     and its % of the full cache's mean over the same tasks (only tasks measured for both);
+  2. accuracy per RULER task at 75 / 50 / 25 / 12.5% kept;
+  3. compress once, ask many (niah_multiquery): share of the questions answered, % of full;
+  4. code completion (lcc): edit similarity and exact match, % of full;
+  5. the acceptance checks of issue #34: the best policy at 50% (25%) kept against 95% (85%)
+     of full, and `auto` against paper H2O and SnapKV, paired by item.
+
+A row is compared with the full cache of its own group (same build, same items); a policy in
+several groups is shown from the first group of GROUPS that has it for the task (`auto`'s
+H2O and SnapKV references are r4k-auto's own cells). `--shard i/2` splits a group by cell
+(round robin over the cell list), so a cell sits in one shard: a cell found twice is kept once
+when both copies agree (commit, items, per-item values) and is left out as a conflict
+otherwise. Missing groups, tasks and cells print as "–"; the coverage table says which.
+
+Paired differences follow kvslim's crates/eval/src/paired.rs: the mean per-item difference
+with a 95% t-interval from the differences' own spread (Student's t to 30 degrees of freedom,
+then 1.96); no bootstrap.
+
+Usage: python3 scripts/qwen_tables.py [--root DIR]   (DIR: the repository; default this one)
+"""
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ruler_tables import TASKS as RULER, fmt  # noqa: E402  (the six RULER tasks, "1 / 0.5" numbers)
+
+SHARES = ["75%", "50%", "25%", "12.5%"]
+SNAP = "h2o:prefill=snap:32"
+A = ["full", "h2o", SNAP, "window", "sink"]
+B = ["h2o:agg=max,score=tova", "h2o:score=norm", "h2o:score=vnorm", "h2o:alloc=pyramid:0.5", "h2o:alloc=ada:0.2"]
+MQ, LCC = "niah_multiquery", "lcc"
+# group: (policies, tasks, kept shares), as group() in scripts/qwen_matrix.sh defines them
+GROUPS = {
+    "r4k": (A + B + ["h2o:prefill=expect"], RULER + [MQ], SHARES),
+    "r4k-z": (["full", "h2o:prefill=kvzip", "h2o:prefill=rkv"], RULER + [MQ], SHARES),
+    "r4k-auto": (["full", "auto", "h2o", SNAP], RULER + [MQ], SHARES),
+    "lcc-a": (A, [LCC], SHARES[1:]),
+}
+NAMES = {
+    "full": "full cache", "h2o": "H2O", SNAP: "SnapKV", "window": "window", "sink": "sink",
+    "h2o:agg=max,score=tova": "TOVA", "h2o:score=norm": "H2O norm. sums", "h2o:score=vnorm": "H2O value norms",
+    "h2o:alloc=pyramid:0.5": "PyramidKV", "h2o:alloc=ada:0.2": "AdaKV", "h2o:prefill=expect": "Expected Attention",
+    "h2o:prefill=kvzip": "KVzip-style", "h2o:prefill=rkv": "ADAPTIVE_RKV-style", "auto": "auto",
+}
+BARS = {"50%": 95, "25%": 85}
+DASH = "–"
+
+
+def load(root):
+    """{(group, task, policy, share): row} (the full cache's share is "-") and notes on what was skipped."""
+    cells, notes = {}, []
+    for group in GROUPS:
+        for path in sorted((Path(root) / "docs" / "qwen" / group).glob("shard-*/results.jsonl")):
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                try:
+                    row = json.loads(line)
+                    policy = row["policy"]
+                    if not isinstance(row["metrics"], dict) or not isinstance(row.get("per_item", {}), dict):
+                        raise ValueError("metrics and per_item are objects")
+                    key = (group, row["task"].split(":", 1)[0], policy, "-" if policy == "full" else row["budget"])
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    if line.strip():
+                        notes.append(f"{path.relative_to(root)}:{number}: not a result row, skipped")
+                    continue
+                old = cells.get(key)
+                if old is None:
+                    cells[key] = row
+                elif old is not False and [old.get(k) for k in ("git_commit", "items", "per_item")] != [
+                    row.get(k) for k in ("git_commit", "items", "per_item")
+                ]:
+                    cells[key] = False  # two different cells under one key: show neither
+                    notes.append(f"{group} {' '.join(key[1:])}: two different copies, left out")
+    return {k: v for k, v in cells.items() if v}, notes
+
+
+def source(policy, task):
+    """The group a policy's cells of a task are shown from."""
+    return next((g for g, (ps, ts, _) in GROUPS.items() if policy in ps and task in ts), None)
+
+
+def rows_of(cells, tasks):
+    """(policy) rows for the tasks: full, then each group's policies in order, then any others found."""
+    seen = [p for g, (ps, ts, _) in GROUPS.items() for p in ps if set(ts) & set(tasks)]
+    seen += sorted({k[2] for k in cells if k[1] in tasks} - set(seen))
+    return list(dict.fromkeys(seen))
+
+
+def metric(cells, group, task, policy, share, name):
+    row = cells.get((group, task, policy, "-" if policy == "full" else share))
+    v = row["metrics"].get(name) if row else None
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def value(cells, task, policy, share, name):
+    """(policy's value, its group's full value) for the task at the share."""
+    g = source(policy, task) or next((k[0] for k in cells if k[1:3] == (task, policy)), None)
+    return metric(cells, g, task, policy, share, name), metric(cells, g, task, "full", share, name)
+
+
+def label(policy):
+    return f"{NAMES[policy]} `{policy}`" if policy in NAMES else f"`{policy}`"
+
+
+def signed(x):
+    return f"{x:+.2f}".replace("-", "−")
+
+
+def cell(v, f, digits=2):
+    """'0.50 (50%)': a value and its % of the full cache's (none given or 0: the value alone); '–': not measured."""
+    if v is None:
+        return DASH
+    return f"{v:.{digits}f}" + (f" ({100 * v / f:.0f}%)" if f else "")
+
+
+def ruler_average(cells, policy, share):
+    """(mean, full's mean, tasks) over the RULER tasks measured for both the policy and full."""
+    pairs = [value(cells, t, policy, share, "acc") for t in RULER]
+    pairs = [(v, f) for v, f in pairs if v is not None and f is not None]
+    if not pairs:
+        return None, None, 0
+    return sum(v for v, _ in pairs) / len(pairs), sum(f for _, f in pairs) / len(pairs), len(pairs)
+
+
+def average_cell(cells, policy, share):
+    mean, full, n = ruler_average(cells, policy, share)
+    if not n:
+        return DASH
+    mark = "" if n == len(RULER) else f" [{n}/{len(RULER)}]"
+    return cell(mean, None if policy == "full" else full) + mark
+
+
+def share_header():
+    """Kept shares with kvpress's compression ratio (1 − kept share) beside them."""
+    cols = [f"{s} kept (ratio {1 - float(s[:-1]) / 100:g})" for s in SHARES]
+    return "| policy | " + " | ".join(cols) + " |\n|---|" + "---:|" * len(SHARES)
+
+
+def coverage(cells):
+    tasks = RULER + [MQ, LCC]
+    out = ["| group | commit | " + " | ".join(tasks) + " |", "|---|---|" + "---:|" * len(tasks)]
+    for g, (ps, ts, shares) in GROUPS.items():
+        want = 1 + (len(ps) - 1) * len(shares)  # the full cache runs once per task
+        done = [f"{sum(k[:2] == (g, t) for k in cells)}/{want}" if t in ts else "" for t in tasks]
+        commits = sorted({str(r.get("git_commit") or "?")[:7] for k, r in cells.items() if k[0] == g}) or [DASH]
+        out.append(f"| {g} | {', '.join(commits)} | " + " | ".join(done) + " |")
+    return "\n".join(out)
+
+
+def average_table(cells):
+    out = [share_header()]
+    for p in rows_of(cells, RULER):
+        out.append(f"| {label(p)} | " + " | ".join(average_cell(cells, p, s) for s in SHARES) + " |")
+    return "\n".join(out)
+
+
+def task_table(cells):
+    out = ["| policy | " + " | ".join(RULER) + " |", "|---|" + "---:|" * len(RULER)]
+    for p in rows_of(cells, RULER):
+        vals = []
+        for t in RULER:
+            got = [value(cells, t, p, s, "acc")[0] for s in (SHARES[:1] if p == "full" else SHARES)]
+            vals.append(DASH if all(v is None for v in got) else " / ".join(DASH if v is None else fmt(v) for v in got))
+        out.append(f"| {label(p)} | " + " | ".join(vals) + " |")
+    return "\n".join(out)
+
+
+def metric_table(cells, task, name, digits):
+    out = [share_header()]
+    for p in rows_of(cells, [task]):
+        vals = [value(cells, task, p, s, name) for s in SHARES]
+        out.append(f"| {label(p)} | " + " | ".join(cell(v, None if p == "full" else f, digits) for v, f in vals) + " |")
+    return "\n".join(out)
+
+
+def t975(df):
+    """Two-sided 97.5% quantile of Student's t (paired.rs: table to 30, then the normal 1.96)."""
+    table = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+             2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+    return table[df - 1] if 1 <= df <= 30 else 1.96
+
+
+def paired(policy, reference):
+    """(n, mean difference, lo, hi) of policy − reference item by item, as paired.rs; None under 2 items."""
+    n = len(policy)
+    if n != len(reference) or n < 2:
+        return None
+    d = [a - b for a, b in zip(policy, reference)]
+    mean = sum(d) / n
+    half = t975(n - 1) * math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n)
+    return n, mean, mean - half, mean + half
+
+
+def best(cands, bar):
+    """(measured, verdict, names at or above the bar) for the best of (name, value, full, tasks, of) candidates;
+    only those covering the most tasks compete."""
+    cands = [c for c in cands if c[1] is not None and c[2]]
+    if not cands:
+        return "not measured yet", "not measured yet", None
+    most, of = max(c[3] for c in cands), cands[0][4]
+    pct = {c[0]: 100 * c[1] / c[2] for c in cands if c[3] == most}
+    top = max(pct.values())
+    partial = f" over {most}/{of} tasks" if most < of else ""
+    verdict = ("met" if top >= bar - 1e-9 else "not met") + (" (provisional)" if partial else "")
+    names = ", ".join(n for n, v in pct.items() if v == top)
+    return f"{names}: {top:.0f}% of full{partial}", verdict, {n for n, v in pct.items() if v >= bar - 1e-9}
+
+
+def acc(row):
+    return row.get("per_item", {}).get("acc", [])
+
+
+def auto_versus(cells, ref, share):
+    """(measured, verdict) of auto − ref over the RULER items of auto's group, paired by task and item."""
+    g, a, b, tasks = source("auto", RULER[0]), [], [], 0
+    for t in RULER:
+        x, y = cells.get((g, t, "auto", share)), cells.get((g, t, ref, share))
+        if x and y and len(acc(x)) == len(acc(y)) > 0:
+            a, b, tasks = a + acc(x), b + acc(y), tasks + 1
+    p = paired(a, b)
+    if p is None:
+        return ("not measured yet", "not measured yet") if not a else (f"{len(a)} item", "too few items")
+    n, d, lo, hi = p
+    verdict = "better" if lo > 0 else "worse" if hi < 0 else "within interval"
+    return f"{signed(d)} [{signed(lo)}, {signed(hi)}] over {n} items ({tasks}/{len(RULER)} tasks)", verdict
+
+
+def acceptance(cells):
+    out = ["| check | kept | measured | bar | verdict |", "|---|---:|---|---|---|"]
+    for share, bar in BARS.items():
+        ruler = [(NAMES.get(p, p), *ruler_average(cells, p, share), len(RULER)) for p in rows_of(cells, RULER) if p != "full"]
+        code = [(NAMES.get(p, p), *value(cells, LCC, p, share, "edit_sim"), 1, 1) for p in rows_of(cells, [LCC]) if p != "full"]
+        passing = []
+        for what, cands in (("best RULER-4K average", ruler), ("best code-completion edit similarity", code)):
+            measured, verdict, ok = best(cands, bar)
+            passing.append(ok)
+            out.append(f"| {what} | {share} | {measured} | ≥ {bar}% of full | {verdict} |")
+        both = "not measured yet" if None in passing else ", ".join(c[0] for c in ruler if c[0] in passing[0] & passing[1]) or "none"
+        out.append(f"| one policy meeting both | {share} | {both} | both of the above | {'met' if both not in ('none', 'not measured yet') else both} |")
+    for ref in ("h2o", SNAP):
+        for share in SHARES:
+            measured, verdict = auto_versus(cells, ref, share)
+            out.append(f"| `auto` − {NAMES[ref]} `{ref}`, RULER-4K items, paired | {share} | {measured} | better / worse: the 95% interval excludes 0 | {verdict} |")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", default=str(Path(__file__).resolve().parents[1]), help="the repository (docs/qwen/GROUP/shard-*/)")
+    cells, notes = load(ap.parse_args(argv).root)
+    sections = [
+        ("Coverage", "Finished / expected cells per group and task (empty: not in the group), and the commit the cells ran at.", coverage(cells)),
+        ("RULER-4K average", f"Mean accuracy over the six RULER tasks at 4,096 tokens ({', '.join(RULER)}), in brackets % of the full cache's mean over the same tasks "
+         "(each row against its own group's full cache: r4k's is the first row); "
+         "[n/6]: only n tasks measured for both the policy and full so far; ratio: kvpress's compression ratio (1 − kept share); –: not measured yet.", average_table(cells)),
+        ("Per task", "Accuracy at 75 / 50 / 25 / 12.5% kept (the full cache: one value); –: not measured yet.", task_table(cells)),
+        ("Compress once, ask many", f"{MQ}: the context is compressed before four questions are asked one at a time; share of the questions answered (% of full).", metric_table(cells, MQ, "recall", 2)),
+        ("Code completion: edit similarity", "lcc (group lcc-a, 39 items of ~2K tokens; no 75% cells): edit similarity of the first generated line (% of full).", metric_table(cells, LCC, "edit_sim", 3)),
+        ("Code completion: exact match", "The same cells' exact match of the first line (% of full).", metric_table(cells, LCC, "exact", 3)),
+        ("Acceptance (issue #34)", "Best: over the rows above, among those covering the most tasks; `auto` − H2O / SnapKV: all three from r4k-auto (one build, the same items), paired: mean per-item accuracy difference with its 95% t-interval (as crates/eval/src/paired.rs).", acceptance(cells)),
+    ]
+    if notes:
+        sections.append(("Notes", "Rows skipped while reading the shards:", "\n".join(f"- {n}" for n in notes)))
+    print("\n\n".join(f"## {title}\n\n{legend}\n\n{body}" for title, legend, body in sections))
+
+
+if __name__ == "__main__":
+    main()

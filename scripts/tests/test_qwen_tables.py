@@ -1,0 +1,125 @@
+"""Tests of scripts/qwen_tables.py on small synthetic shards (not the real matrix): averages and
+% of full, missing groups and cells, duplicate cells across shards, and the paired interval."""
+import importlib.util
+import json
+import math
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("qwen_tables", ROOT / "scripts" / "qwen_tables.py")
+qt = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(qt)
+
+COMMIT = "1930b9e5de4805185eeefa53338ab43626d26a1d"
+
+
+def row(task, policy, budget, acc=None, **metrics):
+    per_item = {"acc": acc} if acc is not None else {k: [v] for k, v in metrics.items()}
+    if acc is not None:
+        metrics = {"acc": sum(acc) / len(acc), "recall": sum(acc) / len(acc)}
+    return {"model": "qwen2.5-coder-1.5b", "policy": policy, "budget": budget, "task": f"{task}:lengths=4096,depths=0.5",
+            "items": len(next(iter(per_item.values()))), "metrics": metrics, "per_item": per_item, "git_commit": COMMIT}
+
+
+def shard(root, group, i, rows, extra=""):
+    path = root / "docs" / "qwen" / group / f"shard-{i}" / "results.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + extra)
+
+
+def fixture(root):
+    h2o_ns = row("niah_single", "h2o", "50%", [0.0, 0.0, 1.0, 0.0])
+    shard(root, "r4k", 0, [
+        row("passkey", "full", "-", [1.0, 1.0, 1.0, 1.0]),
+        row("passkey", "h2o", "50%", [1.0, 0.0, 1.0, 0.0]),
+        row("passkey", "h2o:prefill=snap:32", "50%", [1.0, 1.0, 1.0, 1.0]),
+        row("passkey", "window", "25%", [1.0, 1.0, 0.0, 0.0]),
+        h2o_ns,
+    ])
+    shard(root, "r4k", 1, [
+        row("niah_single", "full", "-", [1.0, 0.0, 1.0, 0.0]),
+        h2o_ns,  # the same cell again: kept once
+        row("niah_single", "window", "25%", [1.0, 0.0, 0.0, 0.0]),
+    ], extra=json.dumps(row("passkey", "window", "25%", [0.0, 0.0, 0.0, 0.0])) + '\n{"policy": "h2o", "bud')
+    # auto − h2o on passkey: differences 1, 0, 0, −1, 1 (paired.rs's own hand-computed case)
+    shard(root, "r4k-auto", 0, [
+        row("passkey", "full", "-", [1.0] * 5),
+        row("passkey", "auto", "50%", [1.0, 1.0, 0.0, 0.0, 1.0]),
+        row("passkey", "h2o", "50%", [0.0, 1.0, 0.0, 1.0, 0.0]),
+        row("passkey", "auto", "25%", [0.0] * 5),
+        row("passkey", "h2o:prefill=snap:32", "25%", [1.0] * 5),
+        row("passkey", "h2o", "25%", [0.0] * 5),
+    ])
+    shard(root, "lcc-a", 0, [
+        row("lcc", "full", "-", edit_sim=0.5, exact=0.25),
+        row("lcc", "h2o", "50%", edit_sim=0.48, exact=0.25),
+        row("lcc", "window", "50%", edit_sim=0.2, exact=0.0),
+    ])
+
+
+def line(table, start):
+    return next(l for l in table.splitlines() if l.startswith(start))
+
+
+def test_paired_interval_matches_paired_rs():
+    n, d, lo, hi = qt.paired([1.0, 1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 1.0, 0.0])
+    half = 2.776 * math.sqrt(0.7 / 5)
+    assert n == 5 and abs(d - 0.2) < 1e-12 and abs(lo - (0.2 - half)) < 1e-9 and abs(hi - (0.2 + half)) < 1e-9
+    assert qt.paired([1.0], [0.0]) is None and qt.paired([1.0, 0.0], [0.0]) is None
+    assert qt.t975(40) == 1.96
+
+
+def test_averages_percent_of_full_and_missing_cells(tmp_path):
+    fixture(tmp_path)
+    cells, notes = qt.load(tmp_path)
+    table = qt.average_table(cells)
+    assert table.splitlines()[0] == "| policy | 75% kept (ratio 0.25) | 50% kept (ratio 0.5) | 25% kept (ratio 0.75) | 12.5% kept (ratio 0.875) |"
+    # full: (1 + 0.5) / 2 over the two tasks it has
+    assert line(table, "| full cache") == "| full cache `full` | 0.75 [2/6] | 0.75 [2/6] | 0.75 [2/6] | 0.75 [2/6] |"
+    # h2o 50%: (0.5 + 0.25) / 2 = 0.375 against 0.75 → 50%; nothing at the other shares
+    assert line(table, "| H2O `h2o`") == "| H2O `h2o` | – | 0.38 (50%) [2/6] | – | – |"
+    # SnapKV has passkey only: averaged over that task alone, against full's passkey (1.0)
+    assert line(table, "| SnapKV") == "| SnapKV `h2o:prefill=snap:32` | – | 1.00 (100%) [1/6] | – | – |"
+    # auto against r4k-auto's own full cache (passkey 1.0), not r4k's
+    assert line(table, "| auto") == "| auto `auto` | – | 0.60 (60%) [1/6] | 0.00 (0%) [1/6] | – |"
+    assert line(table, "| KVzip") == "| KVzip-style `h2o:prefill=kvzip` | – | – | – | – |"
+    tasks = qt.task_table(cells)
+    assert line(tasks, "| H2O `h2o`") == "| H2O `h2o` | – / 0.5 / – / – | – / 0.25 / – / – | – | – | – | – |"
+    assert line(tasks, "| full cache") == "| full cache `full` | 1 | 0.5 | – | – | – | – |"
+    # the window 25% passkey cell differs between the shards: left out and reported
+    assert line(tasks, "| window") == "| window `window` | – | – / – / 0.25 / – | – | – | – | – |"
+    assert any("passkey window 25%" in n and "left out" in n for n in notes)
+    assert any("shard-1/results.jsonl:5: not a result row" in n for n in notes)
+    assert sum("left out" in n for n in notes) == 1, "the identical h2o copy is not a conflict"
+    cover = qt.coverage(cells)
+    assert line(cover, "| r4k |").startswith("| r4k | 1930b9e | 3/41 | 3/41 | 0/41 |")
+    assert line(cover, "| r4k-z |") == "| r4k-z | – | 0/9 | 0/9 | 0/9 | 0/9 | 0/9 | 0/9 | 0/9 |  |"
+    assert line(cover, "| lcc-a |").endswith("| 3/13 |")
+
+
+def test_code_completion_and_acceptance(tmp_path):
+    fixture(tmp_path)
+    cells, _ = qt.load(tmp_path)
+    assert line(qt.metric_table(cells, "lcc", "edit_sim", 3), "| H2O") == "| H2O `h2o` | – | 0.480 (96%) | – | – |"
+    assert line(qt.metric_table(cells, "lcc", "exact", 3), "| full") == "| full cache `full` | 0.250 | 0.250 | 0.250 | 0.250 |"
+    assert all(l.endswith("| – | – | – | – |") for l in qt.metric_table(cells, "niah_multiquery", "recall", 2).splitlines()[2:])
+    acc = qt.acceptance(cells).splitlines()
+    # only the policies covering the most tasks (h2o: 2, SnapKV: 1) compete for best
+    assert "| best RULER-4K average | 50% | H2O: 50% of full over 2/6 tasks | ≥ 95% of full | not met (provisional) |" in acc
+    assert "| best code-completion edit similarity | 50% | H2O: 96% of full | ≥ 95% of full | met |" in acc
+    assert "| one policy meeting both | 50% | none | both of the above | none |" in acc
+    assert "| best code-completion edit similarity | 25% | not measured yet | ≥ 85% of full | not measured yet |" in acc
+    assert line("\n".join(acc), "| `auto` − H2O `h2o`, RULER-4K items, paired | 50% |") == (
+        "| `auto` − H2O `h2o`, RULER-4K items, paired | 50% | +0.20 [−0.84, +1.24] over 5 items (1/6 tasks) "
+        "| better / worse: the 95% interval excludes 0 | within interval |")
+    assert line("\n".join(acc), "| `auto` − SnapKV `h2o:prefill=snap:32`, RULER-4K items, paired | 25% |").endswith(
+        "−1.00 [−1.00, −1.00] over 5 items (1/6 tasks) | better / worse: the 95% interval excludes 0 | worse |")
+    assert line("\n".join(acc), "| `auto` − H2O `h2o`, RULER-4K items, paired | 75% |").endswith("| not measured yet | better / worse: the 95% interval excludes 0 | not measured yet |")
+
+
+def test_main_prints_every_section_with_no_results_at_all(tmp_path, capsys):
+    qt.main(["--root", str(tmp_path)])
+    out = capsys.readouterr().out
+    for title in ("Coverage", "RULER-4K average", "Per task", "Compress once, ask many", "Code completion: edit similarity", "Acceptance (issue #34)"):
+        assert f"## {title}\n" in out
+    assert "| full cache `full` | – | – | – | – |" in out and "not measured yet" in out
