@@ -154,8 +154,10 @@ impl SlotRows for Rows<'_> {
     #[inline]
     fn prefetch(&self, slot: usize) {
         match self {
-            Rows::Dense(_) => {}
-            Rows::Coded(r) => r.prefetch(slot),
+            // consecutive rows: the hardware prefetcher follows the stream,
+            // and software prefetches only compete with it (measured: 6% of
+            // a 4K-token decode step on Qwen2.5-Coder-1.5B with f16 K/V)
+            Rows::Dense(_) | Rows::Coded(_) => {}
             Rows::Paged(r) => r.prefetch(slot),
         }
     }

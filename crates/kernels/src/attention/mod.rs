@@ -13,6 +13,7 @@
 //! flash-decoding) and tiled causal prefill (`tiled.rs`).
 
 use crate::dot::{axpy, dot};
+use crate::ops::exp_score;
 use std::ops::Range;
 
 mod split;
@@ -226,7 +227,7 @@ pub fn attend_group<K: SlotRows + ?Sized, V: SlotRows + ?Sized>(
         let max = p.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
         let mut sum = 0f32;
         for pi in p.iter_mut() {
-            *pi = if *pi == f32::NEG_INFINITY { 0.0 } else { (*pi - max).exp() };
+            *pi = if *pi == f32::NEG_INFINITY { 0.0 } else { exp_score(*pi - max) };
             sum += *pi;
         }
         let inv = 1.0 / sum;

@@ -3,6 +3,7 @@
 //! merged by the log-sum-exp rule in chunk order.
 
 use super::{SlotRows, Visible, MAX_HEAD_DIM};
+use crate::ops::exp_score;
 
 /// Slots per run of [`SlotRows::dot_group_run`] / `axpy_group_run` in the
 /// split decode kernel (one page of the paged store).
@@ -93,14 +94,78 @@ pub fn chunk_scores<K: SlotRows + ?Sized>(
         }
     }
     let e = &mut e[..(end - start) * g];
-    for h in 0..g {
-        let m = e.iter().skip(h).step_by(g).fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        let mut s = 0f32;
-        for x in e.iter_mut().skip(h).step_by(g) {
-            *x = if *x == f32::NEG_INFINITY { 0.0 } else { (*x - m).exp() };
-            s += *x;
+    max[..g].fill(f32::NEG_INFINITY);
+    for row in e.chunks_exact(g) {
+        max[..g].iter_mut().zip(row).for_each(|(m, &x)| *m = m.max(x));
+    }
+    exp_rows(e, &max[..g]);
+    // per head in slot order (the heads' chains interleave)
+    sum[..g].fill(0.0);
+    for row in e.chunks_exact(g) {
+        sum[..g].iter_mut().zip(row).for_each(|(s, &x)| *s += x);
+    }
+}
+
+/// Longest run of the repeated maxima in [`exp_rows`].
+const PATTERN: usize = 64;
+
+/// `x ← exp(x − max[h])` over slot-major rows of `g = max.len()` (0 where
+/// x is −∞), as one contiguous loop over runs of whole rows against the
+/// maxima repeated, so it vectorizes though g is rarely a lane count; with
+/// the widest vectors the CPU has (no fused multiply-add in
+/// [`exp_score`], so every ISA gives the same bits).
+fn exp_rows(e: &mut [f32], max: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let isa = crate::dot::kernels().isa;
+        if isa == crate::dot::Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked above)
+            return unsafe { exp_rows_avx512(e, max) };
         }
-        (max[h], sum[h]) = (m, s);
+        if isa != crate::dot::Isa::Scalar && std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked above)
+            return unsafe { exp_rows_avx2(e, max) };
+        }
+    }
+    exp_rows_impl(e, max)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn exp_rows_avx512(e: &mut [f32], max: &[f32]) {
+    exp_rows_impl(e, max)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn exp_rows_avx2(e: &mut [f32], max: &[f32]) {
+    exp_rows_impl(e, max)
+}
+
+#[inline(always)]
+fn exp_rows_impl(e: &mut [f32], max: &[f32]) {
+    let g = max.len();
+    if g > PATTERN {
+        for row in e.chunks_exact_mut(g) {
+            row.iter_mut().zip(max).for_each(|(x, &m)| *x = exp_masked(*x, m));
+        }
+        return;
+    }
+    let run = g * (PATTERN / g);
+    let mut pattern = [0f32; PATTERN];
+    pattern[..run].iter_mut().enumerate().for_each(|(i, p)| *p = max[i % g]);
+    for part in e.chunks_mut(run) {
+        part.iter_mut().zip(&pattern).for_each(|(x, &m)| *x = exp_masked(*x, m));
+    }
+}
+
+/// e^(x − m), 0 for a masked score.
+#[inline(always)]
+fn exp_masked(x: f32, m: f32) -> f32 {
+    if x == f32::NEG_INFINITY {
+        0.0
+    } else {
+        exp_score(x - m)
     }
 }
 
@@ -120,7 +185,7 @@ pub fn chunk_factors(blocks: &mut [f32], layout: SplitLayout, len: usize, h: usi
     let bl = layout.block_len();
     let nch = len.div_ceil(SPLIT_SLOTS);
     let m = (0..nch).fold(f32::NEG_INFINITY, |m, c| m.max(layout.parts(&blocks[c * bl..]).1[h]));
-    let factor = |mc: f32| if mc == f32::NEG_INFINITY { 0.0 } else { (mc - m).exp() };
+    let factor = |mc: f32| exp_masked(mc, m);
     let total: f32 = (0..nch).map(|c| layout.parts(&blocks[c * bl..])).map(|(_, mc, s, _)| factor(mc[h]) * s[h]).sum();
     let inv = 1.0 / total;
     for c in 0..nch {

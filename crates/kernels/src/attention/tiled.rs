@@ -2,6 +2,7 @@
 //! micro-kernel, an online softmax, and `P·V` into every target.
 
 use super::Visible;
+use crate::ops::exp_score;
 
 /// Keys per tile of [`attend_causal_tiled`]: one packed panel of
 /// [`pack_keys_tiled`].
@@ -320,12 +321,11 @@ fn tiled_impl<const FMA: bool>(args: TiledArgs<'_, '_>) {
                     }
                     continue;
                 }
-                alpha[r] = if m_old == f32::NEG_INFINITY { 0.0 } else { (m_old - m_new).exp() };
-                let mut sum = 0f32;
+                alpha[r] = if m_old == f32::NEG_INFINITY { 0.0 } else { exp_score(m_old - m_new) };
                 for x in row.iter_mut() {
-                    *x = if *x == f32::NEG_INFINITY { 0.0 } else { (*x - m_new).exp() };
-                    sum += *x;
+                    *x = if *x == f32::NEG_INFINITY { 0.0 } else { exp_score(*x - m_new) };
                 }
+                let sum = lane_sum(row);
                 l[i * nq + r] = l[i * nq + r] * alpha[r] + sum;
                 m[i * nq + r] = m_new;
                 if keep {
@@ -370,7 +370,7 @@ fn tiled_impl<const FMA: bool>(args: TiledArgs<'_, '_>) {
             for i in 0..nreps {
                 for r in 0..nq {
                     let at = (i * nb + b) * nq + r;
-                    let f = (tile_max[at] - m[i * nq + r]).exp() / l[i * nq + r];
+                    let f = exp_score(tile_max[at] - m[i * nq + r]) / l[i * nq + r];
                     let dst = &mut probs[(r * nreps + i) * kbv..][..kbv];
                     dst.iter_mut().zip(&kept[at * TILE_KEYS..]).for_each(|(x, &e)| *x = e * f);
                 }
@@ -425,10 +425,23 @@ fn recompute_probs<const FMA: bool>(
             let (mr, inv) = (m[i * nq + r], 1.0 / l[i * nq + r]);
             let dst = &mut probs[(r * nreps + i) * kbv..][..kbv];
             for ((x, &sc), &p) in dst.iter_mut().zip(&s[r * TILE_KEYS..]).zip(pos) {
-                *x = if vis.contains(p) { (sc * scale - mr).exp() * inv } else { 0.0 };
+                *x = if vis.contains(p) { exp_score(sc * scale - mr) * inv } else { 0.0 };
             }
         }
     }
+}
+
+/// Σ x in 16 interleaved partial sums (so the loop vectorizes), then
+/// added in lane order: deterministic, not the sequential sum's rounding.
+#[inline(always)]
+fn lane_sum(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        acc.iter_mut().zip(c).for_each(|(a, &v)| *a += v);
+    }
+    acc.iter_mut().zip(chunks.remainder()).for_each(|(a, &v)| *a += v);
+    acc.iter().sum()
 }
 
 #[cfg(test)]
