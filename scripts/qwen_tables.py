@@ -257,7 +257,37 @@ def acceptance(cells):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default=str(Path(__file__).resolve().parents[1]), help="the repository (docs/qwen/GROUP/shard-*/)")
-    cells, notes = load(ap.parse_args(argv).root)
+    ap.add_argument("--summary", action="store_true", help="only the RULER-4K average table (the README's)")
+    ap.add_argument("--write", action="store_true",
+                    help="rewrite the generated parts of docs/qwen/results.md and README.md in place instead of printing")
+    args = ap.parse_args(argv)
+    cells, notes = load(args.root)
+    if args.write:
+        write_docs(Path(args.root), full_report(cells, notes), average_table(cells))
+        return
+    if args.summary:
+        print(average_table(cells))
+        return
+    print(full_report(cells, notes))
+
+
+def write_docs(root, report, summary):
+    """docs/qwen/results.md: everything after its marker; README.md: the
+    table right after its marker (the prose around it stays)."""
+    results = root / "docs" / "qwen" / "results.md"
+    text = results.read_text()
+    marker = "<!-- generated: python3 scripts/qwen_tables.py -->\n"
+    results.write_text(text[: text.index(marker) + len(marker)] + "\n" + report + "\n")
+    readme = root / "README.md"
+    lines = readme.read_text().split("\n")
+    at = lines.index("<!-- generated: python3 scripts/qwen_tables.py --summary -->") + 2
+    end = at
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    readme.write_text("\n".join(lines[:at] + summary.split("\n") + lines[end:]))
+
+
+def full_report(cells, notes):
     sections = [
         ("Coverage", "Finished / expected cells per group and task (empty: not in the group), and the commit the cells ran at.", coverage(cells)),
         ("RULER-4K average", f"Mean accuracy over the six RULER tasks at 4,096 tokens ({', '.join(RULER)}), in brackets % of the full cache's mean over the same tasks "
@@ -271,7 +301,7 @@ def main(argv=None):
     ]
     if notes:
         sections.append(("Notes", "Rows skipped while reading the shards:", "\n".join(f"- {n}" for n in notes)))
-    print("\n\n".join(f"## {title}\n\n{legend}\n\n{body}" for title, legend, body in sections))
+    return "\n\n".join(f"## {title}\n\n{legend}\n\n{body}" for title, legend, body in sections)
 
 
 if __name__ == "__main__":

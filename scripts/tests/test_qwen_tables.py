@@ -123,3 +123,26 @@ def test_main_prints_every_section_with_no_results_at_all(tmp_path, capsys):
     for title in ("Coverage", "RULER-4K average", "Per task", "Compress once, ask many", "Code completion: edit similarity", "Acceptance (issue #34)"):
         assert f"## {title}\n" in out
     assert "| full cache `full` | – | – | – | – |" in out and "not measured yet" in out
+
+
+def test_summary_prints_only_the_average_table(tmp_path, capsys):
+    qt.main(["--root", str(tmp_path), "--summary"])
+    out = capsys.readouterr().out
+    assert out.startswith("| policy | 75% kept (ratio 0.25) |") and "## " not in out
+    assert "| full cache `full` | – | – | – | – |" in out
+
+
+def test_write_rewrites_only_the_generated_parts(tmp_path):
+    (tmp_path / "docs" / "qwen").mkdir(parents=True)
+    results = tmp_path / "docs" / "qwen" / "results.md"
+    results.write_text("# intro\n\n<!-- generated: python3 scripts/qwen_tables.py -->\n\nold tables\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("top\n<!-- generated: python3 scripts/qwen_tables.py --summary -->\n\n| old | table |\n|---|---|\n\nprose after\n")
+    qt.main(["--root", str(tmp_path), "--write"])
+    text = results.read_text()
+    assert text.startswith("# intro\n\n<!-- generated: python3 scripts/qwen_tables.py -->\n\n## Coverage\n")
+    assert "old tables" not in text
+    lines = readme.read_text().split("\n")
+    assert lines[:3] == ["top", "<!-- generated: python3 scripts/qwen_tables.py --summary -->", ""]
+    assert lines[3].startswith("| policy | 75% kept") and "| old | table |" not in lines
+    assert lines[-3:] == ["", "prose after", ""]
