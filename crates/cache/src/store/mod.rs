@@ -92,6 +92,20 @@ struct Undo {
     mark_scores: Vec<f32>,
 }
 
+impl Undo {
+    /// Writes the rows saved since entry `from` of the log back into `kv`,
+    /// newest first.
+    fn write_back(&self, kv: &mut Kv, from: usize) {
+        let Kv::Slots { keys, values } = kv else { unreachable!("journals are for fixed slots") };
+        for i in (from..self.slots.len()).rev() {
+            if let (Some(k), Some(saved)) = (keys.as_mut(), self.keys.as_ref()) {
+                k.copy_row(self.slots[i], saved, i);
+            }
+            values.copy_row(self.slots[i], &self.values, i);
+        }
+    }
+}
+
 /// A head's metadata just before one push inside a journal: its live slots'
 /// positions and scores sit at `at..at + len` of the journal's mark arrays.
 #[derive(Clone, Copy)]
@@ -253,13 +267,7 @@ impl HeadSlots {
     /// written back newest first. Panics without an active checkpoint.
     pub(crate) fn rollback(&mut self) {
         let u = self.undo.as_mut().filter(|u| u.active).expect("rollback without a checkpoint");
-        let Kv::Slots { keys, values } = &mut self.kv else { unreachable!("journals are for fixed slots") };
-        for (i, &slot) in u.slots.iter().enumerate().rev() {
-            if let (Some(k), Some(saved)) = (keys.as_mut(), u.keys.as_ref()) {
-                k.copy_row(slot, saved, i);
-            }
-            values.copy_row(slot, &u.values, i);
-        }
+        u.write_back(&mut self.kv, 0);
         self.len = u.len;
         self.capacity = u.capacity;
         self.positions.clone_from(&u.positions);
@@ -284,14 +292,7 @@ impl HeadSlots {
         }
         let u = self.undo.as_mut().filter(|u| u.active).expect("rollback without a checkpoint");
         let m = u.marks[pushes];
-        let Kv::Slots { keys, values } = &mut self.kv else { unreachable!("journals are for fixed slots") };
-        for i in (m.saved..u.slots.len()).rev() {
-            let slot = u.slots[i];
-            if let (Some(k), Some(saved)) = (keys.as_mut(), u.keys.as_ref()) {
-                k.copy_row(slot, saved, i);
-            }
-            values.copy_row(slot, &u.values, i);
-        }
+        u.write_back(&mut self.kv, m.saved);
         self.len = m.len;
         self.positions[..m.len].copy_from_slice(&u.mark_positions[m.at..m.at + m.len]);
         self.scores[..m.len].copy_from_slice(&u.mark_scores[m.at..m.at + m.len]);
