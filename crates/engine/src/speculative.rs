@@ -141,7 +141,12 @@ impl NgramDrafter {
     /// Moves the cursor over the tokens committed since the last call.
     fn observe(&mut self, context: &[u32]) {
         if context.len() < self.seen {
-            *self = NgramDrafter { min_match: self.min_match, max_match: self.max_match, lookahead: self.lookahead, ..Default::default() };
+            *self = NgramDrafter {
+                min_match: self.min_match,
+                max_match: self.max_match,
+                lookahead: self.lookahead,
+                ..Default::default()
+            };
         }
         for j in self.seen..context.len() {
             let Some(cur) = self.cursor else { break };
@@ -157,7 +162,9 @@ impl NgramDrafter {
             let replaced = self
                 .replacements
                 .iter()
-                .find(|(from, to)| *to == self.pending && cur + from.len() <= j && context[cur..cur + from.len()] == from[..])
+                .find(|(from, to)| {
+                    *to == self.pending && cur + from.len() <= j && context[cur..cur + from.len()] == from[..]
+                })
                 .map(|(from, _)| from.len());
             if let Some(skip) = replaced {
                 self.resync(cur + skip);
@@ -200,7 +207,8 @@ impl NgramDrafter {
         let mut i = source;
         while out.len() < k && i < context.len() {
             let rest = &context[i..];
-            let hit = self.replacements.iter().filter(|(from, _)| rest.starts_with(from)).max_by_key(|(from, _)| from.len());
+            let hit =
+                self.replacements.iter().filter(|(from, _)| rest.starts_with(from)).max_by_key(|(from, _)| from.len());
             match hit {
                 Some((from, to)) => {
                     out.extend_from_slice(to);

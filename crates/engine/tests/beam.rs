@@ -13,7 +13,7 @@ use kvslim_models::config::ModelConfig;
 use kvslim_models::{Logits, Model};
 mod common;
 
-use common::shared;
+use common::{shared, test_file};
 
 const VOCAB: usize = 6;
 const EOS: u32 = 0;
@@ -317,9 +317,7 @@ fn chai_plan() -> String {
         "errors": (0..8).map(|i| (8 - i) as f64).collect::<Vec<_>>(),
         "static_clusters": [[0, 1, 2], [3, 4, 5], [6, 7]],
     });
-    let path = std::env::temp_dir().join(format!("kvslim-beam-chai-{}.json", std::process::id()));
-    std::fs::write(&path, serde_json::json!({ "layers": vec![layer; 5] }).to_string()).unwrap();
-    path.display().to_string()
+    test_file("beam-chai.json", &serde_json::json!({ "layers": vec![layer; 5] }).to_string())
 }
 
 #[test]

@@ -9,7 +9,7 @@ use kvslim_models::weights::Linear;
 use kvslim_models::{load_model, Logits, Model, Trace};
 mod common;
 
-use common::{chai_plan, shared};
+use common::{chai_plan, shared, test_file};
 
 /// A 64-token session of the 4-head `mha` model under a CHAI plan of
 /// `ks` clusters per layer.
@@ -198,9 +198,7 @@ fn plan_for_another_model_is_a_clear_error() {
 /// sharing keeping `keep` KV heads in every layer.
 fn kv_plan(name: &str, keep: usize) -> String {
     let layers: Vec<_> = (0..5).map(|_| serde_json::json!({ "k": 2 * keep, "errors": [], "kv_keep": keep })).collect();
-    let path = std::env::temp_dir().join(format!("kvslim-chai-{}-{name}.json", std::process::id()));
-    std::fs::write(&path, serde_json::json!({ "group": 2, "layers": layers }).to_string()).unwrap();
-    path.display().to_string()
+    test_file(&format!("chai-kv-{name}.json"), &serde_json::json!({ "group": 2, "layers": layers }).to_string())
 }
 
 #[test]
@@ -229,10 +227,9 @@ fn kv_group_sharing_frees_the_keys_of_the_dropped_kv_heads() {
         }
     }
     // a plan whose kv_keep does not match k for this model's groups is refused by name
-    let bad = std::env::temp_dir().join(format!("kvslim-chai-{}-bad.json", std::process::id()));
     let layer = serde_json::json!({ "k": 4, "errors": [], "kv_keep": 3 });
-    std::fs::write(&bad, serde_json::json!({ "layers": vec![layer; 5] }).to_string()).unwrap();
-    let spec = PolicySpec::parse_and_load(&format!("chai:plan={}", bad.display())).unwrap();
+    let bad = test_file("chai-kv-bad.json", &serde_json::json!({ "layers": vec![layer; 5] }).to_string());
+    let spec = PolicySpec::parse_and_load(&format!("chai:plan={bad}")).unwrap();
     let e = Session::new(&m, &spec, 10, 10).err().expect("3 kept KV heads are 6 query heads, not k = 4").to_string();
     assert!(e.contains("kv_keep"), "{e}");
 }
@@ -260,9 +257,8 @@ fn quality_calibration_keeps_the_measured_kl_within_each_budget() {
     }
     // the recorded KL is what perplexity --compare-full measures with the written plan
     for (p, q) in plans.iter().zip(&q) {
-        let path = std::env::temp_dir().join(format!("kvslim-chai-{}-quality-{}.json", std::process::id(), q.max_kl));
-        p.save(&path).unwrap();
-        let spec = PolicySpec::parse_and_load(&format!("chai:plan={}", path.display())).unwrap();
+        let path = test_file(&format!("chai-quality-{}.json", q.max_kl), &p.to_json());
+        let spec = PolicySpec::parse_and_load(&format!("chai:plan={path}")).unwrap();
         let opts = PerplexityOptions { prefill: windows[0].len(), compare_full: true, ..PerplexityOptions::new(spec) };
         let r = perplexity(m, &windows[0], &opts, |_, _| {}).unwrap();
         let kl = r.compare_full.unwrap().kl_mean;

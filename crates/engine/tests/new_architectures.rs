@@ -13,7 +13,7 @@ use kvslim_models::transformer::{BatchItem, BatchScratch};
 use kvslim_models::{load_model, Logits, Model, Scratch};
 mod common;
 
-use common::shared;
+use common::{shared, test_file};
 
 /// The Q8_0 fixture with f32 products: these tests compare computation
 /// paths to f32 rounding, which 8-bit activations would turn into whole
@@ -173,9 +173,7 @@ fn chai_on_sliding_window_layers() {
             "errors": (0..heads).map(|i| (heads - i) as f64).collect::<Vec<_>>(),
             "static_clusters": (0..heads).collect::<Vec<_>>().chunks(heads / k).map(|c| c.to_vec()).collect::<Vec<_>>(),
         });
-        let path = std::env::temp_dir().join(format!("kvslim-newarch-chai-{}-{k}.json", std::process::id()));
-        std::fs::write(&path, serde_json::json!({ "layers": vec![layer; 2] }).to_string()).unwrap();
-        path.display().to_string()
+        test_file(&format!("newarch-chai-{k}.json"), &serde_json::json!({ "layers": vec![layer; 2] }).to_string())
     };
     let run = |spec: &str| -> Vec<f32> {
         let mut s = Session::new(&m, &PolicySpec::parse_and_load(spec).unwrap(), 96, 96).unwrap();

@@ -12,7 +12,7 @@ use kvslim_models::{Logits, Model};
 use std::collections::{BTreeMap, BTreeSet};
 mod common;
 
-use common::{stories, tokens};
+use common::{stories, test_file, tokens};
 
 /// A CHAI plan for stories260K (5 layers × 8 heads, k = 3 per layer), as
 /// the chai and batch tests write them; static membership: consecutive heads.
@@ -24,9 +24,7 @@ fn chai_plan(name: &str) -> String {
         "static_clusters": [[0, 1, 2], [3, 4, 5], [6, 7]],
     });
     let layers = vec![layer; 5];
-    let path = std::env::temp_dir().join(format!("kvslim-paged-chai-{}-{name}.json", std::process::id()));
-    std::fs::write(&path, serde_json::json!({ "layers": layers }).to_string()).unwrap();
-    path.display().to_string()
+    test_file(&format!("paged-chai-{name}.json"), &serde_json::json!({ "layers": layers }).to_string())
 }
 
 /// A stories260K plan with GQA-aware sharing: one of the 4 KV heads keeps
@@ -40,9 +38,10 @@ fn kv_keep_plan(name: &str) -> String {
         "static_clusters": [[0, 1, 4], [2, 3, 5, 6, 7]],
         "static_representatives": [4, 5],
     });
-    let path = std::env::temp_dir().join(format!("kvslim-paged-kvkeep-{}-{name}.json", std::process::id()));
-    std::fs::write(&path, serde_json::json!({ "group": 2, "layers": vec![layer; 5] }).to_string()).unwrap();
-    path.display().to_string()
+    test_file(
+        &format!("paged-kvkeep-{name}.json"),
+        &serde_json::json!({ "group": 2, "layers": vec![layer; 5] }).to_string(),
+    )
 }
 
 /// `spec` with its storage switched to pages of `page` tokens (and the

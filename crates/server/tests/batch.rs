@@ -24,8 +24,13 @@ fn policies(m: &LoadedModel) -> Vec<String> {
         "static_clusters": static_clusters,
     });
     let plan = serde_json::json!({ "layers": vec![layer; c.n_layers] });
-    let path = std::env::temp_dir().join(format!("kvslim-batch-plan-{}-{}.json", std::process::id(), c.n_layers));
-    std::fs::write(&path, plan.to_string()).unwrap();
+    // a fixed name (runs replace their file), written whole before it appears
+    let dir = std::env::temp_dir().join("kvslim-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("batch-plan-{}.json", c.n_layers));
+    let tmp = dir.join(format!(".batch-plan-{}.{}", c.n_layers, std::process::id()));
+    std::fs::write(&tmp, plan.to_string()).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
     let p = path.display();
     vec![
         "full".into(),

@@ -53,7 +53,20 @@ pub fn assert_same_cache(a: &SequenceCache, b: &SequenceCache, what: &str) {
 pub fn chai_plan(name: &str, heads: usize, ks: &[usize]) -> String {
     let errors: Vec<f64> = (0..heads).map(|i| (heads - i) as f64).collect();
     let layers: Vec<_> = ks.iter().map(|&k| serde_json::json!({ "k": k, "errors": errors })).collect();
-    let path = std::env::temp_dir().join(format!("kvslim-chai-{}-{name}.json", std::process::id()));
-    std::fs::write(&path, serde_json::json!({ "layers": layers }).to_string()).unwrap();
+    test_file(&format!("chai-{name}.json"), &serde_json::json!({ "layers": layers }).to_string())
+}
+
+/// Writes a test's input file under the temp folder at a fixed name (no
+/// process id, so repeated runs replace their files instead of piling
+/// them up) and returns its path. The write goes to a process-private
+/// name first and is renamed into place: a test run beside another one
+/// never reads half a file (both write the same bytes for the same name).
+pub fn test_file(name: &str, contents: &str) -> String {
+    let dir = std::env::temp_dir().join("kvslim-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    std::fs::write(&tmp, contents).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
     path.display().to_string()
 }
