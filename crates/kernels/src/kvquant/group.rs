@@ -282,9 +282,9 @@ mod tests {
     }
 
     /// Run kernels equal the per-row group kernels bit for bit: every coded
-    /// type, head counts across the 4-head (scores) and 8-head (sums)
-    /// splits, widths with and without a 16-element tail, runs across the
-    /// 16-row reduction, rows further apart than their size.
+    /// type, head counts across the 8-head splits (Qwen2.5's 6 among them),
+    /// widths with and without a 16-element tail, runs across the 16-row
+    /// reduction, rows further apart than their size.
     #[test]
     fn run_kernels_equal_per_row_kernels_bit_for_bit() {
         let mut rng = Rng(99);
@@ -292,7 +292,7 @@ mod tests {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for dt in [KvDtype::F16, KvDtype::Q8, KvDtype::Q4] {
             for d in [64usize, 80, 256] {
-                for g in [1usize, 3, 5, 9] {
+                for g in [1usize, 3, 5, 6, 9] {
                     for n in [1usize, 5, 16, 17, 40] {
                         let (rb, spr) = (dt.data_bytes(d), dt.scale_count(d));
                         let stride = rb + 8;

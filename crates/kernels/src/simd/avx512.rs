@@ -472,7 +472,9 @@ fn kv_dot_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: usi
         let (data, scales) = (codes.as_ptr().wrapping_add(r0 * stride), scales.as_ptr().wrapping_add(r0 * spr));
         let mut h = 0;
         while h < g {
-            let m = (g - h).min(4);
+            // up to 8 heads per pass over the rows, so a group of 6 (Qwen2.5)
+            // converts each f16 or quantized row once, not once per 4 heads
+            let m = (g - h).min(8);
             let (a, out) = (queries[h * d..].as_ptr(), out[r0 * g + h..].as_mut_ptr());
             let r = RunArgs { data, stride, scales, spr, n: (n - r0).min(RUN), g, d, a, out };
             // SAFETY: reachable only after AVX-512 detection; `check_run`
@@ -482,7 +484,11 @@ fn kv_dot_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: usi
                     1 => kv_dot_run_impl::<T, 1>(r),
                     2 => kv_dot_run_impl::<T, 2>(r),
                     3 => kv_dot_run_impl::<T, 3>(r),
-                    _ => kv_dot_run_impl::<T, 4>(r),
+                    4 => kv_dot_run_impl::<T, 4>(r),
+                    5 => kv_dot_run_impl::<T, 5>(r),
+                    6 => kv_dot_run_impl::<T, 6>(r),
+                    7 => kv_dot_run_impl::<T, 7>(r),
+                    _ => kv_dot_run_impl::<T, 8>(r),
                 }
             }
             h += m;
