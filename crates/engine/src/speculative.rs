@@ -136,6 +136,9 @@ impl Default for NgramDrafter {
 
 /// Replacements remembered at most (the oldest is dropped first).
 const MAX_REPLACEMENTS: usize = 64;
+/// Tokens written away from the source after which the cursor is dropped
+/// (an insertion that long is new text, and would make a poor replacement).
+const MAX_INSERTION: usize = 32;
 
 impl NgramDrafter {
     /// Moves the cursor over the tokens committed since the last call.
@@ -158,6 +161,12 @@ impl NgramDrafter {
             }
             self.pending.push(token);
             self.aligned = false;
+            if self.pending.len() > MAX_INSERTION {
+                // new text, not an edit: copies start again from suffix matches
+                self.cursor = None;
+                self.pending.clear();
+                continue;
+            }
             // a known replacement written out in full
             let replaced = self
                 .replacements
@@ -613,6 +622,19 @@ mod tests {
         let source = [1, 2, 3, 40, 9, 2, 3, 50, 8];
         assert_eq!(drafts_along(&source, &[1, 2, 3], 1)[2], vec![40]);
         assert_eq!(drafts_along(&source, &[7, 2, 3], 1)[2], vec![50], "ties: the latest occurrence");
+    }
+
+    #[test]
+    fn a_long_insertion_drops_the_cursor() {
+        let source = [1, 2, 3, 4, 5, 6];
+        let mut answer = vec![1, 2];
+        answer.extend(100..100 + MAX_INSERTION as u32 + 1);
+        answer.push(3);
+        // `3` would resync the cursor after a short insertion; after a long one
+        // only a suffix match can start a copy, and `… 3` has none of two tokens
+        assert!(drafts_along(&source, &answer, 2).last().unwrap().is_empty());
+        let short: Vec<u32> = vec![1, 2, 100, 101, 3];
+        assert_eq!(drafts_along(&source, &short, 2).last().unwrap(), &vec![4, 5]);
     }
 
     #[test]
