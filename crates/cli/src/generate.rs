@@ -58,8 +58,8 @@ pub struct Args {
     exact_verify: bool,
     /// Draft tokens per target pass (with --speculative): `auto` (the
     /// default) adapts to the acceptance, between 1 and 8 (`auto:M` up to
-    /// M), backing off to plain decoding where drafts keep failing; a number
-    /// drafts that many every time.
+    /// M): longer after accepted drafts, shorter after rejected ones; a
+    /// number drafts that many every time.
     #[arg(long, default_value = "auto", value_parser = parse_draft_len)]
     draft_len: DraftLength,
 }
