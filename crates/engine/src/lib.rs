@@ -29,7 +29,9 @@ pub use generate::{continue_generation, generate, generate_shared, prefill_share
 pub use perplexity::{perplexity, FullComparison, PerplexityOptions, PerplexityReport, Summary};
 pub use sampling::{Sampler, SamplingParams};
 pub use session::Session;
-pub use speculative::{speculative_run, DraftLength, Drafter, ModelDrafter, NgramDrafter, SpecStats, Verification};
+pub use speculative::{
+    replay_drafts, speculative_run, DraftLength, Drafter, ModelDrafter, NgramDrafter, SpecStats, Verification,
+};
 
 /// Errors of the engine: model errors plus request validation.
 #[derive(Debug, thiserror::Error)]

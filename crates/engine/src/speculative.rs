@@ -571,6 +571,47 @@ pub fn speculative_run(
     })
 }
 
+/// What `draft` would accept on a known greedy answer, without a model:
+/// the acceptance loop of [`speculative_run`] with the target's tokens read
+/// from `answer` (greedy decoding's output does not depend on the
+/// drafter, so this equals a real run's statistics). `on_pass` sees each
+/// pass: the answer tokens committed before it, the drafts, how many were
+/// accepted. Drafter work and tuning run in milliseconds instead of minutes
+/// of model time (`examples/replay_drafts.rs`).
+pub fn replay_drafts(
+    draft: &mut dyn Drafter,
+    prompt: &[u32],
+    answer: &[u32],
+    k: impl Into<DraftLength>,
+    mut on_pass: impl FnMut(usize, &[u32], usize),
+) -> Result<SpecStats> {
+    let mut control = DraftControl::new(k.into());
+    let mut stats = SpecStats::default();
+    let n = answer.len();
+    let mut context: Vec<u32> = prompt.to_vec();
+    let mut done = 0;
+    while done < n {
+        // the target's token of the previous pass (or of the prefill)
+        context.push(answer[done]);
+        done += 1;
+        if done == n {
+            break;
+        }
+        let room = (n - done - 1).min(control.next());
+        let mut drafts = if room > 0 { draft.draft(&context, room)? } else { Vec::new() };
+        drafts.truncate(room);
+        stats.target_passes += 1;
+        stats.drafted += drafts.len();
+        let accepted = drafts.iter().zip(&answer[done..]).take_while(|(d, t)| d == t).count();
+        on_pass(done, &drafts, accepted);
+        stats.accepted += accepted;
+        control.update(drafts.len(), accepted);
+        context.extend_from_slice(&answer[done..done + accepted]);
+        done += accepted;
+    }
+    Ok(stats)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

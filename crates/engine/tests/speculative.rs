@@ -2,7 +2,9 @@
 //! policy, bit-exact verification, and no trace of rejected drafts.
 
 use kvslim_cache::PolicySpec;
-use kvslim_engine::speculative::{speculative_run, DraftLength, Drafter, ModelDrafter, NgramDrafter, Verification};
+use kvslim_engine::speculative::{
+    replay_drafts, speculative_run, DraftLength, Drafter, ModelDrafter, NgramDrafter, Verification,
+};
 use kvslim_engine::{generate, GenerateOptions, SamplingParams, Session};
 use kvslim_models::{load_model, Logits, Model, Scratch};
 mod common;
@@ -422,6 +424,31 @@ fn auto_verification_is_batched_and_exact_on_integer_products() {
             let r =
                 speculative_run(m, &prompt, &o, &mut d, DraftLength::default(), Verification::Auto, |_| true).unwrap();
             assert_eq!(r.generation.token_ids, plain.token_ids, "{spec} trial {trial}");
+        }
+    }
+}
+
+/// `replay_drafts` on a recorded greedy answer gives a real run's
+/// statistics (greedy output does not depend on the drafter), so drafter
+/// work can be measured offline.
+#[test]
+fn replaying_drafts_on_the_greedy_answer_gives_the_run_statistics() {
+    let l = stories();
+    let m = &l.model;
+    for (spec, text) in [("full", SNIPPETS[0]), ("h2o:heavy=8,recent=8", SNIPPETS[1]), ("full", SNIPPETS[2])] {
+        let prompt = l.tok.encode(text).unwrap();
+        let o = opts(spec, 48, Vec::new());
+        let plain = generate(m, &prompt, &o, |_| true).unwrap();
+        for k in [DraftLength::Fixed(3), DraftLength::default()] {
+            let run =
+                speculative_run(m, &prompt, &o, &mut NgramDrafter::default(), k, Verification::Auto, |_| true).unwrap();
+            let mut passes = 0;
+            let replay =
+                replay_drafts(&mut NgramDrafter::default(), &prompt, &plain.token_ids, k, |_, _, _| passes += 1)
+                    .unwrap();
+            assert_eq!(replay, run.stats, "{spec} {k:?}");
+            assert_eq!(passes, run.stats.target_passes);
+            assert!(run.stats.accepted > 0, "{spec} {k:?}: the test needs accepted drafts");
         }
     }
 }
