@@ -41,13 +41,14 @@ done
 python3 - "$OUT" "${BS[@]}" <<'PY'
 import json, sys
 out, budgets = sys.argv[1], sys.argv[2:]
-print("| budget `--max-kl` | KV heads giving up K (of 56) | share of K freed | KV MiB allocated | calibration KL | held-out KL dynamic / static | NLL dynamic (full) | top-1 dynamic |")
+print("| `--max-kl` | KV heads giving up K (of 56) | K freed | KV MiB allocated (full 56.0) | calibration KL | held-out KL dynamic / static | NLL dynamic / static (full) | top-1 dynamic / static |")
 print("|---:|---:|---:|---:|---:|---:|---:|---:|")
 for b in budgets:
     q = json.load(open(f"{out}/plan-kl{b}.json"))["quality"]
     d, s = (json.load(open(f"{out}/{h}-kl{b}.json")) for h in ("chai", "chai-static"))
     cd, cs = d["compare_full"], s["compare_full"]
     print(f"| {b} | {q['kv_heads_freed']} | {q['kv_heads_freed'] / 56:.1%} | {d['kv_bytes_allocated'] / 2**20:.1f} | "
-          f"{q['measured_kl']:.4f} | {cd['kl_mean']:.4f} / {cs['kl_mean']:.4f} | {d['nll']:.4f} ({cd['full_nll']:.4f}) | "
-          f"{cd['top1_agreement']:.1%} |")
+          f"{q['measured_kl']:.4f} | {cd['kl_mean']:.4f} / {cs['kl_mean']:.4f} | "
+          f"{d['nll']:.4f} / {s['nll']:.4f} ({cd['full_nll']:.4f}) | "
+          f"{cd['top1_agreement']:.1%} / {cs['top1_agreement']:.1%} |")
 PY

@@ -6,11 +6,12 @@
 # what a 16K prompt costs in time, KV bytes and RAM.
 #
 #   bash scripts/qwen_long_context.sh                 # 8K and 16K, three policies
-#   LENGTHS=32768 POLICIES='h2o:heavy=5%,recent=5%' bash scripts/qwen_long_context.sh
+#   LENGTHS=32768 bash scripts/qwen_long_context.sh   # 32K, the same three
 #
 # Writes docs/qwen/long/<length>-<n>.json (generate's JSON without the ids
-# and text, plus `target_len` and `peak_rss_mib`) and prints a markdown
-# table of every file there.
+# and text, plus `target_len` and `peak_rss_mib`; n is the policy's index in
+# POLICIES) and prints a markdown table of every file there. A run whose
+# file exists is skipped: delete the file to measure it again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/kvslim}
@@ -36,6 +37,10 @@ for len in "${LENS[@]}"; do
     "$TEXT" "$len" "$CHARS_PER_TOKEN" > "$OUT/prompt.txt"
   for i in "${!POLS[@]}"; do
     p=${POLS[$i]}
+    if [ -f "$OUT/$len-$i.json" ]; then
+      echo "== about $len tokens, $p: $OUT/$len-$i.json exists, skipped" >&2
+      continue
+    fi
     echo "== about $len tokens, $p" >&2
     /usr/bin/time -v "$BIN" generate --model "$MODEL" --threads "$THREADS" --prompt-file "$OUT/prompt.txt" \
       --max-tokens "$GEN" --temperature 0 --policy "$p" --json > "$OUT/raw.json" 2> "$OUT/time.txt"
