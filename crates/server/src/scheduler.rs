@@ -22,7 +22,7 @@ use kvslim_cache::{KvDtype, PagePool, PolicySpec, SequenceCache};
 use kvslim_engine::{Sampler, SamplingParams, Session};
 use kvslim_models::tokenizer::StreamDecoder;
 use kvslim_models::transformer::{BatchItem, BatchScratch};
-use kvslim_models::{Logits, Model, Tokenizer};
+use kvslim_models::{Logits, Model, Scratch, Tokenizer};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc;
@@ -408,11 +408,22 @@ struct Ctx<'a> {
     m: &'a Metrics,
     pools: &'a Pools,
     prefix: PrefixCache,
+    /// The buffers of one prefill, lent to each request's prefill in turn:
+    /// a running request keeps only its cache (its decode steps use the
+    /// batch's scratch), so memory does not grow by a prompt's activations
+    /// per request in flight.
+    prefill: Scratch,
 }
 
 fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Pools, rx: mpsc::Receiver<Request>) {
-    let mut cx =
-        Ctx { model, tok, m, pools, prefix: PrefixCache { capacity: limits.prefix_cache, entries: VecDeque::new() } };
+    let mut cx = Ctx {
+        model,
+        tok,
+        m,
+        pools,
+        prefix: PrefixCache { capacity: limits.prefix_cache, entries: VecDeque::new() },
+        prefill: Scratch::new(),
+    };
     let mut waiting: VecDeque<Request> = VecDeque::new();
     let mut running: Vec<Running<'_>> = Vec::new();
     let mut scratch = BatchScratch::new();
@@ -420,8 +431,10 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
     loop {
         // intake: block only when there is nothing to do
         if running.is_empty() && waiting.is_empty() {
-            // idle: give recycled pages back (the prefix cache keeps its own)
+            // idle: give recycled pages and the prefill buffers back (the
+            // prefix cache keeps its own)
             pools.all().iter().for_each(PagePool::trim);
+            cx.prefill = Scratch::new();
             match rx.recv() {
                 Ok(r) => waiting.push_back(r),
                 Err(_) => return,
@@ -587,11 +600,13 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
     let logits = match cached_logits {
         Some(logits) => logits,
         None => {
+            std::mem::swap(&mut r.session.scratch, &mut cx.prefill);
             let fed = if r.req.prompt_logprobs.is_some() {
                 prefill_scored(&mut r, &prompt)
             } else {
                 r.session.feed(&prompt[reused..], Logits::Last).map(<[f32]>::to_vec)
             };
+            std::mem::swap(&mut r.session.scratch, &mut cx.prefill);
             match fed {
                 Ok(logits) => {
                     if caching {
