@@ -395,6 +395,15 @@ impl DraftControl {
         self.k
     }
 
+    /// This pass's drafts after `context`, never more than the `left`
+    /// tokens still to be output after the target's next one.
+    fn drafts(&self, draft: &mut dyn Drafter, context: &[u32], left: usize) -> Result<Vec<u32>> {
+        let room = left.min(self.next());
+        let mut drafts = if room > 0 { draft.draft(context, room)? } else { Vec::new() };
+        drafts.truncate(room);
+        Ok(drafts)
+    }
+
     fn update(&mut self, drafted: usize, accepted: usize) {
         let DraftLength::Adaptive { max } = self.rule else { return };
         if drafted == 0 {
@@ -486,10 +495,7 @@ pub fn speculative_run(
         if out.len() == max_new {
             break;
         }
-        // drafts never run past the last token that will be output
-        let room = (max_new - out.len() - 1).min(control.next());
-        let mut drafts = if room > 0 { draft.draft(&context, room)? } else { Vec::new() };
-        drafts.truncate(room);
+        let mut drafts = control.drafts(draft, &context, max_new - out.len() - 1)?;
         drafts.retain(|&t| (t as usize) < vocab);
         stats.target_passes += 1;
         stats.drafted += drafts.len();
@@ -597,9 +603,7 @@ pub fn replay_drafts(
         if done == n {
             break;
         }
-        let room = (n - done - 1).min(control.next());
-        let mut drafts = if room > 0 { draft.draft(&context, room)? } else { Vec::new() };
-        drafts.truncate(room);
+        let drafts = control.drafts(draft, &context, n - done - 1)?;
         stats.target_passes += 1;
         stats.drafted += drafts.len();
         let accepted = drafts.iter().zip(&answer[done..]).take_while(|(d, t)| d == t).count();
