@@ -36,8 +36,9 @@
 #   (`alloc=pyramid:0.5`) and AdaKV (`alloc=ada:0.2`): 15 cells.
 # Group lcc-a: LCC-style code completion (../shared/data/code_completion,
 #   the 39 items of ~2K tokens: `max_context=2600`), first line scored by
-#   exact match and edit similarity; the families of r4k-a: 13 cells, ~30 s
-#   per item on one thread.
+#   exact match and edit similarity; full, H2O, SnapKV, window, sink, TOVA
+#   and `auto` at 75 / 50 / 25 / 12.5% kept: 25 cells, one shared prefill
+#   per item and lane (pinned at r4k-auto's commit, which has `auto`).
 #
 #   bash scripts/qwen_matrix.sh build GROUP      the group's pinned binary only
 #   bash scripts/qwen_matrix.sh run GROUP        both shards of GROUP (resumes a cut-off run)
@@ -74,8 +75,9 @@ group() {
               pin c0e6770df28b0a71c35071cf00ddea5eab012ce6 ;;
     r4k-a) POLICIES=$A TASKS=$RULER4K; pin 7035e4e7da12591bd7cc79fd93c220ee7991b169 ;;
     r4k-b) POLICIES=$B TASKS=$RULER4K; pin 7035e4e7da12591bd7cc79fd93c220ee7991b169 ;;
-    lcc-a) POLICIES=$A TASKS="lcc:$S/data/code_completion/stdlib_lcc.jsonl,max_context=2600"
-           pin 7809719fba3923b554f994e3ac53ec81917285b8 ;;
+    lcc-a) POLICIES="$A;h2o:agg=max,score=tova;auto" TASKS="lcc:$S/data/code_completion/stdlib_lcc.jsonl,max_context=2600"
+           BUDGETS=75%,50%,25%,12.5%
+           pin c0e6770df28b0a71c35071cf00ddea5eab012ce6 ;;
     *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a)" >&2; exit 2 ;;
   esac
 }
@@ -93,8 +95,10 @@ build() {
     (cd "$TREE" && CARGO_TARGET_DIR="$ROOT/target" cargo build --release -q -p kvslim)
     mkdir -p "$TREE/bin"
     cp "$ROOT/target/release/kvslim" "$BIN"
-    # the next build of the main checkout replaces target/release/kvslim again
-    touch "$ROOT/crates/cli/src/main.rs"
+    # cargo does not hash a workspace member's path: the worktree's crates
+    # now look fresh to the main checkout's builds, so its sources must be
+    # newer than them for its next build to recompile every crate
+    find "$ROOT/crates" "$ROOT/testing" -name '*.rs' -exec touch {} +
   fi
 }
 

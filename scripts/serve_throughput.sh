@@ -10,7 +10,8 @@
 #     whose peak fits KV_MEMORY (capped at MAX_BATCH_CAP when set);
 #  2. `kvslim serve --kv-memory KV_MEMORY --max-batch B --policy P` (fixed
 #     KV slots unless KV_PAGE_SIZE says otherwise, so the server reserves
-#     what the bench measured; no prefix cache; no request deadline);
+#     what the bench measured; no prefix cache; no request deadline;
+#     `--prefill-chunk PREFILL_CHUNK`, default 512);
 #  3. for each multiple R in ROUNDS (default 1; "1 2" adds a round with as
 #     many requests again waiting in the queue): R x B concurrent streamed requests,
 #     each its own PROMPT_TOKENS-token window of PROMPT_FILE (cut exactly
@@ -29,7 +30,8 @@
 #     PROMPT_TOKENS=256 MAX_TOKENS=8 MAX_BATCH_CAP=2 ROUNDS=1 bash scripts/serve_throughput.sh   # a check in seconds
 #
 # Numbers are only worth publishing from a quiet machine. The server
-# prefills one prompt at a time (about 60 tok/s at 4,096 tokens on 2
+# prefills one prompt at a time (a slice of layers between decode steps
+# while others generate) (about 60 tok/s at 4,096 tokens on 2
 # cores), so the default run, 4 + 22 + 79 requests of 4,096 tokens, takes
 # about 2 hours there, and ROUNDS="1 2" about 6. Needs a release build
 # (cargo build --release -p kvslim).
@@ -43,6 +45,7 @@ POLICIES=${POLICIES:-"full;h2o:heavy=10%,recent=10%;h2o:heavy=10%,recent=10%,kv_
 ROUNDS=${ROUNDS:-1}
 MAX_BATCH_CAP=${MAX_BATCH_CAP:-0}
 KV_PAGE_SIZE=${KV_PAGE_SIZE:-0}
+PREFILL_CHUNK=${PREFILL_CHUNK:-512}
 THREADS=${THREADS:-}
 OUT=${OUT:-target/serve_throughput.json}
 DIR=$(mktemp -d)
@@ -75,7 +78,7 @@ for policy in "${policies[@]}"; do
   fi
   PORT=$(free_port)
   "$BIN" serve --model "$MODEL" "${threads[@]}" --port "$PORT" --kv-memory "$KV_MEMORY" --max-batch "$batch" \
-    --policy "$policy" --kv-page-size "$KV_PAGE_SIZE" --prefix-cache 0 --request-timeout 0 \
+    --policy "$policy" --kv-page-size "$KV_PAGE_SIZE" --prefix-cache 0 --request-timeout 0 --prefill-chunk "$PREFILL_CHUNK" \
     --queue-limit $((4 * batch + 64)) 2>"$DIR/server$i.log" &
   PID=$!
   wait_healthy "$PORT" 3000 || { echo "the server did not come up" >&2; tail -n 20 "$DIR/server$i.log" >&2; exit 1; }
@@ -100,21 +103,22 @@ print(json.dumps({"policy": sys.argv[1], "bench": json.load(open(sys.argv[2]))[0
 EOF
 done
 
-python3 - "$DIR/rows.jsonl" "$OUT" "$MODEL" "$KV_MEMORY" "$PROMPT_TOKENS" "$MAX_TOKENS" "$PROMPT_FILE" "$KV_PAGE_SIZE" <<'EOF'
+python3 - "$DIR/rows.jsonl" "$OUT" "$MODEL" "$KV_MEMORY" "$PROMPT_TOKENS" "$MAX_TOKENS" "$PROMPT_FILE" "$KV_PAGE_SIZE" "$PREFILL_CHUNK" <<'EOF'
 import datetime, json, os, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 out = {
     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     "model": sys.argv[3], "kv_memory": sys.argv[4], "prompt_tokens": int(sys.argv[5]),
     "max_tokens": int(sys.argv[6]), "prompt_file": sys.argv[7], "kv_page_size": int(sys.argv[8]),
+    "prefill_chunk": int(sys.argv[9]),
     "cpus": os.cpu_count(), "rows": rows,
 }
 json.dump(out, open(sys.argv[2], "w"), indent=2)
 mib = lambda b: b / 2**20
 print(f"{out['model']}, KV memory {out['kv_memory']}, {out['prompt_tokens']}-token prompts + {out['max_tokens']} new tokens, {out['date']}")
 print()
-print("| policy | KV MiB per request (peak / reserved) | fit (peak / reserved) | sent | ran at once | peak KV in use MiB | prompt tok/s | generated tok/s | total tok/s | wall s | latency p50 s | RSS MiB | errors |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| policy | KV MiB per request (peak / reserved) | fit (peak / reserved) | sent | ran at once | peak KV in use MiB | prompt tok/s | generated tok/s | total tok/s | wall s | latency p50 s | TTFT p50 / max s | longest stall s | RSS MiB | errors |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     b = r["bench"]
     per = b["peak_kv_bytes"] + b["peak_metadata_bytes"]
@@ -122,12 +126,13 @@ for r in rows:
     fit = f"{b['max_batch']} / {limit // max(b['reserved_bytes'], 1)}"
     head = f"| `{r['policy']}` | {mib(per):.2f} / {mib(b['reserved_bytes']):.2f} | {fit} "
     if not r["runs"]:
-        print(head + "| 0 | - | - | - | - | - | - | - | - | - |")
+        print(head + "| 0 | - | - | - | - | - | - | - | - | - | - | - |")
     for x in r["runs"]:
         rss = x.get("rss_max_sampled_bytes")
         print(head + f"| {x['requests']} | {x['peak_running_requests']:.0f} | {mib(x['peak_kv_bytes_in_use']):.0f} "
               f"| {x['prompt_tokens_per_s']:.1f} | {x['tokens_per_s']:.1f} | {x['total_tokens_per_s']:.1f} "
-              f"| {x['wall_s']:.1f} | {x['latency_p50_s']:.1f} | {'-' if rss is None else f'{mib(rss):.0f}'} | {x['errors']} |")
+              f"| {x['wall_s']:.1f} | {x['latency_p50_s']:.1f} | {x['ttft_p50_s']:.1f} / {x.get('ttft_max_s', 0):.1f} "
+              f"| {x.get('stall_max_s', 0):.1f} | {'-' if rss is None else f'{mib(rss):.0f}'} | {x['errors']} |")
 print()
 print(f"written to {sys.argv[2]}")
 EOF

@@ -181,6 +181,10 @@ impl std::fmt::Display for Failure {
 struct Sample {
     latency: f64,
     ttft: f64,
+    /// Longest wait between two chunks of the stream after the first: how
+    /// long the request stalled while the server did other work (another
+    /// request's prefill).
+    stall: f64,
     tokens: usize,
     /// `usage.prompt_tokens` and `usage.prompt_tokens_reused` (taken from
     /// the prefix cache, not prefilled).
@@ -200,12 +204,17 @@ fn one(addr: &str, path: &str, body: &str, auth: Option<&str>, timeout: Duration
     }
     let mut ttft = None;
     let (mut tokens, mut prompt_tokens, mut prompt_reused) = (0, 0, 0);
-    let mut done = false;
+    let (mut done, mut last, mut stall) = (false, None::<Instant>, 0f64);
     while let Some(data) = s.next_event().map_err(|e| Failure::Cut(e.to_string()))? {
         if data == "[DONE]" {
             done = true;
             break;
         }
+        let now = Instant::now();
+        if let Some(t) = last {
+            stall = stall.max(now.duration_since(t).as_secs_f64());
+        }
+        last = Some(now);
         ttft.get_or_insert_with(|| start.elapsed().as_secs_f64());
         let v: serde_json::Value =
             serde_json::from_str(&data).map_err(|e| Failure::StreamError(format!("bad chunk {data}: {e}")))?;
@@ -224,6 +233,7 @@ fn one(addr: &str, path: &str, body: &str, auth: Option<&str>, timeout: Duration
     Ok(Sample {
         latency: start.elapsed().as_secs_f64(),
         ttft: ttft.unwrap_or(0.0),
+        stall,
         tokens,
         prompt_tokens,
         prompt_reused,
@@ -356,8 +366,10 @@ pub fn run(a: Args) -> CliResult {
     let errors = errors.lock().expect("threads joined");
     let mut lat: Vec<f64> = samples.iter().map(|s| s.latency).collect();
     let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft).collect();
+    let mut stall: Vec<f64> = samples.iter().map(|s| s.stall).collect();
     lat.sort_by(f64::total_cmp);
     ttft.sort_by(f64::total_cmp);
+    stall.sort_by(f64::total_cmp);
     let tokens: usize = samples.iter().map(|s| s.tokens).sum();
     let prompt_tokens: usize = samples.iter().map(|s| s.prompt_tokens).sum();
     let prompt_reused: usize = samples.iter().map(|s| s.prompt_reused).sum();
@@ -387,6 +399,9 @@ pub fn run(a: Args) -> CliResult {
         "latency_p99_s": pct(&lat, 99.0),
         "ttft_p50_s": pct(&ttft, 50.0),
         "ttft_p99_s": pct(&ttft, 99.0),
+        "ttft_max_s": ttft.last().copied().unwrap_or(0.0),
+        "stall_p50_s": pct(&stall, 50.0),
+        "stall_max_s": stall.last().copied().unwrap_or(0.0),
         "peak_kv_bytes_in_use": watched.then_some(peaks.kv_bytes),
         "peak_running_requests": watched.then_some(peaks.running),
         "peak_batch_size": watched.then_some(peaks.batch),

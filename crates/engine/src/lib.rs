@@ -28,7 +28,7 @@ pub fn on_workers<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 pub use generate::{continue_generation, generate, generate_shared, prefill_shared, GenerateOptions, Generation};
 pub use perplexity::{perplexity, FullComparison, PerplexityOptions, PerplexityReport, Summary};
 pub use sampling::{Sampler, SamplingParams};
-pub use session::Session;
+pub use session::{Feed, Session};
 pub use speculative::{
     replay_drafts, speculative_run, DraftLength, Drafter, ModelDrafter, NgramDrafter, SpecStats, Verification,
 };

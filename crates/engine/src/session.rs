@@ -1,7 +1,9 @@
 //! One sequence being run: the model, its KV cache and scratch buffers.
 
 use kvslim_cache::{KvBytes, PagePool, PolicySpec, SequenceCache};
+use kvslim_models::transformer::PrefillRun;
 use kvslim_models::{Logits, Model, Scratch};
+use std::ops::Range;
 
 /// A sequence in flight. Create one per request; it owns all per-sequence
 /// state (cache slots, policy state, scratch), so sequences never share it.
@@ -46,34 +48,109 @@ impl<'m> Session<'m> {
     /// CHAI gets its probe as a chunk of its own so clustering happens right
     /// after the probe's last token.
     pub fn feed(&mut self, tokens: &[u32], want: Logits) -> kvslim_models::Result<&[f32]> {
-        let chunk = self.cache.prefill_chunk().unwrap_or(usize::MAX).max(1);
-        let probe_cut = match self.cache.probe_remaining() {
-            0 => usize::MAX,
-            left => left,
-        };
-        if tokens.len() <= chunk && tokens.len() <= probe_cut {
+        if self.one_part(tokens.len()) {
             self.model.forward(tokens, &mut self.cache, &mut self.scratch, want)?;
             return Ok(self.scratch.logits());
         }
-        let mut parts: Vec<&[u32]> = Vec::new();
-        let (head, rest) = tokens.split_at(probe_cut.min(tokens.len()));
-        parts.extend(head.chunks(chunk));
-        parts.extend(rest.chunks(chunk));
+        let parts = self.feed_parts(tokens.len());
         self.chunked_logits.clear();
         let pieces = parts.len();
         for (i, part) in parts.into_iter().enumerate() {
-            let last = i + 1 == pieces;
-            let w = match want {
-                Logits::All => Logits::All,
-                Logits::Last if last => Logits::Last,
-                _ => Logits::None,
-            };
-            self.model.forward(part, &mut self.cache, &mut self.scratch, w)?;
+            let w = part_logits(want, i + 1 == pieces);
+            self.model.forward(&tokens[part], &mut self.cache, &mut self.scratch, w)?;
             if want == Logits::All {
                 self.chunked_logits.extend_from_slice(self.scratch.logits());
             }
         }
         Ok(if want == Logits::All { &self.chunked_logits } else { self.scratch.logits() })
+    }
+
+    /// The chunks [`Session::feed`] runs `len` tokens in: the policy's
+    /// streaming chunk size, online CHAI's probe on its own; one range when
+    /// neither applies.
+    fn feed_parts(&self, len: usize) -> Vec<Range<usize>> {
+        if self.one_part(len) {
+            return std::iter::once(0..len).collect();
+        }
+        let (chunk, probe_cut) = self.cuts();
+        let head = probe_cut.min(len);
+        let split = |from: usize, to: usize| (from..to).step_by(chunk).map(move |a| a..a.saturating_add(chunk).min(to));
+        split(0, head).chain(split(head, len)).collect()
+    }
+
+    /// The streaming chunk size and where online CHAI's probe ends
+    /// (`usize::MAX`: no limit).
+    fn cuts(&self) -> (usize, usize) {
+        let chunk = self.cache.prefill_chunk().unwrap_or(usize::MAX).max(1);
+        let probe_cut = match self.cache.probe_remaining() {
+            0 => usize::MAX,
+            left => left,
+        };
+        (chunk, probe_cut)
+    }
+
+    /// Whether `len` tokens run as one chunk (no allocation: decode steps
+    /// come through here).
+    fn one_part(&self, len: usize) -> bool {
+        let (chunk, probe_cut) = self.cuts();
+        len <= chunk && len <= probe_cut
+    }
+
+    /// Starts feeding `tokens` as [`Session::feed`] would, to be run a
+    /// slice at a time with [`Session::feed_some`]: a server interleaves
+    /// other sequences' decode steps with a long prompt's prefill this way.
+    /// The result is bit-identical to one [`Session::feed`]. Until it is
+    /// done, nothing else may feed this session.
+    pub fn begin_feed(&mut self, tokens: Vec<u32>, want: Logits) -> Feed {
+        let parts = self.feed_parts(tokens.len());
+        self.chunked_logits.clear();
+        Feed { tokens, parts, part: 0, run: None, want }
+    }
+
+    /// Runs about `budget` token-layers of `feed` (whole layers of a chunk,
+    /// at least one): returns whether the feed is done (its logits then in
+    /// [`Session::fed_logits`]) and the token-layers it ran.
+    pub fn feed_some(&mut self, feed: &mut Feed, budget: usize) -> kvslim_models::Result<(bool, usize)> {
+        let mut used = 0;
+        while feed.part < feed.parts.len() {
+            let last = feed.part + 1 == feed.parts.len();
+            let want = part_logits(feed.want, last);
+            let run = match feed.run.as_mut() {
+                Some(run) => run,
+                None => {
+                    let range = feed.parts[feed.part].clone();
+                    let run =
+                        self.model.prefill_begin(&feed.tokens[range], &mut self.cache, &mut self.scratch, want)?;
+                    feed.run.insert(run)
+                }
+            };
+            let rows = run.rows().max(1);
+            let before = run.layers_done();
+            let layers = (budget.saturating_sub(used) / rows).max(1);
+            let done = self.model.prefill_layers(run, &mut self.cache, &mut self.scratch, layers)?;
+            used += (run.layers_done() - before) * rows;
+            if !done {
+                return Ok((false, used));
+            }
+            feed.run = None;
+            feed.part += 1;
+            if feed.want == Logits::All && feed.parts.len() > 1 {
+                self.chunked_logits.extend_from_slice(self.scratch.logits());
+            }
+            if used >= budget {
+                break;
+            }
+        }
+        Ok((feed.part == feed.parts.len(), used))
+    }
+
+    /// The logits of a finished [`Feed`], as [`Session::feed`] returns them.
+    pub fn fed_logits(&self, feed: &Feed) -> &[f32] {
+        if feed.want == Logits::All && feed.parts.len() > 1 {
+            &self.chunked_logits
+        } else {
+            self.scratch.logits()
+        }
     }
 
     /// Position of the next token.
@@ -84,5 +161,37 @@ impl<'m> Session<'m> {
     /// Allocated KV and metadata bytes.
     pub fn kv_bytes(&self) -> KvBytes {
         self.cache.store().bytes()
+    }
+}
+
+/// Which logits chunk `i` of a feed wanting `want` computes: all of them
+/// for [`Logits::All`], the last row of the last chunk for [`Logits::Last`].
+fn part_logits(want: Logits, last: bool) -> Logits {
+    match want {
+        Logits::All => Logits::All,
+        Logits::Last if last => Logits::Last,
+        _ => Logits::None,
+    }
+}
+
+/// A feed in progress ([`Session::begin_feed`]): the tokens, the chunks
+/// they run in and the chunk (and layer) reached.
+pub struct Feed {
+    tokens: Vec<u32>,
+    parts: Vec<Range<usize>>,
+    part: usize,
+    run: Option<PrefillRun>,
+    want: Logits,
+}
+
+impl Feed {
+    /// The tokens being fed.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Takes the tokens back (after the feed, or to abandon it).
+    pub fn into_tokens(self) -> Vec<u32> {
+        self.tokens
     }
 }

@@ -23,6 +23,13 @@ pub struct Metrics {
     /// Token slots evicted by policies (summed over layers and KV heads).
     pub evicted_slots_total: AtomicU64,
     pub decode_steps_total: AtomicU64,
+    /// Decode steps run while a prompt's prefill was part-way (a long
+    /// prompt does not stall the running batch).
+    pub decode_steps_during_prefill_total: AtomicU64,
+    /// Slices prefills ran in (one per step a prefill ran in).
+    pub prefill_slices_total: AtomicU64,
+    /// Requests whose prompt is being prefilled (0 or 1).
+    pub prefilling: AtomicUsize,
     /// Generated tokens per second over the last measurement window (f64 bits).
     pub tokens_per_second: AtomicU64,
     /// Size of the last decode batch.
@@ -113,6 +120,24 @@ impl Metrics {
             "counter",
             "Batched decode steps run.",
             self.decode_steps_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_decode_steps_during_prefill_total",
+            "counter",
+            "Decode steps run while a prompt's prefill was part-way (--prefill-chunk).",
+            self.decode_steps_during_prefill_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_prefill_slices_total",
+            "counter",
+            "Slices the prompts' prefills ran in.",
+            self.prefill_slices_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_prefilling_requests",
+            "gauge",
+            "Requests whose prompt is being prefilled.",
+            self.prefilling.load(Relaxed).to_string(),
         );
         put(
             "kvslim_tokens_per_second",

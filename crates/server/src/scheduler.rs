@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 pub use kvslim_cache::accounting::worst_case_pages;
 use kvslim_cache::policy::TokenPolicySpec;
 use kvslim_cache::{KvDtype, PagePool, PolicySpec, SequenceCache};
-use kvslim_engine::{Sampler, SamplingParams, Session};
+use kvslim_engine::{Feed, Sampler, SamplingParams, Session};
 use kvslim_models::tokenizer::StreamDecoder;
 use kvslim_models::transformer::{BatchItem, BatchScratch};
 use kvslim_models::{Logits, Model, Scratch, Tokenizer};
@@ -143,11 +143,22 @@ pub struct Limits {
     pub kv_page_size: usize,
     /// Entries of the prompt-prefix cache (`0`: off).
     pub prefix_cache: usize,
+    /// Prompt tokens a step prefills while other sequences decode (a long
+    /// prompt's prefill runs a few layers per step, so the running batch
+    /// keeps decoding; the result is the same as one prefill).
+    pub prefill_chunk: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { kv_memory: 2 << 30, max_batch: 16, queue_limit: 64, kv_page_size: 16, prefix_cache: 16 }
+        Limits {
+            kv_memory: 2 << 30,
+            max_batch: 16,
+            queue_limit: 64,
+            kv_page_size: 16,
+            prefix_cache: 16,
+            prefill_chunk: 512,
+        }
     }
 }
 
@@ -428,9 +439,11 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
     let mut running: Vec<Running<'_>> = Vec::new();
     let mut scratch = BatchScratch::new();
     let mut window = (Instant::now(), 0u64);
+    // the one request whose prompt is being prefilled, a slice per step
+    let mut prefilling: Option<Prefilling<'_>> = None;
     loop {
         // intake: block only when there is nothing to do
-        if running.is_empty() && waiting.is_empty() {
+        if running.is_empty() && waiting.is_empty() && prefilling.is_none() {
             // idle: give recycled pages and the prefill buffers back (the
             // prefix cache keeps its own)
             pools.all().iter().for_each(PagePool::trim);
@@ -458,19 +471,50 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
             }
             true
         });
-        // admission, in arrival order, while memory and batch room last
-        while running.len() < limits.max_batch {
-            match waiting.front() {
-                // reserved here; `admit` keeps it or gives it back
-                Some(r) if m.try_reserve_kv(r.kv_bytes, limits.kv_memory) => {}
-                _ => break,
+        // admission and prefill, in arrival order, while memory and batch
+        // room last: with nothing decoding a prefill runs to its end;
+        // otherwise a step runs about `prefill_chunk` tokens' worth of
+        // prefill layers, so the running sequences keep decoding between
+        // the slices of a long prompt
+        let mut spent = 0usize;
+        loop {
+            let cap = if running.is_empty() { usize::MAX } else { limits.prefill_chunk.max(1) * model.config.n_layers };
+            if spent >= cap {
+                break;
             }
-            let req = waiting.pop_front().expect("checked above");
-            m.queued.fetch_sub(1, Relaxed);
-            if let Some(r) = admit(&mut cx, req) {
-                running.push(r);
+            if prefilling.is_none() {
+                if running.len() >= limits.max_batch {
+                    break;
+                }
+                match waiting.front() {
+                    // reserved here; `admit` keeps it or gives it back
+                    Some(r) if m.try_reserve_kv(r.kv_bytes, limits.kv_memory) => {}
+                    _ => break,
+                }
+                let req = waiting.pop_front().expect("checked above");
+                m.queued.fetch_sub(1, Relaxed);
+                match admit(&mut cx, req) {
+                    Admitted::Gone => {}
+                    Admitted::Running(r) => running.push(r),
+                    Admitted::Prefill(p) => prefilling = Some(p),
+                }
+                continue;
+            }
+            let p = prefilling.as_mut().expect("checked above");
+            let slice = if running.is_empty() { usize::MAX } else { cap - spent };
+            match prefill_slice(&mut cx, p, slice) {
+                Slice::Ran(used) => spent = spent.saturating_add(used.max(1)),
+                Slice::Done(used) => {
+                    spent = spent.saturating_add(used.max(1));
+                    let p = prefilling.take().expect("checked above");
+                    if let Some(r) = finish_prefill(&mut cx, p) {
+                        running.push(r);
+                    }
+                }
+                Slice::Stopped => prefilling = None,
             }
         }
+        m.prefilling.store(usize::from(prefilling.is_some()), Relaxed);
         // clients that left free their KV before the step
         running.retain_mut(|r| {
             if r.req.events.is_closed() {
@@ -488,6 +532,9 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
             let result = model.forward_batch(&mut items, &mut scratch);
             drop(items);
             m.decode_steps_total.fetch_add(1, Relaxed);
+            if prefilling.is_some() {
+                m.decode_steps_during_prefill_total.fetch_add(1, Relaxed);
+            }
             m.last_batch_size.store(running.len(), Relaxed);
             match result {
                 Ok(()) => {
@@ -530,16 +577,17 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
             let total = m.generated_tokens_total.load(Relaxed);
             m.set_tokens_per_second((total - window.1) as f64 / elapsed);
             window = (Instant::now(), total);
-        } else if running.is_empty() && waiting.is_empty() {
+        } else if running.is_empty() && waiting.is_empty() && prefilling.is_none() {
             m.set_tokens_per_second(0.0);
         }
     }
 }
 
-/// Prefills a request (or forks a cached prefix of its prompt) and samples
-/// its first token; `None` when it already finished (or failed). Its KV
-/// bytes are already reserved (released by [`release`], or here on failure).
-fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
+/// Builds a request's cache (or forks a cached prefix of its prompt) and
+/// starts its prefill, or samples its first token when the whole prompt
+/// was cached. Its KV bytes are already reserved (released by [`release`],
+/// or here on failure).
+fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Admitted<'m> {
     let (model, tok, m) = (cx.model, cx.tok, cx.m);
     let n = req.prompt.len();
     let ctx_len = model.config.context_len;
@@ -566,7 +614,7 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
             Err(e) => {
                 m.kv_bytes_in_use.fetch_sub(req.kv_bytes, Relaxed);
                 let _ = req.events.send(Event::Error(format!("cannot build the KV cache: {e}")));
-                return None;
+                return Admitted::Gone;
             }
         },
     };
@@ -595,67 +643,128 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Option<Running<'m>> {
         r.req.prompt = prompt;
         run_beams(model, tok, m, cx.pools, &mut r);
         release(m, &mut r);
-        return None;
+        return Admitted::Gone;
     }
-    let logits = match cached_logits {
-        Some(logits) => logits,
-        None => {
-            std::mem::swap(&mut r.session.scratch, &mut cx.prefill);
-            let fed = if r.req.prompt_logprobs.is_some() {
-                prefill_scored(&mut r, &prompt)
-            } else {
-                r.session.feed(&prompt[reused..], Logits::Last).map(<[f32]>::to_vec)
-            };
-            std::mem::swap(&mut r.session.scratch, &mut cx.prefill);
-            match fed {
-                Ok(logits) => {
-                    if caching {
-                        cx.prefix.insert(spec, &prompt, &r.session.cache, &logits);
-                    }
-                    logits
-                }
-                Err(e) => {
-                    let _ = r.req.events.send(Event::Error(format!("prefill failed: {e}")));
-                    r.req.prompt = prompt;
-                    r.cancelled = true;
-                    release(m, &mut r);
-                    return None;
-                }
-            }
+    match cached_logits {
+        Some(logits) => {
+            r.req.prompt = prompt;
+            start(tok, m, r, &logits).map_or(Admitted::Gone, Admitted::Running)
         }
+        None => {
+            // the prompt's prefill gets the lent buffers until it is done
+            std::mem::swap(&mut r.session.scratch, &mut cx.prefill);
+            let want = if r.req.prompt_logprobs.is_some() { Logits::All } else { Logits::Last };
+            let feed = r.session.begin_feed(prompt[reused..].to_vec(), want);
+            r.req.prompt = prompt;
+            Admitted::Prefill(Prefilling { r, feed, caching, spec })
+        }
+    }
+}
+
+/// What admission made of a request.
+enum Admitted<'m> {
+    /// Finished or failed already (beam search, `max_tokens` 0, an error).
+    Gone,
+    /// Its first token sampled (a cached prompt): it joins the batch.
+    Running(Running<'m>),
+    /// Its prompt is to be prefilled, a slice per step.
+    Prefill(Prefilling<'m>),
+}
+
+/// A request whose prompt is being prefilled ([`prefill_slice`]).
+struct Prefilling<'m> {
+    r: Running<'m>,
+    feed: Feed,
+    /// Whether the prefilled prompt goes into the prefix cache.
+    caching: bool,
+    spec: String,
+}
+
+/// What one slice of a prefill did.
+enum Slice {
+    /// Ran this many token-layers; more to come.
+    Ran(usize),
+    /// Ran this many token-layers and finished the prompt.
+    Done(usize),
+    /// The request left (client gone, deadline, error): its KV is freed.
+    Stopped,
+}
+
+/// Runs about `budget` token-layers of a request's prefill (whole layers,
+/// at least one), unless its client left or its deadline passed.
+fn prefill_slice(cx: &mut Ctx<'_>, p: &mut Prefilling<'_>, budget: usize) -> Slice {
+    let m = cx.m;
+    let stop = if p.r.req.events.is_closed() {
+        p.r.cancelled = true;
+        true
+    } else if p.r.req.deadline.is_some_and(|d| Instant::now() >= d) {
+        let _ = p.r.req.events.send(Event::TimedOut(0));
+        m.requests_timed_out_total.fetch_add(1, Relaxed);
+        true
+    } else {
+        false
     };
-    r.req.prompt = prompt;
-    if r.req.max_tokens == 0 {
+    let ran = if stop { None } else { Some(p.r.session.feed_some(&mut p.feed, budget)) };
+    match ran {
+        Some(Ok((done, used))) => {
+            m.prefill_slices_total.fetch_add(1, Relaxed);
+            return if done { Slice::Done(used) } else { Slice::Ran(used) };
+        }
+        Some(Err(e)) => {
+            let _ = p.r.req.events.send(Event::Error(format!("prefill failed: {e}")));
+            p.r.cancelled = true;
+        }
+        None => {}
+    }
+    std::mem::swap(&mut p.r.session.scratch, &mut cx.prefill);
+    release(m, &mut p.r);
+    Slice::Stopped
+}
+
+/// A finished prefill: the lent buffers go back, the prompt into the
+/// prefix cache, its log-probs (when asked for) to the client, and the
+/// first token is sampled.
+fn finish_prefill<'m>(cx: &mut Ctx<'m>, p: Prefilling<'m>) -> Option<Running<'m>> {
+    let Prefilling { mut r, feed, caching, spec } = p;
+    let logits = r.session.fed_logits(&feed);
+    let v = cx.model.config.vocab_size;
+    let last = logits[logits.len() - v..].to_vec();
+    if let Some(k) = r.req.prompt_logprobs {
+        // every position of the prompt (fed whole: no prefix-cache hit)
+        let prompt = &r.req.prompt;
+        let scored: Vec<TokenLogprob> =
+            prompt[1..].iter().enumerate().map(|(i, &t)| token_logprob(&logits[i * v..(i + 1) * v], t, k)).collect();
+        if r.req.events.send(Event::Prompt(scored)).is_err() {
+            r.cancelled = true;
+        }
+    }
+    drop(feed);
+    std::mem::swap(&mut r.session.scratch, &mut cx.prefill);
+    if caching {
+        cx.prefix.insert(spec, &r.req.prompt, &r.session.cache, &last);
+    }
+    start(cx.tok, cx.m, r, &last)
+}
+
+/// Samples a request's first token from its prompt's last logits; `None`
+/// when that already ends it (its KV then freed).
+fn start<'m>(tok: &Tokenizer, m: &Metrics, mut r: Running<'m>, logits: &[f32]) -> Option<Running<'m>> {
+    if r.req.max_tokens == 0 || r.cancelled {
         // `echo` with max_tokens 0: the prompt (and its log-probs) is all
-        r.finished = Some("length");
+        if !r.cancelled {
+            r.finished = Some("length");
+        }
         release(m, &mut r);
         return None;
     }
-    let first = r.sampler.sample(&logits);
-    let lp = r.req.logprobs.map(|k| token_logprob(&logits, first, k));
+    let first = r.sampler.sample(logits);
+    let lp = r.req.logprobs.map(|k| token_logprob(logits, first, k));
     on_token(tok, m, &mut r, first, lp);
     if r.finished.is_some() || r.cancelled {
         release(m, &mut r);
         return None;
     }
     Some(r)
-}
-
-/// Prefills the whole prompt with every position's logits (one
-/// [`Session::feed`], so the policy sees the prompt exactly as a plain
-/// prefill would and as `kvslim perplexity --prefill N` feeds it), sends
-/// the prompt's log-probs and returns the last position's logits.
-fn prefill_scored(r: &mut Running<'_>, prompt: &[u32]) -> kvslim_models::Result<Vec<f32>> {
-    let k = r.req.prompt_logprobs.unwrap_or(0);
-    let v = r.session.model.config.vocab_size;
-    let all = r.session.feed(prompt, Logits::All)?;
-    let scored: Vec<TokenLogprob> =
-        prompt[1..].iter().enumerate().map(|(i, &t)| token_logprob(&all[i * v..(i + 1) * v], t, k)).collect();
-    let last = all[(prompt.len() - 1) * v..prompt.len() * v].to_vec();
-    if r.req.events.send(Event::Prompt(scored)).is_err() {
-        r.cancelled = true;
-    }
-    Ok(last)
 }
 
 /// Beam search for one request, run to completion on the scheduler thread

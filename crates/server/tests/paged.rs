@@ -23,7 +23,7 @@ fn start(limits: Limits) -> String {
 }
 
 fn limits(kv_page_size: usize, prefix_cache: usize) -> Limits {
-    Limits { kv_memory: 64 << 20, max_batch: 8, queue_limit: 64, kv_page_size, prefix_cache }
+    Limits { kv_memory: 64 << 20, max_batch: 8, queue_limit: 64, kv_page_size, prefix_cache, ..Limits::default() }
 }
 
 fn post(addr: &str, body: &Value) -> Response {
@@ -233,8 +233,14 @@ fn paged_admission_by_kv_memory() {
     let per_page = 2 * LAYERS * KV_HEADS * 512; // 20,480 bytes
                                                 // room for 4 pages per head: a page-evicting h2o request (3) fits, a
                                                 // compacting one (3) fits, token eviction at 65 slots (page cap 7) does not
-    let addr =
-        start(Limits { kv_memory: 4 * per_page, max_batch: 4, queue_limit: 8, kv_page_size: 16, prefix_cache: 16 });
+    let addr = start(Limits {
+        kv_memory: 4 * per_page,
+        max_batch: 4,
+        queue_limit: 8,
+        kv_page_size: 16,
+        prefix_cache: 16,
+        ..Limits::default()
+    });
     let p = prompt(10, 4);
     for policy in ["h2o:heavy=8,recent=8,page_score=sum", "h2o:heavy=8,recent=8,compact=16"] {
         let (_, n, _) = complete(&addr, body(&p, 400, 0.0, 0, policy));

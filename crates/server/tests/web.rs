@@ -17,7 +17,7 @@ use std::time::Duration;
 const TEXT: &str = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big red ball under a tree. She ran to get it, but a small dog got there first. The dog wagged its tail and Lily laughed.";
 
 fn limits() -> Limits {
-    Limits { kv_memory: 64 << 20, max_batch: 4, queue_limit: 8, kv_page_size: 16, prefix_cache: 0 }
+    Limits { kv_memory: 64 << 20, max_batch: 4, queue_limit: 8, kv_page_size: 16, prefix_cache: 0, ..Limits::default() }
 }
 
 fn post(addr: &str, path: &str, body: &Value) -> Response {

@@ -8,7 +8,7 @@ use super::block::Products;
 use super::scratch::{BatchScratch, Scratch};
 use super::{Logits, Model};
 use crate::{Error, Result};
-use kvslim_cache::SequenceCache;
+use kvslim_cache::{AttentionScores, ScoringKey, SequenceCache};
 use rayon::prelude::*;
 
 /// One sequence's next token in a batched decode step ([`Model::forward_batch`]).
@@ -17,6 +17,32 @@ pub struct BatchItem<'a> {
     pub token: u32,
     /// The sequence's own cache and policy state.
     pub cache: &'a mut SequenceCache,
+}
+
+/// A prefill chunk in progress ([`Model::prefill_begin`]): where it starts,
+/// its size and the next layer to run. Only numbers: the hidden states live
+/// in the [`Scratch`] it was started with.
+#[derive(Debug)]
+pub struct PrefillRun {
+    p0: usize,
+    n: usize,
+    /// KVzip's repeat-probe rows after the chunk's own.
+    repeat: usize,
+    logit_rows: usize,
+    next_layer: usize,
+}
+
+impl PrefillRun {
+    /// Rows each layer of this chunk runs (prompt plus any probe): the
+    /// cost of one layer, for budgeting slices.
+    pub fn rows(&self) -> usize {
+        self.n + self.repeat
+    }
+
+    /// Layers run so far.
+    pub fn layers_done(&self) -> usize {
+        self.next_layer
+    }
 }
 
 /// One sequence's tokens in [`Model::forward_steps_batch`].
@@ -75,17 +101,84 @@ impl Model {
                 return Err(Error::Unsupported("only an untraced prefill of two or more tokens can be shared".into()));
             }
         }
+        let mut run = self.begin_chunk(tokens, cache, others, s, want)?;
+        // a shared prefill's scores per component and scoring key, per layer
+        let mut scored = Vec::new();
+        while run.next_layer < self.config.n_layers {
+            self.chunk_layer(&mut run, cache, others, s, &mut scored)?;
+        }
+        self.finish_chunk(&run, cache, others, s);
+        Ok(())
+    }
+
+    /// Starts `tokens` as a prefill chunk to be run a few layers at a time
+    /// with [`Model::prefill_layers`] (a server runs decode steps for other
+    /// sequences between the slices). The slices compute exactly what
+    /// [`Model::forward`] computes, in the same order, so the cache and the
+    /// logits end bit-identical to it. Until the run is done, `cache` and
+    /// `s` belong to it: nothing else may feed that cache or use that
+    /// scratch.
+    pub fn prefill_begin(
+        &self,
+        tokens: &[u32],
+        cache: &mut SequenceCache,
+        s: &mut Scratch,
+        want: Logits,
+    ) -> Result<PrefillRun> {
+        self.begin_chunk(tokens, cache, &mut [], s, want)
+    }
+
+    /// Runs up to `layers` more layers (at least one) of `run`; `true` when
+    /// the chunk is done (its logits in `s.logits()`, the cache advanced).
+    pub fn prefill_layers(
+        &self,
+        run: &mut PrefillRun,
+        cache: &mut SequenceCache,
+        s: &mut Scratch,
+        layers: usize,
+    ) -> Result<bool> {
+        let n_layers = self.config.n_layers;
+        if run.next_layer >= n_layers {
+            return Ok(true);
+        }
+        if cache.next_pos() != run.p0 {
+            return Err(Error::Unsupported(format!(
+                "this prefill started at position {} but its cache is now at {}: the cache was fed meanwhile",
+                run.p0,
+                cache.next_pos()
+            )));
+        }
+        let stop = run.next_layer.saturating_add(layers.max(1)).min(n_layers);
+        while run.next_layer < stop {
+            self.chunk_layer(run, cache, &mut [], s, &mut Vec::new())?;
+        }
+        if run.next_layer < n_layers {
+            return Ok(false);
+        }
+        self.finish_chunk(run, cache, &mut [], s);
+        Ok(true)
+    }
+
+    /// Checks the input, sizes the scratch, embeds the rows and builds the
+    /// RoPE tables: everything a chunk does before its first layer.
+    fn begin_chunk(
+        &self,
+        tokens: &[u32],
+        cache: &mut SequenceCache,
+        others: &mut [&mut SequenceCache],
+        s: &mut Scratch,
+        want: Logits,
+    ) -> Result<PrefillRun> {
         let c = &self.config;
         let n = tokens.len();
+        let p0 = cache.next_pos();
         if n == 0 {
-            return Ok(());
+            return Ok(PrefillRun { p0, n, repeat: 0, logit_rows: 0, next_layer: c.n_layers });
         }
         self.check_input(tokens, cache)?;
         for o in others.iter() {
             self.check_input(tokens, o)?;
         }
-        let p0 = cache.next_pos();
-        let (d, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
         let logit_rows = match want {
             Logits::None => 0,
             Logits::Last => 1,
@@ -103,40 +196,68 @@ impl Model {
         }
         self.embed(&tokens, p0, &mut s.a.x, &mut s.a.proj);
         self.rope_tables(p0, rows, &mut s.cos, &mut s.sin);
+        Ok(PrefillRun { p0, n, repeat, logit_rows, next_layer: 0 })
+    }
+
+    /// Layer `run.next_layer` of a chunk: projections, attention (each of
+    /// `others` runs only its policy's side of it), output and MLP.
+    fn chunk_layer(
+        &self,
+        run: &mut PrefillRun,
+        cache: &mut SequenceCache,
+        others: &mut [&mut SequenceCache],
+        s: &mut Scratch,
+        scored: &mut Vec<(usize, ScoringKey, AttentionScores)>,
+    ) -> Result<()> {
+        let c = &self.config;
+        let (d, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let (li, p0, n, rows) = (run.next_layer, run.p0, run.n, run.n + run.repeat);
         let scale = c.attention_scale();
-        // a shared prefill's scores per component and scoring key, per layer
-        let mut scored = Vec::new();
-        for li in 0..c.n_layers {
-            if let Some(t) = s.trace.as_mut() {
-                t.hidden.push(s.a.x[..rows * d].to_vec());
+        if let Some(t) = s.trace.as_mut() {
+            t.hidden.push(s.a.x[..rows * d].to_vec());
+        }
+        self.project_qkv(li, &mut s.a, rows, Products::Gemm);
+        self.position_qk(li, &mut s.a.q, &mut s.a.k, rows, &s.cos, &s.sin);
+        if let Some(t) = s.trace.as_mut() {
+            t.qkv.push([s.a.q[..rows * qd].to_vec(), s.a.k[..rows * kvd].to_vec(), s.a.v[..rows * kvd].to_vec()]);
+        }
+        if n == 1 {
+            self.decode_attention(li, cache, s, p0, scale)?;
+        } else {
+            scored.clear();
+            let chunk = (p0, n, run.repeat, scale);
+            for o in others.iter_mut() {
+                self.prefill_attention(li, o, s, chunk, false, Some(&mut *scored))?;
             }
-            self.project_qkv(li, &mut s.a, rows, Products::Gemm);
-            self.position_qk(li, &mut s.a.q, &mut s.a.k, rows, &s.cos, &s.sin);
-            if let Some(t) = s.trace.as_mut() {
-                t.qkv.push([s.a.q[..rows * qd].to_vec(), s.a.k[..rows * kvd].to_vec(), s.a.v[..rows * kvd].to_vec()]);
-            }
-            if n == 1 {
-                self.decode_attention(li, cache, s, p0, scale)?;
-            } else {
-                scored.clear();
-                let chunk = (p0, n, repeat, scale);
-                for o in others.iter_mut() {
-                    self.prefill_attention(li, o, s, chunk, false, Some(&mut scored))?;
-                }
-                self.prefill_attention(li, cache, s, chunk, true, None)?;
-            }
-            if let Some(t) = s.trace.as_mut() {
-                t.att_out.push(s.a.att[..rows * qd].to_vec());
-            }
-            self.output_and_mlp(li, &mut s.a, None, rows, Products::Gemm);
+            self.prefill_attention(li, cache, s, chunk, true, None)?;
+        }
+        if let Some(t) = s.trace.as_mut() {
+            t.att_out.push(s.a.att[..rows * qd].to_vec());
+        }
+        self.output_and_mlp(li, &mut s.a, None, rows, Products::Gemm);
+        run.next_layer += 1;
+        Ok(())
+    }
+
+    /// After the last layer: the caches advance past the chunk and the
+    /// wanted rows get logits.
+    fn finish_chunk(
+        &self,
+        run: &PrefillRun,
+        cache: &mut SequenceCache,
+        others: &mut [&mut SequenceCache],
+        s: &mut Scratch,
+    ) {
+        let (n, d) = (run.n, self.config.hidden_size);
+        if n == 0 {
+            return;
         }
         cache.advance(n);
         others.iter_mut().for_each(|o| o.advance(n));
-        if logit_rows > 0 {
-            let last = &s.a.x[(n - logit_rows) * d..n * d];
-            self.project_logits(last, &mut s.a.xn, logit_rows, &mut s.logits, Products::Gemm);
+        if run.logit_rows > 0 {
+            let last = &s.a.x[(n - run.logit_rows) * d..n * d];
+            self.project_logits(last, &mut s.a.xn, run.logit_rows, &mut s.logits, Products::Gemm);
         }
-        Ok(())
     }
 
     /// A KVzip cache's prefill chunk followed by its repeat probe (the

@@ -21,7 +21,7 @@ mod prefill;
 mod scratch;
 mod trace;
 
-pub use forward::{BatchItem, StepsItem};
+pub use forward::{BatchItem, PrefillRun, StepsItem};
 pub use scratch::{BatchScratch, Scratch};
 pub use trace::Trace;
 

@@ -1,0 +1,89 @@
+//! A long prompt arriving while another request generates is prefilled a
+//! few layers per decode step (`Limits::prefill_chunk`): the running
+//! request keeps decoding meanwhile, and both give exactly their solo
+//! greedy outputs, under `full` and under H2O.
+
+use kvslim_cache::PolicySpec;
+use kvslim_engine::{generate, GenerateOptions, SamplingParams};
+use kvslim_server::scheduler::{self, Event, Request};
+use kvslim_server::Limits;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+mod common;
+
+use common::stories;
+
+fn greedy() -> SamplingParams {
+    SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize, policy: &PolicySpec) -> (Request, UnboundedReceiver<Event>) {
+    let (tx, rx) = unbounded_channel();
+    let req = Request {
+        prompt,
+        max_tokens,
+        sampling: greedy(),
+        policy: policy.clone(),
+        stop: Vec::new(),
+        kv_bytes: 1 << 20,
+        beams: 1,
+        length_penalty: 1.0,
+        logprobs: Some(0),
+        prompt_logprobs: None,
+        deadline: None,
+        events: tx,
+    };
+    (req, rx)
+}
+
+/// The generated token ids a request reported, once it is done.
+fn ids(mut rx: UnboundedReceiver<Event>) -> Vec<u32> {
+    let mut out = Vec::new();
+    while let Some(e) = rx.blocking_recv() {
+        match e {
+            Event::Text(_, lps) => out.extend(lps.iter().map(|l| l.id)),
+            Event::Done(_) => return out,
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    panic!("the scheduler dropped the request")
+}
+
+#[test]
+fn a_long_prompt_is_prefilled_between_decode_steps_with_the_same_outputs() {
+    let m = stories();
+    let tok = Arc::new(m.tokenizer.expect("tokenizer"));
+    let layers = m.model.config.n_layers as u64;
+    let short = tok.encode("Once upon a time").unwrap();
+    let long = tok.encode(&"Tom had a red ball. He liked to play with it in the park. ".repeat(12)).unwrap();
+    assert!(long.len() > 150, "{} tokens", long.len());
+    let model = Arc::new(m.model);
+    for spec in ["full", "h2o:heavy=16,recent=16"] {
+        let policy = PolicySpec::parse(spec).unwrap();
+        let solo = |prompt: &[u32], max_tokens| {
+            let opts = GenerateOptions { max_tokens, sampling: greedy(), policy: policy.clone(), eos: tok.eos.clone() };
+            generate(&model, prompt, &opts, |_| true).unwrap().token_ids
+        };
+        // one prompt token per step: each slice is one layer of the long prompt
+        let limits = Limits { prefix_cache: 0, prefill_chunk: 1, ..Limits::default() };
+        let handle = scheduler::spawn(model.clone(), tok.clone(), limits);
+        // the short request is generating (its 200 tokens take far longer
+        // than the next submit) when the long one arrives
+        let (a, rx_a) = request(short.clone(), 200, &policy);
+        let (b, rx_b) = request(long.clone(), 24, &policy);
+        handle.submit(a).unwrap();
+        handle.submit(b).unwrap();
+        assert_eq!(ids(rx_b), solo(&long, 24), "{spec}: the sliced prefill changed the long request");
+        assert_eq!(ids(rx_a), solo(&short, 200), "{spec}: the running request changed");
+        let mt = &handle.metrics;
+        // the short prompt in one slice (nothing was decoding), the long one a layer per slice
+        assert!(mt.prefill_slices_total.load(Relaxed) > layers, "{spec}: prefill slices");
+        assert!(
+            mt.decode_steps_during_prefill_total.load(Relaxed) >= layers - 1,
+            "{spec}: decode steps during the prefill"
+        );
+        assert_eq!(mt.kv_bytes_in_use.load(Relaxed), 0, "{spec}: KV back to 0");
+        assert_eq!(mt.prefilling.load(Relaxed), 0, "{spec}");
+    }
+}
