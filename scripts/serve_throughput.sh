@@ -11,7 +11,8 @@
 #  2. `kvslim serve --kv-memory KV_MEMORY --max-batch B --policy P` (fixed
 #     KV slots unless KV_PAGE_SIZE says otherwise, so the server reserves
 #     what the bench measured; no prefix cache; no request deadline;
-#     `--prefill-chunk PREFILL_CHUNK`, default 512);
+#     `--prefill-chunk PREFILL_CHUNK --prefill-share PREFILL_SHARE`,
+#     default 512 and 0.5);
 #  3. for each multiple R in ROUNDS (default 1; "1 2" adds a round with as
 #     many requests again waiting in the queue): R x B concurrent streamed requests,
 #     each its own PROMPT_TOKENS-token window of PROMPT_FILE (cut exactly
@@ -46,6 +47,7 @@ ROUNDS=${ROUNDS:-1}
 MAX_BATCH_CAP=${MAX_BATCH_CAP:-0}
 KV_PAGE_SIZE=${KV_PAGE_SIZE:-0}
 PREFILL_CHUNK=${PREFILL_CHUNK:-512}
+PREFILL_SHARE=${PREFILL_SHARE:-0.5}
 THREADS=${THREADS:-}
 OUT=${OUT:-target/serve_throughput.json}
 DIR=$(mktemp -d)
@@ -78,7 +80,7 @@ for policy in "${policies[@]}"; do
   fi
   PORT=$(free_port)
   "$BIN" serve --model "$MODEL" "${threads[@]}" --port "$PORT" --kv-memory "$KV_MEMORY" --max-batch "$batch" \
-    --policy "$policy" --kv-page-size "$KV_PAGE_SIZE" --prefix-cache 0 --request-timeout 0 --prefill-chunk "$PREFILL_CHUNK" \
+    --policy "$policy" --kv-page-size "$KV_PAGE_SIZE" --prefix-cache 0 --request-timeout 0 --prefill-chunk "$PREFILL_CHUNK" --prefill-share "$PREFILL_SHARE" \
     --queue-limit $((4 * batch + 64)) 2>"$DIR/server$i.log" &
   PID=$!
   wait_healthy "$PORT" 3000 || { echo "the server did not come up" >&2; tail -n 20 "$DIR/server$i.log" >&2; exit 1; }
@@ -103,14 +105,14 @@ print(json.dumps({"policy": sys.argv[1], "bench": json.load(open(sys.argv[2]))[0
 EOF
 done
 
-python3 - "$DIR/rows.jsonl" "$OUT" "$MODEL" "$KV_MEMORY" "$PROMPT_TOKENS" "$MAX_TOKENS" "$PROMPT_FILE" "$KV_PAGE_SIZE" "$PREFILL_CHUNK" <<'EOF'
+python3 - "$DIR/rows.jsonl" "$OUT" "$MODEL" "$KV_MEMORY" "$PROMPT_TOKENS" "$MAX_TOKENS" "$PROMPT_FILE" "$KV_PAGE_SIZE" "$PREFILL_CHUNK" "$PREFILL_SHARE" <<'EOF'
 import datetime, json, os, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 out = {
     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     "model": sys.argv[3], "kv_memory": sys.argv[4], "prompt_tokens": int(sys.argv[5]),
     "max_tokens": int(sys.argv[6]), "prompt_file": sys.argv[7], "kv_page_size": int(sys.argv[8]),
-    "prefill_chunk": int(sys.argv[9]),
+    "prefill_chunk": int(sys.argv[9]), "prefill_share": float(sys.argv[10]),
     "cpus": os.cpu_count(), "rows": rows,
 }
 json.dump(out, open(sys.argv[2], "w"), indent=2)

@@ -51,6 +51,13 @@ pub struct Args {
     /// prefill runs to its end.
     #[arg(long, default_value_t = 512, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     prefill_chunk: usize,
+    /// Most of the time prompts' prefills may take while other requests are
+    /// generating (0 < share ≤ 1): after each prefill slice the running
+    /// requests decode until prefills are back within this share. Higher:
+    /// earlier first tokens for new requests; lower: faster streams for
+    /// running ones. 1 = one decode step per slice.
+    #[arg(long, default_value_t = 0.5, value_parser = parse_share)]
+    prefill_share: f64,
     /// Model name reported by the API (default: the --model value).
     #[arg(long)]
     served_model_name: Option<String>,
@@ -154,6 +161,7 @@ pub fn run(a: Args) -> CliResult {
             kv_page_size: a.kv_page_size,
             prefix_cache: a.prefix_cache,
             prefill_chunk: a.prefill_chunk,
+            prefill_share: a.prefill_share,
         },
         model_name: a.served_model_name.unwrap_or_else(|| a.model.model.clone()),
     };
@@ -177,13 +185,14 @@ pub fn run(a: Args) -> CliResult {
         );
     }
     eprintln!(
-        "kvslim serve: http://{} (policy {}, KV pool {} bytes, page size {}, prefix cache {}, prefill chunk {}, max batch {}, queue limit {})",
+        "kvslim serve: http://{} (policy {}, KV pool {} bytes, page size {}, prefix cache {}, prefill chunk {} (share {}), max batch {}, queue limit {})",
         local,
         a.policy.spec,
         a.kv_memory,
         a.kv_page_size,
         a.prefix_cache,
         a.prefill_chunk,
+        a.prefill_share,
         a.max_batch,
         a.queue_limit
     );
@@ -194,4 +203,12 @@ pub fn run(a: Args) -> CliResult {
     let opts = ServeOptions { workers: 2, grace_period: Duration::from_secs_f64(a.grace_period), signals: true };
     kvslim_server::serve_with(listener, state, &opts)?;
     Ok(())
+}
+
+/// A share of the time in (0, 1].
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a share of the time: give a number in (0, 1], e.g. 0.5")),
+    }
 }

@@ -147,6 +147,10 @@ pub struct Limits {
     /// prompt's prefill runs a few layers per step, so the running batch
     /// keeps decoding; the result is the same as one prefill).
     pub prefill_chunk: usize,
+    /// Most of the time prefills may take while other sequences decode
+    /// (0–1]: after a slice the batch decodes until prefills are back
+    /// within this share. 1: a prefill slice after every decode step.
+    pub prefill_share: f64,
 }
 
 impl Default for Limits {
@@ -158,6 +162,7 @@ impl Default for Limits {
             kv_page_size: 16,
             prefix_cache: 16,
             prefill_chunk: 512,
+            prefill_share: 0.5,
         }
     }
 }
@@ -441,6 +446,8 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
     let mut window = (Instant::now(), 0u64);
     // the one request whose prompt is being prefilled, a slice per step
     let mut prefilling: Option<Prefilling<'_>> = None;
+    // seconds the running batch is to decode before the next prefill slice
+    let mut decode_owed = 0.0f64;
     loop {
         // intake: block only when there is nothing to do
         if running.is_empty() && waiting.is_empty() && prefilling.is_none() {
@@ -474,10 +481,14 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
         // admission and prefill, in arrival order, while memory and batch
         // room last: with nothing decoding a prefill runs to its end;
         // otherwise a step runs about `prefill_chunk` tokens' worth of
-        // prefill layers, so the running sequences keep decoding between
-        // the slices of a long prompt
+        // prefill layers, and the next slice waits until the running
+        // sequences have decoded for long enough that prefills take at
+        // most `prefill_share` of the time
+        if running.is_empty() {
+            decode_owed = 0.0;
+        }
         let mut spent = 0usize;
-        loop {
+        while decode_owed <= 0.0 {
             let cap = if running.is_empty() { usize::MAX } else { limits.prefill_chunk.max(1) * model.config.n_layers };
             if spent >= cap {
                 break;
@@ -502,7 +513,13 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
             }
             let p = prefilling.as_mut().expect("checked above");
             let slice = if running.is_empty() { usize::MAX } else { cap - spent };
-            match prefill_slice(&mut cx, p, slice) {
+            let (started, shared) = (Instant::now(), !running.is_empty());
+            let outcome = prefill_slice(&mut cx, p, slice);
+            if shared {
+                let share = limits.prefill_share.clamp(0.01, 1.0);
+                decode_owed += started.elapsed().as_secs_f64() * (1.0 - share) / share;
+            }
+            match outcome {
                 Slice::Ran(used) => spent = spent.saturating_add(used.max(1)),
                 Slice::Done(used) => {
                     spent = spent.saturating_add(used.max(1));
@@ -529,7 +546,9 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
         if !running.is_empty() {
             let mut items: Vec<BatchItem<'_>> =
                 running.iter_mut().map(|r| BatchItem { token: r.next, cache: &mut r.session.cache }).collect();
+            let started = Instant::now();
             let result = model.forward_batch(&mut items, &mut scratch);
+            decode_owed -= started.elapsed().as_secs_f64();
             drop(items);
             m.decode_steps_total.fetch_add(1, Relaxed);
             if prefilling.is_some() {

@@ -1,7 +1,7 @@
 //! A long prompt arriving while another request generates is prefilled a
 //! few layers per decode step (`Limits::prefill_chunk`): the running
 //! request keeps decoding meanwhile, and both give exactly their solo
-//! greedy outputs, under `full` and under H2O.
+//! greedy outputs, the long one under `full`, H2O and SnapKV.
 
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{generate, GenerateOptions, SamplingParams};
@@ -59,23 +59,27 @@ fn a_long_prompt_is_prefilled_between_decode_steps_with_the_same_outputs() {
     let long = tok.encode(&"Tom had a red ball. He liked to play with it in the park. ".repeat(12)).unwrap();
     assert!(long.len() > 150, "{} tokens", long.len());
     let model = Arc::new(m.model);
-    for spec in ["full", "h2o:heavy=16,recent=16"] {
+    let full = PolicySpec::full();
+    let solo = |prompt: &[u32], max_tokens, policy: &PolicySpec| {
+        let opts = GenerateOptions { max_tokens, sampling: greedy(), policy: policy.clone(), eos: tok.eos.clone() };
+        generate(&model, prompt, &opts, |_| true).unwrap().token_ids
+    };
+    // the running request: under `full` its story runs all 200 tokens (no EOS)
+    let running = solo(&short, 200, &full);
+    assert_eq!(running.len(), 200);
+    for spec in ["full", "h2o:heavy=16,recent=16", "h2o:heavy=16,recent=16,prefill=snap:8"] {
         let policy = PolicySpec::parse(spec).unwrap();
-        let solo = |prompt: &[u32], max_tokens| {
-            let opts = GenerateOptions { max_tokens, sampling: greedy(), policy: policy.clone(), eos: tok.eos.clone() };
-            generate(&model, prompt, &opts, |_| true).unwrap().token_ids
-        };
         // one prompt token per step: each slice is one layer of the long prompt
         let limits = Limits { prefix_cache: 0, prefill_chunk: 1, ..Limits::default() };
         let handle = scheduler::spawn(model.clone(), tok.clone(), limits);
         // the short request is generating (its 200 tokens take far longer
         // than the next submit) when the long one arrives
-        let (a, rx_a) = request(short.clone(), 200, &policy);
+        let (a, rx_a) = request(short.clone(), 200, &full);
         let (b, rx_b) = request(long.clone(), 24, &policy);
         handle.submit(a).unwrap();
         handle.submit(b).unwrap();
-        assert_eq!(ids(rx_b), solo(&long, 24), "{spec}: the sliced prefill changed the long request");
-        assert_eq!(ids(rx_a), solo(&short, 200), "{spec}: the running request changed");
+        assert_eq!(ids(rx_b), solo(&long, 24, &policy), "{spec}: the sliced prefill changed the long request");
+        assert_eq!(ids(rx_a), running, "{spec}: the running request changed");
         let mt = &handle.metrics;
         // the short prompt in one slice (nothing was decoding), the long one a layer per slice
         assert!(mt.prefill_slices_total.load(Relaxed) > layers, "{spec}: prefill slices");
