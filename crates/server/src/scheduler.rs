@@ -3,8 +3,10 @@
 //!
 //! Each iteration takes new requests from the channel, drops queued ones
 //! whose client left, admits queued requests in order while their KV bytes
-//! fit the pool and the batch has room (prefill + first token at
-//! admission), then runs one batched decode step ([`Model::forward_batch`])
+//! fit the pool and the batch has room, prefills their prompts one at a
+//! time (while others decode, a slice of layers per iteration within
+//! [`Limits::prefill_share`] of the time; the first token when the prompt
+//! is done), then runs one batched decode step ([`Model::forward_batch`])
 //! over every running sequence and samples each one's next token with its
 //! own sampler. Finished or cancelled sequences leave between steps and
 //! their KV memory returns to the pool at once.
@@ -548,7 +550,13 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
                 running.iter_mut().map(|r| BatchItem { token: r.next, cache: &mut r.session.cache }).collect();
             let started = Instant::now();
             let result = model.forward_batch(&mut items, &mut scratch);
-            decode_owed -= started.elapsed().as_secs_f64();
+            // decoding pays off what prefills took; with no prefill to
+            // come it saves no credit for later ones
+            decode_owed = if prefilling.is_some() || !waiting.is_empty() {
+                (decode_owed - started.elapsed().as_secs_f64()).max(0.0)
+            } else {
+                0.0
+            };
             drop(items);
             m.decode_steps_total.fetch_add(1, Relaxed);
             if prefilling.is_some() {
