@@ -189,9 +189,4 @@ impl Feed {
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
     }
-
-    /// Takes the tokens back (after the feed, or to abandon it).
-    pub fn into_tokens(self) -> Vec<u32> {
-        self.tokens
-    }
 }
