@@ -20,7 +20,7 @@ pub struct GenerateOptions {
 }
 
 /// Why generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
     Eos,
@@ -29,8 +29,9 @@ pub enum StopReason {
     Cancelled,
 }
 
-/// The result of one generation.
-#[derive(Clone, Debug)]
+/// The result of one generation (serializable: an interrupted evaluation
+/// keeps the generations it finished).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Generation {
     /// Generated ids only (prompt excluded, EOS excluded).
     pub token_ids: Vec<u32>,

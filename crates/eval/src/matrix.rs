@@ -52,7 +52,9 @@
 use crate::budget::{BudgetedPolicy, PolicySource};
 use crate::forked::score_items;
 use crate::metrics::{first_divergence, identical_prefix_fraction, positional_agreement};
-use crate::results::{write_summaries, CellKey, PartialCell, ResultRow, ResultsLog, Resumed};
+use crate::results::{
+    write_summaries, CellKey, PartialCell, PartialGroup, ResultRow, ResultsLog, Resumed, ResumedGroup,
+};
 use crate::score::{encode_item, predict, predict_norm, score_choices, Choice, McTally, ScoreMode, Scoring};
 use crate::shard::{config_fingerprint, Shard, ShardManifest};
 use crate::tasks::{answers_found, code, ruler_items, TaskData, TaskKind, TaskSpec};
@@ -364,20 +366,38 @@ fn item_generations(
 
 /// Every item of a generation task under each of `policies`, item by
 /// item with one shared prefill per item: per policy, its generations in
-/// item order.
+/// item order. With `partial`, each finished block of items is kept there
+/// and the items it already holds are not run again.
 fn shared_generations(
     model: &Model,
     tok: &Tokenizer,
     policies: &[&BudgetedPolicy],
     prep: &Prepared,
+    mut partial: Option<(&mut PartialGroup, ResumedGroup)>,
     report: &mut dyn FnMut(usize, usize),
 ) -> Result<Vec<Vec<Vec<Generation>>>> {
     let (items, max_tokens, first_line) = generation_items(prep).expect("a generation task");
-    let per_item = par_blocks(
-        items.len(),
-        |i| item_generations(model, tok, policies, items[i], max_tokens, first_line),
-        |d| report(d, items.len()),
-    )?;
+    let mut per_item = match partial.as_mut() {
+        Some((_, (done, _))) => std::mem::take(done),
+        None => Vec::new(),
+    };
+    if !per_item.is_empty() {
+        report(per_item.len(), items.len());
+    }
+    let b = block_size();
+    while per_item.len() < items.len() {
+        let (start, block_start) = (per_item.len(), Instant::now());
+        let end = (start + b).min(items.len());
+        let block: Vec<Vec<Vec<Generation>>> = (start..end)
+            .into_par_iter()
+            .map(|i| item_generations(model, tok, policies, items[i], max_tokens, first_line))
+            .collect::<Result<_>>()?;
+        if let Some((p, _)) = partial.as_mut() {
+            p.append(start, &block, block_start.elapsed().as_secs_f64())?;
+        }
+        per_item.extend(block);
+        report(per_item.len(), items.len());
+    }
     let mut per_policy: Vec<Vec<Vec<Generation>>> = vec![Vec::with_capacity(items.len()); policies.len()];
     for gens in per_item {
         for (p, g) in per_policy.iter_mut().zip(gens) {
@@ -829,8 +849,21 @@ pub fn run_matrix(
             let group: Vec<usize> = (ci..cells.len()).filter(|&j| owned(j) && !done.contains(&keys[j])).collect();
             if cfg.shared_prefill && !ahead.contains_key(&ci) && group.len() > 1 && generation_items(prep).is_some() {
                 let policies: Vec<&BudgetedPolicy> = group.iter().map(|&j| &cells[j]).collect();
-                let gens = shared_generations(model, tok, &policies, prep, &mut items)?;
-                let share = start.elapsed().as_secs_f64() / group.len() as f64;
+                // the group keeps its finished items until its generations are complete
+                let mut partial = match &cfg.out_dir {
+                    Some(dir) => {
+                        let group_keys: Vec<CellKey> = group.iter().map(|&j| keys[j].clone()).collect();
+                        Some(PartialGroup::open(dir, &group_keys, prep.len(), cfg.resume)?)
+                    }
+                    None => None,
+                };
+                let earlier = partial.as_ref().map_or(0.0, |(_, (_, s))| *s);
+                let resumed = partial.as_mut().map(|(p, done)| (p, std::mem::take(done)));
+                let gens = shared_generations(model, tok, &policies, prep, resumed, &mut items)?;
+                if let Some((p, _)) = partial {
+                    p.finish()?;
+                }
+                let share = (earlier + start.elapsed().as_secs_f64()) / group.len() as f64;
                 ahead.extend(group.iter().zip(gens).map(|(&j, g)| (j, (g, share, group.len()))));
             }
             let shared = ahead.remove(&ci);

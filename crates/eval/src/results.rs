@@ -16,6 +16,7 @@
 
 use crate::score::ChoiceScore;
 use crate::{EvalError, Result};
+use kvslim_engine::Generation;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs::{File, OpenOptions};
@@ -376,6 +377,82 @@ impl PartialCell {
     }
 
     /// The cell is finished (its row is in `results.jsonl`): removes the file.
+    pub fn finish(self) -> Result<()> {
+        drop(self.file);
+        std::fs::remove_file(&self.path).map_err(|e| EvalError::io(&self.path, e))
+    }
+}
+
+/// One block of items of a shared-prefill group (the cells of a generation
+/// task run item by item together), as a line of `partial-shared.jsonl`.
+#[derive(Serialize, Deserialize)]
+struct SharedBlock {
+    /// The group's cells, in order: a group of other cells is not resumed.
+    keys: Vec<CellKey>,
+    items: usize,
+    start: usize,
+    /// Per item, per cell, the item's generations (one per question).
+    gens: Vec<Vec<Vec<Generation>>>,
+    seconds: f64,
+}
+
+/// The generations a shared-prefill group finished so far
+/// (`partial-shared.jsonl`): a cut-off run of a long group resumes after
+/// its last finished block instead of starting the group again.
+pub struct PartialGroup {
+    path: PathBuf,
+    file: File,
+    keys: Vec<CellKey>,
+    items: usize,
+}
+
+/// What an interrupted run of a group left: per item, per cell, its
+/// generations, and the seconds spent on them.
+pub type ResumedGroup = (Vec<Vec<Vec<Generation>>>, f64);
+
+impl PartialGroup {
+    pub const FILE: &'static str = "partial-shared.jsonl";
+
+    /// Opens the file for the group of `keys` over `items` items in `dir`;
+    /// with `resume`, also returns the blocks it holds for that group.
+    pub fn open(dir: &Path, keys: &[CellKey], items: usize, resume: bool) -> Result<(Self, ResumedGroup)> {
+        let path = dir.join(Self::FILE);
+        let (mut gens, mut seconds, mut kept) = (Vec::new(), 0.0, String::new());
+        if resume {
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                Err(e) => return Err(EvalError::io(&path, e)),
+            };
+            for line in text.lines() {
+                let Ok(b) = serde_json::from_str::<SharedBlock>(line) else { break };
+                if b.keys != keys || b.items != items || b.start != gens.len() || gens.len() + b.gens.len() > items {
+                    break;
+                }
+                gens.extend(b.gens);
+                seconds += b.seconds;
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+        std::fs::write(&path, &kept).map_err(|e| EvalError::io(&path, e))?;
+        let file = OpenOptions::new().append(true).open(&path).map_err(|e| EvalError::io(&path, e))?;
+        Ok((PartialGroup { path, file, keys: keys.to_vec(), items }, (gens, seconds)))
+    }
+
+    /// Appends the generations of items `start..start + gens.len()`, which
+    /// took `seconds`, and flushes them to the file system.
+    pub fn append(&mut self, start: usize, gens: &[Vec<Vec<Generation>>], seconds: f64) -> Result<()> {
+        let block = SharedBlock { keys: self.keys.clone(), items: self.items, start, gens: gens.to_vec(), seconds };
+        let mut line = serde_json::to_string(&block).map_err(|e| EvalError::Request(format!("partial block: {e}")))?;
+        line.push('\n');
+        let io = |e| EvalError::io(&self.path, e);
+        self.file.write_all(line.as_bytes()).map_err(io)?;
+        self.file.flush().map_err(io)?;
+        self.file.sync_data().map_err(io)
+    }
+
+    /// The group's generations are complete: removes the file.
     pub fn finish(self) -> Result<()> {
         drop(self.file);
         std::fs::remove_file(&self.path).map_err(|e| EvalError::io(&self.path, e))

@@ -111,3 +111,94 @@ fn multiquery_forks_the_context_once_per_question() {
     assert!(found > 0, "the test needs a model that answers some questions");
     assert_eq!(rows[0].metrics["recall"], found as f64 / asked as f64);
 }
+
+/// A shared group keeps its finished blocks of items in
+/// `partial-shared.jsonl`: a run cut off mid-group resumes after them (what
+/// the file holds is used, not run again) and ends with the rows an
+/// uninterrupted run writes.
+#[test]
+fn a_cut_off_shared_group_resumes_from_its_finished_items() {
+    use kvslim_eval::results::PartialGroup;
+    use kvslim_eval::MatrixEvent;
+    let m = stories();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let root = std::env::temp_dir().join(format!("kvslim-shared-resume-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let items = root.join("items.jsonl");
+    let text = std::fs::read_to_string(common::shared_dir().join("data/tinystories/tinystories_val.txt")).unwrap();
+    let lines: String = text
+        .split("\n\n")
+        .filter(|p| p.len() > 200)
+        .take(9)
+        .map(|p| {
+            let cut = p.char_indices().nth(150).map_or(p.len(), |(i, _)| i);
+            serde_json::json!({"context": &p[..cut], "answer": &p[cut..]}).to_string() + "\n"
+        })
+        .collect();
+    std::fs::write(&items, lines).unwrap();
+    let config = |dir: &std::path::Path, resume: bool| {
+        let mut cfg = MatrixConfig::new(
+            "stories260K",
+            vec![TaskSpec::parse(&format!("lcc:{},max_tokens=12", items.display())).unwrap()],
+        );
+        cfg.policies = ["full", "h2o", "h2o:prefill=snap:8"].map(String::from).to_vec();
+        cfg.budgets = vec!["50%".into()];
+        cfg.charts = false;
+        cfg.out_dir = Some(dir.to_path_buf());
+        cfg.resume = resume;
+        cfg
+    };
+    // the whole run, keeping a copy of the group's file after its first block
+    let (first, saved) = (root.join("first"), root.join("saved.jsonl"));
+    std::fs::create_dir_all(&first).unwrap();
+    let whole = run_matrix(&m.model, tok, &config(&first, false), |e| {
+        if let MatrixEvent::Items { done, total, .. } = e {
+            if done < total && !saved.exists() {
+                std::fs::copy(first.join(PartialGroup::FILE), &saved).unwrap();
+            }
+        }
+    })
+    .unwrap();
+    assert!(!first.join(PartialGroup::FILE).exists(), "a finished group leaves no partial file");
+    let block: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&saved).unwrap().lines().next().unwrap()).unwrap();
+    let kept = block["gens"].as_array().unwrap().len();
+    assert!(kept > 0 && kept < 9, "{kept} items in the first block");
+    // resumed from the copy: the same rows, and the run starts past the kept items
+    let resume = |name: &str, file: &str| {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(PartialGroup::FILE), file).unwrap();
+        let mut first_report = None;
+        let rows = run_matrix(&m.model, tok, &config(&dir, true), |e| {
+            if let MatrixEvent::Items { done, .. } = e {
+                first_report.get_or_insert(done);
+            }
+        })
+        .unwrap();
+        (rows, first_report)
+    };
+    let file = std::fs::read_to_string(&saved).unwrap();
+    let (rows, first_report) = resume("resumed", &file);
+    assert_eq!(first_report, Some(kept), "the resumed run reports the kept items first");
+    assert_eq!(rows.len(), whole.len());
+    for (a, b) in whole.iter().zip(&rows) {
+        assert_eq!(a.key, b.key);
+        assert_eq!(a.metrics, b.metrics, "{}", a.key.policy);
+        assert_eq!(a.per_item, b.per_item, "{}", a.key.policy);
+    }
+    // what the file holds is what counts: item 0 answered nothing there
+    let mut blank: serde_json::Value = block.clone();
+    for g in blank["gens"][0].as_array_mut().unwrap() {
+        g[0]["token_ids"] = serde_json::json!([]);
+    }
+    let (rows, _) = resume("blanked", &(blank.to_string() + "\n"));
+    for (a, b) in whole.iter().zip(&rows) {
+        let (x, y) = (&a.per_item["edit_sim"], &b.per_item["edit_sim"]);
+        assert_eq!(y[0], 0.0, "{}: item 0 came from the file", a.key.policy);
+        assert_eq!(x[1..], y[1..], "{}: the other items", a.key.policy);
+    }
+    assert!(whole.iter().any(|r| r.per_item["edit_sim"][0] > 0.0), "item 0's real answers are not all empty");
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -632,7 +632,7 @@ impl HeadSlots {
 }
 
 /// Allocated bytes of a store.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KvBytes {
     /// K and V arrays.
     pub kv: usize,
