@@ -12,7 +12,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 mod common;
 
-use common::stories;
+use common::shared;
+use kvslim_models::load_model;
 
 fn greedy() -> SamplingParams {
     SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
@@ -52,11 +53,15 @@ fn ids(mut rx: UnboundedReceiver<Event>) -> Vec<u32> {
 
 #[test]
 fn a_long_prompt_is_prefilled_between_decode_steps_with_the_same_outputs() {
-    let m = stories();
+    // SmolLM2-135M (not stories260K): its 150 decode steps take about a
+    // second, far longer than the next submit even on a loaded machine,
+    // so the short request is surely running when the long one arrives
+    let m = load_model(&shared().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
     let tok = Arc::new(m.tokenizer.expect("tokenizer"));
     let layers = m.model.config.n_layers as u64;
-    let short = tok.encode("Once upon a time").unwrap();
+    let short = tok.encode("Count from 1 to 100: 1, 2, 3,").unwrap();
     let long = tok.encode(&"Tom had a red ball. He liked to play with it in the park. ".repeat(12)).unwrap();
+    assert!(long.len() < 400, "{} tokens", long.len());
     assert!(long.len() > 150, "{} tokens", long.len());
     let model = Arc::new(m.model);
     let full = PolicySpec::full();
@@ -64,17 +69,15 @@ fn a_long_prompt_is_prefilled_between_decode_steps_with_the_same_outputs() {
         let opts = GenerateOptions { max_tokens, sampling: greedy(), policy: policy.clone(), eos: tok.eos.clone() };
         generate(&model, prompt, &opts, |_| true).unwrap().token_ids
     };
-    // the running request: under `full` its story runs all 200 tokens (no EOS)
-    let running = solo(&short, 200, &full);
-    assert_eq!(running.len(), 200);
+    // the running request: under `full` it counts on for all 150 tokens (no EOS)
+    let running = solo(&short, 150, &full);
+    assert_eq!(running.len(), 150);
     for spec in ["full", "h2o:heavy=16,recent=16", "h2o:heavy=16,recent=16,prefill=snap:8"] {
         let policy = PolicySpec::parse(spec).unwrap();
         // one prompt token per step: each slice is one layer of the long prompt
         let limits = Limits { prefix_cache: 0, prefill_chunk: 1, ..Limits::default() };
         let handle = scheduler::spawn(model.clone(), tok.clone(), limits);
-        // the short request is generating (its 200 tokens take far longer
-        // than the next submit) when the long one arrives
-        let (a, rx_a) = request(short.clone(), 200, &full);
+        let (a, rx_a) = request(short.clone(), 150, &full);
         let (b, rx_b) = request(long.clone(), 24, &policy);
         handle.submit(a).unwrap();
         handle.submit(b).unwrap();
