@@ -52,9 +52,7 @@
 use crate::budget::{BudgetedPolicy, PolicySource};
 use crate::forked::score_items;
 use crate::metrics::{first_divergence, identical_prefix_fraction, positional_agreement};
-use crate::results::{
-    write_summaries, CellKey, PartialCell, PartialGroup, ResultRow, ResultsLog, Resumed, ResumedGroup,
-};
+use crate::results::{write_summaries, CellKey, PartialCell, PartialGroup, ResultRow, ResultsLog, Resumed};
 use crate::score::{encode_item, predict, predict_norm, score_choices, Choice, McTally, ScoreMode, Scoring};
 use crate::shard::{config_fingerprint, Shard, ShardManifest};
 use crate::tasks::{answers_found, code, ruler_items, TaskData, TaskKind, TaskSpec};
@@ -277,22 +275,32 @@ fn block_size() -> usize {
 }
 
 /// Runs blocks of items in parallel, calling `report(done)` between blocks.
-fn par_blocks<T: Send>(
+fn par_blocks<T: Send>(n: usize, f: impl Fn(usize) -> Result<T> + Sync, report: impl FnMut(usize)) -> Result<Vec<T>> {
+    par_blocks_after(Vec::new(), n, f, |_, _, _| Ok(()), report)
+}
+
+/// [`par_blocks`] for items `done.len()..n` after the `done` ones, calling
+/// `keep(start, block, seconds)` with each finished block before `report`.
+fn par_blocks_after<T: Send>(
+    mut done: Vec<T>,
     n: usize,
     f: impl Fn(usize) -> Result<T> + Sync,
+    mut keep: impl FnMut(usize, &[T], f64) -> Result<()>,
     mut report: impl FnMut(usize),
 ) -> Result<Vec<T>> {
-    let mut out = Vec::with_capacity(n);
+    if !done.is_empty() {
+        report(done.len());
+    }
     let b = block_size();
-    let mut start = 0;
-    while start < n {
+    while done.len() < n {
+        let (start, began) = (done.len(), Instant::now());
         let end = (start + b).min(n);
         let part: Vec<T> = (start..end).into_par_iter().map(&f).collect::<Result<_>>()?;
-        out.extend(part);
-        start = end;
-        report(start);
+        keep(start, &part, began.elapsed().as_secs_f64())?;
+        done.extend(part);
+        report(end);
     }
-    Ok(out)
+    Ok(done)
 }
 
 fn greedy(policy: kvslim_cache::PolicySpec, max_tokens: usize, tok: &Tokenizer) -> GenerateOptions {
@@ -366,38 +374,24 @@ fn item_generations(
 
 /// Every item of a generation task under each of `policies`, item by
 /// item with one shared prefill per item: per policy, its generations in
-/// item order. With `partial`, each finished block of items is kept there
-/// and the items it already holds are not run again.
+/// item order, after the items `done` holds (from an interrupted run); each
+/// finished block of items is kept in `keeper`.
 fn shared_generations(
     model: &Model,
     tok: &Tokenizer,
     policies: &[&BudgetedPolicy],
     prep: &Prepared,
-    mut partial: Option<(&mut PartialGroup, ResumedGroup)>,
+    (done, mut keeper): (Vec<Vec<Vec<Generation>>>, Option<&mut PartialGroup>),
     report: &mut dyn FnMut(usize, usize),
 ) -> Result<Vec<Vec<Vec<Generation>>>> {
     let (items, max_tokens, first_line) = generation_items(prep).expect("a generation task");
-    let mut per_item = match partial.as_mut() {
-        Some((_, (done, _))) => std::mem::take(done),
-        None => Vec::new(),
-    };
-    if !per_item.is_empty() {
-        report(per_item.len(), items.len());
-    }
-    let b = block_size();
-    while per_item.len() < items.len() {
-        let (start, block_start) = (per_item.len(), Instant::now());
-        let end = (start + b).min(items.len());
-        let block: Vec<Vec<Vec<Generation>>> = (start..end)
-            .into_par_iter()
-            .map(|i| item_generations(model, tok, policies, items[i], max_tokens, first_line))
-            .collect::<Result<_>>()?;
-        if let Some((p, _)) = partial.as_mut() {
-            p.append(start, &block, block_start.elapsed().as_secs_f64())?;
-        }
-        per_item.extend(block);
-        report(per_item.len(), items.len());
-    }
+    let per_item = par_blocks_after(
+        done,
+        items.len(),
+        |i| item_generations(model, tok, policies, items[i], max_tokens, first_line),
+        |start, block, seconds| keeper.as_mut().map_or(Ok(()), |p| p.append(start, block, seconds)),
+        |d| report(d, items.len()),
+    )?;
     let mut per_policy: Vec<Vec<Vec<Generation>>> = vec![Vec::with_capacity(items.len()); policies.len()];
     for gens in per_item {
         for (p, g) in per_policy.iter_mut().zip(gens) {
@@ -857,9 +851,9 @@ pub fn run_matrix(
                     }
                     None => None,
                 };
-                let earlier = partial.as_ref().map_or(0.0, |(_, (_, s))| *s);
-                let resumed = partial.as_mut().map(|(p, done)| (p, std::mem::take(done)));
-                let gens = shared_generations(model, tok, &policies, prep, resumed, &mut items)?;
+                let (done, earlier) = partial.as_mut().map_or((Vec::new(), 0.0), |(_, (d, s))| (std::mem::take(d), *s));
+                let keeper = partial.as_mut().map(|(p, _)| p);
+                let gens = shared_generations(model, tok, &policies, prep, (done, keeper), &mut items)?;
                 if let Some((p, _)) = partial {
                     p.finish()?;
                 }
