@@ -1,7 +1,8 @@
 //! A long prompt arriving while another request generates is prefilled a
 //! few layers per decode step (`Limits::prefill_chunk`): the running
 //! request keeps decoding meanwhile, and both give exactly their solo
-//! greedy outputs, the long one under `full`, H2O and SnapKV.
+//! greedy outputs, the long one under `full`, H2O and SnapKV; a client
+//! leaving mid-prefill frees its KV.
 
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{generate, GenerateOptions, SamplingParams};
@@ -93,4 +94,38 @@ fn a_long_prompt_is_prefilled_between_decode_steps_with_the_same_outputs() {
         assert_eq!(mt.kv_bytes_in_use.load(Relaxed), 0, "{spec}: KV back to 0");
         assert_eq!(mt.prefilling.load(Relaxed), 0, "{spec}");
     }
+}
+
+/// A client that leaves while its prompt is being prefilled in slices
+/// frees its KV at the next slice; the running request is not disturbed.
+#[test]
+fn a_request_cancelled_mid_prefill_frees_its_kv() {
+    let m = load_model(&shared().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    let tok = Arc::new(m.tokenizer.expect("tokenizer"));
+    let layers = m.model.config.n_layers as u64;
+    let model = Arc::new(m.model);
+    let short = tok.encode("Count from 1 to 100: 1, 2, 3,").unwrap();
+    let long = tok.encode(&"Tom had a red ball. He liked to play with it in the park. ".repeat(80)).unwrap();
+    let full = PolicySpec::full();
+    let opts = GenerateOptions { max_tokens: 150, sampling: greedy(), policy: full.clone(), eos: tok.eos.clone() };
+    let running = generate(&model, &short, &opts, |_| true).unwrap().token_ids;
+    let limits = Limits { prefix_cache: 0, prefill_chunk: 1, ..Limits::default() };
+    let handle = scheduler::spawn(model.clone(), tok.clone(), limits);
+    let (a, rx_a) = request(short, 150, &full);
+    let (b, rx_b) = request(long, 8, &full);
+    handle.submit(a).unwrap();
+    handle.submit(b).unwrap();
+    let mt = &handle.metrics;
+    // the long prompt's prefill is part-way: its client leaves
+    let t0 = std::time::Instant::now();
+    while mt.prefilling.load(Relaxed) == 0 {
+        assert!(t0.elapsed().as_secs() < 60, "the long prompt never started its prefill");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    drop(rx_b);
+    assert_eq!(ids(rx_a), running, "the running request changed");
+    assert_eq!(mt.requests_cancelled_total.load(Relaxed), 1);
+    assert!(mt.prefill_slices_total.load(Relaxed) < 1 + layers, "the cancelled prefill ran to its end");
+    assert_eq!(mt.kv_bytes_in_use.load(Relaxed), 0, "KV back to 0");
+    assert_eq!(mt.prefilling.load(Relaxed), 0);
 }
