@@ -227,12 +227,25 @@ def auto_versus(cells, ref, share):
         x, y = cells.get((g, t, "auto", share)), cells.get((g, t, ref, share))
         if x and y and len(acc(x)) == len(acc(y)) > 0:
             a, b, tasks = a + acc(x), b + acc(y), tasks + 1
+    return judged(a, b, f" ({tasks}/{len(RULER)} tasks)")
+
+
+def auto_versus_lcc(cells, ref, share, metric):
+    """(measured, verdict) of auto − ref on the code-completion items of auto's lcc group, paired by item."""
+    g = source("auto", LCC)
+    x, y = cells.get((g, LCC, "auto", share)), cells.get((g, LCC, ref, share))
+    a, b = ([r.get("per_item", {}).get(metric, []) for r in (x, y)] if x and y else ([], []))
+    return judged(a, b, "") if len(a) == len(b) else ("not measured yet", "not measured yet")
+
+
+def judged(a, b, note):
+    """(measured, verdict) of the paired difference a − b: better / worse when its 95% interval excludes 0."""
     p = paired(a, b)
     if p is None:
         return ("not measured yet", "not measured yet") if not a else (f"{len(a)} item", "too few items")
     n, d, lo, hi = p
     verdict = "better" if lo > 0 else "worse" if hi < 0 else "within interval"
-    return f"{signed(d)} [{signed(lo)}, {signed(hi)}] over {n} items ({tasks}/{len(RULER)} tasks)", verdict
+    return f"{signed(d)} [{signed(lo)}, {signed(hi)}] over {n} items{note}", verdict
 
 
 def acceptance(cells):
@@ -251,6 +264,11 @@ def acceptance(cells):
         for share in SHARES:
             measured, verdict = auto_versus(cells, ref, share)
             out.append(f"| `auto` − {NAMES[ref]} `{ref}`, RULER-4K items, paired | {share} | {measured} | better / worse: the 95% interval excludes 0 | {verdict} |")
+    for metric, what in (("edit_sim", "edit similarity"), ("exact", "exact match")):
+        for ref in ("h2o", SNAP):
+            for share in SHARES:
+                measured, verdict = auto_versus_lcc(cells, ref, share, metric)
+                out.append(f"| `auto` − {NAMES[ref]} `{ref}`, code completion {what}, paired | {share} | {measured} | better / worse: the 95% interval excludes 0 | {verdict} |")
     return "\n".join(out)
 
 
@@ -297,7 +315,7 @@ def full_report(cells, notes):
         ("Compress once, ask many", f"{MQ}: the context is compressed before four questions are asked one at a time; share of the questions answered (% of full).", metric_table(cells, MQ, "recall", 2)),
         ("Code completion: edit similarity", "lcc (group lcc-a, 39 items of ~2K tokens): edit similarity of the first generated line (% of full).", metric_table(cells, LCC, "edit_sim", 3)),
         ("Code completion: exact match", "The same cells' exact match of the first line (% of full).", metric_table(cells, LCC, "exact", 3)),
-        ("Acceptance (issue #34)", "Best: over the rows above, among those covering the most tasks; `auto` − H2O / SnapKV: all three from r4k-auto (one build, the same items), paired: mean per-item accuracy difference with its 95% t-interval (as crates/eval/src/paired.rs).", acceptance(cells)),
+        ("Acceptance (issue #34)", "Best: over the rows above, among those covering the most tasks; `auto` − H2O / SnapKV: all three from r4k-auto, and from lcc-a for code completion (one build, the same items), paired: mean per-item accuracy difference with its 95% t-interval (as crates/eval/src/paired.rs).", acceptance(cells)),
     ]
     if notes:
         sections.append(("Notes", "Rows skipped while reading the shards:", "\n".join(f"- {n}" for n in notes)))
