@@ -17,6 +17,7 @@
 use crate::score::ChoiceScore;
 use crate::{EvalError, Result};
 use kvslim_engine::Generation;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs::{File, OpenOptions};
@@ -232,8 +233,7 @@ pub fn finished_cells(dir: &Path) -> Result<HashSet<CellKey>> {
 
 /// The append-only `results.jsonl` of a run.
 pub struct ResultsLog {
-    path: PathBuf,
-    file: File,
+    log: Journal,
 }
 
 impl ResultsLog {
@@ -251,7 +251,7 @@ impl ResultsLog {
             });
         }
         let file = File::create(&path).map_err(|e| EvalError::io(&path, e))?;
-        Ok(ResultsLog { path, file })
+        Ok(ResultsLog { log: Journal { path, file } })
     }
 
     /// Continues the log in `dir` (created when absent): returns the rows
@@ -269,7 +269,7 @@ impl ResultsLog {
         if read.missing_newline {
             file.write_all(b"\n").map_err(|e| EvalError::io(&path, e))?;
         }
-        Ok((ResultsLog { path, file }, read.rows))
+        Ok((ResultsLog { log: Journal { path, file } }, read.rows))
     }
 
     /// [`create`](Self::create) or [`resume`](Self::resume).
@@ -282,17 +282,68 @@ impl ResultsLog {
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.log.path
     }
 
     /// Appends one row as a JSON line and flushes it to the file system.
     pub fn append(&mut self, row: &ResultRow) -> Result<()> {
-        let mut line = serde_json::to_string(row).map_err(|e| EvalError::Request(format!("result row: {e}")))?;
+        self.log.append(row, "result row")
+    }
+}
+
+/// An append-only JSON-lines file whose lines reach the file system as
+/// they are written: the results log and the partial files of cells and
+/// groups in flight.
+struct Journal {
+    path: PathBuf,
+    file: File,
+}
+
+impl Journal {
+    /// Opens the partial file `path` for appending; with `resume`, keeps
+    /// its leading lines that parse as `B` while `take` accepts them (each
+    /// continuing the ones before), drops the rest (a truncated or foreign
+    /// line and whatever follows) and rewrites the file with those kept.
+    fn resume_blocks<B: DeserializeOwned>(
+        path: PathBuf,
+        resume: bool,
+        mut take: impl FnMut(B) -> bool,
+    ) -> Result<Self> {
+        let mut kept = String::new();
+        if resume {
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                Err(e) => return Err(EvalError::io(&path, e)),
+            };
+            for line in text.lines() {
+                if !serde_json::from_str::<B>(line).is_ok_and(&mut take) {
+                    break;
+                }
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+        std::fs::write(&path, &kept).map_err(|e| EvalError::io(&path, e))?;
+        let file = OpenOptions::new().append(true).open(&path).map_err(|e| EvalError::io(&path, e))?;
+        Ok(Journal { path, file })
+    }
+
+    /// Appends `value` (a `what`) as a JSON line and flushes it to the file
+    /// system.
+    fn append(&mut self, value: &impl Serialize, what: &str) -> Result<()> {
+        let mut line = serde_json::to_string(value).map_err(|e| EvalError::Request(format!("{what}: {e}")))?;
         line.push('\n');
         let io = |e| EvalError::io(&self.path, e);
         self.file.write_all(line.as_bytes()).map_err(io)?;
         self.file.flush().map_err(io)?;
         self.file.sync_data().map_err(io)
+    }
+
+    /// The work it kept is done: removes the file.
+    fn finish(self) -> Result<()> {
+        drop(self.file);
+        std::fs::remove_file(&self.path).map_err(|e| EvalError::io(&self.path, e))
     }
 }
 
@@ -325,8 +376,7 @@ pub struct Resumed {
 /// is rewritten with just those. Scores round-trip bit for bit (serde_json
 /// `float_roundtrip`), so a resumed cell's row equals an uninterrupted one.
 pub struct PartialCell {
-    path: PathBuf,
-    file: File,
+    log: Journal,
     key: CellKey,
     items: usize,
 }
@@ -338,48 +388,29 @@ impl PartialCell {
     /// `resume`, also returns the items it already holds for that cell,
     /// otherwise starts it empty.
     pub fn open(dir: &Path, key: &CellKey, items: usize, resume: bool) -> Result<(Self, Resumed)> {
-        let path = dir.join(Self::FILE);
         let mut done = Resumed::default();
-        let mut kept = String::new();
-        if resume {
-            let text = match std::fs::read_to_string(&path) {
-                Ok(t) => t,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-                Err(e) => return Err(EvalError::io(&path, e)),
-            };
-            for line in text.lines() {
-                let Ok(b) = serde_json::from_str::<PartialBlock>(line) else { break };
-                let n = done.scores.len();
-                if b.key != *key || b.items != items || b.start != n || n + b.scores.len() > items {
-                    break;
-                }
-                done.scores.extend(b.scores);
-                done.seconds += b.seconds;
-                kept.push_str(line);
-                kept.push('\n');
+        let log = Journal::resume_blocks(dir.join(Self::FILE), resume, |b: PartialBlock| {
+            let n = done.scores.len();
+            if b.key != *key || b.items != items || b.start != n || n + b.scores.len() > items {
+                return false;
             }
-        }
-        std::fs::write(&path, &kept).map_err(|e| EvalError::io(&path, e))?;
-        let file = OpenOptions::new().append(true).open(&path).map_err(|e| EvalError::io(&path, e))?;
-        Ok((PartialCell { path, file, key: key.clone(), items }, done))
+            done.scores.extend(b.scores);
+            done.seconds += b.seconds;
+            true
+        })?;
+        Ok((PartialCell { log, key: key.clone(), items }, done))
     }
 
     /// Appends the scores of items `start..start + scores.len()`, which
     /// took `seconds`, and flushes them to the file system.
     pub fn append(&mut self, start: usize, scores: &[Vec<ChoiceScore>], seconds: f64) -> Result<()> {
         let block = PartialBlock { key: self.key.clone(), items: self.items, start, scores: scores.to_vec(), seconds };
-        let mut line = serde_json::to_string(&block).map_err(|e| EvalError::Request(format!("partial block: {e}")))?;
-        line.push('\n');
-        let io = |e| EvalError::io(&self.path, e);
-        self.file.write_all(line.as_bytes()).map_err(io)?;
-        self.file.flush().map_err(io)?;
-        self.file.sync_data().map_err(io)
+        self.log.append(&block, "partial block")
     }
 
     /// The cell is finished (its row is in `results.jsonl`): removes the file.
     pub fn finish(self) -> Result<()> {
-        drop(self.file);
-        std::fs::remove_file(&self.path).map_err(|e| EvalError::io(&self.path, e))
+        self.log.finish()
     }
 }
 
@@ -400,8 +431,7 @@ struct SharedBlock {
 /// (`partial-shared.jsonl`): a cut-off run of a long group resumes after
 /// its last finished block instead of starting the group again.
 pub struct PartialGroup {
-    path: PathBuf,
-    file: File,
+    log: Journal,
     keys: Vec<CellKey>,
     items: usize,
 }
@@ -416,46 +446,28 @@ impl PartialGroup {
     /// Opens the file for the group of `keys` over `items` items in `dir`;
     /// with `resume`, also returns the blocks it holds for that group.
     pub fn open(dir: &Path, keys: &[CellKey], items: usize, resume: bool) -> Result<(Self, ResumedGroup)> {
-        let path = dir.join(Self::FILE);
-        let (mut gens, mut seconds, mut kept) = (Vec::new(), 0.0, String::new());
-        if resume {
-            let text = match std::fs::read_to_string(&path) {
-                Ok(t) => t,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-                Err(e) => return Err(EvalError::io(&path, e)),
-            };
-            for line in text.lines() {
-                let Ok(b) = serde_json::from_str::<SharedBlock>(line) else { break };
-                if b.keys != keys || b.items != items || b.start != gens.len() || gens.len() + b.gens.len() > items {
-                    break;
-                }
-                gens.extend(b.gens);
-                seconds += b.seconds;
-                kept.push_str(line);
-                kept.push('\n');
+        let (mut gens, mut seconds) = (Vec::new(), 0.0);
+        let log = Journal::resume_blocks(dir.join(Self::FILE), resume, |b: SharedBlock| {
+            if b.keys != keys || b.items != items || b.start != gens.len() || gens.len() + b.gens.len() > items {
+                return false;
             }
-        }
-        std::fs::write(&path, &kept).map_err(|e| EvalError::io(&path, e))?;
-        let file = OpenOptions::new().append(true).open(&path).map_err(|e| EvalError::io(&path, e))?;
-        Ok((PartialGroup { path, file, keys: keys.to_vec(), items }, (gens, seconds)))
+            gens.extend(b.gens);
+            seconds += b.seconds;
+            true
+        })?;
+        Ok((PartialGroup { log, keys: keys.to_vec(), items }, (gens, seconds)))
     }
 
     /// Appends the generations of items `start..start + gens.len()`, which
     /// took `seconds`, and flushes them to the file system.
     pub fn append(&mut self, start: usize, gens: &[Vec<Vec<Generation>>], seconds: f64) -> Result<()> {
         let block = SharedBlock { keys: self.keys.clone(), items: self.items, start, gens: gens.to_vec(), seconds };
-        let mut line = serde_json::to_string(&block).map_err(|e| EvalError::Request(format!("partial block: {e}")))?;
-        line.push('\n');
-        let io = |e| EvalError::io(&self.path, e);
-        self.file.write_all(line.as_bytes()).map_err(io)?;
-        self.file.flush().map_err(io)?;
-        self.file.sync_data().map_err(io)
+        self.log.append(&block, "partial block")
     }
 
     /// The group's generations are complete: removes the file.
     pub fn finish(self) -> Result<()> {
-        drop(self.file);
-        std::fs::remove_file(&self.path).map_err(|e| EvalError::io(&self.path, e))
+        self.log.finish()
     }
 }
 
