@@ -58,6 +58,15 @@ pub struct Args {
     /// running ones. 1 = one decode step per slice.
     #[arg(long, default_value_t = 0.5, value_parser = parse_share)]
     prefill_share: f64,
+    /// Turn off speculative decoding. By default a greedy request decoding
+    /// alone (no other request running, no log-probs) verifies n-gram
+    /// drafts copied from its prompt and output in one pass — the same
+    /// tokens, 2–3× faster on answers that copy their prompt (code edits),
+    /// about the same speed elsewhere; only on models whose matrices all
+    /// have integer products (quantized GGUF), where a pass reads the
+    /// weights once.
+    #[arg(long)]
+    no_speculative: bool,
     /// Model name reported by the API (default: the --model value).
     #[arg(long)]
     served_model_name: Option<String>,
@@ -162,6 +171,7 @@ pub fn run(a: Args) -> CliResult {
             prefix_cache: a.prefix_cache,
             prefill_chunk: a.prefill_chunk,
             prefill_share: a.prefill_share,
+            speculative: !a.no_speculative,
         },
         model_name: a.served_model_name.unwrap_or_else(|| a.model.model.clone()),
     };

@@ -52,7 +52,7 @@
 
 use crate::generate::start_session;
 use crate::generate::{GenerateOptions, Generation, StopReason};
-use crate::sampling::Sampler;
+use crate::sampling::argmax;
 use crate::session::Session;
 use crate::{EngineError, Result, Setting};
 use kvslim_cache::{PolicySpec, SequenceCache};
@@ -293,7 +293,7 @@ impl Drafter for ModelDrafter<'_> {
         let s = self.session.as_mut().expect("created above");
         let ctx_len = self.model.config.context_len;
         let k = k.min((self.max_len.min(ctx_len)).saturating_sub(context.len()));
-        let mut next = crate::sampling::argmax(s.feed(&context[self.fed.len()..], Logits::Last)?);
+        let mut next = argmax(s.feed(&context[self.fed.len()..], Logits::Last)?);
         self.fed = context.to_vec();
         if k == 0 {
             return Ok(Vec::new());
@@ -301,7 +301,7 @@ impl Drafter for ModelDrafter<'_> {
         let snapshot = s.cache.clone();
         let mut out = vec![next];
         while out.len() < k {
-            next = crate::sampling::argmax(s.feed(&[next], Logits::Last)?);
+            next = argmax(s.feed(&[next], Logits::Last)?);
             out.push(next);
         }
         s.cache = snapshot;
@@ -452,6 +452,112 @@ pub struct SpecOutcome {
     pub cache: SequenceCache,
 }
 
+/// Greedy speculative decoding one target pass at a time, for a loop that
+/// owns its session and its output (the [`speculative_run`] loop, the
+/// server's scheduler): each [`step`](Self::step) drafts after the
+/// context, verifies the drafts in one pass, rolls rejected ones back (see
+/// the module docs) and returns the tokens it committed — the accepted
+/// drafts, then the target's own next token. The tokens equal greedy
+/// decoding's whatever the drafter proposes.
+pub struct Speculator {
+    control: DraftControl,
+    verification: Verification,
+    committed: Vec<u32>,
+    chunk: Vec<u32>,
+    /// Acceptance counters so far.
+    pub stats: SpecStats,
+}
+
+impl Speculator {
+    /// Drafts of `k` tokens (fixed or adapted), verified as `verification`
+    /// resolves for `model`.
+    pub fn new(model: &Model, k: impl Into<DraftLength>, verification: Verification) -> Self {
+        Speculator {
+            control: DraftControl::new(k.into()),
+            verification: verification.resolve(model),
+            committed: Vec::new(),
+            chunk: Vec::new(),
+            stats: SpecStats::default(),
+        }
+    }
+
+    /// One target pass. `context` is the prompt and every committed token,
+    /// its last one the target's latest choice, not yet run; at most `left`
+    /// tokens are committed (`left` ≥ 1: the drafts are at most `left − 1`).
+    /// Returns the committed tokens: the accepted drafts, then the target's
+    /// next token (which the caller treats like a sampled one: it may be an
+    /// end of sequence, and it is run by the next pass).
+    pub fn step(
+        &mut self,
+        model: &Model,
+        session: &mut Session<'_>,
+        draft: &mut dyn Drafter,
+        context: &[u32],
+        left: usize,
+    ) -> Result<&[u32]> {
+        let vocab = model.config.vocab_size;
+        let &next =
+            context.last().ok_or_else(|| EngineError::Request("speculative step on an empty context".into()))?;
+        let mut drafts = self.control.drafts(draft, context, left.saturating_sub(1))?;
+        drafts.retain(|&t| (t as usize) < vocab);
+        self.stats.target_passes += 1;
+        self.stats.drafted += drafts.len();
+        self.committed.clear();
+        if drafts.is_empty() {
+            self.committed.push(argmax(session.feed(&[next], Logits::Last)?));
+            return Ok(&self.committed);
+        }
+        self.chunk.clear();
+        self.chunk.push(next);
+        self.chunk.extend_from_slice(&drafts);
+        let start_pos = session.cache.next_pos();
+        let rollback = if session.cache.rewindable_after(self.chunk.len()) {
+            Rollback::Cut
+        } else if session.cache.checkpoint() {
+            Rollback::Journal
+        } else {
+            Rollback::Snapshot(Box::new(session.cache.clone()))
+        };
+        self.verification.run(model, &self.chunk, session)?;
+        let logits = session.scratch.logits();
+        let mut accepted = 0;
+        let mut target = argmax(&logits[..vocab]);
+        while accepted < drafts.len() && drafts[accepted] == target {
+            accepted += 1;
+            target = argmax(&logits[accepted * vocab..(accepted + 1) * vocab]);
+        }
+        self.stats.accepted += accepted;
+        self.control.update(drafts.len(), accepted);
+        if accepted < drafts.len() {
+            let keep = &self.chunk[..accepted + 1];
+            match rollback {
+                // nothing was or could be evicted: the first tokens' state
+                // is theirs alone
+                Rollback::Cut => session.cache.truncate(start_pos + keep.len()).map_err(kvslim_models::Error::from)?,
+                // back to the last accepted token when the policy allows,
+                // else to the pass's start, replaying the accepted tokens
+                Rollback::Journal => {
+                    if !session.cache.rollback_to(keep.len()) {
+                        session.cache.rollback();
+                        self.verification.run(model, keep, session)?;
+                        self.stats.replays += 1;
+                    }
+                }
+                Rollback::Snapshot(snapshot) => {
+                    session.cache = *snapshot;
+                    self.verification.run(model, keep, session)?;
+                    self.stats.replays += 1;
+                }
+            }
+        } else if let Rollback::Journal = rollback {
+            session.cache.commit();
+        }
+        self.committed.extend_from_slice(&drafts[..accepted]);
+        self.committed.push(target);
+        Ok(&self.committed)
+    }
+}
+
 /// Greedy speculative generation with drafts of `k` tokens (fixed or
 /// adapted): the same tokens as greedy [`generate`](crate::generate())
 /// (see the module docs), with the statistics and the target's cache.
@@ -464,24 +570,21 @@ pub fn speculative_run(
     verification: Verification,
     mut on_token: impl FnMut(u32) -> bool,
 ) -> Result<SpecOutcome> {
-    let mut control = DraftControl::new(k.into());
-    let verification = verification.resolve(model);
+    let mut spec = Speculator::new(model, k, verification);
     opts.sampling.validate().map_err(EngineError::Request)?;
     if opts.sampling.temperature != 0.0 {
         return Err(EngineError::setting(Setting::Temperature, "speculative decoding is greedy only: drop ", ""));
     }
     let (mut session, max_new) = start_session(model, prompt, &opts.policy, opts.max_tokens)?;
-    let mut sampler = Sampler::new(opts.sampling.clone());
-    let mut stats = SpecStats::default();
     let start = Instant::now();
-    let mut next = sampler.sample(session.feed(prompt, Logits::Last)?);
+    let mut next = argmax(session.feed(prompt, Logits::Last)?);
     let ttft = start.elapsed().as_secs_f64();
     let decode_start = Instant::now();
     let mut out: Vec<u32> = Vec::with_capacity(max_new);
     let mut context: Vec<u32> = prompt.to_vec();
     let mut stop = StopReason::MaxTokens;
-    let vocab = model.config.vocab_size;
     'outer: while out.len() < max_new {
+        // `next` is the target's; the committed drafts before it were output
         if opts.eos.contains(&next) {
             stop = StopReason::Eos;
             break;
@@ -495,60 +598,9 @@ pub fn speculative_run(
         if out.len() == max_new {
             break;
         }
-        let mut drafts = control.drafts(draft, &context, max_new - out.len() - 1)?;
-        drafts.retain(|&t| (t as usize) < vocab);
-        stats.target_passes += 1;
-        stats.drafted += drafts.len();
-        if drafts.is_empty() {
-            next = sampler.sample(session.feed(&[next], Logits::Last)?);
-            continue;
-        }
-        let mut chunk = Vec::with_capacity(drafts.len() + 1);
-        chunk.push(next);
-        chunk.extend_from_slice(&drafts);
-        let start_pos = session.cache.next_pos();
-        let rollback = if session.cache.rewindable_after(chunk.len()) {
-            Rollback::Cut
-        } else if session.cache.checkpoint() {
-            Rollback::Journal
-        } else {
-            Rollback::Snapshot(Box::new(session.cache.clone()))
-        };
-        verification.run(model, &chunk, &mut session)?;
-        let logits = session.scratch.logits();
-        let mut accepted = 0;
-        let mut target = sampler.sample(&logits[..vocab]);
-        while accepted < drafts.len() && drafts[accepted] == target {
-            accepted += 1;
-            target = sampler.sample(&logits[accepted * vocab..(accepted + 1) * vocab]);
-        }
-        stats.accepted += accepted;
-        control.update(drafts.len(), accepted);
-        if accepted < drafts.len() {
-            let keep = &chunk[..accepted + 1];
-            match rollback {
-                // nothing was or could be evicted: the first tokens' state
-                // is theirs alone
-                Rollback::Cut => session.cache.truncate(start_pos + keep.len()).map_err(kvslim_models::Error::from)?,
-                // back to the last accepted token when the policy allows,
-                // else to the pass's start, replaying the accepted tokens
-                Rollback::Journal => {
-                    if !session.cache.rollback_to(keep.len()) {
-                        session.cache.rollback();
-                        verification.run(model, keep, &mut session)?;
-                        stats.replays += 1;
-                    }
-                }
-                Rollback::Snapshot(snapshot) => {
-                    session.cache = *snapshot;
-                    verification.run(model, keep, &mut session)?;
-                    stats.replays += 1;
-                }
-            }
-        } else if let Rollback::Journal = rollback {
-            session.cache.commit();
-        }
-        for &d in &drafts[..accepted] {
+        let committed = spec.step(model, &mut session, draft, &context, max_new - out.len())?;
+        let (&target, drafts) = committed.split_last().expect("a step commits the target's token");
+        for &d in drafts {
             if opts.eos.contains(&d) {
                 stop = StopReason::Eos;
                 break 'outer;
@@ -572,7 +624,7 @@ pub fn speculative_run(
             decode_s: decode_start.elapsed().as_secs_f64(),
             kv_bytes,
         },
-        stats,
+        stats: spec.stats,
         cache: session.cache,
     })
 }

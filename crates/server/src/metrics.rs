@@ -26,6 +26,11 @@ pub struct Metrics {
     /// Decode steps run while a prompt's prefill was part-way (a long
     /// prompt does not stall the running batch).
     pub decode_steps_during_prefill_total: AtomicU64,
+    /// Speculative passes run for greedy requests decoding alone.
+    pub speculative_passes_total: AtomicU64,
+    /// Draft tokens those passes verified, and how many were accepted.
+    pub draft_tokens_total: AtomicU64,
+    pub draft_tokens_accepted_total: AtomicU64,
     /// Slices prefills ran in (one per step a prefill ran in).
     pub prefill_slices_total: AtomicU64,
     /// Requests whose prompt is being prefilled (0 or 1).
@@ -126,6 +131,24 @@ impl Metrics {
             "counter",
             "Decode steps run while a prompt's prefill was part-way (--prefill-chunk).",
             self.decode_steps_during_prefill_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_speculative_passes_total",
+            "counter",
+            "Speculative passes (drafts verified in one pass) run for greedy requests decoding alone.",
+            self.speculative_passes_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_draft_tokens_total",
+            "counter",
+            "Draft tokens verified by speculative passes.",
+            self.draft_tokens_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_draft_tokens_accepted_total",
+            "counter",
+            "Draft tokens accepted (each one a decode step saved).",
+            self.draft_tokens_accepted_total.load(Relaxed).to_string(),
         );
         put(
             "kvslim_prefill_slices_total",

@@ -21,7 +21,7 @@ use crate::metrics::Metrics;
 pub use kvslim_cache::accounting::worst_case_pages;
 use kvslim_cache::policy::TokenPolicySpec;
 use kvslim_cache::{KvDtype, PagePool, PolicySpec, SequenceCache};
-use kvslim_engine::{Feed, Sampler, SamplingParams, Session};
+use kvslim_engine::{DraftLength, Feed, NgramDrafter, Sampler, SamplingParams, Session, Speculator, Verification};
 use kvslim_models::tokenizer::StreamDecoder;
 use kvslim_models::transformer::{BatchItem, BatchScratch};
 use kvslim_models::{Logits, Model, Scratch, Tokenizer};
@@ -153,6 +153,13 @@ pub struct Limits {
     /// (0–1]: after a slice the batch decodes until prefills are back
     /// within this share. 1: a prefill slice after every decode step.
     pub prefill_share: f64,
+    /// A greedy request decoding alone (no other sequence running, no
+    /// log-probs asked) runs n-gram speculative decoding: drafts copied
+    /// from its prompt and output, verified in one pass, the same tokens
+    /// as plain greedy decoding. Only where the model's verification pass
+    /// reads the weights once for all its tokens (every matrix with integer
+    /// products); elsewhere a pass would cost a step per token.
+    pub speculative: bool,
 }
 
 impl Default for Limits {
@@ -165,6 +172,7 @@ impl Default for Limits {
             prefix_cache: 16,
             prefill_chunk: 512,
             prefill_share: 0.5,
+            speculative: true,
         }
     }
 }
@@ -417,6 +425,19 @@ struct Running<'m> {
     /// Log-probs of generated tokens not sent yet, each with the byte
     /// offset in `text` where its piece starts.
     pending: VecDeque<(usize, TokenLogprob)>,
+    /// Speculative decoding's state, from its first speculative step on.
+    spec: Option<Box<Speculation>>,
+}
+
+/// A request's speculative decoding: the drafter follows its context
+/// (prompt and output) across steps, speculative or batched.
+struct Speculation {
+    speculator: Speculator,
+    drafter: NgramDrafter,
+    /// The prompt and the output so far.
+    context: Vec<u32>,
+    /// The tokens the last pass committed.
+    committed: Vec<u32>,
 }
 
 /// What admission works with besides the request.
@@ -445,6 +466,9 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
     let mut waiting: VecDeque<Request> = VecDeque::new();
     let mut running: Vec<Running<'_>> = Vec::new();
     let mut scratch = BatchScratch::new();
+    // a speculative pass's buffers, lent to the sequence that runs it
+    let mut spec_scratch = Scratch::new();
+    let speculate = limits.speculative && Verification::Auto.resolve(model) == Verification::Fast;
     let mut window = (Instant::now(), 0u64);
     // the one request whose prompt is being prefilled, a slice per step
     let mut prefilling: Option<Prefilling<'_>> = None;
@@ -544,12 +568,15 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
             true
         });
         m.running.store(running.len(), Relaxed);
-        // one batched decode step over every live sequence
+        // one batched decode step over every live sequence, or a
+        // speculative pass for a greedy sequence decoding alone
         if !running.is_empty() {
-            let mut items: Vec<BatchItem<'_>> =
-                running.iter_mut().map(|r| BatchItem { token: r.next, cache: &mut r.session.cache }).collect();
             let started = Instant::now();
-            let result = model.forward_batch(&mut items, &mut scratch);
+            let result = if speculate && running.len() == 1 && speculates(&running[0]) {
+                speculative_step(model, tok, m, &mut running[0], &mut spec_scratch)
+            } else {
+                batched_step(model, tok, m, &mut running, &mut scratch)
+            };
             // decoding pays off what prefills took; with no prefill to
             // come it saves no credit for later ones
             decode_owed = if prefilling.is_some() || !waiting.is_empty() {
@@ -557,21 +584,13 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
             } else {
                 0.0
             };
-            drop(items);
             m.decode_steps_total.fetch_add(1, Relaxed);
             if prefilling.is_some() {
                 m.decode_steps_during_prefill_total.fetch_add(1, Relaxed);
             }
             m.last_batch_size.store(running.len(), Relaxed);
             match result {
-                Ok(()) => {
-                    for (i, r) in running.iter_mut().enumerate() {
-                        let row = scratch.logits(i);
-                        let id = r.sampler.sample(row);
-                        let lp = r.req.logprobs.map(|k| token_logprob(row, id, k));
-                        on_token(tok, m, r, id, lp);
-                    }
-                }
+                Ok(()) => {}
                 Err(e) => {
                     // should not happen (positions and capacities are checked
                     // at admission); fail the batch rather than the server
@@ -608,6 +627,80 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
             m.set_tokens_per_second(0.0);
         }
     }
+}
+
+/// One batched decode step over `running`, each sequence's next token
+/// sampled with its own sampler.
+fn batched_step(
+    model: &Model,
+    tok: &Tokenizer,
+    m: &Metrics,
+    running: &mut [Running<'_>],
+    scratch: &mut BatchScratch,
+) -> Result<(), String> {
+    let mut items: Vec<BatchItem<'_>> =
+        running.iter_mut().map(|r| BatchItem { token: r.next, cache: &mut r.session.cache }).collect();
+    model.forward_batch(&mut items, scratch).map_err(|e| e.to_string())?;
+    drop(items);
+    for (i, r) in running.iter_mut().enumerate() {
+        let row = scratch.logits(i);
+        let id = r.sampler.sample(row);
+        let lp = r.req.logprobs.map(|k| token_logprob(row, id, k));
+        on_token(tok, m, r, id, lp);
+    }
+    Ok(())
+}
+
+/// Whether a sequence decoding alone runs speculative passes: greedy, no
+/// log-probs, a beam of one, and at least two tokens still to go.
+fn speculates(r: &Running<'_>) -> bool {
+    r.req.sampling.temperature == 0.0
+        && r.req.logprobs.is_none()
+        && r.req.beams <= 1
+        && r.req.max_tokens.saturating_sub(r.generated.len()) >= 2
+}
+
+/// One speculative pass for `r` ([`Speculator::step`]): its committed
+/// tokens go out one by one, as a batched step's would, until one ends the
+/// request. `scratch` is lent to its session for the pass.
+fn speculative_step(
+    model: &Model,
+    tok: &Tokenizer,
+    m: &Metrics,
+    r: &mut Running<'_>,
+    scratch: &mut Scratch,
+) -> Result<(), String> {
+    let mut spec = r.spec.take().unwrap_or_else(|| {
+        Box::new(Speculation {
+            speculator: Speculator::new(model, DraftLength::default(), Verification::Auto),
+            drafter: NgramDrafter::default(),
+            context: r.req.prompt.clone(),
+            committed: Vec::new(),
+        })
+    });
+    // the output since its last pass (batched steps included)
+    let seen = spec.context.len() - r.req.prompt.len();
+    spec.context.extend_from_slice(&r.generated[seen..]);
+    let left = r.req.max_tokens - r.generated.len();
+    let before = spec.speculator.stats;
+    std::mem::swap(&mut r.session.scratch, scratch);
+    let result = spec.speculator.step(model, &mut r.session, &mut spec.drafter, &spec.context, left);
+    std::mem::swap(&mut r.session.scratch, scratch);
+    let committed = result.map_err(|e| e.to_string())?;
+    spec.committed.clear();
+    spec.committed.extend_from_slice(committed);
+    let after = spec.speculator.stats;
+    m.speculative_passes_total.fetch_add(1, Relaxed);
+    m.draft_tokens_total.fetch_add((after.drafted - before.drafted) as u64, Relaxed);
+    m.draft_tokens_accepted_total.fetch_add((after.accepted - before.accepted) as u64, Relaxed);
+    for &id in &spec.committed {
+        on_token(tok, m, r, id, None);
+        if r.finished.is_some() {
+            break;
+        }
+    }
+    r.spec = Some(spec);
+    Ok(())
 }
 
 /// Builds a request's cache (or forks a cached prefix of its prompt) and
@@ -664,6 +757,7 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Admitted<'m> {
         timed_out: false,
         reused,
         pending: VecDeque::new(),
+        spec: None,
     };
     m.prompt_tokens_total.fetch_add((n - reused) as u64, Relaxed);
     if r.req.beams > 1 {

@@ -1,0 +1,95 @@
+//! A greedy request decoding alone runs speculative passes
+//! (`Limits::speculative`): the same text as solo greedy decoding under
+//! `full` and H2O, paged (rolled back through a copy) and in fixed slots
+//! (through the undo journal), drafts accepted, KV back to 0; with
+//! speculation off no pass runs and the text is the same.
+
+use kvslim_cache::PolicySpec;
+use kvslim_engine::{generate, GenerateOptions, SamplingParams};
+use kvslim_server::scheduler::{self, Event, Request};
+use kvslim_server::Limits;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+mod common;
+
+use common::shared;
+use kvslim_models::load_model;
+
+fn greedy() -> SamplingParams {
+    SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize, policy: &PolicySpec) -> (Request, UnboundedReceiver<Event>) {
+    let (tx, rx) = unbounded_channel();
+    let req = Request {
+        prompt,
+        max_tokens,
+        sampling: greedy(),
+        policy: policy.clone(),
+        stop: Vec::new(),
+        kv_bytes: 1 << 20,
+        beams: 1,
+        length_penalty: 1.0,
+        logprobs: None,
+        prompt_logprobs: None,
+        deadline: None,
+        events: tx,
+    };
+    (req, rx)
+}
+
+/// The text a request streamed, once it is done.
+fn text(mut rx: UnboundedReceiver<Event>) -> String {
+    let mut out = String::new();
+    while let Some(e) = rx.blocking_recv() {
+        match e {
+            Event::Text(t, _) => out.push_str(&t),
+            Event::Done(_) => return out,
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    panic!("the scheduler dropped the request")
+}
+
+#[test]
+fn a_lone_greedy_request_speculates_with_the_same_text() {
+    // integer products (Q4_1): the verification pass is one GEMM per matrix
+    let m = load_model(&shared().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    let tok = Arc::new(m.tokenizer.expect("tokenizer"));
+    let model = Arc::new(m.model);
+    // an answer that copies its prompt: the drafts have something to copy
+    let prompt = tok.encode(&"Tom had a red ball. He liked to play with it in the park. ".repeat(4)).unwrap();
+    let max_tokens = 64;
+    for (spec, page_size) in [("full", 16), ("h2o:heavy=24,recent=24", 16), ("h2o:heavy=24,recent=24", 0), ("full", 0)]
+    {
+        let policy = PolicySpec::parse(spec).unwrap();
+        let opts = GenerateOptions { max_tokens, sampling: greedy(), policy: policy.clone(), eos: tok.eos.clone() };
+        let solo_ids = generate(&model, &prompt, &opts, |_| true).unwrap().token_ids;
+        let solo = tok.decode(&solo_ids).unwrap();
+        for speculative in [true, false] {
+            let limits = Limits { prefix_cache: 0, kv_page_size: page_size, speculative, ..Limits::default() };
+            let handle = scheduler::spawn(model.clone(), tok.clone(), limits);
+            let (req, rx) = request(prompt.clone(), max_tokens, &policy);
+            handle.submit(req).unwrap();
+            let what = format!("{spec}, page size {page_size}, speculative {speculative}");
+            assert_eq!(text(rx), solo, "{what}: the text differs from solo greedy decoding");
+            let mt = &handle.metrics;
+            let passes = mt.speculative_passes_total.load(Relaxed);
+            let accepted = mt.draft_tokens_accepted_total.load(Relaxed);
+            // the first token comes from the prefill, each pass commits its
+            // accepted drafts and one more (an end of sequence is not output)
+            let generated = mt.generated_tokens_total.load(Relaxed);
+            assert_eq!(generated as usize, solo_ids.len(), "{what}");
+            if speculative {
+                assert!(accepted > 0, "{what}: no draft accepted");
+                assert!(passes + accepted + 1 >= generated, "{what}: {passes} passes, {accepted} accepted");
+                assert!(passes + 1 < generated, "{what}: {passes} passes for {generated} tokens");
+            } else {
+                assert_eq!(passes, 0, "{what}");
+            }
+            assert!(mt.draft_tokens_total.load(Relaxed) >= accepted);
+            assert_eq!(mt.kv_bytes_in_use.load(Relaxed), 0, "{what}: KV back to 0");
+        }
+    }
+}
