@@ -8,8 +8,9 @@
 //! [`Limits::prefill_share`] of the time; the first token when the prompt
 //! is done), then runs one batched decode step ([`Model::forward_batch`])
 //! over every running sequence and samples each one's next token with its
-//! own sampler. Finished or cancelled sequences leave between steps and
-//! their KV memory returns to the pool at once.
+//! own sampler. A greedy sequence decoding alone runs a speculative pass
+//! instead ([`Limits::speculative`]). Finished or cancelled sequences leave
+//! between steps and their KV memory returns to the pool at once.
 //!
 //! Paged requests draw from one [`PagePool`] per (page size, KV dtype)
 //! ([`Pools`]) and reserve [`worst_case_pages`]; a small LRU of prefilled
@@ -481,6 +482,7 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
             // prefix cache keeps its own)
             pools.all().iter().for_each(PagePool::trim);
             cx.prefill = Scratch::new();
+            spec_scratch = Scratch::new();
             match rx.recv() {
                 Ok(r) => waiting.push_back(r),
                 Err(_) => return,
