@@ -49,6 +49,9 @@ class Generation:
     decode_s: float
     kv_bytes_allocated: int
     kv_metadata_bytes: int
+    #: ``{"target_passes", "drafted", "accepted", "replays"}`` of a
+    #: speculative run, else ``None``.
+    speculative: Optional[Dict[str, int]] = None
 
     def __str__(self) -> str:
         return self.text
@@ -165,10 +168,16 @@ class Model:
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int = 0,
+        speculative: bool = False,
     ) -> Generation:
         """Continues ``prompt`` (greedy at temperature 0) with the KV cache
-        under ``policy``; stops at EOS or after ``max_tokens``."""
-        d = self._m.generate(prompt, max_tokens, policy, temperature, top_k, top_p, seed)
+        under ``policy``; stops at EOS or after ``max_tokens``.
+
+        ``speculative`` (greedy only): n-gram drafts copied from the prompt
+        and output, verified in one pass each (``generate --speculative
+        ngram``): the same tokens, faster on answers that copy their prompt.
+        """
+        d = self._m.generate(prompt, max_tokens, policy, temperature, top_k, top_p, seed, speculative)
         return Generation(**d)
 
     def perplexity(

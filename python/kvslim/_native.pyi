@@ -28,6 +28,7 @@ class Model:
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int = 0,
+        speculative: bool = False,
     ) -> Dict[str, Any]: ...
     def perplexity(
         self,

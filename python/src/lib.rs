@@ -11,7 +11,10 @@
 use kvslim_cache::policy::chai::{CalibrationConfig, PlanError};
 use kvslim_cache::{KvDtype, PolicySpec};
 use kvslim_engine::calibrate::{calibrate, calibration_windows, CalibrateOptions};
-use kvslim_engine::{generate, perplexity, EngineError, GenerateOptions, PerplexityOptions, SamplingParams};
+use kvslim_engine::{
+    generate, perplexity, speculative_run, DraftLength, EngineError, GenerateOptions, NgramDrafter, PerplexityOptions,
+    SamplingParams, Verification,
+};
 use kvslim_eval::{run_matrix, EvalError, MatrixConfig, ScoreMode, TaskSpec};
 use kvslim_models::{LoadedModel, Tokenizer};
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
@@ -191,8 +194,10 @@ impl Model {
     }
 
     /// `kvslim generate --json`: a dict with `text`, `token_ids`,
-    /// `prompt_token_ids`, `stop_reason`, timings and KV bytes.
-    #[pyo3(signature = (prompt, max_tokens=128, policy="full", temperature=0.0, top_k=0, top_p=1.0, seed=0))]
+    /// `prompt_token_ids`, `stop_reason`, timings and KV bytes; with
+    /// `speculative` (greedy only) `generate --speculative ngram`, the same
+    /// tokens, plus `speculative` (passes, drafted, accepted tokens).
+    #[pyo3(signature = (prompt, max_tokens=128, policy="full", temperature=0.0, top_k=0, top_p=1.0, seed=0, speculative=false))]
     #[allow(clippy::too_many_arguments)]
     fn generate<'py>(
         &self,
@@ -204,6 +209,7 @@ impl Model {
         top_k: usize,
         top_p: f32,
         seed: u64,
+        speculative: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
         let tok = self.tokenizer()?;
         let spec = parse_policy(policy)?;
@@ -213,11 +219,27 @@ impl Model {
             policy: spec,
             eos: tok.eos.clone(),
         };
-        let (prompt_ids, g, text) = run_detached(py, || -> PyResult<_> {
+        let model = &self.loaded.model;
+        let (prompt_ids, g, stats, text) = run_detached(py, || -> PyResult<_> {
             let ids = tok.encode(prompt).map_err(model_error)?;
-            let g = generate(&self.loaded.model, &ids, &opts, |_| true).map_err(engine_error)?;
+            let (g, stats) = if speculative {
+                let mut drafter = NgramDrafter::default();
+                let run = speculative_run(
+                    model,
+                    &ids,
+                    &opts,
+                    &mut drafter,
+                    DraftLength::default(),
+                    Verification::Auto,
+                    |_| true,
+                )
+                .map_err(engine_error)?;
+                (run.generation, Some(run.stats))
+            } else {
+                (generate(model, &ids, &opts, |_| true).map_err(engine_error)?, None)
+            };
             let text = tok.decode(&g.token_ids).map_err(model_error)?;
-            Ok((ids, g, text))
+            Ok((ids, g, stats, text))
         })?;
         let d = PyDict::new(py);
         d.set_item("text", text)?;
@@ -229,6 +251,7 @@ impl Model {
         d.set_item("decode_s", g.decode_s)?;
         d.set_item("kv_bytes_allocated", g.kv_bytes.kv)?;
         d.set_item("kv_metadata_bytes", g.kv_bytes.metadata)?;
+        d.set_item("speculative", stats.map(|s| json_of(&s)).transpose()?.map(|v| to_py(py, &v)).transpose()?)?;
         Ok(d)
     }
 

@@ -82,6 +82,20 @@ def test_greedy_matches_reference(smollm2, smollm2_ref):
     assert g.stop_reason == "max_tokens" and g.kv_bytes_allocated > 0
 
 
+def test_speculative_generate_equals_greedy(smollm2):
+    # an answer that copies its prompt, so drafts are accepted
+    prompt = "Tom had a red ball. He liked to play with it in the park. " * 4
+    for policy in ["full", "h2o:heavy=16,recent=16"]:
+        plain = smollm2.generate(prompt, max_tokens=48, policy=policy)
+        spec = smollm2.generate(prompt, max_tokens=48, policy=policy, speculative=True)
+        assert spec.token_ids == plain.token_ids and spec.text == plain.text, policy
+        assert plain.speculative is None
+        s = spec.speculative
+        assert s["accepted"] > 0 and s["target_passes"] < len(spec.token_ids), (policy, s)
+    with pytest.raises(ValueError, match="temperature"):
+        smollm2.generate(prompt, max_tokens=4, temperature=0.8, speculative=True)
+
+
 def cli_binary():
     p = os.environ.get("KVSLIM_BIN") or str(REPO / "target" / "release" / "kvslim")
     return p if os.path.exists(p) else None
