@@ -48,8 +48,11 @@ pub struct PolicyArgs {
     /// `kv_dtype=f32|f16|q8|q4` (K/V storage type), e.g.
     /// `h2o:heavy=64,recent=64,page=16,compact=64,kv_dtype=q8` or
     /// `full:kv_dtype=q8`. `auto:budget=P%` picks the variant measured best
-    /// for this model at the nearest measured share (`kvslim info` shows
-    /// what it resolves to). In `perplexity`, paged specs also report
+    /// for this model at the nearest measured share among those costing one
+    /// prefill (`kvslim info` shows what it resolves to); for a context
+    /// compressed once and asked many questions, name the KVzip-style
+    /// prefill, e.g. `h2o:heavy=10%,recent=10%,prefill=kvzip` (one more
+    /// pass over the prompt). In `perplexity`, paged specs also report
     /// pages, KV bytes, fragmentation and bytes moved per decode step.
     #[arg(long = "policy", value_name = "POLICY", default_value = "full", value_parser = PolicySpec::parse_and_load)]
     pub spec: PolicySpec,
