@@ -251,7 +251,11 @@ impl Model {
         d.set_item("decode_s", g.decode_s)?;
         d.set_item("kv_bytes_allocated", g.kv_bytes.kv)?;
         d.set_item("kv_metadata_bytes", g.kv_bytes.metadata)?;
-        d.set_item("speculative", stats.map(|s| json_of(&s)).transpose()?.map(|v| to_py(py, &v)).transpose()?)?;
+        let speculative = match stats {
+            Some(s) => Some(to_py(py, &json_of(&s)?)?),
+            None => None,
+        };
+        d.set_item("speculative", speculative)?;
         Ok(d)
     }
 

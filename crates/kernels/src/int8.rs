@@ -52,6 +52,7 @@
 use crate::dtype::DType;
 use crate::f16::f16_to_f32;
 use crate::quant::{QK, QK_K};
+use rayon::prelude::*;
 use std::sync::OnceLock;
 
 /// Weight rows per panel: one per 32-bit lane of a 512-bit vector.
@@ -363,7 +364,6 @@ fn join_block(dtype: DType, q: &[[u8; QK]], head: &[Head], dst: &mut [u8]) {
 /// independent, so they are packed in parallel (a 1.5B model's load is
 /// otherwise mostly this loop on one core).
 pub fn pack(dtype: DType, rows: usize, cols: usize, raw: &[u8], out: &mut [u8]) {
-    use rayon::prelude::*;
     debug_assert!(supports(dtype));
     let (be, rb) = (dtype.block_elems(), dtype.block_bytes());
     let (sub, bb, hb, pb) = (be / QK, block_bytes(dtype), header_bytes(dtype), panel_bytes(dtype, cols));
