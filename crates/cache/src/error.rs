@@ -28,4 +28,8 @@ pub enum CacheError {
     /// for something the cache's state does not allow.
     #[error("cannot cut the cache back: {0}")]
     Truncate(String),
+    /// Saving a cache, or restoring one from bytes, failed (the message
+    /// says what does not fit).
+    #[error("{0}")]
+    Persist(String),
 }

@@ -15,6 +15,16 @@ impl SplitMix64 {
         SplitMix64 { state: seed }
     }
 
+    /// The generator's whole state (a saved context keeps its streams).
+    pub fn state(&self) -> u64 {
+        self.state
+    }
+
+    /// A generator continuing from a [`SplitMix64::state`].
+    pub fn from_state(state: u64) -> Self {
+        SplitMix64 { state }
+    }
+
     /// Next 64 uniformly distributed bits.
     pub fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);

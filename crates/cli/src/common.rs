@@ -90,7 +90,7 @@ impl SamplingArgs {
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
     /// Model: a path (HF directory, .gguf, llama2.c .bin), `hf:org/repo[/file]`,
-    /// or an alias (`smollm2-135m`, `gemma3-270m`, `qwen2.5-coder-1.5b`, `stories260k`; see `kvslim fetch --help`).
+    /// or an alias (`smollm2-135m`, `gemma3-270m`, `qwen2.5-coder-1.5b`, `qwen2.5-coder-0.5b`, `stories260k`; see `kvslim fetch --help`).
     #[arg(long, short = 'm', default_value = "smollm2-135m")]
     pub model: String,
     /// Tokenizer file (tokenizer.json or llama2.c tokenizer.bin) when the

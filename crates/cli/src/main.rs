@@ -23,7 +23,7 @@ use std::process::ExitCode;
     about = "CPU LLM inference with a compressed KV cache (H2O, CHAI) and the tools to measure it",
     long_about = "CPU LLM inference with a compressed KV cache (H2O, CHAI) and the tools to measure it.\n\n\
 Models: a Hugging Face directory (config.json + safetensors), a .gguf file, a llama2.c .bin, \
-`hf:org/repo[/file]`, or an alias (`smollm2-135m`, the default; `gemma3-270m`; `qwen2.5-coder-1.5b`; `stories260k`): `kvslim fetch --help` lists them."
+`hf:org/repo[/file]`, or an alias (`smollm2-135m`, the default; `gemma3-270m`; `qwen2.5-coder-1.5b`; `qwen2.5-coder-0.5b`; `stories260k`): `kvslim fetch --help` lists them."
 )]
 struct Cli {
     #[command(subcommand)]

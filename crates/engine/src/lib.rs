@@ -5,6 +5,7 @@
 pub mod beam;
 pub mod bench;
 pub mod calibrate;
+pub mod context;
 pub mod generate;
 pub mod perplexity;
 pub mod sampling;
@@ -25,6 +26,7 @@ pub use beam::{beam_search, BeamOptions, Hypothesis};
 pub fn on_workers<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     rayon::join(f, || ()).0
 }
+pub use context::Context;
 pub use generate::{continue_generation, generate, generate_shared, prefill_shared, GenerateOptions, Generation};
 pub use perplexity::{perplexity, FullComparison, PerplexityOptions, PerplexityReport, Summary};
 pub use sampling::{Sampler, SamplingParams};

@@ -55,13 +55,12 @@ use crate::metrics::{first_divergence, identical_prefix_fraction, positional_agr
 use crate::results::{write_summaries, CellKey, PartialCell, PartialGroup, ResultRow, ResultsLog, Resumed};
 use crate::score::{encode_item, predict, predict_norm, score_choices, Choice, McTally, ScoreMode, Scoring};
 use crate::shard::{config_fingerprint, Shard, ShardManifest};
-use crate::tasks::{answers_found, code, ruler_items, TaskData, TaskKind, TaskSpec};
+use crate::tasks::{answers_found, code, try_ruler_items, TaskData, TaskKind, TaskSpec};
 use crate::{EvalError, Result};
 use kvslim_engine::{
-    continue_generation, generate, generate_shared, perplexity, prefill_shared, GenerateOptions, Generation,
-    PerplexityOptions, SamplingParams, Session,
+    generate, generate_shared, perplexity, Context, GenerateOptions, Generation, PerplexityOptions, SamplingParams,
 };
-use kvslim_models::{Logits, Model, Tokenizer};
+use kvslim_models::{Model, Tokenizer};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -250,7 +249,7 @@ fn prepare(model: &Model, tok: &Tokenizer, task: &TaskSpec) -> Result<Prepared> 
                 )));
             }
             let count = |s: &str| tok.encode(s).map_or(usize::MAX, |v| v.len());
-            let items = ruler_items(&cfg, &count);
+            let items = try_ruler_items(&cfg, &count)?;
             let mut out = Vec::new();
             for it in items.into_iter().take(limit) {
                 let (ids, questions) = match it.questions.is_empty() {
@@ -323,13 +322,13 @@ fn generation_items(prep: &Prepared) -> Option<GenerationItems<'_>> {
 
 /// One item's greedy generations under each of `policies` (per policy,
 /// one per question, or one when the prompt asks), sharing the prompt's
-/// prefill where the policies can ([`prefill_shared`]); with `first_line`,
-/// each stops once its first line is complete. With questions (compress
-/// once, ask many), the prompt is the context: its cache is compressed
-/// once (budgets resolve against it), then each question runs on a fork
-/// of it as decode steps (the policy scores and evicts as in any decode
-/// step, but chose what the context keeps before any question was known)
-/// and is answered greedily.
+/// prefill where the policies can ([`kvslim_engine::prefill_shared`]);
+/// with `first_line`, each stops once its first line is complete. With
+/// questions (compress once, ask many), the prompt is a [`Context`]:
+/// compressed once (budgets resolve against it), then each question runs
+/// on a fork of it as decode steps (the policy scores and evicts as in any
+/// decode step, but chose what the context keeps before any question was
+/// known) and is answered greedily.
 fn item_generations(
     model: &Model,
     tok: &Tokenizer,
@@ -348,25 +347,11 @@ fn item_generations(
         })?;
         return Ok(gens.into_iter().map(|g| vec![g]).collect());
     }
-    let longest = questions.iter().map(Vec::len).max().unwrap_or(0);
-    let mut sessions = opts
-        .iter()
-        .map(|o| Session::new(model, &o.policy, ids.len() + longest + max_tokens, ids.len()))
-        .collect::<kvslim_models::Result<Vec<_>>>()?;
-    let mut each: Vec<&mut Session<'_>> = sessions.iter_mut().collect();
-    prefill_shared(model, ids, &mut each)?;
+    let specs: Vec<_> = opts.iter().map(|o| o.policy.clone()).collect();
+    let contexts = Context::compress_each(model, &specs, ids)?;
     let mut out = Vec::with_capacity(opts.len());
-    for (base, o) in sessions.iter().zip(&opts) {
-        let mut answers = Vec::with_capacity(questions.len());
-        for q in questions {
-            let (last, head) = q.split_last().ok_or_else(|| EvalError::Request("an empty question".into()))?;
-            let mut s = Session::with_cache(model, base.cache.clone());
-            for &t in head {
-                s.feed(&[t], Logits::None)?;
-            }
-            let logits = s.feed(&[*last], Logits::Last)?.to_vec();
-            answers.push(continue_generation(&mut s, &logits, o, |_| true)?);
-        }
+    for (ctx, o) in contexts.iter().zip(&opts) {
+        let answers = questions.iter().map(|q| ctx.generate(model, q, o, |_| true)).collect::<Result<_, _>>()?;
         out.push(answers);
     }
     Ok(out)

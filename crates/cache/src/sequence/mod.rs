@@ -13,6 +13,7 @@
 //! scores, then [`SequenceCache::commit_candidates`]. After the layers,
 //! [`SequenceCache::advance`].
 
+mod persist;
 mod step;
 
 pub use step::{repeat_attention_into, AttentionScores, PrefillCandidates, ScoringKey};
@@ -472,6 +473,17 @@ impl SequenceCache {
         }
         self.next_pos = len;
         Ok(())
+    }
+
+    /// Gives every head room for `max_len` tokens in all, as a cache made
+    /// for that length would have (a no-op for bounded policies, whose
+    /// capacity does not depend on it): a fork of a compressed context
+    /// grows to hold its question and answer.
+    pub fn reserve(&mut self, max_len: usize) {
+        for l in 0..self.store.layers() {
+            let cap = self.policy.layer_capacity(l, max_len);
+            self.store.layer_mut(l).iter_mut().for_each(|h| h.reserve(cap));
+        }
     }
 
     /// Replaces the policy by one that keeps exactly the positions another

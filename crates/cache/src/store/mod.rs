@@ -11,7 +11,7 @@ pub mod paged;
 pub mod rows;
 
 pub use paged::{PageCounts, PagePool, PoolStats};
-pub use rows::RowBuf;
+pub use rows::{RowBuf, RowIn};
 
 use kvslim_kernels::attention::{DenseRows, SlotRows, MAX_HEAD_DIM};
 use kvslim_kernels::kvquant::KvDtype;
@@ -372,6 +372,65 @@ impl HeadSlots {
     pub(crate) fn push(&mut self, pos: u32, key: &[f32], value: &[f32]) -> Option<usize> {
         debug_assert_eq!(value.len(), self.head_dim, "a value row is head_dim wide");
         debug_assert!(!self.has_keys() || key.len() == self.head_dim, "a key row is head_dim wide");
+        self.push_rows(pos, RowIn::Floats(key), RowIn::Floats(value))
+    }
+
+    /// As [`HeadSlots::push`], for rows already in the store's dtype (a
+    /// saved context coming back: bit for bit, no re-encoding), with the
+    /// slot's score.
+    pub(crate) fn push_coded(&mut self, pos: u32, score: f32, key: RowIn<'_>, value: RowIn<'_>) -> Option<usize> {
+        let s = self.push_rows(pos, key, value)?;
+        self.scores[s] = score;
+        Some(s)
+    }
+
+    /// Slot `slot`'s K (`keys`; `None` once dropped) or V row as stored.
+    pub fn coded_row(&self, slot: usize, keys: bool) -> Option<(&[u8], &[f32])> {
+        assert!(slot < self.len, "slot {slot} of {}", self.len);
+        match &self.kv {
+            Kv::Slots { keys: k, values } => {
+                if keys {
+                    k.as_ref().map(|k| k.coded(slot))
+                } else {
+                    Some(values.coded(slot))
+                }
+            }
+            Kv::Paged(p) => (!keys || p.has_keys()).then(|| p.coded(slot, keys)),
+        }
+    }
+
+    /// The storage type of K and V.
+    pub fn dtype(&self) -> KvDtype {
+        match &self.kv {
+            Kv::Slots { values, .. } => values.dtype(),
+            Kv::Paged(p) => p.dtype(),
+        }
+    }
+
+    /// Raises the capacity to `capacity` slots (no-op when it holds that
+    /// many already): a fork of a compressed context given room for a
+    /// question and its answer. Fixed slots grow their arrays (a copy);
+    /// paged heads only their page cap.
+    pub(crate) fn reserve(&mut self, capacity: usize) {
+        if capacity <= self.capacity {
+            return;
+        }
+        match &mut self.kv {
+            Kv::Slots { keys, values } => {
+                for rows in keys.iter_mut().chain(std::iter::once(values)) {
+                    let mut grown = RowBuf::new(rows.dtype(), self.head_dim, capacity);
+                    (0..self.len).for_each(|i| grown.copy_row(i, rows, i));
+                    *rows = grown;
+                }
+                self.positions.resize(capacity, 0);
+                self.scores.resize(capacity, 0.0);
+            }
+            Kv::Paged(p) => p.raise(capacity),
+        }
+        self.capacity = capacity;
+    }
+
+    fn push_rows(&mut self, pos: u32, key: RowIn<'_>, value: RowIn<'_>) -> Option<usize> {
         if self.len == self.capacity {
             return None;
         }
@@ -381,9 +440,9 @@ impl HeadSlots {
         match &mut self.kv {
             Kv::Slots { keys, values } => {
                 if let Some(k) = keys.as_mut() {
-                    k.write(s, key);
+                    k.put(s, key);
                 }
-                values.write(s, value);
+                values.put(s, value);
             }
             Kv::Paged(p) => p.push(key, value),
         }
@@ -605,10 +664,7 @@ impl HeadSlots {
     /// from this head (keys only where this head still holds them; the
     /// storage dtype's codes and scales).
     pub fn attended_kv_bytes(&self) -> usize {
-        let dtype = match &self.kv {
-            Kv::Slots { values, .. } => values.dtype(),
-            Kv::Paged(p) => p.dtype(),
-        };
+        let dtype = self.dtype();
         self.len() * dtype.row_bytes(self.head_dim) * (1 + usize::from(self.has_keys()))
     }
 

@@ -16,7 +16,7 @@
 //! are per-sequence arrays, never shared, so one request's attention never
 //! leaks into another's.
 
-use super::rows::RowBuf;
+use super::rows::{RowBuf, RowIn};
 use kvslim_kernels::attention::{axpy_group_f32, dot_group_f32, group_each, prefetch_bytes, SlotRows};
 use kvslim_kernels::kvquant::KvDtype;
 use std::ops::Range;
@@ -310,15 +310,15 @@ impl PagedKv {
     }
 
     /// Appends a token; its slot is `len()` before the call.
-    pub fn push(&mut self, key: &[f32], value: &[f32]) {
+    pub fn push(&mut self, key: RowIn<'_>, value: RowIn<'_>) {
         let (entry, off) = self.next_address();
         let e = entry as usize;
         let mut cow = 0;
         if let Some(rows) = Self::writable(&self.pool, &mut self.key_pages[e], off as usize, &mut cow) {
-            rows.write(off as usize, key);
+            rows.put(off as usize, key);
         }
         if let Some(rows) = Self::writable(&self.pool, &mut self.value_pages[e], off as usize, &mut cow) {
-            rows.write(off as usize, value);
+            rows.put(off as usize, value);
         }
         // both K and V of a shared page count as one copied page each
         self.cow_copies += cow;
@@ -517,6 +517,20 @@ impl PagedKv {
     pub fn metadata_bytes(&self) -> usize {
         (self.key_pages.capacity() + self.value_pages.capacity()) * std::mem::size_of::<Option<Arc<Page>>>()
             + (self.live.capacity() + self.free_entries.capacity() + self.addr.capacity()) * 4
+    }
+
+    /// Slot `slot`'s K (`keys`) or V row as stored: codes and side values.
+    pub fn coded(&self, slot: usize, keys: bool) -> (&[u8], &[f32]) {
+        let rows = if keys { self.keys() } else { self.values() };
+        let (p, r) = rows.split(slot);
+        let pages = if keys { &self.key_pages } else { &self.value_pages };
+        pages[p].as_ref().expect("a live slot's page is allocated").rows.coded(r)
+    }
+
+    /// Raises the head's capacity (a fork given room for more tokens).
+    pub fn raise(&mut self, capacity: usize) {
+        self.max_pages = self.max_pages.max(page_cap(capacity, self.page_size));
+        self.addr.reserve(capacity.saturating_sub(self.addr.len()));
     }
 
     pub fn keys(&self) -> PagedRows<'_> {

@@ -7,6 +7,16 @@
 use kvslim_kernels::attention::{axpy_group_f32, dot_group_f32, group_each, prefetch_bytes, SlotRows};
 use kvslim_kernels::kvquant::{KvDtype, KvRun};
 
+/// One row handed to a store: floats to encode, or a row already in the
+/// store's dtype (its codes and side values, as [`RowBuf::coded`] gives
+/// them), as a saved context brings them back without re-encoding (a
+/// quantized row encoded twice need not come out the same).
+#[derive(Clone, Copy)]
+pub enum RowIn<'a> {
+    Floats(&'a [f32]),
+    Coded { codes: &'a [u8], side: &'a [f32] },
+}
+
 /// `rows` rows of `d` elements stored as `dtype`.
 #[derive(Clone)]
 pub struct RowBuf {
@@ -83,6 +93,31 @@ impl RowBuf {
         // SAFETY: see `codes_mut`.
         let codes = unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr().cast::<u8>(), w.len() * 4) };
         dtype.encode(src, codes, &mut self.scales[i * spr..(i + 1) * spr]);
+    }
+
+    /// Writes `src` into row `i`: encoded from floats, or copied as coded.
+    /// A coded row of another width panics (its length is checked by the
+    /// caller that read it from a file).
+    pub fn put(&mut self, i: usize, src: RowIn<'_>) {
+        match src {
+            RowIn::Floats(f) => self.write(i, f),
+            RowIn::Coded { codes, side } => {
+                self.codes_mut(i).copy_from_slice(codes);
+                let spr = self.scales_per_row;
+                self.scales[i * spr..(i + 1) * spr].copy_from_slice(side);
+            }
+        }
+    }
+
+    /// Row `i` as stored: its codes (padded to 4 bytes) and side values.
+    pub fn coded(&self, i: usize) -> (&[u8], &[f32]) {
+        (self.codes(i), self.side(i))
+    }
+
+    /// Code bytes per row (padded to 4) and side values per row: what
+    /// [`RowBuf::coded`] returns for a `d`-wide row of `dtype`.
+    pub fn coded_sizes(dtype: KvDtype, d: usize) -> (usize, usize) {
+        (dtype.data_bytes(d) / 4 * 4, dtype.scale_count(d))
     }
 
     /// Decodes row `i` into `out` (d floats).

@@ -110,6 +110,26 @@ impl Model {
         Ok(SequenceCache::in_pool(spec, self.cache_shape(), max_len.min(self.config.context_len), base_len, pool)?)
     }
 
+    /// A short name of these exact weights, for files that only fit them
+    /// (saved contexts): the architecture and sizes, then a CRC-32 of the
+    /// configuration and of 64 rows of the token embedding (dequantized,
+    /// so the same whatever products the weights were packed for), which
+    /// tells fine-tunes and quantizations of one architecture apart
+    /// without reading the whole file.
+    pub fn fingerprint(&self) -> String {
+        let c = &self.config;
+        let mut h = crc32fast::Hasher::new();
+        h.update(serde_json::to_string(c).unwrap_or_default().as_bytes());
+        let mut row = vec![0f32; c.hidden_size];
+        let step = (c.vocab_size / 64).max(1);
+        for r in (0..c.vocab_size).step_by(step).take(64) {
+            self.weights.token_embedding.row_into(r, &mut row);
+            row.iter().for_each(|x| h.update(&x.to_bits().to_le_bytes()));
+        }
+        format!("{:?}-{}L-{}d-{}v-{:08x}", c.architecture, c.n_layers, c.hidden_size, c.vocab_size, h.finalize())
+            .to_lowercase()
+    }
+
     /// The cache dimensions of this model.
     pub fn cache_shape(&self) -> CacheShape {
         let c = &self.config;

@@ -1,0 +1,141 @@
+//! Compressed contexts ([`Context`]): a context saved to bytes and loaded
+//! back answers bit for bit as the in-memory one, under `full`, H2O, H2O
+//! with the KVzip-style prefill, random eviction (its RNG streams travel),
+//! AdaKV's per-head shares, paged storage and q8/q4 rows; the context
+//! itself is never changed by its questions; and every kind of bad file
+//! (truncated, corrupted, another model, another version) is an error
+//! naming the problem.
+
+use kvslim_cache::PolicySpec;
+use kvslim_engine::context::{Context, FORMAT_VERSION, MAGIC};
+use kvslim_engine::{GenerateOptions, SamplingParams};
+use kvslim_kernels::DType;
+use kvslim_models::config::ModelConfig;
+use kvslim_models::Model;
+mod common;
+
+const VOCAB: usize = 48;
+
+fn model(seed: u64) -> Model {
+    let cfg = ModelConfig { context_len: 512, ..kvslim_engine::synthetic::llama_config(3, 32, 48, 4, 2, 8, VOCAB) };
+    kvslim_engine::synthetic::random_model(cfg, DType::F32, seed, 3.0).unwrap()
+}
+
+fn tokens(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 7 + salt * 13 + i * i) % VOCAB as u32).collect()
+}
+
+fn greedy(max_tokens: usize) -> GenerateOptions {
+    GenerateOptions { max_tokens, sampling: SamplingParams::default(), policy: PolicySpec::full(), eos: vec![] }
+}
+
+/// Every answer and the last logits of each question, bit for bit.
+fn answers(m: &Model, ctx: &Context, questions: &[Vec<u32>]) -> Vec<(Vec<u32>, Vec<u32>)> {
+    questions
+        .iter()
+        .map(|q| {
+            let (_, logits) = ctx.ask(m, q, 12).unwrap();
+            let g = ctx.generate(m, q, &greedy(12), |_| true).unwrap();
+            (g.token_ids, logits.iter().map(|x| x.to_bits()).collect())
+        })
+        .collect()
+}
+
+const POLICIES: [&str; 9] = [
+    "full",
+    "full:kv_dtype=q8",
+    "h2o:heavy=12,recent=12",
+    "h2o:heavy=25%,recent=12.5%,prefill=kvzip",
+    "h2o:heavy=10,recent=10,page=8",
+    "h2o:heavy=10,recent=10,kv_dtype=q4,page=8",
+    "random:budget=20,seed=3",
+    "h2o:heavy=8,recent=8,alloc=ada:0.2",
+    "h2o:heavy=12.5%,recent=12.5%,prefill=snap:8",
+];
+
+#[test]
+fn saved_contexts_answer_bit_for_bit_as_in_memory() {
+    let m = model(1);
+    let ctx_tokens = tokens(96, 1);
+    let questions = vec![tokens(5, 2), tokens(9, 3), tokens(1, 4)];
+    for spec in POLICIES {
+        let policy = PolicySpec::parse_and_load(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+        let ctx = Context::compress(&m, &policy, &ctx_tokens).unwrap();
+        let before = ctx.cache().store().kept_positions();
+        let in_memory = answers(&m, &ctx, &questions);
+        assert_eq!(ctx.cache().store().kept_positions(), before, "{spec}: questions must not change the context");
+        let bytes = ctx.to_bytes().unwrap();
+        let loaded = Context::from_bytes(&m, &bytes).unwrap_or_else(|e| panic!("{spec}: {e}"));
+        assert_eq!(loaded.tokens(), ctx.tokens());
+        assert_eq!(loaded.cache().store().kept_positions(), before, "{spec}");
+        assert_eq!(loaded.cache().store().kept_scores(), ctx.cache().store().kept_scores(), "{spec}");
+        assert_eq!(answers(&m, &loaded, &questions), in_memory, "{spec}: loaded context answers differently");
+        assert_eq!(loaded.to_bytes().unwrap(), bytes, "{spec}: a loaded context saves to the same bytes");
+    }
+}
+
+/// A question on a fork equals the same tokens fed to a fresh cache that
+/// took the context and then the question one decode step at a time, so
+/// `niah_multiquery` and the CLI's `--context` share one definition.
+#[test]
+fn a_question_continues_the_prefill_as_decode_steps() {
+    let m = model(2);
+    let c = tokens(64, 5);
+    let q = tokens(6, 6);
+    let policy = PolicySpec::parse("h2o:heavy=10,recent=10").unwrap();
+    let ctx = Context::compress(&m, &policy, &c).unwrap();
+    let (_, logits) = ctx.ask(&m, &q, 4).unwrap();
+    let mut s = kvslim_engine::Session::new(&m, &policy, c.len() + q.len() + 4, c.len()).unwrap();
+    s.feed(&c, kvslim_models::Logits::Last).unwrap();
+    for &t in &q[..q.len() - 1] {
+        s.feed(&[t], kvslim_models::Logits::None).unwrap();
+    }
+    let want = s.feed(&q[q.len() - 1..], kvslim_models::Logits::Last).unwrap();
+    assert_eq!(logits, want);
+}
+
+#[test]
+fn the_kept_bytes_follow_the_budget() {
+    let m = model(3);
+    let c = tokens(256, 7);
+    let full = Context::compress(&m, &PolicySpec::parse("full:kv_dtype=f16").unwrap(), &c).unwrap();
+    let kept =
+        Context::compress(&m, &PolicySpec::parse("h2o:heavy=6.25%,recent=6.25%,kv_dtype=f16").unwrap(), &c).unwrap();
+    assert_eq!(full.kv_bytes().kv, full.kv_bytes_full());
+    let (k, f) = (kept.to_bytes().unwrap().len(), full.to_bytes().unwrap().len());
+    assert!(k * 100 <= f * 16, "a 12.5% context's file is {k} bytes against the full one's {f}");
+}
+
+#[test]
+fn bad_files_are_refused_with_the_reason() {
+    let m = model(4);
+    let ctx = Context::compress(&m, &PolicySpec::parse("h2o:heavy=10,recent=10").unwrap(), &tokens(40, 1)).unwrap();
+    let good = ctx.to_bytes().unwrap();
+    let err = |bytes: &[u8]| Context::from_bytes(&m, bytes).err().expect("refused").to_string();
+    assert!(err(&good[..good.len() / 2]).contains("truncated"));
+    assert!(err(&good[..10]).contains("truncated"));
+    assert!(err(b"not a context at all").contains("magic"));
+    let mut flipped = good.clone();
+    let at = flipped.len() - 40;
+    flipped[at] ^= 0x10;
+    assert!(err(&flipped).contains("checksum"));
+    let mut version = good.clone();
+    version[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    assert!(err(&version).contains("format version"));
+    let other = model(5);
+    let foreign = Context::from_bytes(&other, &good).err().expect("another model").to_string();
+    assert!(foreign.contains("made with model"), "{foreign}");
+    assert!(ctx.ask(&other, &[1, 2], 4).is_err(), "a fork refuses another model too");
+    assert_eq!(&good[..8], MAGIC);
+}
+
+#[test]
+fn chai_contexts_work_in_memory_but_refuse_to_save() {
+    let m = model(6);
+    let plan = common::chai_plan("context", 4, &[2; 3]);
+    let spec = PolicySpec::parse_and_load(&format!("h2o:heavy=10,recent=10+chai:plan={plan},probe=5")).unwrap();
+    let ctx = Context::compress(&m, &spec, &tokens(40, 2)).unwrap();
+    ctx.ask(&m, &[3, 4], 4).unwrap();
+    let e = ctx.to_bytes().expect_err("CHAI cannot be saved yet").to_string();
+    assert!(e.contains("CHAI"), "{e}");
+}
