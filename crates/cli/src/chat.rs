@@ -10,8 +10,12 @@
 //!   `/exit`, or end of input) leaves.
 //! * Each turn renders the whole history and runs it from scratch with the
 //!   chosen `--policy` (no KV cache is kept between turns).
+//! * `--context FILE` (from `kvslim compress`): the conversation follows
+//!   a compressed document; each turn runs on a fork of its cache, so only
+//!   the conversation's tokens are fed, never the document's.
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs, PolicyArgs, SamplingArgs};
+use kvslim_engine::context::{Context, Question};
 use kvslim_engine::generate::StopReason;
 use kvslim_engine::{generate, GenerateOptions, SamplingParams};
 use kvslim_models::chat::{ChatFormat, ChatMessage};
@@ -24,8 +28,12 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// System prompt put first in the conversation.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "context")]
     system: Option<String>,
+    /// Chat about a compressed context saved by `kvslim compress` (its
+    /// system prompt and policy come with it).
+    #[arg(long, value_name = "FILE")]
+    context: Option<std::path::PathBuf>,
     /// Maximum number of new tokens per reply.
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
@@ -79,6 +87,13 @@ pub fn run(a: Args) -> CliResult {
     let (loaded, path) = a.model.load_with_path()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
     let chat = a.model.chat_format(tok, &path)?;
+    let context = match &a.context {
+        Some(file) => {
+            crate::compress::refuse_policy_with_context(&a.policy.spec)?;
+            Some(crate::compress::load_context(&loaded.model, file)?)
+        }
+        None => None,
+    };
     let interactive = std::io::stdin().is_terminal();
     match &chat {
         ChatFormat::Template(t) => eprintln!("[chat template from {}]", t.source()),
@@ -118,7 +133,7 @@ pub fn run(a: Args) -> CliResult {
             }
             Input::Turn(text) => {
                 history.turns.push(ChatMessage::new("user", text));
-                match reply(&a, &loaded.model, tok, &chat, &history, turn, &mut out) {
+                match reply(&a, (&loaded.model, context.as_ref()), tok, &chat, &history, turn, &mut out) {
                     Ok(r) => history.turns.push(ChatMessage::new("assistant", r)),
                     Err(e) => {
                         // a turn that cannot run (template error, context full) is dropped
@@ -139,43 +154,54 @@ pub fn run(a: Args) -> CliResult {
 /// Generates, streams and returns one assistant reply.
 fn reply(
     a: &Args,
-    model: &Model,
+    (model, context): (&Model, Option<&Context>),
     tok: &Tokenizer,
     chat: &ChatFormat,
     history: &History,
     turn: u64,
     out: &mut impl Write,
 ) -> CliResult<String> {
-    let text = chat.render_messages(&history.messages())?;
-    if a.show_prompt {
-        eprintln!("[prompt]\n{text}\n[/prompt]");
-    }
-    let prompt = chat.encode(tok, &text)?;
+    // with a context, only the turns follow its cache
+    let prompt = match context {
+        Some(c) => c.question_tokens(tok, chat, Question::Messages(&history.turns))?,
+        None => {
+            let text = chat.render_messages(&history.messages())?;
+            if a.show_prompt {
+                eprintln!("[prompt]\n{text}\n[/prompt]");
+            }
+            chat.encode(tok, &text)?
+        }
+    };
+    let before = context.map_or(0, |c| c.tokens().len());
     let ctx = model.config.context_len;
-    if prompt.len() >= ctx {
+    if before + prompt.len() >= ctx {
         return Err(format!(
             "the conversation is {} tokens but the context is {ctx}: /reset to start over",
-            prompt.len()
+            before + prompt.len()
         )
         .into());
     }
     let opts = GenerateOptions {
-        max_tokens: a.max_tokens.min(ctx - prompt.len()),
+        max_tokens: a.max_tokens.min(ctx - before - prompt.len()),
         sampling: SamplingParams { seed: a.sampling.seed.wrapping_add(turn), ..a.sampling.params() },
-        policy: a.policy.spec.clone(),
+        policy: context.map_or_else(|| a.policy.spec.clone(), |c| c.policy().clone()),
         eos: chat.stop_ids(tok),
     };
     let stops = chat.stops();
     let mut stream = StreamDecoder::new();
     let mut shown = String::new();
-    let g = generate(model, &prompt, &opts, |id| {
+    let on_token = |id| {
         let Ok(piece) = stream.push(tok, id) else { return true };
         shown.push_str(&piece);
         let _ = write!(out, "{piece}");
         let _ = out.flush();
         // an end-of-turn marker that is not one token ends the reply too
         !stops.iter().any(|s| shown.contains(s.as_str()))
-    })?;
+    };
+    let g = match context {
+        Some(c) => c.generate(model, &prompt, &opts, on_token)?,
+        None => generate(model, &prompt, &opts, on_token)?,
+    };
     let mut reply = tok.decode(&g.token_ids)?;
     if let Some(cut) = stops.iter().filter_map(|s| reply.find(s.as_str())).min() {
         reply.truncate(cut);
@@ -193,7 +219,7 @@ fn reply(
         g.time_to_first_token_s * 1e3,
         tps,
         g.kv_bytes.kv as f64 / 1048576.0,
-        a.policy.spec
+        opts.policy
     );
     Ok(reply.trim().to_string())
 }

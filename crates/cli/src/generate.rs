@@ -1,6 +1,7 @@
 //! `kvslim generate`: sample a continuation and stream it.
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs, PolicyArgs, SamplingArgs};
+use kvslim_engine::context::Question;
 use kvslim_engine::{
     beam_search, generate, speculative_run, BeamOptions, DraftLength, Drafter, GenerateOptions, ModelDrafter,
     NgramDrafter, Verification,
@@ -26,6 +27,12 @@ pub struct Args {
     sampling: SamplingArgs,
     #[command(flatten)]
     policy: PolicyArgs,
+    /// Answer the prompt on a compressed context saved by `kvslim
+    /// compress` (its policy keeps running; a chat context takes the
+    /// prompt as the next user turn): only the prompt's tokens are fed,
+    /// not the document's.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["beams", "speculative"])]
+    context: Option<std::path::PathBuf>,
     /// Print one JSON object (`text`, `token_ids`, timings, KV bytes) instead of streaming.
     #[arg(long)]
     json: bool,
@@ -104,8 +111,11 @@ pub fn run(a: Args) -> CliResult {
         (None, Some(f)) => std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?,
         (None, None) => unreachable!("clap requires one of --prompt, --prompt-file"),
     };
-    let loaded = a.model.load()?;
+    let (loaded, model_path) = a.model.load_with_path()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
+    if let Some(file) = &a.context {
+        return run_on_context(&a, &loaded.model, tok, &model_path, file, &prompt_text);
+    }
     let prompt = tok.encode(&prompt_text)?;
     if a.beams > 1 {
         return run_beams(&a, &loaded.model, tok, (&prompt_text, &prompt));
@@ -199,6 +209,76 @@ pub fn run(a: Args) -> CliResult {
             if st.drafted > 0 { 100.0 * st.accepted as f64 / st.drafted as f64 } else { 0.0 },
             st.tokens_per_pass(),
             st.replays
+        );
+    }
+    Ok(())
+}
+
+/// `generate --context`: the prompt as a question on a saved context.
+fn run_on_context(
+    a: &Args,
+    model: &kvslim_models::Model,
+    tok: &kvslim_models::tokenizer::Tokenizer,
+    model_path: &std::path::Path,
+    file: &std::path::Path,
+    question: &str,
+) -> CliResult {
+    crate::compress::refuse_policy_with_context(&a.policy.spec)?;
+    let ctx = crate::compress::load_context(model, file)?;
+    let chat = a.model.chat_format(tok, model_path)?;
+    let q = ctx.question_tokens(tok, &chat, Question::Text(question))?;
+    let opts = GenerateOptions {
+        max_tokens: a.max_tokens,
+        sampling: a.sampling.params(),
+        policy: ctx.policy().clone(),
+        eos: chat.stop_ids(tok),
+    };
+    let mut stream = StreamDecoder::new();
+    let mut out = std::io::stdout().lock();
+    let stops = chat.stops();
+    let mut shown = String::new();
+    let g = ctx.generate(model, &q, &opts, |id| {
+        let Ok(piece) = stream.push(tok, id) else { return true };
+        shown.push_str(&piece);
+        if !a.json {
+            let _ = write!(out, "{piece}");
+            let _ = out.flush();
+        }
+        !stops.iter().any(|s| shown.contains(s.as_str()))
+    })?;
+    let mut text = tok.decode(&g.token_ids)?;
+    if let Some(cut) = stops.iter().filter_map(|s| text.find(s.as_str())).min() {
+        text.truncate(cut);
+    }
+    let tps = if g.decode_s > 0.0 { (g.token_ids.len().saturating_sub(1)) as f64 / g.decode_s } else { 0.0 };
+    if a.json {
+        let v = serde_json::json!({
+            "text": text,
+            "token_ids": g.token_ids,
+            "question_token_ids": q,
+            "context": file,
+            "context_tokens": ctx.tokens().len(),
+            "prompt_tokens": g.prompt_tokens,
+            "completion_tokens": g.token_ids.len(),
+            "stop_reason": g.stop,
+            "policy": ctx.policy().to_string(),
+            "time_to_first_token_s": g.time_to_first_token_s,
+            "decode_tok_s": tps,
+            "kv_bytes_allocated": g.kv_bytes.kv,
+            "kv_metadata_bytes": g.kv_bytes.metadata,
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        writeln!(out)?;
+        eprintln!(
+            "[{} context + {} question + {} generated tokens, first token {:.0} ms, {:.1} tok/s, KV {:.2} MiB, policy {}]",
+            ctx.tokens().len(),
+            q.len(),
+            g.token_ids.len(),
+            g.time_to_first_token_s * 1e3,
+            tps,
+            g.kv_bytes.kv as f64 / 1048576.0,
+            ctx.policy()
         );
     }
     Ok(())

@@ -4,6 +4,7 @@ mod bench;
 mod calibrate;
 mod chat;
 mod common;
+mod compress;
 mod eval;
 mod fetch;
 mod generate;
@@ -36,6 +37,8 @@ enum Command {
     Info(info::Args),
     /// Generate text from a prompt, streaming it to the terminal.
     Generate(generate::Args),
+    /// Compress a document once under a policy and save it (`generate --context`, `chat --context` ask it).
+    Compress(compress::Args),
     /// Interactive multi-turn chat through the model's own chat template.
     Chat(chat::Args),
     /// Teacher-forced perplexity of a text or token list.
@@ -66,6 +69,7 @@ impl Command {
             Command::Info(a) => Some(a.model.threads),
             Command::Generate(a) => Some(a.model.threads),
             Command::Chat(a) => Some(a.model.threads),
+            Command::Compress(a) => Some(a.model.threads),
             Command::Perplexity(a) => Some(a.model.threads),
             Command::Eval(a) => Some(a.model.threads),
             Command::Calibrate(a) => Some(a.model.threads),
@@ -79,6 +83,7 @@ impl Command {
             Command::Info(a) => info::run(a),
             Command::Generate(a) => generate::run(a),
             Command::Chat(a) => chat::run(a),
+            Command::Compress(a) => compress::run(a),
             Command::Perplexity(a) => perplexity::run(a),
             Command::Bench(a) => bench::run(a),
             Command::Calibrate(a) => calibrate::run(a),

@@ -83,7 +83,7 @@ fn bad_inputs_give_clear_errors() {
 
 #[test]
 fn every_subcommand_has_help() {
-    for sub in ["info", "generate", "perplexity", "bench", "calibrate", "eval", "tune", "serve"] {
+    for sub in ["info", "generate", "compress", "chat", "perplexity", "bench", "calibrate", "eval", "tune", "serve"] {
         let o = kvslim(&[sub, "--help"]);
         assert!(o.status.success(), "{sub} --help");
         assert!(String::from_utf8_lossy(&o.stdout).contains("--model"));

@@ -10,7 +10,7 @@
 //! ```text
 //! 8 bytes   magic "KVSLIMCX"
 //! u32       format version
-//! u64       header length, then the header: JSON {model, policy, tokens, base_len, kvslim}
+//! u64       header length, then the header: JSON {model, policy, tokens, base_len, kvslim, meta}
 //! u64       cache length, then the cache ([`SequenceCache::save`]: the kept K/V rows
 //!           in their storage dtype, positions, scores, policy state, counters)
 //! u32       CRC-32 of every byte before it
@@ -27,7 +27,8 @@ use crate::generate::{continue_generation, prefill_shared, GenerateOptions, Gene
 use crate::session::Session;
 use crate::{EngineError, Result};
 use kvslim_cache::{KvBytes, PolicySpec, SequenceCache};
-use kvslim_models::{Logits, Model};
+use kvslim_models::chat::{ChatFormat, ChatMessage};
+use kvslim_models::{Logits, Model, Tokenizer};
 use std::path::Path;
 use std::time::Instant;
 
@@ -44,6 +45,9 @@ pub struct Context {
     policy: PolicySpec,
     cache: SequenceCache,
     fingerprint: String,
+    /// What the caller wants kept with the context (how its text was
+    /// made: the chat messages it renders, a name), saved in the header.
+    meta: serde_json::Value,
 }
 
 /// The header of a saved context.
@@ -58,9 +62,119 @@ struct Header {
     base_len: usize,
     /// The kvslim version that wrote it (informational).
     kvslim: String,
+    /// The caller's metadata ([`Context::meta`]).
+    #[serde(default)]
+    meta: serde_json::Value,
+}
+
+/// How a context's text was made, so that questions can follow it: plain
+/// text (a question's text is tokenized and appended), or the first
+/// messages of a chat (a question is the next user turn, rendered by the
+/// model's chat template). Kept in [`Context::meta`] as `{"framing": …}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Framing {
+    Text(String),
+    Chat(Vec<ChatMessage>),
+}
+
+/// What is asked of a context.
+pub enum Question<'a> {
+    /// Text that follows the context directly (a chat context: one user turn).
+    Text(&'a str),
+    /// Chat messages after the context's (a text context: rendered whole after it).
+    Messages(&'a [ChatMessage]),
+}
+
+impl Framing {
+    /// The tokens of the context's text: the text as encoded, or the
+    /// messages rendered without opening a reply.
+    pub fn encode(&self, tok: &Tokenizer, chat: &ChatFormat) -> Result<Vec<u32>> {
+        let request = |e: String| EngineError::Request(e);
+        match self {
+            Framing::Text(t) => Ok(tok.encode(t)?),
+            Framing::Chat(m) => {
+                let text = chat.render_prefix(m).map_err(|e| request(e.to_string()))?;
+                Ok(chat.encode(tok, &text)?)
+            }
+        }
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        match self {
+            Framing::Text(_) => serde_json::json!({ "kind": "text" }),
+            Framing::Chat(m) => serde_json::json!({
+                "kind": "chat",
+                "messages": m.iter().map(|m| serde_json::json!({ "role": m.role, "content": m.content })).collect::<Vec<_>>(),
+            }),
+        }
+    }
+
+    /// The framing kept in a context's meta (`None`: plain text or none).
+    fn from_meta(meta: &serde_json::Value) -> Option<Vec<ChatMessage>> {
+        let f = meta.get("framing")?;
+        (f.get("kind")?.as_str()? == "chat").then(|| {
+            f.get("messages")
+                .and_then(|m| m.as_array())
+                .map(|ms| {
+                    ms.iter()
+                        .map(|m| {
+                            let s = |k: &str| m.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+                            ChatMessage::new(s("role"), s("content"))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+    }
 }
 
 impl Context {
+    /// Compresses a text or the first messages of a chat (see [`Framing`]);
+    /// the framing is kept in the context's meta, so questions can follow
+    /// it ([`Context::question_tokens`]).
+    pub fn compress_framed(
+        model: &Model,
+        policy: &PolicySpec,
+        tok: &Tokenizer,
+        chat: &ChatFormat,
+        framing: &Framing,
+    ) -> Result<Context> {
+        let tokens = framing.encode(tok, chat)?;
+        let ctx = Self::compress(model, policy, &tokens)?;
+        Ok(ctx.with_meta(serde_json::json!({ "framing": framing.to_json() })))
+    }
+
+    /// The tokens that put `question` after this context: a chat
+    /// context's next turns rendered by the template as a continuation of
+    /// its messages; after plain text, the question's text, or its
+    /// messages rendered whole. No BOS: the context has it.
+    pub fn question_tokens(&self, tok: &Tokenizer, chat: &ChatFormat, question: Question<'_>) -> Result<Vec<u32>> {
+        let request = |e: String| EngineError::Request(e);
+        let strip_bos = |mut ids: Vec<u32>| {
+            if tok.prepended_bos().is_some_and(|b| ids.first() == Some(&b)) {
+                ids.remove(0);
+            }
+            ids
+        };
+        let ids = match (Framing::from_meta(&self.meta), question) {
+            (Some(earlier), Question::Text(t)) => {
+                chat.continuation(tok, &earlier, &[ChatMessage::new("user", t)]).map_err(|e| request(e.to_string()))?
+            }
+            (Some(earlier), Question::Messages(m)) => {
+                chat.continuation(tok, &earlier, m).map_err(|e| request(e.to_string()))?
+            }
+            (None, Question::Text(t)) => strip_bos(tok.encode(t)?),
+            (None, Question::Messages(m)) => {
+                let text = chat.render_messages(m).map_err(|e| request(e.to_string()))?;
+                strip_bos(chat.encode(tok, &text)?)
+            }
+        };
+        if ids.is_empty() {
+            return Err(request("the question is empty".into()));
+        }
+        Ok(ids)
+    }
+
     /// Prefills `tokens` under `policy` into an empty cache: the policy's
     /// prefill rule chooses what stays (percentage budgets resolve against
     /// the context's length), before any question is known.
@@ -97,8 +211,20 @@ impl Context {
                 policy: p.clone(),
                 cache: s.cache,
                 fingerprint: fingerprint.clone(),
+                meta: serde_json::Value::Null,
             })
             .collect())
+    }
+
+    /// The caller's metadata, saved with the context (`null` unless set).
+    pub fn meta(&self) -> &serde_json::Value {
+        &self.meta
+    }
+
+    /// Sets [`Context::meta`].
+    pub fn with_meta(mut self, meta: serde_json::Value) -> Self {
+        self.meta = meta;
+        self
     }
 
     /// The context's tokens.
@@ -201,6 +327,7 @@ impl Context {
             tokens: self.tokens.clone(),
             base_len: self.tokens.len(),
             kvslim: env!("CARGO_PKG_VERSION").into(),
+            meta: self.meta.clone(),
         };
         let header = serde_json::to_vec(&header).map_err(|e| EngineError::Request(format!("context header: {e}")))?;
         let mut cache = Vec::new();
@@ -295,6 +422,6 @@ impl Context {
         if cache.next_pos() != n {
             return Err(bad(format!("its cache has seen {} tokens, its header lists {n}", cache.next_pos())));
         }
-        Ok(Context { tokens: header.tokens, policy, cache, fingerprint: fp })
+        Ok(Context { tokens: header.tokens, policy, cache, fingerprint: fp, meta: header.meta })
     }
 }

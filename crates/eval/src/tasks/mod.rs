@@ -10,9 +10,14 @@
 //!                                   generated line scored (see [`code`]; default N = 64);
 //!                                   items with more than T context tokens are left out
 //! RULER[:lengths=A,B,..][,depths=X,Y,..][,per_cell=N][,seed=S][,max_tokens=N]
+//!      [,haystack=noise|text|text:FILE]
 //!                                   RULER: passkey, niah_single, niah_multikey,
 //!                                   niah_multivalue, niah_multiquery, vt, cwe
-//!                                   (see [`ruler`])
+//!                                   (see [`ruler`]); haystack: the needles' filler,
+//!                                   RULER's repeated noise (default) or real text,
+//!                                   WikiText-2's test split from the shared folder
+//!                                   or FILE (the first 45%, held out from
+//!                                   calibration; not for cwe)
 //! FILE                              kind from the extension: .jsonl → mc,
 //!                                   .bz2 → hellaswag, .raw/.txt/.tokens → ppl
 //! ```
@@ -30,7 +35,10 @@ pub mod text;
 
 pub use code::{load_code_items, CodeItem};
 pub use mc::{load_hellaswag, load_mc_jsonl, McItem};
-pub use ruler::{answers_found, ruler_items, RulerConfig, RulerItem, RulerTask};
+pub use ruler::{
+    answers_found, ruler_items, ruler_items_in, try_ruler_items, Haystack, HaystackText, RulerConfig, RulerItem,
+    RulerTask,
+};
 pub use text::{load_gen_prompts, load_ppl_text, token_windows, GenPrompt, PplText};
 
 use crate::{EvalError, Result};
@@ -283,6 +291,7 @@ impl TaskSpec {
                     }
                 }
                 (_, "seed") if ruler.is_some() => pk.seed = number(k, &vals)?,
+                (_, "haystack") if ruler.is_some() => pk.haystack = Haystack::parse(single(k, &vals)?)?,
                 _ => {
                     let allowed = match kind {
                         "ppl" => "seq_len, limit",
@@ -290,11 +299,14 @@ impl TaskSpec {
                         "hellaswag" => "limit",
                         "gen" => "max_tokens, limit",
                         "lcc" => "max_tokens, max_context, limit",
-                        _ => "lengths, depths, per_cell, seed, max_tokens, limit",
+                        _ => "lengths, depths, per_cell, seed, haystack, max_tokens, limit",
                     };
                     return Err(format!("unknown option `{k}` for `{kind}` (allowed: {allowed})"));
                 }
             }
+        }
+        if pk.task == RulerTask::CommonWords && ruler.is_some() && pk.haystack != Haystack::Noise {
+            return Err("`cwe` has no haystack (its context is a list of words): `haystack=text` does not apply".into());
         }
         let kind = match kind {
             "ppl" => TaskKind::Ppl { path, seq_len },
@@ -338,11 +350,15 @@ impl TaskSpec {
         self.render(true)
     }
 
-    /// Fails with the file's name when the task's data file cannot be
-    /// opened, so a run stops before it writes anything rather than at the
-    /// task's turn.
+    /// Fails with the file's name when the task's data file (or a RULER
+    /// task's haystack text) cannot be opened, so a run stops before it
+    /// writes anything rather than at the task's turn.
     pub fn check_readable(&self) -> Result<()> {
-        let Some(path) = self.path() else { return Ok(()) };
+        let path = match &self.kind {
+            TaskKind::Ruler { config, .. } => config.haystack.file()?,
+            _ => self.path().map(Path::to_path_buf),
+        };
+        let Some(path) = path.as_deref() else { return Ok(()) };
         if path.is_dir() {
             return Err(EvalError::File { path: path.to_path_buf(), reason: "is a directory, not a task file".into() });
         }
@@ -393,6 +409,10 @@ impl TaskSpec {
             TaskKind::Ruler { config, max_tokens } => {
                 let d = RulerConfig::new(config.task);
                 let mut opts = Vec::new();
+                // (noise, the default, leaves the label as it always was)
+                if config.haystack != d.haystack {
+                    opts.push(format!("haystack={}", config.haystack.render(short)));
+                }
                 if config.lengths != d.lengths {
                     let v: Vec<String> = config.lengths.iter().map(|l| l.to_string()).collect();
                     opts.push(format!("lengths={}", v.join(",")));
@@ -515,6 +535,42 @@ mod tests {
     }
 
     #[test]
+    fn haystack_option_labels_text_cells_and_leaves_noise_labels_alone() {
+        let label = |s: &str| TaskSpec::parse(s).unwrap().label();
+        // noise is the default: its specs and labels are what they always were
+        assert_eq!(TaskSpec::parse("niah_single:haystack=noise").unwrap(), TaskSpec::parse("niah_single").unwrap());
+        assert_eq!(label("niah_single:haystack=noise"), "niah_single");
+        assert_eq!(label("vt:lengths=1024,haystack=noise,per_cell=3"), "vt:lengths=1024,per_cell=3");
+        assert_eq!(label("cwe:haystack=noise"), "cwe");
+        // text cells say so
+        assert_eq!(label("niah_single:haystack=text"), "niah_single:haystack=text");
+        assert_eq!(
+            label("passkey:lengths=1024,2048,haystack=text:/data/essays.txt,limit=2"),
+            "passkey:haystack=text:essays.txt,lengths=1024,2048,limit=2"
+        );
+        for s in [
+            "niah_multiquery:haystack=text,lengths=512",
+            "vt:haystack=text:/data/essays.txt,depths=0.5",
+            "niah_multikey:haystack=text",
+        ] {
+            let t = TaskSpec::parse(s).unwrap();
+            assert_eq!(TaskSpec::parse(&t.to_string()).unwrap(), t, "{s} → {t}");
+            assert!(t.to_string().contains("haystack=text"), "{t}");
+        }
+        match TaskSpec::parse("niah_multivalue:haystack=text:/data/essays.txt").unwrap().kind {
+            TaskKind::Ruler { config, .. } => {
+                assert_eq!(config.haystack, Haystack::Text(Some("/data/essays.txt".into())))
+            }
+            k => panic!("{k:?}"),
+        }
+        // a missing haystack file stops a run before it starts
+        let e = TaskSpec::parse("niah_single:haystack=text:/no/such/essays.txt").unwrap().check_readable().unwrap_err();
+        assert!(e.to_string().contains("/no/such/essays.txt"), "{e}");
+        TaskSpec::parse("niah_single:haystack=text").unwrap().check_readable().unwrap();
+        TaskSpec::parse("niah_single").unwrap().check_readable().unwrap();
+    }
+
+    #[test]
     fn kind_from_extension() {
         let k = |s: &str| TaskSpec::parse(s).unwrap().kind_name();
         assert_eq!(k("../shared/data/copa/copa.jsonl"), "mc");
@@ -540,6 +596,10 @@ mod tests {
             ("passkey:foo", "`foo` is not key=value"),
             ("vt:delim=x", "unknown option `delim` for `vt`"),
             ("gen:p.txt,max_tokens=1,2", "takes one value"),
+            ("niah_single:haystack=bogus", "`haystack=bogus` is not a haystack (noise, text or text:FILE)"),
+            ("vt:haystack=text:", "needs a file"),
+            ("cwe:haystack=text", "`cwe` has no haystack"),
+            ("ppl:a.txt,haystack=text", "unknown option `haystack` for `ppl`"),
         ];
         for (spec, want) in cases {
             let e = TaskSpec::parse(spec).unwrap_err().to_string();

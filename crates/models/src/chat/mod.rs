@@ -47,6 +47,9 @@ pub enum ChatError {
     /// Any other failure while rendering (undefined operation, bad value …).
     #[error("the chat template from {origin} failed to render: {message}")]
     Render { origin: String, message: String },
+    /// A conversation cannot continue a context made of its first messages.
+    #[error("{0}")]
+    Continuation(String),
 }
 
 /// One chat message with plain-text content: what the CLI and most API
@@ -267,6 +270,49 @@ impl ChatFormat {
         match self {
             ChatFormat::Template(t) => tok.encode_chat(text, t.bos_token()),
             ChatFormat::Plain => tok.encode(text),
+        }
+    }
+
+    /// The tokens that continue a conversation whose first messages,
+    /// `earlier` (rendered without the reply's opening), are already in a
+    /// cache: the whole conversation `earlier + later` rendered up to the
+    /// reply, minus the rendering of `earlier`. A compressed context made
+    /// of a chat's first messages is asked this way. Errors when the
+    /// template does not render the longer conversation as an extension
+    /// of the shorter one.
+    pub fn continuation(
+        &self,
+        tok: &Tokenizer,
+        earlier: &[ChatMessage],
+        later: &[ChatMessage],
+    ) -> Result<Vec<u32>, ChatError> {
+        let head = self.render_prefix(earlier)?;
+        let all: Vec<ChatMessage> = earlier.iter().chain(later).cloned().collect();
+        let whole = self.render_messages(&all)?;
+        let Some(tail) = whole.strip_prefix(head.as_str()) else {
+            return Err(ChatError::Continuation(
+                "the chat template does not render the conversation as a continuation of the context's messages".into(),
+            ));
+        };
+        let mut ids = tok.encode(tail).map_err(|e| ChatError::Continuation(e.to_string()))?;
+        if tok.prepended_bos().is_some_and(|b| ids.first() == Some(&b)) {
+            ids.remove(0);
+        }
+        Ok(ids)
+    }
+
+    /// Renders messages as they stand, without opening a reply: the text of
+    /// a context made of a conversation's first messages.
+    pub fn render_prefix(&self, messages: &[ChatMessage]) -> Result<String, ChatError> {
+        match self {
+            ChatFormat::Template(t) => t.render(messages, false),
+            ChatFormat::Plain => {
+                let mut s = String::new();
+                for m in messages {
+                    let _ = writeln!(s, "{}: {}", m.role, m.content);
+                }
+                Ok(s)
+            }
         }
     }
 
