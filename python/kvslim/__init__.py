@@ -5,6 +5,8 @@ policy (H2O, CHAI, …) and inspect what the policy kept.
 >>> m = kvslim.Model("smollm2-135m")
 >>> r = m.perplexity("The quick brown fox …", policy="h2o:heavy=32,recent=32")
 >>> r.nll, r.kl, r.logprobs[:5], r.kept[0][0]
+>>> ctx = m.compress(open("report.txt").read(), policy="h2o:heavy=6.25%,recent=6.25%", chat=True)
+>>> ctx.generate("Who wrote the report?").text  # each question on a fork of the compressed cache
 
 The engine is Rust (``kvslim._native``); this module turns its results into
 dataclasses and numpy arrays. Engine calls release the GIL.
@@ -15,7 +17,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -26,6 +28,7 @@ __version__: str = _native.__version__
 
 __all__ = [
     "Model",
+    "Context",
     "Generation",
     "PerplexityResult",
     "CalibrationPlan",
@@ -52,6 +55,10 @@ class Generation:
     #: ``{"target_passes", "drafted", "accepted", "replays"}`` of a
     #: speculative run, else ``None``.
     speculative: Optional[Dict[str, int]] = None
+    #: An answer on a :class:`Context`: the question's tokens (then
+    #: ``prompt_token_ids`` is the context's tokens followed by these), else
+    #: ``None``.
+    question_token_ids: Optional[List[int]] = None
 
     def __str__(self) -> str:
         return self.text
@@ -249,6 +256,131 @@ class Model:
         path = os.fspath(out)
         plan = self._m.calibrate(text, path, samples, seq_len, probe, max_k, dense_layers, restarts, seed)
         return CalibrationPlan(path=path, plan=plan)
+
+    def compress(
+        self, text: str, policy: str = "full", chat: bool = False, system: Optional[str] = None
+    ) -> Context:
+        """Prefills ``text`` once under ``policy`` and keeps the compressed
+        cache (``kvslim compress``): each :meth:`Context.generate` then asks
+        a question on a fork of it, without prefilling the text again.
+        Percentage budgets resolve against the text's length.
+
+        ``chat=True`` frames the text as the first user message of a chat
+        (the model's chat template), after a ``system`` prompt if given, so
+        that questions follow as user turns: what an instruction-tuned model
+        answers best. Without it a question's text is appended to the text.
+        """
+        return Context(self, self._m.compress(text, policy, chat, system))
+
+    def load_context(self, path: Union[str, os.PathLike[str]]) -> Context:
+        """Reads a context written by :meth:`Context.save` (or ``kvslim
+        compress -o``) for this model. ``ValueError`` says why a file does
+        not load: truncated, corrupted (checksum), made with another model,
+        another format version; ``FileNotFoundError`` when it is absent."""
+        return Context(self, self._m.load_context(os.fspath(path)))
+
+
+Question = Union[str, Sequence[Mapping[str, str]]]
+"""A question: text (a chat context's next user turn), or chat messages
+(``{"role": …, "content": …}`` dicts) that follow the context."""
+
+
+class Context:
+    """A text prefilled once under a KV policy and kept compressed
+    (:meth:`Model.compress`, :meth:`Model.load_context`). Each
+    :meth:`generate` answers on a fork: the policy keeps running while the
+    question and answer go in, and the context itself never changes, so
+    the same question gives the same tokens every time. Questions from
+    several threads to one context run one at a time.
+    """
+
+    def __init__(self, model: Model, native: _native.Context):
+        self._model = model
+        self._c = native
+
+    def __repr__(self) -> str:
+        return f"<kvslim.Context {self.tokens} tokens under {self.policy!r}, chat={self.chat}>"
+
+    def __len__(self) -> int:
+        return self.tokens
+
+    @property
+    def model(self) -> Model:
+        """The model the context belongs to."""
+        return self._model
+
+    @property
+    def tokens(self) -> int:
+        """How many tokens the context holds."""
+        return self._c.tokens
+
+    @property
+    def token_ids(self) -> List[int]:
+        """The context's token ids."""
+        return self._c.token_ids
+
+    @property
+    def policy(self) -> str:
+        """The policy it was compressed under (canonical spec); it keeps
+        running on every question's fork."""
+        return self._c.policy
+
+    @property
+    def chat(self) -> bool:
+        """Whether the text was framed as a chat's first messages."""
+        return self._c.chat
+
+    @property
+    def kv_bytes(self) -> int:
+        """Allocated K/V bytes of the kept cache."""
+        return self._c.kv_bytes
+
+    @property
+    def kv_metadata_bytes(self) -> int:
+        """Position and score bytes beside the kept K/V."""
+        return self._c.kv_metadata_bytes
+
+    @property
+    def kv_bytes_full(self) -> int:
+        """K/V bytes the full cache would hold for the same tokens (same
+        storage dtype): what ``kv_bytes`` compares with."""
+        return self._c.kv_bytes_full
+
+    @property
+    def compress_seconds(self) -> Optional[float]:
+        """Seconds :meth:`Model.compress` took (``None`` for a loaded context)."""
+        return self._c.compress_seconds
+
+    def generate(
+        self,
+        question: Question,
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> Generation:
+        """Answers ``question`` after the context (greedy at temperature 0),
+        as ``kvslim generate --context``: a chat context takes a text
+        question as its next user turn, rendered by the chat template; a
+        text context takes it as text appended to its own. Stops at EOS,
+        the chat's end-of-turn markers or after ``max_tokens``. The
+        :class:`Generation`'s ``question_token_ids`` are what was fed after
+        the context."""
+        q: Union[str, List[Tuple[str, str]]]
+        if isinstance(question, str):
+            q = question
+        else:
+            q = [(m["role"], m["content"]) for m in question]
+        d = self._c.generate(q, max_tokens, temperature, top_k, top_p, seed)
+        return Generation(**d)
+
+    def save(self, path: Union[str, os.PathLike[str]]) -> None:
+        """Writes the context to ``path`` (``kvslim compress -o``'s format:
+        the kept K/V rows in their dtype, positions, scores, policy state;
+        checksummed), through a temporary file renamed into place.
+        :meth:`Model.load_context` reads it back bit for bit."""
+        self._c.save(os.fspath(path))
 
 
 def _flatten(row: Dict[str, Any]) -> Dict[str, Any]:

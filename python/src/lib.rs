@@ -9,19 +9,23 @@
 //! `FileNotFoundError` / `OSError` for files, `RuntimeError` for the rest.
 
 use kvslim_cache::policy::chai::{CalibrationConfig, PlanError};
-use kvslim_cache::{KvDtype, PolicySpec};
+use kvslim_cache::{KvBytes, KvDtype, PolicySpec};
 use kvslim_engine::calibrate::{calibrate, calibration_windows, CalibrateOptions};
+use kvslim_engine::context::{Context as EngineContext, Framing, Question};
 use kvslim_engine::{
     generate, perplexity, speculative_run, DraftLength, EngineError, GenerateOptions, NgramDrafter, PerplexityOptions,
     SamplingParams, Verification,
 };
 use kvslim_eval::{run_matrix, EvalError, MatrixConfig, ScoreMode, TaskSpec};
+use kvslim_models::chat::{ChatFormat, ChatMessage};
 use kvslim_models::{LoadedModel, Tokenizer};
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList};
 use serde_json::Value;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
 
 // ---------------------------------------------------------------- errors
 
@@ -109,6 +113,10 @@ struct Model {
     loaded: LoadedModel,
     spec: String,
     path: PathBuf,
+    /// The `tokenizer=` file, if one was given.
+    tokenizer_path: Option<PathBuf>,
+    /// The chat format, read on first use ([`Model::chat_format`]).
+    chat: OnceLock<ChatFormat>,
 }
 
 impl Model {
@@ -117,6 +125,26 @@ impl Model {
             .tokenizer
             .as_ref()
             .ok_or_else(|| value_error(format!("{} has no tokenizer; pass tokenizer=PATH", self.spec)))
+    }
+
+    /// The model's chat template (or the plain fallback), found as the CLI
+    /// finds it (`ModelArgs::chat_format`): the tokenizer's template, with
+    /// the BOS/EOS strings of the `tokenizer_config.json` beside the
+    /// `tokenizer=` file or in the model's directory. Read once.
+    fn chat_format(&self) -> PyResult<&ChatFormat> {
+        if let Some(c) = self.chat.get() {
+            return Ok(c);
+        }
+        let tok = self.tokenizer()?;
+        let dir = match &self.tokenizer_path {
+            Some(t) => t.parent().map(Path::to_path_buf),
+            None if self.path.is_dir() => Some(self.path.clone()),
+            None => None,
+        };
+        let config = dir.map(|d| d.join("tokenizer_config.json")).filter(|p| p.exists());
+        let chat =
+            ChatFormat::for_tokenizer(tok, config.as_deref(), &self.path.display().to_string()).map_err(value_error)?;
+        Ok(self.chat.get_or_init(|| chat))
     }
 }
 
@@ -144,14 +172,14 @@ impl Model {
             if f32_activations {
                 loaded.model.weights.set_products(kvslim_kernels::Products::F32);
             }
-            if let Some(t) = tokenizer {
+            if let Some(t) = &tokenizer {
                 let c = &loaded.model.config;
                 loaded.tokenizer = Some(
-                    kvslim_models::loader::load_tokenizer(&t, c.bos_token_id, c.eos_token_ids.clone())
+                    kvslim_models::loader::load_tokenizer(t, c.bos_token_id, c.eos_token_ids.clone())
                         .map_err(model_error)?,
                 );
             }
-            Ok(Model { loaded, spec: model, path })
+            Ok(Model { loaded, spec: model, path, tokenizer_path: tokenizer, chat: OnceLock::new() })
         })
     }
 
@@ -385,6 +413,253 @@ impl Model {
         let rows = run_detached(py, || run_matrix(&self.loaded.model, tok, &cfg, |_| {})).map_err(eval_error)?;
         to_py(py, &json_of(&rows)?)
     }
+
+    /// `kvslim compress`: prefills `text` once under `policy` and keeps
+    /// the compressed cache. `chat=True` frames the text as the first user
+    /// message of a chat (the model's template), after `system` if given,
+    /// so questions follow as user turns.
+    #[pyo3(signature = (text, policy="full", chat=false, system=None))]
+    fn compress(
+        slf: &Bound<'_, Self>,
+        text: &str,
+        policy: &str,
+        chat: bool,
+        system: Option<&str>,
+    ) -> PyResult<Context> {
+        let this = slf.get();
+        if system.is_some() && !chat {
+            return Err(value_error("system= needs chat=True (a system prompt frames a chat)"));
+        }
+        let spec = parse_policy(policy)?;
+        let tok = this.tokenizer()?;
+        let framing = if chat {
+            let mut m: Vec<ChatMessage> = system.iter().map(|s| ChatMessage::new("system", *s)).collect();
+            m.push(ChatMessage::new("user", text));
+            Framing::Chat(m)
+        } else {
+            Framing::Text(text.to_string())
+        };
+        let (ctx, seconds) = run_detached(slf.py(), || -> PyResult<_> {
+            // plain text does not read the template: a model whose
+            // template does not parse still compresses text
+            let format = if chat { this.chat_format()? } else { &ChatFormat::Plain };
+            let start = Instant::now();
+            let ctx = EngineContext::compress_framed(&this.loaded.model, &spec, tok, format, &framing)
+                .map_err(engine_error)?;
+            Ok((ctx, start.elapsed().as_secs_f64()))
+        })?;
+        Ok(Context::new(ctx, slf.clone().unbind(), Some(seconds)))
+    }
+
+    /// Reads a context written by `Context.save` (`kvslim compress -o`).
+    /// `ValueError` names what is wrong with the file (truncated,
+    /// corrupted, another model's, another format version).
+    fn load_context(slf: &Bound<'_, Self>, path: PathBuf) -> PyResult<Context> {
+        let this = slf.get();
+        let ctx = run_detached(slf.py(), || -> PyResult<_> {
+            let bytes =
+                std::fs::read(&path).map_err(|e| io_error(format!("reading {}: {e}", path.display()), e.kind()))?;
+            EngineContext::from_bytes(&this.loaded.model, &bytes)
+                .map_err(|e| value_error(format!("{} is not a usable context: {e}", path.display())))
+        })?;
+        Ok(Context::new(ctx, slf.clone().unbind(), None))
+    }
+}
+
+// --------------------------------------------------------------- Context
+
+/// A question: text (a chat context's next user turn) or chat messages
+/// as `(role, content)` pairs.
+#[derive(FromPyObject)]
+enum QuestionArg {
+    Text(String),
+    Messages(Vec<(String, String)>),
+}
+
+/// A compressed context ([`kvslim_engine::context::Context`]) and the
+/// model it belongs to. Each question runs on a fork; the context never
+/// changes.
+#[pyclass(frozen, module = "kvslim._native")]
+struct Context {
+    /// Behind a lock because the engine's context is `Send` but not `Sync`
+    /// (its cache holds a `Box<dyn CachePolicy>`): questions from several
+    /// Python threads to one context run one at a time. Only taken with
+    /// the GIL released; the properties read the copies below.
+    ctx: Mutex<EngineContext>,
+    model: Py<Model>,
+    tokens: Vec<u32>,
+    policy: String,
+    chat: bool,
+    kv_bytes: KvBytes,
+    kv_bytes_full: usize,
+    /// Seconds `Model.compress` took (`None` for a loaded context).
+    compress_seconds: Option<f64>,
+}
+
+impl Context {
+    fn new(ctx: EngineContext, model: Py<Model>, compress_seconds: Option<f64>) -> Self {
+        Context {
+            tokens: ctx.tokens().to_vec(),
+            policy: ctx.policy().to_string(),
+            chat: ctx.meta().pointer("/framing/kind").and_then(Value::as_str) == Some("chat"),
+            kv_bytes: ctx.kv_bytes(),
+            kv_bytes_full: ctx.kv_bytes_full(),
+            ctx: Mutex::new(ctx),
+            model,
+            compress_seconds,
+        }
+    }
+
+    /// The engine's context (a panic while it was held left it unchanged:
+    /// questions run on forks).
+    fn engine(&self) -> std::sync::MutexGuard<'_, EngineContext> {
+        self.ctx.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[pymethods]
+impl Context {
+    /// Answers `question` on a fork of the context (the context's policy
+    /// keeps running; the context does not change), as `kvslim generate
+    /// --context` does: stops at EOS, the chat's end-of-turn markers or
+    /// after `max_tokens`. Returns `Model.generate`'s dict, with
+    /// `prompt_token_ids` the context's tokens then the question's, and
+    /// `question_token_ids` the question's.
+    #[pyo3(signature = (question, max_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate<'py>(
+        &self,
+        py: Python<'py>,
+        question: QuestionArg,
+        max_tokens: usize,
+        temperature: f32,
+        top_k: usize,
+        top_p: f32,
+        seed: u64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let m = self.model.get();
+        let tok = m.tokenizer()?;
+        let messages: Vec<ChatMessage> = match &question {
+            QuestionArg::Text(_) => Vec::new(),
+            QuestionArg::Messages(ms) => ms.iter().map(|(r, c)| ChatMessage::new(r.as_str(), c.as_str())).collect(),
+        };
+        let (q, g, text) = run_detached(py, || -> PyResult<_> {
+            let ctx = self.engine();
+            let chat = m.chat_format()?;
+            let asked = match &question {
+                QuestionArg::Text(t) => Question::Text(t),
+                QuestionArg::Messages(_) => Question::Messages(&messages),
+            };
+            let q = ctx.question_tokens(tok, chat, asked).map_err(engine_error)?;
+            let opts = GenerateOptions {
+                max_tokens,
+                sampling: SamplingParams { temperature, top_k, top_p, seed },
+                policy: ctx.policy().clone(),
+                eos: chat.stop_ids(tok),
+            };
+            // stop strings as the CLI stops on them: when the streamed
+            // text holds one, cut there
+            let stops = chat.stops();
+            let mut stream = kvslim_models::tokenizer::StreamDecoder::new();
+            let mut shown = String::new();
+            let g = ctx
+                .generate(&m.loaded.model, &q, &opts, |id| {
+                    if let Ok(piece) = stream.push(tok, id) {
+                        shown.push_str(&piece);
+                    }
+                    !stops.iter().any(|s| shown.contains(s.as_str()))
+                })
+                .map_err(engine_error)?;
+            let mut text = tok.decode(&g.token_ids).map_err(model_error)?;
+            if let Some(cut) = stops.iter().filter_map(|s| text.find(s.as_str())).min() {
+                text.truncate(cut);
+            }
+            Ok((q, g, text))
+        })?;
+        let d = PyDict::new(py);
+        d.set_item("text", text)?;
+        d.set_item("token_ids", &g.token_ids)?;
+        let prompt: Vec<u32> = self.tokens.iter().chain(&q).copied().collect();
+        d.set_item("prompt_token_ids", prompt)?;
+        d.set_item("stop_reason", to_py(py, &json_of(&g.stop)?)?)?;
+        d.set_item("policy", &self.policy)?;
+        d.set_item("time_to_first_token_s", g.time_to_first_token_s)?;
+        d.set_item("decode_s", g.decode_s)?;
+        d.set_item("kv_bytes_allocated", g.kv_bytes.kv)?;
+        d.set_item("kv_metadata_bytes", g.kv_bytes.metadata)?;
+        d.set_item("speculative", py.None())?;
+        d.set_item("question_token_ids", q)?;
+        Ok(d)
+    }
+
+    /// Writes the context to `path` in the format of `kvslim compress -o`
+    /// (through a temporary file beside it, renamed into place).
+    fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        run_detached(py, || -> PyResult<()> {
+            let bytes = self.engine().to_bytes().map_err(engine_error)?;
+            let io = |e: std::io::Error| io_error(format!("cannot write {}: {e}", path.display()), e.kind());
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            std::fs::write(&tmp, &bytes).map_err(io)?;
+            std::fs::rename(&tmp, &path).map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                io(e)
+            })
+        })
+    }
+
+    /// The model the context belongs to.
+    #[getter]
+    fn model(&self, py: Python<'_>) -> Py<Model> {
+        self.model.clone_ref(py)
+    }
+
+    /// How many tokens the context holds.
+    #[getter]
+    fn tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The context's token ids.
+    #[getter]
+    fn token_ids(&self) -> Vec<u32> {
+        self.tokens.clone()
+    }
+
+    /// The policy it was compressed under (canonical spec).
+    #[getter]
+    fn policy(&self) -> &str {
+        &self.policy
+    }
+
+    /// Whether the text was framed as a chat's first messages.
+    #[getter]
+    fn chat(&self) -> bool {
+        self.chat
+    }
+
+    /// Allocated K/V bytes of the kept cache.
+    #[getter]
+    fn kv_bytes(&self) -> usize {
+        self.kv_bytes.kv
+    }
+
+    /// Position and score bytes beside the kept K/V.
+    #[getter]
+    fn kv_metadata_bytes(&self) -> usize {
+        self.kv_bytes.metadata
+    }
+
+    /// K/V bytes the full cache would hold for the same tokens.
+    #[getter]
+    fn kv_bytes_full(&self) -> usize {
+        self.kv_bytes_full
+    }
+
+    /// Seconds the compression took (`None` for a loaded context).
+    #[getter]
+    fn compress_seconds(&self) -> Option<f64> {
+        self.compress_seconds
+    }
 }
 
 /// Sets the number of engine worker threads (once, before any work;
@@ -416,6 +691,7 @@ fn aliases() -> Vec<(&'static str, &'static str)> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Model>()?;
+    m.add_class::<Context>()?;
     m.add_function(wrap_pyfunction!(set_threads, m)?)?;
     m.add_function(wrap_pyfunction!(normalize_policy, m)?)?;
     m.add_function(wrap_pyfunction!(aliases, m)?)?;

@@ -67,6 +67,13 @@ pub struct Args {
     /// weights once.
     #[arg(long)]
     no_speculative: bool,
+    /// Keep compressed contexts (`POST /v1/contexts`) in this folder as
+    /// files (`ctx-….kvctx`, the format of `kvslim compress`): they are
+    /// loaded again at start-up (a bad file is refused with a log line
+    /// naming it) and a context id not in memory is looked for here, so
+    /// replicas sharing the folder serve each other's contexts.
+    #[arg(long, value_name = "DIR")]
+    contexts_dir: Option<std::path::PathBuf>,
     /// Model name reported by the API (default: the --model value).
     #[arg(long)]
     served_model_name: Option<String>,
@@ -148,6 +155,9 @@ pub fn run(a: Args) -> CliResult {
         return Err("--header-timeout and --body-timeout must be more than 0".into());
     }
     let key = api_key(&a)?;
+    if let Some(d) = &a.contexts_dir {
+        std::fs::create_dir_all(d).map_err(|e| format!("--contexts-dir {}: {e}", d.display()))?;
+    }
     let (loaded, path) = a.model.load_with_path()?;
     require_tokenizer(&loaded.tokenizer)?;
     let tokenizer = loaded.tokenizer.expect("checked above");
@@ -172,6 +182,7 @@ pub fn run(a: Args) -> CliResult {
             prefill_chunk: a.prefill_chunk,
             prefill_share: a.prefill_share,
             speculative: !a.no_speculative,
+            contexts_dir: a.contexts_dir.clone(),
         },
         model_name: a.served_model_name.unwrap_or_else(|| a.model.model.clone()),
     };

@@ -26,7 +26,7 @@
 use crate::generate::{continue_generation, prefill_shared, GenerateOptions, Generation};
 use crate::session::Session;
 use crate::{EngineError, Result};
-use kvslim_cache::{KvBytes, PolicySpec, SequenceCache};
+use kvslim_cache::{KvBytes, PagePool, PolicySpec, SequenceCache};
 use kvslim_models::chat::{ChatFormat, ChatMessage};
 use kvslim_models::{Logits, Model, Tokenizer};
 use std::path::Path;
@@ -36,6 +36,10 @@ use std::time::Instant;
 pub const MAGIC: &[u8; 8] = b"KVSLIMCX";
 /// The format this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
+
+/// Chooses a loaded context's storage: may give its policy a page size and
+/// returns the page pool to draw from ([`Context::from_bytes_in`]).
+pub type PoolFor<'a> = dyn Fn(&mut PolicySpec) -> Option<PagePool> + 'a;
 
 /// A compressed context: the text's tokens, the policy it was compressed
 /// under and the cache that policy kept.
@@ -99,6 +103,11 @@ impl Framing {
         }
     }
 
+    /// The [`Context::meta`] a context of this framing carries.
+    pub fn meta(&self) -> serde_json::Value {
+        serde_json::json!({ "framing": self.to_json() })
+    }
+
     fn to_json(&self) -> serde_json::Value {
         match self {
             Framing::Text(_) => serde_json::json!({ "kind": "text" }),
@@ -141,7 +150,21 @@ impl Context {
     ) -> Result<Context> {
         let tokens = framing.encode(tok, chat)?;
         let ctx = Self::compress(model, policy, &tokens)?;
-        Ok(ctx.with_meta(serde_json::json!({ "framing": framing.to_json() })))
+        Ok(ctx.with_meta(framing.meta()))
+    }
+
+    /// A context from a cache that has just been fed exactly `tokens`
+    /// under `policy` from empty, as [`Context::compress`] feeds them (a
+    /// server prefills in slices between decode steps, bit for bit the same).
+    pub fn from_prefilled(model: &Model, policy: PolicySpec, tokens: Vec<u32>, cache: SequenceCache) -> Result<Self> {
+        if cache.next_pos() != tokens.len() || tokens.is_empty() {
+            return Err(EngineError::Request(format!(
+                "a context of {} tokens from a cache that has seen {}",
+                tokens.len(),
+                cache.next_pos()
+            )));
+        }
+        Ok(Context { tokens, policy, cache, fingerprint: model.fingerprint(), meta: serde_json::Value::Null })
     }
 
     /// The tokens that put `question` after this context: a chat
@@ -369,6 +392,19 @@ impl Context {
 
     /// [`Context::load`] from bytes in memory.
     pub fn from_bytes(model: &Model, bytes: &[u8]) -> Result<Context> {
+        Self::from_bytes_in(model, bytes, None)
+    }
+
+    /// [`Context::from_bytes`] with the storage `pool_for` chooses: it may
+    /// give the policy a page size and returns the page pool to draw from
+    /// (a server keeps every context paged in its pools, so that its forks
+    /// share the pages). The answers are the same: paged and fixed stores
+    /// compute alike.
+    pub fn from_bytes_in(
+        model: &Model,
+        bytes: &[u8],
+        pool_for: Option<&PoolFor<'_>>,
+    ) -> Result<Context> {
         let bad = |why: String| EngineError::Request(why);
         if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
             return Err(bad("it is not a kvslim context (no KVSLIMCX magic)".into()));
@@ -407,8 +443,9 @@ impl Context {
         if header.model != fp {
             return Err(bad(format!("it was made with model {}, not this one ({fp})", header.model)));
         }
-        let policy = PolicySpec::parse_and_load(&header.policy)
+        let mut policy = PolicySpec::parse_and_load(&header.policy)
             .map_err(|e| bad(format!("its policy `{}`: {e}", header.policy)))?;
+        let pool = pool_for.and_then(|f| f(&mut policy));
         let n = header.tokens.len();
         if n == 0 || header.base_len == 0 || n >= model.config.context_len {
             return Err(bad(format!("it holds {n} tokens for a model context of {}", model.config.context_len)));
@@ -416,9 +453,14 @@ impl Context {
         if let Some(&t) = header.tokens.iter().find(|&&t| t as usize >= model.config.vocab_size) {
             return Err(bad(format!("token id {t} is outside the model's vocabulary")));
         }
-        let cache =
-            SequenceCache::restore(&policy, model.cache_shape(), (n, header.base_len), None, &body[cache_start..])
-                .map_err(|e| bad(e.to_string()))?;
+        let cache = SequenceCache::restore(
+            &policy,
+            model.cache_shape(),
+            (n, header.base_len),
+            pool.as_ref(),
+            &body[cache_start..],
+        )
+        .map_err(|e| bad(e.to_string()))?;
         if cache.next_pos() != n {
             return Err(bad(format!("its cache has seen {} tokens, its header lists {n}", cache.next_pos())));
         }

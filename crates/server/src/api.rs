@@ -282,6 +282,8 @@ async fn respond(st: AppState, plan: Plan) -> Response {
                     }
                     Event::Error(e) => return server_error(e),
                     Event::TimedOut(n) => return timed_out(&st, n).into_response(),
+                    // only `POST /v1/contexts` makes contexts
+                    Event::Context(_) => {}
                     Event::Done(f) => {
                         g.finish = Some(f);
                         break;
@@ -475,6 +477,7 @@ impl Streamer {
                 self.queue.push_back(SseEvent::default().data("[DONE]"));
                 self.ended = true;
             }
+            Event::Context(_) => {}
         }
     }
 }

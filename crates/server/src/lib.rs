@@ -14,6 +14,10 @@
 //! * [`request`]: request bodies parsed, validated and sized (every limit
 //!   checked) before the scheduler sees them; [`request::check_body`] is
 //!   the request-JSON fuzz target.
+//! * [`contexts`]: compressed contexts, `POST/GET /v1/contexts`, `GET/DELETE
+//!   /v1/contexts/{id}`, and `"context": ID` on the completion endpoints
+//!   (a document compressed once, asked on forks sharing its pages; saved in
+//!   `--contexts-dir`).
 //! * [`inspect`]: `POST /v1/kv/inspect`, the positions a policy keeps for a
 //!   text per layer and KV head (what `kvslim perplexity --kept-out` writes).
 //! * [`web`]: the web page at `/` (chat, KV inspector, status), embedded
@@ -24,6 +28,7 @@
 
 pub mod api;
 pub mod chat;
+pub mod contexts;
 pub mod guard;
 pub mod inspect;
 pub mod metrics;
@@ -79,6 +84,12 @@ impl AppState {
     /// Starts the scheduler thread for `model`.
     pub fn new(model: Arc<Model>, tokenizer: Arc<Tokenizer>, config: ServerConfig) -> Self {
         let scheduler = scheduler::spawn(model.clone(), tokenizer.clone(), config.limits.clone());
+        if let Some(dir) = &config.limits.contexts_dir {
+            let l = &config.limits;
+            let (s, m) = (&scheduler, &scheduler.metrics);
+            let (loaded, refused) = s.contexts.load_dir(&model, &s.pools, m, l.kv_memory, l.kv_page_size);
+            eprintln!("kvslim serve: {loaded} contexts loaded from {}, {refused} refused", dir.display());
+        }
         let chat = Arc::new(
             chat::ChatFormat::for_tokenizer(&tokenizer, None, "the model's tokenizer").map_err(|e| e.to_string()),
         );
@@ -131,6 +142,8 @@ pub fn router(state: AppState) -> Router {
         .route("/web/{file}", get(web::asset))
         .route("/v1/kv/inspect", post(inspect::inspect))
         .route("/v1/kv/policy", post(inspect::check_policy))
+        .route("/v1/contexts", post(contexts::create).get(contexts::list))
+        .route("/v1/contexts/{id}", get(contexts::read).delete(contexts::delete))
         .route("/v1/completions", post(api::completions))
         .route("/v1/chat/completions", post(api::chat_completions))
         .route("/v1/models", get(api::models))

@@ -48,6 +48,13 @@ pub struct Metrics {
     pub kv_pages_in_use: AtomicUsize,
     /// Shared pages copied on first write, over all pools.
     pub kv_cow_copies_total: AtomicUsize,
+    /// Compressed contexts held in memory, and the KV bytes reserved for them.
+    pub contexts: AtomicUsize,
+    pub context_bytes: AtomicUsize,
+    /// Unused contexts evicted to make room (they stay on disk with `--contexts-dir`).
+    pub contexts_evicted_total: AtomicU64,
+    /// Questions answered on a fork of a context.
+    pub context_requests_total: AtomicU64,
 }
 
 impl Metrics {
@@ -197,6 +204,30 @@ impl Metrics {
             "counter",
             "Shared KV pages copied on their first write (copy-on-write).",
             self.kv_cow_copies_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_contexts",
+            "gauge",
+            "Compressed contexts held in memory (/v1/contexts).",
+            self.contexts.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_context_kv_bytes",
+            "gauge",
+            "KV bytes reserved for compressed contexts (part of kvslim_kv_bytes_in_use; their forks reserve only their tails).",
+            self.context_bytes.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_contexts_evicted_total",
+            "counter",
+            "Unused contexts evicted from memory to make room.",
+            self.contexts_evicted_total.load(Relaxed).to_string(),
+        );
+        put(
+            "kvslim_context_requests_total",
+            "counter",
+            "Requests answered on a fork of a compressed context.",
+            self.context_requests_total.load(Relaxed).to_string(),
         );
         s
     }

@@ -10,10 +10,13 @@ use crate::scheduler::{apply_default_page, kv_bytes_for, Event, Request, SubmitE
 use crate::AppState;
 use axum::http::StatusCode;
 use kvslim_cache::PolicySpec;
+use kvslim_engine::context::{Context, Question};
 use kvslim_engine::SamplingParams;
+use kvslim_models::chat::{ChatFormat, ChatMessage};
 use serde::Deserialize;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -50,6 +53,9 @@ pub(crate) struct Common {
     beams: Option<i64>,
     /// Extension: α in score = logprob / len^α for beam search (default 1).
     length_penalty: Option<f32>,
+    /// Extension: continue this compressed context (`POST /v1/contexts`):
+    /// the prompt (or the messages) is the question that follows it.
+    context: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -214,6 +220,8 @@ pub(crate) struct Admitted {
     default_max: Option<usize>,
     /// Stop strings the endpoint adds (the chat template's end-of-turn).
     stops: Vec<String>,
+    /// The context the prompts continue (`context`).
+    context: Option<Arc<Context>>,
 }
 
 /// A request ready to queue: its sequences sized, its KV reserved on admission.
@@ -229,12 +237,14 @@ pub(crate) struct Plan {
     length_penalty: f32,
     /// Per prompt: (max new tokens, KV bytes of one of its sequences).
     sizes: Vec<(usize, usize)>,
+    /// The context every sequence forks (`context`).
+    pub context: Option<Arc<Context>>,
 }
 
 /// Validates the shared fields and sizes every prompt's sequence (length,
 /// KV reservation) before anything is queued or allocated per token.
 pub(crate) fn plan(st: &AppState, a: Admitted) -> Result<Plan, ApiError> {
-    let Admitted { kind, prompts, common: c, extras: x, default_max, stops: extra_stops } = a;
+    let Admitted { kind, prompts, common: c, extras: x, default_max, stops: extra_stops, context } = a;
     let model = &st.model;
     let ctx = model.config.context_len;
     let beams = match c.beams {
@@ -268,8 +278,23 @@ pub(crate) fn plan(st: &AppState, a: Admitted) -> Result<Plan, ApiError> {
         }
         _ => {}
     }
-    let mut policy = parse_policy(st, c.kv_policy.as_deref())?;
-    apply_default_page(&mut policy, st.scheduler.limits.kv_page_size);
+    let policy = match &context {
+        Some(_) if c.kv_policy.is_some() => {
+            return Err(ApiError::bad(
+                "kv_policy does not apply with `context`: the context's own policy keeps running",
+                Some("kv_policy"),
+            ))
+        }
+        Some(_) if beams > 1 || x.echo => {
+            return Err(ApiError::bad("`context` takes neither `beams` nor `echo`", Some("context")))
+        }
+        Some(ctx) => ctx.policy().clone(),
+        None => {
+            let mut policy = parse_policy(st, c.kv_policy.as_deref())?;
+            apply_default_page(&mut policy, st.scheduler.limits.kv_page_size);
+            policy
+        }
+    };
     let seed = match c.seed {
         Some(s) => s as u64,
         None => NEXT_ID.load(Relaxed) ^ now().wrapping_mul(0x9e37_79b9_7f4a_7c15),
@@ -303,24 +328,29 @@ pub(crate) fn plan(st: &AppState, a: Admitted) -> Result<Plan, ApiError> {
             return Err(ApiError::bad(format!("token id {bad} is outside the vocabulary"), Some("prompt")));
         }
         let only_echo = requested == Some(0);
-        if prompt.len() > ctx || (prompt.len() == ctx && !only_echo) {
+        // a question follows its context's tokens (a bounded cache may run past the context)
+        let before = context.as_ref().map_or(0, |c| if c.cache().bounded() { 0 } else { c.tokens().len() });
+        if before + prompt.len() > ctx || (before + prompt.len() == ctx && !only_echo) {
             return Err(ApiError::bad(
                 format!(
-                    "the prompt has {} tokens but the model's context is {ctx} tokens (at least one must be left to generate); shorten the prompt",
+                    "the prompt has {} tokens (after {before} of its context) but the model's context is {ctx} tokens (at least one must be left to generate); shorten the prompt",
                     prompt.len()
                 ),
                 Some("prompt"),
             )
             .code("context_length_exceeded"));
         }
-        let room = ctx - prompt.len();
+        let room = ctx - before - prompt.len();
         let max_tokens = match requested {
             Some(m) => (m as u64).min(room as u64) as usize,
             None => default_max.unwrap_or(room).min(room),
         };
-        let kv_bytes = kv_bytes_for(model, &policy, prompt.len(), max_tokens)
-            .map_err(|e| ApiError::bad(format!("kv_policy `{policy}`: {e}"), Some("kv_policy")))?
-            .saturating_mul(copies);
+        let kv_bytes = match &context {
+            Some(c) => crate::contexts::fork_bytes(model, c, prompt.len() + max_tokens),
+            None => kv_bytes_for(model, &policy, prompt.len(), max_tokens),
+        }
+        .map_err(|e| ApiError::bad(format!("kv_policy `{policy}`: {e}"), Some("kv_policy")))?
+        .saturating_mul(copies);
         if kv_bytes > limit {
             return Err(ApiError::bad(
                 format!(
@@ -333,7 +363,19 @@ pub(crate) fn plan(st: &AppState, a: Admitted) -> Result<Plan, ApiError> {
         }
         plans.push((max_tokens, kv_bytes));
     }
-    Ok(Plan { kind, prompts, common: c, extras: x, policy, sampling, stop, beams, length_penalty, sizes: plans })
+    Ok(Plan {
+        kind,
+        prompts,
+        common: c,
+        extras: x,
+        policy,
+        sampling,
+        stop,
+        beams,
+        length_penalty,
+        sizes: plans,
+        context,
+    })
 }
 
 /// A request's `kv_policy` (the server's default when absent): the policy
@@ -373,6 +415,8 @@ pub(crate) fn queue(st: &AppState, p: &Plan) -> Result<Vec<UnboundedReceiver<Eve
                 prompt_logprobs: x.logprobs.filter(|_| x.echo),
                 deadline,
                 events: tx,
+                context: p.context.clone(),
+                compress: None,
             };
             match st.scheduler.submit(req) {
                 Ok(()) => out.push(rx),
@@ -428,6 +472,40 @@ fn choices_per_prompt(c: &Common) -> Result<usize, ApiError> {
 /// `echo`, `logprobs`, `n`.
 pub(crate) fn admit_completion(st: &AppState, body: &[u8]) -> Result<Admitted, ApiError> {
     let (b, common): (CompletionBody, Common) = parse(body)?;
+    if let Some(id) = &common.context {
+        let ctx = crate::contexts::lookup(st, id)?;
+        let prompt = match b.prompt {
+            Some(Prompt::Text(t)) => {
+                let plain = ChatFormat::Plain;
+                let chat = st.chat.as_ref().as_ref().unwrap_or(&plain);
+                let ids = ctx
+                    .question_tokens(&st.tokenizer, chat, Question::Text(&t))
+                    .map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))?;
+                PromptIn { ids, text: t }
+            }
+            Some(Prompt::Tokens(ids)) => PromptIn { text: st.tokenizer.decode(&ids).unwrap_or_default(), ids },
+            _ => {
+                return Err(ApiError::bad(
+                    "with `context`, `prompt` is one string or one list of token ids",
+                    Some("prompt"),
+                ))
+            }
+        };
+        let extras = Extras {
+            echo: b.echo.unwrap_or(false),
+            logprobs: completion_logprobs_field(&b.logprobs)?,
+            n: choices_per_prompt(&common)?,
+        };
+        return Ok(Admitted {
+            kind: Kind::Completion,
+            prompts: vec![prompt],
+            common,
+            extras,
+            default_max: Some(16),
+            stops: Vec::new(),
+            context: Some(ctx),
+        });
+    }
     let text = |t: String| encode(st, &t).map(|ids| PromptIn { ids, text: t });
     let ids = |ids: Vec<u32>| PromptIn { text: st.tokenizer.decode(&ids).unwrap_or_default(), ids };
     let prompts: Vec<PromptIn> = match b.prompt {
@@ -448,7 +526,15 @@ pub(crate) fn admit_completion(st: &AppState, body: &[u8]) -> Result<Admitted, A
         logprobs: completion_logprobs_field(&b.logprobs)?,
         n: choices_per_prompt(&common)?,
     };
-    Ok(Admitted { kind: Kind::Completion, prompts, common, extras, default_max: Some(16), stops: Vec::new() })
+    Ok(Admitted {
+        kind: Kind::Completion,
+        prompts,
+        common,
+        extras,
+        default_max: Some(16),
+        stops: Vec::new(),
+        context: None,
+    })
 }
 
 /// A prompt list's length, checked before any of its prompts is tokenized.
@@ -475,6 +561,34 @@ pub(crate) fn admit_chat(st: &AppState, body: &[u8]) -> Result<Admitted, ApiErro
         n: choices_per_prompt(&common)?,
     };
     let chat = st.chat.as_ref().as_ref().map_err(|e| ApiError::bad(e.clone(), Some("messages")))?;
+    if let Some(id) = &common.context {
+        let ctx = crate::contexts::lookup(st, id)?;
+        let turns: Vec<ChatMessage> = messages
+            .into_iter()
+            .map(|m| {
+                let content = match m.content {
+                    None => String::new(),
+                    Some(Content::Text(t)) => t,
+                    Some(Content::Parts(p)) => p.into_iter().filter_map(|p| p.text).collect::<Vec<_>>().join(""),
+                };
+                ChatMessage::new(m.role, content)
+            })
+            .collect();
+        let ids = ctx
+            .question_tokens(&st.tokenizer, chat, Question::Messages(&turns))
+            .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
+        let text = st.tokenizer.decode(&ids).unwrap_or_default();
+        let stops = chat.stops();
+        return Ok(Admitted {
+            kind: Kind::Chat,
+            prompts: vec![PromptIn { ids, text }],
+            common,
+            extras,
+            default_max: None,
+            stops,
+            context: Some(ctx),
+        });
+    }
     // the template sees each message as sent (tool_calls, name …), with
     // content parts joined into one string; `tools` keep their key order
     let raw: RawChat = serde_json::from_slice(body).unwrap_or_default();
@@ -503,7 +617,15 @@ pub(crate) fn admit_chat(st: &AppState, body: &[u8]) -> Result<Admitted, ApiErro
         .encode(&st.tokenizer, &text)
         .map_err(|e| ApiError::bad(format!("cannot tokenize the prompt: {e}"), Some("messages")))?;
     let stops = chat.stops();
-    Ok(Admitted { kind: Kind::Chat, prompts: vec![PromptIn { ids, text }], common, extras, default_max: None, stops })
+    Ok(Admitted {
+        kind: Kind::Chat,
+        prompts: vec![PromptIn { ids, text }],
+        common,
+        extras,
+        default_max: None,
+        stops,
+        context: None,
+    })
 }
 
 /// The prompt ids a chat body's `messages` render to, exactly as

@@ -18,11 +18,14 @@
 //! extending is exact, a prompt starting with a cached one) fork that cache
 //! instead of prefilling.
 
+use crate::contexts::{CompressJob, ContextStore};
 use crate::metrics::Metrics;
 pub use kvslim_cache::accounting::worst_case_pages;
 use kvslim_cache::policy::TokenPolicySpec;
 use kvslim_cache::{KvDtype, PagePool, PolicySpec, SequenceCache};
-use kvslim_engine::{DraftLength, Feed, NgramDrafter, Sampler, SamplingParams, Session, Speculator, Verification};
+use kvslim_engine::{
+    Context, DraftLength, Feed, NgramDrafter, Sampler, SamplingParams, Session, Speculator, Verification,
+};
 use kvslim_models::tokenizer::StreamDecoder;
 use kvslim_models::transformer::{BatchItem, BatchScratch};
 use kvslim_models::{Logits, Model, Scratch, Tokenizer};
@@ -52,6 +55,8 @@ pub enum Event {
     /// The request passed its deadline ([`Request::deadline`]) after this
     /// many generated tokens; it was stopped and its KV freed.
     TimedOut(usize),
+    /// A context was made and stored (`POST /v1/contexts`): its report.
+    Context(serde_json::Value),
 }
 
 /// End of a request.
@@ -134,6 +139,11 @@ pub struct Request {
     /// to completion at admission and is not interrupted).
     pub deadline: Option<Instant>,
     pub events: UnboundedSender<Event>,
+    /// Continue this compressed context: `prompt` is the question, fed
+    /// into a fork of it as decode steps ([`kvslim_engine::Context::ask`]).
+    pub context: Option<Arc<Context>>,
+    /// Make a context of `prompt` instead of generating (`POST /v1/contexts`).
+    pub compress: Option<Box<CompressJob>>,
 }
 
 /// Scheduler limits.
@@ -161,6 +171,8 @@ pub struct Limits {
     /// reads the weights once for all its tokens (every matrix with integer
     /// products); elsewhere a pass would cost a step per token.
     pub speculative: bool,
+    /// Where compressed contexts are saved and found again (`--contexts-dir`).
+    pub contexts_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Limits {
@@ -174,6 +186,7 @@ impl Default for Limits {
             prefill_chunk: 512,
             prefill_share: 0.5,
             speculative: true,
+            contexts_dir: None,
         }
     }
 }
@@ -223,6 +236,8 @@ pub struct SchedulerHandle {
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
     pub pools: Pools,
+    /// The compressed contexts (`/v1/contexts`).
+    pub contexts: ContextStore,
 }
 
 impl SchedulerHandle {
@@ -288,6 +303,8 @@ pub fn spawn(model: Arc<Model>, tokenizer: Arc<Tokenizer>, limits: Limits) -> Sc
     let l = limits.clone();
     let pools = Pools::default();
     let p = pools.clone();
+    let contexts = ContextStore::new(limits.contexts_dir.clone());
+    let c = contexts.clone();
     std::thread::Builder::new()
         .name("kvslim-scheduler".into())
         .spawn(move || {
@@ -302,12 +319,12 @@ pub fn spawn(model: Arc<Model>, tokenizer: Arc<Tokenizer>, limits: Limits) -> Sc
                 .thread_name(|i| format!("kvslim-worker-{i}"))
                 .build()
             {
-                Ok(pool) => pool.install(|| run(&model, &tokenizer, &l, &m, &p, rx)),
-                Err(_) => run(&model, &tokenizer, &l, &m, &p, rx),
+                Ok(pool) => pool.install(|| run(&model, &tokenizer, &l, &m, (&p, &c), rx)),
+                Err(_) => run(&model, &tokenizer, &l, &m, (&p, &c), rx),
             }
         })
         .expect("spawn scheduler thread");
-    SchedulerHandle { tx, metrics, limits, pools }
+    SchedulerHandle { tx, metrics, limits, pools, contexts }
 }
 
 /// A prefilled prompt kept for reuse: a clone of the request's cache right
@@ -447,6 +464,7 @@ struct Ctx<'a> {
     tok: &'a Tokenizer,
     m: &'a Metrics,
     pools: &'a Pools,
+    limits: &'a Limits,
     prefix: PrefixCache,
     /// The buffers of one prefill, lent to each request's prefill in turn:
     /// a running request keeps only its cache (its decode steps use the
@@ -455,12 +473,20 @@ struct Ctx<'a> {
     prefill: Scratch,
 }
 
-fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Pools, rx: mpsc::Receiver<Request>) {
+fn run(
+    model: &Model,
+    tok: &Tokenizer,
+    limits: &Limits,
+    m: &Metrics,
+    (pools, contexts): (&Pools, &ContextStore),
+    rx: mpsc::Receiver<Request>,
+) {
     let mut cx = Ctx {
         model,
         tok,
         m,
         pools,
+        limits,
         prefix: PrefixCache { capacity: limits.prefix_cache, entries: VecDeque::new() },
         prefill: Scratch::new(),
     };
@@ -527,7 +553,8 @@ fn run(model: &Model, tok: &Tokenizer, limits: &Limits, m: &Metrics, pools: &Poo
                 }
                 match waiting.front() {
                     // reserved here; `admit` keeps it or gives it back
-                    Some(r) if m.try_reserve_kv(r.kv_bytes, limits.kv_memory) => {}
+                    // unused contexts give way when memory is short
+                    Some(r) if contexts.reserve(m, limits.kv_memory, r.kv_bytes) => {}
                     _ => break,
                 }
                 let req = waiting.pop_front().expect("checked above");
@@ -711,12 +738,15 @@ fn speculative_step(
 /// or here on failure).
 fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Admitted<'m> {
     let (model, tok, m) = (cx.model, cx.tok, cx.m);
+    if let Some(ctx) = req.context.take() {
+        return admit_question(cx, req, &ctx);
+    }
     let n = req.prompt.len();
     let ctx_len = model.config.context_len;
     let max_len = (n + req.max_tokens).min(ctx_len);
     let paged = req.policy.storage.page_size;
     let pool = paged.map(|p| cx.pools.get(p, req.policy.storage.kv_dtype, model.config.head_dim));
-    let caching = paged.is_some() && cx.prefix.capacity > 0 && req.beams <= 1;
+    let caching = paged.is_some() && cx.prefix.capacity > 0 && req.beams <= 1 && req.compress.is_none();
     // a paged `full` cache gets room for the whole context (pages, positions
     // and scores all grow on demand; nothing is allocated for it up front),
     // so a cached prompt can serve later requests with more max_tokens
@@ -745,22 +775,7 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Admitted<'m> {
         m.prefix_tokens_reused_total.fetch_add(reused as u64, Relaxed);
     }
     let prompt = std::mem::take(&mut req.prompt);
-    let mut r = Running {
-        session,
-        sampler: Sampler::new(req.sampling.clone()),
-        req,
-        next: 0,
-        generated: Vec::new(),
-        text: String::new(),
-        stream: StreamDecoder::new(),
-        sent: 0,
-        finished: None,
-        cancelled: false,
-        timed_out: false,
-        reused,
-        pending: VecDeque::new(),
-        spec: None,
-    };
+    let mut r = Running::new(session, req, reused);
     m.prompt_tokens_total.fetch_add((n - reused) as u64, Relaxed);
     if r.req.beams > 1 {
         r.req.prompt = prompt;
@@ -782,6 +797,67 @@ fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Admitted<'m> {
             Admitted::Prefill(Prefilling { r, feed, caching, spec })
         }
     }
+}
+
+impl<'m> Running<'m> {
+    /// A sequence about to start (its prompt fed or about to be).
+    fn new(session: Session<'m>, req: Request, reused: usize) -> Self {
+        Running {
+            session,
+            sampler: Sampler::new(req.sampling.clone()),
+            req,
+            next: 0,
+            generated: Vec::new(),
+            text: String::new(),
+            stream: StreamDecoder::new(),
+            sent: 0,
+            finished: None,
+            cancelled: false,
+            timed_out: false,
+            reused,
+            pending: VecDeque::new(),
+            spec: None,
+        }
+    }
+}
+
+/// A question on a compressed context: a fork of it (paged K/V shared)
+/// fed the question as decode steps, exactly as [`Context::ask`] does for
+/// the CLI and Python, then sampled like any request. The context's
+/// tokens count as reused prompt tokens.
+fn admit_question<'m>(cx: &mut Ctx<'m>, req: Request, ctx: &Context) -> Admitted<'m> {
+    let (model, tok, m) = (cx.model, cx.tok, cx.m);
+    m.context_requests_total.fetch_add(1, Relaxed);
+    match ctx.ask(model, &req.prompt, req.max_tokens) {
+        Ok((session, logits)) => {
+            m.prompt_tokens_total.fetch_add(req.prompt.len() as u64, Relaxed);
+            let r = Running::new(session, req, ctx.tokens().len());
+            start(tok, m, r, &logits).map_or(Admitted::Gone, Admitted::Running)
+        }
+        Err(e) => {
+            m.kv_bytes_in_use.fetch_sub(req.kv_bytes, Relaxed);
+            let _ = req.events.send(Event::Error(format!("cannot continue the context: {e}")));
+            Admitted::Gone
+        }
+    }
+}
+
+/// A finished prefill of `POST /v1/contexts`: the cache becomes a stored
+/// context (its own bytes reserved, the request's reservation returned).
+fn store_context(cx: &mut Ctx<'_>, mut r: Running<'_>, job: Box<CompressJob>) {
+    release(cx.m, &mut r);
+    let Running { session, req, .. } = r;
+    let result = Context::from_prefilled(cx.model, req.policy, req.prompt, session.cache)
+        .map_err(|e| e.to_string())
+        .and_then(|ctx| {
+            let seconds = job.started.elapsed().as_secs_f64();
+            let ctx = ctx.with_meta(job.meta);
+            job.store.insert(cx.m, cx.limits.kv_memory, job.id, ctx, seconds).map_err(|e| e.to_string())
+        });
+    let _ = req.events.send(match result {
+        Ok(v) => Event::Context(v),
+        Err(e) => Event::Error(e),
+    });
 }
 
 /// What admission made of a request.
@@ -863,6 +939,10 @@ fn finish_prefill<'m>(cx: &mut Ctx<'m>, p: Prefilling<'m>) -> Option<Running<'m>
     }
     drop(feed);
     std::mem::swap(&mut r.session.scratch, &mut cx.prefill);
+    if let Some(job) = r.req.compress.take() {
+        store_context(cx, r, job);
+        return None;
+    }
     if caching {
         cx.prefix.insert(spec, &r.req.prompt, &r.session.cache, &last);
     }

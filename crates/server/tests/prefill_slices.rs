@@ -35,6 +35,8 @@ fn request(prompt: Vec<u32>, max_tokens: usize, policy: &PolicySpec) -> (Request
         prompt_logprobs: None,
         deadline: None,
         events: tx,
+        context: None,
+        compress: None,
     };
     (req, rx)
 }

@@ -148,7 +148,7 @@ impl<'a> PolicySlots<'a> {
 }
 
 /// What the cache tells a policy, and what it lets a policy do.
-pub trait CachePolicy: Send {
+pub trait CachePolicy: Send + Sync {
     /// Short name for reports (`full`, `h2o`, …).
     fn name(&self) -> &str;
 
