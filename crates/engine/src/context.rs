@@ -400,11 +400,7 @@ impl Context {
     /// (a server keeps every context paged in its pools, so that its forks
     /// share the pages). The answers are the same: paged and fixed stores
     /// compute alike.
-    pub fn from_bytes_in(
-        model: &Model,
-        bytes: &[u8],
-        pool_for: Option<&PoolFor<'_>>,
-    ) -> Result<Context> {
+    pub fn from_bytes_in(model: &Model, bytes: &[u8], pool_for: Option<&PoolFor<'_>>) -> Result<Context> {
         let bad = |why: String| EngineError::Request(why);
         if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
             return Err(bad("it is not a kvslim context (no KVSLIMCX magic)".into()));
