@@ -40,6 +40,19 @@
 #   and `auto` at 75 / 50 / 25 / 12.5% kept: 25 cells, one shared prefill
 #   per item and lane (pinned at r4k-auto's commit, which has `auto`).
 #
+# Group q05-r4k (issue #49, on Qwen2.5-Coder-0.5B, a third of the 1.5B's
+#   cost): the RULER-style needle tasks at 4,096 tokens with 50 items each
+#   (depths 0.1/0.3/0.5/0.7/0.9, ten items per depth), every needle task in
+#   both haystacks (repeated noise sentences and real WikiText-2 text,
+#   `haystack=text`) plus cwe: 13 tasks, 650 items; full, window, sink,
+#   H2O, TOVA, SnapKV, Expected Attention and `auto` at 50 / 25 / 12.5%
+#   kept: 22 cells per task, 286 in all. Estimated before starting: about
+#   100 s per item and lane on one thread (three shared prefills: tiled,
+#   TOVA's query by query and Expected Attention's, and ~450 decode steps,
+#   at a third of the 1.5B's cost), so about 9 hours per lane over several
+#   sessions (`run` resumes); the journals record the measured seconds. KVzip-style cells join once its probe is faithful
+#   (issue #50).
+#
 #   bash scripts/qwen_matrix.sh build GROUP      the group's pinned binary only
 #   bash scripts/qwen_matrix.sh run GROUP        both shards of GROUP (resumes a cut-off run)
 #   bash scripts/qwen_matrix.sh status           finished cells per group and shard
@@ -54,6 +67,13 @@ S=${KVSLIM_SHARED:-$ROOT/../shared}
 MODEL=qwen2.5-coder-1.5b
 AT4K="lengths=4096,depths=0.5,per_cell=2"
 RULER4K="passkey:$AT4K;niah_single:$AT4K;niah_multikey:$AT4K;niah_multivalue:$AT4K;vt:$AT4K;cwe:$AT4K"
+# 50 items per task, each needle task in both haystacks (noise, then text)
+AT4K50="lengths=4096,depths=0.1,0.3,0.5,0.7,0.9,per_cell=10"
+RULER4K50=""
+for t in passkey niah_single niah_multikey niah_multivalue vt niah_multiquery; do
+  RULER4K50="$RULER4K50$t:$AT4K50;$t:haystack=text,$AT4K50;"
+done
+RULER4K50="${RULER4K50}cwe:$AT4K50"
 BUDGETS=50%,25%,12.5%
 
 # the binary of commit $1, built once in its own worktree
@@ -78,7 +98,11 @@ group() {
     lcc-a) POLICIES="$A;h2o:agg=max,score=tova;auto" TASKS="lcc:$S/data/code_completion/stdlib_lcc.jsonl,max_context=2600"
            BUDGETS=75%,50%,25%,12.5%
            pin c0e6770df28b0a71c35071cf00ddea5eab012ce6 ;;
-    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a)" >&2; exit 2 ;;
+    q05-r4k) MODEL=qwen2.5-coder-0.5b
+             POLICIES="full;window;sink;h2o;h2o:agg=max,score=tova;h2o:prefill=snap:32;h2o:prefill=expect;auto"
+             TASKS=$RULER4K50
+             pin 4065e2ee3eb915e04048118f591f7cbffd324680 ;;
+    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k)" >&2; exit 2 ;;
   esac
 }
 
