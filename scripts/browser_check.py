@@ -7,8 +7,14 @@ chromium and chromedriver) against running `kvslim serve` instances:
 * KV inspector: two policies run, each drawn token strip checked against
   `POST /v1/kv/inspect` for the same text (one layer and head, another layer
   and head, the aggregate over heads, and a step of the eviction replay);
+* contexts: a long text refused with the server's message shown; a short
+  text read from a file (FileReader), compressed under the plain H2O preset
+  with the elapsed seconds shown meanwhile, listed with its tokens and kept
+  vs full K/V bytes (as `GET /v1/contexts/{id}`), a question on it streamed
+  with its timing line (first token against the document's prefill), then
+  deleted and gone from the list and the server;
 * status: the cards filled from /metrics;
-* a 400 px wide window, and a server with `--api-key` (the page asks for
+* a 400 px wide window (chat and contexts), and a server with `--api-key` (the page asks for
   the key, then chats).
 
 Screenshots go to --out. Usage (scripts/browser_check.sh starts the servers):
@@ -19,9 +25,12 @@ Screenshots go to --out. Usage (scripts/browser_check.sh starts the servers):
 import argparse
 import json
 import os
+import re
 import sys
+import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 
 from selenium import webdriver
@@ -45,6 +54,18 @@ def post(url, path, body, key=None):
         req.add_header("Authorization", "Bearer " + key)
     with urllib.request.urlopen(req, timeout=120 * SCALE) as r:
         return json.load(r)
+
+
+def get(url, path, key=None):
+    """(status, JSON body) of a GET; an HTTP error's status and body too."""
+    req = urllib.request.Request(url + path)
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    try:
+        with urllib.request.urlopen(req, timeout=60 * SCALE) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
 
 
 def browser(width, height):
@@ -166,6 +187,90 @@ def check_panel(d, panel, answer, layer, head, step=None):
     return sum(1 for p in range(n) if drawn[p][1] == len(sets) and p <= step)
 
 
+def contexts(d, args):
+    """The Contexts view: an API error shown, a file compressed, listed,
+    asked, deleted."""
+    d.find_element(By.ID, "tab-contexts").click()
+    wait(d, "the context list", lambda: d.find_element(By.ID, "ctx-list").get_attribute("data-count") is not None)
+    before = {c["id"] for c in get(args.url, "/v1/contexts")[1]["data"]}
+    select(d, "ctx-policy-select", "h2o:heavy=6.25%,recent=6.25%")
+    wait(d, "the policy check", lambda: d.find_element(By.CSS_SELECTOR, "#ctx-policy .canon").text)
+
+    # more tokens than the model's context: the server's 400, shown
+    ctx_len = get(args.url, "/v1/models")[1]["data"][0]["context_length"]
+    d.execute_script(
+        "const t = document.getElementById('ctx-text'); t.value = arguments[0]; t.dispatchEvent(new Event('input'))",
+        (TEXT + " ") * (ctx_len // 40 + 1),
+    )
+    d.find_element(By.ID, "ctx-compress").click()
+    wait(d, "the refusal", lambda: d.find_element(By.ID, "ctx-error").text, 60)
+    err = d.find_element(By.ID, "ctx-error").text
+    print(f"contexts: a long text refused: {err}")
+    assert "tokens" in err and str(ctx_len) in err, err
+
+    # a short text from a file
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(TEXT)
+    try:
+        d.find_element(By.ID, "ctx-file").send_keys(f.name)
+        wait(d, "the file's text", lambda: d.find_element(By.ID, "ctx-text").get_attribute("value") == TEXT, 10)
+    finally:
+        os.unlink(f.name)
+    info = d.find_element(By.ID, "ctx-file-info").text
+    assert info.endswith(f"{len(TEXT)} characters"), info
+    d.execute_script(
+        """
+        window.__progress = [];
+        new MutationObserver(() => window.__progress.push(document.getElementById('ctx-progress').textContent))
+          .observe(document.getElementById('ctx-progress'), {childList: true, subtree: true, characterData: true});
+        """
+    )
+    d.find_element(By.ID, "ctx-compress").click()
+    wait(d, "the compression", lambda: d.find_element(By.ID, "ctx-progress").get_attribute("data-done"), 150)
+    assert d.find_element(By.ID, "ctx-progress").get_attribute("data-done") == "1", d.find_element(By.ID, "ctx-error").text
+    seen = d.execute_script("return window.__progress")
+    assert any(re.search(r"^prefilling .* · \d+ s$", t) for t in seen), seen
+    cid = d.execute_script("return ctxv.selected")
+    assert cid and cid not in before, cid
+    status, c = get(args.url, "/v1/contexts/" + cid)
+    assert status == 200 and c["tokens"] > 0 and 0 < c["kv_bytes"] < c["kv_bytes_full"], (status, c)
+    item = f'.ctx-item[data-id="{cid}"]'
+    wait(d, "the context in the list", lambda: d.find_elements(By.CSS_SELECTOR, item))
+    facts = d.find_element(By.CSS_SELECTOR, item + " .facts").text
+    share = f"({100 * c['kv_bytes'] / c['kv_bytes_full']:.1f}%)"
+    assert facts.startswith(f"{c['tokens']} tokens · ") and share in facts and "compressed in" in facts, (facts, c)
+    assert "selected" in d.find_element(By.CSS_SELECTOR, item).get_attribute("class")
+    print(f"contexts: {cid} compressed ({d.find_element(By.ID, 'ctx-progress').text}); listed: {facts}")
+
+    # a question, streamed, with the timing line
+    set_input(d, "ctx-max-tokens", 48)
+    box = d.find_element(By.ID, "ctx-input")
+    box.send_keys("Who rang the bell, and how many times?")
+    box.send_keys(Keys.ENTER)
+    wait(d, "an answer", lambda: d.find_elements(By.CSS_SELECTOR, "#ctx-messages .msg.assistant"))
+    m = d.find_element(By.CSS_SELECTOR, "#ctx-messages .msg.assistant")
+    wait(d, "the answer to finish", lambda: m.get_attribute("data-done"), 150)
+    assert m.get_attribute("data-done") == "1", m.text
+    body = m.find_element(By.CSS_SELECTOR, ".body").text
+    stats = m.find_element(By.CSS_SELECTOR, ".stats").text
+    print(f"contexts: answer {body!r}; {stats}")
+    assert body.strip(), "an empty answer"
+    assert re.search(r"^first token [\d.]+ s \(the document's prefill took [\d.]+ s once\) · total [\d.]+ s", stats), stats
+    assert f"on {c['tokens']} of the context" in stats and "KV held" in stats, stats
+    turns = d.execute_script("return ctxv.messages.map(m => m.role)")
+    assert turns == ["user", "assistant"], turns
+    shot(d, args.out, "web-contexts.png")
+
+    # deleted: gone from the list and the server
+    d.find_element(By.CSS_SELECTOR, item + " button.danger").click()
+    wait(d, "the context to go", lambda: not d.find_elements(By.CSS_SELECTOR, item), 30)
+    assert not d.find_element(By.ID, "ctx-list-error").text, d.find_element(By.ID, "ctx-list-error").text
+    assert not d.find_element(By.ID, "ctx-chat").is_displayed()
+    status, _ = get(args.url, "/v1/contexts/" + cid)
+    assert status == 404, status
+    print(f"contexts: {cid} deleted (GET /v1/contexts/{cid}: {status})")
+
+
 def run(args):
     os.makedirs(args.out, exist_ok=True)
     d = browser(1200, 860)
@@ -272,6 +377,8 @@ def run(args):
         )
         shot(d, args.out, "web-inspect.png")
 
+        contexts(d, args)
+
         # status, live: a request runs in the background meanwhile
         load = {"prompt": "Once upon a time", "max_tokens": 200, "n": 4, "temperature": 0.8, "kv_policy": "h2o:heavy=32,recent=32"}
         worker = threading.Thread(target=post, args=(args.url, "/v1/completions", load), daemon=True)
@@ -295,6 +402,10 @@ def run(args):
         width = d.execute_script("return document.documentElement.scrollWidth")
         assert width <= 400, f"the page is {width} px wide in a 400 px window"
         shot(d, args.out, "web-chat-400.png")
+        d.find_element(By.ID, "tab-contexts").click()
+        time.sleep(0.3)
+        width = d.execute_script("return document.documentElement.scrollWidth")
+        assert width <= 400, f"the contexts view is {width} px wide in a 400 px window"
         print(f"main server checks took {time.time() - t0:.1f} s")
     finally:
         d.quit()

@@ -57,6 +57,13 @@ BARS = {"50%": 95, "25%": 85}
 DASH = "–"
 
 
+
+def task_name(label):
+    """A row's task: its name, with `+text` for a real-text haystack
+    (`haystack=text`), so noise and text cells of a task never merge."""
+    name = label.split(":", 1)[0]
+    return name + "+text" if "haystack=text" in label else name
+
 def load(root):
     """{(group, task, policy, share): row} (the full cache's share is "-") and notes on what was skipped."""
     cells, notes = {}, []
@@ -68,7 +75,7 @@ def load(root):
                     policy = row["policy"]
                     if not isinstance(row["metrics"], dict) or not isinstance(row.get("per_item", {}), dict):
                         raise ValueError("metrics and per_item are objects")
-                    key = (group, row["task"].split(":", 1)[0], policy, "-" if policy == "full" else row["budget"])
+                    key = (group, task_name(row["task"]), policy, "-" if policy == "full" else row["budget"])
                 except (ValueError, KeyError, TypeError, AttributeError):
                     if line.strip():
                         notes.append(f"{path.relative_to(root)}:{number}: not a result row, skipped")

@@ -17,13 +17,20 @@ TASKS = ["passkey", "niah_single", "niah_multikey", "niah_multivalue", "vt", "cw
 POLICY_ORDER = ["full", "window", "sink", "heavy", "random", "h2o"]
 
 
+
+def task_name(label):
+    """A row's task: its name, with `+text` for a real-text haystack
+    (`haystack=text`), so noise and text cells of a task never merge."""
+    name = label.split(":", 1)[0]
+    return name + "+text" if "haystack=text" in label else name
+
 def load(path):
     """Rows of the long-context tasks, keyed by (task name, policy, budget)."""
     rows = {}
     with open(path) as f:
         for line in f:
             row = json.loads(line)
-            name = row["task"].split(":", 1)[0]
+            name = task_name(row["task"])
             if name in TASKS:
                 rows[(name, row["policy"], row["budget"])] = row
     return rows

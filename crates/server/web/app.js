@@ -1,5 +1,5 @@
-// kvslim's web page: chat, KV inspector and server status over the
-// server's own API. Plain JavaScript, no library: a small Markdown
+// kvslim's web page: chat, compressed contexts, KV inspector and server
+// status over the server's own API. Plain JavaScript, no library: a small Markdown
 // renderer and code highlighter are below (a chat page needs little of
 // either, and this keeps the page one offline bundle with nothing to pin).
 "use strict";
@@ -38,8 +38,10 @@ function askKey(message) {
   $("key-input").focus();
 }
 
-async function api(path, body, signal) {
-  const opts = { method: body === undefined ? "GET" : "POST", headers: headers(body !== undefined), signal };
+/** A request to the API: GET without a body, POST with one (or `method`);
+ *  a non-2xx answer throws an ApiError with the server's message. */
+async function api(path, body, signal, method) {
+  const opts = { method: method || (body === undefined ? "GET" : "POST"), headers: headers(body !== undefined), signal };
   if (body !== undefined) opts.body = JSON.stringify(body);
   const r = await fetch(path, opts);
   if (!r.ok) {
@@ -193,14 +195,16 @@ const PRESETS = [
   ["h2o:heavy=32,recent=32,page=16,page_score=sum", "H2O paged, page eviction"],
 ];
 
-/** A policy field: a preset list plus "custom…", a free spec checked by the
- *  server as one types (the grammar's message shown under it). */
+/** A policy field: a preset list (`presets`, PRESETS by default) plus
+ *  "custom…", a free spec checked by the server as one types (the grammar's
+ *  message shown under it). */
 class PolicyPicker {
-  constructor(root, initial) {
+  constructor(root, initial, presets) {
     this.root = root;
+    this.presets = presets || PRESETS;
     this.select = el("select");
     this.select.id = root.id + "-select";
-    for (const [v, label] of PRESETS) {
+    for (const [v, label] of this.presets) {
       const o = el("option", null, label);
       o.value = v;
       this.select.appendChild(o);
@@ -231,7 +235,7 @@ class PolicyPicker {
   }
 
   set(spec) {
-    const preset = PRESETS.find((p) => p[0] === spec);
+    const preset = this.presets.find((p) => p[0] === spec);
     this.select.value = preset ? spec : "custom";
     this.input.value = spec;
     this.input.classList.toggle("hidden", !!preset);
@@ -271,12 +275,13 @@ function optionalNumber(id) {
   return v === "" ? undefined : Number(v);
 }
 
-function addMessage(role, text) {
+/** A message bubble appended to `list` (the chat's by default). */
+function addMessage(role, text, list) {
   const m = el("div", "msg " + role);
   const body = el("div", "body");
   if (role === "user") body.textContent = text;
   m.appendChild(body);
-  $("messages").appendChild(m);
+  (list || $("messages")).appendChild(m);
   m.scrollIntoView({ block: "end" });
   return m;
 }
@@ -304,6 +309,54 @@ async function readSse(response, onData) {
   }
 }
 
+/** Streams `/v1/chat/completions` (`req` with `stream: true`) into the
+ *  `.body` of message `m`, drawn as Markdown as the deltas arrive. Returns
+ *  { content, usage, finish, first, total }: the times in ms measured here
+ *  from sending the request (to the first token, to the end). A failure
+ *  throws, the part that came drawn and kept in the error's `content`. */
+async function streamChat(req, m, signal) {
+  const body = m.querySelector(".body");
+  let content = "";
+  let usage = null;
+  let finish = null;
+  let first = null;
+  const t0 = performance.now();
+  let pending = false;
+  const draw = () => {
+    pending = false;
+    body.innerHTML = markdown(content);
+    m.scrollIntoView({ block: "end" });
+  };
+  try {
+    const r = await api("/v1/chat/completions", req, signal);
+    await readSse(r, (d) => {
+      if (d.error) throw new Error(d.error.message);
+      const c = d.choices && d.choices[0];
+      if (c && c.delta && c.delta.content) {
+        if (first === null) first = performance.now();
+        content += c.delta.content;
+        if (!pending) { pending = true; requestAnimationFrame(draw); }
+      }
+      if (c && c.finish_reason) finish = c.finish_reason;
+      if (d.usage) usage = d.usage;
+    });
+  } catch (e) {
+    draw();
+    e.content = content;
+    throw e;
+  }
+  draw();
+  const t1 = performance.now();
+  return { content, usage, finish, first: (first || t1) - t0, total: t1 - t0 };
+}
+
+/** A failed reply: "stopped" after an abort, else the error under it. */
+function replyFailed(m, stats, e) {
+  stats.textContent = e.name === "AbortError" ? "stopped" : "";
+  if (e.name !== "AbortError") m.appendChild(el("div", "error", e.message));
+  m.dataset.done = "error";
+}
+
 async function send(text) {
   if (!chat.picker.valid) {
     chat.picker.error.scrollIntoView();
@@ -312,7 +365,6 @@ async function send(text) {
   chat.messages.push({ role: "user", content: text });
   addMessage("user", text);
   const m = addMessage("assistant", "");
-  const body = m.querySelector(".body");
   const stats = el("div", "stats", "waiting…");
   m.appendChild(stats);
   const system = $("system").value.trim();
@@ -329,55 +381,29 @@ async function send(text) {
   const policy = req.kv_policy || "server default";
   chat.abort = new AbortController();
   $("chat-send").textContent = "Stop";
-  let content = "";
-  let usage = null;
-  let finish = null;
-  let first = null;
-  const t0 = performance.now();
-  let pending = false;
-  const draw = () => {
-    pending = false;
-    body.innerHTML = markdown(content);
-    m.scrollIntoView({ block: "end" });
-  };
   try {
-    const r = await api("/v1/chat/completions", req, chat.abort.signal);
-    await readSse(r, (d) => {
-      if (d.error) throw new Error(d.error.message);
-      const c = d.choices && d.choices[0];
-      if (c && c.delta && c.delta.content) {
-        if (first === null) first = performance.now();
-        content += c.delta.content;
-        if (!pending) { pending = true; requestAnimationFrame(draw); }
-      }
-      if (c && c.finish_reason) finish = c.finish_reason;
-      if (d.usage) usage = d.usage;
-    });
-    draw();
-    chat.messages.push({ role: "assistant", content });
-    const t1 = performance.now();
+    const r = await streamChat(req, m, chat.abort.signal);
+    chat.messages.push({ role: "assistant", content: r.content });
+    const usage = r.usage;
     if (usage) {
       // over the whole request (prefill included): a reply that arrives
       // in one piece still gets an honest rate
       const n = usage.completion_tokens;
-      const secs = (t1 - t0) / 1000;
+      const secs = r.total / 1000;
       const rate = secs > 0 ? (n / secs).toFixed(1) : "–";
       stats.textContent =
         n + " tokens in " + secs.toFixed(2) + " s · " + rate + " tok/s · first token after " +
-        (((first || t1) - t0) / 1000).toFixed(2) + " s · " +
+        (r.first / 1000).toFixed(2) + " s · " +
         "KV held " + fmtBytes(usage.kv_bytes_final) + " vs " + fmtBytes(usage.kv_bytes_full) + " for a full cache (" +
-        pct(usage.kv_bytes_final, usage.kv_bytes_full) + ") · " + policy + " · " + (finish || "");
+        pct(usage.kv_bytes_final, usage.kv_bytes_full) + ") · " + policy + " · " + (r.finish || "");
     } else {
       stats.textContent = "ended without usage";
     }
     m.dataset.done = "1";
   } catch (e) {
-    draw();
-    if (content) chat.messages.push({ role: "assistant", content });
-    stats.textContent = e.name === "AbortError" ? "stopped" : "";
-    if (e.name !== "AbortError") m.appendChild(el("div", "error", e.message));
-    m.dataset.done = "error";
-    if (!content) chat.messages.pop();
+    if (e.content) chat.messages.push({ role: "assistant", content: e.content });
+    else chat.messages.pop();
+    replyFailed(m, stats, e);
   } finally {
     chat.abort = null;
     $("chat-send").textContent = "Send";
@@ -404,6 +430,260 @@ function setupChat() {
     if (chat.abort) chat.abort.abort();
     chat.messages = [];
     $("messages").textContent = "";
+  });
+}
+
+// --------------------------------------------------------------- contexts
+
+// A document compressed once (`POST /v1/contexts`), then asked on forks of
+// it (`"context": id`): only the question's tokens are prefilled.
+const CONTEXT_PRESETS = [
+  ["h2o:heavy=6.25%,recent=6.25%,prefill=kvzip", "KVzip-style + H2O, 12.5% kept (query-agnostic: best for many questions)"],
+  ["h2o:heavy=6.25%,recent=6.25%,prefill=snap:32", "SnapKV prefill + H2O, 12.5% kept"],
+  ["h2o:heavy=6.25%,recent=6.25%", "H2O, 12.5% kept"],
+  ["full", "full (no eviction)"],
+];
+
+const ctxv = { picker: null, list: [], selected: null, messages: [], abort: null, compressing: false };
+
+function fmtSeconds(s) {
+  return s < 10 ? s.toFixed(2) + " s" : s < 100 ? s.toFixed(1) + " s" : Math.round(s) + " s";
+}
+
+/** One context's facts: tokens, kept vs full K/V bytes, compression time. */
+function contextFacts(c) {
+  if (c.in_memory === false && c.tokens === undefined) return "on disk only: loaded when first asked";
+  const parts = [
+    c.tokens + " tokens",
+    fmtBytes(c.kv_bytes) + " of " + fmtBytes(c.kv_bytes_full) + " (" + pct(c.kv_bytes, c.kv_bytes_full) + ")",
+    c.seconds > 0 ? "compressed in " + fmtSeconds(c.seconds) : "loaded from a file",
+  ];
+  if (c.in_use) parts.push(c.in_use + " in use");
+  return parts.join(" · ");
+}
+
+function drawContexts() {
+  const list = $("ctx-list");
+  list.textContent = "";
+  if (!ctxv.list.length) list.appendChild(el("div", "muted", "no context yet: compress a text above"));
+  for (const c of ctxv.list) {
+    const item = el("div", "ctx-item" + (c.id === ctxv.selected ? " selected" : ""));
+    item.dataset.id = c.id;
+    item.tabIndex = 0;
+    const top = el("div", "row");
+    top.appendChild(el("span", "id", c.id));
+    const del = el("button", "ghost small danger", "Delete");
+    del.type = "button";
+    del.title = "forget this context (memory and --contexts-dir file)";
+    del.addEventListener("click", (e) => { e.stopPropagation(); deleteContext(c.id); });
+    top.appendChild(del);
+    item.appendChild(top);
+    if (c.policy) item.appendChild(el("div", "policy", c.policy));
+    item.appendChild(el("div", "facts", contextFacts(c)));
+    item.addEventListener("click", () => openContext(c.id));
+    item.addEventListener("keydown", (e) => { if (e.key === "Enter" && e.target === item) openContext(c.id); });
+    list.appendChild(item);
+  }
+  list.dataset.count = ctxv.list.length;
+}
+
+async function refreshContexts() {
+  try {
+    const j = await (await api("/v1/contexts")).json();
+    ctxv.list = j.data || [];
+    $("ctx-list-error").textContent = "";
+    drawContexts();
+    drawContextHead();
+  } catch (e) {
+    $("ctx-list-error").textContent = e.message;
+  }
+}
+
+async function compressContext() {
+  const text = $("ctx-text").value;
+  const err = $("ctx-error");
+  const progress = $("ctx-progress");
+  err.textContent = "";
+  if (ctxv.compressing) return;
+  if (!text.trim()) { err.textContent = "paste a text or choose a file first"; return; }
+  if (!ctxv.picker.valid) { err.textContent = "fix the policy first"; return; }
+  const body = { kv_policy: ctxv.picker.value() };
+  if ($("ctx-as-chat").checked) body.messages = [{ role: "user", content: text }];
+  else body.text = text;
+  const what = text.length.toLocaleString() + " characters" + (body.messages ? " as a chat message" : "");
+  const policy = body.kv_policy || "the server's default policy";
+  ctxv.compressing = true;
+  $("ctx-compress").disabled = true;
+  $("ctx-compress").textContent = "Compressing…";
+  progress.dataset.done = "";
+  const t0 = performance.now();
+  const tick = () => {
+    progress.textContent = "prefilling " + what + " under " + policy + " · " + Math.floor((performance.now() - t0) / 1000) + " s";
+  };
+  tick();
+  const timer = setInterval(tick, 500);
+  try {
+    const c = await (await api("/v1/contexts", body)).json();
+    progress.textContent =
+      c.id + ": " + c.tokens + " tokens, " + fmtBytes(c.kv_bytes) + " of " + fmtBytes(c.kv_bytes_full) +
+      " kept, in " + fmtSeconds(c.seconds) + " (" + fmtSeconds((performance.now() - t0) / 1000) + " here)";
+    progress.dataset.done = "1";
+    await refreshContexts();
+    openContext(c.id);
+  } catch (e) {
+    progress.textContent = "";
+    progress.dataset.done = "error";
+    let msg = e.message;
+    // a body over --max-body-bytes is refused before it is read, and the
+    // browser then sees the connection closed rather than the 413
+    if (!(e instanceof ApiError)) {
+      msg += " (the request, " + fmtBytes(JSON.stringify(body).length) + ", failed before an answer came: " +
+        "the server may refuse bodies over its --max-body-bytes, 1 MiB by default, by closing the connection)";
+    }
+    err.textContent = msg;
+  } finally {
+    clearInterval(timer);
+    ctxv.compressing = false;
+    $("ctx-compress").disabled = false;
+    $("ctx-compress").textContent = "Compress";
+  }
+}
+
+async function deleteContext(id) {
+  const err = $("ctx-list-error");
+  err.textContent = "";
+  try {
+    await api("/v1/contexts/" + encodeURIComponent(id), undefined, undefined, "DELETE");
+    if (ctxv.selected === id) closeContext("context " + id + " deleted");
+  } catch (e) {
+    err.textContent = "delete " + id + ": " + e.message;
+  }
+  await refreshContexts();
+}
+
+function selectedContext() {
+  return ctxv.list.find((c) => c.id === ctxv.selected);
+}
+
+/** The line above the conversation: the context asked, and its facts. */
+function drawContextHead() {
+  const head = $("ctx-head");
+  if (!ctxv.selected) return;
+  const c = selectedContext();
+  head.textContent = "";
+  head.appendChild(el("strong", "mono", ctxv.selected));
+  if (c && c.policy) head.appendChild(el("span", "muted", " · " + c.policy));
+  head.appendChild(el("div", "muted", c ? contextFacts(c) : "not on the server any more"));
+}
+
+function openContext(id) {
+  if (ctxv.abort) ctxv.abort.abort();
+  ctxv.selected = id;
+  ctxv.messages = [];
+  $("ctx-messages").textContent = "";
+  $("ctx-chat").classList.remove("hidden");
+  $("ctx-empty").classList.add("hidden");
+  drawContexts();
+  drawContextHead();
+  $("ctx-input").focus();
+}
+
+function closeContext(why) {
+  if (ctxv.abort) ctxv.abort.abort();
+  ctxv.selected = null;
+  ctxv.messages = [];
+  $("ctx-messages").textContent = "";
+  $("ctx-chat").classList.add("hidden");
+  $("ctx-empty").classList.remove("hidden");
+  $("ctx-empty").textContent = why;
+}
+
+/** A question on the selected context: `messages` are the turns after it. */
+async function askContext(text) {
+  const id = ctxv.selected;
+  const c = selectedContext();
+  ctxv.messages.push({ role: "user", content: text });
+  addMessage("user", text, $("ctx-messages"));
+  const m = addMessage("assistant", "", $("ctx-messages"));
+  const stats = el("div", "stats", "waiting…");
+  m.appendChild(stats);
+  const req = {
+    context: id,
+    messages: ctxv.messages.slice(),
+    stream: true,
+    temperature: optionalNumber("ctx-temperature"),
+    max_tokens: optionalNumber("ctx-max-tokens"),
+  };
+  ctxv.abort = new AbortController();
+  $("ctx-send").textContent = "Stop";
+  try {
+    const r = await streamChat(req, m, ctxv.abort.signal);
+    if (ctxv.selected === id) ctxv.messages.push({ role: "assistant", content: r.content });
+    const u = r.usage;
+    const prefill = c && c.seconds > 0
+      ? " (the document's prefill took " + fmtSeconds(c.seconds) + " once)"
+      : c && c.tokens !== undefined ? " (the document was loaded from a file: no prefill here)" : "";
+    const parts = ["first token " + fmtSeconds(r.first / 1000) + prefill, "total " + fmtSeconds(r.total / 1000)];
+    if (u) {
+      parts.push(u.completion_tokens + " tokens, " + (r.total > 0 ? (1000 * u.completion_tokens / r.total).toFixed(1) : "–") + " tok/s");
+      parts.push(u.prompt_tokens + " question tokens on " + (u.prompt_tokens_reused || 0) + " of the context");
+      parts.push("KV held " + fmtBytes(u.kv_bytes_final) + " vs " + fmtBytes(u.kv_bytes_full) + " for a full cache (" +
+        pct(u.kv_bytes_final, u.kv_bytes_full) + ")");
+    } else {
+      parts.push("ended without usage");
+    }
+    if (r.finish) parts.push(r.finish);
+    stats.textContent = parts.join(" · ");
+    m.dataset.done = "1";
+  } catch (e) {
+    if (ctxv.selected === id) {
+      if (e.content) ctxv.messages.push({ role: "assistant", content: e.content });
+      else ctxv.messages.pop();
+    }
+    replyFailed(m, stats, e);
+  } finally {
+    ctxv.abort = null;
+    $("ctx-send").textContent = "Ask";
+  }
+  // a context loaded from disk by this question now has its facts
+  if (c && c.tokens === undefined) refreshContexts();
+}
+
+function setupContexts() {
+  ctxv.picker = new PolicyPicker($("ctx-policy"), CONTEXT_PRESETS[0][0], CONTEXT_PRESETS);
+  $("ctx-compress").addEventListener("click", compressContext);
+  $("ctx-refresh").addEventListener("click", refreshContexts);
+  $("ctx-text").addEventListener("input", () => {
+    $("ctx-file-info").textContent = $("ctx-text").value.length.toLocaleString() + " characters";
+  });
+  $("ctx-file").addEventListener("change", () => {
+    const f = $("ctx-file").files[0];
+    if (!f) return;
+    const reader = new FileReader();
+    reader.onload = () => {
+      $("ctx-text").value = reader.result;
+      $("ctx-file-info").textContent = f.name + ": " + reader.result.length.toLocaleString() + " characters";
+      $("ctx-error").textContent = "";
+    };
+    reader.onerror = () => { $("ctx-error").textContent = f.name + ": " + (reader.error ? reader.error.message : "not readable"); };
+    reader.readAsText(f);
+  });
+  $("ctx-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    if (ctxv.abort) { ctxv.abort.abort(); return; }
+    const text = $("ctx-input").value.trim();
+    if (!text || !ctxv.selected) return;
+    $("ctx-input").value = "";
+    askContext(text);
+  });
+  $("ctx-input").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey) {
+      e.preventDefault();
+      $("ctx-form").requestSubmit();
+    }
+  });
+  $("ctx-clear").addEventListener("click", () => {
+    if (ctxv.selected) openContext(ctxv.selected);
   });
 }
 
@@ -707,10 +987,13 @@ async function refreshStatus() {
 
 // ------------------------------------------------------------------- tabs
 
+const VIEWS = ["chat", "contexts", "inspect", "status"];
+
 function show(view) {
   for (const b of document.querySelectorAll(".tab")) b.classList.toggle("active", b.dataset.view === view);
-  for (const v of ["chat", "inspect", "status"]) $("view-" + v).classList.toggle("hidden", v !== view);
+  for (const v of VIEWS) $("view-" + v).classList.toggle("hidden", v !== view);
   clearInterval(status.timer);
+  if (view === "contexts") refreshContexts();
   if (view === "status") {
     refreshStatus();
     status.timer = setInterval(refreshStatus, 1000);
@@ -740,14 +1023,16 @@ function setup() {
     apiKey = $("key-input").value.trim();
     localStorage.setItem(KEY, apiKey);
     if (await loadModel()) {
-      for (const p of [chat.picker, ...insp.pickers]) p.check();
+      for (const p of [chat.picker, ctxv.picker, ...insp.pickers]) p.check();
+      if (!$("view-contexts").classList.contains("hidden")) refreshContexts();
     }
   });
   setupChat();
+  setupContexts();
   setupInspector();
   loadModel();
   const view = location.hash.slice(1);
-  show(["chat", "inspect", "status"].includes(view) ? view : "chat");
+  show(VIEWS.includes(view) ? view : "chat");
 }
 
 if (typeof document !== "undefined") document.addEventListener("DOMContentLoaded", setup);
