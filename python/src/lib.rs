@@ -24,7 +24,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 // ---------------------------------------------------------------- errors
@@ -481,11 +481,10 @@ enum QuestionArg {
 /// changes.
 #[pyclass(frozen, module = "kvslim._native")]
 struct Context {
-    /// Behind a lock because the engine's context is `Send` but not `Sync`
-    /// (its cache holds a `Box<dyn CachePolicy>`): questions from several
-    /// Python threads to one context run one at a time. Only taken with
-    /// the GIL released; the properties read the copies below.
-    ctx: Mutex<EngineContext>,
+    /// Questions from several Python threads run on it at once (each on
+    /// its own fork, with the GIL released); the properties read the
+    /// copies below.
+    ctx: EngineContext,
     model: Py<Model>,
     tokens: Vec<u32>,
     policy: String,
@@ -504,16 +503,14 @@ impl Context {
             chat: ctx.meta().pointer("/framing/kind").and_then(Value::as_str) == Some("chat"),
             kv_bytes: ctx.kv_bytes(),
             kv_bytes_full: ctx.kv_bytes_full(),
-            ctx: Mutex::new(ctx),
+            ctx,
             model,
             compress_seconds,
         }
     }
 
-    /// The engine's context (a panic while it was held left it unchanged:
-    /// questions run on forks).
-    fn engine(&self) -> std::sync::MutexGuard<'_, EngineContext> {
-        self.ctx.lock().unwrap_or_else(|e| e.into_inner())
+    fn engine(&self) -> &EngineContext {
+        &self.ctx
     }
 }
 
