@@ -107,6 +107,62 @@ class Server:
         self.proc.wait()
 
 
+def llama_slots(args, doc):
+    """llama-server's answer to the same need: prefill the chat-framed
+    document into slot 0, save the slot to a file, erase it, restore it,
+    then ask the first question (its prompt cache reuses the restored
+    prefix). Returns sizes and times."""
+    gguf = args.gguf or subprocess.run([args.bin, "fetch", args.model], capture_output=True, text=True,
+                                       check=True).stdout.strip()
+    slot_dir = tempfile.mkdtemp(prefix="llama-slots-")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    ctx = int(args.chars / 3) + 2048
+    proc = subprocess.Popen([args.llama_server, "-m", gguf, "--port", str(port), "-t", str(args.threads), "-tb",
+                             str(args.threads), "-np", "1", "-c", str(ctx), "--slot-save-path", slot_dir,
+                             "--no-webui"], stderr=open(os.path.join(args.out, "llama-server.log"), "w"),
+                            stdout=subprocess.DEVNULL)
+    try:
+        while True:
+            try:
+                call(base, "GET", "/health", timeout=2)
+                break
+            except Exception:
+                if proc.poll() is not None:
+                    sys.exit("llama-server exited; see llama-server.log")
+                time.sleep(0.5)
+        messages = [{"role": "user", "content": doc}]
+        start = time.monotonic()
+        call(base, "POST", "/v1/chat/completions", {"messages": messages, "max_tokens": 1, "temperature": 0})
+        prefill_s = time.monotonic() - start
+        saved = call(base, "POST", "/slots/0?action=save", {"filename": "doc.bin"})
+        file_bytes = os.path.getsize(os.path.join(slot_dir, "doc.bin"))
+        call(base, "POST", "/slots/0?action=erase", {})
+        start = time.monotonic()
+        restored = call(base, "POST", "/slots/0?action=restore", {"filename": "doc.bin"})
+        restore_s = time.monotonic() - start
+        q = QUESTIONS[0][0] + BRIEF
+        body = {"messages": messages + [{"role": "user", "content": q}], "max_tokens": args.max_tokens,
+                "temperature": 0, "stream": True}
+        req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        start, first, text = time.monotonic(), None, []
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            for line in r:
+                line = line.decode().strip()
+                if line.startswith("data:") and line != "data: [DONE]":
+                    piece = json.loads(line[5:])["choices"][0]["delta"].get("content") or ""
+                    if piece and first is None:
+                        first = time.monotonic() - start
+                    text.append(piece)
+        return {"prefill_s": prefill_s, "file_bytes": file_bytes, "save": saved, "restore": restored,
+                "restore_s": restore_s, "question_ttft_s": first, "answer": "".join(text).strip()}
+    finally:
+        proc.terminate()
+        proc.wait()
+        shutil.rmtree(slot_dir)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default="target/release/kvslim")
@@ -118,6 +174,9 @@ def main():
     ap.add_argument("--kv-memory", default="8GiB")
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--shared", default=os.environ.get("KVSLIM_SHARED", "../shared"))
+    ap.add_argument("--llama-server", help="llama.cpp's llama-server binary: also measure its slot save/restore "
+                    "of the same document (shared/perf/README.md builds it)")
+    ap.add_argument("--gguf", help="the model's GGUF file for llama-server (default: `kvslim fetch MODEL`)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -172,6 +231,8 @@ def main():
 
     out = {"model": args.model, "chars": args.chars, "tokens": rows[0]["context"]["tokens"],
            "restart_ready_s": restart_ready, "rows": rows}
+    if args.llama_server:
+        out["llama_server"] = llama_slots(args, doc)
     with open(os.path.join(args.out, "contexts.json"), "w") as f:
         json.dump(out, f, indent=1)
     full = next((r for r in rows if r["policy"] == "full"), rows[0])
@@ -188,6 +249,11 @@ def main():
         print(f"| `{r['policy']}` | {r['context']['seconds']:.1f} | {r['context']['seconds'] + a[0]['ttft_s']:.1f} "
               f"| {med:.2f} | {r['after_restart']['ttft_s']:.2f} | {r['file_bytes'] / 2**20:.1f} MiB / "
               f"{r['context']['kv_bytes_full'] / 2**20:.1f} MiB | {rss:+.1f} MiB | {sum(x['found'] for x in a)}/{len(a)} |")
+    if "llama_server" in out:
+        ls = out["llama_server"]
+        print(f"\nllama-server (f16 KV, one slot): prefill {ls['prefill_s']:.1f} s, slot file "
+              f"{ls['file_bytes'] / 2**20:.1f} MiB, restore {ls['restore_s']:.2f} s, then the first question's "
+              f"first token {ls['question_ttft_s']:.2f} s: {ls['answer']!r}")
 
 
 if __name__ == "__main__":
