@@ -178,6 +178,7 @@ impl Model {
                     kvslim_models::loader::load_tokenizer(t, c.bos_token_id, c.eos_token_ids.clone())
                         .map_err(model_error)?,
                 );
+                kvslim_models::loader::set_repeat_prompt(&mut loaded);
             }
             Ok(Model { loaded, spec: model, path, tokenizer_path: tokenizer, chat: OnceLock::new() })
         })

@@ -129,6 +129,7 @@ impl ModelArgs {
         if let Some(t) = &self.tokenizer {
             let c = &loaded.model.config;
             loaded.tokenizer = Some(kvslim_models::loader::load_tokenizer(t, c.bos_token_id, c.eos_token_ids.clone())?);
+            kvslim_models::loader::set_repeat_prompt(&mut loaded);
         }
         Ok((loaded, path))
     }

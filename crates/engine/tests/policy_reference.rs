@@ -297,10 +297,11 @@ fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, 
                     .enumerate()
                     .map(|(kvh, r)| {
                         if policy.kvzip {
-                            // the trace holds the repeat probe's rows after the prompt's
+                            // the trace holds the probe's rows after the prompt's:
+                            // the reconstruction instruction, then the repeat
                             let rows = q.len() / c.q_dim();
                             let chunk: Vec<_> = (0..rows).map(|t| tok(kvh, t)).collect();
-                            return r.prefill_candidates_repeat(&chunk, n);
+                            return r.prefill_candidates_repeat(&chunk, n, model.repeat_prompt.len());
                         }
                         let chunk: Vec<_> = (0..n).map(|t| tok(kvh, t)).collect();
                         r.prefill_candidates(&policies[l][kvh], &chunk)
@@ -492,9 +493,11 @@ fn rkv_prefill_equals_reference() {
     assert!(filled, "no head filled its budget by diversity");
 }
 
-/// The KVzip probe is the prompt teacher-forced again: its rows' keys in
-/// every layer are those of a full cache fed the prompt followed by the
-/// prompt without its BOS, and the repeat never enters the cache.
+/// The KVzip probe is the reconstruction instruction and the prompt
+/// teacher-forced again: its rows' keys in every layer are those of a full
+/// cache fed the prompt, the instruction ("Repeat the previous context
+/// exactly.", as the loader tokenized it) and the prompt without its BOS,
+/// and the probe never enters the cache.
 #[test]
 fn kvzip_probe_is_the_prompt_repeated() {
     let m = stories();
@@ -509,7 +512,14 @@ fn kvzip_probe_is_the_prompt_repeated() {
         (s.scratch.trace.take().unwrap(), s.position(), s.cache.store().head(0, 0).positions().to_vec())
     };
     let (kvzip, at, kept) = traced("h2o:heavy=4,recent=4,prefill=kvzip", &prompt);
+    assert!(!m.model.repeat_prompt.is_empty(), "the loader sets the instruction");
+    assert_eq!(
+        tok.decode(&m.model.repeat_prompt).unwrap(),
+        kvslim_models::transformer::REPEAT_INSTRUCTION,
+        "the instruction as text"
+    );
     let mut repeated = prompt.clone();
+    repeated.extend_from_slice(&m.model.repeat_prompt);
     repeated.extend_from_slice(&prompt[1..]);
     let (full, _, _) = traced("full", &repeated);
     let kvd = m.model.config.kv_dim();
@@ -519,6 +529,33 @@ fn kvzip_probe_is_the_prompt_repeated() {
     }
     assert_eq!(at, prompt.len(), "the probe does not advance the sequence");
     assert!(kept.iter().all(|&p| (p as usize) < prompt.len()), "kept {kept:?}: no repeat row stays");
+}
+
+/// The reconstruction instruction's rows attend but score nothing in the
+/// tiled kernel too: with every prompt token kept, layer 0's KVzip scores
+/// from the tiled kernel equal the query-by-query path's (which the f64
+/// reference checks) to rounding, position by position.
+#[test]
+fn kvzip_instruction_scores_nothing_in_the_tiled_kernel() {
+    let m = stories();
+    let ids = tokens(&m, 60);
+    let spec = PolicySpec::parse("h2o:heavy=200,recent=8,prefill=kvzip").unwrap();
+    let scores = |trace: bool| {
+        let mut s = Session::new(&m.model, &spec, ids.len(), ids.len()).unwrap();
+        if trace {
+            s.scratch.trace = Some(Trace::default());
+        }
+        s.feed(&ids, Logits::Last).unwrap();
+        let h = s.cache.store().head(0, 0);
+        let mut by_pos: Vec<(u32, f32)> = h.positions().iter().copied().zip(h.scores().iter().copied()).collect();
+        by_pos.sort_by_key(|p| p.0);
+        by_pos
+    };
+    let (tiled, traced) = (scores(false), scores(true));
+    assert_eq!(tiled.len(), ids.len(), "every prompt token kept");
+    for ((p, a), (_, b)) in tiled.iter().zip(&traced) {
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1e-3), "position {p}: tiled {a} vs query by query {b}");
+    }
 }
 
 /// The prompt's kept positions per KV head of layer 0 with and without a

@@ -112,8 +112,9 @@ impl SequenceCache {
     /// the chunk's tokens (`keys`/`values`: `n` rows of every KV head's
     /// `head_dim` floats). K and V are decoded to f32 per KV head of the
     /// component; scores start as the held scores (0 for the chunk). The
-    /// last `repeat` of the `n` rows are a KVzip repeat probe
-    /// ([`SequenceCache::repeat_probe`]): they attend and score, and
+    /// last `probe.0` of the `n` rows are a KVzip repeat probe
+    /// ([`SequenceCache::repeat_probe`]): they attend, all but its first
+    /// `probe.1` (the reconstruction instruction) score, and
     /// [`SequenceCache::commit_candidates`] drops them.
     #[allow(clippy::too_many_arguments)]
     pub fn gather_candidates(
@@ -123,7 +124,7 @@ impl SequenceCache {
         p0: usize,
         keys: &[f32],
         values: &[f32],
-        repeat: usize,
+        (repeat, unscored): (usize, usize),
         cand: &mut PrefillCandidates,
     ) -> Result<(), CacheError> {
         let lh = self.layer_heads(layer);
@@ -160,6 +161,7 @@ impl SequenceCache {
             "repeat rows are for a KVzip policy's chunk"
         );
         cand.repeat = repeat;
+        cand.repeat_unscored = unscored.min(repeat);
         cand.columns.clear();
         cand.value_norms.clear();
         if let Some((_, rule)) = cand.scoring {
@@ -287,6 +289,8 @@ pub struct PrefillCandidates {
     /// KVzip: the chunk's last rows are its repeat probe (they score by
     /// their maximum attention, then leave).
     repeat: usize,
+    /// The probe's first rows that attend without scoring (its instruction).
+    repeat_unscored: usize,
     /// Pooling workspace: candidate indices by position, pooled sums.
     by_position: Vec<usize>,
     pooled: Vec<f32>,
@@ -438,8 +442,10 @@ impl PrefillCandidates {
     pub fn observe_query(&mut self, visible: usize, probs: &[f32], group: usize) {
         let Some((agg, rule)) = self.scoring else { return };
         if self.repeat > 0 {
-            // chunk row t sees held + t + 1 candidates; only the repeat rows count
-            if visible - self.held + self.repeat > self.positions.len() - self.held {
+            // chunk row t sees held + t + 1 candidates; only the repeat rows
+            // after the probe's instruction count
+            let (t, n) = (visible - self.held - 1, self.positions.len() - self.held);
+            if t >= n - self.repeat + self.repeat_unscored {
                 repeat_attention_into(&probs[..group * visible], group, &mut self.columns[..visible]);
             }
             return;
@@ -581,7 +587,7 @@ mod tests {
         let mut c = cache_of("h2o:heavy=2,recent=1", 2);
         let mut cand = PrefillCandidates::default();
         let keys: Vec<f32> = (0..8).map(|i| 10.0 + i as f32).collect();
-        c.gather_candidates(0, 0, 2, &keys, &keys, 0, &mut cand).unwrap();
+        c.gather_candidates(0, 0, 2, &keys, &keys, (0, 0), &mut cand).unwrap();
         assert_eq!(cand.held(), 2);
         assert_eq!(cand.positions(), &[0, 1, 2, 3]);
         assert_eq!(cand.keys(0).len(), 16);

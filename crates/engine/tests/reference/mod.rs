@@ -298,16 +298,17 @@ impl RefHead {
         }
     }
 
-    /// KVzip: `chunk` is a prompt of `prompt` tokens followed by its repeat
-    /// rows. Everything attends causally (the held slots, the prompt, the
-    /// repeat so far); each held slot and prompt token gains the largest
-    /// probability any repeat row gave it in any query head of the group;
-    /// the repeat rows themselves are not candidates afterwards.
-    pub fn prefill_candidates_repeat(&self, chunk: &[RefToken], prompt: usize) -> Vec<Slot> {
+    /// KVzip: `chunk` is a prompt of `prompt` tokens followed by its probe:
+    /// `unscored` instruction rows, then the repeat rows. Everything attends
+    /// causally (the held slots, the prompt, the probe so far); each held
+    /// slot and prompt token gains the largest probability any repeat row
+    /// (not an instruction row) gave it in any query head of the group; the
+    /// probe's rows themselves are not candidates afterwards.
+    pub fn prefill_candidates_repeat(&self, chunk: &[RefToken], prompt: usize, unscored: usize) -> Vec<Slot> {
         let mut cands = self.slots.clone();
         cands.extend(chunk.iter().map(|(p, _, k, v)| Slot { pos: *p, k: k.clone(), v: v.clone(), score: 0.0 }));
         let mut most = vec![0.0f64; cands.len()];
-        for (p, q, _, _) in &chunk[prompt..] {
+        for (p, q, _, _) in &chunk[prompt + unscored..] {
             for row in self.attend(q, *p, &cands) {
                 for (m, x) in most.iter_mut().zip(row) {
                     *m = m.max(x);

@@ -21,6 +21,23 @@ pub struct LoadedModel {
 /// Loads a model from a Hugging Face directory, a `.gguf` file or a
 /// llama2.c `.bin` checkpoint.
 pub fn load_model(path: &Path) -> Result<LoadedModel> {
+    let mut loaded = load_any(path)?;
+    set_repeat_prompt(&mut loaded);
+    Ok(loaded)
+}
+
+/// Tokenizes KVzip's reconstruction instruction for the model
+/// ([`crate::Model::repeat_prompt`]; no BOS: it follows the prompt).
+pub fn set_repeat_prompt(loaded: &mut LoadedModel) {
+    let Some(tok) = loaded.tokenizer.as_ref() else { return };
+    let Ok(mut ids) = tok.encode(crate::transformer::REPEAT_INSTRUCTION) else { return };
+    if tok.prepended_bos().is_some_and(|b| ids.first() == Some(&b)) {
+        ids.remove(0);
+    }
+    loaded.model.repeat_prompt = ids;
+}
+
+fn load_any(path: &Path) -> Result<LoadedModel> {
     if path.is_dir() {
         return hf::load(path);
     }

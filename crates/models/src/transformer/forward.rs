@@ -260,9 +260,10 @@ impl Model {
         }
     }
 
-    /// A KVzip cache's prefill chunk followed by its repeat probe (the
+    /// A KVzip cache's prefill chunk followed by its repeat probe: the
+    /// reconstruction instruction ([`Model::repeat_prompt`]), then the
     /// chunk's tokens without a leading BOS, as if the model repeated its
-    /// context; capped where learned positions end), or `None` when the
+    /// context (capped where learned positions end); or `None` when the
     /// cache does not score by one ([`SequenceCache::repeat_probe`]) or the
     /// chunk is a single token.
     fn repeat_probe<'t>(&self, tokens: &'t [u32], cache: &SequenceCache) -> Option<std::borrow::Cow<'t, [u32]>> {
@@ -271,12 +272,14 @@ impl Model {
             return None;
         }
         let skip = usize::from(c.bos_token_id == Some(tokens[0]));
+        let instruction = &self.repeat_prompt;
         let mut repeat = tokens.len() - skip;
         if c.learned_positions.is_some() {
-            repeat = repeat.min(c.context_len.saturating_sub(cache.next_pos() + tokens.len()));
+            repeat = repeat.min(c.context_len.saturating_sub(cache.next_pos() + tokens.len() + instruction.len()));
         }
         (repeat > 0).then(|| {
             let mut all = tokens.to_vec();
+            all.extend_from_slice(instruction);
             all.extend_from_slice(&tokens[skip..skip + repeat]);
             std::borrow::Cow::Owned(all)
         })

@@ -52,7 +52,16 @@ pub struct Model {
     ropes: Vec<Rope>,
     /// Per layer, its index into `ropes`.
     layer_rope: Vec<usize>,
+    /// KVzip's reconstruction instruction (`prefill=kvzip`): tokens fed
+    /// between the prompt and its repeat, so the model is asked to repeat
+    /// its context as in the paper. Set by [`crate::load_model`] from the
+    /// model's tokenizer ([`REPEAT_INSTRUCTION`]); empty for a model
+    /// without one (the repeat then follows the prompt directly).
+    pub repeat_prompt: Vec<u32>,
 }
+
+/// The text of KVzip's reconstruction instruction.
+pub const REPEAT_INSTRUCTION: &str = "\n\nRepeat the previous context exactly.\n";
 
 impl Model {
     /// Checks that weights match the config and precomputes RoPE tables.
@@ -87,7 +96,7 @@ impl Model {
                 }
             }
         }
-        Ok(Model { config, weights, ropes, layer_rope })
+        Ok(Model { config, weights, ropes, layer_rope, repeat_prompt: Vec::new() })
     }
 
     /// A cache for one sequence of at most `max_len` tokens under `spec`.

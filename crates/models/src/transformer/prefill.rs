@@ -72,7 +72,8 @@ impl Model {
         let components = cache.layer_heads(li).components.clone();
         for (ci, comp) in components.iter().enumerate() {
             let (k, v) = (&s.a.k[..rows * kvd], &s.a.v[..rows * kvd]);
-            cache.gather_candidates(li, ci, p0, k, v, repeat, &mut s.cand)?;
+            let probe = (repeat, if repeat > 0 { self.repeat_prompt.len() } else { 0 });
+            cache.gather_candidates(li, ci, p0, k, v, probe, &mut s.cand)?;
             let key = s.cand.scoring_key();
             if let (Some(k), false, Some(done)) = (key, output, scored.as_deref()) {
                 if let Some((_, _, sc)) = done.iter().find(|(c, kk, _)| *c == ci && *kk == k) {
@@ -213,10 +214,16 @@ impl Model {
                 out_offset: h * hd,
             })
             .collect();
-        // (first row, rows, fold): the chunk, or the prompt then its probe
+        // (first row, rows, fold): the chunk, or the prompt, the probe's
+        // instruction (attends, scores nothing) and its repeat
+        let lead = if repeat > 0 { self.repeat_prompt.len() } else { 0 };
         let segments = match cand.score_aggregation() {
-            _ if repeat > 0 => [(0, n - repeat, None), (n - repeat, repeat, Some(Fold::RepeatMax))],
-            agg => [(0, n, agg.map(Fold::Sum)), (n, 0, None)],
+            _ if repeat > 0 => [
+                (0, n - repeat, None),
+                (n - repeat, lead, None),
+                (n - repeat + lead, repeat - lead, Some(Fold::RepeatMax)),
+            ],
+            agg => [(0, n, agg.map(Fold::Sum)), (n, 0, None), (n, 0, None)],
         };
         let mut folded = Vec::new();
         for (t_first, count, fold) in segments {
