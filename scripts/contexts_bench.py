@@ -232,7 +232,10 @@ def main():
     out = {"model": args.model, "chars": args.chars, "tokens": rows[0]["context"]["tokens"],
            "restart_ready_s": restart_ready, "rows": rows}
     if args.llama_server:
-        out["llama_server"] = llama_slots(args, doc)
+        try:
+            out["llama_server"] = llama_slots(args, doc)
+        except Exception as e:  # keep kvslim's measurements whatever happens to the peer's
+            out["llama_server"] = {"error": repr(e)}
     with open(os.path.join(args.out, "contexts.json"), "w") as f:
         json.dump(out, f, indent=1)
     full = next((r for r in rows if r["policy"] == "full"), rows[0])
@@ -249,7 +252,9 @@ def main():
         print(f"| `{r['policy']}` | {r['context']['seconds']:.1f} | {r['context']['seconds'] + a[0]['ttft_s']:.1f} "
               f"| {med:.2f} | {r['after_restart']['ttft_s']:.2f} | {r['file_bytes'] / 2**20:.1f} MiB / "
               f"{r['context']['kv_bytes_full'] / 2**20:.1f} MiB | {rss:+.1f} MiB | {sum(x['found'] for x in a)}/{len(a)} |")
-    if "llama_server" in out:
+    if "error" in out.get("llama_server", {}):
+        print(f"\nllama-server failed: {out['llama_server']['error']}")
+    elif "llama_server" in out:
         ls = out["llama_server"]
         print(f"\nllama-server (f16 KV, one slot): prefill {ls['prefill_s']:.1f} s, slot file "
               f"{ls['file_bytes'] / 2**20:.1f} MiB, restore {ls['restore_s']:.2f} s, then the first question's "

@@ -20,8 +20,7 @@ use std::sync::{Arc, OnceLock};
 fn model() -> Arc<Model> {
     static M: OnceLock<Arc<Model>> = OnceLock::new();
     M.get_or_init(|| {
-        let cfg =
-            ModelConfig { context_len: 256, ..kvslim_engine::synthetic::llama_config(2, 32, 48, 4, 2, 8, 40) };
+        let cfg = ModelConfig { context_len: 256, ..kvslim_engine::synthetic::llama_config(2, 32, 48, 4, 2, 8, 40) };
         Arc::new(kvslim_engine::synthetic::random_model(cfg, DType::F32, 7, 3.0).unwrap())
     })
     .clone()

@@ -173,7 +173,12 @@ impl ContextStore {
         inner.tick += 1;
         let e = Entry { id, ctx: Arc::new(ctx), bytes, created: crate::request::now(), seconds, used: inner.tick };
         let v = info(&e);
-        inner.entries.retain(|x| x.id != e.id);
+        // the same id loaded twice at once (two requests for a context on
+        // disk): the later copy replaces the earlier and frees its bytes
+        if let Some(i) = inner.entries.iter().position(|x| x.id == e.id) {
+            let old = inner.entries.remove(i);
+            m.kv_bytes_in_use.fetch_sub(old.bytes, Relaxed);
+        }
         inner.entries.push(e);
         drop(inner);
         self.refresh(m);
