@@ -26,6 +26,7 @@
 use crate::generate::{continue_generation, prefill_shared, GenerateOptions, Generation};
 use crate::session::Session;
 use crate::{EngineError, Result};
+use kvslim_cache::policy::TokenPolicySpec;
 use kvslim_cache::{KvBytes, PagePool, PolicySpec, SequenceCache};
 use kvslim_models::chat::{ChatFormat, ChatMessage};
 use kvslim_models::{Logits, Model, Tokenizer};
@@ -291,7 +292,11 @@ impl Context {
     /// Feeds `question` into a fork with room for `answer` more tokens, one
     /// decode step per token (the policy scores and evicts at each, as in
     /// any decode step); returns the fork and the logits of the question's
-    /// last token.
+    /// last token. Under `full` (nothing scored, nothing evicted) the
+    /// question goes in as one prefill chunk instead: the same attention up
+    /// to rounding, with the weights read once instead of once per token
+    /// (on a 17.5K-token context a 35-token question took 3.4–3.9 s as
+    /// decode steps).
     pub fn ask<'m>(&self, model: &'m Model, question: &[u32], answer: usize) -> Result<(Session<'m>, Vec<f32>)> {
         let (last, head) = question.split_last().ok_or_else(|| EngineError::Request("the question is empty".into()))?;
         let at = self.cache.next_pos() + question.len();
@@ -304,6 +309,10 @@ impl Context {
             )));
         }
         let mut s = self.fork(model, question.len() + answer)?;
+        if matches!(self.policy.token, TokenPolicySpec::Full) && self.policy.head.is_none() {
+            let logits = s.feed(question, Logits::Last)?.to_vec();
+            return Ok((s, logits));
+        }
         for &t in head {
             s.feed(&[t], Logits::None)?;
         }

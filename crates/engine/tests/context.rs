@@ -94,6 +94,25 @@ fn a_question_continues_the_prefill_as_decode_steps() {
     assert_eq!(logits, want);
 }
 
+/// Under `full` the question goes in as one chunk: the same logits as
+/// decode steps up to rounding.
+#[test]
+fn a_full_context_takes_the_question_in_one_chunk() {
+    let m = model(7);
+    let (c, q) = (tokens(64, 5), tokens(9, 6));
+    let ctx = Context::compress(&m, &PolicySpec::full(), &c).unwrap();
+    let (_, logits) = ctx.ask(&m, &q, 4).unwrap();
+    let mut s = kvslim_engine::Session::new(&m, &PolicySpec::full(), c.len() + q.len(), c.len()).unwrap();
+    s.feed(&c, kvslim_models::Logits::Last).unwrap();
+    for &t in &q[..q.len() - 1] {
+        s.feed(&[t], kvslim_models::Logits::None).unwrap();
+    }
+    let steps = s.feed(&q[q.len() - 1..], kvslim_models::Logits::Last).unwrap();
+    let worst = logits.iter().zip(steps).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst < 1e-3, "chunk vs decode steps differ by {worst}");
+    assert_eq!(ctx.cache().next_pos(), c.len(), "the context itself is unchanged");
+}
+
 #[test]
 fn the_kept_bytes_follow_the_budget() {
     let m = model(3);
