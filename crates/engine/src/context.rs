@@ -174,12 +174,6 @@ impl Context {
     /// messages rendered whole. No BOS: the context has it.
     pub fn question_tokens(&self, tok: &Tokenizer, chat: &ChatFormat, question: Question<'_>) -> Result<Vec<u32>> {
         let request = |e: String| EngineError::Request(e);
-        let strip_bos = |mut ids: Vec<u32>| {
-            if tok.prepended_bos().is_some_and(|b| ids.first() == Some(&b)) {
-                ids.remove(0);
-            }
-            ids
-        };
         let ids = match (Framing::from_meta(&self.meta), question) {
             (Some(earlier), Question::Text(t)) => {
                 chat.continuation(tok, &earlier, &[ChatMessage::new("user", t)]).map_err(|e| request(e.to_string()))?
@@ -187,10 +181,15 @@ impl Context {
             (Some(earlier), Question::Messages(m)) => {
                 chat.continuation(tok, &earlier, m).map_err(|e| request(e.to_string()))?
             }
-            (None, Question::Text(t)) => strip_bos(tok.encode(t)?),
+            (None, Question::Text(t)) => tok.encode_after(t)?,
             (None, Question::Messages(m)) => {
                 let text = chat.render_messages(m).map_err(|e| request(e.to_string()))?;
-                strip_bos(chat.encode(tok, &text)?)
+                let mut ids = chat.encode(tok, &text)?;
+                // the context has the sequence's BOS already
+                if tok.prepended_bos().is_some_and(|b| ids.first() == Some(&b)) {
+                    ids.remove(0);
+                }
+                ids
             }
         };
         if ids.is_empty() {

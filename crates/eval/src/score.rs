@@ -181,15 +181,7 @@ pub fn encode_item(tok: &Tokenizer, item: &McItem) -> Result<(Vec<u32>, Vec<Choi
         let whole = tok.encode(&format!("{}{c}", item.context))?;
         // (when a merge across the boundary changed the context's last
         // tokens, this is still lm-eval's cut)
-        let ids = if whole.len() > ctx.len() {
-            whole[ctx.len()..].to_vec()
-        } else {
-            let mut alone = tok.encode(c)?;
-            if tok.prepended_bos().is_some_and(|b| alone.first() == Some(&b)) {
-                alone.remove(0);
-            }
-            alone
-        };
+        let ids = if whole.len() > ctx.len() { whole[ctx.len()..].to_vec() } else { tok.encode_after(c)? };
         choices.push(Choice { ids, n_chars: c.chars().count() });
     }
     if ctx.is_empty() {

@@ -294,11 +294,7 @@ impl ChatFormat {
                 "the chat template does not render the conversation as a continuation of the context's messages".into(),
             ));
         };
-        let mut ids = tok.encode(tail).map_err(|e| ChatError::Continuation(e.to_string()))?;
-        if tok.prepended_bos().is_some_and(|b| ids.first() == Some(&b)) {
-            ids.remove(0);
-        }
-        Ok(ids)
+        tok.encode_after(tail).map_err(|e| ChatError::Continuation(e.to_string()))
     }
 
     /// Renders messages as they stand, without opening a reply: the text of

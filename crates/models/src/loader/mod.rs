@@ -30,11 +30,9 @@ pub fn load_model(path: &Path) -> Result<LoadedModel> {
 /// ([`crate::Model::repeat_prompt`]; no BOS: it follows the prompt).
 pub fn set_repeat_prompt(loaded: &mut LoadedModel) {
     let Some(tok) = loaded.tokenizer.as_ref() else { return };
-    let Ok(mut ids) = tok.encode(crate::transformer::REPEAT_INSTRUCTION) else { return };
-    if tok.prepended_bos().is_some_and(|b| ids.first() == Some(&b)) {
-        ids.remove(0);
+    if let Ok(ids) = tok.encode_after(crate::transformer::REPEAT_INSTRUCTION) {
+        loaded.model.repeat_prompt = ids;
     }
-    loaded.model.repeat_prompt = ids;
 }
 
 fn load_any(path: &Path) -> Result<LoadedModel> {

@@ -55,6 +55,17 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// Encodes text that follows tokens already fed (a question after a
+    /// context, a continuation, an instruction inside a probe): as
+    /// [`Tokenizer::encode`] without the BOS it prepends.
+    pub fn encode_after(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.encode(text)?;
+        if self.prepended_bos().is_some_and(|b| ids.first() == Some(&b)) {
+            ids.remove(0);
+        }
+        Ok(ids)
+    }
+
     /// Encodes a rendered chat template. Special tokens written as text
     /// (`<|im_start|>`, `<start_of_turn>` …) become their single ids where the
     /// tokenizer knows them as added/special tokens. When the text already
