@@ -2,7 +2,8 @@
 //! compressed, and continued on a fork for each question. The question's
 //! tokens go into the fork as decode steps, so the policy keeps running
 //! (scoring and evicting one token per step) while the question and the
-//! answer go in; the context itself never changes. A context saves to a
+//! answer go in (under `full`, which evicts nothing, as one prefill chunk);
+//! the context itself never changes. A context saves to a
 //! file and loads back bit for bit ([`Context::save`], [`Context::load`]).
 //!
 //! # File format (version 1)
@@ -20,8 +21,8 @@
 //! a file only loads into the model that made it. The file is read whole
 //! and its rows copied into the store (which owns aligned row buffers or a
 //! page pool), so memory-mapping it would save nothing: the read is one
-//! sequential pass, a fraction of a second for a 12.5% context of 16K
-//! tokens on Qwen2.5-Coder-1.5B.
+//! sequential pass (a 4.4 MiB context loaded in 0.02 s, `kvslim generate
+//! --context`).
 
 use crate::generate::{continue_generation, prefill_shared, GenerateOptions, Generation};
 use crate::session::Session;
