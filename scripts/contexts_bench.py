@@ -56,7 +56,13 @@ def call(base, method, path, body=None, timeout=7200):
 def ask(base, ctx, question, max_tokens):
     """Streams one answer; returns (seconds to first token, seconds in all, text)."""
     body = {"context": ctx, "messages": [{"role": "user", "content": question + BRIEF}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": True}
+            "max_tokens": max_tokens, "temperature": 0}
+    return stream_chat(base, body)
+
+
+def stream_chat(base, body):
+    """Streams a chat completion; returns (seconds to first token, seconds in all, text)."""
+    body = dict(body, stream=True)
     req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     start = time.monotonic()
@@ -142,21 +148,10 @@ def llama_slots(args, doc):
         restored = call(base, "POST", "/slots/0?action=restore", {"filename": "doc.bin"})
         restore_s = time.monotonic() - start
         q = QUESTIONS[0][0] + BRIEF
-        body = {"messages": messages + [{"role": "user", "content": q}], "max_tokens": args.max_tokens,
-                "temperature": 0, "stream": True}
-        req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-        start, first, text = time.monotonic(), None, []
-        with urllib.request.urlopen(req, timeout=3600) as r:
-            for line in r:
-                line = line.decode().strip()
-                if line.startswith("data:") and line != "data: [DONE]":
-                    piece = json.loads(line[5:])["choices"][0]["delta"].get("content") or ""
-                    if piece and first is None:
-                        first = time.monotonic() - start
-                    text.append(piece)
+        first, _, text = stream_chat(base, {"messages": messages + [{"role": "user", "content": q}],
+                                            "max_tokens": args.max_tokens, "temperature": 0})
         return {"prefill_s": prefill_s, "file_bytes": file_bytes, "save": saved, "restore": restored,
-                "restore_s": restore_s, "question_ttft_s": first, "answer": "".join(text).strip()}
+                "restore_s": restore_s, "question_ttft_s": first, "answer": text}
     finally:
         proc.terminate()
         proc.wait()

@@ -569,9 +569,7 @@ impl Context {
                 })
                 .map_err(engine_error)?;
             let mut text = tok.decode(&g.token_ids).map_err(model_error)?;
-            if let Some(cut) = stops.iter().filter_map(|s| text.find(s.as_str())).min() {
-                text.truncate(cut);
-            }
+            chat.cut_at_stop(&mut text);
             Ok((q, g, text))
         })?;
         let d = PyDict::new(py);

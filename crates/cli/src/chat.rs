@@ -203,9 +203,7 @@ fn reply(
         None => generate(model, &prompt, &opts, on_token)?,
     };
     let mut reply = tok.decode(&g.token_ids)?;
-    if let Some(cut) = stops.iter().filter_map(|s| reply.find(s.as_str())).min() {
-        reply.truncate(cut);
-    }
+    chat.cut_at_stop(&mut reply);
     writeln!(out)?;
     let tps = if g.decode_s > 0.0 { g.token_ids.len().saturating_sub(1) as f64 / g.decode_s } else { 0.0 };
     eprintln!(

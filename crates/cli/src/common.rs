@@ -58,6 +58,15 @@ pub struct PolicyArgs {
     pub spec: PolicySpec,
 }
 
+/// The text of `--prompt` or else of `--prompt-file` (read byte for byte).
+pub fn read_prompt(prompt: &Option<String>, file: &Option<PathBuf>) -> CliResult<String> {
+    match (prompt, file) {
+        (Some(p), _) => Ok(p.clone()),
+        (None, Some(f)) => Ok(std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?),
+        (None, None) => Err("give --prompt or --prompt-file".into()),
+    }
+}
+
 /// `--temperature`, `--top-k`, `--top-p`, `--seed`: how tokens are drawn.
 #[derive(Args, Clone, Copy, Debug)]
 pub struct SamplingArgs {

@@ -2,7 +2,7 @@
 //! compressed context to a file; `generate --context` and `chat
 //! --context` then ask it questions without prefilling it again.
 
-use crate::common::{require_tokenizer, CliResult, ModelArgs, PolicyArgs};
+use crate::common::{read_prompt, require_tokenizer, CliResult, ModelArgs, PolicyArgs};
 use kvslim_cache::PolicySpec;
 use kvslim_engine::context::{Context, Framing};
 use kvslim_models::chat::ChatMessage;
@@ -41,11 +41,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> CliResult {
-    let text = match (&a.prompt, &a.prompt_file) {
-        (Some(p), _) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?,
-        (None, None) => unreachable!("clap requires one of --prompt, --prompt-file"),
-    };
+    let text = read_prompt(&a.prompt, &a.prompt_file)?;
     let (loaded, path) = a.model.load_with_path()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
     let chat = a.model.chat_format(tok, &path)?;

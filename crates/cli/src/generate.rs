@@ -1,6 +1,6 @@
 //! `kvslim generate`: sample a continuation and stream it.
 
-use crate::common::{require_tokenizer, CliResult, ModelArgs, PolicyArgs, SamplingArgs};
+use crate::common::{read_prompt, require_tokenizer, CliResult, ModelArgs, PolicyArgs, SamplingArgs};
 use kvslim_engine::context::Question;
 use kvslim_engine::{
     beam_search, generate, speculative_run, BeamOptions, DraftLength, Drafter, GenerateOptions, ModelDrafter,
@@ -106,11 +106,7 @@ pub fn run(a: Args) -> CliResult {
     if a.speculative.is_some() && a.beams > 1 {
         return Err("--speculative and --beams do not combine".into());
     }
-    let prompt_text = match (&a.prompt, &a.prompt_file) {
-        (Some(p), _) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?,
-        (None, None) => unreachable!("clap requires one of --prompt, --prompt-file"),
-    };
+    let prompt_text = read_prompt(&a.prompt, &a.prompt_file)?;
     let (loaded, model_path) = a.model.load_with_path()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
     if let Some(file) = &a.context {
@@ -247,9 +243,7 @@ fn run_on_context(
         !stops.iter().any(|s| shown.contains(s.as_str()))
     })?;
     let mut text = tok.decode(&g.token_ids)?;
-    if let Some(cut) = stops.iter().filter_map(|s| text.find(s.as_str())).min() {
-        text.truncate(cut);
-    }
+    chat.cut_at_stop(&mut text);
     let tps = if g.decode_s > 0.0 { (g.token_ids.len().saturating_sub(1)) as f64 / g.decode_s } else { 0.0 };
     if a.json {
         let v = serde_json::json!({

@@ -24,7 +24,7 @@
 //! sequential pass (a 4.4 MiB context loaded in 0.02 s, `kvslim generate
 //! --context`).
 
-use crate::generate::{continue_generation, prefill_shared, GenerateOptions, Generation};
+use crate::generate::{check_fits, continue_generation, prefill_shared, GenerateOptions, Generation};
 use crate::session::Session;
 use crate::{EngineError, Result};
 use kvslim_cache::policy::TokenPolicySpec;
@@ -213,13 +213,7 @@ impl Context {
         if tokens.is_empty() {
             return Err(EngineError::Request("the context is empty".into()));
         }
-        let limit = model.config.context_len;
-        if tokens.len() >= limit {
-            return Err(EngineError::Request(format!(
-                "the context has {} tokens but the model's context is {limit}; shorten it",
-                tokens.len()
-            )));
-        }
+        check_fits(model, tokens.len(), "context")?;
         let mut sessions = policies
             .iter()
             .map(|p| Session::new(model, p, tokens.len(), tokens.len()))

@@ -57,16 +57,22 @@ pub(crate) fn start_session<'m>(
     if prompt.is_empty() {
         return Err(EngineError::Request("the prompt is empty (and the tokenizer adds no BOS)".into()));
     }
-    let ctx = model.config.context_len;
-    if prompt.len() >= ctx {
-        return Err(EngineError::Request(format!(
-            "the prompt has {} tokens but the model's context is {ctx}; shorten it",
-            prompt.len()
-        )));
-    }
+    check_fits(model, prompt.len(), "prompt")?;
     let session = Session::new(model, policy, prompt.len() + max_tokens, prompt.len())?;
     let max_new = new_token_limit(&session, max_tokens);
     Ok((session, max_new))
+}
+
+/// Fails when `n` tokens of `what` (a prompt, a context) leave no room in
+/// the model's context.
+pub(crate) fn check_fits(model: &Model, n: usize, what: &str) -> Result<()> {
+    let ctx = model.config.context_len;
+    if n >= ctx {
+        return Err(EngineError::Request(format!(
+            "the {what} has {n} tokens but the model's context is {ctx}; shorten it"
+        )));
+    }
+    Ok(())
 }
 
 /// How many of `max_tokens` may follow the session's tokens: all of them

@@ -11,7 +11,6 @@
 mod common;
 
 use common::llamacpp::RealModel;
-use common::shared;
 
 static QWEN: RealModel = RealModel::new("qwen2.5-coder-1.5b", "fixtures/qwen25coder/reference_wikitext2.json");
 
@@ -22,15 +21,7 @@ static QWEN: RealModel = RealModel::new("qwen2.5-coder-1.5b", "fixtures/qwen25co
 /// `\n` where the file has CRLF.
 #[test]
 fn tokenization_equals_llama_cpp() {
-    let raw = std::fs::read_to_string(shared().join("data/wikitext2/wiki.test.raw")).unwrap();
-    let text = raw[..12_000].replace("\r\n", "\n");
-    let tok = QWEN.model().tokenizer.as_ref().expect("the GGUF carries its tokenizer");
-    let want = &QWEN.reference().token_ids;
-    let got = tok.encode(&text).unwrap();
-    assert!(got.len() > want.len() + 64, "the prefix holds only {} tokens", got.len());
-    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
-        panic!("token {i} differs: ours {:?} llama.cpp {:?}", &got[i..(i + 8)], &want[i..(i + 8).min(want.len())]);
-    }
+    QWEN.check_tokenization();
 }
 
 /// Mean NLL over the 1,024 tokens within 1% of llama.cpp's 2.2242 (our f32

@@ -73,6 +73,16 @@ enum Content {
     Parts(Vec<Part>),
 }
 
+impl Content {
+    /// The message's text, its parts joined.
+    fn text(self) -> String {
+        match self {
+            Content::Text(t) => t,
+            Content::Parts(p) => p.into_iter().filter_map(|p| p.text).collect::<Vec<_>>().join(""),
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct Part {
     #[serde(default)]
@@ -472,50 +482,35 @@ fn choices_per_prompt(c: &Common) -> Result<usize, ApiError> {
 /// `echo`, `logprobs`, `n`.
 pub(crate) fn admit_completion(st: &AppState, body: &[u8]) -> Result<Admitted, ApiError> {
     let (b, common): (CompletionBody, Common) = parse(body)?;
-    if let Some(id) = &common.context {
-        let ctx = crate::contexts::lookup(st, id)?;
-        let prompt = match b.prompt {
-            Some(Prompt::Text(t)) => {
+    let context = common.context.as_deref().map(|id| crate::contexts::lookup(st, id)).transpose()?;
+    let text = |t: String| -> Result<PromptIn, ApiError> {
+        let ids = match &context {
+            // a question after a context: its tokens continue the context's
+            Some(ctx) => {
                 let plain = ChatFormat::Plain;
                 let chat = st.chat.as_ref().as_ref().unwrap_or(&plain);
-                let ids = ctx
-                    .question_tokens(&st.tokenizer, chat, Question::Text(&t))
-                    .map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))?;
-                PromptIn { ids, text: t }
+                ctx.question_tokens(&st.tokenizer, chat, Question::Text(&t))
+                    .map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))?
             }
-            Some(Prompt::Tokens(ids)) => PromptIn { text: st.tokenizer.decode(&ids).unwrap_or_default(), ids },
-            _ => {
-                return Err(ApiError::bad(
-                    "with `context`, `prompt` is one string or one list of token ids",
-                    Some("prompt"),
-                ))
-            }
+            None => encode(st, &t)?,
         };
-        let extras = Extras {
-            echo: b.echo.unwrap_or(false),
-            logprobs: completion_logprobs_field(&b.logprobs)?,
-            n: choices_per_prompt(&common)?,
-        };
-        return Ok(Admitted {
-            kind: Kind::Completion,
-            prompts: vec![prompt],
-            common,
-            extras,
-            default_max: Some(16),
-            stops: Vec::new(),
-            context: Some(ctx),
-        });
-    }
-    let text = |t: String| encode(st, &t).map(|ids| PromptIn { ids, text: t });
+        Ok(PromptIn { ids, text: t })
+    };
     let ids = |ids: Vec<u32>| PromptIn { text: st.tokenizer.decode(&ids).unwrap_or_default(), ids };
     let prompts: Vec<PromptIn> = match b.prompt {
         None => return Err(ApiError::bad("`prompt` is required", Some("prompt"))),
         Some(Prompt::Text(t)) => vec![text(t)?],
+        Some(Prompt::Tokens(t)) => vec![ids(t)],
+        Some(_) if context.is_some() => {
+            return Err(ApiError::bad(
+                "with `context`, `prompt` is one string or one list of token ids",
+                Some("prompt"),
+            ))
+        }
         Some(Prompt::Texts(v)) => {
             check_prompt_count(v.len())?;
             v.into_iter().map(text).collect::<Result<_, _>>()?
         }
-        Some(Prompt::Tokens(t)) => vec![ids(t)],
         Some(Prompt::TokenLists(v)) => {
             check_prompt_count(v.len())?;
             v.into_iter().map(ids).collect()
@@ -526,15 +521,7 @@ pub(crate) fn admit_completion(st: &AppState, body: &[u8]) -> Result<Admitted, A
         logprobs: completion_logprobs_field(&b.logprobs)?,
         n: choices_per_prompt(&common)?,
     };
-    Ok(Admitted {
-        kind: Kind::Completion,
-        prompts,
-        common,
-        extras,
-        default_max: Some(16),
-        stops: Vec::new(),
-        context: None,
-    })
+    Ok(Admitted { kind: Kind::Completion, prompts, common, extras, default_max: Some(16), stops: Vec::new(), context })
 }
 
 /// A prompt list's length, checked before any of its prompts is tokenized.
@@ -561,61 +548,45 @@ pub(crate) fn admit_chat(st: &AppState, body: &[u8]) -> Result<Admitted, ApiErro
         n: choices_per_prompt(&common)?,
     };
     let chat = st.chat.as_ref().as_ref().map_err(|e| ApiError::bad(e.clone(), Some("messages")))?;
-    if let Some(id) = &common.context {
-        let ctx = crate::contexts::lookup(st, id)?;
-        let turns: Vec<ChatMessage> = messages
-            .into_iter()
-            .map(|m| {
-                let content = match m.content {
-                    None => String::new(),
-                    Some(Content::Text(t)) => t,
-                    Some(Content::Parts(p)) => p.into_iter().filter_map(|p| p.text).collect::<Vec<_>>().join(""),
-                };
-                ChatMessage::new(m.role, content)
-            })
-            .collect();
-        let ids = ctx
-            .question_tokens(&st.tokenizer, chat, Question::Messages(&turns))
-            .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
-        let text = st.tokenizer.decode(&ids).unwrap_or_default();
-        let stops = chat.stops();
-        return Ok(Admitted {
-            kind: Kind::Chat,
-            prompts: vec![PromptIn { ids, text }],
-            common,
-            extras,
-            default_max: None,
-            stops,
-            context: Some(ctx),
-        });
-    }
-    // the template sees each message as sent (tool_calls, name …), with
-    // content parts joined into one string; `tools` keep their key order
-    let raw: RawChat = serde_json::from_slice(body).unwrap_or_default();
-    let msgs: Vec<Value> = messages
-        .into_iter()
-        .zip(raw.messages.unwrap_or_default())
-        .map(|(m, mut rawm)| {
-            let content = match m.content {
-                None => Value::Null,
-                Some(Content::Text(t)) => Value::String(t),
-                Some(Content::Parts(p)) => {
-                    Value::String(p.into_iter().filter_map(|p| p.text).collect::<Vec<_>>().join(""))
-                }
-            };
-            if let Some(o) = rawm.as_object_mut() {
-                o.insert("role".into(), Value::String(m.role));
-                o.insert("content".into(), content);
-            }
-            rawm
-        })
-        .collect();
-    let msgs = kvslim_models::chat::serde_to_value(&Value::Array(msgs));
-    let tools = raw.tools.map(|t| t.0);
-    let text = chat.render(msgs, tools).map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
-    let ids = chat
-        .encode(&st.tokenizer, &text)
-        .map_err(|e| ApiError::bad(format!("cannot tokenize the prompt: {e}"), Some("messages")))?;
+    let context = common.context.as_deref().map(|id| crate::contexts::lookup(st, id)).transpose()?;
+    let (ids, text) = match &context {
+        // the turns after a context: the template continues its messages
+        Some(ctx) => {
+            let turns: Vec<ChatMessage> = messages
+                .into_iter()
+                .map(|m| ChatMessage::new(m.role, m.content.map(Content::text).unwrap_or_default()))
+                .collect();
+            let ids = ctx
+                .question_tokens(&st.tokenizer, chat, Question::Messages(&turns))
+                .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
+            let text = st.tokenizer.decode(&ids).unwrap_or_default();
+            (ids, text)
+        }
+        None => {
+            // the template sees each message as sent (tool_calls, name …), with
+            // content parts joined into one string; `tools` keep their key order
+            let raw: RawChat = serde_json::from_slice(body).unwrap_or_default();
+            let msgs: Vec<Value> = messages
+                .into_iter()
+                .zip(raw.messages.unwrap_or_default())
+                .map(|(m, mut rawm)| {
+                    let content = m.content.map_or(Value::Null, |c| Value::String(c.text()));
+                    if let Some(o) = rawm.as_object_mut() {
+                        o.insert("role".into(), Value::String(m.role));
+                        o.insert("content".into(), content);
+                    }
+                    rawm
+                })
+                .collect();
+            let msgs = kvslim_models::chat::serde_to_value(&Value::Array(msgs));
+            let tools = raw.tools.map(|t| t.0);
+            let text = chat.render(msgs, tools).map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
+            let ids = chat
+                .encode(&st.tokenizer, &text)
+                .map_err(|e| ApiError::bad(format!("cannot tokenize the prompt: {e}"), Some("messages")))?;
+            (ids, text)
+        }
+    };
     let stops = chat.stops();
     Ok(Admitted {
         kind: Kind::Chat,
@@ -624,7 +595,7 @@ pub(crate) fn admit_chat(st: &AppState, body: &[u8]) -> Result<Admitted, ApiErro
         extras,
         default_max: None,
         stops,
-        context: None,
+        context,
     })
 }
 

@@ -312,6 +312,14 @@ impl ChatFormat {
         }
     }
 
+    /// Cuts a finished reply at its earliest stop string (an end-of-turn
+    /// marker that is not one token ends the reply, and is not part of it).
+    pub fn cut_at_stop(&self, reply: &mut String) {
+        if let Some(cut) = self.stops().iter().filter_map(|s| reply.find(s.as_str())).min() {
+            reply.truncate(cut);
+        }
+    }
+
     /// Stop strings for a reply (the template's end-of-turn markers).
     pub fn stops(&self) -> Vec<String> {
         match self {

@@ -51,6 +51,22 @@ impl RealModel {
         self.teacher_forced.get_or_init(|| self.reference().teacher_forced(&self.model().model))
     }
 
+    /// Our tokenizer gives llama.cpp's ids for the start of WikiText-2
+    /// (encoded from a prefix long enough that the cut cannot move a token
+    /// boundary inside the reference's; CRLF read as LF, as the fixture's
+    /// script read the file).
+    pub fn check_tokenization(&self) {
+        let raw = std::fs::read_to_string(super::shared().join("data/wikitext2/wiki.test.raw")).unwrap();
+        let text = raw[..12_000].replace("\r\n", "\n");
+        let tok = self.model().tokenizer.as_ref().expect("the GGUF carries its tokenizer");
+        let want = &self.reference().token_ids;
+        let got = tok.encode(&text).unwrap();
+        assert!(got.len() > want.len() + 64, "the prefix holds only {} tokens", got.len());
+        if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+            panic!("token {i} differs: ours {:?} llama.cpp {:?}", &got[i..(i + 8)], &want[i..(i + 8).min(want.len())]);
+        }
+    }
+
     /// Mean NLL within 1% of llama.cpp's; top-1 agreement at least 90%.
     pub fn check_teacher_forced(&self) {
         let r = self.reference();
