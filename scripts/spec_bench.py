@@ -4,12 +4,16 @@ chat-formatted prompts in scripts/spec_prompts/ (copy_*: code edits whose
 answer mostly copies the prompt; nocopy_*: answers that don't):
 
     python3 scripts/spec_bench.py [--model qwen2.5-coder-1.5b] [--max-tokens 96]
-        [--policy full --policy h2o:heavy=128,recent=128] [--rounds 1] [--out spec.json]
+        [--policy full --policy h2o:heavy=128,recent=128]
+        [--drafter ngram --drafter model:qwen2.5-coder-0.5b --drafter ngram+model:qwen2.5-coder-0.5b]
+        [--draft-len auto] [--rounds 1] [--out spec.json]
 
-Runs `target/release/kvslim generate --json` with and without `--speculative
-ngram` (default draft length and verification) alternately, checks that the
-tokens are identical, and prints decode tok/s, the speed-up and the tokens
-per target pass for each prompt and policy (medians over rounds).
+Runs `target/release/kvslim generate --json` plainly and with each drafter
+(`ngram`, the default; `self`; `model:MODEL` and `ngram+model:MODEL`, which
+pass `--draft-model MODEL`), engines in rotating order each round, checks
+that the tokens are identical, and prints decode tok/s, the speed-up and the
+tokens per target pass for each prompt, policy and drafter (medians over
+rounds).
 """
 import argparse
 import glob
@@ -22,11 +26,14 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(model, prompt_file, max_tokens, policy, spec):
+def run(model, prompt_file, max_tokens, policy, drafter, draft_len):
     cmd = [os.path.join(ROOT, "target", "release", "kvslim"), "generate", "--model", model, "--prompt-file",
            prompt_file, "--max-tokens", str(max_tokens), "--temperature", "0", "--policy", policy, "--json"]
-    if spec:
-        cmd += ["--speculative", "ngram"]
+    if drafter:
+        kind, _, draft_model = drafter.partition(":")
+        cmd += ["--speculative", kind, "--draft-len", draft_len]
+        if draft_model:
+            cmd += ["--draft-model", draft_model]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr}")
@@ -38,34 +45,43 @@ def main():
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--policy", action="append")
+    ap.add_argument("--drafter", action="append")
+    ap.add_argument("--draft-len", default="auto")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out")
     a = ap.parse_args()
     policies = a.policy or ["full", "h2o:heavy=128,recent=128"]
+    drafters = a.drafter or ["ngram"]
     prompts = sorted(glob.glob(os.path.join(ROOT, "scripts", "spec_prompts", "*.txt")))
     rows = []
     for policy in policies:
         for p in prompts:
-            plain, spec, passes = [], [], []
+            engines = [None] + drafters
+            tok_s = {e: [] for e in engines}
+            passes = {e: [] for e in drafters}
             for r in range(a.rounds):
-                order = [False, True] if r % 2 == 0 else [True, False]
-                got = {s: run(a.model, p, a.max_tokens, policy, s) for s in order}
-                if got[True]["token_ids"] != got[False]["token_ids"]:
-                    sys.exit(f"{os.path.basename(p)} {policy}: speculative tokens differ from plain greedy")
-                plain.append(got[False]["decode_tok_s"])
-                spec.append(got[True]["decode_tok_s"])
-                passes.append(got[True]["speculative"]["tokens_per_pass"])
-            row = {"prompt": os.path.basename(p)[:-4], "policy": policy, "tokens": len(got[True]["token_ids"]),
-                   "plain_tok_s": statistics.median(plain), "spec_tok_s": statistics.median(spec),
-                   "tokens_per_pass": statistics.median(passes)}
-            row["speedup"] = row["spec_tok_s"] / row["plain_tok_s"]
-            rows.append(row)
-            print(f"{row['prompt']:<20} {policy:<28} plain {row['plain_tok_s']:6.2f} spec {row['spec_tok_s']:6.2f} "
-                  f"x{row['speedup']:.2f} ({row['tokens_per_pass']:.2f} tokens/pass)", file=sys.stderr, flush=True)
-    print("| prompt | policy | tokens | plain tok/s | speculative tok/s | speed-up | tokens per pass |")
-    print("|---|---|---|---|---|---|---|")
+                order = engines[r % len(engines):] + engines[:r % len(engines)]
+                got = {e: run(a.model, p, a.max_tokens, policy, e, a.draft_len) for e in order}
+                for e in engines:
+                    if got[e]["token_ids"] != got[None]["token_ids"]:
+                        sys.exit(f"{os.path.basename(p)} {policy} {e}: speculative tokens differ from plain greedy")
+                    tok_s[e].append(got[e]["decode_tok_s"])
+                    if e:
+                        passes[e].append(got[e]["speculative"]["tokens_per_pass"])
+            for e in drafters:
+                row = {"prompt": os.path.basename(p)[:-4], "policy": policy, "drafter": e, "draft_len": a.draft_len,
+                       "tokens": len(got[None]["token_ids"]), "plain_tok_s": statistics.median(tok_s[None]),
+                       "spec_tok_s": statistics.median(tok_s[e]), "tokens_per_pass": statistics.median(passes[e])}
+                row["speedup"] = row["spec_tok_s"] / row["plain_tok_s"]
+                rows.append(row)
+                print(f"{row['prompt']:<20} {policy:<28} {e:<32} plain {row['plain_tok_s']:6.2f} "
+                      f"spec {row['spec_tok_s']:6.2f} x{row['speedup']:.2f} ({row['tokens_per_pass']:.2f} tokens/pass)",
+                      file=sys.stderr, flush=True)
+    print("| prompt | policy | drafter | tokens | plain tok/s | speculative tok/s | speed-up | tokens per pass |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['prompt']} | `{r['policy']}` | {r['tokens']} | {r['plain_tok_s']:.2f} | {r['spec_tok_s']:.2f} | "
+        print(f"| {r['prompt']} | `{r['policy']}` | `{r['drafter']}` | {r['tokens']} | {r['plain_tok_s']:.2f} | "
+              f"{r['spec_tok_s']:.2f} | "
               f"{r['speedup']:.2f} | {r['tokens_per_pass']:.2f} |")
     if a.out:
         with open(a.out, "w") as f:

@@ -176,6 +176,8 @@ class Model:
         top_p: float = 1.0,
         seed: int = 0,
         speculative: bool = False,
+        draft_model: Optional["Model"] = None,
+        draft_policy: Optional[str] = None,
     ) -> Generation:
         """Continues ``prompt`` (greedy at temperature 0) with the KV cache
         under ``policy``; stops at EOS or after ``max_tokens``.
@@ -183,8 +185,15 @@ class Model:
         ``speculative`` (greedy only): n-gram drafts copied from the prompt
         and output, verified in one pass each (``generate --speculative
         ngram``): the same tokens, faster on answers that copy their prompt.
+        ``draft_model`` (greedy only; a :class:`Model` with this one's
+        vocabulary, e.g. ``qwen2.5-coder-0.5b`` for ``qwen2.5-coder-1.5b``):
+        copies where the context matches, else drafts by the draft model
+        under ``draft_policy`` (default: ``policy``), as ``generate
+        --draft-model``: the same tokens again.
         """
-        d = self._m.generate(prompt, max_tokens, policy, temperature, top_k, top_p, seed, speculative)
+        draft = draft_model._m if draft_model is not None else None
+        d = self._m.generate(prompt, max_tokens, policy, temperature, top_k, top_p, seed, speculative, draft,
+                             draft_policy)
         return Generation(**d)
 
     def perplexity(

@@ -29,6 +29,8 @@ class Model:
         top_p: float = 1.0,
         seed: int = 0,
         speculative: bool = False,
+        draft_model: Optional["Model"] = None,
+        draft_policy: Optional[str] = None,
     ) -> Dict[str, Any]: ...
     def perplexity(
         self,

@@ -13,8 +13,8 @@ use kvslim_cache::{KvBytes, KvDtype, PolicySpec};
 use kvslim_engine::calibrate::{calibrate, calibration_windows, CalibrateOptions};
 use kvslim_engine::context::{Context as EngineContext, Framing, Question};
 use kvslim_engine::{
-    generate, perplexity, speculative_run, DraftLength, EngineError, GenerateOptions, NgramDrafter, PerplexityOptions,
-    SamplingParams, Verification,
+    generate, perplexity, speculative_run, CopyThenModel, DraftLength, Drafter, EngineError, GenerateOptions,
+    ModelDrafter, NgramDrafter, PerplexityOptions, SamplingParams, Verification,
 };
 use kvslim_eval::{run_matrix, EvalError, MatrixConfig, ScoreMode, TaskSpec};
 use kvslim_models::chat::{ChatFormat, ChatMessage};
@@ -224,9 +224,12 @@ impl Model {
 
     /// `kvslim generate --json`: a dict with `text`, `token_ids`,
     /// `prompt_token_ids`, `stop_reason`, timings and KV bytes; with
-    /// `speculative` (greedy only) `generate --speculative ngram`, the same
-    /// tokens, plus `speculative` (passes, drafted, accepted tokens).
-    #[pyo3(signature = (prompt, max_tokens=128, policy="full", temperature=0.0, top_k=0, top_p=1.0, seed=0, speculative=false))]
+    /// `speculative` (greedy only) `generate --speculative ngram`, with a
+    /// `draft_model` `generate --draft-model` (copies where the context
+    /// matches, else the draft model's drafts under `draft_policy`, default
+    /// `policy`): the same tokens, plus `speculative` (passes, drafted,
+    /// accepted tokens).
+    #[pyo3(signature = (prompt, max_tokens=128, policy="full", temperature=0.0, top_k=0, top_p=1.0, seed=0, speculative=false, draft_model=None, draft_policy=None))]
     #[allow(clippy::too_many_arguments)]
     fn generate<'py>(
         &self,
@@ -239,9 +242,27 @@ impl Model {
         top_p: f32,
         seed: u64,
         speculative: bool,
+        draft_model: Option<PyRef<'py, Model>>,
+        draft_policy: Option<&str>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let tok = self.tokenizer()?;
         let spec = parse_policy(policy)?;
+        let draft = match &draft_model {
+            Some(d) => {
+                let dtok = d.tokenizer()?;
+                if let Some(id) = dtok.first_difference(tok) {
+                    return Err(PyValueError::new_err(format!(
+                        "draft_model does not share the model's vocabulary (id {id}: {:?} against {:?}): a draft \
+                         model needs the target's tokenizer",
+                        dtok.token_text(id),
+                        tok.token_text(id)
+                    )));
+                }
+                Some((&d.loaded.model, draft_policy.map(parse_policy).transpose()?.unwrap_or_else(|| spec.clone())))
+            }
+            None if draft_policy.is_some() => return Err(PyValueError::new_err("draft_policy needs a draft_model")),
+            None => None,
+        };
         let opts = GenerateOptions {
             max_tokens,
             sampling: SamplingParams { temperature, top_k, top_p, seed },
@@ -251,13 +272,18 @@ impl Model {
         let model = &self.loaded.model;
         let (prompt_ids, g, stats, text) = run_detached(py, || -> PyResult<_> {
             let ids = tok.encode(prompt).map_err(model_error)?;
-            let (g, stats) = if speculative {
-                let mut drafter = NgramDrafter::default();
+            let (g, stats) = if speculative || draft.is_some() {
+                let mut drafter: Box<dyn Drafter> = match &draft {
+                    Some((m, policy)) => {
+                        Box::new(CopyThenModel::new(ModelDrafter::new(m, policy.clone(), ids.len() + max_tokens)))
+                    }
+                    None => Box::new(NgramDrafter::default()),
+                };
                 let run = speculative_run(
                     model,
                     &ids,
                     &opts,
-                    &mut drafter,
+                    drafter.as_mut(),
                     DraftLength::default(),
                     Verification::Auto,
                     |_| true,

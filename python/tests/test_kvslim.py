@@ -96,6 +96,23 @@ def test_speculative_generate_equals_greedy(smollm2):
         smollm2.generate(prompt, max_tokens=4, temperature=0.8, speculative=True)
 
 
+def test_draft_model_generate_equals_greedy(smollm2, smollm2_f32, stories):
+    # the same weights with f32 products drafting for the integer-product model
+    prompt = "Once upon a time, there was a little girl named Lily. She"
+    for policy in ["full", "h2o:heavy=16,recent=16"]:
+        plain = smollm2.generate(prompt, max_tokens=32, policy=policy)
+        spec = smollm2.generate(prompt, max_tokens=32, policy=policy, draft_model=smollm2_f32)
+        assert spec.token_ids == plain.token_ids, policy
+        s = spec.speculative
+        assert s["accepted"] > s["drafted"] // 2 and s["target_passes"] < len(spec.token_ids), (policy, s)
+    own = smollm2.generate(prompt, max_tokens=16, draft_model=smollm2_f32, draft_policy="window:recent=8")
+    assert own.token_ids == plain.token_ids[:16]
+    with pytest.raises(ValueError, match="vocabulary"):
+        smollm2.generate(prompt, max_tokens=4, draft_model=stories)
+    with pytest.raises(ValueError, match="draft_policy needs a draft_model"):
+        smollm2.generate(prompt, max_tokens=4, draft_policy="full")
+
+
 def cli_binary():
     p = os.environ.get("KVSLIM_BIN") or str(REPO / "target" / "release" / "kvslim")
     return p if os.path.exists(p) else None

@@ -15,9 +15,10 @@
 //!   the conversation's tokens are fed, never the document's.
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs, PolicyArgs, SamplingArgs};
+use crate::draft::{DraftArgs, DraftKind, DraftModel};
 use kvslim_engine::context::{Context, Question};
 use kvslim_engine::generate::StopReason;
-use kvslim_engine::{generate, GenerateOptions, SamplingParams};
+use kvslim_engine::{generate, speculative_run, DraftLength, GenerateOptions, SamplingParams, Verification};
 use kvslim_models::chat::{ChatFormat, ChatMessage};
 use kvslim_models::tokenizer::StreamDecoder;
 use kvslim_models::{Model, Tokenizer};
@@ -32,7 +33,7 @@ pub struct Args {
     system: Option<String>,
     /// Chat about a compressed context saved by `kvslim compress` (its
     /// system prompt and policy come with it).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "draft_model")]
     context: Option<std::path::PathBuf>,
     /// Maximum number of new tokens per reply.
     #[arg(long, default_value_t = 256)]
@@ -44,6 +45,10 @@ pub struct Args {
     /// Print the rendered prompt of each turn on stderr.
     #[arg(long)]
     show_prompt: bool,
+    /// With --draft-model: greedy speculative decoding (copies where the
+    /// conversation has a match, else the draft model's drafts).
+    #[command(flatten)]
+    draft: DraftArgs,
 }
 
 /// What a line of input asks for.
@@ -87,6 +92,10 @@ pub fn run(a: Args) -> CliResult {
     let (loaded, path) = a.model.load_with_path()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
     let chat = a.model.chat_format(tok, &path)?;
+    let draft = a.draft.load(tok, a.model.f32_activations)?;
+    if draft.is_some() && a.sampling.temperature != 0.0 {
+        return Err("--draft-model is greedy speculative decoding: add --temperature 0".into());
+    }
     let context = match &a.context {
         Some(file) => {
             crate::compress::refuse_policy_with_context(&a.policy.spec)?;
@@ -133,7 +142,8 @@ pub fn run(a: Args) -> CliResult {
             }
             Input::Turn(text) => {
                 history.turns.push(ChatMessage::new("user", text));
-                match reply(&a, (&loaded.model, context.as_ref()), tok, &chat, &history, turn, &mut out) {
+                let engines = Engines { model: &loaded.model, context: context.as_ref(), draft: draft.as_ref() };
+                match reply(&a, engines, tok, &chat, &history, turn, &mut out) {
                     Ok(r) => history.turns.push(ChatMessage::new("assistant", r)),
                     Err(e) => {
                         // a turn that cannot run (template error, context full) is dropped
@@ -151,10 +161,17 @@ pub fn run(a: Args) -> CliResult {
     Ok(())
 }
 
+/// What a reply runs on: the model, and a saved context or a draft model.
+struct Engines<'a> {
+    model: &'a Model,
+    context: Option<&'a Context>,
+    draft: Option<&'a DraftModel>,
+}
+
 /// Generates, streams and returns one assistant reply.
 fn reply(
     a: &Args,
-    (model, context): (&Model, Option<&Context>),
+    Engines { model, context, draft }: Engines<'_>,
     tok: &Tokenizer,
     chat: &ChatFormat,
     history: &History,
@@ -198,9 +215,15 @@ fn reply(
         // an end-of-turn marker that is not one token ends the reply too
         !stops.iter().any(|s| shown.contains(s.as_str()))
     };
-    let g = match context {
-        Some(c) => c.generate(model, &prompt, &opts, on_token)?,
-        None => generate(model, &prompt, &opts, on_token)?,
+    let g = match (context, draft) {
+        (Some(c), _) => c.generate(model, &prompt, &opts, on_token)?,
+        (None, Some(d)) => {
+            let max_len = prompt.len() + opts.max_tokens;
+            let mut drafter = DraftKind::NgramModel.drafter(model, Some(d), &opts.policy, max_len);
+            let v = Verification::Auto;
+            speculative_run(model, &prompt, &opts, drafter.as_mut(), DraftLength::default(), v, on_token)?.generation
+        }
+        (None, None) => generate(model, &prompt, &opts, on_token)?,
     };
     let mut reply = tok.decode(&g.token_ids)?;
     chat.cut_at_stop(&mut reply);

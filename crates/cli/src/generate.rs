@@ -1,11 +1,9 @@
 //! `kvslim generate`: sample a continuation and stream it.
 
 use crate::common::{read_prompt, require_tokenizer, CliResult, ModelArgs, PolicyArgs, SamplingArgs};
+use crate::draft::{DraftArgs, DraftKind};
 use kvslim_engine::context::Question;
-use kvslim_engine::{
-    beam_search, generate, speculative_run, BeamOptions, DraftLength, Drafter, GenerateOptions, ModelDrafter,
-    NgramDrafter, Verification,
-};
+use kvslim_engine::{beam_search, generate, speculative_run, BeamOptions, DraftLength, GenerateOptions, Verification};
 use kvslim_models::tokenizer::StreamDecoder;
 use std::io::Write;
 
@@ -31,7 +29,7 @@ pub struct Args {
     /// compress` (its policy keeps running; a chat context takes the
     /// prompt as the next user turn): only the prompt's tokens are fed,
     /// not the document's.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["beams", "speculative"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["beams", "speculative", "draft_model"])]
     context: Option<std::path::PathBuf>,
     /// Print one JSON object (`text`, `token_ids`, timings, KV bytes) instead of streaming.
     #[arg(long)]
@@ -46,12 +44,16 @@ pub struct Args {
     /// Beam search length penalty α: score = logprob / len^α.
     #[arg(long, default_value_t = 1.0)]
     length_penalty: f32,
-    /// Greedy speculative decoding with an `ngram` (prompt-lookup) or
-    /// `self` (the model drafting for itself) draft; the output is plain
+    /// Greedy speculative decoding, drafts from: `ngram` (prompt lookup),
+    /// `self` (the model drafting for itself), `model` (--draft-model) or
+    /// `ngram+model` (copies where the context has a match, else
+    /// --draft-model; the default with --draft-model). The output is plain
     /// greedy decoding's (bit for bit; with --fast-verify up to rounding in
     /// the verification GEMM, which can flip a near tie).
-    #[arg(long, value_parser = ["ngram", "self"])]
-    speculative: Option<String>,
+    #[arg(long, value_enum)]
+    speculative: Option<DraftKind>,
+    #[command(flatten)]
+    draft: DraftArgs,
     /// With --speculative: always verify drafts with one GEMM per matrix
     /// over the chunk (weights read once per pass). By default this happens
     /// only where it is a decode step's arithmetic (every matrix with the
@@ -103,12 +105,14 @@ pub fn run(a: Args) -> CliResult {
     if a.beams > 1 && a.sampling.temperature != 0.0 {
         return Err("--beams > 1 is greedy beam search: drop --temperature".into());
     }
-    if a.speculative.is_some() && a.beams > 1 {
-        return Err("--speculative and --beams do not combine".into());
+    if (a.speculative.is_some() || a.draft.draft_model.is_some()) && a.beams > 1 {
+        return Err("--speculative and --draft-model do not combine with --beams".into());
     }
     let prompt_text = read_prompt(&a.prompt, &a.prompt_file)?;
     let (loaded, model_path) = a.model.load_with_path()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
+    let draft_model = a.draft.load(tok, a.model.f32_activations)?;
+    let speculative = DraftKind::resolve(a.speculative, draft_model.as_ref())?;
     if let Some(file) = &a.context {
         return run_on_context(&a, &loaded.model, tok, &model_path, file, &prompt_text);
     }
@@ -122,8 +126,8 @@ pub fn run(a: Args) -> CliResult {
         policy: a.policy.spec.clone(),
         eos: tok.eos.clone(),
     };
-    if a.speculative.is_some() && a.sampling.temperature != 0.0 {
-        return Err("--speculative is greedy only: drop --temperature".into());
+    if speculative.is_some() && a.sampling.temperature != 0.0 {
+        return Err("speculative decoding (--speculative, --draft-model) is greedy only: drop --temperature".into());
     }
     let mut stream = StreamDecoder::new();
     let mut out = std::io::stdout().lock();
@@ -140,13 +144,20 @@ pub fn run(a: Args) -> CliResult {
         }
         true
     };
-    let (g, spec_stats) = match a.speculative.as_deref() {
+    let (g, spec_stats) = match speculative {
         None => (generate(&loaded.model, &prompt, &opts, on_token)?, None),
         Some(kind) => {
-            let mut ngram = NgramDrafter::default();
-            let mut model_draft = ModelDrafter::new(&loaded.model, a.policy.spec.clone(), prompt.len() + a.max_tokens);
-            let drafter: &mut dyn Drafter = if kind == "self" { &mut model_draft } else { &mut ngram };
-            let run = speculative_run(&loaded.model, &prompt, &opts, drafter, a.draft_len, verification(&a), on_token)?;
+            let max_len = prompt.len() + a.max_tokens;
+            let mut drafter = kind.drafter(&loaded.model, draft_model.as_ref(), &a.policy.spec, max_len);
+            let run = speculative_run(
+                &loaded.model,
+                &prompt,
+                &opts,
+                drafter.as_mut(),
+                a.draft_len,
+                verification(&a),
+                on_token,
+            )?;
             (run.generation, Some(run.stats))
         }
     };
@@ -166,7 +177,8 @@ pub fn run(a: Args) -> CliResult {
             "kv_bytes_allocated": g.kv_bytes.kv,
             "kv_metadata_bytes": g.kv_bytes.metadata,
             "speculative": spec_stats.map(|st| serde_json::json!({
-                "drafter": a.speculative,
+                "drafter": speculative.map(DraftKind::name),
+                "draft_model": a.draft.draft_model,
                 "draft_len": match a.draft_len {
                     DraftLength::Fixed(k) => k.to_string(),
                     DraftLength::Adaptive { max } => format!("auto:{max}"),
@@ -198,7 +210,7 @@ pub fn run(a: Args) -> CliResult {
     if let Some(st) = spec_stats {
         eprintln!(
             "[speculative {}: {} target passes, {} drafted, {} accepted ({:.1}%), {:.2} tokens per pass, {} replays]",
-            a.speculative.as_deref().unwrap_or(""),
+            speculative.map_or("", DraftKind::name),
             st.target_passes,
             st.drafted,
             st.accepted,

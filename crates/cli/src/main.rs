@@ -5,6 +5,7 @@ mod calibrate;
 mod chat;
 mod common;
 mod compress;
+mod draft;
 mod eval;
 mod fetch;
 mod generate;

@@ -305,3 +305,41 @@ fn eval_lcc_scores_the_first_line() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("max_context"), "{}", String::from_utf8_lossy(&bad.stderr));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--draft-model` (here the model drafting for itself through the flag)
+/// gives plain greedy's tokens in `generate` and `chat`, reports its
+/// drafts, and refuses a model of another vocabulary by name.
+#[test]
+fn draft_model_gives_greedy_tokens_and_refuses_another_vocabulary() {
+    let smol = shared().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf").display().to_string();
+    let gen = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", &smol, "--prompt", "The capital of France is", "--max-tokens", "16"];
+        args.extend_from_slice(&["--temperature", "0", "--json"]);
+        args.extend_from_slice(extra);
+        json(&kvslim(&args))
+    };
+    let plain = gen(&[]);
+    for extra in
+        [&["--draft-model", &smol][..], &["--draft-model", &smol, "--speculative", "model", "--draft-len", "3"]]
+    {
+        let spec = gen(extra);
+        assert_eq!(spec["token_ids"], plain["token_ids"], "{extra:?}");
+        assert_eq!(spec["speculative"]["draft_model"], smol.as_str());
+        assert!(spec["speculative"]["accepted"].as_u64().unwrap() > 0, "{extra:?}: {}", spec["speculative"]);
+    }
+    let chat = |extra: &[&str]| {
+        let mut args = vec!["chat", "--model", &smol, "--max-tokens", "12", "--temperature", "0"];
+        args.extend_from_slice(extra);
+        let o = kvslim_with_stdin(&args, "Name a colour.\n");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    assert_eq!(chat(&["--draft-model", &smol]), chat(&[]));
+
+    let o = kvslim(&["generate", "--model", &smol, "--prompt", "Hi", "--draft-model", &stories()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("does not share the target's vocabulary"), "{err}");
+    let o = kvslim(&["generate", "--model", &smol, "--prompt", "Hi", "--speculative", "model"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--draft-model"), "{err}");
+}

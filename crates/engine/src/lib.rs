@@ -32,8 +32,8 @@ pub use perplexity::{perplexity, FullComparison, PerplexityOptions, PerplexityRe
 pub use sampling::{Sampler, SamplingParams};
 pub use session::{Feed, Session};
 pub use speculative::{
-    replay_drafts, speculative_run, DraftLength, Drafter, ModelDrafter, NgramDrafter, SpecStats, Speculator,
-    Verification,
+    replay_drafts, speculative_run, CopyThenModel, DraftLength, Drafter, ModelDrafter, NgramDrafter, SpecStats,
+    Speculator, Verification,
 };
 
 /// Errors of the engine: model errors plus request validation.

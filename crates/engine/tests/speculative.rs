@@ -3,7 +3,7 @@
 
 use kvslim_cache::PolicySpec;
 use kvslim_engine::speculative::{
-    replay_drafts, speculative_run, DraftLength, Drafter, ModelDrafter, NgramDrafter, Verification,
+    replay_drafts, speculative_run, CopyThenModel, DraftLength, Drafter, ModelDrafter, NgramDrafter, Verification,
 };
 use kvslim_engine::{generate, GenerateOptions, SamplingParams, Session};
 use kvslim_models::{load_model, Logits, Model, Scratch};
@@ -426,6 +426,123 @@ fn auto_verification_is_batched_and_exact_on_integer_products() {
             assert_eq!(r.generation.token_ids, plain.token_ids, "{spec} trial {trial}");
         }
     }
+}
+
+/// A separate draft model with the target's tokenizer (the same tiny Qwen2
+/// quantized Q4_K_M drafting for its Q8_0 self, `--draft-model`): greedy's
+/// tokens under full and H2O, with the drafter under the target's policy
+/// or its own, alone or behind the n-gram copier, and drafts accepted.
+/// The drafter keeps its accepted drafts' K/V between passes; a wrong
+/// rollback there would feed it a wrong context and its drafts would stop
+/// being accepted, so acceptance is asserted too.
+#[test]
+fn a_draft_model_gives_greedy_tokens_under_full_and_h2o() {
+    let target = load_model(&shared().join("fixtures/gguf/qwen2/Q8_0.gguf")).unwrap().model;
+    let draft = load_model(&shared().join("fixtures/gguf/qwen2/Q4_K_M.gguf")).unwrap().model;
+    let vocab = target.config.vocab_size;
+    let mut rng = Stream(23);
+    let (mut drafted, mut accepted) = (0, 0);
+    for spec in ["full", "h2o:heavy=6,recent=6"] {
+        let o = opts(spec, 24, Vec::new());
+        for (trial, draft_policy) in ["same", "window:recent=16", "h2o:heavy=4,recent=4"].iter().enumerate() {
+            let draft_policy =
+                if *draft_policy == "same" { o.policy.clone() } else { PolicySpec::parse(draft_policy).unwrap() };
+            let prompt: Vec<u32> = (0..(6 + rng.below(10))).map(|_| rng.below(vocab) as u32).collect();
+            let plain = generate(&target, &prompt, &o, |_| true).unwrap();
+            let max_len = prompt.len() + o.max_tokens;
+            for k in [DraftLength::Fixed(1), DraftLength::Fixed(3), DraftLength::default()] {
+                let alone = ModelDrafter::new(&draft, draft_policy.clone(), max_len);
+                let behind_copier = CopyThenModel::new(ModelDrafter::new(&draft, draft_policy.clone(), max_len));
+                let drafters: [(&str, Box<dyn Drafter>); 2] =
+                    [("model", Box::new(alone)), ("copy+model", Box::new(behind_copier))];
+                for (name, mut d) in drafters {
+                    let r = speculative_run(&target, &prompt, &o, d.as_mut(), k, Verification::Auto, |_| true).unwrap();
+                    let what = format!("{spec}, trial {trial}, {k:?}, {name}");
+                    assert_eq!(r.generation.token_ids, plain.token_ids, "{what}");
+                    drafted += r.stats.drafted;
+                    accepted += r.stats.accepted;
+                }
+            }
+        }
+    }
+    assert!(accepted * 2 > drafted, "the Q4_K_M drafter should mostly agree with Q8_0: {accepted} of {drafted}");
+}
+
+/// A draft model keeps its accepted drafts' K/V between calls, exactly:
+/// across random acceptances (none, some, all) its drafts are those of a
+/// fresh session fed the same committed tokens in the same pieces (each
+/// call's catch-up chunk, then the accepted drafts one step each), under
+/// policies whose undo is a cut (`full`), the journal (H2O, TOVA) or a
+/// copy (paged). Under `full` the pieces do not matter, and a drafter
+/// started afresh on the whole context agrees too.
+#[test]
+fn a_draft_model_keeps_exactly_the_accepted_drafts() {
+    let l = load_model(&shared().join("fixtures/gguf/qwen2/Q8_0.gguf")).unwrap();
+    let m = &l.model;
+    let vocab = m.config.vocab_size;
+    let mut rng = Stream(5);
+    let max_len = 64;
+    for spec in ["full", "full:page=4", "h2o:heavy=6,recent=6", "h2o:heavy=6,recent=6,score=tova"] {
+        let policy = PolicySpec::parse(spec).unwrap();
+        let mut context: Vec<u32> = (0..8).map(|_| rng.below(vocab) as u32).collect();
+        let mut kept = ModelDrafter::new(m, policy.clone(), max_len);
+        // the committed tokens in the pieces the drafter fed them
+        let mut pieces: Vec<Vec<u32>> = Vec::new();
+        let mut committed = 0;
+        let mut calls = 0;
+        while context.len() + 6 < max_len {
+            let k = 1 + rng.below(4);
+            let drafts = kept.draft(&context, k).unwrap();
+            let what = format!("{spec}: context of {} tokens, k {k}", context.len());
+            let mut reference =
+                Session::new(m, &policy, max_len, pieces.first().map_or(context.len(), Vec::len)).unwrap();
+            for p in &pieces {
+                reference.feed(p, Logits::Last).unwrap();
+            }
+            let catch_up = context[committed..].to_vec();
+            let mut want = vec![kvslim_engine::sampling::argmax(reference.feed(&catch_up, Logits::Last).unwrap())];
+            while want.len() < k {
+                let next =
+                    kvslim_engine::sampling::argmax(reference.feed(&[*want.last().unwrap()], Logits::Last).unwrap());
+                want.push(next);
+            }
+            assert_eq!(drafts, want, "{what}");
+            if spec == "full" {
+                let fresh = ModelDrafter::new(m, policy.clone(), max_len).draft(&context, k).unwrap();
+                assert_eq!(drafts, fresh, "{what}: a fresh drafter");
+            }
+            let accepted = rng.below(drafts.len() + 1);
+            pieces.push(catch_up);
+            let stepped = accepted.min(k - 1);
+            pieces.extend(drafts[..stepped].iter().map(|&d| vec![d]));
+            committed = context.len() + stepped;
+            context.extend_from_slice(&drafts[..accepted]);
+            let target = drafts.get(accepted).map_or(rng.below(vocab) as u32, |d| (d + 1) % vocab as u32);
+            context.push(target);
+            calls += 1;
+        }
+        assert!(calls >= 8, "{spec}: {calls} calls");
+    }
+}
+
+/// The target drafting for itself under `full`: its drafts are its own
+/// greedy continuation, so (up to the chunked catch-up's rounding) every
+/// draft is accepted, which holds only if the drafter's cache kept exactly
+/// the accepted drafts from one pass to the next.
+#[test]
+fn a_model_drafting_for_itself_is_accepted_almost_always() {
+    let l = stories();
+    let m = &l.model;
+    let o = opts("full", 40, Vec::new());
+    let (mut drafted, mut accepted) = (0, 0);
+    for text in SNIPPETS {
+        let prompt = l.tok.encode(text).unwrap();
+        let mut d = ModelDrafter::new(m, o.policy.clone(), prompt.len() + o.max_tokens);
+        let r = speculative_run(m, &prompt, &o, &mut d, 4, Verification::Exact, |_| true).unwrap();
+        drafted += r.stats.drafted;
+        accepted += r.stats.accepted;
+    }
+    assert!(accepted as f64 >= 0.95 * drafted as f64, "{accepted} of {drafted} self-drafts accepted");
 }
 
 /// `replay_drafts` on a recorded greedy answer gives a real run's

@@ -36,3 +36,21 @@ fn teacher_forced_log_probs_match_llama_cpp() {
 fn greedy_continuation_matches_llama_cpp() {
     QWEN.check_greedy();
 }
+
+/// Its vocabulary is the 1.5B's id for id, so it can draft for the 1.5B
+/// (`--draft-model`); SmolLM2's is not.
+#[test]
+fn its_vocabulary_is_the_1_5b_s() {
+    let large = common::llamacpp::load_alias("qwen2.5-coder-1.5b");
+    let smol = kvslim_models::load_model(
+        &common::shared().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    )
+    .unwrap();
+    let small = QWEN.model().tokenizer.as_ref().expect("the GGUF carries its tokenizer");
+    assert_eq!(small.first_difference(large.tokenizer.as_ref().unwrap()), None);
+    assert_eq!(
+        small.first_difference(smol.tokenizer.as_ref().unwrap()),
+        Some(0),
+        "SmolLM2's vocabulary differs from its first id"
+    );
+}

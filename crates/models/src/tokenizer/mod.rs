@@ -153,6 +153,17 @@ impl Tokenizer {
     pub fn is_eos(&self, id: u32) -> bool {
         self.eos.contains(&id)
     }
+
+    /// The first id whose vocabulary string differs from `other`'s (the
+    /// smaller vocabulary's size when one is a prefix of the other), or
+    /// `None` when both map every id alike: what a draft model must share
+    /// with its target.
+    pub fn first_difference(&self, other: &Tokenizer) -> Option<u32> {
+        let n = self.vocab_size().min(other.vocab_size()) as u32;
+        (0..n)
+            .find(|&id| self.token_text(id) != other.token_text(id))
+            .or((self.vocab_size() != other.vocab_size()).then_some(n))
+    }
 }
 
 /// One token as bytes: see [`Tokenizer::token_bytes`].
