@@ -3,15 +3,16 @@
 //! prompt, a prefill to run, a question on a context, or a beam search.
 
 use super::beams::run_beams;
+use super::ctx::Ctx;
+use super::events::Event;
 use super::prefill::Prefilling;
-use super::prefix_cache::PrefixCache;
+use super::request::{Limits, Request};
 use super::sequence::Running;
-use super::{Event, Limits, Pools, Request};
-use crate::contexts::ContextStore;
+use crate::contexts::store::ContextStore;
 use crate::metrics::Metrics;
 use kvslim_cache::policy::TokenPolicySpec;
 use kvslim_engine::{Context, Session};
-use kvslim_models::{Logits, Model, Scratch, Tokenizer};
+use kvslim_models::Logits;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
@@ -63,28 +64,6 @@ impl Queue {
         }
         m.queued.fetch_sub(1, Relaxed);
         self.waiting.pop_front()
-    }
-}
-
-/// What admission works with besides the request.
-pub(super) struct Ctx<'a> {
-    pub model: &'a Model,
-    pub tok: &'a Tokenizer,
-    pub m: &'a Metrics,
-    pub pools: &'a Pools,
-    pub limits: &'a Limits,
-    pub prefix: PrefixCache,
-    /// The buffers of one prefill, lent to each request's prefill in turn:
-    /// a running request keeps only its cache (its decode steps use the
-    /// batch's scratch), so memory does not grow by a prompt's activations
-    /// per request in flight.
-    pub prefill: Scratch,
-}
-
-impl<'a> Ctx<'a> {
-    pub fn new(model: &'a Model, tok: &'a Tokenizer, m: &'a Metrics, pools: &'a Pools, limits: &'a Limits) -> Self {
-        let prefix = PrefixCache::new(limits.prefix_cache);
-        Ctx { model, tok, m, pools, limits, prefix, prefill: Scratch::new() }
     }
 }
 
@@ -189,6 +168,7 @@ fn admit_question<'m>(cx: &mut Ctx<'m>, req: Request, ctx: &Context) -> Admitted
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduler::pools::Pools;
     use crate::scheduler::prefill::{finish_prefill, prefill_slice, Slice};
     use crate::scheduler::testing::{events, outcome, request, tiny_model, tokenizer};
     use kvslim_cache::PolicySpec;

@@ -1,8 +1,8 @@
 //! Beam search for a request (`beams` > 1), run whole at admission.
 
+use super::events::Event;
 use super::pools::Pools;
 use super::sequence::Running;
-use super::Event;
 use crate::metrics::Metrics;
 use kvslim_engine::beam::{beam_policy, beam_search_in, BeamStorage};
 use kvslim_engine::BeamOptions;

@@ -1,14 +1,13 @@
 //! A decode step: one batched forward pass over every running sequence,
-//! or, for a greedy sequence decoding alone, a speculative pass.
+//! or, for a greedy sequence decoding alone, a speculative pass
+//! ([`super::speculation`]).
 
 use super::events::token_logprob;
 use super::sequence::Running;
-use super::Request;
+use super::speculation::Speculation;
 use crate::metrics::Metrics;
-use kvslim_engine::{DraftLength, NgramDrafter, Speculator, Verification};
 use kvslim_models::transformer::{BatchItem, BatchScratch};
 use kvslim_models::{Model, Scratch, Tokenizer};
-use std::sync::atomic::Ordering::Relaxed;
 
 /// One batched decode step over `running`, each sequence's next token
 /// sampled with its own sampler.
@@ -32,27 +31,6 @@ pub(super) fn batched_step(
     Ok(())
 }
 
-/// A request's speculative decoding: the drafter follows its context
-/// (prompt and output) across steps, speculative or batched.
-pub(super) struct Speculation {
-    speculator: Speculator,
-    drafter: NgramDrafter,
-    /// The prompt and the output so far.
-    context: Vec<u32>,
-    /// The tokens the last pass committed.
-    committed: Vec<u32>,
-}
-
-/// Whether a sequence decoding alone runs speculative passes: greedy, no
-/// log-probs, a beam of one, and at least two tokens still to go after
-/// the `generated` ones.
-pub(super) fn speculates(req: &Request, generated: usize) -> bool {
-    req.sampling.temperature == 0.0
-        && req.logprobs.is_none()
-        && req.beams <= 1
-        && req.max_tokens.saturating_sub(generated) >= 2
-}
-
 /// One speculative pass for `r` ([`Speculator::step`]): its committed
 /// tokens go out one by one, as a batched step's would, until one ends the
 /// request. `scratch` is lent to its session for the pass.
@@ -63,30 +41,12 @@ pub(super) fn speculative_step(
     r: &mut Running<'_>,
     scratch: &mut Scratch,
 ) -> Result<(), String> {
-    let mut spec = r.spec.take().unwrap_or_else(|| {
-        Box::new(Speculation {
-            speculator: Speculator::new(model, DraftLength::default(), Verification::Auto),
-            drafter: NgramDrafter::default(),
-            context: r.req.prompt.clone(),
-            committed: Vec::new(),
-        })
-    });
-    // the output since its last pass (batched steps included)
-    let seen = spec.context.len() - r.req.prompt.len();
-    spec.context.extend_from_slice(&r.out.generated()[seen..]);
+    let mut spec = r.spec.take().unwrap_or_else(|| Box::new(Speculation::new(model, &r.req.prompt)));
     let left = r.req.max_tokens - r.out.generated().len();
-    let before = spec.speculator.stats;
     std::mem::swap(&mut r.session.scratch, scratch);
-    let result = spec.speculator.step(model, &mut r.session, &mut spec.drafter, &spec.context, left);
+    let result = spec.pass(model, &mut r.session, r.req.prompt.len(), r.out.generated(), left, m);
     std::mem::swap(&mut r.session.scratch, scratch);
-    let committed = result.map_err(|e| e.to_string())?;
-    spec.committed.clear();
-    spec.committed.extend_from_slice(committed);
-    let after = spec.speculator.stats;
-    m.speculative_passes_total.fetch_add(1, Relaxed);
-    m.draft_tokens_total.fetch_add((after.drafted - before.drafted) as u64, Relaxed);
-    m.draft_tokens_accepted_total.fetch_add((after.accepted - before.accepted) as u64, Relaxed);
-    for &id in &spec.committed {
+    for &id in result? {
         r.on_token(tok, m, id, None);
         if r.finished.is_some() {
             break;
@@ -100,20 +60,6 @@ pub(super) fn speculative_step(
 mod tests {
     use super::*;
     use crate::scheduler::testing::{greedy, prefilled, request, tiny_model, tokenizer};
-
-    #[test]
-    fn only_a_greedy_plain_request_with_two_tokens_to_go_speculates() {
-        let (req, _rx) = request(vec![1, 11], 8);
-        assert!(speculates(&req, 0) && speculates(&req, 6));
-        assert!(!speculates(&req, 7), "one token left: a plain step");
-        let (mut sampled, _rx) = request(vec![1, 11], 8);
-        sampled.sampling.temperature = 0.7;
-        let (mut logprobs, _rx) = request(vec![1, 11], 8);
-        logprobs.logprobs = Some(0);
-        let (mut beams, _rx) = request(vec![1, 11], 8);
-        beams.beams = 2;
-        assert!(![sampled, logprobs, beams].iter().any(|r| speculates(r, 0)));
-    }
 
     /// Decodes `prompts` greedily, in one batch or (one prompt) by
     /// speculative passes, until one of them ends; their tokens.

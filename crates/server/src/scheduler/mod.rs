@@ -6,130 +6,54 @@
 //! fit the pool and the batch has room, prefills their prompts one at a
 //! time (while others decode, a slice of layers per iteration within
 //! [`Limits::prefill_share`] of the time; the first token when the prompt
-//! is done), then runs one batched decode step ([`kvslim_models::Model::forward_batch`])
-//! over every running sequence and samples each one's next token with its
-//! own sampler. A greedy sequence decoding alone runs a speculative pass
+//! is done), then runs one batched decode step
+//! ([`kvslim_models::Model::forward_batch`]) over every running sequence
+//! and samples each one's next token with its own sampler. A greedy sequence decoding alone runs a speculative pass
 //! instead ([`Limits::speculative`]). Finished or cancelled sequences leave
 //! between steps and their KV memory returns to the pool at once.
 //!
-//! Paged requests draw from one [`kvslim_cache::PagePool`] per (page size, KV dtype)
-//! ([`Pools`]) and reserve [`worst_case_pages`]; a small LRU of prefilled
+//! Paged requests draw from one [`kvslim_cache::PagePool`] per (page size,
+//! KV dtype) ([`Pools`]) and reserve [`worst_case_pages`]; a small LRU of prefilled
 //! prompts lets a request with the same policy and prompt (or, where
 //! extending is exact, a prompt starting with a cached one) fork that cache
 //! instead of prefilling.
-
 //!
 //! The parts: `run` is the loop; `admission` the queue and what a request
 //! starts as; `prefill` the slices and their pacing; `decode` the batched
-//! and speculative steps; `beams` beam search; `sequence` a running
-//! request; `streaming` its text (stop strings, UTF-8); `prefix_cache` the
-//! LRU of prefilled prompts; `pools` the page pools and KV reservations;
-//! `events` what a request's handler hears.
+//! step and `speculation` the speculative pass; `beams` beam search;
+//! `sequence` a running request; `streaming` its text (stop strings,
+//! UTF-8); `prefix_cache` the LRU of prefilled prompts; `ctx` what
+//! admission and prefill share; `pools` the page pools and KV
+//! reservations; `request` what the scheduler is given; `events` what a
+//! request's handler hears. Each part imports only the ones it needs, so
+//! the parts form no import circle.
 
 mod admission;
 mod beams;
+mod ctx;
 mod decode;
-mod events;
-mod pools;
+pub(crate) mod events;
+pub(crate) mod pools;
 mod prefill;
 mod prefix_cache;
+pub(crate) mod request;
 mod run;
 mod sequence;
+mod speculation;
 mod streaming;
 #[cfg(test)]
 mod testing;
 
-use crate::contexts::{CompressJob, ContextStore};
+use crate::contexts::store::ContextStore;
 use crate::metrics::Metrics;
 pub use events::{token_logprob, Event, Finish, TokenLogprob};
-use kvslim_cache::PolicySpec;
-use kvslim_engine::{Context, SamplingParams};
 use kvslim_models::{Model, Tokenizer};
 pub use pools::{apply_default_page, full_kv_bytes, kv_bytes_for, worst_case_pages, Pools};
+pub use request::{Limits, Request};
 use run::run;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Instant;
-use tokio::sync::mpsc::UnboundedSender;
-
-/// A validated request, ready for admission.
-pub struct Request {
-    pub prompt: Vec<u32>,
-    /// Already clipped to what the context allows.
-    pub max_tokens: usize,
-    pub sampling: SamplingParams,
-    pub policy: PolicySpec,
-    pub stop: Vec<String>,
-    /// KV bytes the request will allocate (known before admission).
-    pub kv_bytes: usize,
-    /// Beam search when > 1 (greedy; run to completion at admission).
-    pub beams: usize,
-    pub length_penalty: f32,
-    /// Report each generated token's log-prob with this many alternatives
-    /// (`None`: no log-probs; not with beams).
-    pub logprobs: Option<usize>,
-    /// Report the prompt's log-probs (`echo` + `logprobs`) with this many
-    /// alternatives: the prompt is prefilled with every position's logits,
-    /// so it skips the prefix-cache lookup (it still fills the cache).
-    pub prompt_logprobs: Option<usize>,
-    /// When the request must be done (`--request-timeout` from its
-    /// arrival): past it, a queued request leaves the queue and a running
-    /// one stops between decode steps, freeing its KV (a beam search runs
-    /// to completion at admission and is not interrupted).
-    pub deadline: Option<Instant>,
-    pub events: UnboundedSender<Event>,
-    /// Continue this compressed context: `prompt` is the question, fed
-    /// into a fork of it as decode steps ([`kvslim_engine::Context::ask`]).
-    pub context: Option<Arc<Context>>,
-    /// Make a context of `prompt` instead of generating (`POST /v1/contexts`).
-    pub compress: Option<Box<CompressJob>>,
-}
-
-/// Scheduler limits.
-#[derive(Clone, Debug)]
-pub struct Limits {
-    pub kv_memory: usize,
-    pub max_batch: usize,
-    pub queue_limit: usize,
-    /// Page size given to requests whose policy names none (`0`: fixed slots).
-    pub kv_page_size: usize,
-    /// Entries of the prompt-prefix cache (`0`: off).
-    pub prefix_cache: usize,
-    /// Prompt tokens a step prefills while other sequences decode (a long
-    /// prompt's prefill runs a few layers per step, so the running batch
-    /// keeps decoding; the result is the same as one prefill).
-    pub prefill_chunk: usize,
-    /// Most of the time prefills may take while other sequences decode
-    /// (0–1]: after a slice the batch decodes until prefills are back
-    /// within this share. 1: a prefill slice after every decode step.
-    pub prefill_share: f64,
-    /// A greedy request decoding alone (no other sequence running, no
-    /// log-probs asked) runs n-gram speculative decoding: drafts copied
-    /// from its prompt and output, verified in one pass, the same tokens
-    /// as plain greedy decoding. Only where the model's verification pass
-    /// reads the weights once for all its tokens (every matrix with integer
-    /// products); elsewhere a pass would cost a step per token.
-    pub speculative: bool,
-    /// Where compressed contexts are saved and found again (`--contexts-dir`).
-    pub contexts_dir: Option<std::path::PathBuf>,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            kv_memory: 2 << 30,
-            max_batch: 16,
-            queue_limit: 64,
-            kv_page_size: 16,
-            prefix_cache: 16,
-            prefill_chunk: 512,
-            prefill_share: 0.5,
-            speculative: true,
-            contexts_dir: None,
-        }
-    }
-}
 
 /// Why a request was not queued.
 #[derive(Debug)]

@@ -3,11 +3,12 @@
 //! [`Limits::prefill_share`] of the time; a finished prompt goes into the
 //! prefix cache (or becomes a stored context) and samples its first token.
 
-use super::admission::Ctx;
+use super::ctx::Ctx;
+use super::events::Event;
 use super::events::{token_logprob, TokenLogprob};
+use super::request::Limits;
 use super::sequence::Running;
-use super::{Event, Limits};
-use crate::contexts::CompressJob;
+use crate::contexts::store::CompressJob;
 use kvslim_engine::{Context, Feed};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;

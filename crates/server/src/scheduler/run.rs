@@ -1,12 +1,16 @@
 //! The scheduler's loop, one iteration per decode step (see the module
 //! docs of [`super`] for the algorithm).
 
-use super::admission::{admit, Admitted, Ctx, Queue};
-use super::decode::{batched_step, speculates, speculative_step};
+use super::admission::{admit, Admitted, Queue};
+use super::ctx::Ctx;
+use super::decode::{batched_step, speculative_step};
+use super::events::Event;
+use super::pools::Pools;
 use super::prefill::{finish_prefill, prefill_slice, Pacing, Prefilling, Slice};
+use super::request::{Limits, Request};
 use super::sequence::Running;
-use super::{Event, Limits, Pools, Request};
-use crate::contexts::ContextStore;
+use super::speculation::speculates;
+use crate::contexts::store::ContextStore;
 use crate::metrics::Metrics;
 use kvslim_cache::PagePool;
 use kvslim_engine::Verification;

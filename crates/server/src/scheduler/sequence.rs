@@ -1,11 +1,11 @@
 //! A sequence in the running batch: its session, sampler and output; what
 //! a sampled token does to it, and what its end reports and frees.
 
-use super::decode::Speculation;
 use super::events::{token_logprob, Event, Finish, TokenLogprob};
 use super::pools::full_kv_bytes;
+use super::request::Request;
+use super::speculation::Speculation;
 use super::streaming::{Piece, TextStream};
-use super::Request;
 use crate::metrics::Metrics;
 use kvslim_engine::{Sampler, Session};
 use kvslim_models::Tokenizer;

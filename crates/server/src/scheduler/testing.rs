@@ -1,8 +1,9 @@
 //! Fixtures for the scheduler's unit tests: a tiny random model, a
 //! tokenizer whose pieces the tests name, and requests built around them.
 
+use super::events::Event;
+use super::request::Request;
 use super::sequence::Running;
-use super::{Event, Request};
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{SamplingParams, Session};
 use kvslim_models::tokenizer::scored::{ScoredVocab, SpaceStyle};
