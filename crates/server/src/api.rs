@@ -33,9 +33,10 @@
 //!   `compact=`/`page_score=` imply it; token eviction otherwise stays on
 //!   fixed slots (see `scheduler::apply_default_page`).
 
-use crate::request::{admit_chat, admit_completion, encode, now, plan, queue, Extras, Kind, Plan, PromptIn, NEXT_ID};
+use crate::error::{json_body, reply, required, ApiError};
+use crate::request::{admit_chat, admit_completion, encode, plan, queue, Extras, Kind, Plan, PromptIn, NEXT_ID};
 use crate::scheduler::{Event, Finish, TokenLogprob};
-use crate::AppState;
+use crate::{now, AppState};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -43,65 +44,11 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-
-/// An error response in OpenAI's shape.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub message: String,
-    pub kind: &'static str,
-    pub param: Option<&'static str>,
-    pub code: Option<&'static str>,
-}
-
-impl ApiError {
-    pub fn bad(message: impl Into<String>, param: Option<&'static str>) -> Self {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-            kind: "invalid_request_error",
-            param,
-            code: None,
-        }
-    }
-    pub(crate) fn code(mut self, code: &'static str) -> Self {
-        self.code = Some(code);
-        self
-    }
-    pub(crate) fn body(&self) -> Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
-    }
-}
-
-/// A request body read as JSON of type `T`, or the 400 saying why not.
-pub(crate) fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid request: {e}"), None))
-}
-
-/// The value of a required request field `name`, or the 400 naming it.
-pub(crate) fn required<T>(value: Option<T>, name: &'static str) -> Result<T, ApiError> {
-    value.ok_or_else(|| ApiError::bad(format!("`{name}` is required"), Some(name)))
-}
-
-/// A handler's JSON answer or its error.
-pub(crate) fn reply(r: Result<Value, ApiError>) -> Response {
-    match r {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
-}
 
 pub async fn completions(State(st): State<AppState>, body: Bytes) -> Response {
     match admit_completion(&st, &body).and_then(|a| plan(&st, a)) {

@@ -14,7 +14,7 @@
 //!   and close, and the loop returns once no admitted request is left or
 //!   the grace period is over.
 
-use crate::api::ApiError;
+use crate::error::ApiError;
 use crate::{AppState, ServeOptions};
 use axum::Router;
 use hyper::body::Incoming;

@@ -21,7 +21,7 @@
 //! The header read timeout lives in the connection loop ([`crate::serve`]):
 //! hyper enforces it, and the loop answers 408 on the socket it shares.
 
-use crate::api::ApiError;
+use crate::error::ApiError;
 use crate::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};

@@ -15,7 +15,7 @@
 //! decode step; a prefill chunk runs whole), one run at a time, and a
 //! client that leaves stops its run the same way.
 
-use crate::api::{json_body, reply, required, ApiError};
+use crate::error::{json_body, reply, required, ApiError};
 use crate::request::{chat_prompt_ids, encode, parse_policy};
 use crate::scheduler::{full_kv_bytes, kv_bytes_for};
 use crate::AppState;

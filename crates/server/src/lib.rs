@@ -11,6 +11,8 @@
 //!   log-probs, `echo`, several prompts and `n`), `/v1/models`, `/health`,
 //!   `/metrics`, and vLLM's `/tokenize`, `/detokenize`, `/tokenizer_info`
 //!   (what lm-evaluation-harness's `remote` tokenizer backend calls).
+//! * [`error`]: error responses in OpenAI's shape, and reading a body as
+//!   JSON, for every handler.
 //! * [`request`]: request bodies parsed, validated and sized (every limit
 //!   checked) before the scheduler sees them; [`request::check_body`] is
 //!   the request-JSON fuzz target.
@@ -29,6 +31,7 @@
 pub mod api;
 pub mod chat;
 pub mod contexts;
+pub mod error;
 pub mod guard;
 pub mod inspect;
 pub mod metrics;
@@ -93,7 +96,7 @@ impl AppState {
         let chat = Arc::new(
             chat::ChatFormat::for_tokenizer(&tokenizer, None, "the model's tokenizer").map_err(|e| e.to_string()),
         );
-        let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let started = now();
         AppState {
             model,
             tokenizer,
@@ -200,6 +203,11 @@ pub fn serve_with(listener: std::net::TcpListener, state: AppState, opts: &Serve
 }
 
 mod conn;
+
+/// Seconds since the Unix epoch (`created` of responses and contexts).
+pub(crate) fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
 
 /// Parses a byte size: `2GiB`, `512MiB`, `64KiB`, `1GB`, `1000` (bytes).
 pub fn parse_bytes(s: &str) -> Result<usize, String> {

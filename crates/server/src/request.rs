@@ -5,7 +5,7 @@
 //! scheduler allocates anything. [`check_body`] runs both steps on its own,
 //! for the request-JSON fuzz target.
 
-use crate::api::ApiError;
+use crate::error::ApiError;
 use crate::scheduler::{apply_default_page, kv_bytes_for, Event, Request, SubmitError};
 use crate::AppState;
 use axum::http::StatusCode;
@@ -17,7 +17,6 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 #[derive(Deserialize)]
@@ -127,10 +126,6 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<(T, Common), Api
 
 /// Request ids (`cmpl-N`), also mixed into unseeded requests' seeds.
 pub(crate) static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-pub(crate) fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
 
 /// Most alternatives per token: OpenAI's limits (`logprobs` ≤ 5 on
 /// completions, `top_logprobs` ≤ 20 on chat).
@@ -307,7 +302,7 @@ pub(crate) fn plan(st: &AppState, a: Admitted) -> Result<Plan, ApiError> {
     };
     let seed = match c.seed {
         Some(s) => s as u64,
-        None => NEXT_ID.load(Relaxed) ^ now().wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        None => NEXT_ID.load(Relaxed) ^ crate::now().wrapping_mul(0x9e37_79b9_7f4a_7c15),
     };
     let sampling =
         SamplingParams { temperature: c.temperature.unwrap_or(1.0), top_k: 0, top_p: c.top_p.unwrap_or(1.0), seed };
@@ -356,7 +351,7 @@ pub(crate) fn plan(st: &AppState, a: Admitted) -> Result<Plan, ApiError> {
             None => default_max.unwrap_or(room).min(room),
         };
         let kv_bytes = match &context {
-            Some(c) => crate::contexts::fork_bytes(model, c, prompt.len() + max_tokens),
+            Some(c) => crate::contexts::store::fork_bytes(model, c, prompt.len() + max_tokens),
             None => kv_bytes_for(model, &policy, prompt.len(), max_tokens),
         }
         .map_err(|e| ApiError::bad(format!("kv_policy `{policy}`: {e}"), Some("kv_policy")))?
@@ -482,7 +477,7 @@ fn choices_per_prompt(c: &Common) -> Result<usize, ApiError> {
 /// `echo`, `logprobs`, `n`.
 pub(crate) fn admit_completion(st: &AppState, body: &[u8]) -> Result<Admitted, ApiError> {
     let (b, common): (CompletionBody, Common) = parse(body)?;
-    let context = common.context.as_deref().map(|id| crate::contexts::lookup(st, id)).transpose()?;
+    let context = common.context.as_deref().map(|id| crate::contexts::store::lookup(st, id)).transpose()?;
     let text = |t: String| -> Result<PromptIn, ApiError> {
         let ids = match &context {
             // a question after a context: its tokens continue the context's
@@ -548,7 +543,7 @@ pub(crate) fn admit_chat(st: &AppState, body: &[u8]) -> Result<Admitted, ApiErro
         n: choices_per_prompt(&common)?,
     };
     let chat = st.chat.as_ref().as_ref().map_err(|e| ApiError::bad(e.clone(), Some("messages")))?;
-    let context = common.context.as_deref().map(|id| crate::contexts::lookup(st, id)).transpose()?;
+    let context = common.context.as_deref().map(|id| crate::contexts::store::lookup(st, id)).transpose()?;
     let (ids, text) = match &context {
         // the turns after a context: the template continues its messages
         Some(ctx) => {

@@ -5,53 +5,27 @@
 //! leaving mid-prefill frees its KV.
 
 use kvslim_cache::PolicySpec;
-use kvslim_engine::{generate, GenerateOptions, SamplingParams};
+use kvslim_engine::{generate, GenerateOptions};
 use kvslim_server::scheduler::{self, Event, Request};
 use kvslim_server::Limits;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::UnboundedReceiver;
 mod common;
 
-use common::shared;
-use kvslim_models::load_model;
+use common::{greedy, scheduler_request, smollm2, streamed};
 
-fn greedy() -> SamplingParams {
-    SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
-}
-
+/// A greedy request reporting its tokens' log-probs (their ids are the
+/// output compared).
 fn request(prompt: Vec<u32>, max_tokens: usize, policy: &PolicySpec) -> (Request, UnboundedReceiver<Event>) {
-    let (tx, rx) = unbounded_channel();
-    let req = Request {
-        prompt,
-        max_tokens,
-        sampling: greedy(),
-        policy: policy.clone(),
-        stop: Vec::new(),
-        kv_bytes: 1 << 20,
-        beams: 1,
-        length_penalty: 1.0,
-        logprobs: Some(0),
-        prompt_logprobs: None,
-        deadline: None,
-        events: tx,
-        context: None,
-        compress: None,
-    };
+    let (mut req, rx) = scheduler_request(prompt, max_tokens, policy);
+    req.logprobs = Some(0);
     (req, rx)
 }
 
 /// The generated token ids a request reported, once it is done.
-fn ids(mut rx: UnboundedReceiver<Event>) -> Vec<u32> {
-    let mut out = Vec::new();
-    while let Some(e) = rx.blocking_recv() {
-        match e {
-            Event::Text(_, lps) => out.extend(lps.iter().map(|l| l.id)),
-            Event::Done(_) => return out,
-            other => panic!("unexpected event {other:?}"),
-        }
-    }
-    panic!("the scheduler dropped the request")
+fn ids(rx: UnboundedReceiver<Event>) -> Vec<u32> {
+    streamed(rx).1
 }
 
 #[test]
@@ -59,7 +33,7 @@ fn a_long_prompt_is_prefilled_between_decode_steps_with_the_same_outputs() {
     // SmolLM2-135M (not stories260K): its 150 decode steps take about a
     // second, far longer than the next submit even on a loaded machine,
     // so the short request is surely running when the long one arrives
-    let m = load_model(&shared().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    let m = smollm2();
     let tok = Arc::new(m.tokenizer.expect("tokenizer"));
     let layers = m.model.config.n_layers as u64;
     let short = tok.encode("Count from 1 to 100: 1, 2, 3,").unwrap();
@@ -102,7 +76,7 @@ fn a_long_prompt_is_prefilled_between_decode_steps_with_the_same_outputs() {
 /// frees its KV at the next slice; the running request is not disturbed.
 #[test]
 fn a_request_cancelled_mid_prefill_frees_its_kv() {
-    let m = load_model(&shared().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    let m = smollm2();
     let tok = Arc::new(m.tokenizer.expect("tokenizer"));
     let layers = m.model.config.n_layers as u64;
     let model = Arc::new(m.model);

@@ -5,59 +5,19 @@
 //! speculation off no pass runs and the text is the same.
 
 use kvslim_cache::PolicySpec;
-use kvslim_engine::{generate, GenerateOptions, SamplingParams};
-use kvslim_server::scheduler::{self, Event, Request};
+use kvslim_engine::{generate, GenerateOptions};
+use kvslim_server::scheduler;
 use kvslim_server::Limits;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 mod common;
 
-use common::shared;
-use kvslim_models::load_model;
-
-fn greedy() -> SamplingParams {
-    SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
-}
-
-fn request(prompt: Vec<u32>, max_tokens: usize, policy: &PolicySpec) -> (Request, UnboundedReceiver<Event>) {
-    let (tx, rx) = unbounded_channel();
-    let req = Request {
-        prompt,
-        max_tokens,
-        sampling: greedy(),
-        policy: policy.clone(),
-        stop: Vec::new(),
-        kv_bytes: 1 << 20,
-        beams: 1,
-        length_penalty: 1.0,
-        logprobs: None,
-        prompt_logprobs: None,
-        deadline: None,
-        events: tx,
-        context: None,
-        compress: None,
-    };
-    (req, rx)
-}
-
-/// The text a request streamed, once it is done.
-fn text(mut rx: UnboundedReceiver<Event>) -> String {
-    let mut out = String::new();
-    while let Some(e) = rx.blocking_recv() {
-        match e {
-            Event::Text(t, _) => out.push_str(&t),
-            Event::Done(_) => return out,
-            other => panic!("unexpected event {other:?}"),
-        }
-    }
-    panic!("the scheduler dropped the request")
-}
+use common::{greedy, scheduler_request, smollm2, streamed};
 
 #[test]
 fn a_lone_greedy_request_speculates_with_the_same_text() {
     // integer products (Q4_1): the verification pass is one GEMM per matrix
-    let m = load_model(&shared().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    let m = smollm2();
     let tok = Arc::new(m.tokenizer.expect("tokenizer"));
     let model = Arc::new(m.model);
     // an answer that copies its prompt: the drafts have something to copy
@@ -72,10 +32,10 @@ fn a_lone_greedy_request_speculates_with_the_same_text() {
         for speculative in [true, false] {
             let limits = Limits { prefix_cache: 0, kv_page_size: page_size, speculative, ..Limits::default() };
             let handle = scheduler::spawn(model.clone(), tok.clone(), limits);
-            let (req, rx) = request(prompt.clone(), max_tokens, &policy);
+            let (req, rx) = scheduler_request(prompt.clone(), max_tokens, &policy);
             handle.submit(req).unwrap();
             let what = format!("{spec}, page size {page_size}, speculative {speculative}");
-            assert_eq!(text(rx), solo, "{what}: the text differs from solo greedy decoding");
+            assert_eq!(streamed(rx).0, solo, "{what}: the text differs from solo greedy decoding");
             let mt = &handle.metrics;
             let passes = mt.speculative_passes_total.load(Relaxed);
             let accepted = mt.draft_tokens_accepted_total.load(Relaxed);

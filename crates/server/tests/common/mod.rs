@@ -1,15 +1,19 @@
-//! Helpers shared by the server tests: the stories260K model from
-//! `../shared`, a server on a free port, reading `/metrics` and SSE streams.
+//! Helpers shared by the server tests: the stories260K and SmolLM2 models
+//! from `../shared`, a server on a free port, reading `/metrics` and SSE
+//! streams, and requests sent straight to a scheduler.
 #![allow(dead_code)] // each test crate uses its own subset
 
 use kvslim_cache::PolicySpec;
+use kvslim_engine::SamplingParams;
 use kvslim_loadtest::http_client;
 use kvslim_models::chat::ChatFormat;
 use kvslim_models::{load_model, LoadedModel};
+use kvslim_server::scheduler::{Event, Request};
 use kvslim_server::{AppState, Limits, ServerConfig};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 #[path = "../../../../testing/shared_dir.rs"]
 mod shared_dir;
@@ -17,6 +21,61 @@ pub use shared_dir::shared;
 
 pub fn stories() -> LoadedModel {
     load_model(&shared().join("models/stories260K/stories260K.bin")).expect("load stories260K")
+}
+
+/// SmolLM2-135M-Instruct in Q4_1 (integer products: a verification pass
+/// reads the weights once).
+pub fn smollm2() -> LoadedModel {
+    load_model(&shared().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")).expect("load SmolLM2")
+}
+
+/// Greedy sampling.
+pub fn greedy() -> SamplingParams {
+    SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
+}
+
+/// A greedy request for a scheduler (no HTTP), reserving 1 MiB, and its
+/// events.
+pub fn scheduler_request(
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    policy: &PolicySpec,
+) -> (Request, UnboundedReceiver<Event>) {
+    let (tx, rx) = unbounded_channel();
+    let req = Request {
+        prompt,
+        max_tokens,
+        sampling: greedy(),
+        policy: policy.clone(),
+        stop: Vec::new(),
+        kv_bytes: 1 << 20,
+        beams: 1,
+        length_penalty: 1.0,
+        logprobs: None,
+        prompt_logprobs: None,
+        deadline: None,
+        events: tx,
+        context: None,
+        compress: None,
+    };
+    (req, rx)
+}
+
+/// What a scheduler request streamed, once it is done: its text and the
+/// ids of its reported log-probs.
+pub fn streamed(mut rx: UnboundedReceiver<Event>) -> (String, Vec<u32>) {
+    let (mut text, mut ids) = (String::new(), Vec::new());
+    while let Some(e) = rx.blocking_recv() {
+        match e {
+            Event::Text(t, lps) => {
+                text.push_str(&t);
+                ids.extend(lps.iter().map(|l| l.id));
+            }
+            Event::Done(_) => return (text, ids),
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    panic!("the scheduler dropped the request")
 }
 
 /// Starts a stories260K server on a free loopback port; returns `host:port`.
