@@ -24,7 +24,7 @@ pub struct DraftArgs {
 /// A loaded draft model, and the policy it drafts under if not the target's.
 pub struct DraftModel {
     pub model: Model,
-    policy: Option<PolicySpec>,
+    pub policy: Option<PolicySpec>,
 }
 
 impl DraftArgs {

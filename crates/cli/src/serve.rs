@@ -2,6 +2,7 @@
 //! `/` (chat, KV inspector, status).
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs, PolicyArgs};
+use crate::draft::DraftArgs;
 use kvslim_server::{parse_bytes, AppState, HttpLimits, Limits, ServeOptions, ServerConfig};
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,6 +68,10 @@ pub struct Args {
     /// weights once.
     #[arg(long)]
     no_speculative: bool,
+    /// With --draft-model, a lone greedy request's speculative passes take
+    /// the draft model's drafts where nothing is copied.
+    #[command(flatten)]
+    draft: DraftArgs,
     /// Keep compressed contexts (`POST /v1/contexts`) in this folder as
     /// files (`ctx-….kvctx`, the format of `kvslim compress`): they are
     /// loaded again at start-up (a bad file is refused with a log line
@@ -161,6 +166,10 @@ pub fn run(a: Args) -> CliResult {
     let (loaded, path) = a.model.load_with_path()?;
     require_tokenizer(&loaded.tokenizer)?;
     let tokenizer = loaded.tokenizer.expect("checked above");
+    let draft = a.draft.load(&tokenizer, a.model.f32_activations)?;
+    if draft.is_some() && a.no_speculative {
+        return Err("--draft-model drafts for speculative passes, which --no-speculative turns off".into());
+    }
     // a broken template does not stop the server: completions still work,
     // chat requests answer 400 with this message
     let chat = a.model.chat_format(&tokenizer, &path).map_err(|e| e.to_string());
@@ -183,6 +192,7 @@ pub fn run(a: Args) -> CliResult {
             prefill_share: a.prefill_share,
             speculative: !a.no_speculative,
             contexts_dir: a.contexts_dir.clone(),
+            draft: draft.map(|d| kvslim_server::DraftModel { model: Arc::new(d.model), policy: d.policy }),
         },
         model_name: a.served_model_name.unwrap_or_else(|| a.model.model.clone()),
     };

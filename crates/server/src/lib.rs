@@ -48,7 +48,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use guard::{HttpLimits, Shutdown};
-pub use scheduler::{Limits, SchedulerHandle};
+pub use scheduler::{DraftModel, Limits, SchedulerHandle};
 
 /// Server settings.
 #[derive(Clone, Debug)]

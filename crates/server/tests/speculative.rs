@@ -55,3 +55,34 @@ fn a_lone_greedy_request_speculates_with_the_same_text() {
         }
     }
 }
+
+/// With a draft model (`--draft-model`; here the same SmolLM2 with f32
+/// products, a model of its own with the same vocabulary) a lone greedy
+/// request on a prompt with nothing to copy gives solo greedy's text, and
+/// the draft model's drafts are accepted.
+#[test]
+fn a_draft_model_drafts_where_nothing_is_copied() {
+    let m = smollm2();
+    let tok = Arc::new(m.tokenizer.expect("tokenizer"));
+    let model = Arc::new(m.model);
+    let mut draft = smollm2().model;
+    draft.weights.set_products(kvslim_kernels::Products::F32);
+    let draft = kvslim_server::DraftModel { model: Arc::new(draft), policy: None };
+    let prompt = tok.encode("Once upon a time, there was a little girl named Lily. She").unwrap();
+    let max_tokens = 40;
+    for (spec, page_size) in [("full", 16), ("h2o:heavy=12,recent=12", 0)] {
+        let policy = PolicySpec::parse(spec).unwrap();
+        let opts = GenerateOptions { max_tokens, sampling: greedy(), policy: policy.clone(), eos: tok.eos.clone() };
+        let solo = tok.decode(&generate(&model, &prompt, &opts, |_| true).unwrap().token_ids).unwrap();
+        let limits =
+            Limits { prefix_cache: 0, kv_page_size: page_size, draft: Some(draft.clone()), ..Limits::default() };
+        let handle = scheduler::spawn(model.clone(), tok.clone(), limits);
+        let (req, rx) = scheduler_request(prompt.clone(), max_tokens, &policy);
+        handle.submit(req).unwrap();
+        assert_eq!(streamed(rx).0, solo, "{spec}: the text differs from solo greedy decoding");
+        let mt = &handle.metrics;
+        let (drafted, accepted) = (mt.draft_tokens_total.load(Relaxed), mt.draft_tokens_accepted_total.load(Relaxed));
+        assert!(accepted * 2 > drafted && accepted > 8, "{spec}: {accepted} of {drafted} drafts accepted");
+        assert_eq!(mt.kv_bytes_in_use.load(Relaxed), 0, "{spec}: KV back to 0");
+    }
+}

@@ -3,6 +3,7 @@
 //! ([`super::speculation`]).
 
 use super::events::token_logprob;
+use super::request::DraftModel;
 use super::sequence::Running;
 use super::speculation::Speculation;
 use crate::metrics::Metrics;
@@ -34,14 +35,14 @@ pub(super) fn batched_step(
 /// One speculative pass for `r` ([`Speculator::step`]): its committed
 /// tokens go out one by one, as a batched step's would, until one ends the
 /// request. `scratch` is lent to its session for the pass.
-pub(super) fn speculative_step(
-    model: &Model,
+pub(super) fn speculative_step<'m>(
+    (model, draft): (&Model, Option<&'m DraftModel>),
     tok: &Tokenizer,
     m: &Metrics,
-    r: &mut Running<'_>,
+    r: &mut Running<'m>,
     scratch: &mut Scratch,
 ) -> Result<(), String> {
-    let mut spec = r.spec.take().unwrap_or_else(|| Box::new(Speculation::new(model, &r.req.prompt)));
+    let mut spec = r.spec.take().unwrap_or_else(|| Box::new(Speculation::new(model, &r.req, draft)));
     let left = r.req.max_tokens - r.out.generated().len();
     std::mem::swap(&mut r.session.scratch, scratch);
     let result = spec.pass(model, &mut r.session, r.req.prompt.len(), r.out.generated(), left, m);
@@ -76,7 +77,7 @@ mod tests {
         let (mut batch, mut scratch) = (BatchScratch::new(), Scratch::new());
         while !running.iter().any(Running::ended) {
             if speculative {
-                speculative_step(&model, &tok, &m, &mut running[0], &mut scratch).unwrap();
+                speculative_step((&model, None), &tok, &m, &mut running[0], &mut scratch).unwrap();
             } else {
                 batched_step(&model, &tok, &m, &mut running, &mut batch).unwrap();
             }

@@ -49,7 +49,7 @@ use crate::metrics::Metrics;
 pub use events::{token_logprob, Event, Finish, TokenLogprob};
 use kvslim_models::{Model, Tokenizer};
 pub use pools::{apply_default_page, full_kv_bytes, kv_bytes_for, worst_case_pages, Pools};
-pub use request::{Limits, Request};
+pub use request::{DraftModel, Limits, Request};
 use run::run;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc;

@@ -5,6 +5,7 @@ use super::events::Event;
 use crate::contexts::store::CompressJob;
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{Context, SamplingParams};
+use kvslim_models::Model;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
@@ -69,6 +70,24 @@ pub struct Limits {
     pub speculative: bool,
     /// Where compressed contexts are saved and found again (`--contexts-dir`).
     pub contexts_dir: Option<std::path::PathBuf>,
+    /// A draft model for the speculative passes (`--draft-model`): drafts
+    /// copied from the context where it matches, else the draft model's.
+    pub draft: Option<DraftModel>,
+}
+
+/// A smaller model with the served model's vocabulary, and the policy its
+/// drafts run under (`None`: the request's).
+#[derive(Clone)]
+pub struct DraftModel {
+    pub model: Arc<Model>,
+    pub policy: Option<PolicySpec>,
+}
+
+impl std::fmt::Debug for DraftModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.model.config;
+        write!(f, "DraftModel({:?} {}x{}, policy {:?})", c.architecture, c.n_layers, c.hidden_size, self.policy)
+    }
 }
 
 impl Default for Limits {
@@ -83,6 +102,7 @@ impl Default for Limits {
             prefill_share: 0.5,
             speculative: true,
             contexts_dir: None,
+            draft: None,
         }
     }
 }

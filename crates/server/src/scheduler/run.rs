@@ -167,7 +167,7 @@ impl<'m> Scheduler<'m> {
         let alone = self.running.len() == 1;
         let result = match self.running.first_mut() {
             Some(r) if alone && self.speculate && speculates(&r.req, r.out.generated().len()) => {
-                speculative_step(model, tok, m, r, &mut self.spec_scratch)
+                speculative_step((model, self.cx.limits.draft.as_ref()), tok, m, r, &mut self.spec_scratch)
             }
             _ => batched_step(model, tok, m, &mut self.running, &mut self.batch),
         };

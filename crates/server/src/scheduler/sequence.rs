@@ -26,7 +26,7 @@ pub(super) struct Running<'m> {
     /// Prompt tokens that came from the prefix cache.
     pub reused: usize,
     /// Speculative decoding's state, from its first speculative step on.
-    pub spec: Option<Box<Speculation>>,
+    pub spec: Option<Box<Speculation<'m>>>,
 }
 
 impl<'m> Running<'m> {

@@ -1,17 +1,20 @@
-//! N-gram speculative decoding for a greedy request decoding alone: drafts
-//! copied from its prompt and output, verified in one pass.
+//! Speculative decoding for a greedy request decoding alone: drafts copied
+//! from its prompt and output (and, with a draft model, the draft model's
+//! where nothing is copied), verified in one pass.
 
-use super::request::Request;
+use super::request::{DraftModel, Request};
 use crate::metrics::Metrics;
-use kvslim_engine::{DraftLength, NgramDrafter, Session, Speculator, Verification};
+use kvslim_engine::{
+    CopyThenModel, DraftLength, Drafter, ModelDrafter, NgramDrafter, Session, Speculator, Verification,
+};
 use kvslim_models::Model;
 use std::sync::atomic::Ordering::Relaxed;
 
 /// A request's speculative decoding: the drafter follows its context
 /// (prompt and output) across steps, speculative or batched.
-pub(super) struct Speculation {
+pub(super) struct Speculation<'m> {
     speculator: Speculator,
-    drafter: NgramDrafter,
+    drafter: Box<dyn Drafter + 'm>,
     /// The prompt and the output so far.
     context: Vec<u32>,
     /// The tokens the last pass committed.
@@ -28,12 +31,20 @@ pub(super) fn speculates(req: &Request, generated: usize) -> bool {
         && req.max_tokens.saturating_sub(generated) >= 2
 }
 
-impl Speculation {
-    pub fn new(model: &Model, prompt: &[u32]) -> Self {
+impl<'m> Speculation<'m> {
+    /// For `req`, with `draft` behind the n-gram copier if there is one.
+    pub fn new(model: &Model, req: &Request, draft: Option<&'m DraftModel>) -> Self {
+        let drafter: Box<dyn Drafter + 'm> = match draft {
+            Some(d) => {
+                let policy = d.policy.clone().unwrap_or_else(|| req.policy.clone());
+                Box::new(CopyThenModel::new(ModelDrafter::new(&d.model, policy, req.prompt.len() + req.max_tokens)))
+            }
+            None => Box::new(NgramDrafter::default()),
+        };
         Speculation {
             speculator: Speculator::new(model, DraftLength::default(), Verification::Auto),
-            drafter: NgramDrafter::default(),
-            context: prompt.to_vec(),
+            drafter,
+            context: req.prompt.to_vec(),
             committed: Vec::new(),
         }
     }
@@ -54,7 +65,7 @@ impl Speculation {
         let seen = self.context.len() - prompt_len;
         self.context.extend_from_slice(&generated[seen..]);
         let before = self.speculator.stats;
-        let committed = self.speculator.step(model, session, &mut self.drafter, &self.context, left);
+        let committed = self.speculator.step(model, session, self.drafter.as_mut(), &self.context, left);
         let committed = committed.map_err(|e| e.to_string())?;
         self.committed.clear();
         self.committed.extend_from_slice(committed);
