@@ -14,6 +14,9 @@ For README.md and every Markdown file under docs/:
 * generated tables: a `<!-- generated: python3 scripts/... -->` marker says
   the tables after it are that command's output; every table line the
   command prints must appear in the file;
+* auto's table: crates/cache/src/policy/auto_table.json is what
+  `python3 scripts/auto_table.py` makes of the committed results (when the
+  checked tree has one);
 * the front page: README.md has at most README_MAX_LINES (250) lines
   (results belong in docs/results/, details in the guides; issue #48), and
   every link of README.md, to docs/*.md pages included, resolves (the link
@@ -396,6 +399,26 @@ def check_generated(path: Path, text: str, root: Path, report: Report) -> None:
             report.ok("generated table")
 
 
+# ---------------------------------------------------------------- auto's table
+
+
+def check_auto_table(root: Path, report: Report) -> None:
+    """Fails when auto's generated table differs from what the results give."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import auto_table  # noqa: E402  (scripts/auto_table.py)
+
+    if not (root / auto_table.TABLE).exists():
+        return
+    try:
+        problem = auto_table.check(root)
+    except (OSError, ValueError, KeyError) as e:
+        problem = f"`{auto_table.COMMAND}` could not read the results: {e}"
+    if problem:
+        report.fail(auto_table.TABLE, problem)
+    else:
+        report.ok("generated table")
+
+
 # ---------------------------------------------------------------- the front page
 
 
@@ -445,6 +468,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             check_commands(path, text, root, binary, report)
         check_links(path, text, root, report, a.pending)
         check_generated(path, text, root, report)
+    check_auto_table(root, report)
     readme_lines = check_readme_length(root, report)
     for p in report.problems:
         print(p)

@@ -6,14 +6,17 @@
 //! won there: score family, sinks and the heavy part of the non-sink slots.
 //! At budget B (resolved against the sequence, as every budget) the chosen
 //! row's variant gets exactly B slots: S = min(sinks, B − 1) sinks, the rest
-//! split heavy : recent by its fraction. Every row cites the file and the
-//! results behind it; models without rows use the default rows, chosen where
-//! the small real models' measurements agree. The cache resolves `auto` when
+//! split heavy : recent by its fraction. The rows are generated from the
+//! results they cite (`auto_table.json`, by scripts/auto_table.py); models
+//! without rows use the default rows, chosen where the small real models'
+//! measurements agree. The cache resolves `auto` when
 //! it is built ([`crate::effective_policy`]), where the model is known; until
 //! then the spec stands for paper H2O at B, so everything that looks at a
 //! spec before that (does it evict, its budget) sees an evicting policy.
 
 use super::spec::{Budget, PolicySpec};
+use serde::Deserialize;
+use std::sync::OnceLock;
 
 /// One measured choice.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -38,179 +41,76 @@ pub struct AutoChoice {
     pub evidence: &'static str,
 }
 
-const TUNING: &str = "docs/results/tuning.md";
+/// The generated table: `python3 scripts/auto_table.py` writes it from the
+/// committed results (its rule: docs/policies.md §4), so nothing here is
+/// copied by hand; scripts/check_docs.py fails when it is stale.
+const TABLE: &str = include_str!("auto_table.json");
 
-/// The table. The tuned rows are `kvslim tune`'s winners, which beat
-/// window, sink, heavy, random and paper H2O on held-out WikiText-2 KL at
-/// their budget (docs/results/tuning.md); the default rows are the shares
-/// where SmolLM2's and Gemma 3's winners agree.
-pub const CHOICES: &[AutoChoice] = &[
-    AutoChoice {
-        model: "llama:30x576",
-        model_name: "SmolLM2-135M",
-        share: 40.0,
-        score: "vnorm",
-        sinks: 4,
-        heavy: 0.5,
-        prefill: None,
-        evidence: "docs/tuned/smollm2-40.json",
-    },
-    AutoChoice {
-        model: "llama:30x576",
-        model_name: "SmolLM2-135M",
-        share: 20.0,
-        score: "norm",
-        sinks: 4,
-        heavy: 0.75,
-        prefill: None,
-        evidence: "docs/tuned/smollm2-20.json",
-    },
-    AutoChoice {
-        model: "llama:30x576",
-        model_name: "SmolLM2-135M",
-        share: 10.0,
-        score: "norm",
-        sinks: 0,
-        heavy: 0.5,
-        prefill: None,
-        evidence: "docs/tuned/smollm2-10.json",
-    },
-    AutoChoice {
-        model: "llama:30x576",
-        model_name: "SmolLM2-135M",
-        share: 5.0,
-        score: "norm",
-        sinks: 0,
-        heavy: 38.0 / 51.0,
-        prefill: None,
-        evidence: "docs/tuned/smollm2-5.json",
-    },
-    AutoChoice {
-        model: "gemma3:18x640",
-        model_name: "Gemma 3 270M",
-        share: 40.0,
-        score: "vnorm",
-        sinks: 4,
-        heavy: 0.5,
-        prefill: None,
-        evidence: "docs/tuned/gemma-40.json",
-    },
-    AutoChoice {
-        model: "gemma3:18x640",
-        model_name: "Gemma 3 270M",
-        share: 20.0,
-        score: "vnorm",
-        sinks: 4,
-        heavy: 0.5,
-        prefill: None,
-        evidence: "docs/tuned/gemma-20.json",
-    },
-    AutoChoice {
-        model: "gemma3:18x640",
-        model_name: "Gemma 3 270M",
-        share: 10.0,
-        score: "norm",
-        sinks: 0,
-        heavy: 0.5,
-        prefill: None,
-        evidence: "docs/tuned/gemma-10.json",
-    },
-    AutoChoice {
-        model: "gemma3:18x640",
-        model_name: "Gemma 3 270M",
-        share: 5.0,
-        score: "norm",
-        sinks: 0,
-        heavy: 38.0 / 51.0,
-        prefill: None,
-        evidence: "docs/tuned/gemma-5.json",
-    },
-    AutoChoice {
-        model: "llama:5x64",
-        model_name: "stories260K",
-        share: 40.0,
-        score: "decay:0.9",
-        sinks: 4,
-        heavy: 0.25,
-        prefill: None,
-        evidence: "docs/tuned/stories260k-40.json",
-    },
-    AutoChoice {
-        model: "llama:5x64",
-        model_name: "stories260K",
-        share: 20.0,
-        score: "decay:0.98",
-        sinks: 0,
-        heavy: 26.0 / 102.0,
-        prefill: None,
-        evidence: "docs/tuned/stories260k-20.json",
-    },
-    AutoChoice {
-        model: "llama:5x64",
-        model_name: "stories260K",
-        share: 10.0,
-        score: "decay:0.9",
-        sinks: 0,
-        heavy: 13.0 / 51.0,
-        prefill: None,
-        evidence: "docs/tuned/stories260k-10.json",
-    },
-    AutoChoice {
-        model: "llama:5x64",
-        model_name: "stories260K",
-        share: 5.0,
-        score: "decay:0.9",
-        sinks: 0,
-        heavy: 13.0 / 25.0,
-        prefill: None,
-        evidence: "docs/tuned/stories260k-5.json",
-    },
-    // Qwen2.5-Coder-1.5B: SnapKV's prompt compression (with TOVA the only
-    // policy that kept the needles at 12.5% in the r4k matrix) and, of the
-    // decode-time variants it combines with, the lowest WikiText-2 KL at 20%
-    // (value-norm weights, 4 sinks; docs/qwen.md, "auto")
-    AutoChoice {
-        model: "qwen2:28x1536",
-        model_name: "Qwen2.5-Coder-1.5B",
-        share: 20.0,
-        score: "vnorm",
-        sinks: 4,
-        heavy: 0.5,
-        prefill: Some("snap:32"),
-        evidence: "docs/qwen/auto-kl/results.jsonl",
-    },
-    // the default: SmolLM2's and Gemma 3's winners agree at 40, 10 and 5%
-    AutoChoice {
-        model: "*",
-        model_name: "any other model",
-        share: 40.0,
-        score: "vnorm",
-        sinks: 4,
-        heavy: 0.5,
-        prefill: None,
-        evidence: TUNING,
-    },
-    AutoChoice {
-        model: "*",
-        model_name: "any other model",
-        share: 10.0,
-        score: "norm",
-        sinks: 0,
-        heavy: 0.5,
-        prefill: None,
-        evidence: TUNING,
-    },
-    AutoChoice {
-        model: "*",
-        model_name: "any other model",
-        share: 5.0,
-        score: "norm",
-        sinks: 0,
-        heavy: 38.0 / 51.0,
-        prefill: None,
-        evidence: TUNING,
-    },
-];
+/// The table's rows, parsed once.
+fn table() -> &'static [AutoChoice] {
+    #[derive(Deserialize)]
+    struct Row<'a> {
+        model: &'a str,
+        model_name: &'a str,
+        share: f64,
+        score: &'a str,
+        sinks: usize,
+        /// The winner's heavy slots and its non-sink slots: two integers,
+        /// so the fraction is one exact division.
+        heavy: (u32, u32),
+        #[serde(borrow)]
+        prefill: Option<&'a str>,
+        evidence: &'a str,
+    }
+    #[derive(Deserialize)]
+    struct Table<'a> {
+        #[serde(borrow)]
+        rows: Vec<Row<'a>>,
+    }
+    static ROWS: OnceLock<Vec<AutoChoice>> = OnceLock::new();
+    ROWS.get_or_init(|| {
+        let t: Table<'static> = serde_json::from_str(TABLE).expect("auto_table.json is scripts/auto_table.py's output");
+        t.rows
+            .into_iter()
+            .map(|r| AutoChoice {
+                model: r.model,
+                model_name: r.model_name,
+                share: r.share,
+                score: r.score,
+                sinks: r.sinks,
+                heavy: f64::from(r.heavy.0) / f64::from(r.heavy.1),
+                prefill: r.prefill,
+                evidence: r.evidence,
+            })
+            .collect()
+    })
+}
+
+/// The table as a slice (`CHOICES.iter()`, `for c in CHOICES`). The tuned
+/// rows are `kvslim tune`'s winners, which beat window, sink, heavy, random
+/// and paper H2O on held-out WikiText-2 KL at their budget
+/// (docs/results/tuning.md); the default rows (`*`) are the shares where
+/// SmolLM2's and Gemma 3's winners agree.
+#[derive(Clone, Copy, Debug)]
+pub struct Choices;
+
+/// `auto`'s rows, read from the generated table.
+pub const CHOICES: Choices = Choices;
+
+impl std::ops::Deref for Choices {
+    type Target = [AutoChoice];
+    fn deref(&self) -> &[AutoChoice] {
+        table()
+    }
+}
+
+impl IntoIterator for Choices {
+    type Item = &'static AutoChoice;
+    type IntoIter = std::slice::Iter<'static, AutoChoice>;
+    fn into_iter(self) -> Self::IntoIter {
+        table().iter()
+    }
+}
 
 /// The key `auto` looks a model up by: architecture, layers and hidden
 /// size (`qwen2:28x1536`), which tell the models of a family apart without

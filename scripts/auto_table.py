@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Writes `auto`'s table (crates/cache/src/policy/auto_table.json) from the committed results.
+
+The rule: per model and kept share, the best measured H2O variant among those whose prefill
+costs at most MAX_PREFILL_COST (1.3) times the full cache's:
+
+* `tuned` sources: the spec each `kvslim tune` file chose (lowest held-out KL among tune's
+  grid, which has no prompt compression);
+* `kl+needles` sources: per share of the KL file, the lowest mean KL(full||policy) among its
+  rows that are plain H2O variants (keys heavy, recent, sink, score, prefill; not `auto`
+  itself); the row then carries the prompt prefill (`prefill=`) with the best RULER-4K
+  average, in % of the full cache's and averaged over the kept shares, among `h2o` and
+  `h2o:prefill=M` in the Qwen matrix (scripts/qwen_tables.py's groups) that the winner's
+  score can carry;
+* `agree` sources (the default for unknown models): the shares where the named models'
+  rows agree (score, sinks, heavy fraction, prefill), with those values.
+
+A row's heavy fraction is the winner's heavy / (heavy + recent) slots, kept as the two
+integers so the Rust side divides exactly as before; H2O without heavy=/recent= splits the
+non-sink slots in half. SOURCES and PREFILL_COST are the only hand-written inputs.
+
+Usage: python3 scripts/auto_table.py [--root DIR] [--check]
+  (--check: exit 1 when the committed table is not what the results give; scripts/check_docs.py runs it)
+"""
+import argparse
+import difflib
+import json
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import qwen_tables  # noqa: E402  (the Qwen matrix's cells and RULER-4K averages)
+
+TABLE = "crates/cache/src/policy/auto_table.json"
+COMMAND = "python3 scripts/auto_table.py"
+MAX_PREFILL_COST = 1.3
+# Time to the first token, × the full cache's, per prefill mode: docs/qwen.md "What it costs"
+# (3,742 prompt tokens: full 35.4 s, snap:32 39.1 s, kvzip 114.4 s). The result files carry no
+# per-policy prefill time (the matrix's timings are per shared cell); expect and rkv score the
+# prompt in its one pass (crates/cache/src/policy/token.rs, Observation) and were not timed.
+PREFILL_COST = {None: 1.0, "snap": 39.1 / 35.4, "kvzip": 114.4 / 35.4, "expect": 1.0, "rkv": 1.0}
+# The scores each prefill mode can rank by (the grammar's refusals, crates/cache/src/policy/spec/family.rs).
+PREFILL_SCORES = {"snap": {"sum", "norm", "vnorm"}, "expect": {"sum", "norm"}, "kvzip": {"sum", "norm"}, "rkv": {"sum", "norm"}}
+# Which results each model's rows come from, its key (crates/cache/src/policy/auto.rs, model_key) and name.
+SOURCES = [
+    {"model": "llama:30x576", "name": "SmolLM2-135M", "rule": "tuned", "files": "docs/tuned/smollm2-*.json"},
+    {"model": "gemma3:18x640", "name": "Gemma 3 270M", "rule": "tuned", "files": "docs/tuned/gemma-*.json"},
+    {"model": "llama:5x64", "name": "stories260K", "rule": "tuned", "files": "docs/tuned/stories260k-*.json"},
+    {"model": "qwen2:28x1536", "name": "Qwen2.5-Coder-1.5B", "rule": "kl+needles", "files": "docs/qwen/auto-kl/results.jsonl"},
+    {"model": "*", "name": "any other model", "rule": "agree", "of": ["llama:30x576", "gemma3:18x640"],
+     "evidence": "docs/results/tuning.md"},
+]
+
+
+def parse(policy):
+    """A plain H2O variant's (score, sinks, heavy fraction as (n, d), prefill), else None."""
+    family, _, rest = policy.partition(":")
+    if family != "h2o":
+        return None
+    keys = dict(kv.split("=", 1) for kv in rest.split(",") if kv)
+    if set(keys) - {"heavy", "recent", "sink", "score", "prefill"}:
+        return None  # agg=, alloc=: a table row cannot say them
+    if "heavy" in keys and "recent" in keys:
+        heavy, recent = (Fraction(keys[k].rstrip("%")) for k in ("heavy", "recent"))
+        share = heavy / (heavy + recent)  # slots are kept as such, shares (P%) reduced
+        whole = heavy.denominator == recent.denominator == 1 and "%" not in keys["heavy"]
+        split = (int(heavy), int(heavy + recent)) if whole else (share.numerator, share.denominator)
+    elif "heavy" in keys or "recent" in keys:
+        return None
+    else:
+        split = (1, 2)  # the family's own split: half heavy, half recent
+    prefill = keys.get("prefill")
+    return keys.get("score", "sum"), int(keys.get("sink", 0)), split, None if prefill == "full" else prefill
+
+
+def cost(prefill):
+    return PREFILL_COST[None if prefill is None else prefill.split(":")[0]]
+
+
+def row(src, share, variant, evidence, why):
+    score, sinks, heavy, prefill = variant
+    return {"model": src["model"], "model_name": src["name"], "share": share, "score": score, "sinks": sinks,
+            "heavy": list(heavy), "prefill": prefill, "evidence": evidence, "why": why}
+
+
+def percent(budget):
+    if not budget.endswith("%"):
+        raise ValueError(f"budget {budget!r}: the table is kept by share (P%)")
+    return float(budget[:-1])
+
+
+def tuned(root, src):
+    rows = []
+    for path in sorted(root.glob(src["files"])):
+        d = json.loads(path.read_text(encoding="utf-8"))
+        variant = parse(d["spec"]) if d.get("kind") == "kvslim-tune" else None
+        if variant is None or cost(variant[3]) > MAX_PREFILL_COST:
+            raise ValueError(f"{path}: not a kvslim-tune file with a plain H2O spec within the prefill bound")
+        rows.append(row(src, percent(d["budget"]), variant, path.relative_to(root).as_posix(), f"tune's winner {d['spec']}"))
+    return sorted(rows, key=lambda r: -r["share"])
+
+
+def best_prefill(root, score):
+    """(prefill mode, its mean % of full) with the best RULER-4K average that `score` can carry."""
+    cells, _ = qwen_tables.load(root)
+    cands = []
+    for policy in sorted({k[2] for k in cells}):
+        v = parse(policy)
+        mode = v and v[3]
+        if policy not in ("h2o", f"h2o:prefill={mode}"):
+            continue  # plain H2O, or H2O with one prefill= and nothing else
+        if cost(mode) > MAX_PREFILL_COST or (mode and score not in PREFILL_SCORES[mode.split(":")[0]]):
+            continue
+        pct = []
+        for share in qwen_tables.SHARES:
+            mean, full, n = qwen_tables.ruler_average(cells, policy, share)
+            if n == len(qwen_tables.RULER) and full:
+                pct.append(100 * mean / full)
+        if len(pct) == len(qwen_tables.SHARES):
+            cands.append((sum(pct) / len(pct), -cost(mode), mode))
+    if not cands:
+        raise ValueError("no prefill candidate has RULER-4K averages at every share")
+    top = max(cands)
+    return top[2], top[0]
+
+
+def kl_and_needles(root, src):
+    path = root / src["files"]
+    by_share = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        v = parse(r["policy"]) if r["policy"] != "auto" else None
+        kl = r.get("metrics", {}).get("kl")
+        if v is None or not isinstance(kl, (int, float)) or cost(v[3]) > MAX_PREFILL_COST:
+            continue
+        by_share.setdefault(percent(r["budget"]), []).append((kl, r["metrics"].get("nll", 0.0), r["policy"], v))
+    rows = []
+    for share, cands in sorted(by_share.items(), reverse=True):
+        kl, _, policy, (score, sinks, heavy, prefill) = min(cands)
+        why = f"lowest KL {kl:.4f} at {share:g}%: {policy}"
+        if prefill is None:
+            prefill, pct = best_prefill(root, score)
+            why += f"; prefill={prefill}: RULER-4K {pct:.1f}% of full (docs/qwen/ matrix)"
+        rows.append(row(src, share, (score, sinks, heavy, prefill), path.relative_to(root).as_posix(), why))
+    return rows
+
+
+def agree(rows, src):
+    of = [[r for r in rows if r["model"] == m] for m in src["of"]]
+    out = []
+    for first in of[0]:
+        same = [next((r for r in rs if r["share"] == first["share"]), None) for rs in of[1:]]
+        values = lambda r: (r["score"], r["sinks"], Fraction(*r["heavy"]), r["prefill"])  # noqa: E731
+        if all(r is not None and values(r) == values(first) for r in same):
+            v = (first["score"], first["sinks"], tuple(first["heavy"]), first["prefill"])
+            out.append(row(src, first["share"], v, src["evidence"], f"{' and '.join(src['of'])} agree"))
+    return out
+
+
+def table(root):
+    rows = []
+    for src in SOURCES:
+        rule = {"tuned": lambda s: tuned(root, s), "kl+needles": lambda s: kl_and_needles(root, s), "agree": lambda s: agree(rows, s)}
+        rows += rule[src["rule"]](src)
+    head = {
+        "generated": f"by `{COMMAND}` from the result files each row's evidence names; do not edit, rerun it",
+        "rule": f"per model and kept share, the best measured H2O variant whose prefill costs at most {MAX_PREFILL_COST}x the full cache's (docs/policies.md, auto)",
+    }
+    lines = ["{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}" for k, v in head.items()) + ', "rows": [']
+    lines += [" " + json.dumps(r, ensure_ascii=False) + ("," if i + 1 < len(rows) else "") for i, r in enumerate(rows)]
+    return "\n".join(lines) + "\n]}\n"
+
+
+def check(root):
+    """None when the committed table is what the results give, else what is wrong."""
+    root = Path(root)
+    want, path = table(root), root / TABLE
+    have = path.read_text(encoding="utf-8") if path.exists() else ""
+    if have == want:
+        return None
+    diff = list(difflib.unified_diff(have.splitlines(), want.splitlines(), TABLE, "regenerated", lineterm="", n=0))
+    return f"{TABLE} differs from what the committed results give; run `{COMMAND}`:\n" + "\n".join(diff[:12])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="the repository")
+    ap.add_argument("--check", action="store_true", help="compare with the committed table instead of writing it")
+    a = ap.parse_args(argv)
+    if a.check:
+        problem = check(a.root)
+        print(problem or f"{TABLE} is up to date")
+        return 1 if problem else 0
+    (a.root / TABLE).write_text(table(a.root), encoding="utf-8")
+    print(f"wrote {TABLE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Tests of scripts/auto_table.py: the committed table is what the committed results give, and
+editing a result without regenerating the table fails scripts/check_docs.py (on a copy)."""
+import importlib.util
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts"
+
+
+def module(name):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    m = importlib.util.module_from_spec(spec)
+    sys.modules[name] = m  # check_docs' dataclasses look their module up
+    spec.loader.exec_module(m)
+    return m
+
+
+auto_table, check_docs = module("auto_table"), module("check_docs")
+
+
+def copy(tmp):
+    """The results auto_table.py reads and the committed table, under tmp."""
+    for d in ("docs/tuned", "docs/qwen"):
+        shutil.copytree(ROOT / d, tmp / d)
+    (tmp / auto_table.TABLE).parent.mkdir(parents=True)
+    shutil.copy(ROOT / auto_table.TABLE, tmp / auto_table.TABLE)
+    return tmp
+
+
+def problems(root):
+    report = check_docs.Report()
+    check_docs.check_auto_table(root, report)
+    return report.problems
+
+
+def rows(root):
+    return json.loads((root / auto_table.TABLE).read_text(encoding="utf-8"))["rows"]
+
+
+def test_the_committed_table_is_current():
+    assert auto_table.check(ROOT) is None
+    got = {(r["model"], r["share"]): (r["score"], r["sinks"], r["heavy"], r["prefill"]) for r in rows(ROOT)}
+    assert got[("qwen2:28x1536", 20.0)] == ("vnorm", 4, [1, 2], "snap:32")
+    assert sorted(s for m, s in got if m == "*") == [5.0, 10.0, 40.0], "the shares where SmolLM2 and Gemma 3 agree"
+
+
+def test_editing_a_result_without_regenerating_fails_the_check(tmp_path):
+    root = copy(tmp_path)
+    assert problems(root) == []
+    # norm with 4 sinks now has Qwen's lowest KL
+    kl = root / "docs/qwen/auto-kl/results.jsonl"
+    lines = [json.loads(l) for l in kl.read_text(encoding="utf-8").splitlines()]
+    for r in lines:
+        if r["policy"] == "h2o:score=norm,sink=4":
+            r["metrics"]["kl"] = 0.01
+    kl.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    found = problems(root)
+    assert len(found) == 1 and auto_table.TABLE in found[0] and "python3 scripts/auto_table.py" in found[0]
+    cli = [sys.executable, str(SCRIPTS / "auto_table.py"), "--root", str(root)]
+    assert subprocess.run([*cli, "--check"], capture_output=True).returncode == 1
+    # regenerating makes it pass again, with the new winner
+    subprocess.run(cli, check=True, capture_output=True)
+    assert problems(root) == []
+    qwen = [r for r in rows(root) if r["model"] == "qwen2:28x1536"]
+    assert [(r["score"], r["prefill"]) for r in qwen] == [("norm", "snap:32")]
+
+
+def test_a_tuned_winner_moves_the_default_rows(tmp_path):
+    root = copy(tmp_path)
+    tuned = root / "docs/tuned/gemma-5.json"
+    d = json.loads(tuned.read_text(encoding="utf-8"))
+    d["spec"] = "h2o:heavy=13,recent=38,score=norm"
+    tuned.write_text(json.dumps(d), encoding="utf-8")
+    assert problems(root)
+    subprocess.run([sys.executable, str(SCRIPTS / "auto_table.py"), "--root", str(root)], check=True, capture_output=True)
+    assert sorted(r["share"] for r in rows(root) if r["model"] == "*") == [10.0, 40.0]
+
+
+def test_specs_parse_to_row_values():
+    assert auto_table.parse("h2o:heavy=150,recent=50,sink=4,score=norm") == ("norm", 4, (150, 200), None)
+    assert auto_table.parse("h2o:score=vnorm,sink=4") == ("vnorm", 4, (1, 2), None)
+    assert auto_table.parse("h2o:heavy=15%,recent=5%") == ("sum", 0, (3, 4), None)
+    assert auto_table.parse("h2o:prefill=snap:32") == ("sum", 0, (1, 2), "snap:32")
+    for unexpressible in ("window", "h2o:agg=max,score=tova", "h2o:alloc=ada:0.2", "h2o:heavy=3"):
+        assert auto_table.parse(unexpressible) is None
