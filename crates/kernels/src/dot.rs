@@ -3,7 +3,7 @@
 //!
 //! The best implementation for the running CPU is chosen once
 //! ([`kernels`]): AVX-512 or AVX2+FMA+F16C on x86_64, NEON on aarch64
-//! (`crate::simd`), else the scalar versions here, which are the reference
+//! (`crate::simd`), else the scalar versions ([`scalar`]), which are the reference
 //! every SIMD version is tested against. `KVSLIM_SIMD=scalar|avx2|avx512|neon`
 //! forces a level the CPU has. Activations stay f32 here: the SIMD kernels
 //! only reorder the f32 sums, so results agree with the reference to
@@ -13,113 +13,15 @@
 //! [`crate::matrix::Products`].)
 //!
 //! Measured throughput (`cargo run --release -p kvslim-kernels --example
-//! dotbench`) is recorded in the README.
+//! dotbench`) is recorded in `docs/results/speed.md`.
 
 use crate::dtype::DType;
-use crate::f16::{bf16_to_f32, f16_to_f32};
-use crate::quant::QK;
 use std::sync::OnceLock;
 
-/// `out[i][j] = w[i]·x[j]` over four weight rows `w` and four activation
-/// rows `x` (see [`DotKernels::dot4x4`]).
-pub type Dot4x4Fn = fn(&[&[f32]; 4], &[&[f32]; 4], &mut [[f32; 4]; 4]);
+pub mod scalar;
+pub(crate) mod set;
 
-/// Weight rows per GEMM micro-tile: the row panel a [`GemmTileFn`] reads
-/// is `cols × GEMM_MR` f32, element `(k, i)` at `k·GEMM_MR + i`.
-pub const GEMM_MR: usize = 32;
-/// Activation rows (tokens) per GEMM micro-tile: the token panel is
-/// `cols × GEMM_NR` f32, element `(k, j)` at `k·GEMM_NR + j`.
-pub const GEMM_NR: usize = 12;
-
-/// GEMM micro-kernel over packed panels (see [`DotKernels::gemm_tile`]):
-/// `(w, x, nt, out)`.
-pub type GemmTileFn = fn(&[f32], &[f32], usize, &mut [[f32; GEMM_MR]; GEMM_NR]);
-
-/// A row of a block format (its raw bytes) · x (see [`DotKernels`]).
-pub type BlockDotFn = fn(&[u8], &[f32]) -> f32;
-
-/// An instruction set with a kernel set (see [`DotKernels::isa`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Isa {
-    /// The portable reference kernels.
-    Scalar,
-    /// x86_64 AVX2 + FMA + F16C (8 f32 lanes).
-    Avx2,
-    /// x86_64 AVX-512F/BW/VL (16 f32 lanes).
-    Avx512,
-    /// aarch64 NEON (4 f32 lanes).
-    Neon,
-}
-
-impl Isa {
-    /// Every instruction set, slowest first.
-    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon];
-
-    /// The lower-case name (`KVSLIM_SIMD`, `kvslim bench`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Isa::Scalar => "scalar",
-            Isa::Avx2 => "avx2",
-            Isa::Avx512 => "avx512",
-            Isa::Neon => "neon",
-        }
-    }
-
-    /// The instruction set named `name` (any case).
-    pub fn parse(name: &str) -> Option<Isa> {
-        Isa::ALL.into_iter().find(|i| i.name().eq_ignore_ascii_case(name))
-    }
-}
-
-impl std::fmt::Display for Isa {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Row-times-vector kernels for each storage type. `w` is the raw row (bytes
-/// for the block formats); `x` the activations; both cover the same elements.
-#[derive(Clone, Copy)]
-pub struct DotKernels {
-    /// The instruction set in use (shown by `kvslim bench`).
-    pub isa: Isa,
-    pub f32: fn(&[f32], &[f32]) -> f32,
-    pub f16: fn(&[u16], &[f32]) -> f32,
-    pub bf16: fn(&[u16], &[f32]) -> f32,
-    pub q8_0: BlockDotFn,
-    pub q4_0: BlockDotFn,
-    pub q4_1: BlockDotFn,
-    /// Q5_0 (22-byte blocks of 32).
-    pub q5_0: BlockDotFn,
-    /// Q5_1 (24-byte blocks of 32).
-    pub q5_1: BlockDotFn,
-    /// Q2_K (84-byte super-blocks of 256).
-    pub q2_k: BlockDotFn,
-    /// Q3_K (110-byte super-blocks of 256).
-    pub q3_k: BlockDotFn,
-    /// Q4_K (144-byte super-blocks of 256).
-    pub q4_k: BlockDotFn,
-    /// Q5_K (176-byte super-blocks of 256).
-    pub q5_k: BlockDotFn,
-    /// Q6_K (210-byte super-blocks of 256).
-    pub q6_k: BlockDotFn,
-    /// y += a·x
-    pub axpy: fn(f32, &[f32], &mut [f32]),
-    /// GEMM micro-tile: `out[i][j] = w[i]·x[j]` for four f32 weight rows and
-    /// four activation rows (prefill). All eight slices cover the same
-    /// elements; pass a row twice to compute fewer than four.
-    pub dot4x4: Dot4x4Fn,
-    /// Prefill GEMM micro-kernel on packed panels: `out[j][i] = Σ_k
-    /// w[k·GEMM_MR + i] · x[k·GEMM_NR + j]` for the first `nt` tokens
-    /// (`j < nt ≤ GEMM_NR`; later entries of `out` are unspecified), with
-    /// `cols = w.len() / GEMM_MR` and `x.len() ≥ cols · GEMM_NR`. Both
-    /// operands are read as contiguous streams and every weight vector
-    /// feeds `nt` FMAs, so no horizontal sums are needed.
-    pub gemm_tile: GemmTileFn,
-    /// Dequantizes `out.len()` elements stored as the given type; the
-    /// result is bit-identical to [`crate::quant::dequantize`].
-    pub dequantize: fn(DType, &[u8], &mut [f32]),
-}
+pub use set::{BlockDotFn, Dot4x4Fn, DotKernels, GemmTileFn, Isa, GEMM_MR, GEMM_NR};
 
 impl DotKernels {
     /// The portable reference kernels.
@@ -229,121 +131,10 @@ pub(crate) fn bytemuck_u16(b: &[u8]) -> &[u16] {
     unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u16, b.len() / 2) }
 }
 
-/// Portable reference kernels.
-pub mod scalar {
-    use super::*;
-
-    pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-        // 8 partial sums: lets the compiler vectorise and bounds the error growth
-        let mut acc = [0f32; 8];
-        let n = a.len().min(b.len());
-        let (a8, b8) = (&a[..n / 8 * 8], &b[..n / 8 * 8]);
-        for (ca, cb) in a8.chunks_exact(8).zip(b8.chunks_exact(8)) {
-            for i in 0..8 {
-                acc[i] += ca[i] * cb[i];
-            }
-        }
-        let mut s: f32 = acc.iter().sum();
-        for i in n / 8 * 8..n {
-            s += a[i] * b[i];
-        }
-        s
-    }
-
-    pub fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
-        w.iter().zip(x).map(|(&h, &v)| f16_to_f32(h) * v).sum()
-    }
-
-    pub fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
-        w.iter().zip(x).map(|(&h, &v)| bf16_to_f32(h) * v).sum()
-    }
-
-    fn scale(b: &[u8], at: usize) -> f32 {
-        f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
-    }
-
-    pub fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
-        let mut s = 0f32;
-        for (b, xb) in w.chunks_exact(34).zip(x.chunks_exact(QK)) {
-            let mut acc = 0f32;
-            for (q, v) in b[2..].iter().zip(xb) {
-                acc += (*q as i8) as f32 * v;
-            }
-            s += scale(b, 0) * acc;
-        }
-        s
-    }
-
-    /// Q4_0 (`MIN` false: d·(q − 8)) or Q4_1 (`MIN` true: d·q + m) row · x.
-    pub fn dot_q4<const MIN: bool>(w: &[u8], x: &[f32]) -> f32 {
-        let (bb, head, bias) = if MIN { (20, 4, 0) } else { (18, 2, 8) };
-        let mut s = 0f32;
-        for (b, xb) in w.chunks_exact(bb).zip(x.chunks_exact(QK)) {
-            let (mut acc, mut xsum) = (0f32, 0f32);
-            for j in 0..16 {
-                let q = b[head + j];
-                acc += ((q & 0x0f) as i32 - bias) as f32 * xb[j];
-                acc += ((q >> 4) as i32 - bias) as f32 * xb[j + 16];
-                xsum += xb[j] + xb[j + 16];
-            }
-            s += if MIN { scale(b, 0) * acc + scale(b, 2) * xsum } else { scale(b, 0) * acc };
-        }
-        s
-    }
-
-    /// Σ w·x over the whole blocks of a Q5 or K-quant row: each block is
-    /// dequantized (exactly as [`crate::quant::dequantize`]) into a stack
-    /// buffer and dotted with 8 partial sums, so the result is
-    /// dequantize-then-dot up to the order of the f32 additions.
-    fn dot_blocks(dt: DType, w: &[u8], x: &[f32]) -> f32 {
-        let (bb, be) = (dt.block_bytes(), dt.block_elems());
-        let mut buf = [0f32; crate::quant::QK_K];
-        let mut s = 0f32;
-        for (b, xb) in w.chunks_exact(bb).zip(x.chunks_exact(be)) {
-            crate::quant::dequantize_block(dt, b, &mut buf);
-            s += dot_f32(&buf[..be], xb);
-        }
-        s
-    }
-
-    /// A Q5 or K-quant row (of the format `DType::ALL[T]`) · x.
-    pub fn dot_blocks_of<const T: u8>(w: &[u8], x: &[f32]) -> f32 {
-        dot_blocks(DType::ALL[T as usize], w, x)
-    }
-
-    pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-        for (yi, xi) in y.iter_mut().zip(x) {
-            *yi += a * xi;
-        }
-    }
-
-    pub fn dot4x4(w: &[&[f32]; 4], x: &[&[f32]; 4], out: &mut [[f32; 4]; 4]) {
-        for (o, wi) in out.iter_mut().zip(w) {
-            for (oj, xj) in o.iter_mut().zip(x) {
-                *oj = dot_f32(wi, xj);
-            }
-        }
-    }
-
-    /// Reference GEMM micro-kernel (see [`DotKernels::gemm_tile`]).
-    pub fn gemm_tile(w: &[f32], x: &[f32], nt: usize, out: &mut [[f32; GEMM_MR]; GEMM_NR]) {
-        let nt = nt.min(GEMM_NR);
-        for o in out.iter_mut().take(nt) {
-            *o = [0.0; GEMM_MR];
-        }
-        for (wk, xk) in w.chunks_exact(GEMM_MR).zip(x.chunks_exact(GEMM_NR)) {
-            for (o, &xv) in out.iter_mut().zip(xk).take(nt) {
-                for (oi, &wv) in o.iter_mut().zip(wk) {
-                    *oi += wv * xv;
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::f16::{bf16_to_f32, f16_to_f32};
     use crate::quant::{dequantize, quantize};
     use crate::test_util::Rng;
 

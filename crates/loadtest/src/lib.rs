@@ -3,6 +3,8 @@
 //!
 //! * [`http_client`]: blocking HTTP helpers over `ureq` for the server's
 //!   integration tests and `kvslim loadtest`.
+//! * [`load`]: the load generator (`kvslim loadtest`): concurrent
+//!   streaming clients, throughput and latency percentiles.
 //! * [`prompts`]: prompts of an exact token count cut from a text file
 //!   through the server's `/tokenize`.
 //! * [`soak`]: the soak driver (`kvslim loadtest --soak`): concurrent
@@ -10,5 +12,6 @@
 //!   requests, checked against solo runs, KV and peak memory reported.
 
 pub mod http_client;
+pub mod load;
 pub mod prompts;
 pub mod soak;

@@ -19,7 +19,6 @@
 //! `crates/server/tests/soak.rs`.
 
 use crate::http_client;
-use kvslim_cache::rng::SplitMix64;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -345,8 +344,25 @@ fn check_policy(addr: &str, headers: &[(&str, &str)], policy: &str) -> Result<()
     Err(format!("the server refuses the KV policy `{policy}` (HTTP {}): {why}", r.status))
 }
 
+/// A client's random choices: SplitMix64, the stream of `kvslim_cache`'s
+/// generator (a `--seed` draws the requests it always drew), kept here so
+/// a load client needs no cache crate.
+struct Draws(u64);
+
+impl Draws {
+    /// Uniform in `0..n` (`n > 0`), by multiply-shift.
+    fn below(&mut self, n: usize) -> usize {
+        assert!(n > 0, "Draws::below(0)");
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((u128::from(z ^ (z >> 31)) * n as u128) >> 64) as usize
+    }
+}
+
 /// Draws the next kind: mostly well-formed traffic, a steady share of abuse.
-fn draw(rng: &mut SplitMix64, stalled: bool) -> Kind {
+fn draw(rng: &mut Draws, stalled: bool) -> Kind {
     let table: &[(Kind, usize)] = &[
         (Kind::Greedy, 30),
         (Kind::Sampled, 15),
@@ -437,7 +453,7 @@ fn auth_line(sh: &Shared) -> String {
 }
 
 /// Runs one request of `kind` and checks its outcome.
-fn one(sh: &Shared, kind: Kind, rng: &mut SplitMix64) -> Outcome {
+fn one(sh: &Shared, kind: Kind, rng: &mut Draws) -> Outcome {
     let start = Instant::now();
     let expect = |status: u16, want: u16| (status != want).then(|| format!("expected HTTP {want}, got {status}"));
     let (status, failure) = match kind {
@@ -521,7 +537,8 @@ fn one(sh: &Shared, kind: Kind, rng: &mut SplitMix64) -> Outcome {
     Outcome { kind, status, latency: start.elapsed().as_secs_f64(), failure }
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
+/// The `p`-th percentile of ascending `sorted` (nearest rank; 0 when empty).
+pub(crate) fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -587,7 +604,7 @@ pub fn run(cfg: &SoakConfig) -> Result<SoakReport, String> {
         .map(|c| {
             let (sh, outcomes) = (sh.clone(), outcomes.clone());
             std::thread::spawn(move || {
-                let mut rng = SplitMix64::new(sh.cfg.seed ^ (c as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                let mut rng = Draws(sh.cfg.seed ^ (c as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
                 while Instant::now() < end {
                     let kind = draw(&mut rng, sh.cfg.stalled);
                     let o = one(&sh, kind, &mut rng);
@@ -678,6 +695,15 @@ pub fn run(cfg: &SoakConfig) -> Result<SoakReport, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The stream `kvslim_cache::rng::SplitMix64` gives for client 3 of
+    /// seed 1, so a seed draws the requests it drew with that generator.
+    #[test]
+    fn draws_follow_the_splitmix64_stream() {
+        let mut r = Draws(1 ^ 3u64.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let got: Vec<usize> = [98usize, 5, 1 << 20, 3, 1, 7, 1000].iter().map(|&n| r.below(n)).collect();
+        assert_eq!(got, [41, 3, 864730, 2, 0, 5, 12]);
+    }
 
     #[test]
     fn policy_lists_split_trim_and_refuse_empty_entries() {

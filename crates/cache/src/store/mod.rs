@@ -7,15 +7,19 @@
 //! rows are stored as f32, f16, int8 or 4-bit ([`rows`]). Policies and the
 //! attention kernel see the same slot order in every layout.
 
+mod journal;
 pub mod paged;
 pub mod rows;
+mod view;
 
 pub use paged::{PageCounts, PagePool, PoolStats};
 pub use rows::{RowBuf, RowIn};
+pub use view::Rows;
 
+use journal::{Journal, KvRows, Meta};
 use kvslim_kernels::attention::{DenseRows, SlotRows, MAX_HEAD_DIM};
 use kvslim_kernels::kvquant::KvDtype;
-use paged::{PagedKv, PagedRows};
+use paged::PagedKv;
 
 /// Error when a write would exceed the capacity chosen at creation.
 #[derive(Debug, thiserror::Error)]
@@ -66,115 +70,8 @@ pub struct HeadSlots {
     positions: Vec<u32>,
     scores: Vec<f32>,
     /// Undo journal since a checkpoint (fixed slots only; see
-    /// [`HeadSlots::checkpoint`]); kept allocated between checkpoints.
-    undo: Option<Box<Undo>>,
-}
-
-/// What a fixed-slot head looked like at a checkpoint, and the old contents
-/// of every row overwritten since, in order: rolling back restores the
-/// metadata and writes the rows back newest first. Each token appended
-/// since leaves a [`Mark`], so the head can also return to the moment just
-/// before any of them ([`HeadSlots::rollback_to`]).
-#[derive(Clone)]
-struct Undo {
-    active: bool,
-    len: usize,
-    capacity: usize,
-    positions: Vec<u32>,
-    scores: Vec<f32>,
-    slots: Vec<usize>,
-    keys: Option<RowBuf>,
-    values: RowBuf,
-    /// One per push since the checkpoint: the head just before it.
-    marks: Vec<Mark>,
-    /// The live positions and scores of every mark, back to back.
-    mark_positions: Vec<u32>,
-    mark_scores: Vec<f32>,
-}
-
-impl Undo {
-    /// Writes the rows saved since entry `from` of the log back into `kv`,
-    /// newest first.
-    fn write_back(&self, kv: &mut Kv, from: usize) {
-        let Kv::Slots { keys, values } = kv else { unreachable!("journals are for fixed slots") };
-        for i in (from..self.slots.len()).rev() {
-            if let (Some(k), Some(saved)) = (keys.as_mut(), self.keys.as_ref()) {
-                k.copy_row(self.slots[i], saved, i);
-            }
-            values.copy_row(self.slots[i], &self.values, i);
-        }
-    }
-}
-
-/// A head's metadata just before one push inside a journal: its live slots'
-/// positions and scores sit at `at..at + len` of the journal's mark arrays.
-#[derive(Clone, Copy)]
-struct Mark {
-    len: usize,
-    /// Saved rows at that moment (the undo log's length).
-    saved: usize,
-    at: usize,
-}
-
-/// Slot-order view of a head's K or V rows, for the attention kernel.
-#[derive(Clone, Copy)]
-pub enum Rows<'a> {
-    Dense(DenseRows<'a>),
-    Coded(&'a RowBuf),
-    Paged(PagedRows<'a>),
-}
-
-impl SlotRows for Rows<'_> {
-    #[inline]
-    fn row<'a>(&'a self, slot: usize, buf: &'a mut [f32]) -> &'a [f32] {
-        match self {
-            Rows::Dense(r) => r.row(slot, buf),
-            Rows::Coded(r) => r.row(slot, buf),
-            Rows::Paged(r) => r.row(slot, buf),
-        }
-    }
-    #[inline]
-    fn dot_group(&self, slot: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
-        match self {
-            Rows::Dense(r) => r.dot_group(slot, queries, buf, out),
-            Rows::Coded(r) => r.dot_group(slot, queries, buf, out),
-            Rows::Paged(r) => r.dot_group(slot, queries, buf, out),
-        }
-    }
-    #[inline]
-    fn axpy_group(&self, slot: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
-        match self {
-            Rows::Dense(r) => r.axpy_group(slot, probs, buf, outs),
-            Rows::Coded(r) => r.axpy_group(slot, probs, buf, outs),
-            Rows::Paged(r) => r.axpy_group(slot, probs, buf, outs),
-        }
-    }
-    #[inline]
-    fn dot_group_run(&self, start: usize, n: usize, queries: &[f32], buf: &mut [f32], out: &mut [f32]) {
-        match self {
-            Rows::Dense(r) => r.dot_group_run(start, n, queries, buf, out),
-            Rows::Coded(r) => r.dot_group_run(start, n, queries, buf, out),
-            Rows::Paged(r) => r.dot_group_run(start, n, queries, buf, out),
-        }
-    }
-    #[inline]
-    fn axpy_group_run(&self, start: usize, n: usize, probs: &[f32], buf: &mut [f32], outs: &mut [f32]) {
-        match self {
-            Rows::Dense(r) => r.axpy_group_run(start, n, probs, buf, outs),
-            Rows::Coded(r) => r.axpy_group_run(start, n, probs, buf, outs),
-            Rows::Paged(r) => r.axpy_group_run(start, n, probs, buf, outs),
-        }
-    }
-    #[inline]
-    fn prefetch(&self, slot: usize) {
-        match self {
-            // consecutive rows: the hardware prefetcher follows the stream,
-            // and software prefetches only compete with it (measured: 6% of
-            // a 4K-token decode step on Qwen2.5-Coder-1.5B with f16 K/V)
-            Rows::Dense(_) | Rows::Coded(_) => {}
-            Rows::Paged(r) => r.prefetch(slot),
-        }
-    }
+    /// [`HeadSlots::checkpoint`]).
+    journal: Option<Box<Journal>>,
 }
 
 impl HeadSlots {
@@ -200,7 +97,7 @@ impl HeadSlots {
         // fixed slots allocate their metadata up front too; a paged head grows
         // it with its live tokens (amortised), like its pages
         let meta = if layout.page_size.is_some() { 0 } else { capacity };
-        HeadSlots { head_dim, capacity, len: 0, kv, positions: vec![0; meta], scores: vec![0.0; meta], undo: None }
+        HeadSlots { head_dim, capacity, len: 0, kv, positions: vec![0; meta], scores: vec![0.0; meta], journal: None }
     }
 
     /// A head in `layout` holding exactly the given rows, slot `i` at
@@ -226,58 +123,29 @@ impl HeadSlots {
     /// of the whole head, unlike a clone). The buffers are reused.
     pub(crate) fn checkpoint(&mut self) -> bool {
         let Kv::Slots { keys, values } = &self.kv else { return false };
-        let undo = self.undo.get_or_insert_with(|| {
-            Box::new(Undo {
-                active: false,
-                len: 0,
-                capacity: 0,
-                positions: Vec::new(),
-                scores: Vec::new(),
-                slots: Vec::new(),
-                keys: keys.as_ref().map(|k| RowBuf::new(k.dtype(), self.head_dim, 0)),
-                values: RowBuf::new(values.dtype(), self.head_dim, 0),
-                marks: Vec::new(),
-                mark_positions: Vec::new(),
-                mark_scores: Vec::new(),
-            })
-        });
-        undo.active = true;
-        (undo.len, undo.capacity) = (self.len, self.capacity);
-        undo.positions.clone_from(&self.positions);
-        undo.scores.clone_from(&self.scores);
-        undo.slots.clear();
-        if let Some(k) = undo.keys.as_mut() {
-            k.clear();
-        }
-        undo.values.clear();
-        undo.marks.clear();
-        undo.mark_positions.clear();
-        undo.mark_scores.clear();
+        let d = self.head_dim;
+        let j = self.journal.get_or_insert_with(|| Box::new(Journal::new(d, keys.as_ref(), values)));
+        j.begin(self.len, self.capacity, &self.positions, &self.scores);
         true
     }
 
     /// Ends the journal keeping every change since the checkpoint.
     pub(crate) fn commit(&mut self) {
-        if let Some(u) = self.undo.as_mut() {
-            u.active = false;
+        if let Some(j) = self.journal.as_mut() {
+            j.end();
         }
     }
 
     /// Returns to the checkpoint: metadata restored, overwritten rows
     /// written back newest first. Panics without an active checkpoint.
     pub(crate) fn rollback(&mut self) {
-        let u = self.undo.as_mut().filter(|u| u.active).expect("rollback without a checkpoint");
-        u.write_back(&mut self.kv, 0);
-        self.len = u.len;
-        self.capacity = u.capacity;
-        self.positions.clone_from(&u.positions);
-        self.scores.clone_from(&u.scores);
-        u.active = false;
+        let (j, rows, head) = self.journal_parts();
+        j.rollback(rows, head);
     }
 
     /// Pushes since the checkpoint (each can be returned to).
     pub(crate) fn pushes_since_checkpoint(&self) -> usize {
-        self.undo.as_ref().filter(|u| u.active).map_or(0, |u| u.marks.len())
+        self.journal.as_ref().map_or(0, |j| j.pushes())
     }
 
     /// Returns to the moment just before push number `pushes` since the
@@ -290,35 +158,36 @@ impl HeadSlots {
         if pushes == 0 {
             return self.rollback();
         }
-        let u = self.undo.as_mut().filter(|u| u.active).expect("rollback without a checkpoint");
-        let m = u.marks[pushes];
-        u.write_back(&mut self.kv, m.saved);
-        self.len = m.len;
-        self.positions[..m.len].copy_from_slice(&u.mark_positions[m.at..m.at + m.len]);
-        self.scores[..m.len].copy_from_slice(&u.mark_scores[m.at..m.at + m.len]);
-        u.active = false;
+        let (j, rows, head) = self.journal_parts();
+        j.rollback_to(pushes, rows, head);
     }
 
-    /// Records a [`Mark`] in the active journal before a push.
+    /// The journal, the rows and the metadata it restores, borrowed apart.
+    fn journal_parts(&mut self) -> (&mut Journal, KvRows<'_>, Meta<'_>) {
+        let j = self.journal.as_deref_mut().expect("rollback without a checkpoint");
+        let Kv::Slots { keys, values } = &mut self.kv else { unreachable!("journals are for fixed slots") };
+        let head = Meta {
+            len: &mut self.len,
+            capacity: &mut self.capacity,
+            positions: &mut self.positions,
+            scores: &mut self.scores,
+        };
+        (j, (keys, values), head)
+    }
+
+    /// Records the head in the journal before a push.
     #[inline]
     fn mark(&mut self) {
-        let Some(u) = self.undo.as_mut().filter(|u| u.active) else { return };
-        let (len, at) = (self.len, u.mark_positions.len());
-        u.marks.push(Mark { len, saved: u.slots.len(), at });
-        u.mark_positions.extend_from_slice(&self.positions[..len]);
-        u.mark_scores.extend_from_slice(&self.scores[..len]);
+        if let Some(j) = self.journal.as_mut() {
+            j.mark(self.len, &self.positions, &self.scores);
+        }
     }
 
-    /// Saves row `slot` into the active journal before it is overwritten.
+    /// Saves row `slot` into the journal before it is overwritten.
     #[inline]
     fn save_row(&mut self, slot: usize) {
-        let Some(u) = self.undo.as_mut().filter(|u| u.active) else { return };
-        if let Kv::Slots { keys, values } = &self.kv {
-            if let (Some(saved), Some(k)) = (u.keys.as_mut(), keys.as_ref()) {
-                saved.push_row_from(k, slot);
-            }
-            u.values.push_row_from(values, slot);
-            u.slots.push(slot);
+        if let (Some(j), Kv::Slots { keys, values }) = (self.journal.as_mut(), &self.kv) {
+            j.save_row(keys.as_ref(), values, slot);
         }
     }
 
@@ -859,259 +728,4 @@ impl KvStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn evict_moves_candidate_into_victim_slot() {
-        let mut h = HeadSlots::new(2, 4);
-        for p in 0..4u32 {
-            h.push(p, &[p as f32; 2], &[10.0 + p as f32; 2]).unwrap();
-            h.scores_mut()[p as usize] = p as f32;
-        }
-        assert!(h.push(9, &[0.0; 2], &[0.0; 2]).is_none(), "capacity is a hard limit");
-        h.evict(1);
-        assert_eq!(h.positions(), &[0, 3, 2]);
-        assert_eq!(h.scores(), &[0.0, 3.0, 2.0]);
-        let (mut k, mut v) = (Vec::new(), Vec::new());
-        h.gather_keys(&mut k);
-        h.gather_values(&mut v);
-        assert_eq!(&k[2..4], &[3.0, 3.0]);
-        assert_eq!(&v[2..4], &[13.0, 13.0]);
-    }
-
-    #[test]
-    fn kept_scores_follow_kept_positions() {
-        let mut s = KvStore::new(1, 1, 2, 4);
-        let h = s.head_mut(0, 0);
-        for p in 0..4u32 {
-            h.push(p, &[0.0; 2], &[0.0; 2]).unwrap();
-            h.scores_mut()[p as usize] = 10.0 * p as f32;
-        }
-        h.evict(1); // slots now hold positions 0, 3, 2
-        assert_eq!(s.kept_positions(), vec![vec![vec![0, 2, 3]]]);
-        assert_eq!(s.kept_scores(), vec![vec![vec![0.0, 20.0, 30.0]]]);
-    }
-
-    #[test]
-    fn bytes_are_exact_and_drop_keys_shrinks_them() {
-        let mut s = KvStore::new(2, 3, 8, 10);
-        assert_eq!(s.bytes(), KvBytes { kv: 2 * 3 * 2 * 10 * 8 * 4, metadata: 2 * 3 * 10 * 8 });
-        s.head_mut(1, 2).drop_keys();
-        assert_eq!(s.bytes().kv, 2 * 3 * 2 * 10 * 8 * 4 - 10 * 8 * 4);
-        assert_eq!(s.layer_bytes(0).kv, 3 * 2 * 10 * 8 * 4);
-    }
-
-    #[test]
-    fn retain_slots_compacts() {
-        let mut h = HeadSlots::new(1, 5);
-        for p in 0..5u32 {
-            h.push(p * 10, &[p as f32], &[p as f32]).unwrap();
-        }
-        h.retain_slots(&[1, 4]);
-        assert_eq!(h.positions(), &[10, 40]);
-        let mut v = Vec::new();
-        h.gather_values(&mut v);
-        assert_eq!(v, [1.0, 4.0]);
-    }
-
-    use crate::rng::SplitMix64;
-
-    fn row(pos: u32, salt: f32, d: usize) -> Vec<f32> {
-        (0..d).map(|i| ((pos as f32 + 1.0) * (i as f32 + salt)).sin() * (1.0 + (pos % 5) as f32)).collect()
-    }
-
-    /// One random store operation (push / evict / prefill-like retain / compact),
-    /// applied identically to every head in `heads`.
-    fn random_op(rng: &mut SplitMix64, heads: &mut [HeadSlots], next_pos: &mut u32, d: usize) {
-        let len = heads[0].len();
-        let cap = heads[0].capacity();
-        match rng.below(10) {
-            0..=5 if len < cap => {
-                let (k, v) = (row(*next_pos, 0.5, d), row(*next_pos, 1.5, d));
-                for h in heads.iter_mut() {
-                    let s = h.push(*next_pos, &k, &v).unwrap();
-                    h.scores_mut()[s] = *next_pos as f32 * 0.1;
-                }
-                *next_pos += 1;
-            }
-            6..=7 if len > 0 => {
-                let victim = rng.below(len);
-                heads.iter_mut().for_each(|h| h.evict(victim));
-            }
-            8 if len > 1 => {
-                let keep: Vec<usize> = (0..len).filter(|_| rng.below(3) != 0).collect();
-                heads.iter_mut().for_each(|h| h.retain_slots(&keep));
-            }
-            _ => heads.iter_mut().for_each(HeadSlots::compact),
-        }
-    }
-
-    fn snapshot(h: &HeadSlots) -> (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>) {
-        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
-        (
-            h.positions().to_vec(),
-            bits(h.scores().to_vec()),
-            bits(h.decoded_keys().unwrap_or_default()),
-            bits(h.decoded_values()),
-        )
-    }
-
-    #[test]
-    fn paged_heads_match_the_fixed_store_op_for_op() {
-        let d = 8;
-        for dtype in KvDtype::ALL {
-            let mut heads: Vec<HeadSlots> = [None, Some(1), Some(3), Some(8)]
-                .into_iter()
-                .map(|p| HeadSlots::with_layout(d, 20, StoreLayout { page_size: p, kv_dtype: dtype }, None))
-                .collect();
-            let mut rng = SplitMix64::new(7);
-            let mut next = 0;
-            for step in 0..600 {
-                random_op(&mut rng, &mut heads, &mut next, d);
-                let want = snapshot(&heads[0]);
-                for h in &heads[1..] {
-                    assert_eq!(snapshot(h), want, "{dtype} page {:?} step {step}", h.page_size());
-                    let c = h.page_counts().unwrap();
-                    assert_eq!(c.live, h.len());
-                    assert_eq!(c.pages * h.page_size().unwrap(), c.live + c.fragmentation);
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn compaction_returns_pages_and_counts_bytes() {
-        let (d, p) = (4, 4);
-        let pool = PagePool::new(p, KvDtype::F32, d);
-        let mut h =
-            HeadSlots::with_layout(d, 64, StoreLayout { page_size: Some(p), kv_dtype: KvDtype::F32 }, Some(&pool));
-        for t in 0..32u32 {
-            h.push(t, &row(t, 0.5, d), &row(t, 1.5, d)).unwrap();
-        }
-        assert_eq!(pool.stats().pages_in_use, 2 * 8, "K and V pages");
-        // evict every other token: no page empties, so nothing is returned
-        for v in (0..32).rev().step_by(2) {
-            h.evict(v);
-        }
-        let before = h.page_counts().unwrap();
-        assert_eq!((before.pages, before.live, before.fragmentation), (8, 16, 16));
-        let want = snapshot(&h);
-        h.compact();
-        let after = h.page_counts().unwrap();
-        assert_eq!(after.pages, 16usize.div_ceil(p), "pages in use = ceil(live / page size)");
-        assert_eq!(pool.stats().pages_in_use, 2 * after.pages);
-        // in place: the 4 fullest pages stay (2 live each), the 8 tokens of
-        // the other 4 move into their holes, K and V once each
-        assert_eq!(after.bytes_moved, 8 * 2 * (d as u64 * 4), "only the released pages' tokens move");
-        assert_eq!(pool.stats().peak_pages, 2 * 8, "repacking allocates no page");
-        assert_eq!(snapshot(&h), want, "compaction keeps slot order and contents");
-        // a page whose tokens all leave goes back to the pool at once
-        let mut g = HeadSlots::with_layout(d, 8, StoreLayout { page_size: Some(p), kv_dtype: KvDtype::F32 }, None);
-        for t in 0..8u32 {
-            g.push(t, &row(t, 0.5, d), &row(t, 1.5, d)).unwrap();
-        }
-        g.retain_slots(&[4, 5, 6, 7]);
-        assert_eq!(g.page_counts().unwrap().pages, 1);
-    }
-
-    /// Token eviction scatters holes over pages; a head never references
-    /// more than its page cap, because it repacks before growing past it,
-    /// and repacking keeps slot order and contents.
-    #[test]
-    fn eviction_churn_stays_within_the_page_cap() {
-        let d = 4;
-        for (p, capacity) in [(4, 25), (8, 25), (16, 129), (3, 7)] {
-            let cap = paged::page_cap(capacity, p);
-            let layout = StoreLayout { page_size: Some(p), kv_dtype: KvDtype::Q8 };
-            let mut h = HeadSlots::with_layout(d, capacity, layout, None);
-            let mut fixed = HeadSlots::with_layout(d, capacity, StoreLayout { page_size: None, ..layout }, None);
-            let mut rng = SplitMix64::new(p as u64);
-            let mut most = 0;
-            for t in 0..2000u32 {
-                if h.len() == capacity {
-                    let v = (rng.next_u64() % capacity as u64) as usize;
-                    h.evict(v);
-                    fixed.evict(v);
-                }
-                h.push(t, &row(t, 0.5, d), &row(t, 1.5, d)).unwrap();
-                fixed.push(t, &row(t, 0.5, d), &row(t, 1.5, d)).unwrap();
-                most = most.max(h.page_counts().unwrap().pages);
-            }
-            assert!(most <= cap, "page={p} capacity={capacity}: {most} pages > cap {cap}");
-            assert!(h.page_counts().unwrap().bytes_moved > 0, "page={p}: holes were repacked");
-            assert_eq!(snapshot(&h), snapshot(&fixed), "page={p}: same slots as the fixed store");
-        }
-    }
-
-    #[test]
-    fn clones_share_pages_until_the_first_write() {
-        let (d, p) = (4, 4);
-        let pool = PagePool::new(p, KvDtype::Q8, d);
-        let layout = StoreLayout { page_size: Some(p), kv_dtype: KvDtype::Q8 };
-        let mut a = HeadSlots::with_layout(d, 64, layout, Some(&pool));
-        for t in 0..10u32 {
-            a.push(t, &row(t, 0.5, d), &row(t, 1.5, d)).unwrap();
-        }
-        let pages = pool.stats().pages_in_use;
-        let mut b = a.clone();
-        assert_eq!(pool.stats().pages_in_use, pages, "a clone allocates no pages");
-        assert_eq!(b.page_counts().unwrap().shared_pages, 3);
-        let original = snapshot(&a);
-        // eviction and score updates never copy a page
-        b.evict(2);
-        b.scores_mut()[0] += 1.0;
-        assert_eq!(pool.stats().cow_copies, 0);
-        assert_eq!(snapshot(&a), original, "the other sequence does not see b's evictions or scores");
-        // the first write into the shared tail page copies K and V once
-        b.push(10, &row(10, 0.5, d), &row(10, 1.5, d)).unwrap();
-        assert_eq!(b.page_counts().unwrap().cow_copies, 2);
-        b.push(11, &row(11, 0.5, d), &row(11, 1.5, d)).unwrap();
-        assert_eq!(b.page_counts().unwrap().cow_copies, 2, "copied only on the first write");
-        assert_eq!(snapshot(&a), original);
-        a.push(10, &row(10, 0.5, d), &row(10, 1.5, d)).unwrap();
-        assert_eq!(a.page_counts().unwrap().cow_copies, 0, "b's copy left a the sole owner");
-        drop(b);
-        drop(a);
-        assert_eq!(pool.stats().pages_in_use, 0);
-    }
-
-    /// Every live slot must decode to what was written for its position, in
-    /// every layout, after evictions, retains and compactions; with the
-    /// scale copy disabled (a fault injected into the row copy) the check
-    /// must fail, so it really guards the scale path.
-    #[test]
-    fn scales_move_with_their_slots() {
-        let d = 40;
-        let check = |skip: bool| -> bool {
-            rows::SKIP_SCALE_COPY.with(|c| c.set(skip));
-            let mut ok = true;
-            for dtype in [KvDtype::Q8, KvDtype::Q4] {
-                for page in [None, Some(4)] {
-                    let mut heads =
-                        vec![HeadSlots::with_layout(d, 24, StoreLayout { page_size: page, kv_dtype: dtype }, None)];
-                    let mut truth = std::collections::HashMap::new();
-                    let mut rng = SplitMix64::new(11);
-                    let mut next = 0;
-                    for _ in 0..400 {
-                        let before = next;
-                        random_op(&mut rng, &mut heads, &mut next, d);
-                        if next > before {
-                            let h = &heads[0];
-                            truth.insert(before, h.decoded_values()[(h.len() - 1) * d..].to_vec());
-                        }
-                        let h = &heads[0];
-                        let vals = h.decoded_values();
-                        for (i, p) in h.positions().iter().enumerate() {
-                            ok &= vals[i * d..(i + 1) * d] == truth[p][..];
-                        }
-                    }
-                }
-            }
-            rows::SKIP_SCALE_COPY.with(|c| c.set(false));
-            ok
-        };
-        assert!(check(false), "scales travel with codes");
-        assert!(!check(true), "a row copy without its scales must be detected");
-    }
-}
+mod tests;

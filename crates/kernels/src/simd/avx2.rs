@@ -10,7 +10,7 @@
 //! Some functions are `pub(super)` so the AVX-512 set can reuse them; it
 //! only does so after checking that AVX2, FMA and F16C are present too.
 
-use crate::dot::{Isa, GEMM_MR, GEMM_NR};
+use crate::dot::set::{Isa, GEMM_MR, GEMM_NR};
 use crate::dtype::DType;
 use crate::f16::f16_to_f32;
 use crate::simd::lanes::{self, F32Lanes, HalfLanes};

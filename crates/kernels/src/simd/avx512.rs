@@ -15,11 +15,11 @@
 //! measured yet (Q5_K could use a 32-entry `vpermt2ps` table; Q6_K's 64
 //! values per group fit no single permute).
 
-use crate::dot::{Isa, GEMM_MR, GEMM_NR};
+use crate::dot::set::{Isa, GEMM_MR, GEMM_NR};
+use crate::dtype::DType;
 use crate::simd::avx2::{self, Avx2};
 use crate::simd::lanes::{self, HalfLanes, HalfRow};
 use crate::simd::DotIsa;
-use crate::DType;
 use std::arch::x86_64::*;
 
 // ---- helpers --------------------------------------------------------------
@@ -326,8 +326,8 @@ impl KvLanes for Avx512 {
 lanes::kv_isa!(Avx512, "avx512f,avx512bw,avx512vl,avx2,fma,f16c");
 
 /// The AVX-512 KV group kernels, when the CPU has every feature they use.
-pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::KvGroupKernels> {
-    lanes::kv_group_kernels::<Avx512>(Some((
+pub(crate) fn kv_group_kernels() -> Option<crate::kvquant::set::KvGroupKernels> {
+    crate::simd::kv_group_kernels::<Avx512>(Some((
         [kv_dot_run::<KV_F16>, kv_dot_run::<KV_Q8>, kv_dot_run::<KV_Q4>],
         [kv_axpy_run::<KV_F16>, kv_axpy_run::<KV_Q8>, kv_axpy_run::<KV_Q4>],
     )))
@@ -467,7 +467,7 @@ unsafe fn kv_axpy_run_impl<const T: u8, const N: usize>(r: RunArgs) {
 /// Scores of a run of rows (see `crate::kvquant::KvRunFn`).
 fn kv_dot_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: usize, queries: &[f32], out: &mut [f32]) {
     let (n, g, d) =
-        crate::kvquant::check_run(T, codes.len(), stride, scales.len(), spr, queries.len(), out.len(), true);
+        crate::kvquant::set::check_run(T, codes.len(), stride, scales.len(), spr, queries.len(), out.len(), true);
     for r0 in (0..n).step_by(RUN) {
         let (data, scales) = (codes.as_ptr().wrapping_add(r0 * stride), scales.as_ptr().wrapping_add(r0 * spr));
         let mut h = 0;
@@ -499,7 +499,7 @@ fn kv_dot_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: usi
 /// Weighted sums over a run of rows (see `crate::kvquant::KvRunFn`).
 fn kv_axpy_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: usize, probs: &[f32], outs: &mut [f32]) {
     let (n, g, d) =
-        crate::kvquant::check_run(T, codes.len(), stride, scales.len(), spr, probs.len(), outs.len(), false);
+        crate::kvquant::set::check_run(T, codes.len(), stride, scales.len(), spr, probs.len(), outs.len(), false);
     let (data, scales) = (codes.as_ptr(), scales.as_ptr());
     let mut h = 0;
     while h < g {
@@ -525,18 +525,18 @@ fn kv_axpy_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: us
 
 // ---- integer products on repacked block weights (VNNI) -------------------
 
-use crate::int8::{self, Activations, Tile, TILE_TOKENS};
+use crate::int8::layout::{self, Activations, Tile, TILE_TOKENS};
 
 /// The VNNI micro-kernel of [`crate::int8`], when the CPU has AVX-512 VNNI
 /// besides the features of this module.
-pub(crate) fn int8_tile() -> Option<int8::TileFn> {
-    (Avx512::detected() && is_x86_feature_detected!("avx512vnni")).then_some(int8_tile_dispatch as int8::TileFn)
+pub(crate) fn int8_tile() -> Option<layout::TileFn> {
+    (Avx512::detected() && is_x86_feature_detected!("avx512vnni")).then_some(int8_tile_dispatch as layout::TileFn)
 }
 
 fn int8_tile_dispatch(dtype: DType, panel: &[u8], x: &Activations, t0: usize, nt: usize, out: &mut Tile) {
     let (q, d, s, h, cols) = x.parts();
     let blocks = cols / crate::quant::QK;
-    assert!(panel.len() >= int8::panel_bytes(dtype, cols), "int8 panel too short");
+    assert!(panel.len() >= layout::panel_bytes(dtype, cols), "int8 panel too short");
     assert!(nt <= TILE_TOKENS && (t0 + nt) * cols <= q.len() && (t0 + nt) * blocks <= d.len().min(s.len()));
     // only Q6_K reads the half sums (and only for it are they computed)
     assert!(dtype != DType::Q6_K || 2 * (t0 + nt) * blocks <= h.len(), "Q6_K needs the activations' half sums");
@@ -625,7 +625,7 @@ unsafe fn int8_nt<const KIND: u8>(p: Int8Args, nt: usize, out: &mut Tile) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut Tile) {
     let dtype = DType::ALL[KIND as usize];
-    let (hb, planes) = (int8::header_bytes(dtype), int8::planes(dtype));
+    let (hb, planes) = (layout::header_bytes(dtype), layout::planes(dtype));
     let split = dtype == DType::Q6_K;
     let low = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); NT];
@@ -634,17 +634,17 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut Tile
     for b in 0..p.blocks {
         // the block, and the header holding its f16 `d` (a K-quant's
         // super-block header, converted once per 8 blocks)
-        let (at, dh) = int8::block_at(dtype, b);
+        let (at, dh) = layout::block_at(dtype, b);
         let (blk, dh) = (p.panel.add(at), p.panel.add(dh));
         if NT >= PREFETCH_MIN_TOKENS {
-            prefetch_block(blk, int8::block_bytes(dtype));
+            prefetch_block(blk, layout::block_bytes(dtype));
         }
         let f16_at = |at: usize| _mm512_cvtph_ps(_mm256_loadu_si256(dh.add(at) as *const __m256i));
         if !k_quant || b % 8 == 0 {
             d = f16_at(0);
             if matches!(dtype, DType::Q4_K | DType::Q5_K) {
                 let sign = _mm512_set1_epi32(i32::MIN);
-                let dmin = _mm512_castps_si512(f16_at(int8::MIN_OFFSET));
+                let dmin = _mm512_castps_si512(f16_at(layout::MIN_OFFSET));
                 neg_dmin = _mm512_castsi512_ps(_mm512_xor_si512(dmin, sign));
             }
         }
@@ -652,16 +652,16 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut Tile
         let (d, m) = match dtype {
             DType::Q4_K | DType::Q5_K => {
                 // d·sc and −dmin·m, as `int8::scale_min`
-                let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes_at(int8::K_SCALE_OFFSET)));
-                let mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes_at(int8::K_MIN_OFFSET)));
+                let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes_at(layout::K_SCALE_OFFSET)));
+                let mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes_at(layout::K_MIN_OFFSET)));
                 (_mm512_mul_ps(d, sc), _mm512_mul_ps(neg_dmin, mn))
             }
             DType::Q6_K => {
-                let s0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(int8::K_SCALE_OFFSET)));
-                let s1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(int8::K_MIN_OFFSET)));
+                let s0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(layout::K_SCALE_OFFSET)));
+                let s1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes_at(layout::K_MIN_OFFSET)));
                 (_mm512_mul_ps(d, s0), _mm512_mul_ps(d, s1))
             }
-            DType::Q4_1 | DType::Q5_1 => (d, f16_at(int8::MIN_OFFSET)),
+            DType::Q4_1 | DType::Q5_1 => (d, f16_at(layout::MIN_OFFSET)),
             DType::Q4_0 => (d, _mm512_mul_ps(d, _mm512_set1_ps(-8.0))),
             DType::Q5_0 => (d, _mm512_mul_ps(d, _mm512_set1_ps(-16.0))),
             _ => (d, _mm512_mul_ps(d, _mm512_set1_ps(-128.0))),
@@ -688,10 +688,10 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut Tile
         } else if split {
             // Q6_K: per pair of nibble vectors one crumb vector; each 2-bit
             // field shifted to bits 4–5 and masked, then `(nibble & 0x0f) |
-            // field` in one ternary-logic select (int8::crumb_at)
+            // field` in one ternary-logic select (int8::layout::crumb_at)
             let m30 = _mm512_set1_epi8(0x30);
             for v in 0..2 {
-                let cr = _mm512_loadu_si512(quants.add(int8::NIBBLES + 64 * v) as *const __m512i);
+                let cr = _mm512_loadu_si512(quants.add(layout::NIBBLES + 64 * v) as *const __m512i);
                 let fields = [
                     _mm512_and_si512(_mm512_slli_epi16(cr, 4), m30),
                     _mm512_and_si512(_mm512_slli_epi16(cr, 2), m30),
@@ -713,7 +713,7 @@ unsafe fn int8_impl<const KIND: u8, const NT: usize>(p: Int8Args, out: &mut Tile
             }
         } else {
             let mask = |plane: usize, j: usize| -> __mmask64 {
-                let at = quants.add(int8::NIBBLES + plane * int8::PLANE + 8 * j) as *const u64;
+                let at = quants.add(layout::NIBBLES + plane * layout::PLANE + 8 * j) as *const u64;
                 _cvtu64_mask64(at.read_unaligned())
             };
             for j in 0..4 {

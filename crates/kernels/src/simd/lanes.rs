@@ -337,13 +337,13 @@ pub(crate) unsafe fn gemm_block<L: F32Lanes, const NT: usize>(
     cols: usize,
     col: usize,
     j0: usize,
-    out: &mut [[f32; crate::dot::GEMM_MR]; crate::dot::GEMM_NR],
+    out: &mut [[f32; crate::dot::set::GEMM_MR]; crate::dot::set::GEMM_NR],
 ) {
     let mut acc = [[L::zero(); 2]; NT];
     for k in 0..cols {
-        let wp = w.add(k * crate::dot::GEMM_MR);
+        let wp = w.add(k * crate::dot::set::GEMM_MR);
         let (w0, w1) = (L::load(wp), L::load(wp.add(L::N)));
-        let xp = x.add(k * crate::dot::GEMM_NR);
+        let xp = x.add(k * crate::dot::set::GEMM_NR);
         for (j, a) in acc.iter_mut().enumerate() {
             let b = L::splat(*xp.add(j));
             a[0] = L::fma(w0, b, a[0]);
@@ -373,11 +373,11 @@ pub(crate) unsafe fn kv_elem<const T: u8>(data: *const u8, scales: *const f32, j
     unsafe {
         match T {
             KV_F16 => crate::f16::f16_to_f32(u16::from_le(std::ptr::read_unaligned(data.add(2 * j).cast::<u16>()))),
-            KV_Q8 => (*data.add(j) as i8 as f32) * *scales.add(j / crate::kvquant::KV_GROUP),
+            KV_Q8 => (*data.add(j) as i8 as f32) * *scales.add(j / crate::kvquant::format::KV_GROUP),
             _ => {
                 let b = *data.add(j / 2);
                 let c = if j & 1 == 0 { b & 0x0f } else { b >> 4 };
-                let g = j / crate::kvquant::KV_GROUP;
+                let g = j / crate::kvquant::format::KV_GROUP;
                 *scales.add(2 * g + 1) + *scales.add(2 * g) * c as f32
             }
         }
@@ -401,7 +401,7 @@ pub(crate) trait KvLanes: HalfLanes {
 /// `i + N` must not exceed the row's length.
 #[inline(always)]
 pub(crate) unsafe fn kv_load<L: KvLanes, const T: u8>(data: *const u8, scales: *const f32, i: usize) -> L::V {
-    let g = i / crate::kvquant::KV_GROUP;
+    let g = i / crate::kvquant::format::KV_GROUP;
     match T {
         KV_F16 => L::half::<false>(data.add(2 * i).cast()),
         KV_Q8 => L::mul(L::i8s(data.add(i)), L::splat(*scales.add(g))),
@@ -484,44 +484,3 @@ macro_rules! kv_isa {
 }
 #[cfg(target_arch = "x86_64")]
 pub(crate) use kv_isa;
-
-/// Group dot (`DOT`: `a` the queries, `b` one score per head, `b[h] =
-/// a_h · row`) or group axpy (`a` one weight per head, `b` the outputs,
-/// `b_h += a[h] · row`) on a coded row, heads in blocks of up to four.
-/// Only installed by [`kv_group_kernels`], after the ISA's detection.
-fn kv_group<I: KvIsa, const T: u8, const DOT: bool>(data: &[u8], scales: &[f32], a: &[f32], b: &mut [f32]) {
-    let (g, rows) = if DOT { (b.len(), a.len()) } else { (a.len(), b.len()) };
-    let d = rows.checked_div(g).unwrap_or(0);
-    crate::kvquant::check_group_row(T, d, data.len(), scales.len());
-    let mut h = 0;
-    while h < g {
-        let n = (g - h).min(4);
-        let (ah, bh) = if DOT { (h * d, h) } else { (h, h * d) };
-        let (s, a, o) = (scales.as_ptr(), a[ah..].as_ptr(), b[bh..].as_mut_ptr());
-        // SAFETY: reachable only after the ISA's detection; the row's
-        // sizes were checked for `d`; heads h..h + n exist in both slices.
-        unsafe {
-            match n {
-                1 => I::row::<T, 1, DOT>((data.as_ptr(), s, a, d, o)),
-                2 => I::row::<T, 2, DOT>((data.as_ptr(), s, a, d, o)),
-                3 => I::row::<T, 3, DOT>((data.as_ptr(), s, a, d, o)),
-                _ => I::row::<T, 4, DOT>((data.as_ptr(), s, a, d, o)),
-            }
-        }
-        h += n;
-    }
-}
-
-/// The group kernels of `I` (with `runs`, its run kernels: dots, axpys),
-/// when the CPU has its features.
-pub(crate) fn kv_group_kernels<I: KvIsa + crate::simd::DotIsa>(
-    runs: Option<([crate::kvquant::KvRunFn; 3], [crate::kvquant::KvRunFn; 3])>,
-) -> Option<crate::kvquant::KvGroupKernels> {
-    I::detected().then(|| crate::kvquant::KvGroupKernels {
-        isa: I::ISA,
-        dot: [kv_group::<I, KV_F16, true>, kv_group::<I, KV_Q8, true>, kv_group::<I, KV_Q4, true>],
-        axpy: [kv_group::<I, KV_F16, false>, kv_group::<I, KV_Q8, false>, kv_group::<I, KV_Q4, false>],
-        dot_run: runs.map(|r| r.0),
-        axpy_run: runs.map(|r| r.1),
-    })
-}

@@ -6,8 +6,10 @@
 //! in the safe function pointers of a [`DotKernels`], and hands the set out
 //! only when the running CPU has every feature they enable.
 
-use crate::dot::{DotKernels, Isa, GEMM_MR, GEMM_NR};
-use crate::DType;
+use crate::dot::set::{DotKernels, Isa, GEMM_MR, GEMM_NR};
+use crate::dtype::DType;
+use crate::kvquant::set::{check_group_row, KvGroupKernels, KvRunFn};
+use lanes::{KvIsa, KV_F16, KV_Q4, KV_Q8};
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
@@ -115,7 +117,7 @@ macro_rules! isa_entries {
                 <$isa as $crate::simd::DotIsa>::deq_half::<BF>(s, o, n)
             }
             #[$tf]
-            unsafe fn deq_blocks(dt: $crate::DType, s: *const u8, o: *mut f32, nb: usize) -> bool {
+            unsafe fn deq_blocks(dt: $crate::dtype::DType, s: *const u8, o: *mut f32, nb: usize) -> bool {
                 $crate::simd::deq_blocks::<$isa>(dt, s, o, nb)
             }
         }
@@ -228,4 +230,45 @@ fn dequantize<I: Entries>(dt: DType, src: &[u8], out: &mut [f32]) {
 #[inline]
 pub(crate) fn whole_blocks(dt: DType, bytes: usize, elems: usize) -> usize {
     (bytes / dt.block_bytes()).min(elems / dt.block_elems())
+}
+
+/// Group dot (`DOT`: `a` the queries, `b` one score per head, `b[h] =
+/// a_h · row`) or group axpy (`a` one weight per head, `b` the outputs,
+/// `b_h += a[h] · row`) on a coded row, heads in blocks of up to four.
+/// Only installed by [`kv_group_kernels`], after the ISA's detection.
+fn kv_group<I: KvIsa, const T: u8, const DOT: bool>(data: &[u8], scales: &[f32], a: &[f32], b: &mut [f32]) {
+    let (g, rows) = if DOT { (b.len(), a.len()) } else { (a.len(), b.len()) };
+    let d = rows.checked_div(g).unwrap_or(0);
+    check_group_row(T, d, data.len(), scales.len());
+    let mut h = 0;
+    while h < g {
+        let n = (g - h).min(4);
+        let (ah, bh) = if DOT { (h * d, h) } else { (h, h * d) };
+        let (s, a, o) = (scales.as_ptr(), a[ah..].as_ptr(), b[bh..].as_mut_ptr());
+        // SAFETY: reachable only after the ISA's detection; the row's
+        // sizes were checked for `d`; heads h..h + n exist in both slices.
+        unsafe {
+            match n {
+                1 => I::row::<T, 1, DOT>((data.as_ptr(), s, a, d, o)),
+                2 => I::row::<T, 2, DOT>((data.as_ptr(), s, a, d, o)),
+                3 => I::row::<T, 3, DOT>((data.as_ptr(), s, a, d, o)),
+                _ => I::row::<T, 4, DOT>((data.as_ptr(), s, a, d, o)),
+            }
+        }
+        h += n;
+    }
+}
+
+/// The group kernels of `I` (with `runs`, its run kernels: dots, axpys),
+/// when the CPU has its features.
+pub(crate) fn kv_group_kernels<I: KvIsa + DotIsa>(
+    runs: Option<([KvRunFn; 3], [KvRunFn; 3])>,
+) -> Option<KvGroupKernels> {
+    I::detected().then(|| KvGroupKernels {
+        isa: I::ISA,
+        dot: [kv_group::<I, KV_F16, true>, kv_group::<I, KV_Q8, true>, kv_group::<I, KV_Q4, true>],
+        axpy: [kv_group::<I, KV_F16, false>, kv_group::<I, KV_Q8, false>, kv_group::<I, KV_Q4, false>],
+        dot_run: runs.map(|r| r.0),
+        axpy_run: runs.map(|r| r.1),
+    })
 }

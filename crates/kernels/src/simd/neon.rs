@@ -10,7 +10,7 @@
 
 #[cfg(not(target_arch = "aarch64"))]
 use super::neon_mock::*;
-use crate::dot::Isa;
+use crate::dot::set::Isa;
 use crate::f16::f16_to_f32;
 use crate::simd::lanes;
 use crate::simd::DotIsa;

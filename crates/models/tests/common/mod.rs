@@ -6,6 +6,7 @@ use std::path::PathBuf;
 #[path = "../../../../testing/shared_dir.rs"]
 mod shared_dir;
 
+pub mod gguf;
 pub mod llamacpp;
 
 /// `../shared` (or `KVSLIM_SHARED`), which must exist.
