@@ -2,7 +2,9 @@
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs, Progress};
 use kvslim_cache::policy::chai::CalibrationConfig;
-use kvslim_engine::calibrate::{calibrate_quality, calibration_windows, probe_features, CalibrateOptions};
+use kvslim_engine::calibrate::{
+    calibrate_quality, calibration_windows, probe_features, second_half_start, CalibrateOptions,
+};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -83,8 +85,8 @@ pub fn run(a: Args) -> CliResult {
     let mut progress = Progress::new("calibrate", "windows");
     let (cal, plan) = probe_features(&loaded.model, &windows, &opts, |d, t| progress.update(d, t))?;
     if !a.max_kl.is_empty() {
-        // quality windows from the second half: the first stays free for evaluation
-        let second = &ids[ids.len() / 2..];
+        // quality windows from the second half (of the ids, BOS counted)
+        let second = &ids[second_half_start(ids.len())..];
         let bos = tok.prepended_bos();
         let fits = loaded.model.config.context_len;
         if a.kl_seq_len > fits {

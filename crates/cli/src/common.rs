@@ -12,16 +12,29 @@ use std::time::Instant;
 
 pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
-/// A command's error as the user reads it: an engine setting it blames is
-/// written as the flag that sets it.
+/// A command's error as the user reads it: an engine or evaluation
+/// setting it blames is written as the flag that sets it.
 pub fn message(e: &(dyn std::error::Error + 'static)) -> String {
     let engine = match e.downcast_ref::<kvslim_eval::EvalError>() {
+        Some(kvslim_eval::EvalError::Setting(s)) => return s.message(eval_flag(s.setting), " "),
         Some(kvslim_eval::EvalError::Engine(x)) => Some(x),
         _ => e.downcast_ref::<EngineError>(),
     };
     match engine {
         Some(EngineError::Setting(s)) => s.message(flag(s.setting)),
         _ => e.to_string(),
+    }
+}
+
+/// The flag of an evaluation setting.
+fn eval_flag(s: kvslim_eval::Setting) -> &'static str {
+    use kvslim_eval::Setting;
+    match s {
+        Setting::SeqLen => "--seq-len",
+        Setting::SkipTokens => "--skip-tokens",
+        Setting::OutDir => "--out",
+        Setting::Replace => "--replace",
+        Setting::Resume => "--resume",
     }
 }
 
@@ -281,5 +294,21 @@ mod tests {
         assert_eq!(p.first, 3_000, "a growing count continues the run");
         p.update(0, 7);
         assert_eq!(p.first, 0, "a new total starts a new run");
+    }
+
+    #[test]
+    fn evaluation_settings_are_written_as_flags() {
+        let w = |start, end| kvslim_eval::tune::TextWindows {
+            path: "t.txt".into(),
+            seq_len: 4,
+            token_range: (start, end),
+            text_tokens: 100,
+            windows_sha256: String::new(),
+            windows: Vec::new(),
+        };
+        let e = kvslim_eval::tune::check_disjoint(&w(50, 80), &w(0, 51)).unwrap_err();
+        assert!(e.to_string().contains("(skip=51)"), "{e}");
+        let m = message(&e);
+        assert!(m.contains("overlap") && m.contains("(--skip-tokens 51) or evaluate fewer windows"), "{m}");
     }
 }

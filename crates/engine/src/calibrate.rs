@@ -24,6 +24,48 @@ pub struct CalibrateOptions {
     pub seq_len: usize,
 }
 
+/// The text tokens of `ids` as a tokenizer encoded them: without `bos`
+/// (the tokenizer's prepended BOS) at their head.
+pub fn text_tokens(ids: &[u32], bos: Option<u32>) -> &[u32] {
+    &ids[usize::from(bos.is_some() && ids.first() == bos.as_ref())..]
+}
+
+/// Where the second half of `n` tokens starts. Calibration reads from
+/// there (`kvslim tune`'s windows by default, `kvslim calibrate --max-kl`'s
+/// quality windows), so the first half stays free for evaluation, which
+/// reads from token 0.
+pub fn second_half_start(n: usize) -> usize {
+    n / 2
+}
+
+/// A window: `bos`, if any, then `part`.
+fn window(bos: Option<u32>, part: &[u32]) -> Vec<u32> {
+    let mut w = Vec::with_capacity(part.len() + 1);
+    w.extend(bos);
+    w.extend_from_slice(part);
+    w
+}
+
+/// Cuts `body` (text tokens, no BOS) into consecutive windows of `seq_len`
+/// tokens from its start, as evaluation's `ppl:` task and `kvslim tune`
+/// read them; with `bos`, each window is BOS + `seq_len − 1` body tokens,
+/// so every window starts like a document. Only full windows are
+/// returned, except that a body too short for one gives a single shorter
+/// window (when it holds at least 2 tokens with BOS). At most
+/// `max_windows` windows.
+pub fn token_windows(body: &[u32], seq_len: usize, bos: Option<u32>, max_windows: Option<usize>) -> Vec<Vec<u32>> {
+    let per = seq_len.max(2) - usize::from(bos.is_some());
+    let mut out: Vec<Vec<u32>> =
+        body.chunks_exact(per).take(max_windows.unwrap_or(usize::MAX)).map(|p| window(bos, p)).collect();
+    if out.is_empty() && max_windows != Some(0) {
+        let w = window(bos, body);
+        if w.len() >= 2 {
+            out.push(w);
+        }
+    }
+    out
+}
+
 /// Cuts an encoded calibration text into at most `samples` windows of
 /// `seq_len` tokens, spread evenly over the text. `seq_len` counts the BOS,
 /// as every window length does (`kvslim tune`, evaluation's
@@ -32,15 +74,15 @@ pub struct CalibrateOptions {
 /// the head of `ids`) and `seq_len − 1` text tokens, or `seq_len` text
 /// tokens without one. Fewer windows come back when the text holds fewer.
 pub fn calibration_windows(ids: &[u32], bos: Option<u32>, samples: usize, seq_len: usize) -> Result<Vec<Vec<u32>>> {
-    let lead: Vec<u32> = bos.into_iter().collect();
-    let per = seq_len.saturating_sub(lead.len());
+    let lead = usize::from(bos.is_some());
+    let per = seq_len.saturating_sub(lead);
     if per == 0 {
         return Err(EngineError::Request(format!(
             "the calibration window length must be at least {} (BOS included)",
-            lead.len() + 1
+            lead + 1
         )));
     }
-    let body = &ids[usize::from(bos.is_some() && ids.first() == bos.as_ref())..];
+    let body = text_tokens(ids, bos);
     let available = body.len() / per;
     if available == 0 {
         return Err(EngineError::Request(format!(
@@ -52,7 +94,7 @@ pub fn calibration_windows(ids: &[u32], bos: Option<u32>, samples: usize, seq_le
     Ok((0..n)
         .map(|i| {
             let start = i * available / n * per;
-            lead.iter().chain(&body[start..start + per]).copied().collect()
+            window(bos, &body[start..start + per])
         })
         .collect())
 }

@@ -18,7 +18,7 @@
 //! budget would resolve to other slots (no silent comparison at unequal
 //! slots).
 
-use crate::{EvalError, Result};
+use crate::{EvalError, Result, Setting};
 use kvslim_cache::policy::{Budget, PolicyFamily};
 use kvslim_cache::PolicySpec;
 
@@ -160,15 +160,16 @@ impl PolicySource for BudgetedPolicy {
         if let Some(t) = &self.tuned {
             let want = self.slots(base_len).unwrap_or(t.budget_slots);
             if want != t.budget_slots {
-                return Err(EvalError::Budget {
-                    family: t.label.clone(),
-                    budget: self.budget_label(),
-                    reason: format!(
-                        "tuned for {}-token sequences ({} slots); a {base_len}-token sequence would get {want} at this budget: \
-                         evaluate it on `ppl:FILE,seq_len={}` or tune with --seq-len {base_len}",
-                        t.seq_len, t.budget_slots, t.seq_len
-                    ),
-                });
+                let before = format!(
+                    "budget `{}` for `{}`: tuned for {}-token sequences ({} slots); a {base_len}-token sequence would get \
+                     {want} at this budget: evaluate it on `ppl:FILE,seq_len={}` or tune with ",
+                    self.budget_label(),
+                    t.label,
+                    t.seq_len,
+                    t.budget_slots,
+                    t.seq_len
+                );
+                return Err(EvalError::setting(Setting::SeqLen, Some(base_len as u64), before, ""));
             }
             return Ok(t.spec.clone());
         }

@@ -1,8 +1,10 @@
 //! Building blocks of the evaluation harness:
 //!
-//! * [`tasks`]: loaders for multiple-choice jsonl, HellaSwag's 6-line format
-//!   (plain or `.bz2`), perplexity text, generation prompts and synthetic
-//!   passkey retrieval, plus the task-spec parser ([`tasks::TaskSpec`]);
+//! * [`tasks`]: the task kinds, each one file with its loader, items and
+//!   cell scoring (multiple-choice jsonl, HellaSwag's 6-line format,
+//!   perplexity text, generation prompts, code completion, RULER-style
+//!   long-context tasks), listed in [`tasks::KINDS`], plus the task-spec
+//!   parser ([`tasks::TaskSpec`]);
 //! * [`score`]: log-likelihood of continuations under a cache policy
 //!   ([`score::score_choices`]) and accuracy / length-normalised accuracy;
 //! * [`metrics`]: KL(full‖policy), top-1 agreement, generation divergence,
@@ -12,7 +14,7 @@
 //! * [`results`]: one JSON line per finished cell in `results.jsonl`,
 //!   resume, and `results.csv` / `results.md`;
 //! * [`matrix`]: [`matrix::run_matrix`], the models × policies × budgets ×
-//!   tasks loop with a progress callback;
+//!   tasks loop with a progress callback, which only runs the cells;
 //! * [`plots`]: quality-vs-budget charts (PNG + SVG) from result rows, drawn
 //!   by [`chart`] (line charts with `plotters`);
 //! * [`shard`]: one matrix split over processes (`--shard I/N`) and the
@@ -56,7 +58,7 @@ pub use matrix::{run_matrix, MatrixConfig, MatrixEvent};
 pub use results::{CellKey, ResultRow, ResultsLog};
 pub use score::{score_choices, Choice, ChoiceScore, McTally, ScoreMode, Scoring};
 pub use shard::{merge_shards, MergeOptions, Merged, Shard, ShardManifest};
-pub use tasks::{TaskData, TaskSpec};
+pub use tasks::TaskSpec;
 
 use std::path::PathBuf;
 
@@ -86,6 +88,58 @@ pub enum EvalError {
     Model(#[from] kvslim_models::Error),
     #[error("{0}")]
     Request(String),
+    /// Refused because of one setting, written with the library's name for
+    /// it ([`Setting::field`]); front ends write their own.
+    #[error("{}", .0.message(.0.setting.field(), "="))]
+    Setting(SettingError),
+}
+
+/// A setting of the evaluation API that an error can blame, so that each
+/// user reads the name they set it by (the CLI writes its flag).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setting {
+    /// The window length a policy is tuned at ([`tune::TuneConfig::seq_len`]).
+    SeqLen,
+    /// Where tune windows start ([`tune::tune_windows`]'s `skip`).
+    SkipTokens,
+    /// [`MatrixConfig::out_dir`].
+    OutDir,
+    /// [`MergeOptions::replace`].
+    Replace,
+    /// [`MatrixConfig::resume`].
+    Resume,
+}
+
+impl Setting {
+    /// The field or argument that holds it.
+    pub fn field(self) -> &'static str {
+        match self {
+            Setting::SeqLen => "seq_len",
+            Setting::SkipTokens => "skip",
+            Setting::OutDir => "out_dir",
+            Setting::Replace => "replace",
+            Setting::Resume => "resume",
+        }
+    }
+}
+
+/// The message of an [`EvalError::Setting`]: text around the setting's
+/// name and the value it should take, if any.
+#[derive(Debug)]
+pub struct SettingError {
+    pub setting: Setting,
+    pub value: Option<u64>,
+    before: String,
+    after: String,
+}
+
+impl SettingError {
+    /// The message with `name` written for the setting, and `sep` between
+    /// it and its value (`--skip-tokens 51`, `skip=51`).
+    pub fn message(&self, name: &str, sep: &str) -> String {
+        let value = self.value.map_or(String::new(), |v| format!("{sep}{v}"));
+        format!("{}{name}{value}{}", self.before, self.after)
+    }
 }
 
 impl EvalError {
@@ -94,6 +148,10 @@ impl EvalError {
     }
     pub(crate) fn parse(path: impl Into<PathBuf>, line: usize, reason: impl Into<String>) -> Self {
         EvalError::Parse { path: path.into(), line, reason: reason.into() }
+    }
+    /// The error `before` + the setting (with `value`) + `after`.
+    pub(crate) fn setting(setting: Setting, value: Option<u64>, before: String, after: &str) -> Self {
+        EvalError::Setting(SettingError { setting, value, before, after: after.into() })
     }
 }
 

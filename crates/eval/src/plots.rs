@@ -3,7 +3,7 @@
 //! without a budget (`full`) is drawn flat across the budget range.
 
 use crate::chart::Chart;
-use crate::results::{ResultRow, HEADLINE_METRICS};
+use crate::results::ResultRow;
 use crate::{EvalError, Result};
 use std::path::{Path, PathBuf};
 
@@ -53,7 +53,7 @@ pub fn charts(rows: &[ResultRow]) -> Vec<(String, Chart)> {
                 policies.push(&r.key.policy);
             }
         }
-        for &metric in HEADLINE_METRICS {
+        for metric in crate::tasks::headline_metrics() {
             if !g.iter().any(|r| r.metrics.contains_key(metric)) {
                 continue;
             }

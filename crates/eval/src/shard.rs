@@ -29,7 +29,7 @@
 
 use crate::matrix::MatrixConfig;
 use crate::results::{write_summaries_noted, CellKey, ResultRow, ResultsLog};
-use crate::{EvalError, Result};
+use crate::{EvalError, Result, Setting};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -163,14 +163,16 @@ impl ShardManifest {
         if resume && p.exists() {
             let old = Self::read(dir)?;
             if (old.shard.as_str(), old.run.as_str()) != (self.shard.as_str(), self.run.as_str()) {
-                return Err(EvalError::File {
-                    path: p,
-                    reason: format!(
-                        "holds shard {} of run {}, not shard {} of run {}: resume with the same configuration \
-                         or use another --out",
-                        old.shard, old.run, self.shard, self.run
-                    ),
-                });
+                let before = format!(
+                    "{}: holds shard {} of run {}, not shard {} of run {}: resume with the same configuration \
+                     or use another ",
+                    p.display(),
+                    old.shard,
+                    old.run,
+                    self.shard,
+                    self.run
+                );
+                return Err(EvalError::setting(Setting::OutDir, None, before, ""));
             }
         }
         let text =
@@ -242,12 +244,13 @@ pub fn merge_shards(dirs: &[PathBuf], out: &Path, opts: MergeOptions) -> Result<
     }
     let existing = out.join(ResultsLog::FILE);
     if !opts.replace && std::fs::metadata(&existing).is_ok_and(|m| m.len() > 0) {
-        return Err(EvalError::File {
-            path: existing,
-            reason: "already holds results; merge with replace (`kvslim eval merge --replace`) to overwrite them, \
-                     or into another directory"
-                .into(),
-        });
+        let before = format!("{}: already holds results; merge with ", existing.display());
+        return Err(EvalError::setting(
+            Setting::Replace,
+            None,
+            before,
+            " to overwrite them, or into another directory",
+        ));
     }
     let mut by_index: BTreeMap<usize, (&PathBuf, ShardManifest)> = BTreeMap::new();
     let mut first: Option<(PathBuf, Shard, ShardManifest)> = None;
@@ -323,19 +326,17 @@ pub fn merge_shards(dirs: &[PathBuf], out: &Path, opts: MergeOptions) -> Result<
             got.insert(n, r);
         }
         if let Some(c) = m.cells.iter().find(|c| !got.contains_key(&c.n)).filter(|_| !opts.partial) {
-            return Err(EvalError::File {
-                path: log,
-                reason: format!(
-                    "shard {} is not finished: {} of its {} cells are done, cell {} {} {} is missing \
-                     (rerun it with --resume)",
-                    m.shard,
-                    got.len(),
-                    m.cells.len(),
-                    c.key.task,
-                    c.key.policy,
-                    c.key.budget
-                ),
-            });
+            let before = format!(
+                "{}: shard {} is not finished: {} of its {} cells are done, cell {} {} {} is missing (rerun it with ",
+                log.display(),
+                m.shard,
+                got.len(),
+                m.cells.len(),
+                c.key.task,
+                c.key.policy,
+                c.key.budget
+            );
+            return Err(EvalError::setting(Setting::Resume, None, before, ")"));
         }
         for (n, mut r) in got {
             r.shard = None;

@@ -1,10 +1,10 @@
 //! The loaders on the real task files in `../shared/data`.
 
-use kvslim_eval::tasks::{load_code_items, load_hellaswag, load_mc_jsonl, load_ppl_text, TaskData, TaskSpec};
+use kvslim_eval::tasks::{load_code_items, load_hellaswag, load_mc_jsonl, load_ppl_text, TaskSpec};
 
 mod common;
 
-use common::data;
+use common::{data, stories};
 
 #[test]
 fn multiple_choice_files_load_with_their_item_counts() {
@@ -54,10 +54,9 @@ fn hellaswag_bz2_has_10042_items() {
     assert!(items.iter().all(|i| i.continuations.len() == 4 && i.gold < 4));
     // through the task spec, with a limit
     let spec = TaskSpec::parse(&format!("{},limit=5", p.display())).unwrap();
-    match spec.load().unwrap() {
-        TaskData::Mc(v) => assert_eq!(v.len(), 5),
-        d => panic!("{d:?}"),
-    }
+    assert_eq!((spec.kind_name(), spec.limit), ("hellaswag", Some(5)));
+    let m = stories();
+    assert_eq!(spec.kind.prepare(&m.model, m.tokenizer.as_ref().unwrap(), spec.limit).unwrap().items(), 5);
 }
 
 #[test]

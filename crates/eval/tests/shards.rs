@@ -4,7 +4,8 @@
 
 use kvslim_eval::results::read_rows;
 use kvslim_eval::{
-    merge_shards, run_matrix, MatrixConfig, MergeOptions, ResultRow, ResultsLog, Shard, ShardManifest, TaskSpec,
+    merge_shards, run_matrix, EvalError, MatrixConfig, MergeOptions, ResultRow, ResultsLog, Setting, Shard,
+    ShardManifest, TaskSpec,
 };
 use std::path::Path;
 mod common;
@@ -147,8 +148,11 @@ fn three_shards_merge_to_the_unsharded_results() {
     );
 
     // a merged directory is not overwritten, unless replaced
-    let err = merge_shards(&[shard_dir(0), shard_dir(1), shard_dir(2)], &merged_dir, PLAIN).unwrap_err().to_string();
-    assert!(err.contains("already holds results") && err.contains("--replace"), "{err}");
+    let err = merge_shards(&[shard_dir(0), shard_dir(1), shard_dir(2)], &merged_dir, PLAIN).unwrap_err();
+    let EvalError::Setting(s) = &err else { panic!("{err}") };
+    assert_eq!(s.setting, Setting::Replace, "{err}");
+    let err = s.message("--replace", " ");
+    assert!(err.contains("already holds results; merge with --replace to overwrite them"), "{err}");
     let md = std::fs::read_to_string(a.join("results.md")).unwrap();
     // a refused replacing merge (a shard missing) leaves the old files in place
     let err = merge_shards(&[shard_dir(0), shard_dir(1)], &merged_dir, REPLACE).unwrap_err().to_string();

@@ -6,8 +6,11 @@
 //! characters). Items are jsonl `{"context", "answer"}` (other fields, such
 //! as `file`, are kept for reference only).
 
+use super::kind::{file_label, positive, GenerationItems, Kind, KvPeak, Prepared, Task};
+use crate::matrix::Cell;
 use crate::{EvalError, Result};
-use std::path::Path;
+use kvslim_models::{Model, Tokenizer};
+use std::path::{Path, PathBuf};
 
 /// One completion item.
 #[derive(Clone, Debug, PartialEq)]
@@ -75,6 +78,125 @@ pub fn score_line(predicted: &str, answer: &str) -> (bool, f64) {
     let longer = p.chars().count().max(a.chars().count());
     let sim = if longer == 0 { 1.0 } else { 1.0 - levenshtein(p, a) as f64 / longer as f64 };
     (p == a, sim)
+}
+
+/// Most tokens a code-completion item generates (its first line ends it).
+pub const DEFAULT_LCC_TOKENS: usize = 64;
+
+pub const KIND: Kind = Kind {
+    names: &["lcc"],
+    file: true,
+    extensions: &[],
+    options: "max_tokens, max_context, limit",
+    headline: &["exact", "edit_sim"],
+    new: |_, path| Box::new(Lcc { path, max_tokens: DEFAULT_LCC_TOKENS, max_context: None }),
+};
+
+/// `lcc:FILE[,max_tokens=N][,max_context=T]`: items with more than T
+/// context tokens are left out, and `limit` counts the others.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lcc {
+    pub path: PathBuf,
+    pub max_tokens: usize,
+    pub max_context: Option<usize>,
+}
+
+impl Task for Lcc {
+    fn name(&self) -> &'static str {
+        "lcc"
+    }
+
+    fn set(&mut self, key: &str, vals: &[&str]) -> Result<bool, String> {
+        match key {
+            "max_tokens" => self.max_tokens = positive(key, vals)?,
+            "max_context" => self.max_context = Some(positive(key, vals)?),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn path(&self) -> Option<&Path> {
+        Some(&self.path)
+    }
+
+    fn render(&self, short: bool) -> String {
+        let mut s = format!("lcc:{}", file_label(&self.path, short));
+        if self.max_tokens != DEFAULT_LCC_TOKENS {
+            s += &format!(",max_tokens={}", self.max_tokens);
+        }
+        if let Some(t) = self.max_context {
+            s += &format!(",max_context={t}");
+        }
+        s
+    }
+
+    fn prepare(&self, model: &Model, tok: &Tokenizer, limit: Option<usize>) -> Result<Box<dyn Prepared>> {
+        let items = load_code_items(&self.path)?;
+        let (ctx, max_tokens, limit) = (model.config.context_len, self.max_tokens, limit.unwrap_or(usize::MAX));
+        let mut out = Vec::with_capacity(items.len());
+        for (i, it) in items.iter().enumerate() {
+            let ids = tok.encode(&it.context)?;
+            if self.max_context.is_some_and(|t| ids.len() > t) {
+                continue;
+            }
+            if out.len() == limit {
+                break;
+            }
+            if ids.len() + max_tokens > ctx {
+                return Err(EvalError::Request(format!(
+                    "lcc item {} has {} context tokens; with {max_tokens} new ones they exceed the model's context of {ctx}",
+                    i + 1,
+                    ids.len()
+                )));
+            }
+            out.push((ids, it.answer.clone()));
+        }
+        Ok(Box::new(Completions { items: out, max_tokens }))
+    }
+}
+
+/// Context ids and the expected next line.
+struct Completions {
+    items: Vec<(Vec<u32>, String)>,
+    max_tokens: usize,
+}
+
+impl Prepared for Completions {
+    fn items(&self) -> usize {
+        self.items.len()
+    }
+
+    fn generation(&self) -> Option<GenerationItems<'_>> {
+        Some((self.items.iter().map(|it| (&it.0[..], &[][..])).collect(), self.max_tokens, true))
+    }
+
+    /// `exact` and `edit_sim` of each item's first generated line.
+    fn run(&mut self, cell: &mut Cell<'_>) -> Result<KvPeak> {
+        let gens = cell.generations(self.generation().expect("a generation task"))?;
+        let mut peak = KvPeak::default();
+        let scored = gens
+            .iter()
+            .zip(self.items.iter())
+            .map(|(g, (_, answer))| {
+                let g = &g[0];
+                let line = cell.tok.decode(&g.token_ids)?;
+                Ok((score_line(first_line(&line), answer), g.kv_bytes))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (mut exact, mut sim) = (Vec::with_capacity(scored.len()), Vec::with_capacity(scored.len()));
+        for ((hit, s), b) in &scored {
+            peak.see(b.kv, b.metadata);
+            exact.push(f64::from(u8::from(*hit)));
+            sim.push(*s);
+        }
+        let n = self.items.len().max(1) as f64;
+        let row = &mut *cell.row;
+        row.metrics.insert("exact".into(), exact.iter().sum::<f64>() / n);
+        row.metrics.insert("edit_sim".into(), sim.iter().sum::<f64>() / n);
+        row.per_item.insert("exact".into(), exact);
+        row.per_item.insert("edit_sim".into(), sim);
+        Ok(peak)
+    }
 }
 
 #[cfg(test)]

@@ -1,11 +1,19 @@
 //! Multiple-choice tasks: `{"query", "choices", "gold"}` jsonl (PIQA, COPA,
 //! ARC, BoolQ, HellaSwag as LLM Foundry ships them) and HellaSwag in
-//! llama.cpp's 6-line format.
+//! llama.cpp's 6-line format; both kinds score a cell the same way
+//! ([`Choices`]).
 
+use super::kind::{file_label, single, Kind, KvPeak, Prepared, Task};
 use super::read_text;
+use crate::forked::score_items;
+use crate::matrix::{block_size, Cell};
+use crate::score::{encode_item, predict, predict_norm, score_choices, Choice, McTally, Scoring};
 use crate::{EvalError, Result};
+use kvslim_models::{Model, Tokenizer};
+use rayon::prelude::*;
 use serde::Deserialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 /// One item ready to score: choice i's full text is
 /// `context + continuations[i]`; the model is scored on the continuation.
@@ -143,6 +151,215 @@ fn truncate(s: &str, n: usize) -> String {
         s.to_string()
     } else {
         format!("{}…", s.chars().take(n).collect::<String>())
+    }
+}
+
+pub const MC: Kind = Kind {
+    names: &["mc"],
+    file: true,
+    extensions: &[".jsonl"],
+    options: "delim, limit",
+    headline: &["acc", "acc_norm"],
+    new: |_, path| Box::new(Mc { path, delimiter: None }),
+};
+
+pub const HELLASWAG: Kind = Kind {
+    names: &["hellaswag"],
+    file: true,
+    extensions: &[".bz2"],
+    options: "limit",
+    headline: &["acc", "acc_norm"],
+    new: |_, path| Box::new(HellaSwag { path }),
+};
+
+/// `mc:FILE[,delim=TEXT]`: `{"query","choices","gold"}` jsonl.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mc {
+    pub path: PathBuf,
+    pub delimiter: Option<String>,
+}
+
+/// `hellaswag:FILE`: llama.cpp's 6-line HellaSwag, plain or `.bz2`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HellaSwag {
+    pub path: PathBuf,
+}
+
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('s') => out.push(' '),
+            Some('\\') => out.push('\\'),
+            Some(o) => {
+                out.push('\\');
+                out.push(o);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\n', "\\n").replace('\t', "\\t").replace(' ', "\\s")
+}
+
+impl Task for Mc {
+    fn name(&self) -> &'static str {
+        "mc"
+    }
+
+    fn set(&mut self, key: &str, vals: &[&str]) -> Result<bool, String> {
+        if key != "delim" {
+            return Ok(false);
+        }
+        self.delimiter = Some(unescape(single(key, vals)?));
+        Ok(true)
+    }
+
+    fn path(&self) -> Option<&Path> {
+        Some(&self.path)
+    }
+
+    fn render(&self, short: bool) -> String {
+        let mut s = format!("mc:{}", file_label(&self.path, short));
+        if let Some(d) = &self.delimiter {
+            s += &format!(",delim={}", escape(d));
+        }
+        s
+    }
+
+    fn prepare(&self, _: &Model, tok: &Tokenizer, limit: Option<usize>) -> Result<Box<dyn Prepared>> {
+        Choices::encode(load_mc_jsonl(&self.path, self.delimiter.as_deref())?, tok, limit)
+    }
+}
+
+impl Task for HellaSwag {
+    fn name(&self) -> &'static str {
+        "hellaswag"
+    }
+
+    fn set(&mut self, _: &str, _: &[&str]) -> Result<bool, String> {
+        Ok(false)
+    }
+
+    fn path(&self) -> Option<&Path> {
+        Some(&self.path)
+    }
+
+    fn render(&self, short: bool) -> String {
+        format!("hellaswag:{}", file_label(&self.path, short))
+    }
+
+    fn prepare(&self, _: &Model, tok: &Tokenizer, limit: Option<usize>) -> Result<Box<dyn Prepared>> {
+        Choices::encode(load_hellaswag(&self.path)?, tok, limit)
+    }
+}
+
+/// Multiple-choice items scored together by [`score_items`]: their decode
+/// steps share one batch (weights read once per step for all their forks).
+const FORKED_BLOCK: usize = 16;
+
+/// Each item's context ids, choices and gold index.
+struct Choices(Vec<(Vec<u32>, Vec<Choice>, usize)>);
+
+impl Choices {
+    fn encode(mut items: Vec<McItem>, tok: &Tokenizer, limit: Option<usize>) -> Result<Box<dyn Prepared>> {
+        items.truncate(limit.unwrap_or(usize::MAX));
+        let items = items
+            .par_iter()
+            .map(|it| encode_item(tok, it).map(|(c, ch)| (c, ch, it.gold)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(Choices(items)))
+    }
+}
+
+impl Prepared for Choices {
+    fn items(&self) -> usize {
+        self.0.len()
+    }
+
+    fn journaled(&self) -> bool {
+        true
+    }
+
+    /// `acc`, `acc_norm` (log-likelihood per character), `acc_stderr`,
+    /// `gold_logprob` (mean), and per item the chosen answer (`pick`,
+    /// `pick_norm`: 0-based choice index, so a shift of bias can be told
+    /// from a loss of skill); in the configured [`crate::ScoreMode`], by
+    /// default forked ([`score_items`]: the context once, each choice on a
+    /// fork of its cache, [`FORKED_BLOCK`] items batched; percentage
+    /// budgets against context + the item's longest choice), or per choice
+    /// ([`score_choices`], [`Scoring::PerChoice`]: percentage budgets
+    /// against each choice's whole sequence). Each finished block of items
+    /// goes to the cell's journal, and a resumed run continues from there.
+    fn run(&mut self, cell: &mut Cell<'_>) -> Result<KvPeak> {
+        let (model, policy, cfg, items) = (cell.model, cell.policy, cell.cfg, &self.0);
+        let mut peak = KvPeak::default();
+        // blocks of items: forked blocks share their batched decode steps,
+        // per-choice blocks run their items in parallel
+        let block = match cfg.scoring {
+            Scoring::Forked => FORKED_BLOCK,
+            Scoring::PerChoice => block_size(),
+        };
+        let mut scored = std::mem::take(&mut cell.resumed.scores);
+        if !scored.is_empty() {
+            (cell.report)(scored.len(), items.len());
+        }
+        while scored.len() < items.len() {
+            let block_start = Instant::now();
+            let part = &items[scored.len()..(scored.len() + block).min(items.len())];
+            let scores = match cfg.scoring {
+                Scoring::PerChoice => part
+                    .par_iter()
+                    .map(|(c, ch, _)| score_choices(model, policy, c, ch, cfg.mode))
+                    .collect::<Result<Vec<_>>>()?,
+                Scoring::Forked => {
+                    let views: Vec<(&[u32], &[Choice])> = part.iter().map(|(c, ch, _)| (&c[..], &ch[..])).collect();
+                    score_items(model, policy, &views, cfg.mode)?
+                }
+            };
+            if let Some(p) = cell.partial.as_deref_mut() {
+                p.append(scored.len(), &scores, block_start.elapsed().as_secs_f64())?;
+            }
+            scored.extend(scores);
+            (cell.report)(scored.len(), items.len());
+        }
+        let mut t = McTally::default();
+        let n = items.len();
+        let (mut acc, mut acc_norm) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut pick, mut pick_norm) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut gold = Vec::with_capacity(n);
+        for (s, it) in scored.iter().zip(items.iter()) {
+            let (a, b) = t.add(it.2, s);
+            acc.push(f64::from(u8::from(a)));
+            acc_norm.push(f64::from(u8::from(b)));
+            pick.push(predict(s) as f64);
+            pick_norm.push(predict_norm(s) as f64);
+            gold.push(s[it.2].logprob_sum);
+            for c in s {
+                peak.see(c.kv_bytes, c.kv_metadata_bytes);
+            }
+        }
+        let row = &mut *cell.row;
+        row.metrics.insert("acc".into(), t.acc());
+        row.metrics.insert("acc_norm".into(), t.acc_norm());
+        row.metrics.insert("acc_stderr".into(), t.acc_stderr());
+        row.metrics.insert("gold_logprob".into(), t.gold_logprob / t.items.max(1) as f64);
+        row.per_item.insert("acc".into(), acc);
+        row.per_item.insert("acc_norm".into(), acc_norm);
+        row.per_item.insert("pick".into(), pick);
+        row.per_item.insert("pick_norm".into(), pick_norm);
+        row.per_item.insert("gold_logprob".into(), gold);
+        Ok(peak)
     }
 }
 

@@ -3,6 +3,8 @@
 
 use super::read_text;
 use crate::{EvalError, Result};
+use kvslim_engine::calibrate::text_tokens;
+pub use kvslim_engine::calibrate::token_windows;
 use kvslim_models::Tokenizer;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -25,31 +27,6 @@ pub fn load_ppl_text(path: &Path) -> Result<PplText> {
     Ok(PplText { path: path.into(), text })
 }
 
-/// Cuts `body` (token ids without BOS) into non-overlapping windows of
-/// `seq_len` tokens; with `bos`, each window is BOS + `seq_len − 1` body
-/// tokens, so every window starts like a document. Only full windows are
-/// returned, except that a body too short for one gives a single shorter
-/// window (when it holds at least 2 tokens with BOS). At most
-/// `max_windows` windows, from the start.
-pub fn token_windows(body: &[u32], seq_len: usize, bos: Option<u32>, max_windows: Option<usize>) -> Vec<Vec<u32>> {
-    let seq_len = seq_len.max(2);
-    let per = seq_len - usize::from(bos.is_some());
-    let make = |part: &[u32]| {
-        let mut w = Vec::with_capacity(part.len() + 1);
-        w.extend(bos);
-        w.extend_from_slice(part);
-        w
-    };
-    let mut out: Vec<Vec<u32>> = body.chunks_exact(per).take(max_windows.unwrap_or(usize::MAX)).map(make).collect();
-    if out.is_empty() && max_windows != Some(0) {
-        let w = make(body);
-        if w.len() >= 2 {
-            out.push(w);
-        }
-    }
-    out
-}
-
 impl PplText {
     /// Tokenizes the text (BOS stripped) and cuts it with [`token_windows`];
     /// BOS starts each window when the tokenizer adds one. With
@@ -61,12 +38,10 @@ impl PplText {
         let mut prefix = need.map_or(self.text.len(), |n| n.saturating_mul(8).min(self.text.len()));
         let body = loop {
             let end = cut_at_line_end(&self.text, prefix);
-            let mut ids = tok.encode(&self.text[..end])?;
-            if bos.is_some() && ids.first().copied() == bos {
-                ids.remove(0);
-            }
-            if end >= self.text.len() || need.is_none_or(|n| ids.len() >= n) {
-                break ids;
+            let ids = tok.encode(&self.text[..end])?;
+            let body = text_tokens(&ids, bos);
+            if end >= self.text.len() || need.is_none_or(|n| body.len() >= n) {
+                break body.to_vec();
             }
             prefix = prefix.saturating_mul(2);
         };

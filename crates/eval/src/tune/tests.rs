@@ -167,8 +167,14 @@ fn tune_and_eval_windows_never_overlap() {
     // the default split: eval windows from token 0, tune from the second half
     check_disjoint(&w(50, 80), &w(0, 48)).unwrap();
     check_disjoint(&w(50, 80), &w(0, 50)).unwrap();
-    let e = check_disjoint(&w(50, 80), &w(0, 51)).unwrap_err().to_string();
-    assert!(e.contains("overlap") && e.contains("--skip-tokens 51"), "{e}");
+    let e = check_disjoint(&w(50, 80), &w(0, 51)).unwrap_err();
+    let crate::EvalError::Setting(s) = &e else { panic!("{e}") };
+    assert_eq!((s.setting, s.value), (crate::Setting::SkipTokens, Some(51)), "{e}");
+    assert!(
+        s.message("--skip-tokens", " ").contains("overlap")
+            && s.message("--skip-tokens", " ").contains("(--skip-tokens 51)"),
+        "{e}"
+    );
     // another file may overlap in token numbers
     let mut other = w(0, 60);
     other.path = std::env::temp_dir().join("kvslim-tune-other.txt");

@@ -2,7 +2,8 @@
 //! them apart.
 
 use crate::tasks::{load_ppl_text, token_windows};
-use crate::{EvalError, Result};
+use crate::{EvalError, Result, Setting};
+use kvslim_engine::calibrate::{second_half_start, text_tokens};
 use kvslim_models::Tokenizer;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -28,11 +29,7 @@ pub struct TextWindows {
 fn body_tokens(path: &Path, tok: &Tokenizer) -> Result<(Vec<u32>, Option<u32>)> {
     let text = load_ppl_text(path)?;
     let bos = tok.prepended_bos();
-    let mut ids = tok.encode(&text.text)?;
-    if bos.is_some() && ids.first().copied() == bos {
-        ids.remove(0);
-    }
-    Ok((ids, bos))
+    Ok((text_tokens(&tok.encode(&text.text)?, bos).to_vec(), bos))
 }
 
 fn hash_windows(windows: &[Vec<u32>]) -> String {
@@ -59,7 +56,7 @@ pub fn tune_windows(
     n: usize,
 ) -> Result<TextWindows> {
     let (body, bos) = body_tokens(path, tok)?;
-    let skip = skip.unwrap_or(body.len() / 2);
+    let skip = skip.unwrap_or(second_half_start(body.len()));
     cut(path, &body, bos, seq_len, skip, n)
 }
 
@@ -113,16 +110,16 @@ pub fn check_disjoint(tune: &TextWindows, eval: &TextWindows) -> Result<()> {
     let (t, e): (Range<usize>, Range<usize>) =
         (tune.token_range.0..tune.token_range.1, eval.token_range.0..eval.token_range.1);
     if same && t.start < e.end && e.start < t.end {
-        return Err(EvalError::Request(format!(
+        let before = format!(
             "the evaluation text {} is the calibration text, and its evaluation windows (tokens {}..{}) overlap the tune windows (tokens {}..{}): \
-             tuning must never read evaluation text; move the tune windows past them (--skip-tokens {}) or evaluate fewer windows",
+             tuning must never read evaluation text; move the tune windows past them (",
             eval.path.display(),
             e.start,
             e.end,
             t.start,
             t.end,
-            e.end
-        )));
+        );
+        return Err(EvalError::setting(Setting::SkipTokens, Some(e.end as u64), before, ") or evaluate fewer windows"));
     }
     Ok(())
 }
