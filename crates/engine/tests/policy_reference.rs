@@ -167,6 +167,8 @@ const STORIES: [(usize, &[(&str, usize)]); 4] = [
             ("h2o:heavy=24,recent=8,sink=4,prefill=expect:64", 120),
             ("h2o:heavy=24,recent=8,sink=4,prefill=kvzip", 120),
             ("h2o:heavy=16,recent=16,prefill=kvzip,alloc=ada:0.2", 120),
+            ("h2o:heavy=16,recent=16,prefill=kvzip,alloc=global", 120),
+            ("h2o:heavy=24,recent=4,sink=4,prefill=kvzip,alloc=global", 120),
             ("h2o:heavy=24,recent=8,sink=4,prefill=rkv", 120),
             ("h2o:heavy=16,recent=16,prefill=rkv:0.5,alloc=ada:0.2", 120),
         ],
@@ -178,6 +180,8 @@ const STORIES: [(usize, &[(&str, usize)]); 4] = [
             ("h2o:heavy=16,recent=16,alloc=pyramid", 60),
             ("h2o:heavy=16,recent=16,alloc=ada", 60),
             ("h2o:heavy=16,recent=16,alloc=ada:0.5", 10),
+            ("h2o:heavy=16,recent=16,alloc=global", 60),
+            ("h2o:heavy=16,recent=16,score=tova,alloc=global", 60),
             ("h2o:heavy=12,recent=12,sink=2,score=norm,alloc=pyramid:0.5/ada", 60),
         ],
     ),
@@ -224,7 +228,9 @@ fn ref_alloc(spec: &PolicySpec, base: usize, layers: usize) -> (Vec<usize>, Opti
 /// streams; compares after every forward call. Under `alloc=`, each
 /// (layer, KV head) of the reference gets its own budget: pyramid's per
 /// layer, and ada's per head once the layer first overflows (decided
-/// from every head's candidates, before any evicts).
+/// from every head's candidates, before any evicts); `global`'s per head
+/// from every layer's and head's candidates of the first call, before any
+/// unit commits.
 fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, label: &str) {
     let c = &model.config;
     let (hd, g) = (c.head_dim, c.group_size());
@@ -243,6 +249,9 @@ fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, 
     let mut policies: Vec<Vec<RefPolicy>> =
         layer_budget.iter().map(|&budget| vec![RefPolicy { budget, ..policy }; c.n_kv_heads]).collect();
     let mut decided = vec![false; c.n_layers];
+    // `global`: the first call's candidates of every unit, until the ranking
+    let mut global_pending = spec.alloc().global;
+    let mut stashed: Vec<Vec<Vec<reference::Slot>>> = Vec::new();
     let mut session = Session::new(model, spec, tokens.len(), tokens.len()).unwrap();
     let mut refs: Vec<Vec<RefHead>> =
         (0..c.n_layers).map(|l| (0..c.n_kv_heads).map(|h| RefHead::new(hd, g, &policy, l, h)).collect()).collect();
@@ -307,15 +316,43 @@ fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, 
                         r.prefill_candidates(&policies[l][kvh], &chunk)
                     })
                     .collect();
+                if global_pending {
+                    stashed.push(cands);
+                    continue;
+                }
                 decide(&cands, &mut policies[l]);
                 for ((kvh, r), cand) in layer_refs.iter_mut().enumerate().zip(cands) {
                     r.prefill_commit(&policies[l][kvh], cand, (p0 + n - 1) as u32);
                 }
             }
+            check_layer(&session, l, layer_refs, &policy, &format!("{label}: call {step}"));
+        }
+        if global_pending {
+            // one ranking over every unit, no floor; then each unit commits
+            let units: Vec<Vec<reference::Slot>> = stashed.iter().flatten().cloned().collect();
+            let shares = ref_ada_shares(layer_heavy[0], 0.0, &policy, &units);
+            for (l, cands) in std::mem::take(&mut stashed).into_iter().enumerate() {
+                for (kvh, cand) in cands.into_iter().enumerate() {
+                    policies[l][kvh].budget = Some((fixed + shares[l * c.n_kv_heads + kvh]).max(1));
+                    refs[l][kvh].prefill_commit(&policies[l][kvh], cand, (p0 + n - 1) as u32);
+                }
+                check_layer(&session, l, &mut refs[l], &policy, &format!("{label}: call {step}, global"));
+            }
+            global_pending = false;
+        }
+    }
+}
+
+/// The engine's layer `l` against the reference's heads after a call:
+/// within its budget, the same kept positions, and the same scores where
+/// they are maxima (sums are compared through the kept sets).
+fn check_layer(session: &Session<'_>, l: usize, layer_refs: &mut [RefHead], policy: &RefPolicy, label: &str) {
+    {
+        {
             for (kvh, r) in layer_refs.iter_mut().enumerate() {
                 let head = session.cache.store().head(l, kvh);
                 if let Some(b) = session.cache.policy().head_budget(l, kvh) {
-                    assert!(head.len() <= b, "{label}: call {step} layer {l} kv head {kvh} holds {} > {b}", head.len());
+                    assert!(head.len() <= b, "{label} layer {l} kv head {kvh} holds {} > {b}", head.len());
                 }
                 let mut got: Vec<(u32, f32)> =
                     head.positions().iter().copied().zip(head.scores().iter().copied()).collect();
@@ -323,13 +360,13 @@ fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, 
                 let want = r.kept();
                 let gp: Vec<u32> = got.iter().map(|x| x.0).collect();
                 let wp: Vec<u32> = want.iter().map(|x| x.0).collect();
-                assert_eq!(gp, wp, "{label}: call {step} layer {l} kv head {kvh}: kept positions differ");
+                assert_eq!(gp, wp, "{label} layer {l} kv head {kvh}: kept positions differ");
                 if policy.agg_max.is_some() {
                     for ((p, a), (_, b)) in got.iter().zip(&want) {
                         let tol = 1e-5 * b.abs() + 1e-6;
                         assert!(
                             ((*a as f64) - b).abs() <= tol,
-                            "{label}: call {step} layer {l} kvh {kvh} pos {p}: score {a} vs {b}"
+                            "{label} layer {l} kvh {kvh} pos {p}: score {a} vs {b}"
                         );
                     }
                 }

@@ -28,6 +28,16 @@
 //!   from head 0. From then on each head evicts within its own fixed share.
 //! * `pyramid:R/ada:F`: the pyramid sets each layer's heavy count, ada splits
 //!   it among the layer's heads.
+//! * `global` (KVzip's selection): every layer's and head's eligible
+//!   candidates are ranked together and the `layers · kv_heads · heavy`
+//!   heavy slots go to the best of them, wherever they are; no floor. Once,
+//!   after the first forward call (the whole prompt, unless `prefill=stream`
+//!   cuts it into chunks). KVzip-style scores need it: on real text most
+//!   tokens score high in the few layers that copy and low elsewhere, so a
+//!   uniform share loses what those layers hold (docs/contexts.md).
+//!   Until the decision every head may hold the whole prompt, so the store
+//!   is allocated for it; the decision then cuts each head's fixed slot
+//!   arrays down to its share (pages follow the share anyway).
 //!
 //! Per-head capacity under `ada`: a head's share is not known when the
 //! store is allocated (before the prompt), so each head of a layer is
@@ -64,12 +74,14 @@ pub struct Alloc {
     /// AdaKV: the floor, the fraction of a head's uniform heavy share it
     /// keeps regardless, in [0, 1].
     pub ada: Option<f64>,
+    /// KVzip: one ranking over every layer and head.
+    pub global: bool,
 }
 
 impl Alloc {
     /// Every unit gets the written budget.
     pub fn is_uniform(&self) -> bool {
-        self.pyramid.is_none() && self.ada.is_none()
+        self.pyramid.is_none() && self.ada.is_none() && !self.global
     }
 
     /// Heavy slots per KV head of every layer (before `ada` splits a
@@ -91,6 +103,9 @@ impl fmt::Display for Alloc {
         if let Some(a) = self.ada {
             parts.push(format!("ada:{a}"));
         }
+        if self.global {
+            parts.push("global".into());
+        }
         f.write_str(&if parts.is_empty() { "uniform".to_string() } else { parts.join("/") })
     }
 }
@@ -98,7 +113,7 @@ impl fmt::Display for Alloc {
 impl std::str::FromStr for Alloc {
     type Err = String;
     /// `uniform`, `pyramid[:R]`, `ada[:F]` or both joined by `/`
-    /// (`pyramid:0.5/ada:0.2`).
+    /// (`pyramid:0.5/ada:0.2`), or `global`.
     fn from_str(s: &str) -> Result<Alloc, String> {
         let mut a = Alloc::default();
         for part in s.split('/').map(str::trim) {
@@ -135,12 +150,17 @@ impl std::str::FromStr for Alloc {
                     }
                     a.ada = Some(f);
                 }
+                "global" if arg.is_none() => a.global = true,
                 _ => {
                     return Err(format!(
-                        "unknown allocator `{part}` (known: uniform, pyramid[:R], ada[:F], pyramid[:R]/ada[:F])"
+                        "unknown allocator `{part}` (known: uniform, pyramid[:R], ada[:F], pyramid[:R]/ada[:F], \
+                         global)"
                     ))
                 }
             }
+        }
+        if a.global && (a.pyramid.is_some() || a.ada.is_some()) {
+            return Err("`global` ranks every layer and head together; it does not combine with pyramid or ada".into());
         }
         Ok(a)
     }
@@ -178,6 +198,10 @@ pub fn pyramid_heavy(heavy: usize, layers: usize, ratio: f64) -> Vec<usize> {
     }
     out
 }
+
+/// A `global` unit's budget before the ranking: no limit (the store's
+/// capacity, the whole prompt, is the real one).
+const UNDECIDED: usize = usize::MAX / 2;
 
 /// What a head keeps whatever the others need: ⌊F · heavy⌋ slots.
 pub fn ada_floor(heavy: usize, floor: f64) -> usize {
@@ -249,6 +273,8 @@ pub struct Allocated {
     ada: Option<f64>,
     /// Per layer: ada's shares are set (decided once).
     decided: Vec<bool>,
+    /// `global`: whether every unit's share is set yet.
+    global: Option<bool>,
 }
 
 impl Allocated {
@@ -260,13 +286,15 @@ impl Allocated {
         let units = layer_heavy
             .iter()
             .flat_map(|&h| {
-                let budget = (rank.recent + rank.sinks + h).max(1);
+                // `global`: nothing leaves before the ranking over all units
+                let budget = if alloc.global { UNDECIDED } else { (rank.recent + rank.sinks + h).max(1) };
                 let mut unit = base.clone();
                 unit.set_budget(budget);
                 (0..kv_heads).map(move |_| unit.clone())
             })
             .collect();
-        Allocated { kv_heads, units, layer_heavy, rank, ada: alloc.ada, decided: vec![false; layers] }
+        let global = alloc.global.then_some(false);
+        Allocated { kv_heads, units, layer_heavy, rank, ada: alloc.ada, decided: vec![false; layers], global }
     }
 
     fn unit(&mut self, layer: usize, kv_head: usize) -> &mut TokenEviction {
@@ -292,7 +320,16 @@ impl CachePolicy for Allocated {
         (0..self.layer_heavy.len()).map(|l| self.layer_capacity(l, max_len)).max().unwrap_or(1)
     }
 
-    fn layer_capacity(&self, layer: usize, _max_len: usize) -> usize {
+    fn layer_capacity(&self, layer: usize, max_len: usize) -> usize {
+        match self.global {
+            // a unit may win every token of the prompt
+            Some(false) => return max_len.max(1) + 1,
+            Some(true) => {
+                let units = &self.units[layer * self.kv_heads..(layer + 1) * self.kv_heads];
+                return units.iter().map(TokenEviction::budget).max().unwrap_or(1) + 1;
+            }
+            None => {}
+        }
         let h = self.layer_heavy[layer];
         let heavy = match self.ada {
             Some(f) => ada_max_share(h, f, self.kv_heads),
@@ -333,6 +370,7 @@ impl CachePolicy for Allocated {
 
     fn save_state(&self, out: &mut Vec<u64>) -> Result<(), String> {
         out.extend(self.decided.iter().map(|&d| u64::from(d)));
+        out.extend(self.global.map(u64::from));
         self.units.iter().try_for_each(|u| u.save_state(out))
     }
 
@@ -340,7 +378,27 @@ impl CachePolicy for Allocated {
         for d in self.decided.iter_mut() {
             *d = super::take_word(words)? != 0;
         }
+        if let Some(g) = self.global.as_mut() {
+            *g = super::take_word(words)? != 0;
+        }
         self.units.iter_mut().try_for_each(|u| u.load_state(words))
+    }
+
+    fn global_decision_pending(&self) -> bool {
+        self.global == Some(false)
+    }
+
+    fn decide_global(&mut self, units: &[(&[u32], &[f32])]) {
+        if !self.global_decision_pending() {
+            return;
+        }
+        // uniform heavy per unit (pyramid does not combine with global)
+        let shares = ada_shares(self.layer_heavy[0], 0.0, self.rank, units);
+        let fixed = self.rank.recent + self.rank.sinks;
+        for (unit, share) in self.units.iter_mut().zip(shares) {
+            unit.set_budget((fixed + share).max(1));
+        }
+        self.global = Some(true);
     }
 
     fn decide_layer(&mut self, layer: usize, heads: &[(&[u32], &[f32])]) {
@@ -397,6 +455,27 @@ mod tests {
         assert_eq!(pyramid_heavy(10, 3, 0.5), vec![13, 10, 7]);
     }
 
+    /// `global` is ada's contest over every (layer, KV head) with no floor:
+    /// the heavy slots of all units go to the best candidates anywhere.
+    #[test]
+    fn global_gives_every_units_heavy_slots_to_the_best_candidates_anywhere() {
+        let mut p = crate::PolicySpec::parse("h2o:heavy=3,recent=1,alloc=global").unwrap().build_for(8, 2, 2);
+        assert_eq!(p.head_budget(1, 1), Some(UNDECIDED), "no unit evicts before the ranking");
+        let pos: Vec<u32> = (0..8).collect();
+        let hot = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.0];
+        let cold = [0.01; 8];
+        // layer 1 head 0 holds everything that matters: 7 eligible, all hot
+        p.decide_global(&[(&pos, &cold), (&pos, &cold), (&pos, &hot), (&pos, &cold)]);
+        let budgets: Vec<_> =
+            (0..2).flat_map(|l| (0..2).map(move |h| (l, h))).map(|(l, h)| p.head_budget(l, h)).collect();
+        // recent 1 each; of the 12 heavy slots the hot unit wins its 7
+        // eligible tokens, the 5 left go to the cold units' ties (latest
+        // position first, then the lower unit)
+        assert_eq!(budgets.iter().map(|b| b.unwrap()).sum::<usize>(), 4 * 4);
+        assert_eq!(budgets[2], Some(8), "{budgets:?}");
+        assert!(!p.global_decision_pending());
+    }
+
     #[test]
     fn ada_gives_the_layers_heavy_slots_to_the_heads_that_need_them() {
         let rank = Ranking { recent: 1, sinks: 0, score: ScoreRule::Sum };
@@ -421,7 +500,9 @@ mod tests {
     #[test]
     fn allocators_parse_and_name_bad_parameters() {
         let a: Alloc = "pyramid".parse().unwrap();
-        assert_eq!(a, Alloc { pyramid: Some(DEFAULT_PYRAMID_RATIO), ada: None });
+        assert_eq!(a, Alloc { pyramid: Some(DEFAULT_PYRAMID_RATIO), ..Alloc::default() });
+        let g: Alloc = "global".parse().unwrap();
+        assert!(g.global && !g.is_uniform() && g.to_string() == "global");
         let a: Alloc = "pyramid:0.5/ada:0.1".parse().unwrap();
         assert_eq!(a.to_string(), "pyramid:0.5/ada:0.1");
         assert_eq!(a.to_string().parse::<Alloc>().unwrap(), a);

@@ -188,6 +188,18 @@ pub trait CachePolicy: Send + Sync {
     /// (`heads[h]`: positions and scores of head h), once ([`alloc`]'s `ada`).
     fn decide_layer(&mut self, _layer: usize, _heads: &[(&[u32], &[f32])]) {}
 
+    /// True until the budgets of every (layer, KV head) are set from one
+    /// ranking over all of them ([`alloc`]'s `global`): until then no head
+    /// evicts, and the cache calls [`CachePolicy::decide_global`] when it
+    /// advances past its first forward call.
+    fn global_decision_pending(&self) -> bool {
+        false
+    }
+
+    /// Sets every (layer, KV head)'s budget from all their candidates
+    /// (`units[layer · kv_heads + kv_head]`: positions and scores), once.
+    fn decide_global(&mut self, _units: &[(&[u32], &[f32])]) {}
+
     /// True when the policy keeps a fixed number of slots whatever the
     /// sequence length.
     fn bounded(&self) -> bool {

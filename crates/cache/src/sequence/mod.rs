@@ -333,6 +333,9 @@ impl SequenceCache {
     /// clusters CHAI heads once the probe's last token is in.
     pub fn advance(&mut self, n: usize) {
         self.next_pos += n;
+        if self.policy.global_decision_pending() {
+            self.decide_globally();
+        }
         if let Some(every) = self.compact_every {
             self.steps_since_compact += n;
             if self.steps_since_compact >= every {
@@ -482,7 +485,10 @@ impl SequenceCache {
     pub fn reserve(&mut self, max_len: usize) {
         for l in 0..self.store.layers() {
             let cap = self.policy.layer_capacity(l, max_len);
-            self.store.layer_mut(l).iter_mut().for_each(|h| h.reserve(cap));
+            for (kv, h) in self.store.layer_mut(l).iter_mut().enumerate() {
+                // a head with a share of its own (an allocator's) needs no more
+                h.reserve(self.policy.head_budget(l, kv).map_or(cap, |b| cap.min(b + 1)));
+            }
         }
     }
 

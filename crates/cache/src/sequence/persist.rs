@@ -126,6 +126,10 @@ impl SequenceCache {
         }
         cache.next_pos = next_pos as usize;
         cache.steps_since_compact = since_compact as usize;
+        if spec.alloc().global && !cache.policy.global_decision_pending() {
+            // made for the whole sequence; its shares are known
+            cache.shrink_heads_to_budgets();
+        }
         let (code_bytes, side_count) = RowBuf::coded_sizes(dtype, head_dim);
         let row_bytes = code_bytes + 4 * side_count;
         let mut side = (vec![0f32; side_count], vec![0f32; side_count]);

@@ -89,6 +89,40 @@ impl SequenceCache {
         }
     }
 
+    /// `alloc=global`: one ranking over every (layer, KV head) sets their
+    /// budgets; each head then keeps what its own policy picks within its
+    /// budget (the prefill's rule) and gives back the slots beyond it.
+    pub(super) fn decide_globally(&mut self) {
+        let (layers, kv_heads) = (self.store.layers(), self.store.kv_heads());
+        let units: Vec<(&[u32], &[f32])> = (0..layers)
+            .flat_map(|l| (0..kv_heads).map(move |kv| (l, kv)))
+            .map(|(l, kv)| (self.store.head(l, kv).positions(), self.store.head(l, kv).scores()))
+            .collect();
+        self.policy.decide_global(&units);
+        let mut keep = Vec::new();
+        for l in 0..layers {
+            for kv in 0..kv_heads {
+                let head = self.store.head(l, kv);
+                self.policy.select_after_prefill(HeadId::new(l, kv), head.positions(), head.scores(), &mut keep);
+                self.store.head_mut(l, kv).retain_slots(&keep);
+            }
+        }
+        self.shrink_heads_to_budgets();
+    }
+
+    /// Cuts every head's storage to its budget's slots (`alloc=global`,
+    /// after its ranking or when a decided cache is loaded).
+    pub(super) fn shrink_heads_to_budgets(&mut self) {
+        for l in 0..self.store.layers() {
+            for kv in 0..self.store.kv_heads() {
+                if let Some(b) = self.policy.head_budget(l, kv) {
+                    let head = self.store.head_mut(l, kv);
+                    head.shrink_to((b + 1).min(head.capacity()).max(head.len()));
+                }
+            }
+        }
+    }
+
     fn evict_after_decode(&mut self, layer: usize, probs: &[f32], stride: usize) {
         let lh = self.sharing.as_ref().and_then(|h| h.layer(layer)).unwrap_or(&self.dense);
         for comp in &lh.components {

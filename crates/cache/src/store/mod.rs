@@ -219,6 +219,29 @@ impl HeadSlots {
         }
     }
 
+    /// Cuts the head down to `capacity` slots (≥ its live slots): fixed
+    /// arrays are reallocated to that many rows (a copy), so the bytes
+    /// follow a share decided after the head was allocated for a whole
+    /// prompt (`alloc=global`); paged heads lower their page cap.
+    pub(crate) fn shrink_to(&mut self, capacity: usize) {
+        assert!(capacity >= self.len && capacity <= self.capacity, "a limit between the live slots and the capacity");
+        match &mut self.kv {
+            Kv::Slots { keys, values } => {
+                for rows in keys.iter_mut().chain(std::iter::once(values)) {
+                    let mut cut = RowBuf::new(rows.dtype(), self.head_dim, capacity);
+                    (0..self.len).for_each(|i| cut.copy_row(i, rows, i));
+                    *rows = cut;
+                }
+                self.positions.truncate(capacity);
+                self.positions.shrink_to_fit();
+                self.scores.truncate(capacity);
+                self.scores.shrink_to_fit();
+            }
+            Kv::Paged(p) => p.limit(capacity),
+        }
+        self.capacity = capacity;
+    }
+
     /// Tokens per page (`None` for the fixed-slot layout).
     pub fn page_size(&self) -> Option<usize> {
         match &self.kv {

@@ -637,6 +637,14 @@ impl PolicySpec {
     /// aligned, nor pick whole pages (which it would count against a share
     /// a token at a time).
     pub(super) fn check_alloc(&self) -> Result<(), String> {
+        if self.alloc().global {
+            if self.head.is_some() {
+                return Err("alloc: `global` gives each KV head its own budget and cannot compose with chai (heads tied by a cluster must keep the same slots)".into());
+            }
+            if self.storage.page_score.is_some() {
+                return Err("alloc: `global` keeps tokens, not pages; it does not take page_score".into());
+            }
+        }
         if self.alloc().ada.is_some() {
             if self.head.is_some() {
                 return Err("alloc: `ada` gives each KV head its own budget and cannot compose with chai (heads tied by a cluster must keep the same slots); use `alloc=pyramid`".into());

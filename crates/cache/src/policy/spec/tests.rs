@@ -17,6 +17,7 @@ fn parses_every_policy_and_round_trips() {
         "h2o:heavy=8,recent=8,prefill=snap:16:1,score=norm",
         "h2o:heavy=8,recent=8,prefill=expect:64",
         "h2o:heavy=8,recent=8,prefill=kvzip,alloc=ada:0.2",
+        "h2o:heavy=8,recent=8,prefill=kvzip,alloc=global",
         "h2o:heavy=8,recent=8,prefill=rkv:0.9",
         "h2o:heavy=8,recent=8,prefill=rkv:0.75,score=norm",
         "full:page=16,kv_dtype=q8",
@@ -104,6 +105,9 @@ fn bad_specs_name_the_problem() {
         ("h2o:heavy=1,recent=1,alloc=ada:2", "alloc: ada floor `2` must be in [0, 1]"),
         ("h2o:heavy=1,recent=1,alloc=fancy", "alloc: unknown allocator `fancy`"),
         ("h2o:heavy=1,recent=1,alloc=ada+chai:plan=p.json", "cannot compose with chai"),
+        ("h2o:heavy=1,recent=1,alloc=global+chai:plan=p.json", "cannot compose with chai"),
+        ("h2o:heavy=1,recent=1,alloc=global/ada", "does not combine with pyramid or ada"),
+        ("h2o:heavy=1,recent=1,alloc=global:2", "unknown allocator `global:2`"),
         ("h2o:heavy=1,recent=1,page=8,page_score=max,alloc=ada", "does not take page_score"),
         ("heavy:heavy=4,alloc=pyramid", "unknown parameter `alloc`"),
         ("window:recent=4,alloc=ada", "unknown parameter `alloc`"),
@@ -211,6 +215,18 @@ fn allocators_keep_the_total_budget() {
     assert_eq!(p.head_budget(0, 0), Some(120), "the uniform budget until the layer first overflows");
     // without a model shape (`build`), the plain policy
     assert_eq!(spec.build(1000).capacity(1000), 121);
+    // global: nothing is budgeted until the ranking over every unit, so a
+    // head is allocated for the whole sequence; the ranking keeps the total
+    let mut p = PolicySpec::parse("h2o:heavy=100,recent=20,alloc=global").unwrap().build_for(1000, 2, 3);
+    assert_eq!(p.layer_capacity(1, 1000), 1001);
+    assert!(p.global_decision_pending());
+    let positions: Vec<u32> = (0..1000).collect();
+    let scores: Vec<Vec<f32>> = (0..6).map(|u| (0..1000).map(|t| ((t * 7 + u * 13) % 101) as f32).collect()).collect();
+    let units: Vec<(&[u32], &[f32])> = scores.iter().map(|s| (&positions[..], &s[..])).collect();
+    p.decide_global(&units);
+    assert!(!p.global_decision_pending());
+    let sum: usize = (0..2).flat_map(|l| (0..3).map(move |h| (l, h))).map(|(l, h)| p.head_budget(l, h).unwrap()).sum();
+    assert_eq!(sum, 6 * 120, "Σ budgets = units × (heavy + recent)");
 }
 
 #[test]
