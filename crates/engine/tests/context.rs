@@ -41,7 +41,7 @@ fn answers(m: &Model, ctx: &Context, questions: &[Vec<u32>]) -> Vec<(Vec<u32>, V
         .collect()
 }
 
-const POLICIES: [&str; 9] = [
+const POLICIES: [&str; 11] = [
     "full",
     "full:kv_dtype=q8",
     "h2o:heavy=12,recent=12",
@@ -51,6 +51,8 @@ const POLICIES: [&str; 9] = [
     "random:budget=20,seed=3",
     "h2o:heavy=8,recent=8,alloc=ada:0.2",
     "h2o:heavy=12.5%,recent=12.5%,prefill=snap:8",
+    "h2o:heavy=12.5%,recent=12.5%,prefill=kvzip,alloc=global",
+    "h2o:heavy=10,recent=4,alloc=global,page=8",
 ];
 
 #[test]
