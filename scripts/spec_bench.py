@@ -6,7 +6,7 @@ answer mostly copies the prompt; nocopy_*: answers that don't):
     python3 scripts/spec_bench.py [--model qwen2.5-coder-1.5b] [--max-tokens 96]
         [--policy full --policy h2o:heavy=128,recent=128]
         [--drafter ngram --drafter model:qwen2.5-coder-0.5b --drafter ngram+model:qwen2.5-coder-0.5b]
-        [--draft-len auto] [--rounds 1] [--out spec.json]
+        [--draft-len auto] [--prompts 'nocopy_*'] [--rounds 1] [--out spec.json]
 
 Runs `target/release/kvslim generate --json` plainly and with each drafter
 (`ngram`, the default; `self`; `model:MODEL` and `ngram+model:MODEL`, which
@@ -47,12 +47,13 @@ def main():
     ap.add_argument("--policy", action="append")
     ap.add_argument("--drafter", action="append")
     ap.add_argument("--draft-len", default="auto")
+    ap.add_argument("--prompts", default="*", help="which of scripts/spec_prompts/*.txt (a glob, e.g. 'nocopy_*')")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out")
     a = ap.parse_args()
     policies = a.policy or ["full", "h2o:heavy=128,recent=128"]
     drafters = a.drafter or ["ngram"]
-    prompts = sorted(glob.glob(os.path.join(ROOT, "scripts", "spec_prompts", "*.txt")))
+    prompts = sorted(glob.glob(os.path.join(ROOT, "scripts", "spec_prompts", a.prompts + ".txt")))
     rows = []
     for policy in policies:
         for p in prompts:
