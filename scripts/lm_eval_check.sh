@@ -154,30 +154,23 @@ with open(f"{out}/piqa.jsonl", "w") as f:
         f.write(json.dumps({"goal": question(d["query"], piqa), "sol1": d["choices"][0],
                             "sol2": d["choices"][1], "label": d["gold"]}) + "\n")
 PY
-  cat > "$TASKS/kvslim_arc_easy.yaml" <<EOF
-# lm-eval's own arc_easy (prompt, choices, target, metrics) over local items
-include: $OWN/arc/arc_easy.yaml
-task: kvslim_arc_easy
-tag: []
-dataset_path: json
-dataset_name: null
-dataset_kwargs:
-  data_files:
-    train: $TASKS/arc_easy.jsonl
-    validation: $TASKS/arc_easy.jsonl
-    test: $TASKS/arc_easy.jsonl
-EOF
-  cat > "$TASKS/kvslim_piqa.yaml" <<EOF
-# lm-eval's own piqa (prompt, choices, target, metrics) over local items
-include: $OWN/piqa/piqa.yaml
-task: kvslim_piqa
-dataset_path: json
-dataset_name: null
-dataset_kwargs:
-  data_files:
-    train: $TASKS/piqa.jsonl
-    validation: $TASKS/piqa.jsonl
-EOF
+  # lm-eval's own task NAME (from its folder DIR) over the local items in
+  # $TASKS/NAME.jsonl as task kvslim_NAME: EXTRA (a YAML line, or empty),
+  # then each SPLIT reading them
+  local_task() {
+    local name=$1 dir=$2 extra=$3 split
+    shift 3
+    {
+      echo "# lm-eval's own $name (prompt, choices, target, metrics) over local items"
+      echo "include: $OWN/$dir/$name.yaml"
+      echo "task: kvslim_$name"
+      if [ -n "$extra" ]; then echo "$extra"; fi
+      printf 'dataset_path: json\ndataset_name: null\ndataset_kwargs:\n  data_files:\n'
+      for split in "$@"; do echo "    $split: $TASKS/$name.jsonl"; done
+    } > "$TASKS/kvslim_$name.yaml"
+  }
+  local_task arc_easy arc "tag: []" train validation test
+  local_task piqa piqa "" train validation
   ;;
 *)
   echo "error: unknown SUITE \`$SUITE\` (copa, harness)" >&2

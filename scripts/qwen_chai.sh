@@ -12,17 +12,11 @@
 #
 # Writes docs/qwen/chai/plan-kl<B>.json, docs/qwen/chai/<head>-kl<B>.json
 # (perplexity's JSON) and prints a markdown table.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BIN=${BIN:-target/release/kvslim}
-MODEL=${MODEL:-qwen2.5-coder-1.5b}
-SHARED=${KVSLIM_SHARED:-../shared}
-OUT=${OUT:-docs/qwen/chai}
+source "$(dirname "$0")/qwen_lib.sh" chai
 THREADS=${THREADS:-1}
 NICE=${NICE:-10}
 BUDGETS=${BUDGETS:-0.02,0.05,0.1,0.2,0.5,100}
 T=$SHARED/data/wikitext2/wiki.test.raw
-[ -x "$BIN" ] || { echo "error: $BIN missing; run cargo build --release -p kvslim" >&2; exit 1; }
 mkdir -p "$OUT"
 run() { nice -n "$NICE" "$BIN" "$@"; }
 IFS=',' read -r -a BS <<< "$BUDGETS"

@@ -12,12 +12,7 @@
 # and text, plus `target_len` and `peak_rss_mib`; n is the policy's index in
 # POLICIES) and prints a markdown table of every file there. A run whose
 # file exists is skipped: delete the file to measure it again.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BIN=${BIN:-target/release/kvslim}
-MODEL=${MODEL:-qwen2.5-coder-1.5b}
-SHARED=${KVSLIM_SHARED:-../shared}
-OUT=${OUT:-docs/qwen/long}
+source "$(dirname "$0")/qwen_lib.sh" long
 LENGTHS=${LENGTHS:-8192,16384}
 GEN=${GEN:-16}
 THREADS=${THREADS:-2}
@@ -25,7 +20,6 @@ THREADS=${THREADS:-2}
 # characters, 4.00 over the first 71,270; the tables report the real count)
 CHARS_PER_TOKEN=${CHARS_PER_TOKEN:-4.0}
 POLICIES=${POLICIES:-full;h2o:heavy=5%,recent=5%;h2o:heavy=5%,recent=5%,prefill=snap:32}
-[ -x "$BIN" ] || { echo "error: $BIN missing; run cargo build --release -p kvslim" >&2; exit 1; }
 [ -x /usr/bin/time ] || { echo "error: /usr/bin/time missing (apt-get install time)" >&2; exit 1; }
 TEXT=$SHARED/data/wikitext2/wiki.test.raw
 [ -f "$TEXT" ] || { echo "error: $TEXT missing" >&2; exit 1; }

@@ -26,6 +26,8 @@ import sys
 import time
 import urllib.request
 
+from spec_bench import report
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -141,14 +143,9 @@ def main():
                    "tokens_per_pass": (passes + accepted) / passes if passes else 1.0}
             row["speedup"] = row["spec_tok_s"] / row["plain_tok_s"]
             rows.append(row)
-    print("| prompt | policy | tokens | plain tok/s | speculative tok/s | speed-up | tokens per pass |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['prompt']} | `{r['policy']}` | {r['tokens']} | {r['plain_tok_s']:.2f} | {r['spec_tok_s']:.2f} | "
-              f"{r['speedup']:.2f} | {r['tokens_per_pass']:.2f} |")
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(rows, f, indent=1)
+    report(rows, "| prompt | policy | tokens | plain tok/s | speculative tok/s | speed-up | tokens per pass |",
+           "| {prompt} | `{policy}` | {tokens} | {plain_tok_s:.2f} | {spec_tok_s:.2f} | {speedup:.2f} | {tokens_per_pass:.2f} |",
+           a.out)
 
 
 if __name__ == "__main__":

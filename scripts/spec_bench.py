@@ -78,14 +78,20 @@ def main():
                 print(f"{row['prompt']:<20} {policy:<28} {e:<32} plain {row['plain_tok_s']:6.2f} "
                       f"spec {row['spec_tok_s']:6.2f} x{row['speedup']:.2f} ({row['tokens_per_pass']:.2f} tokens/pass)",
                       file=sys.stderr, flush=True)
-    print("| prompt | policy | drafter | tokens | plain tok/s | speculative tok/s | speed-up | tokens per pass |")
-    print("|---|---|---|---|---|---|---|---|")
+    report(rows, "| prompt | policy | drafter | tokens | plain tok/s | speculative tok/s | speed-up | tokens per pass |",
+           "| {prompt} | `{policy}` | `{drafter}` | {tokens} | {plain_tok_s:.2f} | {spec_tok_s:.2f} | {speedup:.2f} | "
+           "{tokens_per_pass:.2f} |", a.out)
+
+
+def report(rows, header, row_format, out):
+    """Prints `rows` as a Markdown table under `header` (each row as
+    `row_format.format(**row)`) and writes them to `out` as JSON when given."""
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
     for r in rows:
-        print(f"| {r['prompt']} | `{r['policy']}` | `{r['drafter']}` | {r['tokens']} | {r['plain_tok_s']:.2f} | "
-              f"{r['spec_tok_s']:.2f} | "
-              f"{r['speedup']:.2f} | {r['tokens_per_pass']:.2f} |")
-    if a.out:
-        with open(a.out, "w") as f:
+        print(row_format.format(**r))
+    if out:
+        with open(out, "w") as f:
             json.dump(rows, f, indent=1)
 
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
+import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -23,6 +26,29 @@ def shared(rel: str) -> Path:
     p = SHARED / rel
     assert p.exists(), f"{p} is absent: the tests need ../shared (or KVSLIM_SHARED)"
     return p
+
+
+def ticks_while(work: Callable[[], object], poll: Callable[[], object] = lambda: None) -> int:
+    """Runs ``work`` on another thread and counts how often this thread runs
+    (``poll``, then a 1 ms sleep) until it is done: an engine call that
+    held the GIL would leave the count at a handful."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            work()
+        finally:
+            done.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    ticks = 0
+    while not done.is_set():
+        ticks += 1
+        poll()
+        time.sleep(0.001)
+    t.join()
+    return ticks
 
 
 def read_safetensors(path: Path) -> dict:

@@ -9,12 +9,11 @@ import json
 import os
 import subprocess
 import threading
-import time
 
 import pytest
 
 import kvslim
-from conftest import REPO, SMOLLM2, shared
+from conftest import REPO, SMOLLM2, shared, ticks_while
 
 H2O = "h2o:heavy=6.25%,recent=6.25%"  # 12.5% of the context kept
 QUESTION = " In summary, the article says that"
@@ -197,22 +196,10 @@ def test_chat_context_round_trips(smollm2, tmp_path):
 
 
 def test_context_generate_releases_the_gil(full_ctx):
-    done = threading.Event()
-
-    def work():
-        try:
-            full_ctx.generate(QUESTION, max_tokens=24)
-        finally:
-            done.set()
-
-    t = threading.Thread(target=work)
-    t.start()
-    ticks = 0
-    while not done.is_set():
-        ticks += 1
-        _ = full_ctx.tokens, full_ctx.policy  # the properties do not wait for the question
-        time.sleep(0.001)
-    t.join()
+    # the properties do not wait for the question
+    ticks = ticks_while(
+        lambda: full_ctx.generate(QUESTION, max_tokens=24), lambda: (full_ctx.tokens, full_ctx.policy)
+    )
     assert ticks > 20, f"the main thread ran only {ticks} times while the engine worked"
 
 

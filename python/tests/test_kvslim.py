@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
-import time
 
 import numpy as np
 import pytest
 
 import kvslim
-from conftest import REPO, shared
+from conftest import REPO, shared, ticks_while
 
 PROMPT = "The capital of France is Paris. The capital of Germany is"
 H2O = "h2o:heavy=16,recent=16"
@@ -204,21 +202,7 @@ def test_sampling_is_seeded(smollm2):
 
 
 def test_engine_releases_the_gil(smollm2, ids96):
-    done = threading.Event()
-
-    def work():
-        try:
-            smollm2.perplexity(tokens=ids96[:64], policy=H2O)
-        finally:
-            done.set()
-
-    t = threading.Thread(target=work)
-    t.start()
-    ticks = 0
-    while not done.is_set():
-        ticks += 1
-        time.sleep(0.001)
-    t.join()
+    ticks = ticks_while(lambda: smollm2.perplexity(tokens=ids96[:64], policy=H2O))
     # holding the GIL, the engine would leave this loop a handful of ticks
     assert ticks > 50, f"the main thread ran only {ticks} times while the engine worked"
 

@@ -116,27 +116,42 @@ pub fn run(a: Args) -> CliResult {
     if emit_json(&rows, &a)? {
         return Ok(());
     }
-    println!(
-        "| model | threads | isa | weights MiB | KV read MiB | prefill tok/s | decode tok/s | ms/token | read GB/s | bound tok/s | of bound |"
+    print_table(
+        "| model | threads | isa | weights MiB | KV read MiB | prefill tok/s | decode tok/s | ms/token | read GB/s | bound tok/s | of bound |",
+        &rows,
+        |r| {
+            format!(
+                "{} | {} | {} | {:.1} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.0}%",
+                r.model,
+                r.threads,
+                r.isa,
+                mib(r.weight_bytes),
+                mib(r.kv_read_bytes),
+                r.prefill_tok_s,
+                r.decode_tok_s,
+                r.decode_ms_per_token,
+                r.bandwidth_gb_s,
+                r.bound_tok_s,
+                r.fraction_of_bound * 100.0
+            )
+        },
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    for r in &rows {
-        println!(
-            "| {} | {} | {} | {:.1} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.0}% |",
-            r.model,
-            r.threads,
-            r.isa,
-            r.weight_bytes as f64 / 1048576.0,
-            r.kv_read_bytes as f64 / 1048576.0,
-            r.prefill_tok_s,
-            r.decode_tok_s,
-            r.decode_ms_per_token,
-            r.bandwidth_gb_s,
-            r.bound_tok_s,
-            r.fraction_of_bound * 100.0
-        );
-    }
     Ok(())
+}
+
+/// Bytes in MiB.
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / 1048576.0
+}
+
+/// Prints `rows` as a Markdown table: the `header` line (`| a | b |`), its
+/// rule, then a line a row with the `cells` it formats (`x | y`).
+fn print_table<T>(header: &str, rows: &[T], cells: impl Fn(&T) -> String) {
+    println!("{header}");
+    println!("|{}", "---|".repeat(header.matches('|').count() - 1));
+    for r in rows {
+        println!("| {} |", cells(r));
+    }
 }
 
 fn sweep(model: &kvslim_models::Model, name: &str, a: &Args, contexts: &[usize], counts: &[usize]) -> CliResult {
@@ -157,20 +172,18 @@ fn sweep(model: &kvslim_models::Model, name: &str, a: &Args, contexts: &[usize],
     if emit_json(&rows, a)? {
         return Ok(());
     }
-    println!("| model | policy | threads | context | slots | step ms (median) | KV MiB allocated |");
-    println!("|---|---|---|---|---|---|---|");
-    for r in &rows {
-        println!(
-            "| {} | {} | {} | {} | {} | {:.2} | {:.1} |",
+    print_table("| model | policy | threads | context | slots | step ms (median) | KV MiB allocated |", &rows, |r| {
+        format!(
+            "{} | {} | {} | {} | {} | {:.2} | {:.1}",
             r.model,
             r.policy,
             r.threads,
             r.context,
             r.slots,
             r.step_ms_median,
-            r.kv_bytes_allocated as f64 / 1048576.0
-        );
-    }
+            mib(r.kv_bytes_allocated)
+        )
+    });
     Ok(())
 }
 
@@ -191,22 +204,24 @@ fn verify_sweep(model: &kvslim_models::Model, name: &str, a: &Args, chunks: &[us
     if emit_json(&rows, a)? {
         return Ok(());
     }
-    println!("| model | policy | threads | context | chunk | pass ms | decode step ms | pass / step | ms per token |");
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for r in &rows {
-        println!(
-            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
-            r.model,
-            r.policy,
-            r.threads,
-            r.context,
-            r.chunk,
-            r.pass_ms_median,
-            r.step_ms_median,
-            r.ratio,
-            r.pass_ms_median / r.chunk as f64
-        );
-    }
+    print_table(
+        "| model | policy | threads | context | chunk | pass ms | decode step ms | pass / step | ms per token |",
+        &rows,
+        |r| {
+            format!(
+                "{} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2}",
+                r.model,
+                r.policy,
+                r.threads,
+                r.context,
+                r.chunk,
+                r.pass_ms_median,
+                r.step_ms_median,
+                r.ratio,
+                r.pass_ms_median / r.chunk as f64
+            )
+        },
+    );
     Ok(())
 }
 
@@ -242,7 +257,7 @@ fn capacity_table(a: &Args, mem: &str) -> CliResult {
         eprintln!(
             "{}: peak {:.2} MiB, max batch {}",
             r.policy,
-            (r.peak_kv_bytes + r.peak_metadata_bytes) as f64 / 1048576.0,
+            mib(r.peak_kv_bytes + r.peak_metadata_bytes),
             r.max_batch
         );
         rows.push(r);
@@ -250,25 +265,27 @@ fn capacity_table(a: &Args, mem: &str) -> CliResult {
     if emit_json(&rows, a)? {
         return Ok(());
     }
-    println!(
-        "| policy | prompt + gen | peak KV MiB | metadata KiB | reserved MiB | peak pages | moved B/step | decode tok/s | max batch in {mem} |"
+    print_table(
+        &format!(
+            "| policy | prompt + gen | peak KV MiB | metadata KiB | reserved MiB | peak pages | moved B/step | decode tok/s | max batch in {mem} |"
+        ),
+        &rows,
+        |r| {
+            format!(
+                "`{}` | {} + {} | {:.2} | {:.1} | {:.2} | {} | {:.0} | {:.1} | {}",
+                r.policy,
+                r.prompt_len,
+                r.gen_len,
+                mib(r.peak_kv_bytes),
+                r.peak_metadata_bytes as f64 / 1024.0,
+                mib(r.reserved_bytes),
+                r.peak_pages.map_or("-".to_string(), |p| p.to_string()),
+                r.bytes_moved_per_step,
+                r.decode_tok_s,
+                r.max_batch
+            )
+        },
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for r in &rows {
-        println!(
-            "| `{}` | {} + {} | {:.2} | {:.1} | {:.2} | {} | {:.0} | {:.1} | {} |",
-            r.policy,
-            r.prompt_len,
-            r.gen_len,
-            r.peak_kv_bytes as f64 / 1048576.0,
-            r.peak_metadata_bytes as f64 / 1024.0,
-            r.reserved_bytes as f64 / 1048576.0,
-            r.peak_pages.map_or("-".to_string(), |p| p.to_string()),
-            r.bytes_moved_per_step,
-            r.decode_tok_s,
-            r.max_batch
-        );
-    }
     Ok(())
 }
 

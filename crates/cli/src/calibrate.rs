@@ -1,6 +1,6 @@
 //! `kvslim calibrate`: the offline half of CHAI.
 
-use crate::common::{require_tokenizer, CliResult, ModelArgs, Progress};
+use crate::common::{require_tokenizer, CalibrationText, CliResult, ModelArgs, Progress};
 use kvslim_cache::policy::chai::CalibrationConfig;
 use kvslim_engine::calibrate::{
     calibrate_quality, calibration_windows, probe_features, second_half_start, CalibrateOptions,
@@ -11,9 +11,8 @@ use std::path::PathBuf;
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Calibration text (tokenized with the model's tokenizer).
-    #[arg(long)]
-    text: PathBuf,
+    #[command(flatten)]
+    text: CalibrationText,
     /// Number of calibration windows.
     #[arg(long, default_value_t = 64)]
     samples: usize,
@@ -65,7 +64,8 @@ pub struct Args {
 pub fn run(a: Args) -> CliResult {
     let loaded = a.model.load()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
-    let text = std::fs::read_to_string(&a.text).map_err(|e| format!("cannot read {}: {e}", a.text.display()))?;
+    let text =
+        std::fs::read_to_string(&a.text.path).map_err(|e| format!("cannot read {}: {e}", a.text.path.display()))?;
     let ids = tok.encode(&text)?;
     if a.seq_len < a.probe {
         return Err(format!("--seq-len {} is shorter than the probe ({})", a.seq_len, a.probe).into());

@@ -228,7 +228,7 @@ fn reply(
     let mut reply = tok.decode(&g.token_ids)?;
     chat.cut_at_stop(&mut reply);
     writeln!(out)?;
-    let tps = if g.decode_s > 0.0 { g.token_ids.len().saturating_sub(1) as f64 / g.decode_s } else { 0.0 };
+    let tps = crate::generate::decode_tok_s(&g);
     eprintln!(
         "[{} prompt + {} generated tokens, {}, first token {:.0} ms, {:.1} tok/s, KV {:.2} MiB, policy {}]",
         g.prompt_tokens,

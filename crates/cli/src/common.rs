@@ -71,13 +71,38 @@ pub struct PolicyArgs {
     pub spec: PolicySpec,
 }
 
-/// The text of `--prompt` or else of `--prompt-file` (read byte for byte).
-pub fn read_prompt(prompt: &Option<String>, file: &Option<PathBuf>) -> CliResult<String> {
-    match (prompt, file) {
-        (Some(p), _) => Ok(p.clone()),
-        (None, Some(f)) => Ok(std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?),
-        (None, None) => Err("give --prompt or --prompt-file".into()),
+/// `--prompt` or `--prompt-file` (one of them): the text a run starts from.
+/// A command that calls it something else words the help with `mut_arg`
+/// (`compress`: the document).
+#[derive(Args)]
+pub struct PromptArgs {
+    /// The prompt text.
+    #[arg(long, short = 'p', required_unless_present = "prompt_file", conflicts_with = "prompt_file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from this file (kept byte for byte: a trailing
+    /// newline is part of the prompt), e.g. a chat-formatted prompt.
+    #[arg(long)]
+    pub prompt_file: Option<PathBuf>,
+}
+
+impl PromptArgs {
+    /// The text of `--prompt` or else of `--prompt-file` (read byte for byte).
+    pub fn read(&self) -> CliResult<String> {
+        match (&self.prompt, &self.prompt_file) {
+            (Some(p), _) => Ok(p.clone()),
+            (None, Some(f)) => Ok(std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?),
+            (None, None) => Err("give --prompt or --prompt-file".into()),
+        }
     }
+}
+
+/// `--text`: the calibration text of `calibrate` and `tune` (`tune` words
+/// the help for how it cuts windows from it).
+#[derive(Args)]
+pub struct CalibrationText {
+    /// Calibration text (tokenized with the model's tokenizer).
+    #[arg(id = "text", long = "text", value_name = "TEXT")]
+    pub path: PathBuf,
 }
 
 /// `--temperature`, `--top-k`, `--top-p`, `--seed`: how tokens are drawn.

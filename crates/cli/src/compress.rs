@@ -2,7 +2,7 @@
 //! compressed context to a file; `generate --context` and `chat
 //! --context` then ask it questions without prefilling it again.
 
-use crate::common::{read_prompt, require_tokenizer, CliResult, ModelArgs, PolicyArgs};
+use crate::common::{require_tokenizer, CliResult, ModelArgs, PolicyArgs, PromptArgs};
 use kvslim_cache::PolicySpec;
 use kvslim_engine::context::{Context, Framing};
 use kvslim_models::chat::ChatMessage;
@@ -11,15 +11,15 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(clap::Args)]
+#[command(
+    mut_arg("prompt", |a| a.help("The document's text")),
+    mut_arg("prompt_file", |a| a.help("Read the document from this file (byte for byte)"))
+)]
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The document's text.
-    #[arg(long, short = 'p', required_unless_present = "prompt_file", conflicts_with = "prompt_file")]
-    prompt: Option<String>,
-    /// Read the document from this file (byte for byte).
-    #[arg(long)]
-    prompt_file: Option<PathBuf>,
+    #[command(flatten)]
+    document: PromptArgs,
     /// The compressed context's file (written through a temporary file
     /// beside it, renamed into place).
     #[arg(long, short = 'o')]
@@ -41,7 +41,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> CliResult {
-    let text = read_prompt(&a.prompt, &a.prompt_file)?;
+    let text = a.document.read()?;
     let (loaded, path) = a.model.load_with_path()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
     let chat = a.model.chat_format(tok, &path)?;

@@ -1,9 +1,11 @@
 //! `kvslim generate`: sample a continuation and stream it.
 
-use crate::common::{read_prompt, require_tokenizer, CliResult, ModelArgs, PolicyArgs, SamplingArgs};
+use crate::common::{require_tokenizer, CliResult, ModelArgs, PolicyArgs, PromptArgs, SamplingArgs};
 use crate::draft::{DraftArgs, DraftKind};
 use kvslim_engine::context::Question;
-use kvslim_engine::{beam_search, generate, speculative_run, BeamOptions, DraftLength, GenerateOptions, Verification};
+use kvslim_engine::{
+    beam_search, generate, speculative_run, BeamOptions, DraftLength, GenerateOptions, Generation, Verification,
+};
 use kvslim_models::tokenizer::StreamDecoder;
 use std::io::Write;
 
@@ -11,13 +13,8 @@ use std::io::Write;
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The prompt text.
-    #[arg(long, short = 'p', required_unless_present = "prompt_file", conflicts_with = "prompt_file")]
-    prompt: Option<String>,
-    /// Read the prompt from this file (kept byte for byte: a trailing
-    /// newline is part of the prompt), e.g. a chat-formatted prompt.
-    #[arg(long)]
-    prompt_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    prompt: PromptArgs,
     /// Maximum number of new tokens.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
@@ -108,7 +105,7 @@ pub fn run(a: Args) -> CliResult {
     if (a.speculative.is_some() || a.draft.draft_model.is_some()) && a.beams > 1 {
         return Err("--speculative and --draft-model do not combine with --beams".into());
     }
-    let prompt_text = read_prompt(&a.prompt, &a.prompt_file)?;
+    let prompt_text = a.prompt.read()?;
     let (loaded, model_path) = a.model.load_with_path()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
     let draft_model = a.draft.load(tok, a.model.f32_activations)?;
@@ -162,38 +159,33 @@ pub fn run(a: Args) -> CliResult {
         }
     };
     let text = tok.decode(&g.token_ids)?;
-    let tps = if g.decode_s > 0.0 { (g.token_ids.len().saturating_sub(1)) as f64 / g.decode_s } else { 0.0 };
+    let tps = decode_tok_s(&g);
     if a.json {
-        let v = serde_json::json!({
-            "text": text,
-            "token_ids": g.token_ids,
-            "prompt_token_ids": prompt,
-            "prompt_tokens": g.prompt_tokens,
-            "completion_tokens": g.token_ids.len(),
-            "stop_reason": g.stop,
-            "policy": a.policy.spec.to_string(),
-            "time_to_first_token_s": g.time_to_first_token_s,
-            "decode_tok_s": tps,
-            "kv_bytes_allocated": g.kv_bytes.kv,
-            "kv_metadata_bytes": g.kv_bytes.metadata,
-            "speculative": spec_stats.map(|st| serde_json::json!({
-                "drafter": speculative.map(DraftKind::name),
-                "draft_model": a.draft.draft_model,
-                "draft_len": match a.draft_len {
-                    DraftLength::Fixed(k) => k.to_string(),
-                    DraftLength::Adaptive { max } => format!("auto:{max}"),
-                },
-                "verification": match verification(&a).resolve(&loaded.model) {
-                    Verification::Fast => "fast",
-                    _ => "exact",
-                },
-                "target_passes": st.target_passes,
-                "drafted": st.drafted,
-                "accepted": st.accepted,
-                "replays": st.replays,
-                "tokens_per_pass": st.tokens_per_pass(),
-            })),
-        });
+        let v = generation_json(
+            &text,
+            &g,
+            a.policy.spec.to_string(),
+            serde_json::json!({
+                "prompt_token_ids": prompt,
+                "speculative": spec_stats.map(|st| serde_json::json!({
+                    "drafter": speculative.map(DraftKind::name),
+                    "draft_model": a.draft.draft_model,
+                    "draft_len": match a.draft_len {
+                        DraftLength::Fixed(k) => k.to_string(),
+                        DraftLength::Adaptive { max } => format!("auto:{max}"),
+                    },
+                    "verification": match verification(&a).resolve(&loaded.model) {
+                        Verification::Fast => "fast",
+                        _ => "exact",
+                    },
+                    "target_passes": st.target_passes,
+                    "drafted": st.drafted,
+                    "accepted": st.accepted,
+                    "replays": st.replays,
+                    "tokens_per_pass": st.tokens_per_pass(),
+                })),
+            }),
+        );
         writeln!(out, "{v}")?;
     } else {
         writeln!(out)?;
@@ -220,6 +212,36 @@ pub fn run(a: Args) -> CliResult {
         );
     }
     Ok(())
+}
+
+/// Generated tokens per second after the first.
+pub(crate) fn decode_tok_s(g: &Generation) -> f64 {
+    if g.decode_s > 0.0 {
+        (g.token_ids.len().saturating_sub(1)) as f64 / g.decode_s
+    } else {
+        0.0
+    }
+}
+
+/// The `--json` object of a generation: the fields every run prints, and
+/// `extra`'s (keys print sorted, so where they are added does not matter).
+fn generation_json(text: &str, g: &Generation, policy: String, extra: serde_json::Value) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "text": text,
+        "token_ids": g.token_ids,
+        "prompt_tokens": g.prompt_tokens,
+        "completion_tokens": g.token_ids.len(),
+        "stop_reason": g.stop,
+        "policy": policy,
+        "time_to_first_token_s": g.time_to_first_token_s,
+        "decode_tok_s": decode_tok_s(g),
+        "kv_bytes_allocated": g.kv_bytes.kv,
+        "kv_metadata_bytes": g.kv_bytes.metadata,
+    });
+    if let (Some(fields), serde_json::Value::Object(more)) = (v.as_object_mut(), extra) {
+        fields.extend(more);
+    }
+    v
 }
 
 /// `generate --context`: the prompt as a question on a saved context.
@@ -256,23 +278,18 @@ fn run_on_context(
     })?;
     let mut text = tok.decode(&g.token_ids)?;
     chat.cut_at_stop(&mut text);
-    let tps = if g.decode_s > 0.0 { (g.token_ids.len().saturating_sub(1)) as f64 / g.decode_s } else { 0.0 };
+    let tps = decode_tok_s(&g);
     if a.json {
-        let v = serde_json::json!({
-            "text": text,
-            "token_ids": g.token_ids,
-            "question_token_ids": q,
-            "context": file,
-            "context_tokens": ctx.tokens().len(),
-            "prompt_tokens": g.prompt_tokens,
-            "completion_tokens": g.token_ids.len(),
-            "stop_reason": g.stop,
-            "policy": ctx.policy().to_string(),
-            "time_to_first_token_s": g.time_to_first_token_s,
-            "decode_tok_s": tps,
-            "kv_bytes_allocated": g.kv_bytes.kv,
-            "kv_metadata_bytes": g.kv_bytes.metadata,
-        });
+        let v = generation_json(
+            &text,
+            &g,
+            ctx.policy().to_string(),
+            serde_json::json!({
+                "question_token_ids": q,
+                "context": file,
+                "context_tokens": ctx.tokens().len(),
+            }),
+        );
         writeln!(out, "{v}")?;
     } else {
         writeln!(out)?;

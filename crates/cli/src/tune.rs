@@ -2,7 +2,7 @@
 //! best spec (`kvslim_eval::tune` holds the search; this parses flags,
 //! shows progress and prints the tables).
 
-use crate::common::{require_tokenizer, CliResult, ModelArgs, Progress};
+use crate::common::{require_tokenizer, CalibrationText, CliResult, ModelArgs, Progress};
 use kvslim_cache::policy::Budget;
 use kvslim_cache::PolicySpec;
 use kvslim_eval::tune::{
@@ -12,14 +12,15 @@ use kvslim_eval::tune::{
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
+#[command(mut_arg("text", |a| a.help(
+    "Calibration text. The tune windows are cut from its tokens starting at --skip-tokens (default: the second \
+     half), so the first half can be evaluated as held-out text"
+)))]
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Calibration text. The tune windows are cut from its tokens starting
-    /// at --skip-tokens (default: the second half), so the first half can be
-    /// evaluated as held-out text.
-    #[arg(long)]
-    text: PathBuf,
+    #[command(flatten)]
+    text: CalibrationText,
     /// Total slots per (layer, KV head) every candidate gets: `20%` of
     /// --seq-len or a slot count.
     #[arg(long, conflicts_with = "max_kl", required_unless_present = "max_kl")]
@@ -80,7 +81,7 @@ pub fn run(a: Args) -> CliResult {
     }
     let (loaded, model_path) = a.model.load_with_path()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
-    let cal = tune_windows(&a.text, tok, a.seq_len, a.skip_tokens, a.windows)?;
+    let cal = tune_windows(&a.text.path, tok, a.seq_len, a.skip_tokens, a.windows)?;
     // the held-out windows are checked before any tuning runs
     let eval = match &a.eval_text {
         None => None,

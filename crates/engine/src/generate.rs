@@ -209,13 +209,8 @@ fn decode(
     let mut out = Vec::with_capacity(max_new);
     let mut stop = StopReason::MaxTokens;
     while out.len() < max_new {
-        if opts.eos.contains(&next) {
-            stop = StopReason::Eos;
-            break;
-        }
-        out.push(next);
-        if !on_token(next) {
-            stop = StopReason::Cancelled;
+        if let Some(reason) = take_token(next, &opts.eos, &mut out, &mut on_token) {
+            stop = reason;
             break;
         }
         if out.len() == max_new {
@@ -231,4 +226,23 @@ fn decode(
         decode_s: decode_start.elapsed().as_secs_f64(),
         kv_bytes: session.kv_bytes(),
     })
+}
+
+/// Takes `t` into the output (`out`, and the caller's `on_token`) unless it
+/// ends the run: `Some(Eos)` for an end-of-sequence token (not taken),
+/// `Some(Cancelled)` when `on_token` says stop (taken).
+pub(crate) fn take_token(
+    t: u32,
+    eos: &[u32],
+    out: &mut Vec<u32>,
+    on_token: &mut impl FnMut(u32) -> bool,
+) -> Option<StopReason> {
+    if eos.contains(&t) {
+        return Some(StopReason::Eos);
+    }
+    out.push(t);
+    if !on_token(t) {
+        return Some(StopReason::Cancelled);
+    }
+    None
 }

@@ -471,15 +471,24 @@ fn snapkv_prefill_equals_reference() {
 /// 260K TinyStories model.
 #[test]
 fn expected_attention_prefill_equals_reference() {
+    h2o_prefill_cases((5151, 16, 700), |pick| {
+        let score = ["sum", "norm"][pick(2)];
+        let future = [1, 16, 512][pick(3)];
+        format!("score={score},prefill=expect:{future}")
+    });
+}
+
+/// [`property_cases`] on random shapes (tiled too) of H2O with sinks and
+/// either aggregation, each spec ending with `rest`'s options (which draws
+/// them after the budget's).
+fn h2o_prefill_cases(seeds: (u64, usize, u64), rest: impl Fn(&mut dyn FnMut(u64) -> usize) -> String) {
     let shapes = [(2, 2), (4, 2), (4, 1), (6, 3), (8, 4)];
-    property_cases((5151, 16, 700), &shapes, ((8, 60), (10, 30)), true, |_, pick| {
+    property_cases(seeds, &shapes, ((8, 60), (10, 30)), true, |_, pick| {
         let b = 4 + pick(20);
         let r = 1 + pick(b as u64 / 2);
         let sink = pick(3);
         let agg = ["sum", "max"][pick(2)];
-        let score = ["sum", "norm"][pick(2)];
-        let future = [1, 16, 512][pick(3)];
-        format!("h2o:heavy={},recent={r},sink={sink},agg={agg},score={score},prefill=expect:{future}", b - r)
+        format!("h2o:heavy={},recent={r},sink={sink},agg={agg},{}", b - r, rest(pick))
     });
 }
 
@@ -490,15 +499,7 @@ fn expected_attention_prefill_equals_reference() {
 /// score=norm (TinyStories, with ada's per-head budgets: [`STORIES`]).
 #[test]
 fn kvzip_prefill_equals_reference() {
-    let shapes = [(2, 2), (4, 2), (4, 1), (6, 3), (8, 4)];
-    property_cases((6161, 16, 900), &shapes, ((8, 60), (10, 30)), true, |_, pick| {
-        let b = 4 + pick(20);
-        let r = 1 + pick(b as u64 / 2);
-        let sink = pick(3);
-        let agg = ["sum", "max"][pick(2)];
-        let score = ["sum", "norm"][pick(2)];
-        format!("h2o:heavy={},recent={r},sink={sink},agg={agg},score={score},prefill=kvzip", b - r)
-    });
+    h2o_prefill_cases((6161, 16, 900), |pick| format!("score={},prefill=kvzip", ["sum", "norm"][pick(2)]));
 }
 
 /// ADAPTIVE_RKV-style prefill (`prefill=rkv:P`): the prompt scored by
@@ -509,15 +510,7 @@ fn kvzip_prefill_equals_reference() {
 /// really fills by diversity (kept prompt tokens scored below 2).
 #[test]
 fn rkv_prefill_equals_reference() {
-    let shapes = [(2, 2), (4, 2), (4, 1), (6, 3), (8, 4)];
-    property_cases((7171, 16, 1100), &shapes, ((8, 60), (10, 30)), true, |_, pick| {
-        let b = 4 + pick(20);
-        let r = 1 + pick(b as u64 / 2);
-        let sink = pick(3);
-        let agg = ["sum", "max"][pick(2)];
-        let mass = ["0.5", "0.7", "0.9", "1"][pick(4)];
-        format!("h2o:heavy={},recent={r},sink={sink},agg={agg},prefill=rkv:{mass}", b - r)
-    });
+    h2o_prefill_cases((7171, 16, 1100), |pick| format!("prefill=rkv:{}", ["0.5", "0.7", "0.9", "1"][pick(4)]));
     let m = stories();
     let ids = tokens(&m, 120);
     let spec = PolicySpec::parse("h2o:heavy=24,recent=8,sink=4,prefill=rkv").unwrap();

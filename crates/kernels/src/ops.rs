@@ -142,6 +142,33 @@ fn log_sum_exp_lanes(logits: &[f32]) -> f64 {
     sum.ln() + max
 }
 
+/// The body of [`exp_nonpositive`] and [`exp_score`]: `x` clamped at
+/// `floor`, split as n·ln2 + r (`ln2_hi + ln2_lo`, n rounded by adding
+/// `round`), e^r by Horner's rule over the Taylor coefficients
+/// `c[0..=degree]`, and 2^n written into the exponent bits (the float, its
+/// signed and unsigned integer types, exponent bias, mantissa bits); 0
+/// below `floor`.
+macro_rules! exp_by_reduction {
+    ($x:ident, floor: $floor:literal, ($log2e:ident, $ln2_hi:ident, $ln2_lo:ident, $round:ident),
+     taylor: $c:ident[$degree:literal], bits: ($float:ty, $int:ty, $uint:ty, $bias:literal, $mantissa:literal)) => {{
+        let xc = if $x < $floor { $floor } else { $x };
+        let t = xc * $log2e + $round;
+        let n = t - $round;
+        let ni = (t.to_bits() as $int).wrapping_sub($round.to_bits() as $int);
+        let r = (xc - n * $ln2_hi) - n * $ln2_lo;
+        let mut p = $c[$degree];
+        for &c in $c[..$degree].iter().rev() {
+            p = p * r + c;
+        }
+        let scale = <$float>::from_bits((ni.wrapping_add($bias) << $mantissa) as $uint);
+        if $x < $floor {
+            0.0
+        } else {
+            p * scale
+        }
+    }};
+}
+
 /// e^x for x ≤ 0 in f64 without a libm call, branch-free so loops over it
 /// vectorize: x = n·ln2 + r with |r| ≤ ln2/2, e^r by its degree-12 Taylor
 /// polynomial (truncation below 2e-16), 2^n put into the exponent bits.
@@ -165,21 +192,7 @@ pub fn exp_nonpositive(x: f64) -> f64 {
         }
         c
     };
-    let xc = if x < -708.0 { -708.0 } else { x };
-    let t = xc * LOG2E + ROUND;
-    let n = t - ROUND;
-    let ni = (t.to_bits() as i64).wrapping_sub(ROUND.to_bits() as i64);
-    let r = (xc - n * LN2_HI) - n * LN2_LO;
-    let mut p = C[12];
-    for &c in C[..12].iter().rev() {
-        p = p * r + c;
-    }
-    let scale = f64::from_bits((ni.wrapping_add(1023) << 52) as u64);
-    if x < -708.0 {
-        0.0
-    } else {
-        p * scale
-    }
+    exp_by_reduction!(x, floor: -708.0, (LOG2E, LN2_HI, LN2_LO, ROUND), taylor: C[12], bits: (f64, i64, u64, 1023, 52))
 }
 
 /// e^x for an attention score minus its row's maximum (x ≤ 0), in f32
@@ -200,21 +213,7 @@ pub fn exp_score(x: f32) -> f32 {
     // adding 1.5·2^23 rounds to an integer, held in the low mantissa bits
     const ROUND: f32 = 12_582_912.0;
     const C: [f32; 8] = [1.0, 1.0, 0.5, 1.0 / 6.0, 1.0 / 24.0, 1.0 / 120.0, 1.0 / 720.0, 1.0 / 5040.0];
-    let xc = if x < -87.0 { -87.0 } else { x };
-    let t = xc * LOG2E + ROUND;
-    let n = t - ROUND;
-    let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
-    let r = (xc - n * LN2_HI) - n * LN2_LO;
-    let mut p = C[7];
-    for &c in C[..7].iter().rev() {
-        p = p * r + c;
-    }
-    let scale = f32::from_bits((ni.wrapping_add(127) << 23) as u32);
-    if x < -87.0 {
-        0.0
-    } else {
-        p * scale
-    }
+    exp_by_reduction!(x, floor: -87.0, (LOG2E, LN2_HI, LN2_LO, ROUND), taylor: C[7], bits: (f32, i32, u32, 127, 23))
 }
 
 /// Activation functions used by the supported MLPs.

@@ -53,14 +53,7 @@ fn error_of<T>(case: &str, f: impl FnOnce() -> kvslim_models::Result<T>) -> Stri
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(_)) => panic!("{case}: loaded successfully although the input is corrupt"),
         Ok(Err(e)) => e.to_string(),
-        Err(p) => {
-            let why = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            panic!("{case}: panicked instead of returning an error: {why}")
-        }
+        Err(p) => panic!("{case}: panicked instead of returning an error: {}", kvslim_fuzz::panic_message(p.as_ref())),
     }
 }
 

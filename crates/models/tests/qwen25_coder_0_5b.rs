@@ -15,26 +15,18 @@ use common::llamacpp::RealModel;
 
 static QWEN: RealModel = RealModel::new("qwen2.5-coder-0.5b", "fixtures/qwen25coder05b/reference_wikitext2.json");
 
-/// The 1,024 ids llama.cpp gave for the start of WikiText-2 (CRLF read as
-/// LF, as the fixture's script read it).
-#[test]
-fn tokenization_equals_llama_cpp() {
-    QWEN.check_tokenization();
-}
-
-/// Mean NLL over the 1,024 tokens within 1% of llama.cpp's 2.9202; top-1
-/// agreement ≥ 90%.
-#[test]
-fn teacher_forced_log_probs_match_llama_cpp() {
-    QWEN.check_teacher_forced();
-}
-
-/// The 24-token greedy continuation of the first 32 tokens equals
-/// llama.cpp's, or first diverges at a near-tie (measured: 5 tokens agree,
-/// then our margin of 0.19 against a typical logit distance of 0.14).
-#[test]
-fn greedy_continuation_matches_llama_cpp() {
-    QWEN.check_greedy();
+llama_cpp_tests! {
+    QWEN;
+    /// The 1,024 ids llama.cpp gave for the start of WikiText-2 (CRLF read as
+    /// LF, as the fixture's script read it).
+    tokenization;
+    /// Mean NLL over the 1,024 tokens within 1% of llama.cpp's 2.9202; top-1
+    /// agreement ≥ 90%.
+    teacher_forced;
+    /// The 24-token greedy continuation of the first 32 tokens equals
+    /// llama.cpp's, or first diverges at a near-tie (measured: 5 tokens agree,
+    /// then our margin of 0.19 against a typical logit distance of 0.14).
+    greedy;
 }
 
 /// Its vocabulary is the 1.5B's id for id, so it can draft for the 1.5B

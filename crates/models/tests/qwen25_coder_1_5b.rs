@@ -14,26 +14,18 @@ use common::llamacpp::RealModel;
 
 static QWEN: RealModel = RealModel::new("qwen2.5-coder-1.5b", "fixtures/qwen25coder/reference_wikitext2.json");
 
-/// Our byte-level BPE (`pre=qwen2`, no BOS) gives llama.cpp's 1,024 ids for
-/// the start of WikiText-2 (encoded from a prefix long enough that the cut
-/// cannot move a token boundary inside the first 1,024). The fixture's
-/// script read the file with Python's universal newlines, so its text has
-/// `\n` where the file has CRLF.
-#[test]
-fn tokenization_equals_llama_cpp() {
-    QWEN.check_tokenization();
-}
-
-/// Mean NLL over the 1,024 tokens within 1% of llama.cpp's 2.2242 (our f32
-/// activations against its 8-bit ones); top-1 agreement ≥ 90%.
-#[test]
-fn teacher_forced_log_probs_match_llama_cpp() {
-    QWEN.check_teacher_forced();
-}
-
-/// The 24-token greedy continuation of the first 32 tokens equals
-/// llama.cpp's, or first diverges at a near-tie.
-#[test]
-fn greedy_continuation_matches_llama_cpp() {
-    QWEN.check_greedy();
+llama_cpp_tests! {
+    QWEN;
+    /// Our byte-level BPE (`pre=qwen2`, no BOS) gives llama.cpp's 1,024 ids for
+    /// the start of WikiText-2 (encoded from a prefix long enough that the cut
+    /// cannot move a token boundary inside the first 1,024). The fixture's
+    /// script read the file with Python's universal newlines, so its text has
+    /// `\n` where the file has CRLF.
+    tokenization;
+    /// Mean NLL over the 1,024 tokens within 1% of llama.cpp's 2.2242 (our f32
+    /// activations against its 8-bit ones); top-1 agreement ≥ 90%.
+    teacher_forced;
+    /// The 24-token greedy continuation of the first 32 tokens equals
+    /// llama.cpp's, or first diverges at a near-tie.
+    greedy;
 }

@@ -410,22 +410,30 @@ async function send(text) {
   }
 }
 
-function setupChat() {
-  chat.picker = new PolicyPicker($("chat-policy"), "");
-  $("chat-form").addEventListener("submit", (e) => {
+/** The message box `<prefix>-form` / `<prefix>-input`: Enter (without
+ *  Shift) submits; a submit stops `state`'s reply in flight, or else, when
+ *  `ready()`, takes the input's text (trimmed, not empty), clears the box
+ *  and hands the text to `go`. */
+function setupMessageForm(prefix, state, ready, go) {
+  $(prefix + "-form").addEventListener("submit", (e) => {
     e.preventDefault();
-    if (chat.abort) { chat.abort.abort(); return; }
-    const text = $("chat-input").value.trim();
-    if (!text) return;
-    $("chat-input").value = "";
-    send(text);
+    if (state.abort) { state.abort.abort(); return; }
+    const text = $(prefix + "-input").value.trim();
+    if (!text || !ready()) return;
+    $(prefix + "-input").value = "";
+    go(text);
   });
-  $("chat-input").addEventListener("keydown", (e) => {
+  $(prefix + "-input").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey) {
       e.preventDefault();
-      $("chat-form").requestSubmit();
+      $(prefix + "-form").requestSubmit();
     }
   });
+}
+
+function setupChat() {
+  chat.picker = new PolicyPicker($("chat-policy"), "");
+  setupMessageForm("chat", chat, () => true, send);
   $("chat-clear").addEventListener("click", () => {
     if (chat.abort) chat.abort.abort();
     chat.messages = [];
@@ -576,25 +584,26 @@ function drawContextHead() {
   head.appendChild(el("div", "muted", c ? contextFacts(c) : "not on the server any more"));
 }
 
-function openContext(id) {
+/** Stops a reply in flight and selects context `id` with no questions
+ *  asked yet: its conversation shown, or (`null`) the placeholder. */
+function selectContext(id) {
   if (ctxv.abort) ctxv.abort.abort();
   ctxv.selected = id;
   ctxv.messages = [];
   $("ctx-messages").textContent = "";
-  $("ctx-chat").classList.remove("hidden");
-  $("ctx-empty").classList.add("hidden");
+  $("ctx-chat").classList.toggle("hidden", id === null);
+  $("ctx-empty").classList.toggle("hidden", id !== null);
+}
+
+function openContext(id) {
+  selectContext(id);
   drawContexts();
   drawContextHead();
   $("ctx-input").focus();
 }
 
 function closeContext(why) {
-  if (ctxv.abort) ctxv.abort.abort();
-  ctxv.selected = null;
-  ctxv.messages = [];
-  $("ctx-messages").textContent = "";
-  $("ctx-chat").classList.add("hidden");
-  $("ctx-empty").classList.remove("hidden");
+  selectContext(null);
   $("ctx-empty").textContent = why;
 }
 
@@ -668,20 +677,7 @@ function setupContexts() {
     reader.onerror = () => { $("ctx-error").textContent = f.name + ": " + (reader.error ? reader.error.message : "not readable"); };
     reader.readAsText(f);
   });
-  $("ctx-form").addEventListener("submit", (e) => {
-    e.preventDefault();
-    if (ctxv.abort) { ctxv.abort.abort(); return; }
-    const text = $("ctx-input").value.trim();
-    if (!text || !ctxv.selected) return;
-    $("ctx-input").value = "";
-    askContext(text);
-  });
-  $("ctx-input").addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && !e.shiftKey) {
-      e.preventDefault();
-      $("ctx-form").requestSubmit();
-    }
-  });
+  setupMessageForm("ctx", ctxv, () => ctxv.selected, askContext);
   $("ctx-clear").addEventListener("click", () => {
     if (ctxv.selected) openContext(ctxv.selected);
   });

@@ -327,14 +327,7 @@ pub fn run<I: Send + 'static>(
                     Ok(Ok(())) => rep.accepted += 1,
                     Ok(Err(e)) if e.trim().is_empty() => fail("rejected with an empty error message".into()),
                     Ok(Err(_)) => rep.rejected += 1,
-                    Err(p) => {
-                        let msg = p
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_default();
-                        fail(format!("PANIC: {msg}"))
-                    }
+                    Err(p) => fail(format!("PANIC: {}", panic_message(p.as_ref()))),
                 }
                 let cap = limits.alloc_factor.saturating_mul(size).saturating_add(limits.alloc_slack);
                 if largest > cap {
@@ -428,4 +421,14 @@ pub fn run_text(
         (s, len, what)
     };
     run_seeded(name, n, limits, seeds, mutate, move |s: &String| target(s))
+}
+
+/// The message a panic was raised with (`panic!`'s formatted `String` or
+/// literal `&str`; empty for any other payload).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
 }

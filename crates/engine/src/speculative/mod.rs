@@ -58,7 +58,7 @@ pub use model_draft::{CopyThenModel, ModelDrafter};
 pub use ngram::NgramDrafter;
 use rollback::Rollback;
 
-use crate::generate::start_session;
+use crate::generate::{start_session, take_token};
 use crate::generate::{GenerateOptions, Generation, StopReason};
 use crate::sampling::argmax;
 use crate::session::Session;
@@ -327,32 +327,22 @@ pub fn speculative_run(
     let mut stop = StopReason::MaxTokens;
     'outer: while out.len() < max_new {
         // `next` is the target's; the committed drafts before it were output
-        if opts.eos.contains(&next) {
-            stop = StopReason::Eos;
+        if let Some(reason) = take_token(next, &opts.eos, &mut out, &mut on_token) {
+            stop = reason;
             break;
         }
-        out.push(next);
         context.push(next);
-        if !on_token(next) {
-            stop = StopReason::Cancelled;
-            break;
-        }
         if out.len() == max_new {
             break;
         }
         let committed = spec.step(model, &mut session, draft, &context, max_new - out.len())?;
         let (&target, drafts) = committed.split_last().expect("a step commits the target's token");
         for &d in drafts {
-            if opts.eos.contains(&d) {
-                stop = StopReason::Eos;
+            if let Some(reason) = take_token(d, &opts.eos, &mut out, &mut on_token) {
+                stop = reason;
                 break 'outer;
             }
-            out.push(d);
             context.push(d);
-            if !on_token(d) {
-                stop = StopReason::Cancelled;
-                break 'outer;
-            }
         }
         next = target;
     }

@@ -6,7 +6,7 @@
 //! characters). Items are jsonl `{"context", "answer"}` (other fields, such
 //! as `file`, are kept for reference only).
 
-use super::kind::{file_label, positive, GenerationItems, Kind, KvPeak, Prepared, Task};
+use super::kind::{file_spec, positive, unless_default, GenerationItems, Kind, KvPeak, Prepared, Task};
 use crate::matrix::Cell;
 use crate::{EvalError, Result};
 use kvslim_models::{Model, Tokenizer};
@@ -120,14 +120,13 @@ impl Task for Lcc {
     }
 
     fn render(&self, short: bool) -> String {
-        let mut s = format!("lcc:{}", file_label(&self.path, short));
-        if self.max_tokens != DEFAULT_LCC_TOKENS {
-            s += &format!(",max_tokens={}", self.max_tokens);
-        }
-        if let Some(t) = self.max_context {
-            s += &format!(",max_context={t}");
-        }
-        s
+        let max_context = self.max_context.map(|t| format!("max_context={t}"));
+        file_spec(
+            "lcc",
+            &self.path,
+            short,
+            &[unless_default("max_tokens", self.max_tokens, DEFAULT_LCC_TOKENS), max_context],
+        )
     }
 
     fn prepare(&self, model: &Model, tok: &Tokenizer, limit: Option<usize>) -> Result<Box<dyn Prepared>> {

@@ -7,7 +7,7 @@
 //! Cells add `ttft` (prompt prefill and first token) and `tpot` (seconds
 //! per later token) to their timings, means over prompts.
 
-use super::kind::{file_label, positive, Kind, KvPeak, Prepared, Task};
+use super::kind::{file_spec, positive, set_option, unless_default, Kind, KvPeak, Prepared, Task};
 use super::text::load_gen_prompts;
 use crate::matrix::{greedy, par_blocks, Cell};
 use crate::metrics::{first_divergence, identical_prefix_fraction, positional_agreement};
@@ -40,11 +40,7 @@ impl Task for Gen {
     }
 
     fn set(&mut self, key: &str, vals: &[&str]) -> Result<bool, String> {
-        if key != "max_tokens" {
-            return Ok(false);
-        }
-        self.max_tokens = positive(key, vals)?;
-        Ok(true)
+        set_option(&mut self.max_tokens, key, "max_tokens", vals, positive)
     }
 
     fn path(&self) -> Option<&Path> {
@@ -52,11 +48,7 @@ impl Task for Gen {
     }
 
     fn render(&self, short: bool) -> String {
-        let mut s = format!("gen:{}", file_label(&self.path, short));
-        if self.max_tokens != DEFAULT_GEN_TOKENS {
-            s += &format!(",max_tokens={}", self.max_tokens);
-        }
-        s
+        file_spec("gen", &self.path, short, &[unless_default("max_tokens", self.max_tokens, DEFAULT_GEN_TOKENS)])
     }
 
     fn prepare(&self, model: &Model, tok: &Tokenizer, limit: Option<usize>) -> Result<Box<dyn Prepared>> {

@@ -149,6 +149,38 @@ pub fn file_label(path: &Path, short: bool) -> String {
     }
 }
 
+/// `NAME:FILE` (the file name only when `short`), then `,KEY=VALUE` for
+/// each option given (`None`: at its default, left out).
+pub fn file_spec(name: &str, path: &Path, short: bool, opts: &[Option<String>]) -> String {
+    let mut s = format!("{name}:{}", file_label(path, short));
+    for o in opts.iter().flatten() {
+        s += ",";
+        s += o;
+    }
+    s
+}
+
+/// `KEY=VALUE` for [`file_spec`] unless `value` is the default.
+pub fn unless_default<T: PartialEq + fmt::Display>(key: &str, value: T, default: T) -> Option<String> {
+    (value != default).then(|| format!("{key}={value}"))
+}
+
+/// Sets `slot` from option `key` when it is the kind's option `name`
+/// ([`Task::set`]'s answer: whether it was).
+pub fn set_option<T>(
+    slot: &mut T,
+    key: &str,
+    name: &str,
+    vals: &[&str],
+    parse: impl FnOnce(&str, &[&str]) -> Result<T, String>,
+) -> Result<bool, String> {
+    if key != name {
+        return Ok(false);
+    }
+    *slot = parse(key, vals)?;
+    Ok(true)
+}
+
 /// The one value of option `key`.
 pub fn single<'a>(key: &str, vals: &[&'a str]) -> Result<&'a str, String> {
     match vals {

@@ -3,7 +3,7 @@
 //! llama.cpp's 6-line format; both kinds score a cell the same way
 //! ([`Choices`]).
 
-use super::kind::{file_label, single, Kind, KvPeak, Prepared, Task};
+use super::kind::{file_spec, set_option, single, Kind, KvPeak, Prepared, Task};
 use super::read_text;
 use crate::forked::score_items;
 use crate::matrix::{block_size, Cell};
@@ -218,11 +218,7 @@ impl Task for Mc {
     }
 
     fn set(&mut self, key: &str, vals: &[&str]) -> Result<bool, String> {
-        if key != "delim" {
-            return Ok(false);
-        }
-        self.delimiter = Some(unescape(single(key, vals)?));
-        Ok(true)
+        set_option(&mut self.delimiter, key, "delim", vals, |k, v| Ok(Some(unescape(single(k, v)?))))
     }
 
     fn path(&self) -> Option<&Path> {
@@ -230,11 +226,7 @@ impl Task for Mc {
     }
 
     fn render(&self, short: bool) -> String {
-        let mut s = format!("mc:{}", file_label(&self.path, short));
-        if let Some(d) = &self.delimiter {
-            s += &format!(",delim={}", escape(d));
-        }
-        s
+        file_spec("mc", &self.path, short, &[self.delimiter.as_ref().map(|d| format!("delim={}", escape(d)))])
     }
 
     fn prepare(&self, _: &Model, tok: &Tokenizer, limit: Option<usize>) -> Result<Box<dyn Prepared>> {
@@ -256,7 +248,7 @@ impl Task for HellaSwag {
     }
 
     fn render(&self, short: bool) -> String {
-        format!("hellaswag:{}", file_label(&self.path, short))
+        file_spec("hellaswag", &self.path, short, &[])
     }
 
     fn prepare(&self, _: &Model, tok: &Tokenizer, limit: Option<usize>) -> Result<Box<dyn Prepared>> {

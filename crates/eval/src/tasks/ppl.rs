@@ -20,7 +20,7 @@
 //! `kept_differing` (kept sets that differed from the reference's, 0 by
 //! construction); the row records `decisions_from`.
 
-use super::kind::{file_label, number, Kind, KvPeak, Prepared, Task};
+use super::kind::{file_spec, number, set_option, unless_default, Kind, KvPeak, Prepared, Task};
 use super::text::{load_ppl_text, PplText};
 use crate::matrix::{par_blocks, Cell};
 use crate::score::ScoreMode;
@@ -54,14 +54,10 @@ impl Task for Ppl {
     }
 
     fn set(&mut self, key: &str, vals: &[&str]) -> Result<bool, String> {
-        if key != "seq_len" {
-            return Ok(false);
-        }
-        self.seq_len = number(key, vals)?;
-        if self.seq_len < 2 {
-            return Err("seq_len must be ≥ 2".into());
-        }
-        Ok(true)
+        set_option(&mut self.seq_len, key, "seq_len", vals, |k, v| match number(k, v)? {
+            n if n < 2 => Err("seq_len must be ≥ 2".into()),
+            n => Ok(n),
+        })
     }
 
     fn default_seq_len(&mut self, seq_len: usize) -> Result<(), String> {
@@ -77,11 +73,7 @@ impl Task for Ppl {
     }
 
     fn render(&self, short: bool) -> String {
-        let mut s = format!("ppl:{}", file_label(&self.path, short));
-        if self.seq_len != DEFAULT_SEQ_LEN {
-            s += &format!(",seq_len={}", self.seq_len);
-        }
-        s
+        file_spec("ppl", &self.path, short, &[unless_default("seq_len", self.seq_len, DEFAULT_SEQ_LEN)])
     }
 
     /// `from` when the policy evicts (not `full`), has no head sharing,

@@ -4,7 +4,7 @@
 //! scored by `words` (mean words written). Its test runs it through the
 //! matrix on stories260K.
 
-use super::kind::{positive, GenerationItems, Kind, KvPeak, Prepared, Task};
+use super::kind::{positive, set_option, GenerationItems, Kind, KvPeak, Prepared, Task};
 use crate::matrix::Cell;
 use crate::Result;
 use kvslim_models::{Model, Tokenizer};
@@ -32,11 +32,7 @@ impl Task for TinyStory {
     }
 
     fn set(&mut self, key: &str, vals: &[&str]) -> Result<bool, String> {
-        if key != "max_tokens" {
-            return Ok(false);
-        }
-        self.max_tokens = positive(key, vals)?;
-        Ok(true)
+        set_option(&mut self.max_tokens, key, "max_tokens", vals, positive)
     }
 
     fn render(&self, _: bool) -> String {

@@ -27,6 +27,35 @@ pub struct RealModel {
     teacher_forced: OnceLock<Vec<f32>>,
 }
 
+/// A real model's three tests against its llama.cpp fixture, each with the
+/// doc comment written before its keyword: `tokenization`
+/// (`tokenization_equals_llama_cpp`), `teacher_forced`
+/// (`teacher_forced_log_probs_match_llama_cpp`) and `greedy`
+/// (`greedy_continuation_matches_llama_cpp`), of the [`RealModel`] static
+/// named first.
+#[macro_export]
+macro_rules! llama_cpp_tests {
+    ($model:ident; $(#[$tok:meta])* tokenization; $(#[$nll:meta])* teacher_forced; $(#[$greedy:meta])* greedy;) => {
+        $(#[$tok])*
+        #[test]
+        fn tokenization_equals_llama_cpp() {
+            $model.check_tokenization();
+        }
+
+        $(#[$nll])*
+        #[test]
+        fn teacher_forced_log_probs_match_llama_cpp() {
+            $model.check_teacher_forced();
+        }
+
+        $(#[$greedy])*
+        #[test]
+        fn greedy_continuation_matches_llama_cpp() {
+            $model.check_greedy();
+        }
+    };
+}
+
 impl RealModel {
     pub const fn new(alias: &'static str, fixture: &'static str) -> Self {
         RealModel {

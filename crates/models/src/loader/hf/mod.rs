@@ -220,6 +220,22 @@ struct Sizes {
     context: usize,
 }
 
+impl Sizes {
+    /// The sizes under the usual HF keys (`num_hidden_layers`,
+    /// `vocab_size`, `max_position_embeddings`; the MLP's width under
+    /// `ffn_key`), read in that order after `hidden` and `heads`.
+    fn usual(j: &Cfg, hidden: usize, heads: usize, ffn_key: &str) -> Result<Sizes, ConfigError> {
+        Ok(Sizes {
+            n_layers: j.need(&["num_hidden_layers"])?,
+            hidden,
+            heads,
+            ffn: j.need(&[ffn_key])?,
+            vocab: j.need(&["vocab_size"])?,
+            context: j.need(&["max_position_embeddings"])?,
+        })
+    }
+}
+
 /// A LayerNorm model with an ungated MLP, untied, without RoPE, learned
 /// positions or parallel residuals (GPT-2, OPT and GPT-NeoX start here
 /// and set what differs).

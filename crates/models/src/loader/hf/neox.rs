@@ -14,14 +14,7 @@ pub(super) fn config(j: &Cfg) -> Result<ModelConfig, ConfigError> {
     let hidden = j.need(&["hidden_size"])?;
     let heads = j.need(&["num_attention_heads"])?;
     let head_dim = hidden / heads.max(1);
-    let sizes = Sizes {
-        n_layers: j.need(&["num_hidden_layers"])?,
-        hidden,
-        heads,
-        ffn: j.need(&["intermediate_size"])?,
-        vocab: j.need(&["vocab_size"])?,
-        context: j.need(&["max_position_embeddings"])?,
-    };
+    let sizes = Sizes::usual(j, hidden, heads, "intermediate_size")?;
     let activation = j.activation("hidden_act", "gelu")?;
     Ok(ModelConfig {
         norm_eps: j.f32(&["layer_norm_eps"]).unwrap_or(1e-5),

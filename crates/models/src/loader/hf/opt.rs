@@ -19,14 +19,7 @@ pub(super) fn config(j: &Cfg) -> Result<ModelConfig, ConfigError> {
     if j.usize(&["word_embed_proj_dim"]).is_some_and(|p| p != hidden) {
         return Err(ConfigError::Invalid("OPT with word_embed_proj_dim != hidden_size is not supported".into()));
     }
-    let sizes = Sizes {
-        n_layers: j.need(&["num_hidden_layers"])?,
-        hidden,
-        heads,
-        ffn: j.need(&["ffn_dim"])?,
-        vocab: j.need(&["vocab_size"])?,
-        context: j.need(&["max_position_embeddings"])?,
-    };
+    let sizes = Sizes::usual(j, hidden, heads, "ffn_dim")?;
     let activation = j.activation("activation_function", "relu")?;
     Ok(ModelConfig {
         learned_positions: Some(2),
