@@ -250,12 +250,10 @@ impl Model {
         let draft = match &draft_model {
             Some(d) => {
                 let dtok = d.tokenizer()?;
-                if let Some(id) = dtok.first_difference(tok) {
+                if let Some(diff) = dtok.vocabulary_mismatch(tok) {
                     return Err(PyValueError::new_err(format!(
-                        "draft_model does not share the model's vocabulary (id {id}: {:?} against {:?}): a draft \
-                         model needs the target's tokenizer",
-                        dtok.token_text(id),
-                        tok.token_text(id)
+                        "draft_model does not share the model's vocabulary ({diff}): a draft model needs the target's \
+                         tokenizer"
                     )));
                 }
                 Some((&d.loaded.model, draft_policy.map(parse_policy).transpose()?.unwrap_or_else(|| spec.clone())))

@@ -39,14 +39,10 @@ impl DraftArgs {
         let tok = loaded.tokenizer.as_ref().ok_or_else(|| {
             format!("draft model {name} carries no tokenizer, so its vocabulary cannot be checked against the target's")
         })?;
-        if let Some(id) = tok.first_difference(target) {
+        if let Some(diff) = tok.vocabulary_mismatch(target) {
             return Err(format!(
-                "draft model {name} does not share the target's vocabulary (id {id}: {:?} against {:?}, vocabularies \
-                 of {} and {}): a draft model needs the target's tokenizer",
-                tok.token_text(id),
-                target.token_text(id),
-                tok.vocab_size(),
-                target.vocab_size()
+                "draft model {name} does not share the target's vocabulary ({diff}): a draft model needs the target's \
+                 tokenizer"
             )
             .into());
         }

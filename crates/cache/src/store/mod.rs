@@ -226,20 +226,25 @@ impl HeadSlots {
     pub(crate) fn shrink_to(&mut self, capacity: usize) {
         assert!(capacity >= self.len && capacity <= self.capacity, "a limit between the live slots and the capacity");
         match &mut self.kv {
-            Kv::Slots { keys, values } => {
-                for rows in keys.iter_mut().chain(std::iter::once(values)) {
-                    let mut cut = RowBuf::new(rows.dtype(), self.head_dim, capacity);
-                    (0..self.len).for_each(|i| cut.copy_row(i, rows, i));
-                    *rows = cut;
-                }
-                self.positions.truncate(capacity);
-                self.positions.shrink_to_fit();
-                self.scores.truncate(capacity);
-                self.scores.shrink_to_fit();
-            }
+            Kv::Slots { .. } => self.reallocate_slots(capacity),
             Kv::Paged(p) => p.limit(capacity),
         }
         self.capacity = capacity;
+    }
+
+    /// Fixed slot arrays of `capacity` rows holding the live slots (a copy).
+    fn reallocate_slots(&mut self, capacity: usize) {
+        if let Kv::Slots { keys, values } = &mut self.kv {
+            for rows in keys.iter_mut().chain(std::iter::once(values)) {
+                let mut moved = RowBuf::new(rows.dtype(), self.head_dim, capacity);
+                (0..self.len).for_each(|i| moved.copy_row(i, rows, i));
+                *rows = moved;
+            }
+            self.positions.resize(capacity, 0);
+            self.positions.shrink_to_fit();
+            self.scores.resize(capacity, 0.0);
+            self.scores.shrink_to_fit();
+        }
     }
 
     /// Tokens per page (`None` for the fixed-slot layout).
@@ -308,15 +313,7 @@ impl HeadSlots {
             return;
         }
         match &mut self.kv {
-            Kv::Slots { keys, values } => {
-                for rows in keys.iter_mut().chain(std::iter::once(values)) {
-                    let mut grown = RowBuf::new(rows.dtype(), self.head_dim, capacity);
-                    (0..self.len).for_each(|i| grown.copy_row(i, rows, i));
-                    *rows = grown;
-                }
-                self.positions.resize(capacity, 0);
-                self.scores.resize(capacity, 0.0);
-            }
+            Kv::Slots { .. } => self.reallocate_slots(capacity),
             Kv::Paged(p) => p.raise(capacity),
         }
         self.capacity = capacity;

@@ -164,6 +164,20 @@ impl Tokenizer {
             .find(|&id| self.token_text(id) != other.token_text(id))
             .or((self.vocab_size() != other.vocab_size()).then_some(n))
     }
+
+    /// How this vocabulary differs from `other`'s, for an error message
+    /// (`None` when they map every id alike).
+    pub fn vocabulary_mismatch(&self, other: &Tokenizer) -> Option<String> {
+        self.first_difference(other).map(|id| {
+            format!(
+                "id {id}: {:?} against {:?}, vocabularies of {} and {}",
+                self.token_text(id),
+                other.token_text(id),
+                self.vocab_size(),
+                other.vocab_size()
+            )
+        })
+    }
 }
 
 /// One token as bytes: see [`Tokenizer::token_bytes`].
