@@ -14,6 +14,7 @@ use kvslim_engine::Session;
 use kvslim_kernels::rope::RopeLayout;
 use kvslim_kernels::DType;
 use kvslim_models::config::ModelConfig;
+use kvslim_models::transformer::PROBE_SINKS;
 use kvslim_models::{Logits, Model, Trace};
 use reference::{ref_ada_shares, ref_pyramid, RefExpect, RefHead, RefPolicy, RefScore, Rule};
 mod common;
@@ -44,7 +45,7 @@ fn ref_policy(spec: &PolicySpec, base: usize) -> RefPolicy {
         score: RefScore::Sum,
         observe: None,
         expect: None,
-        kvzip: false,
+        kvzip: None,
         rkv: None,
     };
     match spec.token {
@@ -88,13 +89,36 @@ fn ref_policy(spec: &PolicySpec, base: usize) -> RefPolicy {
                 }
                 _ => None,
             },
-            kvzip: prefill == PrefillMode::Kvzip,
+            kvzip: match prefill {
+                PrefillMode::Kvzip { chunk } => Some(chunk),
+                _ => None,
+            },
             rkv: match prefill {
                 PrefillMode::Rkv { mass_permille } => Some(mass_permille as f64 / 1000.0),
                 _ => None,
             },
         },
     }
+}
+
+/// KVzip's probe after `prompt` in pieces of `size` tokens, as its paper
+/// lays it out: from the first token after a BOS, each piece of the prompt
+/// after the instruction ("Repeat the previous context exactly."; for later
+/// pieces "Repeat the part of the previous context exactly, starting
+/// with" and the previous piece's last 8 tokens): (lead rows, rows, piece).
+fn kvzip_pieces(model: &Model, prompt: &[u32], size: usize) -> Vec<(usize, usize, std::ops::Range<usize>)> {
+    let skip = usize::from(model.config.bos_token_id == Some(prompt[0]));
+    (skip..prompt.len())
+        .step_by(size)
+        .map(|start| {
+            let lead = match start - skip {
+                0 => model.repeat_prompt.len(),
+                after => model.repeat_part_prompt.len() + after.min(8),
+            };
+            let piece = start..(start + size).min(prompt.len());
+            (lead, lead + piece.len(), piece)
+        })
+        .collect()
 }
 
 /// The (heads, KV heads) shapes of the property tests.
@@ -166,6 +190,8 @@ const STORIES: [(usize, &[(&str, usize)]); 4] = [
             ("h2o:heavy=16,recent=16,prefill=expect", 120),
             ("h2o:heavy=24,recent=8,sink=4,prefill=expect:64", 120),
             ("h2o:heavy=24,recent=8,sink=4,prefill=kvzip", 120),
+            ("h2o:heavy=24,recent=8,sink=4,prefill=kvzip:32", 120),
+            ("h2o:heavy=16,recent=16,prefill=kvzip:16,alloc=ada:0.2", 120),
             ("h2o:heavy=16,recent=16,prefill=kvzip,alloc=ada:0.2", 120),
             ("h2o:heavy=16,recent=16,prefill=kvzip,alloc=global", 120),
             ("h2o:heavy=24,recent=4,sink=4,prefill=kvzip,alloc=global", 120),
@@ -305,12 +331,12 @@ fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, 
                     .iter()
                     .enumerate()
                     .map(|(kvh, r)| {
-                        if policy.kvzip {
-                            // the trace holds the probe's rows after the prompt's:
-                            // the reconstruction instruction, then the repeat
+                        if let Some(size) = policy.kvzip {
+                            // the trace holds the probe's rows after the prompt's
                             let rows = q.len() / c.q_dim();
                             let chunk: Vec<_> = (0..rows).map(|t| tok(kvh, t)).collect();
-                            return r.prefill_candidates_repeat(&chunk, n, model.repeat_prompt.len());
+                            let pieces = kvzip_pieces(model, part, size);
+                            return r.prefill_candidates_repeat(&chunk, n, &pieces, PROBE_SINKS);
                         }
                         let chunk: Vec<_> = (0..n).map(|t| tok(kvh, t)).collect();
                         r.prefill_candidates(&policies[l][kvh], &chunk)
@@ -492,14 +518,17 @@ fn h2o_prefill_cases(seeds: (u64, usize, u64), rest: impl Fn(&mut dyn FnMut(u64)
     });
 }
 
-/// KVzip-style prefill (`prefill=kvzip`): the prompt fed again after
-/// itself, teacher-forced; every prompt token scored by the most attention
-/// a repeat query (any head of its group) paid it; the repeat rows leave;
-/// then decode steps as H2O. Random shapes with sinks, max aggregation and
-/// score=norm (TinyStories, with ada's per-head budgets: [`STORIES`]).
+/// KVzip-style prefill (`prefill=kvzip[:C]`): the prompt fed again after
+/// itself piece by piece, teacher-forced; every prompt token scored by the
+/// most attention a repeat query of a piece that sees it (any head of its
+/// group) paid it; the repeat rows leave; then decode steps as H2O. Random
+/// shapes with sinks, max aggregation, score=norm and one or several
+/// pieces (TinyStories, with ada's per-head budgets: [`STORIES`]).
 #[test]
 fn kvzip_prefill_equals_reference() {
-    h2o_prefill_cases((6161, 16, 900), |pick| format!("score={},prefill=kvzip", ["sum", "norm"][pick(2)]));
+    h2o_prefill_cases((6161, 16, 900), |pick| {
+        format!("score={},prefill=kvzip{}", ["sum", "norm"][pick(2)], ["", ":16", ":40"][pick(3)])
+    });
 }
 
 /// ADAPTIVE_RKV-style prefill (`prefill=rkv:P`): the prompt scored by
@@ -559,32 +588,67 @@ fn kvzip_probe_is_the_prompt_repeated() {
     }
     assert_eq!(at, prompt.len(), "the probe does not advance the sequence");
     assert!(kept.iter().all(|&p| (p as usize) < prompt.len()), "kept {kept:?}: no repeat row stays");
+
+    // in pieces of 4: each piece's rows are its instruction ("Repeat the
+    // part …, starting with" and the previous piece's last tokens from the
+    // second on) and its tokens, right after the prompt; layer 0's keys
+    // depend only on tokens and positions
+    let (pieces, _, _) = traced("h2o:heavy=4,recent=4,prefill=kvzip:4", &prompt);
+    assert_eq!(
+        tok.decode(&m.model.repeat_part_prompt).unwrap(),
+        kvslim_models::transformer::REPEAT_PART_INSTRUCTION,
+        "the later pieces' instruction as text"
+    );
+    let mut row = prompt.len();
+    for start in (1..prompt.len()).step_by(4) {
+        let mut fed = prompt.clone();
+        match start {
+            1 => fed.extend_from_slice(&m.model.repeat_prompt),
+            _ => {
+                fed.extend_from_slice(&m.model.repeat_part_prompt);
+                fed.extend_from_slice(&prompt[start.saturating_sub(8).max(1)..start]);
+            }
+        }
+        fed.extend_from_slice(&prompt[start..(start + 4).min(prompt.len())]);
+        let (alone, _, _) = traced("full", &fed);
+        let rows = fed.len() - prompt.len();
+        assert_eq!(
+            pieces.qkv[0][1][row * kvd..(row + rows) * kvd],
+            alone.qkv[0][1][prompt.len() * kvd..],
+            "the piece from prompt token {start}"
+        );
+        row += rows;
+    }
+    assert_eq!(row * kvd, pieces.qkv[0][1].len(), "the pieces are all the probe's rows");
 }
 
 /// The reconstruction instruction's rows attend but score nothing in the
 /// tiled kernel too: with every prompt token kept, layer 0's KVzip scores
 /// from the tiled kernel equal the query-by-query path's (which the f64
-/// reference checks) to rounding, position by position.
+/// reference checks) to rounding, position by position, in one piece or
+/// several.
 #[test]
 fn kvzip_instruction_scores_nothing_in_the_tiled_kernel() {
     let m = stories();
     let ids = tokens(&m, 60);
-    let spec = PolicySpec::parse("h2o:heavy=200,recent=8,prefill=kvzip").unwrap();
-    let scores = |trace: bool| {
-        let mut s = Session::new(&m.model, &spec, ids.len(), ids.len()).unwrap();
-        if trace {
-            s.scratch.trace = Some(Trace::default());
+    for spec in ["h2o:heavy=200,recent=8,prefill=kvzip", "h2o:heavy=200,recent=8,prefill=kvzip:16"] {
+        let spec = PolicySpec::parse(spec).unwrap();
+        let scores = |trace: bool| {
+            let mut s = Session::new(&m.model, &spec, ids.len(), ids.len()).unwrap();
+            if trace {
+                s.scratch.trace = Some(Trace::default());
+            }
+            s.feed(&ids, Logits::Last).unwrap();
+            let h = s.cache.store().head(0, 0);
+            let mut by_pos: Vec<(u32, f32)> = h.positions().iter().copied().zip(h.scores().iter().copied()).collect();
+            by_pos.sort_by_key(|p| p.0);
+            by_pos
+        };
+        let (tiled, traced) = (scores(false), scores(true));
+        assert_eq!(tiled.len(), ids.len(), "every prompt token kept");
+        for ((p, a), (_, b)) in tiled.iter().zip(&traced) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1e-3), "position {p}: tiled {a} vs query by query {b}");
         }
-        s.feed(&ids, Logits::Last).unwrap();
-        let h = s.cache.store().head(0, 0);
-        let mut by_pos: Vec<(u32, f32)> = h.positions().iter().copied().zip(h.scores().iter().copied()).collect();
-        by_pos.sort_by_key(|p| p.0);
-        by_pos
-    };
-    let (tiled, traced) = (scores(false), scores(true));
-    assert_eq!(tiled.len(), ids.len(), "every prompt token kept");
-    for ((p, a), (_, b)) in tiled.iter().zip(&traced) {
-        assert!((a - b).abs() <= 1e-5 * b.abs().max(1e-3), "position {p}: tiled {a} vs query by query {b}");
     }
 }
 

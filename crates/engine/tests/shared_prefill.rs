@@ -51,6 +51,13 @@ const REPEAT: [&str; 4] = [
     "h2o:heavy=20%,recent=20%,prefill=kvzip,alloc=ada:0.2",
 ];
 
+/// KVzip policies repeating the prompt in pieces of 32 tokens.
+const REPEAT_PIECES: [&str; 3] = [
+    "h2o:heavy=25%,recent=25%,prefill=kvzip:32",
+    "h2o:heavy=10%,recent=15%,sink=2,prefill=kvzip:32,score=norm",
+    "h2o:heavy=20%,recent=20%,prefill=kvzip:32,alloc=global",
+];
+
 fn cache(model: &Model, spec: &str, n: usize) -> SequenceCache {
     model.new_cache(&PolicySpec::parse_and_load(spec).unwrap(), n + 8, n).unwrap()
 }
@@ -91,7 +98,8 @@ fn a_shared_prefill_leaves_every_cache_as_its_own_prefill_would() {
         let prompt = tokens(&m, n);
         assert_shared_prefill_is_exact(&m.model, &prompt, &TILED, PrefillKernel::Tiled);
         assert_shared_prefill_is_exact(&m.model, &prompt, &EVERY_QUERY, PrefillKernel::EveryQuery);
-        assert_shared_prefill_is_exact(&m.model, &prompt, &REPEAT, PrefillKernel::Repeat);
+        assert_shared_prefill_is_exact(&m.model, &prompt, &REPEAT, PrefillKernel::Repeat { chunk: 2000 });
+        assert_shared_prefill_is_exact(&m.model, &prompt, &REPEAT_PIECES, PrefillKernel::Repeat { chunk: 32 });
     }
 }
 

@@ -178,13 +178,16 @@ pub enum Observation {
     /// averaged over the group's query heads, times the candidate's ‖v‖.
     /// Query-agnostic: no question is needed, and no extra pass.
     Expected { future: usize, skip: usize },
-    /// KVzip-style reconstruction: the chunk's tokens are fed again after
-    /// it (teacher-forced, as if the model were repeating its context) and
-    /// each candidate scores the most attention any of those repeat
-    /// queries, any query head of the group, paid it; the repeat tokens
-    /// only score and never enter the cache. Query-agnostic; costs about
-    /// one more prefill of the chunk.
-    Repeat,
+    /// KVzip-style reconstruction: the prompt's tokens are fed again after
+    /// it (teacher-forced, as if the model were repeating its context), in
+    /// pieces of `chunk` tokens, each after a reconstruction instruction;
+    /// a piece's repeat attends to the first sinks, its own piece of the
+    /// prompt and itself, and each candidate of the piece scores the most
+    /// attention any of its repeat queries, any query head of the group,
+    /// paid it. The repeat tokens only score and never enter the cache.
+    /// Query-agnostic; costs about one more prefill's projections, and
+    /// attention linear in the prompt.
+    Repeat { chunk: usize },
     /// ADAPTIVE_RKV-style (OpenVINO GenAI): every query's attention, summed
     /// as in a plain prefill; the highest-scoring candidates holding
     /// `mass_permille`/1000 of the chunk's attention mass rank first, and

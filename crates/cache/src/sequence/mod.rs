@@ -55,8 +55,11 @@ pub enum PrefillKernel {
     Tiled,
     EveryQuery,
     /// The tiled kernel over the prompt followed by its KVzip repeat probe
-    /// ([`SequenceCache::repeat_probe`]): the chunk has more rows.
-    Repeat,
+    /// in pieces of `chunk` ([`SequenceCache::repeat_probe`]): the chunk
+    /// has more rows.
+    Repeat {
+        chunk: usize,
+    },
 }
 
 /// A sequence's KV store together with its policy state: the one object the
@@ -281,20 +284,25 @@ impl SequenceCache {
         if self.next_pos != 0 || self.sharing.is_some() || self.policy.prefill_chunk().is_some() {
             return None;
         }
-        if self.repeat_probe() {
-            return Some(PrefillKernel::Repeat);
+        if let Some(chunk) = self.repeat_probe() {
+            return Some(PrefillKernel::Repeat { chunk });
         }
         let every_query = self.policy.score_aggregation().is_some() && !self.policy.score_rule().column_summable();
         Some(if every_query { PrefillKernel::EveryQuery } else { PrefillKernel::Tiled })
     }
 
-    /// KVzip-style prefill (`prefill=kvzip`): a prefill chunk of two or more
-    /// tokens is followed by a repeat probe, the chunk's tokens fed again
-    /// after it, whose queries score the chunk and whose keys and values
-    /// never enter the cache. The model appends the probe's rows and tells
-    /// [`SequenceCache::gather_candidates`] how many there are.
-    pub fn repeat_probe(&self) -> bool {
-        self.policy.observation() == Some(policy::Observation::Repeat) && self.policy.score_aggregation().is_some()
+    /// KVzip-style prefill (`prefill=kvzip[:C]`): a prefill chunk of two or
+    /// more tokens is followed by a repeat probe, the chunk's tokens fed
+    /// again after it in pieces of C (the value returned), whose queries
+    /// score the chunk and whose keys and values never enter the cache.
+    /// The model appends the probe's rows, tells
+    /// [`SequenceCache::gather_candidates`] how many there are and adds
+    /// each piece's scores itself.
+    pub fn repeat_probe(&self) -> Option<usize> {
+        match self.policy.observation() {
+            Some(policy::Observation::Repeat { chunk }) if self.policy.score_aggregation().is_some() => Some(chunk),
+            _ => None,
+        }
     }
 
     /// Online CHAI wants every head's attention this token: it is still

@@ -6,6 +6,7 @@
 use super::SequenceCache;
 use crate::error::CacheError;
 use crate::policy::{HeadId, Observation, PolicySlots, ScoreAgg, ScoreRule};
+use std::ops::Range;
 
 impl SequenceCache {
     /// Appends one token's keys and values at `pos` to every KV head of
@@ -146,10 +147,10 @@ impl SequenceCache {
     /// the chunk's tokens (`keys`/`values`: `n` rows of every KV head's
     /// `head_dim` floats). K and V are decoded to f32 per KV head of the
     /// component; scores start as the held scores (0 for the chunk). The
-    /// last `probe.0` of the `n` rows are a KVzip repeat probe
-    /// ([`SequenceCache::repeat_probe`]): they attend, all but its first
-    /// `probe.1` (the reconstruction instruction) score, and
-    /// [`SequenceCache::commit_candidates`] drops them.
+    /// last `repeat` of the `n` rows are a KVzip repeat probe
+    /// ([`SequenceCache::repeat_probe`]): the model attends with them and
+    /// adds their scores, and [`SequenceCache::commit_candidates`] drops
+    /// them (their positions here are placeholders).
     #[allow(clippy::too_many_arguments)]
     pub fn gather_candidates(
         &self,
@@ -158,7 +159,7 @@ impl SequenceCache {
         p0: usize,
         keys: &[f32],
         values: &[f32],
-        (repeat, unscored): (usize, usize),
+        repeat: usize,
         cand: &mut PrefillCandidates,
     ) -> Result<(), CacheError> {
         let lh = self.layer_heads(layer);
@@ -191,11 +192,10 @@ impl SequenceCache {
         cand.scoring = self.score_aggregation().map(|a| (a, self.score_rule()));
         cand.observation = self.policy.observation().filter(|_| cand.scoring.is_some());
         assert!(
-            repeat == 0 || (cand.observation == Some(Observation::Repeat) && repeat < n),
+            repeat == 0 || (matches!(cand.observation, Some(Observation::Repeat { .. })) && repeat < n),
             "repeat rows are for a KVzip policy's chunk"
         );
         cand.repeat = repeat;
-        cand.repeat_unscored = unscored.min(repeat);
         cand.columns.clear();
         cand.value_norms.clear();
         if let Some((_, rule)) = cand.scoring {
@@ -323,8 +323,6 @@ pub struct PrefillCandidates {
     /// KVzip: the chunk's last rows are its repeat probe (they score by
     /// their maximum attention, then leave).
     repeat: usize,
-    /// The probe's first rows that attend without scoring (its instruction).
-    repeat_unscored: usize,
     /// Pooling workspace: candidate indices by position, pooled sums.
     by_position: Vec<usize>,
     pooled: Vec<f32>,
@@ -368,11 +366,12 @@ impl PrefillCandidates {
     }
 
     /// KVzip: how many of the chunk's last rows are the repeat probe. Only
-    /// they score, each candidate by the most attention any of them (any
-    /// query head of the group) paid it: the model reports them with
-    /// [`PrefillCandidates::observe_query`], or folds their blocks with
-    /// [`repeat_attention_into`] and adds the maximum over blocks with
-    /// [`PrefillCandidates::add_column_sums`]. 0: not a KVzip chunk.
+    /// they score, each candidate by the most attention any repeat row of
+    /// its piece (any query head of the group) paid it: the model folds
+    /// their rows with [`repeat_attention_into`] and adds each piece's
+    /// maximum with [`PrefillCandidates::add_column_sums`]
+    /// ([`PrefillCandidates::observe_query`] ignores a KVzip chunk's rows).
+    /// 0: not a KVzip chunk.
     pub fn repeat_rows(&self) -> usize {
         self.repeat
     }
@@ -476,12 +475,7 @@ impl PrefillCandidates {
     pub fn observe_query(&mut self, visible: usize, probs: &[f32], group: usize) {
         let Some((agg, rule)) = self.scoring else { return };
         if self.repeat > 0 {
-            // chunk row t sees held + t + 1 candidates; only the repeat rows
-            // after the probe's instruction count
-            let (t, n) = (visible - self.held - 1, self.positions.len() - self.held);
-            if t >= n - self.repeat + self.repeat_unscored {
-                repeat_attention_into(&probs[..group * visible], group, &mut self.columns[..visible]);
-            }
+            // the prompt's rows do not score, and the model folds the probe's
             return;
         }
         if self.expected_attention().is_some() {
@@ -543,6 +537,44 @@ impl PrefillCandidates {
         assert_eq!(from.columns.len(), self.columns.len(), "column sums of other candidates");
         self.scores.copy_from_slice(&from.scores);
         self.columns.copy_from_slice(&from.columns);
+    }
+
+    /// What one piece of a KVzip probe attends to, as candidates of their
+    /// own in `piece_view`: the first `sinks` candidates, the piece's
+    /// `piece` (its part of the prompt), then the probe rows `own` placed
+    /// at positions `own_pos0..` (the repeat follows the prompt). Held
+    /// count: sinks and piece, so probe row j sees them and the rows up to
+    /// it, as a chunk's row j sees the held slots. Keys and values of
+    /// `kv_heads` only; nothing scores.
+    pub fn gather_probe_piece(
+        &self,
+        (sinks, piece, own): (usize, Range<usize>, Range<usize>),
+        own_pos0: u32,
+        kv_heads: &[usize],
+        piece_view: &mut PrefillCandidates,
+    ) {
+        let v = piece_view;
+        let rows = || (0..sinks).chain(piece.clone()).chain(own.clone());
+        v.held = sinks + piece.len();
+        v.positions.clear();
+        v.positions.extend(rows().take(v.held).map(|i| self.positions[i]));
+        v.positions.extend((0..own.len() as u32).map(|j| own_pos0 + j));
+        v.keys.resize(self.keys.len(), Vec::new());
+        v.values.resize(self.values.len(), Vec::new());
+        for &kv in kv_heads {
+            for (src, dst) in [(&self.keys[kv], &mut v.keys[kv]), (&self.values[kv], &mut v.values[kv])] {
+                dst.clear();
+                if !src.is_empty() {
+                    let d = src.len() / self.positions.len();
+                    rows().for_each(|i| dst.extend_from_slice(&src[i * d..(i + 1) * d]));
+                }
+            }
+        }
+        v.scores.clear();
+        v.scores.resize(v.positions.len(), 0.0);
+        (v.scoring, v.observation, v.repeat) = (None, None, 0);
+        v.columns.clear();
+        v.value_norms.clear();
     }
 
     /// KV head `kv`'s candidate keys (`len × head_dim`; empty when it has none).

@@ -39,7 +39,7 @@ mod tests {
         let mut c = cache_of("h2o:heavy=2,recent=1", 2);
         let mut cand = PrefillCandidates::default();
         let keys: Vec<f32> = (0..8).map(|i| 10.0 + i as f32).collect();
-        c.gather_candidates(0, 0, 2, &keys, &keys, (0, 0), &mut cand).unwrap();
+        c.gather_candidates(0, 0, 2, &keys, &keys, 0, &mut cand).unwrap();
         assert_eq!(cand.held(), 2);
         assert_eq!(cand.positions(), &[0, 1, 2, 3]);
         assert_eq!(cand.keys(0).len(), 16);

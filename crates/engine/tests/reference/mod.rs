@@ -46,9 +46,9 @@ pub struct RefPolicy {
     pub observe: Option<(usize, usize)>,
     /// Expected-attention prefill.
     pub expect: Option<RefExpect>,
-    /// KVzip prefill: the chunk's repeat rows score it (see
-    /// [`RefHead::prefill_candidates_repeat`]).
-    pub kvzip: bool,
+    /// KVzip prefill: the chunk's repeat rows score it, in pieces of this
+    /// many prompt tokens (see [`RefHead::prefill_candidates_repeat`]).
+    pub kvzip: Option<usize>,
     /// ADAPTIVE_RKV prefill: the attention-mass share ranked first (see
     /// [`RefHead::mass_then_diversity`]).
     pub rkv: Option<f64>,
@@ -298,27 +298,56 @@ impl RefHead {
         }
     }
 
-    /// KVzip: `chunk` is a prompt of `prompt` tokens followed by its probe:
-    /// `unscored` instruction rows, then the repeat rows. Everything attends
-    /// causally (the held slots, the prompt, the probe so far); each held
-    /// slot and prompt token gains the largest probability any repeat row
-    /// (not an instruction row) gave it in any query head of the group; the
-    /// probe's rows themselves are not candidates afterwards.
-    pub fn prefill_candidates_repeat(&self, chunk: &[RefToken], prompt: usize, unscored: usize) -> Vec<Slot> {
+    /// KVzip: `chunk` is a prompt of `prompt` tokens followed by its
+    /// probe's pieces, each `(lead, rows, piece)`: `lead` instruction rows
+    /// (they attend, score nothing), then the repeat of the prompt tokens
+    /// `piece`, `rows` in all, placed right after the prompt. A piece's rows
+    /// see the first `sinks` candidates, the piece's prompt tokens and their
+    /// own piece's rows up to themselves; each candidate gains the largest
+    /// probability a repeat row of a piece that sees it gave it in any
+    /// query head of the group; the probe's rows are not candidates
+    /// afterwards.
+    pub fn prefill_candidates_repeat(
+        &self,
+        chunk: &[RefToken],
+        prompt: usize,
+        pieces: &[(usize, usize, std::ops::Range<usize>)],
+        sinks: usize,
+    ) -> Vec<Slot> {
+        let held = self.slots.len();
         let mut cands = self.slots.clone();
-        cands.extend(chunk.iter().map(|(p, _, k, v)| Slot { pos: *p, k: k.clone(), v: v.clone(), score: 0.0 }));
+        cands.extend(chunk[..prompt].iter().map(|(p, _, k, v)| Slot {
+            pos: *p,
+            k: k.clone(),
+            v: v.clone(),
+            score: 0.0,
+        }));
+        let after = chunk[prompt - 1].0 + 1;
         let mut most = vec![0.0f64; cands.len()];
-        for (p, q, _, _) in &chunk[prompt + unscored..] {
-            for row in self.attend(q, *p, &cands) {
-                for (m, x) in most.iter_mut().zip(row) {
-                    *m = m.max(x);
+        let mut row = prompt;
+        for (lead, rows, piece) in pieces {
+            let first = held + piece.start;
+            let seen: Vec<usize> = (0..first.min(sinks)).chain(first..held + piece.end).collect();
+            let mut view: Vec<Slot> = seen.iter().map(|&i| cands[i].clone()).collect();
+            for j in 0..*rows {
+                let (_, q, k, v) = &chunk[row + j];
+                let pos = after + j as u32;
+                view.push(Slot { pos, k: k.clone(), v: v.clone(), score: 0.0 });
+                if j < *lead {
+                    continue;
+                }
+                for probs in self.attend(q, pos, &view) {
+                    for (&i, x) in seen.iter().zip(probs) {
+                        most[i] = most[i].max(x);
+                    }
                 }
             }
+            row += rows;
         }
+        assert_eq!(row, chunk.len(), "the pieces cover the probe's rows");
         for (c, m) in cands.iter_mut().zip(most) {
             c.score += m;
         }
-        cands.truncate(self.slots.len() + prompt);
         cands
     }
 

@@ -26,12 +26,15 @@ pub fn load_model(path: &Path) -> Result<LoadedModel> {
     Ok(loaded)
 }
 
-/// Tokenizes KVzip's reconstruction instruction for the model
-/// ([`crate::Model::repeat_prompt`]; no BOS: it follows the prompt).
+/// Tokenizes KVzip's reconstruction instructions for the model
+/// ([`crate::Model::repeat_prompt`], [`crate::Model::repeat_part_prompt`];
+/// no BOS: they follow the prompt).
 pub fn set_repeat_prompt(loaded: &mut LoadedModel) {
+    use crate::transformer::{REPEAT_INSTRUCTION, REPEAT_PART_INSTRUCTION};
     let Some(tok) = loaded.tokenizer.as_ref() else { return };
-    if let Ok(ids) = tok.encode_after(crate::transformer::REPEAT_INSTRUCTION) {
-        loaded.model.repeat_prompt = ids;
+    if let (Ok(first), Ok(part)) = (tok.encode_after(REPEAT_INSTRUCTION), tok.encode_after(REPEAT_PART_INSTRUCTION)) {
+        loaded.model.repeat_prompt = first;
+        loaded.model.repeat_part_prompt = part;
     }
 }
 

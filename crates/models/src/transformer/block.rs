@@ -70,10 +70,10 @@ impl Model {
         }
     }
 
-    /// Embeds `tokens` at positions `p0..` into `x` (`[n, hidden]`): token
+    /// Embeds `tokens` (row `t` at position `pos(t)`) into `x` (`[n, hidden]`): token
     /// rows, learned positions where the model has them (`tmp` holds one
     /// row), then the embedding scale (Gemma).
-    pub(super) fn embed(&self, tokens: &[u32], p0: usize, x: &mut [f32], tmp: &mut [f32]) {
+    pub(super) fn embed(&self, tokens: &[u32], pos: impl Fn(usize) -> usize, x: &mut [f32], tmp: &mut [f32]) {
         let (c, w) = (&self.config, &self.weights);
         let d = c.hidden_size;
         for (t, &tok) in tokens.iter().enumerate() {
@@ -81,7 +81,7 @@ impl Model {
             w.token_embedding.row_into(tok as usize, row);
             if let (Some(pe), Some(off)) = (&w.position_embedding, c.learned_positions) {
                 let pos_row = &mut tmp[..d];
-                pe.row_into(p0 + t + off, pos_row);
+                pe.row_into(pos(t) + off, pos_row);
                 row.iter_mut().zip(pos_row.iter()).for_each(|(a, b)| *a += b);
             }
             if let Some(scale) = c.features.embedding_scale {
@@ -90,14 +90,14 @@ impl Model {
         }
     }
 
-    /// RoPE tables of positions `p0..p0 + n` for every RoPE kind: kind
-    /// `k`'s row `t` starts at `(k·n + t)·rotary_dim/2`.
-    pub(super) fn rope_tables(&self, p0: usize, n: usize, cos: &mut [f32], sin: &mut [f32]) {
+    /// RoPE tables of rows `0..n` at positions `pos(t)` for every RoPE
+    /// kind: kind `k`'s row `t` starts at `(k·n + t)·rotary_dim/2`.
+    pub(super) fn rope_tables(&self, n: usize, pos: impl Fn(usize) -> usize, cos: &mut [f32], sin: &mut [f32]) {
         for (k, rope) in self.ropes.iter().enumerate() {
             let half = rope.rotary_dim / 2;
             for t in 0..n {
                 let at = (k * n + t) * half;
-                rope.tables((p0 + t) as u32, &mut cos[at..at + half], &mut sin[at..at + half]);
+                rope.tables(pos(t) as u32, &mut cos[at..at + half], &mut sin[at..at + half]);
             }
         }
     }

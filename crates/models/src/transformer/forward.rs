@@ -5,6 +5,7 @@
 //! only in how rows map to positions and caches.
 
 use super::block::Products;
+use super::probe::{row_position, ProbeSegment};
 use super::scratch::{BatchScratch, Scratch};
 use super::{Logits, Model};
 use crate::{Error, Result};
@@ -20,14 +21,15 @@ pub struct BatchItem<'a> {
 }
 
 /// A prefill chunk in progress ([`Model::prefill_begin`]): where it starts,
-/// its size and the next layer to run. Only numbers: the hidden states live
-/// in the [`Scratch`] it was started with.
+/// its size (and any KVzip probe's layout) and the next layer to run. The
+/// hidden states live in the [`Scratch`] it was started with.
 #[derive(Debug)]
 pub struct PrefillRun {
     p0: usize,
     n: usize,
-    /// KVzip's repeat-probe rows after the chunk's own.
+    /// KVzip's repeat-probe rows after the chunk's own, and their pieces.
     repeat: usize,
+    probe: Vec<ProbeSegment>,
     logit_rows: usize,
     next_layer: usize,
 }
@@ -173,7 +175,7 @@ impl Model {
         let n = tokens.len();
         let p0 = cache.next_pos();
         if n == 0 {
-            return Ok(PrefillRun { p0, n, repeat: 0, logit_rows: 0, next_layer: c.n_layers });
+            return Ok(PrefillRun { p0, n, repeat: 0, probe: Vec::new(), logit_rows: 0, next_layer: c.n_layers });
         }
         self.check_input(tokens, cache)?;
         for o in others.iter() {
@@ -187,16 +189,20 @@ impl Model {
         // KVzip (`prefill=kvzip`): the chunk's tokens again after it, rows
         // that only score the chunk (every shared cache has the same kernel,
         // so the same probe)
-        let tokens = self.repeat_probe(tokens, cache).unwrap_or(std::borrow::Cow::Borrowed(tokens));
+        let (tokens, probe) = match self.repeat_probe(tokens, cache) {
+            Some((all, probe)) => (std::borrow::Cow::Owned(all), probe),
+            None => (std::borrow::Cow::Borrowed(tokens), Vec::new()),
+        };
         let (rows, repeat) = (tokens.len(), tokens.len() - n);
         let capacity = others.iter().map(|o| o.max_capacity()).fold(cache.max_capacity(), usize::max);
         s.ensure(c, rows, capacity, logit_rows);
+        let pos = |t| row_position(p0, n, &probe, t);
         if let Some(t) = s.trace.as_mut() {
-            t.begin(p0 + rows);
+            t.begin((0..rows).map(pos).max().map_or(p0, |p| p + 1));
         }
-        self.embed(&tokens, p0, &mut s.a.x, &mut s.a.proj);
-        self.rope_tables(p0, rows, &mut s.cos, &mut s.sin);
-        Ok(PrefillRun { p0, n, repeat, logit_rows, next_layer: 0 })
+        self.embed(&tokens, pos, &mut s.a.x, &mut s.a.proj);
+        self.rope_tables(rows, pos, &mut s.cos, &mut s.sin);
+        Ok(PrefillRun { p0, n, repeat, probe, logit_rows, next_layer: 0 })
     }
 
     /// Layer `run.next_layer` of a chunk: projections, attention (each of
@@ -225,7 +231,7 @@ impl Model {
             self.decode_attention(li, cache, s, p0, scale)?;
         } else {
             scored.clear();
-            let chunk = (p0, n, run.repeat, scale);
+            let chunk = (p0, n, &run.probe[..], scale);
             for o in others.iter_mut() {
                 self.prefill_attention(li, o, s, chunk, false, Some(&mut *scored))?;
             }
@@ -258,31 +264,6 @@ impl Model {
             let last = &s.a.x[(n - run.logit_rows) * d..n * d];
             self.project_logits(last, &mut s.a.xn, run.logit_rows, &mut s.logits, Products::Gemm);
         }
-    }
-
-    /// A KVzip cache's prefill chunk followed by its repeat probe: the
-    /// reconstruction instruction ([`Model::repeat_prompt`]), then the
-    /// chunk's tokens without a leading BOS, as if the model repeated its
-    /// context (capped where learned positions end); or `None` when the
-    /// cache does not score by one ([`SequenceCache::repeat_probe`]) or the
-    /// chunk is a single token.
-    fn repeat_probe<'t>(&self, tokens: &'t [u32], cache: &SequenceCache) -> Option<std::borrow::Cow<'t, [u32]>> {
-        let c = &self.config;
-        if tokens.len() < 2 || !cache.repeat_probe() {
-            return None;
-        }
-        let skip = usize::from(c.bos_token_id == Some(tokens[0]));
-        let instruction = &self.repeat_prompt;
-        let mut repeat = tokens.len() - skip;
-        if c.learned_positions.is_some() {
-            repeat = repeat.min(c.context_len.saturating_sub(cache.next_pos() + tokens.len() + instruction.len()));
-        }
-        (repeat > 0).then(|| {
-            let mut all = tokens.to_vec();
-            all.extend_from_slice(instruction);
-            all.extend_from_slice(&tokens[skip..skip + repeat]);
-            std::borrow::Cow::Owned(all)
-        })
     }
 
     /// Runs `tokens` as consecutive decode steps, with logits for every
@@ -346,7 +327,7 @@ impl Model {
             buf.resize(len, 0.0);
         }
         s.rows.att.resize(n * qd, 0.0);
-        self.embed(tokens, p0, &mut s.a.x, &mut s.a.proj);
+        self.embed(tokens, |t| p0 + t, &mut s.a.x, &mut s.a.proj);
         let scale = c.attention_scale();
         for li in 0..c.n_layers {
             // the chunk's projections move to `rows`; each token then runs
@@ -360,7 +341,7 @@ impl Model {
                 s.a.q[..qd].copy_from_slice(&s.rows.q[t * qd..(t + 1) * qd]);
                 s.a.k[..kvd].copy_from_slice(&s.rows.k[t * kvd..(t + 1) * kvd]);
                 s.a.v[..kvd].copy_from_slice(&s.rows.v[t * kvd..(t + 1) * kvd]);
-                self.rope_tables(pos, 1, &mut s.cos, &mut s.sin);
+                self.rope_tables(1, |_| pos, &mut s.cos, &mut s.sin);
                 self.position_qk(li, &mut s.a.q, &mut s.a.k, 1, &s.cos, &s.sin);
                 self.decode_attention(li, cache, s, pos, scale)?;
                 s.rows.att[t * qd..(t + 1) * qd].copy_from_slice(&s.a.att[..qd]);
@@ -396,7 +377,7 @@ impl Model {
             let seq = &mut s.seqs[i];
             seq.ensure(c, 1, it.cache.max_capacity(), 0);
             seq.trace = None;
-            self.embed(&[it.token], it.cache.next_pos(), &mut s.a.x[i * d..(i + 1) * d], &mut s.a.proj);
+            self.embed(&[it.token], |_| it.cache.next_pos(), &mut s.a.x[i * d..(i + 1) * d], &mut s.a.proj);
         }
         let scale = c.attention_scale();
         let parallel = n > 1 && rayon::current_num_threads() > 1;
@@ -469,7 +450,8 @@ impl Model {
             seq.ensure(c, 1, it.cache.max_capacity(), 0);
             seq.trace = None;
             let r = offsets[i]..offsets[i + 1];
-            self.embed(it.tokens, it.cache.next_pos(), &mut s.a.x[r.start * d..r.end * d], &mut s.a.proj);
+            let p0 = it.cache.next_pos();
+            self.embed(it.tokens, |t| p0 + t, &mut s.a.x[r.start * d..r.end * d], &mut s.a.proj);
         }
         let scale = c.attention_scale();
         for li in 0..c.n_layers {
@@ -540,7 +522,7 @@ impl Model {
             seq.a.q[..qd].copy_from_slice(&q[row * qd..(row + 1) * qd]);
             seq.a.k[..kvd].copy_from_slice(&k[row * kvd..(row + 1) * kvd]);
             seq.a.v[..kvd].copy_from_slice(&v[row * kvd..(row + 1) * kvd]);
-            self.rope_tables(p0 + t, 1, &mut seq.cos, &mut seq.sin);
+            self.rope_tables(1, |_| p0 + t, &mut seq.cos, &mut seq.sin);
             self.position_qk(li, &mut seq.a.q, &mut seq.a.k, 1, &seq.cos, &seq.sin);
             self.decode_attention(li, cache, seq, p0 + t, scale)?;
             out[t * qd..(t + 1) * qd].copy_from_slice(&seq.a.att[..qd]);

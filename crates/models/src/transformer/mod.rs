@@ -11,6 +11,7 @@
 //! * [`forward`]: the entry points;
 //! * [`block`]: the steps they share (checks, embedding, RoPE, Q/K/V, W_O + MLP, logits);
 //! * [`decode`] and [`prefill`]: attention of one layer for one token or a chunk;
+//! * [`probe`]: KVzip's repeat probe after a chunk (its rows and pieces);
 //! * [`scratch`] and [`trace`]: buffers and the optional record of a call.
 
 mod block;
@@ -18,10 +19,12 @@ mod decode;
 mod expected;
 mod forward;
 mod prefill;
+mod probe;
 mod scratch;
 mod trace;
 
 pub use forward::{BatchItem, PrefillRun, StepsItem};
+pub use probe::{ProbeSegment, PROBE_SINKS, REPEAT_INSTRUCTION, REPEAT_PART_INSTRUCTION};
 pub use scratch::{BatchScratch, Scratch};
 pub use trace::Trace;
 
@@ -58,10 +61,11 @@ pub struct Model {
     /// model's tokenizer ([`REPEAT_INSTRUCTION`]); empty for a model
     /// without one (the repeat then follows the prompt directly).
     pub repeat_prompt: Vec<u32>,
+    /// The instruction before every later piece of the repeat
+    /// ([`REPEAT_PART_INSTRUCTION`], then the previous piece's last
+    /// tokens); set with `repeat_prompt`.
+    pub repeat_part_prompt: Vec<u32>,
 }
-
-/// The text of KVzip's reconstruction instruction.
-pub const REPEAT_INSTRUCTION: &str = "\n\nRepeat the previous context exactly.\n";
 
 impl Model {
     /// Checks that weights match the config and precomputes RoPE tables.
@@ -96,7 +100,7 @@ impl Model {
                 }
             }
         }
-        Ok(Model { config, weights, ropes, layer_rope, repeat_prompt: Vec::new() })
+        Ok(Model { config, weights, ropes, layer_rope, repeat_prompt: Vec::new(), repeat_part_prompt: Vec::new() })
     }
 
     /// A cache for one sequence of at most `max_len` tokens under `spec`.

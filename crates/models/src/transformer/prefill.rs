@@ -9,6 +9,7 @@
 //! policy's choice to every KV head of the component.
 //! The store never holds more than the policy's capacity.
 
+use super::probe::{ProbeSegment, PROBE_SINKS};
 use super::scratch::Scratch;
 use super::Model;
 use crate::Result;
@@ -25,14 +26,15 @@ use rayon::prelude::*;
 const TOKEN_BLOCK: usize = 16;
 
 /// One chunk of `n` rows at `p0` in one layer, with its attention scale;
-/// the last `repeat` rows are a KVzip repeat probe (they attend and score,
-/// the cache drops them).
+/// the rows after the first `prompt` are a KVzip repeat probe laid out as
+/// `probe` says (they attend and score, the cache drops them).
 #[derive(Clone, Copy)]
-struct Chunk {
+struct Chunk<'a> {
     li: usize,
     p0: usize,
     n: usize,
-    repeat: usize,
+    prompt: usize,
+    probe: &'a [ProbeSegment],
     scale: f32,
 }
 
@@ -47,9 +49,9 @@ enum Fold {
 }
 
 impl Model {
-    /// Layer `li`'s attention for `n` chunk tokens at `p0..` and the
-    /// `repeat` rows of a KVzip probe after them (Q, K, V positioned in
-    /// `s.a`), output in `s.a.att[..(n + repeat) · q_dim]`. With
+    /// Layer `li`'s attention for `n` chunk tokens at `p0..` and the rows
+    /// of a KVzip probe's pieces after them (Q, K, V positioned in `s.a`),
+    /// output in `s.a.att[..rows · q_dim]`. With
     /// `output` false only the policy's side runs (scores and the choice of
     /// what stays, for a cache sharing another's prefill, whose output is
     /// the same): the tiled kernel then skips its value products, or runs
@@ -62,18 +64,18 @@ impl Model {
         li: usize,
         cache: &mut SequenceCache,
         s: &mut Scratch,
-        (p0, n, repeat, scale): (usize, usize, usize, f32),
+        (p0, n, probe, scale): (usize, usize, &[ProbeSegment], f32),
         output: bool,
         mut scored: Option<&mut Vec<(usize, ScoringKey, AttentionScores)>>,
     ) -> Result<()> {
         let kvd = self.config.kv_dim();
+        let repeat: usize = probe.iter().map(|p| p.rows).sum();
         let rows = n + repeat;
-        let chunk = Chunk { li, p0, n: rows, repeat, scale };
+        let chunk = Chunk { li, p0, n: rows, prompt: n, probe, scale };
         let components = cache.layer_heads(li).components.clone();
         for (ci, comp) in components.iter().enumerate() {
             let (k, v) = (&s.a.k[..rows * kvd], &s.a.v[..rows * kvd]);
-            let probe = (repeat, if repeat > 0 { self.repeat_prompt.len() } else { 0 });
-            cache.gather_candidates(li, ci, p0, k, v, probe, &mut s.cand)?;
+            cache.gather_candidates(li, ci, p0, k, v, repeat, &mut s.cand)?;
             let key = s.cand.scoring_key();
             if let (Some(k), false, Some(done)) = (key, output, scored.as_deref()) {
                 if let Some((_, _, sc)) = done.iter().find(|(c, kk, _)| *c == ci && *kk == k) {
@@ -84,15 +86,20 @@ impl Model {
             }
             // trace and CHAI's probe need every probability row, and so does
             // a score rule that depends on the order of the queries
-            if s.trace.is_some() || cache.probe_remaining() > 0 || s.cand.needs_every_query() {
+            let observed = s.trace.is_some() || cache.probe_remaining() > 0 || s.cand.needs_every_query();
+            if observed {
                 self.attend_observed(chunk, comp, cache, s);
             } else {
-                if output || s.cand.score_aggregation().is_some() || repeat > 0 {
+                // a KVzip chunk's prompt rows do not score (its probe does)
+                if output || (s.cand.score_aggregation().is_some() && repeat == 0) {
                     self.attend_tiled(chunk, comp, cache, s, output);
                 }
                 if let Some(w) = s.cand.observation_queries() {
                     self.observe_window(chunk, comp, s, w);
                 }
+            }
+            if repeat > 0 {
+                self.attend_probe(chunk, comp, cache, s, (output, observed));
             }
             if let Some(e) = s.cand.expected_attention() {
                 self.expected_scores(li, comp, s, (p0, n, scale), e);
@@ -111,13 +118,13 @@ impl Model {
     fn attend_observed(&self, chunk: Chunk, comp: &Component, cache: &mut SequenceCache, s: &mut Scratch) {
         let c = &self.config;
         let (hd, g, qd) = (c.head_dim, c.group_size(), c.q_dim());
-        let Chunk { li, p0, n, .. } = chunk;
+        let Chunk { li, p0, n, prompt, .. } = chunk;
         let lh = cache.layer_heads(li).clone();
         let old = s.cand.held();
         let rep_index =
             |h: usize| comp.reps.iter().position(|&x| x == lh.representative_of[h]).expect("same component");
         let mut probs = Vec::new();
-        for t in 0..n {
+        for t in 0..prompt {
             let visible = old + t + 1;
             let row = &mut s.a.att[t * qd..(t + 1) * qd];
             self.attend_representatives(chunk, comp, &s.cand, &s.a.q, t, &mut probs, row);
@@ -132,9 +139,7 @@ impl Model {
                 if let Some(tr) = s.trace.as_mut() {
                     tr.record_head_attn(c, h, t, n, positions, p);
                 }
-                if t < n - chunk.repeat {
-                    cache.record_probe(li, h, p0 + t, positions, p);
-                }
+                cache.record_probe(li, h, p0 + t, positions, p);
             }
             s.cand.observe_query(visible, &probs, comp.reps.len());
         }
@@ -187,74 +192,155 @@ impl Model {
         }
     }
 
-    /// The tiled kernel: each block of TOKEN_BLOCK queries attends tile by
-    /// tile over the candidates; representatives' probabilities feed their
-    /// members too; column scores come from a second pass per block (the
-    /// policy's sums, or only a KVzip probe's rows by their maximum).
-    /// Without `output` no head is a target: only the softmax statistics
-    /// and the column scores are computed.
+    /// The tiled kernel over the prompt's rows: each block of TOKEN_BLOCK
+    /// queries attends tile by tile over the candidates; representatives'
+    /// probabilities feed their members too; the policy's column sums come
+    /// from a second pass per block. Without `output` no head is a target:
+    /// only the softmax statistics and the column sums are computed.
     fn attend_tiled(&self, chunk: Chunk, comp: &Component, cache: &SequenceCache, s: &mut Scratch, output: bool) {
+        let lh = cache.layer_heads(chunk.li);
+        let fold = if chunk.probe.is_empty() { s.cand.score_aggregation().map(Fold::Sum) } else { None };
+        let mut packed = std::mem::take(&mut s.packed_keys);
+        let parts = self.tiled_pass(
+            chunk,
+            comp,
+            &lh.representative_of,
+            (&s.cand, &mut packed),
+            (&s.a.q, &mut s.a.att),
+            &[(0, chunk.prompt, fold)],
+            output,
+        );
+        s.packed_keys = packed;
+        for (_, part) in parts {
+            part.iter().for_each(|p| s.cand.add_column_sums(p));
+        }
+    }
+
+    /// KVzip's probe, piece by piece ([`super::probe`]): each piece's rows
+    /// attend over a view of the candidates (the first sinks, the piece,
+    /// then the piece's own rows), through the tiled kernel or, `observed`,
+    /// token by token (recording the trace); outputs in `s.a.att` when
+    /// `output` or observed. Each candidate gains the most attention a
+    /// scoring row of a piece that sees it paid it (any query head of the
+    /// group): its own piece's, and every piece's for a sink.
+    fn attend_probe(
+        &self,
+        chunk: Chunk,
+        comp: &Component,
+        cache: &SequenceCache,
+        s: &mut Scratch,
+        (output, observed): (bool, bool),
+    ) {
+        let c = &self.config;
+        let (hd, g, qd) = (c.head_dim, c.group_size(), c.q_dim());
+        let lh = cache.layer_heads(chunk.li);
+        let old = s.cand.held();
+        let mut most = vec![0f32; old + chunk.prompt];
+        let mut view = std::mem::take(&mut s.probe_view);
+        let mut packed = std::mem::take(&mut s.packed_keys);
+        for seg in chunk.probe {
+            let first = old + seg.piece.start;
+            let sinks = first.min(PROBE_SINKS);
+            let own = old + seg.row..old + seg.row + seg.rows;
+            let pos0 = chunk.p0 + chunk.prompt;
+            s.cand.gather_probe_piece((sinks, first..old + seg.piece.end, own), pos0 as u32, &comp.kv_heads, &mut view);
+            let piece = Chunk { p0: pos0, n: seg.rows, prompt: seg.rows, probe: &[], ..chunk };
+            let (q, att) = (&s.a.q[seg.row * qd..], &mut s.a.att[seg.row * qd..]);
+            let mut columns = vec![0f32; view.held()];
+            if observed {
+                let mut probs = Vec::new();
+                for j in 0..seg.rows {
+                    let row = &mut att[j * qd..(j + 1) * qd];
+                    self.attend_representatives(piece, comp, &view, q, j, &mut probs, row);
+                    let visible = view.held() + j + 1;
+                    let positions = &view.positions()[..visible];
+                    for h in comp.kv_heads.iter().flat_map(|&kv| kv * g..(kv + 1) * g) {
+                        let r = comp.reps.iter().position(|&x| x == lh.representative_of[h]).expect("same component");
+                        let p = &probs[r * visible..(r + 1) * visible];
+                        if lh.representative_of[h] != h {
+                            let values = DenseRows { data: &view.values(h / g)[..visible * hd], d: hd };
+                            weighted_values(p, &values, &mut row[h * hd..(h + 1) * hd]);
+                        }
+                        if let Some(tr) = s.trace.as_mut() {
+                            tr.record_head_attn(c, h, seg.row + j, chunk.n, positions, p);
+                        }
+                    }
+                    if j >= seg.lead {
+                        let held = view.held();
+                        for r in 0..comp.reps.len() {
+                            let p = &probs[r * visible..r * visible + held];
+                            columns.iter_mut().zip(p).for_each(|(m, &x)| *m = m.max(x));
+                        }
+                    }
+                }
+            } else {
+                let lead = (0, seg.lead, None);
+                let repeat = (seg.lead, seg.rows - seg.lead, Some(Fold::RepeatMax));
+                let parts = self.tiled_pass(
+                    piece,
+                    comp,
+                    &lh.representative_of,
+                    (&view, &mut packed),
+                    (q, att),
+                    &[lead, repeat],
+                    output,
+                );
+                for p in parts.iter().flat_map(|(_, p)| p) {
+                    columns.iter_mut().zip(p).for_each(|(m, &x)| *m = m.max(x));
+                }
+            }
+            for (i, m) in columns.into_iter().enumerate() {
+                let at = if i < sinks { i } else { first + i - sinks };
+                most[at] = most[at].max(m);
+            }
+        }
+        s.packed_keys = packed;
+        s.probe_view = view;
+        s.cand.add_column_sums(&most);
+    }
+
+    /// Runs `segments` ((first row, rows, fold) of `q`/`att`, in order)
+    /// of a chunk through the tiled kernel over `cand` (keys packed into
+    /// `packed`); segments without a fold run only with `output`. Returns
+    /// each folding segment's block columns, in block order.
+    #[allow(clippy::too_many_arguments)]
+    fn tiled_pass(
+        &self,
+        chunk: Chunk,
+        comp: &Component,
+        representative_of: &[usize],
+        (cand, packed): (&PrefillCandidates, &mut [Vec<f32>]),
+        (q, att): (&[f32], &mut [f32]),
+        segments: &[(usize, usize, Option<Fold>)],
+        output: bool,
+    ) -> Vec<(Option<Fold>, Vec<Vec<f32>>)> {
         let c = &self.config;
         let (hd, g) = (c.head_dim, c.group_size());
-        let Chunk { li, n, repeat, .. } = chunk;
-        let lh = cache.layer_heads(li);
-        let mut packed = std::mem::take(&mut s.packed_keys);
         for &kv in comp.kv_heads.iter().filter(|&&kv| comp.reps.iter().any(|&r| r / g == kv)) {
-            pack_keys_tiled(s.cand.keys(kv), hd, &mut packed[kv]);
+            pack_keys_tiled(cand.keys(kv), hd, &mut packed[kv]);
         }
-        let cand = &s.cand;
         let targets: Vec<TiledTarget> = comp
             .kv_heads
             .iter()
             .filter(|_| output)
             .flat_map(|&kv| (kv * g..(kv + 1) * g).map(move |h| (kv, h)))
             .map(|(kv, h)| TiledTarget {
-                rep: comp.reps.iter().position(|&x| x == lh.representative_of[h]).expect("same component"),
+                rep: comp.reps.iter().position(|&x| x == representative_of[h]).expect("same component"),
                 values: cand.values(kv),
                 out_offset: h * hd,
             })
             .collect();
-        // (first row, rows, fold): the chunk, or the prompt, the probe's
-        // instruction (attends, scores nothing) and its repeat
-        let lead = if repeat > 0 { self.repeat_prompt.len() } else { 0 };
-        let segments = match cand.score_aggregation() {
-            _ if repeat > 0 => [
-                (0, n - repeat, None),
-                (n - repeat, lead, None),
-                (n - repeat + lead, repeat - lead, Some(Fold::RepeatMax)),
-            ],
-            agg => [(0, n, agg.map(Fold::Sum)), (n, 0, None), (n, 0, None)],
-        };
         let mut folded = Vec::new();
-        for (t_first, count, fold) in segments {
+        for &(t_first, count, fold) in segments {
             if count == 0 || (!output && fold.is_none()) {
                 continue;
             }
-            let part = self.tiled_rows(
-                chunk,
-                comp,
-                (cand, &packed, &targets),
-                s.a.q.as_slice(),
-                &mut s.a.att,
-                (t_first, count),
-                fold,
-            );
-            folded.push((fold, part));
-        }
-        for (fold, parts) in folded {
-            match fold {
-                Some(Fold::Sum(_)) => parts.iter().for_each(|p| s.cand.add_column_sums(p)),
-                Some(Fold::RepeatMax) => {
-                    let mut max = vec![0f32; s.cand.positions().len()];
-                    for p in &parts {
-                        max.iter_mut().zip(p).for_each(|(m, &x)| *m = m.max(x));
-                    }
-                    s.cand.add_column_sums(&max);
-                }
-                None => {}
+            let part = self.tiled_rows(chunk, comp, (cand, packed, &targets), q, att, (t_first, count), fold);
+            if fold.is_some() {
+                folded.push((fold, part));
             }
         }
-        s.packed_keys = packed;
+        folded
     }
 
     /// Rows `t_first .. t_first + count` of the chunk through the tiled

@@ -54,6 +54,8 @@ pub struct Scratch {
     pub(super) logits: Vec<f32>,
     /// Prefill: one component's candidates (held slots, then the chunk).
     pub(super) cand: PrefillCandidates,
+    /// KVzip's probe: what one of its pieces attends to.
+    pub(super) probe_view: PrefillCandidates,
     /// Candidate keys per KV head packed for the tiled prefill kernel.
     pub(super) packed_keys: Vec<Vec<f32>>,
     /// [`Model::forward_sequential`](super::Model::forward_sequential):

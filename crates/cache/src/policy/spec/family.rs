@@ -2,7 +2,7 @@
 //! keys, how they are read with their defaults and checks, and how the
 //! family spends a budget of B slots), and the `k=v` reader they share.
 
-use super::{Budget, PrefillMode, StorageSpec, TokenPolicySpec};
+use super::{Budget, PrefillMode, StorageSpec, TokenPolicySpec, KVZIP_CHUNK};
 use crate::policy::alloc::Alloc;
 use crate::policy::{ScoreAgg, ScoreRule};
 
@@ -150,7 +150,7 @@ pub(in crate::policy) static FAMILIES: &[Family] = &[
             }
             let once = match prefill {
                 PrefillMode::Expect { .. } => Some("expect"),
-                PrefillMode::Kvzip => Some("kvzip"),
+                PrefillMode::Kvzip { .. } => Some("kvzip"),
                 PrefillMode::Rkv { .. } => Some("rkv"),
                 _ => None,
             };
@@ -167,14 +167,21 @@ pub(in crate::policy) static FAMILIES: &[Family] = &[
 ];
 
 /// `stream:C`, `snap:W[:K]` (K odd, default 7: SnapKV's pooling kernel)
-/// `expect[:F]` (F future positions, default 512 as kvpress), `kvzip` or
+/// `expect[:F]` (F future positions, default 512 as kvpress), `kvzip[:C]`
+/// (the repeat in pieces of C ≥ 1 tokens, default [`KVZIP_CHUNK`]) or
 /// `rkv[:P]` (attention-mass share P in (0, 1], default 0.9 as OpenVINO).
 fn parse_prefill(s: &str) -> Result<PrefillMode, String> {
     let bad = || {
-        format!("prefill: `{s}` is not `full`, `stream:C` (C ≥ 1), `snap:W[:K]` (W ≥ 1, K odd), `expect[:F]` (F ≥ 1), `kvzip` or `rkv[:P]` (0 < P ≤ 1)")
+        format!("prefill: `{s}` is not `full`, `stream:C` (C ≥ 1), `snap:W[:K]` (W ≥ 1, K odd), `expect[:F]` (F ≥ 1), `kvzip[:C]` (C ≥ 1) or `rkv[:P]` (0 < P ≤ 1)")
     };
     if s == "kvzip" {
-        return Ok(PrefillMode::Kvzip);
+        return Ok(PrefillMode::Kvzip { chunk: KVZIP_CHUNK });
+    }
+    if let Some(c) = s.strip_prefix("kvzip:") {
+        return match c.parse::<usize>() {
+            Ok(chunk) if chunk >= 1 => Ok(PrefillMode::Kvzip { chunk }),
+            _ => Err(bad()),
+        };
     }
     if s == "rkv" {
         return Ok(PrefillMode::Rkv { mass_permille: 900 });

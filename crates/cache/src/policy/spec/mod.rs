@@ -7,7 +7,7 @@
 //! sink:sink=S,recent=N                 StreamingLLM: first S positions + window
 //! heavy:heavy=N[,score=R]              heavy hitters only, no window
 //! random:budget=N[,recent=R][,seed=S]  seeded random victims, window protected
-//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]|expect[:F]|kvzip|rkv[:P]][,score=R][,alloc=A]
+//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]|expect[:F]|kvzip[:C]|rkv[:P]][,score=R][,alloc=A]
 //! ```
 //!
 //! `alloc=A` spreads h2o's heavy slots over layers and KV heads under the
@@ -126,6 +126,10 @@ impl fmt::Display for Budget {
     }
 }
 
+/// The piece of the prompt each KVzip repeat covers (`prefill=kvzip`),
+/// as KVzip's own scoring (2,000 tokens).
+pub const KVZIP_CHUNK: usize = 2000;
+
 /// How H2O treats a prompt longer than its budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrefillMode {
@@ -142,9 +146,10 @@ pub enum PrefillMode {
     /// next `future` positions (query-agnostic), then keep recent + top heavy.
     Expect { future: usize },
     /// KVzip-style: one chunk, then the chunk repeated after it
-    /// (teacher-forced); every prompt token scored by the most attention a
-    /// repeat query paid it, then keep recent + top heavy.
-    Kvzip,
+    /// (teacher-forced) in pieces of `chunk` tokens; every prompt token
+    /// scored by the most attention a repeat query of its piece paid it,
+    /// then keep recent + top heavy.
+    Kvzip { chunk: usize },
     /// ADAPTIVE_RKV-style: one chunk scored as `Full`; the top tokens
     /// holding `mass_permille`/1000 of the attention mass rank first, the
     /// rest of the budget goes to the most diverse keys.
@@ -327,7 +332,7 @@ impl Evict {
             observation: match self.prefill {
                 PrefillMode::Snap { window, pool } => Some(Observation::Window { window, pool }),
                 PrefillMode::Expect { future } => Some(Observation::Expected { future, skip: r(self.sinks) }),
-                PrefillMode::Kvzip => Some(Observation::Repeat),
+                PrefillMode::Kvzip { chunk } => Some(Observation::Repeat { chunk }),
                 PrefillMode::Rkv { mass_permille } => Some(Observation::Diverse { mass_permille }),
                 _ => None,
             },
@@ -377,7 +382,8 @@ impl TokenPolicySpec {
                     PrefillMode::Stream(c) => shown.push(("prefill", format!("stream:{c}"))),
                     PrefillMode::Snap { window, pool } => shown.push(("prefill", format!("snap:{window}:{pool}"))),
                     PrefillMode::Expect { future } => shown.push(("prefill", format!("expect:{future}"))),
-                    PrefillMode::Kvzip => shown.push(("prefill", "kvzip".into())),
+                    PrefillMode::Kvzip { chunk: KVZIP_CHUNK } => shown.push(("prefill", "kvzip".into())),
+                    PrefillMode::Kvzip { chunk } => shown.push(("prefill", format!("kvzip:{chunk}"))),
                     PrefillMode::Rkv { mass_permille } => {
                         shown.push(("prefill", format!("rkv:{}", mass_permille as f64 / 1000.0)))
                     }
