@@ -14,7 +14,7 @@
 //! | `sink` | `sink:sink=S,recent=B−S`, S = min(4, B−1) (`sink:sink=N` sets the 4) |
 //! | `heavy` | `heavy:heavy=B` |
 //! | `random` | `random:budget=B,recent=⌊B/2⌋` |
-//! | `h2o` | `h2o:heavy=B−⌊B/2⌋,recent=⌊B/2⌋` (half heavy, half recent, as the H2O paper) |
+//! | `h2o` | `h2o:heavy=B−⌊B/2⌋,recent=⌊B/2⌋` (half heavy, half recent, as the H2O paper); `h2o:recent_share=F`: recent = round(F·B) |
 //!
 //! Because S is absolute while B follows the sequence, a percentage budget
 //! cannot be one fixed spec: [`PolicyFamily::at`] builds the typed spec for
@@ -215,6 +215,14 @@ mod tests {
             ),
             ("h2o:agg=max,prefill=stream:16", &[("10%", 100, "h2o:heavy=5,recent=5,agg=max,prefill=stream:16")]),
             ("h2o:score=tova", &[("20%", 1000, "h2o:heavy=100,recent=100,score=tova")]),
+            (
+                "h2o:recent_share=0.125,prefill=kvzip",
+                &[
+                    ("64", 1000, "h2o:heavy=56,recent=8,prefill=kvzip"),
+                    ("25%", 1000, "h2o:heavy=219,recent=31,prefill=kvzip"),
+                ],
+            ),
+            ("h2o:recent_share=0", &[("10", 1000, "h2o:heavy=10,recent=0")]),
             ("h2o:agg=max,score=decay:0.9", &[("64", 1000, "h2o:heavy=32,recent=32,agg=max,score=decay:0.9")]),
             ("heavy:score=persist:16", &[("10%", 1000, "heavy:heavy=100,score=persist:16")]),
             (
@@ -290,6 +298,7 @@ mod tests {
         assert!(!err("fancy").contains("separated by"));
         assert!(err("h2o:heavy=3").contains("`heavy` is set by the budget"));
         assert!(err("window:recent=3").contains("`recent` is set by the budget"));
+        assert!(err("h2o:recent_share=1.5").contains("recent_share: `1.5` is not a share in [0, 1]"));
         assert!(err("h2o:agg=mean").contains("agg"));
         assert!(err("sink:sink=x").contains("sink must be a slot count"));
         assert!(err("h2o:compact=8").contains("paged store"));

@@ -122,16 +122,28 @@ pub(in crate::policy) static FAMILIES: &[Family] = &[
     },
     Family {
         names: &["h2o"],
-        keys: &["heavy", "recent", "agg", "prefill", "sink", "score", "alloc"],
+        keys: &["heavy", "recent", "agg", "prefill", "sink", "score", "alloc", "recent_share"],
         budget_keys: &["heavy", "recent"],
         fixed: None,
         evicts: true,
         protects_all: false,
         read: |p, at| {
             let (sink, at) = p.sinks(at)?;
-            // half heavy, half recent, as the H2O paper
-            let heavy = p.budget_or("heavy", at.map(|a| a.b - a.b / 2))?;
-            let recent = p.budget_or("recent", at.map(|a| a.b / 2))?;
+            // half heavy, half recent, as the H2O paper, unless the family
+            // sets the recent window's share (KVzip keeps no window)
+            let share = match (p.take("recent_share"), at) {
+                (None, _) => None,
+                (Some(_), None) => {
+                    return Err("recent_share splits a budget family's slots; a spec writes heavy= and recent=".into())
+                }
+                (Some(v), Some(_)) => match v.parse::<f64>() {
+                    Ok(f) if (0.0..=1.0).contains(&f) => Some(f),
+                    _ => return Err(format!("recent_share: `{v}` is not a share in [0, 1]")),
+                },
+            };
+            let recent_of = |b: usize| share.map_or(b / 2, |f| ((b as f64 * f).round() as usize).min(b));
+            let heavy = p.budget_or("heavy", at.map(|a| a.b - recent_of(a.b)))?;
+            let recent = p.budget_or("recent", at.map(|a| recent_of(a.b)))?;
             let agg = match p.take("agg") {
                 None | Some("sum") => ScoreAgg::Sum,
                 Some("max") => ScoreAgg::Max,

@@ -73,6 +73,7 @@ fn bad_specs_name_the_problem() {
         ("h2o:heavy=1,recent=1,prefill=expect,score=vnorm", "prefill=expect scores the prompt once"),
         ("h2o:heavy=1,recent=1,prefill=kvzip,score=tova", "prefill=kvzip scores the prompt once"),
         ("h2o:heavy=1,recent=1,prefill=kvzip:0", "`kvzip[:C]`"),
+        ("h2o:heavy=1,recent=1,recent_share=0.1", "recent_share splits a budget family's slots"),
         ("h2o:heavy=1,recent=1,prefill=rkv:0", "`rkv[:P]`"),
         ("h2o:heavy=1,recent=1,prefill=rkv:1.5", "`rkv[:P]`"),
         ("h2o:heavy=1,recent=1,prefill=rkv:0.9,score=tova", "prefill=rkv scores the prompt once"),
