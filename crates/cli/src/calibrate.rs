@@ -3,7 +3,7 @@
 use crate::common::{require_tokenizer, CalibrationText, CliResult, ModelArgs, Progress};
 use kvslim_cache::policy::chai::CalibrationConfig;
 use kvslim_engine::calibrate::{
-    calibrate_quality, calibration_windows, probe_features, second_half_start, CalibrateOptions,
+    calibrate_quality, calibration_windows, probe_features, second_half_start, text_tokens, CalibrateOptions,
 };
 use std::path::PathBuf;
 
@@ -85,9 +85,10 @@ pub fn run(a: Args) -> CliResult {
     let mut progress = Progress::new("calibrate", "windows");
     let (cal, plan) = probe_features(&loaded.model, &windows, &opts, |d, t| progress.update(d, t))?;
     if !a.max_kl.is_empty() {
-        // quality windows from the second half (of the ids, BOS counted)
-        let second = &ids[second_half_start(ids.len())..];
+        // quality windows from the second half of the text's tokens
         let bos = tok.prepended_bos();
+        let body = text_tokens(&ids, bos);
+        let second = &body[second_half_start(body.len())..];
         let fits = loaded.model.config.context_len;
         if a.kl_seq_len > fits {
             eprintln!("note: quality windows cut to {fits} tokens (the model's context)");

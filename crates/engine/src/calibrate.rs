@@ -30,8 +30,8 @@ pub fn text_tokens(ids: &[u32], bos: Option<u32>) -> &[u32] {
     &ids[usize::from(bos.is_some() && ids.first() == bos.as_ref())..]
 }
 
-/// Where the second half of `n` tokens starts. Calibration reads from
-/// there (`kvslim tune`'s windows by default, `kvslim calibrate --max-kl`'s
+/// Where the second half of `n` text tokens (a prepended BOS not counted:
+/// [`text_tokens`]) starts. Calibration reads from there (`kvslim tune`'s windows by default, `kvslim calibrate --max-kl`'s
 /// quality windows), so the first half stays free for evaluation, which
 /// reads from token 0.
 pub fn second_half_start(n: usize) -> usize {
