@@ -14,6 +14,7 @@ pub mod error;
 pub mod policy;
 pub mod rng;
 mod sequence;
+pub mod size;
 pub mod store;
 
 pub use error::CacheError;
