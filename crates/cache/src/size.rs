@@ -8,19 +8,6 @@
 //! (IEC). A bare `K`, `M`, `G` or `T` is refused as ambiguous. A fraction
 //! of a byte is dropped (`1.5B` is 1), computed exactly (`1.001KB` is 1001).
 
-/// Units, in lower case, with their number of bytes.
-const UNITS: [(&str, u64); 9] = [
-    ("b", 1),
-    ("kb", 1_000),
-    ("mb", 1_000_000),
-    ("gb", 1_000_000_000),
-    ("tb", 1_000_000_000_000),
-    ("kib", 1 << 10),
-    ("mib", 1 << 20),
-    ("gib", 1 << 30),
-    ("tib", 1 << 40),
-];
-
 /// What the errors suggest.
 const HOW: &str = "like 2GiB, 512MB or 1000000: KB, MB, GB, TB count in powers of 1000, KiB, MiB, GiB, TiB in \
                    powers of 1024, B or no unit in bytes";
@@ -34,17 +21,23 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
     if (int.is_empty() && frac.is_empty()) || frac.contains('.') {
         return Err(format!("`{s}` is not a byte size {HOW}"));
     }
-    let lower = unit.to_ascii_lowercase();
-    let scale = match UNITS.iter().find(|(u, _)| *u == lower) {
-        Some(&(_, scale)) => scale as u128,
-        None if unit.is_empty() => 1,
-        None if ["k", "m", "g", "t"].contains(&lower.as_str()) => {
-            let u = lower.to_ascii_uppercase();
+    let scale: u128 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        u @ ("k" | "m" | "g" | "t") => {
+            let u = u.to_ascii_uppercase();
             return Err(format!(
                 "`{s}`: the unit `{unit}` is ambiguous; write {u}B (powers of 1000) or {u}iB (of 1024)"
             ));
         }
-        None => return Err(format!("`{s}`: unknown unit `{unit}`; write a size {HOW}")),
+        _ => return Err(format!("`{s}`: unknown unit `{unit}`; write a size {HOW}")),
     };
     let too_large = || format!("`{s}` is larger than this machine can address");
     // digits as exact integers: the whole part times the unit, plus the
