@@ -16,6 +16,8 @@ pub mod rng;
 mod sequence;
 pub mod size;
 pub mod store;
+#[cfg(test)]
+mod testing;
 
 pub use error::CacheError;
 pub use kvslim_kernels::kvquant::KvDtype;
