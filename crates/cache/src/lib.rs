@@ -14,7 +14,10 @@ pub mod error;
 pub mod policy;
 pub mod rng;
 mod sequence;
+pub mod size;
 pub mod store;
+#[cfg(test)]
+mod testing;
 
 pub use error::CacheError;
 pub use kvslim_kernels::kvquant::KvDtype;

@@ -1,6 +1,7 @@
 //! `kvslim bench`: prefill/decode speed against the bandwidth bound.
 
 use crate::common::{CliResult, ModelArgs};
+use kvslim_cache::size::parse_bytes;
 use kvslim_cache::PolicySpec;
 use kvslim_engine::bench::{
     measure_read_bandwidth, run as run_bench, step_time, verify_time, BenchOptions, BenchReport, StepTimePoint,
@@ -51,7 +52,8 @@ pub struct Args {
     /// Instead of throughput, measure each --policy's peak KV bytes (and
     /// pages) over a prompt of --prompt-len tokens plus --gen-len greedy
     /// tokens, and how many such sequences fit this much KV memory
-    /// (e.g. 64MiB). Uses --prompt-file text when given.
+    /// (e.g. 64MiB; KB, MB, GB count in powers of 1000, KiB, MiB, GiB in
+    /// powers of 1024). Uses --prompt-file text when given.
     #[arg(long)]
     kv_memory: Option<String>,
     /// Text whose first --prompt-len tokens are the prompt (capacity mode);
@@ -228,7 +230,7 @@ fn verify_sweep(model: &kvslim_models::Model, name: &str, a: &Args, chunks: &[us
 /// `--kv-memory`: per-policy peak KV bytes over a generation and the
 /// batch that fits.
 fn capacity_table(a: &Args, mem: &str) -> CliResult {
-    let kv_memory = kvslim_eval::speed::parse_bytes(mem)?;
+    let kv_memory = parse_bytes(mem)?;
     let loaded = a.model.load()?;
     let model = &loaded.model;
     let prompt: Vec<u32> = match &a.prompt_file {
@@ -253,7 +255,7 @@ fn capacity_table(a: &Args, mem: &str) -> CliResult {
     };
     let mut rows = Vec::new();
     for policy in &a.policies {
-        let r = kvslim_engine::bench::capacity(model, &a.model.model, policy, &prompt, a.gen_len, kv_memory)?;
+        let r = kvslim_engine::bench::capacity(model, &a.model.model, policy, &prompt, a.gen_len, kv_memory as u64)?;
         eprintln!(
             "{}: peak {:.2} MiB, max batch {}",
             r.policy,

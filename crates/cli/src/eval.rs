@@ -77,10 +77,11 @@ pub struct Args {
     /// budget (speed.jsonl, speed.md, plots/step_time_vs_context.*).
     #[arg(long, value_delimiter = ',')]
     contexts: Option<Vec<usize>>,
-    /// KV memory limit (e.g. 2GiB): report how many sequences of each
+    /// KV memory limit (e.g. 2GiB; KB, MB, GB count in powers of 1000,
+    /// KiB, MiB, GiB in powers of 1024): report how many sequences of each
     /// context length fit it under each policy.
-    #[arg(long)]
-    mem_limit: Option<String>,
+    #[arg(long, value_parser = kvslim_cache::size::parse_bytes)]
+    mem_limit: Option<usize>,
     /// Decode steps timed per speed point.
     #[arg(long, default_value_t = 8)]
     speed_steps: usize,
@@ -166,7 +167,7 @@ pub fn run(a: Args) -> CliResult {
     if tasks.is_empty() {
         return Err("--tasks names no task".into());
     }
-    let mem_limit = a.mem_limit.as_deref().map(kvslim_eval::speed::parse_bytes).transpose()?;
+    let mem_limit = a.mem_limit.map(|b| b as u64);
     if mem_limit.is_some() && a.contexts.is_none() {
         return Err("--mem-limit needs --contexts (the sequence lengths to size batches for)".into());
     }

@@ -77,9 +77,9 @@ pub struct Args {
     /// API key sent as `Authorization: Bearer` (also KVSLIM_API_KEY).
     #[arg(long)]
     api_key: Option<String>,
-    /// Body size declared by the soak's oversized requests; must exceed the
-    /// server's --max-body-bytes.
-    #[arg(long, default_value = "2MiB", value_parser = kvslim_server::parse_bytes)]
+    /// Body size declared by the soak's oversized requests (units as for
+    /// --max-body-bytes); must exceed the server's --max-body-bytes.
+    #[arg(long, default_value = "2MiB", value_parser = kvslim_cache::size::parse_bytes)]
     oversize_bytes: usize,
     /// Soak: also send clients that stall in their headers (each waits for
     /// the server's --header-timeout, so keep that short).

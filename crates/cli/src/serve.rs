@@ -3,7 +3,8 @@
 
 use crate::common::{require_tokenizer, CliResult, ModelArgs, PolicyArgs};
 use crate::draft::DraftArgs;
-use kvslim_server::{parse_bytes, AppState, HttpLimits, Limits, ServeOptions, ServerConfig};
+use kvslim_cache::size::parse_bytes;
+use kvslim_server::{AppState, HttpLimits, Limits, ServeOptions, ServerConfig};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +21,8 @@ pub struct Args {
     port: u16,
     #[command(flatten)]
     policy: PolicyArgs,
-    /// KV memory pool shared by running requests (e.g. 2GiB, 512MiB).
+    /// KV memory pool shared by running requests (e.g. 2GiB, 512MiB; KB,
+    /// MB, GB count in powers of 1000, KiB, MiB, GiB in powers of 1024).
     #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
     kv_memory: usize,
     /// Most sequences in one decode batch.
@@ -82,7 +84,8 @@ pub struct Args {
     /// Model name reported by the API (default: the --model value).
     #[arg(long)]
     served_model_name: Option<String>,
-    /// Largest request body accepted (e.g. 1MiB, 64KiB); larger ones get
+    /// Largest request body accepted (e.g. 1MiB, 64KiB; units as for
+    /// --kv-memory); larger ones get
     /// 413 before their body is read, so a client cannot make the server
     /// buffer (or tokenize) more than this.
     #[arg(long, default_value = "1MiB", value_parser = parse_bytes)]

@@ -77,19 +77,7 @@ pub fn measure_read_bandwidth(bytes: usize) -> f64 {
     for _ in 0..3 {
         let t = Instant::now();
         let chunk = n / (rayon::current_num_threads() * 8);
-        let s: f32 = buf
-            .par_chunks(chunk.max(1024))
-            .map(|c| {
-                // 8 independent accumulators so the loop is load-bound, not add-latency-bound
-                let mut acc = [0f32; 8];
-                for w in c.chunks_exact(8) {
-                    for i in 0..8 {
-                        acc[i] += w[i];
-                    }
-                }
-                acc.iter().sum::<f32>()
-            })
-            .sum();
+        let s: f32 = buf.par_chunks(chunk.max(1024)).map(kvslim_kernels::ops::streaming_sum).sum();
         let dt = t.elapsed().as_secs_f64();
         std::hint::black_box(s);
         best = best.max(bytes as f64 / dt / 1e9);

@@ -30,28 +30,6 @@ pub struct SpeedRow {
     pub max_batch: Option<usize>,
 }
 
-/// Parses `2GiB`, `512MiB`, `1.5GB`, `1000000` (bytes).
-pub fn parse_bytes(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let v: f64 = num.trim().parse().map_err(|_| EvalError::Request(format!("`{s}` is not a byte size like 2GiB")))?;
-    let mult = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "kib" | "k" => 1024.0,
-        "mib" | "m" => 1048576.0,
-        "gib" | "g" => 1073741824.0,
-        u => return Err(EvalError::Request(format!("unknown size unit `{u}` in `{s}`"))),
-    };
-    if v.is_nan() || v < 0.0 {
-        return Err(EvalError::Request(format!("`{s}` is negative")));
-    }
-    Ok((v * mult) as u64)
-}
-
 /// What [`measure`] sweeps.
 pub struct SpeedGrid<'a> {
     pub model_label: &'a str,
@@ -161,19 +139,4 @@ pub fn write_outputs(dir: &Path, rows: &[SpeedRow]) -> Result<Vec<PathBuf>> {
         }
     }
     Ok(written)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn byte_sizes() {
-        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
-        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
-        assert_eq!(parse_bytes("1.5GB").unwrap(), 1_500_000_000);
-        assert_eq!(parse_bytes("1000").unwrap(), 1000);
-        assert!(parse_bytes("2 parsecs").is_err());
-        assert!(parse_bytes("lots").is_err());
-    }
 }

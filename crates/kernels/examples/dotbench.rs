@@ -180,21 +180,7 @@ fn mem_bandwidth(threads: usize, secs: f64) -> f64 {
     let mut sink = 0f32;
     let per_sec = pool(threads).install(|| {
         rate(secs.max(2.0), || {
-            sink += data
-                .par_chunks(1 << 20)
-                .map(|c| {
-                    // 64 independent partial sums: enough additions in
-                    // flight that the loop is limited by memory, not by
-                    // add latency (even with SSE2 only)
-                    let mut acc = [0f32; 64];
-                    for v in c.chunks_exact(64) {
-                        for i in 0..64 {
-                            acc[i] += v[i];
-                        }
-                    }
-                    acc.iter().sum::<f32>()
-                })
-                .sum::<f32>();
+            sink += data.par_chunks(1 << 20).map(kvslim_kernels::ops::streaming_sum).sum::<f32>();
         })
     });
     std::hint::black_box(sink);

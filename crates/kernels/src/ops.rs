@@ -34,6 +34,21 @@ pub fn softmax(x: &mut [f32]) -> f32 {
     max
 }
 
+/// The sum of `x` as a read-bandwidth probe reads it: 64 independent
+/// partial sums, enough additions in flight that a pass over a buffer
+/// larger than the caches is limited by memory, not by add latency (even
+/// with SSE2 only). A tail shorter than 64 values is not read. `kvslim
+/// bench` and `dotbench` measure the machine's bandwidth with it.
+pub fn streaming_sum(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 64];
+    for v in x.chunks_exact(64) {
+        for i in 0..64 {
+            acc[i] += v[i];
+        }
+    }
+    acc.iter().sum()
+}
+
 /// log-softmax value of one entry, computed stably in f64.
 pub fn log_softmax_at(logits: &[f32], i: usize) -> f64 {
     logits[i] as f64 - log_sum_exp(logits)

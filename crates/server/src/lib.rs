@@ -208,36 +208,3 @@ mod conn;
 pub(crate) fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
-
-/// Parses a byte size: `2GiB`, `512MiB`, `64KiB`, `1GB`, `1000` (bytes).
-pub fn parse_bytes(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let v: f64 = num.parse().map_err(|_| format!("`{s}`: expected a size like 2GiB, 512MiB or 1000000"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "m" | "mb" => 1e6,
-        "g" | "gb" => 1e9,
-        "kib" => 1024.0,
-        "mib" => 1048576.0,
-        "gib" => 1073741824.0,
-        "tib" => 1099511627776.0,
-        u => return Err(format!("`{s}`: unknown unit `{u}` (use B, KiB, MiB, GiB, KB, MB, GB)")),
-    };
-    Ok((v * mult) as usize)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn byte_sizes() {
-        assert_eq!(super::parse_bytes("2GiB").unwrap(), 2 << 30);
-        assert_eq!(super::parse_bytes("512MiB").unwrap(), 512 << 20);
-        assert_eq!(super::parse_bytes("1000").unwrap(), 1000);
-        assert_eq!(super::parse_bytes("1.5KiB").unwrap(), 1536);
-        assert!(super::parse_bytes("lots").is_err());
-        assert!(super::parse_bytes("3XB").is_err());
-    }
-}

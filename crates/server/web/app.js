@@ -350,11 +350,43 @@ async function streamChat(req, m, signal) {
   return { content, usage, finish, first: (first || t1) - t0, total: t1 - t0 };
 }
 
-/** A failed reply: "stopped" after an abort, else the error under it. */
-function replyFailed(m, stats, e) {
-  stats.textContent = e.name === "AbortError" ? "stopped" : "";
-  if (e.name !== "AbortError") m.appendChild(el("div", "error", e.message));
-  m.dataset.done = "error";
+/** Starts a turn of `state`'s conversation in `list`: the user's `text`
+ *  joins `state.messages` and the page, under it an empty reply with its
+ *  stats line. */
+function startTurn(state, text, list) {
+  state.messages.push({ role: "user", content: text });
+  addMessage("user", text, list);
+  const m = addMessage("assistant", "", list);
+  const stats = el("div", "stats", "waiting…");
+  m.appendChild(stats);
+  return { m, stats };
+}
+
+/** Streams the reply to `req` into `turn` while the `<prefix>-send` button
+ *  reads "Stop" (then `idle` again). While `current()`, the reply joins
+ *  `state.messages`: a failed one with what arrived of it, or else the
+ *  question leaves them. Resolves to the stream's result, or to null after
+ *  a failure, shown under the reply ("stopped" after an abort). */
+async function streamTurn(state, prefix, idle, req, turn, current) {
+  state.abort = new AbortController();
+  $(prefix + "-send").textContent = "Stop";
+  try {
+    const r = await streamChat(req, turn.m, state.abort.signal);
+    if (current()) state.messages.push({ role: "assistant", content: r.content });
+    return r;
+  } catch (e) {
+    if (current()) {
+      if (e.content) state.messages.push({ role: "assistant", content: e.content });
+      else state.messages.pop();
+    }
+    turn.stats.textContent = e.name === "AbortError" ? "stopped" : "";
+    if (e.name !== "AbortError") turn.m.appendChild(el("div", "error", e.message));
+    turn.m.dataset.done = "error";
+    return null;
+  } finally {
+    state.abort = null;
+    $(prefix + "-send").textContent = idle;
+  }
 }
 
 async function send(text) {
@@ -362,11 +394,7 @@ async function send(text) {
     chat.picker.error.scrollIntoView();
     return;
   }
-  chat.messages.push({ role: "user", content: text });
-  addMessage("user", text);
-  const m = addMessage("assistant", "");
-  const stats = el("div", "stats", "waiting…");
-  m.appendChild(stats);
+  const turn = startTurn(chat, text);
   const system = $("system").value.trim();
   const messages = (system ? [{ role: "system", content: system }] : []).concat(chat.messages);
   const req = {
@@ -379,35 +407,24 @@ async function send(text) {
     kv_policy: chat.picker.value(),
   };
   const policy = req.kv_policy || "server default";
-  chat.abort = new AbortController();
-  $("chat-send").textContent = "Stop";
-  try {
-    const r = await streamChat(req, m, chat.abort.signal);
-    chat.messages.push({ role: "assistant", content: r.content });
-    const usage = r.usage;
-    if (usage) {
-      // over the whole request (prefill included): a reply that arrives
-      // in one piece still gets an honest rate
-      const n = usage.completion_tokens;
-      const secs = r.total / 1000;
-      const rate = secs > 0 ? (n / secs).toFixed(1) : "–";
-      stats.textContent =
-        n + " tokens in " + secs.toFixed(2) + " s · " + rate + " tok/s · first token after " +
-        (r.first / 1000).toFixed(2) + " s · " +
-        "KV held " + fmtBytes(usage.kv_bytes_final) + " vs " + fmtBytes(usage.kv_bytes_full) + " for a full cache (" +
-        pct(usage.kv_bytes_final, usage.kv_bytes_full) + ") · " + policy + " · " + (r.finish || "");
-    } else {
-      stats.textContent = "ended without usage";
-    }
-    m.dataset.done = "1";
-  } catch (e) {
-    if (e.content) chat.messages.push({ role: "assistant", content: e.content });
-    else chat.messages.pop();
-    replyFailed(m, stats, e);
-  } finally {
-    chat.abort = null;
-    $("chat-send").textContent = "Send";
+  const r = await streamTurn(chat, "chat", "Send", req, turn, () => true);
+  if (!r) return;
+  const usage = r.usage;
+  if (usage) {
+    // over the whole request (prefill included): a reply that arrives
+    // in one piece still gets an honest rate
+    const n = usage.completion_tokens;
+    const secs = r.total / 1000;
+    const rate = secs > 0 ? (n / secs).toFixed(1) : "–";
+    turn.stats.textContent =
+      n + " tokens in " + secs.toFixed(2) + " s · " + rate + " tok/s · first token after " +
+      (r.first / 1000).toFixed(2) + " s · " +
+      "KV held " + fmtBytes(usage.kv_bytes_final) + " vs " + fmtBytes(usage.kv_bytes_full) + " for a full cache (" +
+      pct(usage.kv_bytes_final, usage.kv_bytes_full) + ") · " + policy + " · " + (r.finish || "");
+  } else {
+    turn.stats.textContent = "ended without usage";
   }
+  turn.m.dataset.done = "1";
 }
 
 /** The message box `<prefix>-form` / `<prefix>-input`: Enter (without
@@ -611,11 +628,7 @@ function closeContext(why) {
 async function askContext(text) {
   const id = ctxv.selected;
   const c = selectedContext();
-  ctxv.messages.push({ role: "user", content: text });
-  addMessage("user", text, $("ctx-messages"));
-  const m = addMessage("assistant", "", $("ctx-messages"));
-  const stats = el("div", "stats", "waiting…");
-  m.appendChild(stats);
+  const turn = startTurn(ctxv, text, $("ctx-messages"));
   const req = {
     context: id,
     messages: ctxv.messages.slice(),
@@ -623,11 +636,8 @@ async function askContext(text) {
     temperature: optionalNumber("ctx-temperature"),
     max_tokens: optionalNumber("ctx-max-tokens"),
   };
-  ctxv.abort = new AbortController();
-  $("ctx-send").textContent = "Stop";
-  try {
-    const r = await streamChat(req, m, ctxv.abort.signal);
-    if (ctxv.selected === id) ctxv.messages.push({ role: "assistant", content: r.content });
+  const r = await streamTurn(ctxv, "ctx", "Ask", req, turn, () => ctxv.selected === id);
+  if (r) {
     const u = r.usage;
     const prefill = c && c.seconds > 0
       ? " (the document's prefill took " + fmtSeconds(c.seconds) + " once)"
@@ -642,17 +652,8 @@ async function askContext(text) {
       parts.push("ended without usage");
     }
     if (r.finish) parts.push(r.finish);
-    stats.textContent = parts.join(" · ");
-    m.dataset.done = "1";
-  } catch (e) {
-    if (ctxv.selected === id) {
-      if (e.content) ctxv.messages.push({ role: "assistant", content: e.content });
-      else ctxv.messages.pop();
-    }
-    replyFailed(m, stats, e);
-  } finally {
-    ctxv.abort = null;
-    $("ctx-send").textContent = "Ask";
+    turn.stats.textContent = parts.join(" · ");
+    turn.m.dataset.done = "1";
   }
   // a context loaded from disk by this question now has its facts
   if (c && c.tokens === undefined) refreshContexts();

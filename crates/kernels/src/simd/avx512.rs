@@ -363,6 +363,23 @@ fn transpose_sum16(v: &[__m512; RUN]) -> __m512 {
     _mm512_permutexvar_ps(rows, z)
 }
 
+/// `f::<K, N>(args)` with the const `N` = `n` from 1 to 8 (more counts as
+/// 8): each count of heads or tokens gets its own unrolled kernel.
+macro_rules! up_to_8 {
+    ($n:expr, $f:ident::<$k:ident>($($arg:expr),*)) => {
+        match $n {
+            1 => $f::<$k, 1>($($arg),*),
+            2 => $f::<$k, 2>($($arg),*),
+            3 => $f::<$k, 3>($($arg),*),
+            4 => $f::<$k, 4>($($arg),*),
+            5 => $f::<$k, 5>($($arg),*),
+            6 => $f::<$k, 6>($($arg),*),
+            7 => $f::<$k, 7>($($arg),*),
+            _ => $f::<$k, 8>($($arg),*),
+        }
+    };
+}
+
 /// The operands of a run kernel: `n` rows (codes at `data`, side values
 /// at `scales`, `stride` bytes and `spr` values apart), `g` heads of width
 /// `d`, the queries or weights `a` and the outputs `out`, both from the
@@ -479,18 +496,7 @@ fn kv_dot_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: usi
             let r = RunArgs { data, stride, scales, spr, n: (n - r0).min(RUN), g, d, a, out };
             // SAFETY: reachable only after AVX-512 detection; `check_run`
             // bounded every row, query and output read or written.
-            unsafe {
-                match m {
-                    1 => kv_dot_run_impl::<T, 1>(r),
-                    2 => kv_dot_run_impl::<T, 2>(r),
-                    3 => kv_dot_run_impl::<T, 3>(r),
-                    4 => kv_dot_run_impl::<T, 4>(r),
-                    5 => kv_dot_run_impl::<T, 5>(r),
-                    6 => kv_dot_run_impl::<T, 6>(r),
-                    7 => kv_dot_run_impl::<T, 7>(r),
-                    _ => kv_dot_run_impl::<T, 8>(r),
-                }
-            }
+            unsafe { up_to_8!(m, kv_dot_run_impl::<T>(r)) }
             h += m;
         }
     }
@@ -507,18 +513,7 @@ fn kv_axpy_run<const T: u8>(codes: &[u8], stride: usize, scales: &[f32], spr: us
         let (a, out) = (probs[h..].as_ptr(), outs[h * d..].as_mut_ptr());
         let r = RunArgs { data, stride, scales, spr, n, g, d, a, out };
         // SAFETY: as in `kv_dot_run`.
-        unsafe {
-            match m {
-                1 => kv_axpy_run_impl::<T, 1>(r),
-                2 => kv_axpy_run_impl::<T, 2>(r),
-                3 => kv_axpy_run_impl::<T, 3>(r),
-                4 => kv_axpy_run_impl::<T, 4>(r),
-                5 => kv_axpy_run_impl::<T, 5>(r),
-                6 => kv_axpy_run_impl::<T, 6>(r),
-                7 => kv_axpy_run_impl::<T, 7>(r),
-                _ => kv_axpy_run_impl::<T, 8>(r),
-            }
-        }
+        unsafe { up_to_8!(m, kv_axpy_run_impl::<T>(r)) }
         h += m;
     }
 }
@@ -602,16 +597,7 @@ struct Int8Args {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn int8_nt<const KIND: u8>(p: Int8Args, nt: usize, out: &mut Tile) {
-    match nt {
-        1 => int8_impl::<KIND, 1>(p, out),
-        2 => int8_impl::<KIND, 2>(p, out),
-        3 => int8_impl::<KIND, 3>(p, out),
-        4 => int8_impl::<KIND, 4>(p, out),
-        5 => int8_impl::<KIND, 5>(p, out),
-        6 => int8_impl::<KIND, 6>(p, out),
-        7 => int8_impl::<KIND, 7>(p, out),
-        _ => int8_impl::<KIND, 8>(p, out),
-    }
+    up_to_8!(nt, int8_impl::<KIND>(p, out))
 }
 
 /// 16 rows (one per lane) × `NT` tokens. Per block: the integer sums of

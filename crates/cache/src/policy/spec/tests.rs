@@ -2,6 +2,7 @@
 //! configs and allocators.
 
 use super::*;
+use crate::testing::assert_refused;
 
 #[test]
 fn parses_every_policy_and_round_trips() {
@@ -122,10 +123,7 @@ fn bad_specs_name_the_problem() {
         ("tuned:file=a.json+chai:plan=p.json", "whole policy"),
         ("h2o:heavy=1,recent=1+tuned:file=a.json", "only a head policy"),
     ];
-    for (spec, want) in cases {
-        let e = PolicySpec::parse(spec).unwrap_err().to_string();
-        assert!(e.contains(want), "{spec:?}: {e}");
-    }
+    assert_refused(PolicySpec::parse, &cases);
 }
 
 #[test]
