@@ -178,12 +178,14 @@ pub fn to_markdown(rows: &[ResultRow]) -> String {
     out
 }
 
-/// Per-item metrics compared in pairs against the full cache.
+/// Per-item metrics compared in pairs.
 const PAIRED_METRICS: &[&str] = &["acc", "acc_norm", "nll"];
 
 /// For each [`PAIRED_METRICS`] entry with per-item values: a table of each
-/// policy's mean difference from the plain full cache on the same items
-/// with its paired 95% interval (`*`: the interval excludes 0).
+/// policy's mean difference from the plain full cache on the same items,
+/// and one of `auto`'s difference from each other policy at the same
+/// budget, each with its paired 95% bootstrap interval (`*`: the interval
+/// excludes 0).
 fn paired_tables(
     out: &mut String,
     task: &str,
@@ -192,44 +194,62 @@ fn paired_tables(
     budgets: &[String],
     policies: &[String],
 ) {
-    let Some(full) = g.iter().find(|r| r.key.policy == "full" && r.key.budget == "-" && r.key.decisions_from.is_none())
-    else {
-        return;
+    let at = |p: &str, b: &str| {
+        let unbudgeted = g.iter().find(|r| r.policy_label() == p && r.key.budget == "-");
+        g.iter().find(|r| r.policy_label() == p && r.key.budget == b).or(unbudgeted).copied()
     };
+    let full = g.iter().find(|r| r.key.policy == "full" && r.key.budget == "-" && r.key.decisions_from.is_none());
+    let auto = policies.iter().find(|p| p.split(':').next() == Some("auto"));
     for &metric in PAIRED_METRICS {
-        let Some(base) = full.per_item.get(metric) else { continue };
-        let others: Vec<&String> = policies.iter().filter(|p| **p != full.policy_label()).collect();
-        if !g.iter().any(|r| r.policy_label() != full.policy_label() && r.per_item.contains_key(metric)) {
+        let items = |r: &ResultRow| r.per_item.get(metric).map(Vec::len);
+        if let Some(base) = full.and_then(|f| f.per_item.get(metric)) {
+            let label = full.map(|f| f.policy_label()).unwrap_or_default();
+            let others: Vec<&String> = policies.iter().filter(|p| **p != label).collect();
+            let heading = format!("{} — {metric} − full, paired 95% CI ({}, {} items)", task, model, base.len());
+            paired_table(out, &heading, &others, budgets, |p, b| {
+                crate::paired::paired(at(p, b)?.per_item.get(metric)?, base)
+            });
+        }
+        let Some(auto) = auto else { continue };
+        let others: Vec<&String> = policies.iter().filter(|p| *p != auto).collect();
+        let n = budgets.iter().find_map(|b| items(at(auto, b)?)).unwrap_or(0);
+        if n == 0 || others.is_empty() {
             continue;
         }
-        out.push_str(&format!(
-            "\n## {} — {metric} − full, paired 95% CI ({}, {} items)\n\n| policy |",
-            md_escape(task),
-            md_escape(model),
-            base.len()
-        ));
-        for b in budgets {
-            out.push_str(&format!(" {} |", md_escape(b)));
-        }
-        out.push_str("\n|---|");
-        out.push_str(&"---:|".repeat(budgets.len()));
-        out.push('\n');
-        for p in others {
-            out.push_str(&format!("| {} |", md_escape(p)));
-            let unbudgeted = g.iter().find(|r| r.policy_label() == *p && r.key.budget == "-");
-            for b in budgets {
-                let r = g.iter().find(|r| r.policy_label() == *p && r.key.budget == *b).or(unbudgeted);
-                let v =
-                    r.and_then(|r| crate::paired::paired(r.per_item.get(metric)?, base)).map_or(String::new(), |d| {
-                        let star = if d.significant() { " *" } else { "" };
-                        format!("{:+.4} [{:+.4}, {:+.4}]{star}", d.diff, d.lo, d.hi)
-                    });
-                out.push_str(&format!(" {v} |"));
-            }
-            out.push('\n');
-        }
-        out.push_str("\n`*`: the interval excludes 0 (significant at 5%).\n");
+        let heading = format!("{} — {metric}: `{auto}` − policy, paired 95% CI ({}, {} items)", task, model, n);
+        paired_table(out, &heading, &others, budgets, |p, b| {
+            crate::paired::paired(at(auto, b)?.per_item.get(metric)?, at(p, b)?.per_item.get(metric)?)
+        });
     }
+}
+
+/// One paired table: a row per policy, a column per budget.
+fn paired_table(
+    out: &mut String,
+    heading: &str,
+    rows: &[&String],
+    budgets: &[String],
+    cell: impl Fn(&str, &str) -> Option<crate::paired::Paired>,
+) {
+    out.push_str(&format!("\n## {}\n\n| policy |", md_escape(heading)));
+    for b in budgets {
+        out.push_str(&format!(" {} |", md_escape(b)));
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---:|".repeat(budgets.len()));
+    out.push('\n');
+    for p in rows {
+        out.push_str(&format!("| {} |", md_escape(p)));
+        for b in budgets {
+            let v = cell(p, b).map_or(String::new(), |d| {
+                let star = if d.significant() { " *" } else { "" };
+                format!("{:+.4} [{:+.4}, {:+.4}]{star}", d.diff, d.lo, d.hi)
+            });
+            out.push_str(&format!(" {v} |"));
+        }
+        out.push('\n');
+    }
+    out.push_str("\n`*`: the interval excludes 0 (significant at 5%).\n");
 }
 
 /// Writes `results.csv` and `results.md` into `dir`.
@@ -295,5 +315,19 @@ mod tests {
         let line = |p: &str| md.lines().rfind(|l| l.starts_with(&format!("| {p} |"))).unwrap().to_string();
         assert!(line("h2o").starts_with("| h2o | -0.2000 [") && line("h2o").ends_with("* |"), "{md}");
         assert!(line("window").starts_with("| window | +0.0000 [") && !line("window").contains('*'), "{md}");
+
+        // with `auto` in the run: its difference from every other policy at the same budget
+        let md = to_markdown(&[
+            row("full", "-", &full),
+            row("h2o", "20%", &worse),
+            row("window", "20%", &same),
+            row("auto", "20%", &full),
+        ]);
+        assert!(md.contains("## mc:x — acc: `auto` − policy, paired 95% CI (m, 40 items)"), "{md}");
+        let auto_table = &md[md.find("`auto").unwrap()..];
+        let row_of = |p: &str| auto_table.lines().find(|l| l.starts_with(&format!("| {p} |"))).unwrap().to_string();
+        assert!(row_of("h2o").starts_with("| h2o | +0.2000 [") && row_of("h2o").ends_with("* |"), "{md}");
+        assert!(row_of("window").starts_with("| window | +0.0000 [") && !row_of("window").contains('*'), "{md}");
+        assert!(row_of("full").starts_with("| full | +0.0000 [+0.0000, +0.0000]"), "{md}");
     }
 }
