@@ -7,7 +7,7 @@
 //! sink:sink=S,recent=N                 StreamingLLM: first S positions + window
 //! heavy:heavy=N[,score=R]              heavy hitters only, no window
 //! random:budget=N[,recent=R][,seed=S]  seeded random victims, window protected
-//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]|expect[:F]|kvzip|rkv[:P]][,score=R][,alloc=A]
+//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]|expect[:F]|kvzip|kvzap[:FILE]|rkv[:P]][,score=R][,alloc=A]
 //! ```
 //!
 //! `alloc=A` spreads h2o's heavy slots over layers and KV heads under the
@@ -145,6 +145,12 @@ pub enum PrefillMode {
     /// (teacher-forced); every prompt token scored by the most attention a
     /// repeat query paid it, then keep recent + top heavy.
     Kvzip,
+    /// KVzap-style: one chunk, no probe; every prompt token scored by a
+    /// learned per-(layer, KV head) linear predictor of its log KVzip score
+    /// from the layer's normalised input hidden state (`file`: the
+    /// predictor, or `None` for the one kept for the model's fingerprint),
+    /// then keep recent + top heavy.
+    Kvzap { file: Option<&'static str> },
     /// ADAPTIVE_RKV-style: one chunk scored as `Full`; the top tokens
     /// holding `mass_permille`/1000 of the attention mass rank first, the
     /// rest of the budget goes to the most diverse keys.
@@ -328,6 +334,7 @@ impl Evict {
                 PrefillMode::Snap { window, pool } => Some(Observation::Window { window, pool }),
                 PrefillMode::Expect { future } => Some(Observation::Expected { future, skip: r(self.sinks) }),
                 PrefillMode::Kvzip => Some(Observation::Repeat),
+                PrefillMode::Kvzap { file } => Some(Observation::Kvzap { file }),
                 PrefillMode::Rkv { mass_permille } => Some(Observation::Diverse { mass_permille }),
                 _ => None,
             },
@@ -378,6 +385,8 @@ impl TokenPolicySpec {
                     PrefillMode::Snap { window, pool } => shown.push(("prefill", format!("snap:{window}:{pool}"))),
                     PrefillMode::Expect { future } => shown.push(("prefill", format!("expect:{future}"))),
                     PrefillMode::Kvzip => shown.push(("prefill", "kvzip".into())),
+                    PrefillMode::Kvzap { file: None } => shown.push(("prefill", "kvzap".into())),
+                    PrefillMode::Kvzap { file: Some(f) } => shown.push(("prefill", format!("kvzap:{f}"))),
                     PrefillMode::Rkv { mass_permille } => {
                         shown.push(("prefill", format!("rkv:{}", mass_permille as f64 / 1000.0)))
                     }
@@ -555,6 +564,15 @@ fn parse_token_policy(text: &str, default_page: Option<usize>) -> Result<(TokenP
 }
 
 impl PolicySpec {
+    /// The predictor file `prefill=kvzap[:FILE]` names (`Some(None)`: the
+    /// one kept for the model's fingerprint); `None` for any other policy.
+    pub fn kvzap(&self) -> Option<Option<&'static str>> {
+        match self.token {
+            TokenPolicySpec::H2o { prefill: PrefillMode::Kvzap { file }, .. } => Some(file),
+            _ => None,
+        }
+    }
+
     /// The default: keep every token.
     pub fn full() -> Self {
         PolicySpec {
