@@ -1,10 +1,13 @@
-//! `kvslim calibrate`: the offline half of CHAI.
+//! `kvslim calibrate`: the offline half of CHAI, or (`--kvzap`) a
+//! KVzap-style predictor for `prefill=kvzap`.
 
 use crate::common::{require_tokenizer, CalibrationText, CliResult, ModelArgs, Progress};
 use kvslim_cache::policy::chai::CalibrationConfig;
 use kvslim_engine::calibrate::{
     calibrate_quality, calibration_windows, probe_features, second_half_start, text_tokens, CalibrateOptions,
 };
+use kvslim_engine::kvzap::{collect_pairs, fit_kvzap, KvzapOptions};
+use kvslim_models::kvzap::{kvzap_file_name, kvzap_user_dir};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -13,14 +16,29 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     text: CalibrationText,
-    /// Number of calibration windows.
-    #[arg(long, default_value_t = 64)]
-    samples: usize,
+    /// Fit a KVzap-style predictor for `prefill=kvzap` instead of a CHAI
+    /// plan: KVzip-style prefills of --samples windows (default 12) of
+    /// --seq-len tokens (default 2048) from the text's second half, evicting
+    /// nothing, give every token's KVzip score per layer and KV head; a
+    /// ridge regression per layer and KV head predicts its log from the
+    /// layer's normalised hidden state; --held-out more windows pick the
+    /// ridge strength and measure the fit. Written to --out, or without it
+    /// to `$KVSLIM_KVZAP_DIR` or `~/.cache/kvslim/kvzap/<model fingerprint>.kvzap`,
+    /// where `prefill=kvzap` finds it.
+    #[arg(long)]
+    kvzap: bool,
+    /// Held-out windows for --kvzap (ridge strength and fit quality).
+    #[arg(long, default_value_t = 2)]
+    held_out: usize,
+    /// Number of calibration windows (default 64; 12 with --kvzap).
+    #[arg(long)]
+    samples: Option<usize>,
     /// Tokens per calibration window, the BOS included (as `tune`'s and
     /// evaluation's `seq_len`): the windows are spread over the text, each
-    /// a fresh sequence whose first --probe tokens give every head's feature.
-    #[arg(long, default_value_t = 128)]
-    seq_len: usize,
+    /// a fresh sequence whose first --probe tokens give every head's feature
+    /// (default 128; 2048 with --kvzap).
+    #[arg(long)]
+    seq_len: Option<usize>,
     /// Probe length: tokens whose causal attention is a head's feature
     /// (must match the online `probe=` of the policy; the paper uses 5).
     #[arg(long, default_value_t = 5)]
@@ -52,9 +70,9 @@ pub struct Args {
     /// Tokens per quality window, the BOS included (with --max-kl).
     #[arg(long, default_value_t = 512)]
     kl_seq_len: usize,
-    /// Where to write the plan (JSON).
-    #[arg(long)]
-    out: PathBuf,
+    /// Where to write the plan (JSON) or, with --kvzap, the predictor.
+    #[arg(long, short = 'o')]
+    out: Option<PathBuf>,
     /// Also draw every layer's error curve with the chosen k marked
     /// (`layer_NN.png` and `.svg` in this directory).
     #[arg(long, value_name = "DIR", conflicts_with = "max_kl")]
@@ -62,24 +80,29 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> CliResult {
+    if a.kvzap {
+        return run_kvzap(a);
+    }
+    let out = a.out.clone().ok_or("--out FILE is required: where to write the CHAI plan")?;
+    let (samples, seq_len) = (a.samples.unwrap_or(64), a.seq_len.unwrap_or(128));
     let loaded = a.model.load()?;
     let tok = require_tokenizer(&loaded.tokenizer)?;
     let text =
         std::fs::read_to_string(&a.text.path).map_err(|e| format!("cannot read {}: {e}", a.text.path.display()))?;
     let ids = tok.encode(&text)?;
-    if a.seq_len < a.probe {
-        return Err(format!("--seq-len {} is shorter than the probe ({})", a.seq_len, a.probe).into());
+    if seq_len < a.probe {
+        return Err(format!("--seq-len {seq_len} is shorter than the probe ({})", a.probe).into());
     }
-    let windows = calibration_windows(&ids, tok.prepended_bos(), a.samples, a.seq_len)?;
+    let windows = calibration_windows(&ids, tok.prepended_bos(), samples, seq_len)?;
     let n = windows.len();
-    if n < a.samples {
-        eprintln!("note: the text holds only {n} windows of {} tokens; using them all", a.seq_len);
+    if n < samples {
+        eprintln!("note: the text holds only {n} windows of {seq_len} tokens; using them all");
     }
     let opts = CalibrateOptions {
         probe: a.probe,
         config: CalibrationConfig { max_k: a.max_k, dense_layers: a.dense_layers, restarts: a.restarts, seed: a.seed },
         model_name: a.model.model.clone(),
-        seq_len: a.seq_len,
+        seq_len,
     };
     let start = std::time::Instant::now();
     let mut progress = Progress::new("calibrate", "windows");
@@ -99,7 +122,7 @@ pub fn run(a: Args) -> CliResult {
         let several = plans.len() > 1;
         for p in &plans {
             let q = p.quality.as_ref().expect("quality plans carry their record");
-            let path = if several { budget_path(&a.out, q.max_kl) } else { a.out.clone() };
+            let path = if several { budget_path(&out, q.max_kl) } else { out.clone() };
             let keeps: Vec<String> = p.layers.iter().map(|l| l.kv_keep.map_or("-".into(), |k| k.to_string())).collect();
             eprintln!(
                 "max KL {}: {} KV heads' K freed, KL {:.4} measured ({:.4} predicted); kv_keep per layer (- dense): [{}] -> {}",
@@ -115,7 +138,7 @@ pub fn run(a: Args) -> CliResult {
         eprintln!("calibrated in {:.1} s", start.elapsed().as_secs_f64());
         return Ok(());
     }
-    plan.save(&a.out)?;
+    plan.save(&out)?;
     if let Some(dir) = &a.plot {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         for (l, lp) in plan.layers.iter().enumerate() {
@@ -139,7 +162,84 @@ pub fn run(a: Args) -> CliResult {
         n,
         start.elapsed().as_secs_f64(),
         ks.join(", "),
-        a.out.display()
+        out.display()
+    );
+    Ok(())
+}
+
+/// `--kvzap`: windows from the text's second half (the first half stays
+/// free for evaluation), KVzip scores and hidden states per window, the
+/// fit, the file.
+fn run_kvzap(a: Args) -> CliResult {
+    let (samples, seq_len) = (a.samples.unwrap_or(12), a.seq_len.unwrap_or(2048));
+    if samples == 0 {
+        return Err("--samples must be at least 1".into());
+    }
+    let loaded = a.model.load()?;
+    let model = &loaded.model;
+    let tok = require_tokenizer(&loaded.tokenizer)?;
+    let text =
+        std::fs::read_to_string(&a.text.path).map_err(|e| format!("cannot read {}: {e}", a.text.path.display()))?;
+    let ids = tok.encode(&text)?;
+    let fits = model.config.context_len / 2;
+    if seq_len > fits {
+        return Err(format!(
+            "--seq-len {seq_len}: the KVzip probe repeats each window, so a window must fit half the model's context ({fits})"
+        )
+        .into());
+    }
+    let second = &ids[second_half_start(ids.len())..];
+    let total = samples + a.held_out;
+    let windows = calibration_windows(second, tok.prepended_bos(), total, seq_len)?;
+    if windows.len() < total {
+        return Err(format!(
+            "the text's second half holds only {} windows of {seq_len} tokens, fewer than --samples {samples} + --held-out {}",
+            windows.len(),
+            a.held_out
+        )
+        .into());
+    }
+    // every k-th window is held out, so both sets span the text
+    let every = total.checked_div(a.held_out).unwrap_or(usize::MAX);
+    let held = |i: usize| a.held_out > 0 && (i + 1).is_multiple_of(every) && (i + 1) / every <= a.held_out;
+    let fingerprint = model.fingerprint();
+    let out = match &a.out {
+        Some(p) => p.clone(),
+        None => kvzap_user_dir()
+            .ok_or("no place for the predictor: set KVSLIM_KVZAP_DIR or HOME, or give --out FILE")?
+            .join(kvzap_file_name(&fingerprint)),
+    };
+    let start = std::time::Instant::now();
+    let (mut train, mut held_out) = (Vec::new(), Vec::new());
+    let mut progress = Progress::new("kvzap", "windows");
+    progress.update(0, total);
+    for (i, w) in windows.iter().enumerate() {
+        let pairs = kvslim_engine::on_workers(|| collect_pairs(model, w))?;
+        if held(i) {
+            held_out.push(pairs);
+        } else {
+            train.push(pairs);
+        }
+        progress.update(i + 1, total);
+    }
+    let opts = KvzapOptions { text: a.text.path.display().to_string(), seq_len };
+    let mut progress = Progress::new("fit", "layers");
+    let (predictor, q) =
+        kvslim_engine::on_workers(|| fit_kvzap(model, &train, &held_out, &opts, |d, t| progress.update(d, t)))?;
+    predictor.save(&out)?;
+    eprintln!(
+        "KVzap predictor for {fingerprint}: {} windows of {seq_len} tokens, {} held out; held-out Spearman {:.3} \
+         (lowest unit {:.3}), R² {:.3}; global selection kept by the prediction: {:.1}% at 12.5%, {:.1}% at 25%; \
+         {:.1} s -> {}",
+        train.len(),
+        held_out.len(),
+        q.spearman_mean,
+        q.spearman_min,
+        q.r2_mean,
+        100.0 * q.global_overlap_12_5,
+        100.0 * q.global_overlap_25,
+        start.elapsed().as_secs_f64(),
+        out.display()
     );
     Ok(())
 }

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod calibrate;
 pub mod context;
 pub mod generate;
+pub mod kvzap;
 pub mod perplexity;
 pub mod sampling;
 pub mod session;

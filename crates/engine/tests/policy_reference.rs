@@ -14,9 +14,11 @@ use kvslim_engine::Session;
 use kvslim_kernels::rope::RopeLayout;
 use kvslim_kernels::DType;
 use kvslim_models::config::ModelConfig;
+use kvslim_models::kvzap::{KvzapMeta, KvzapPredictor};
 use kvslim_models::transformer::PROBE_SINKS;
 use kvslim_models::{Logits, Model, Trace};
 use reference::{ref_ada_shares, ref_pyramid, RefExpect, RefHead, RefPolicy, RefScore, Rule};
+use std::path::Path;
 mod common;
 
 use common::{stories, tokens};
@@ -260,6 +262,8 @@ fn ref_alloc(spec: &PolicySpec, base: usize, layers: usize) -> (Vec<usize>, Opti
 fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, label: &str) {
     let c = &model.config;
     let (hd, g) = (c.head_dim, c.group_size());
+    // KVzap: the predictor's raw rows, read from its file (the scoring is the reference's)
+    let kvzap = spec.kvzap().map(|f| KvzapPredictor::load(Path::new(f.expect("tests name the file"))).unwrap());
     let mut policy = ref_policy(spec, tokens.len());
     if let Some(e) = policy.expect.as_mut() {
         let rope = c.rope.as_ref().expect("expected attention is tested on RoPE models");
@@ -331,6 +335,14 @@ fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, 
                     .iter()
                     .enumerate()
                     .map(|(kvh, r)| {
+                        if let Some(pred) = &kvzap {
+                            let x = &trace.hidden[l];
+                            let d = c.hidden_size;
+                            let scores: Vec<f64> =
+                                (0..n).map(|t| ref_kvzap_score(model, pred, l, kvh, &x[t * d..(t + 1) * d])).collect();
+                            let chunk: Vec<_> = (0..n).map(|t| tok(kvh, t)).collect();
+                            return r.prefill_candidates_given(&chunk, &scores);
+                        }
                         if let Some(size) = policy.kvzip {
                             // the trace holds the probe's rows after the prompt's
                             let rows = q.len() / c.q_dim();
@@ -529,6 +541,101 @@ fn kvzip_prefill_equals_reference() {
     h2o_prefill_cases((6161, 16, 900), |pick| {
         format!("score={},prefill=kvzip{}", ["sum", "norm"][pick(2)], ["", ":16", ":40"][pick(3)])
     });
+}
+
+/// The KVzap score of one token in f64, written out from its definition:
+/// the layer's input hidden state `x` through the attention RMSNorm
+/// (x_i / √(mean x² + ε) · w_i), then bias + weights · x̂, then
+/// exp(min(·, 0)).
+fn ref_kvzap_score(model: &Model, pred: &KvzapPredictor, layer: usize, kv: usize, x: &[f32]) -> f64 {
+    let c = &model.config;
+    assert_eq!(c.norm, kvslim_models::config::NormKind::Rms, "the reference normalises by RMS");
+    let w = &model.weights.layers[layer].attn_norm.weight;
+    let ms = x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / x.len() as f64;
+    let inv = 1.0 / (ms + c.norm_eps as f64).sqrt();
+    let d = c.hidden_size;
+    let row =
+        &pred.weights[(layer * pred.meta.kv_heads + kv) * (d + 1)..(layer * pred.meta.kv_heads + kv + 1) * (d + 1)];
+    let mut y = row[0] as f64;
+    for i in 0..d {
+        y += row[i + 1] as f64 * (x[i] as f64 * inv * w[i] as f64);
+    }
+    y.min(0.0).exp()
+}
+
+/// A predictor for `model` with seeded random rows (bias −4 ± 1, weights
+/// ±`spread`), saved to `path`.
+fn random_kvzap(model: &Model, seed: u64, spread: f32, path: &Path) {
+    let c = &model.config;
+    let mut rng = Rng::new(seed);
+    let mut u = || (rng.next_u64() >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0;
+    let per = c.hidden_size + 1;
+    let weights =
+        (0..c.n_layers * c.n_kv_heads * per).map(|i| if i % per == 0 { -4.0 + u() } else { spread * u() }).collect();
+    let meta = KvzapMeta {
+        kind: kvslim_models::kvzap::KVZAP_KIND.into(),
+        model: model.fingerprint(),
+        layers: c.n_layers,
+        kv_heads: c.n_kv_heads,
+        hidden: c.hidden_size,
+        eps: 1e-6,
+        calibration: serde_json::Value::Null,
+        quality: serde_json::Value::Null,
+    };
+    KvzapPredictor { meta, weights }.save(path).unwrap();
+}
+
+/// KVzap-style prefill (`prefill=kvzap:FILE`): each prompt token scored by
+/// the predictor from its normalised hidden state (per layer and KV head),
+/// no attention, then decode steps as H2O; uniform, `ada` and `global`
+/// budgets, sinks, max aggregation and score=norm, on stories260K and on
+/// random shapes; optimized == reference after every call, and the tiled
+/// prefill keeps what the traced one keeps.
+#[test]
+fn kvzap_prefill_equals_reference() {
+    let dir = std::env::temp_dir().join(format!("kvslim-kvzap-ref-{}", std::process::id()));
+    let m = stories();
+    let file = dir.join("stories.kvzap");
+    random_kvzap(&m.model, 31, 0.3, &file);
+    let f = file.display();
+    let ids = tokens(&m, 200);
+    for spec in [
+        format!("h2o:heavy=24,recent=8,sink=4,prefill=kvzap:{f}"),
+        format!("h2o:heavy=16,recent=16,agg=max,score=norm,prefill=kvzap:{f}"),
+        format!("h2o:heavy=16,recent=16,prefill=kvzap:{f},alloc=global"),
+        format!("h2o:heavy=24,recent=4,sink=4,prefill=kvzap:{f},alloc=global"),
+        format!("h2o:heavy=16,recent=16,prefill=kvzap:{f},alloc=ada:0.2"),
+    ] {
+        let spec = PolicySpec::parse(&spec).unwrap();
+        compare(&m.model, &spec, &ids, 120, &format!("stories260K {spec}"));
+        assert_tiled_keeps_what_traced_keeps(&m.model, &spec, &ids[..120], &format!("stories260K {spec}"));
+    }
+    let mut rng = Rng::new(8181);
+    let mut pick = |n: u64| (rng.next_u64() % n) as usize;
+    for case in 0..12 {
+        let (heads, kv_heads) = SHAPES[pick(SHAPES.len() as u64)];
+        let cfg = tiny_config(heads, kv_heads, [4, 8, 16][pick(3)]);
+        let model = kvslim_engine::synthetic::random_model(cfg, DType::F32, 1300 + case, 3.0).unwrap();
+        let file = dir.join(format!("case{case}.kvzap"));
+        random_kvzap(&model, case, 0.5, &file);
+        let prompt_len = 8 + pick(60);
+        let total = prompt_len + 10 + pick(30);
+        let tokens: Vec<u32> = (0..total).map(|_| pick(64) as u32).collect();
+        let b = 4 + pick(20);
+        let r = 1 + pick(b as u64 / 2);
+        let alloc = ["", ",alloc=global", ",alloc=ada:0.2"][pick(3)];
+        let text = format!(
+            "h2o:heavy={},recent={r},sink={},agg={},prefill=kvzap:{}{alloc}",
+            b - r,
+            pick(3),
+            ["sum", "max"][pick(2)],
+            file.display()
+        );
+        let spec = PolicySpec::parse(&text).unwrap();
+        compare(&model, &spec, &tokens, prompt_len, &format!("case {case} {spec} H={heads}/{kv_heads}"));
+        assert_tiled_keeps_what_traced_keeps(&model, &spec, &tokens[..prompt_len], &format!("case {case}"));
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// ADAPTIVE_RKV-style prefill (`prefill=rkv:P`): the prompt scored by

@@ -4,6 +4,7 @@
 
 pub mod chat;
 pub mod config;
+pub mod kvzap;
 pub mod loader;
 pub mod tokenizer;
 pub mod transformer;

@@ -188,6 +188,12 @@ pub enum Observation {
     /// Query-agnostic; costs about one more prefill's projections, and
     /// attention linear in the prompt.
     Repeat { chunk: usize },
+    /// KVzap-style: each chunk token scores exp(min(0, b + w·x̂)) per KV
+    /// head, x̂ the layer's normalised input hidden state of the token and
+    /// (w, b) the head's row of a predictor fitted to the log of KVzip's
+    /// scores (`file`; `None`: the one kept for the model). Computed by the
+    /// model during the one prefill: no probe, no attention needed.
+    Kvzap { file: Option<&'static str> },
     /// ADAPTIVE_RKV-style (OpenVINO GenAI): every query's attention, summed
     /// as in a plain prefill; the highest-scoring candidates holding
     /// `mass_permille`/1000 of the chunk's attention mass rank first, and

@@ -365,6 +365,16 @@ impl PrefillCandidates {
         }
     }
 
+    /// KVzap: the predictor file (`Some(None)`: the model's own); the
+    /// model adds each chunk token's predicted score with
+    /// [`PrefillCandidates::add_column_sums`] (`None`: not this mode).
+    pub fn kvzap(&self) -> Option<Option<&'static str>> {
+        match self.observation {
+            Some(Observation::Kvzap { file }) => Some(file),
+            _ => None,
+        }
+    }
+
     /// KVzip: how many of the chunk's last rows are the repeat probe. Only
     /// they score, each candidate by the most attention any repeat row of
     /// its piece (any query head of the group) paid it: the model folds
@@ -478,8 +488,9 @@ impl PrefillCandidates {
             // the prompt's rows do not score, and the model folds the probe's
             return;
         }
-        if self.expected_attention().is_some() {
-            // scored by the query distribution instead (the model adds it)
+        if self.expected_attention().is_some() || self.kvzap().is_some() {
+            // scored by the query distribution or the predictor instead
+            // (the model adds it)
             return;
         }
         if let Some(w) = self.observation_queries() {

@@ -351,6 +351,19 @@ impl RefHead {
         cands
     }
 
+    /// KVzap: the held slots keep their scores; each chunk token joins
+    /// with the score the predictor gave it (`scores[t]`), no attention.
+    pub fn prefill_candidates_given(&self, chunk: &[RefToken], scores: &[f64]) -> Vec<Slot> {
+        let mut cands = self.slots.clone();
+        cands.extend(chunk.iter().zip(scores).map(|((p, _, k, v), &sc)| Slot {
+            pos: *p,
+            k: k.clone(),
+            v: v.clone(),
+            score: sc,
+        }));
+        cands
+    }
+
     /// Expected attention: per query head of the group, the mean and
     /// covariance of the chunk's queries (positions from `skip`) with RoPE
     /// undone, both carried by the rotation averaged over the `future`

@@ -223,6 +223,9 @@ impl Model {
             t.hidden.push(s.a.x[..rows * d].to_vec());
         }
         self.project_qkv(li, &mut s.a, rows, Products::Gemm);
+        if let Some(tap) = s.hidden_tap.as_mut() {
+            tap.push(s.a.xn[..n * d].to_vec());
+        }
         self.position_qk(li, &mut s.a.q, &mut s.a.k, rows, &s.cos, &s.sin);
         if let Some(t) = s.trace.as_mut() {
             t.qkv.push([s.a.q[..rows * qd].to_vec(), s.a.k[..rows * kvd].to_vec(), s.a.v[..rows * kvd].to_vec()]);

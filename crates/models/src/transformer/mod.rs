@@ -29,6 +29,7 @@ pub use scratch::{BatchScratch, Scratch};
 pub use trace::Trace;
 
 use crate::config::ModelConfig;
+use crate::kvzap::{find_kvzap, KvzapPredictor};
 use crate::weights::Weights;
 use crate::{Error, Result};
 use kvslim_cache::{CacheShape, SequenceCache};
@@ -65,6 +66,10 @@ pub struct Model {
     /// ([`REPEAT_PART_INSTRUCTION`], then the previous piece's last
     /// tokens); set with `repeat_prompt`.
     pub repeat_part_prompt: Vec<u32>,
+    /// KVzap predictors (`prefill=kvzap[:FILE]`) read so far, by the file
+    /// the spec names (`None`: the model's own, found by fingerprint):
+    /// each file is read and checked once ([`Model::kvzap_predictor`]).
+    kvzap: std::sync::Mutex<Vec<(Option<&'static str>, std::sync::Arc<KvzapPredictor>)>>,
 }
 
 impl Model {
@@ -100,7 +105,15 @@ impl Model {
                 }
             }
         }
-        Ok(Model { config, weights, ropes, layer_rope, repeat_prompt: Vec::new(), repeat_part_prompt: Vec::new() })
+        Ok(Model {
+            config,
+            weights,
+            ropes,
+            layer_rope,
+            repeat_prompt: Vec::new(),
+            repeat_part_prompt: Vec::new(),
+            kvzap: Default::default(),
+        })
     }
 
     /// A cache for one sequence of at most `max_len` tokens under `spec`.
@@ -120,6 +133,10 @@ impl Model {
         base_len: usize,
         pool: Option<&kvslim_cache::PagePool>,
     ) -> Result<SequenceCache> {
+        if let Some(file) = spec.kvzap() {
+            // a missing or mismatched predictor fails here, not mid-prefill
+            self.kvzap_predictor(file)?;
+        }
         Ok(SequenceCache::in_pool(spec, self.cache_shape(), max_len.min(self.config.context_len), base_len, pool)?)
     }
 
@@ -141,6 +158,28 @@ impl Model {
         }
         format!("{:?}-{}L-{}d-{}v-{:08x}", c.architecture, c.n_layers, c.hidden_size, c.vocab_size, h.finalize())
             .to_lowercase()
+    }
+
+    /// The KVzap predictor `prefill=kvzap[:FILE]` scores with: `file`, or
+    /// (`None`) `<fingerprint>.kvzap` from the places
+    /// [`find_kvzap`] searches. Read and checked against this model's
+    /// fingerprint and shape once, then shared.
+    pub fn kvzap_predictor(&self, file: Option<&'static str>) -> Result<std::sync::Arc<KvzapPredictor>> {
+        let mut loaded = self.kvzap.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, p)) = loaded.iter().find(|(f, _)| *f == file) {
+            return Ok(p.clone());
+        }
+        let fingerprint = self.fingerprint();
+        let path = match file {
+            Some(f) => std::path::PathBuf::from(f),
+            None => find_kvzap(&fingerprint)?,
+        };
+        let p = KvzapPredictor::load(&path)?;
+        let c = &self.config;
+        p.check(&fingerprint, c.n_layers, c.n_kv_heads, c.hidden_size, &path)?;
+        let p = std::sync::Arc::new(p);
+        loaded.push((file, p.clone()));
+        Ok(p)
     }
 
     /// The cache dimensions of this model.

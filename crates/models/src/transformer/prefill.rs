@@ -104,11 +104,38 @@ impl Model {
             if let Some(e) = s.cand.expected_attention() {
                 self.expected_scores(li, comp, s, (p0, n, scale), e);
             }
+            if let Some(file) = s.cand.kvzap() {
+                self.kvzap_scores(li, comp, s, n, file)?;
+            }
             if let (Some(k), Some(done)) = (key, scored.as_deref_mut()) {
                 done.push((ci, k, s.cand.attention_scores()));
             }
             cache.commit_candidates(li, ci, &mut s.cand)?;
         }
+        Ok(())
+    }
+
+    /// KVzap: adds each of the chunk's `n` tokens' predicted score (from
+    /// its normalised hidden state, `s.a.xn`, and the predictor's row for
+    /// the component's leader) to its candidate; held slots get nothing.
+    fn kvzap_scores(
+        &self,
+        li: usize,
+        comp: &Component,
+        s: &mut Scratch,
+        n: usize,
+        file: Option<&'static str>,
+    ) -> Result<()> {
+        let p = self.kvzap_predictor(file)?;
+        let d = self.config.hidden_size;
+        let held = s.cand.held();
+        let mut add = vec![0f32; held + n];
+        let xn = &s.a.xn;
+        add[held..]
+            .par_iter_mut()
+            .enumerate()
+            .for_each(|(t, a)| *a = p.score(li, comp.leader, &xn[t * d..(t + 1) * d]));
+        s.cand.add_column_sums(&add);
         Ok(())
     }
 

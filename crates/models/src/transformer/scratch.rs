@@ -63,6 +63,12 @@ pub struct Scratch {
     pub(super) rows: Activations,
     /// Set to `Some(Trace::default())` to record the next forward call.
     pub trace: Option<Trace>,
+    /// Set to `Some(Vec::new())` to collect, per layer of every prefill
+    /// chunk, the chunk's normalised input hidden states `[n, hidden]` (the
+    /// attention norm's output, the chunk's own rows only: no KVzip probe
+    /// rows), what a KVzap predictor reads. Unlike a trace it records
+    /// nothing else and leaves the kernels as they are.
+    pub hidden_tap: Option<Vec<Vec<f32>>>,
 }
 
 impl Scratch {

@@ -163,6 +163,7 @@ pub(in crate::policy) static FAMILIES: &[Family] = &[
             let once = match prefill {
                 PrefillMode::Expect { .. } => Some("expect"),
                 PrefillMode::Kvzip { .. } => Some("kvzip"),
+                PrefillMode::Kvzap { .. } => Some("kvzap"),
                 PrefillMode::Rkv { .. } => Some("rkv"),
                 _ => None,
             };
@@ -180,11 +181,12 @@ pub(in crate::policy) static FAMILIES: &[Family] = &[
 
 /// `stream:C`, `snap:W[:K]` (K odd, default 7: SnapKV's pooling kernel)
 /// `expect[:F]` (F future positions, default 512 as kvpress), `kvzip[:C]`
-/// (the repeat in pieces of C ≥ 1 tokens, default [`KVZIP_CHUNK`]) or
+/// (the repeat in pieces of C ≥ 1 tokens, default [`KVZIP_CHUNK`]),
+/// `kvzap[:FILE]` (a predictor file; without one, the model's own) or
 /// `rkv[:P]` (attention-mass share P in (0, 1], default 0.9 as OpenVINO).
 fn parse_prefill(s: &str) -> Result<PrefillMode, String> {
     let bad = || {
-        format!("prefill: `{s}` is not `full`, `stream:C` (C ≥ 1), `snap:W[:K]` (W ≥ 1, K odd), `expect[:F]` (F ≥ 1), `kvzip[:C]` (C ≥ 1) or `rkv[:P]` (0 < P ≤ 1)")
+        format!("prefill: `{s}` is not `full`, `stream:C` (C ≥ 1), `snap:W[:K]` (W ≥ 1, K odd), `expect[:F]` (F ≥ 1), `kvzip[:C]` (C ≥ 1), `kvzap[:FILE]` or `rkv[:P]` (0 < P ≤ 1)")
     };
     if s == "kvzip" {
         return Ok(PrefillMode::Kvzip { chunk: KVZIP_CHUNK });
@@ -193,6 +195,17 @@ fn parse_prefill(s: &str) -> Result<PrefillMode, String> {
         return match c.parse::<usize>() {
             Ok(chunk) if chunk >= 1 => Ok(PrefillMode::Kvzip { chunk }),
             _ => Err(bad()),
+        };
+    }
+    if s == "kvzap" {
+        return Ok(PrefillMode::Kvzap { file: None });
+    }
+    if let Some(f) = s.strip_prefix("kvzap:") {
+        return match f.trim() {
+            "" => {
+                Err(format!("prefill: `{s}` names no file: write `kvzap` (the model's own predictor) or `kvzap:FILE`"))
+            }
+            f => Ok(PrefillMode::Kvzap { file: Some(intern(f)) }),
         };
     }
     if s == "rkv" {
@@ -231,6 +244,20 @@ fn parse_prefill(s: &str) -> Result<PrefillMode, String> {
         return Err(bad());
     }
     Ok(PrefillMode::Snap { window: w, pool: k })
+}
+
+/// A predictor path as a `&'static str`, so [`PrefillMode`] stays `Copy`:
+/// each distinct path is leaked once and reused (a server parsing the same
+/// spec per request allocates nothing more).
+fn intern(path: &str) -> &'static str {
+    static PATHS: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut paths = PATHS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&p) = paths.iter().find(|&&p| p == path) {
+        return p;
+    }
+    let p: &'static str = Box::leak(path.to_string().into_boxed_str());
+    paths.push(p);
+    p
 }
 
 fn nonzero(b: Budget, why: &str) -> Result<(), String> {

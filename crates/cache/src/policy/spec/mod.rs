@@ -7,7 +7,7 @@
 //! sink:sink=S,recent=N                 StreamingLLM: first S positions + window
 //! heavy:heavy=N[,score=R]              heavy hitters only, no window
 //! random:budget=N[,recent=R][,seed=S]  seeded random victims, window protected
-//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]|expect[:F]|kvzip[:C]|rkv[:P]][,score=R][,alloc=A]
+//! h2o:heavy=N,recent=M[,agg=sum|max][,prefill=full|stream:C|snap:W[:K]|expect[:F]|kvzip[:C]|kvzap[:FILE]|rkv[:P]][,score=R][,alloc=A]
 //! ```
 //!
 //! `alloc=A` spreads h2o's heavy slots over layers and KV heads under the
@@ -150,6 +150,12 @@ pub enum PrefillMode {
     /// scored by the most attention a repeat query of its piece paid it,
     /// then keep recent + top heavy.
     Kvzip { chunk: usize },
+    /// KVzap-style: one chunk, no probe; every prompt token scored by a
+    /// learned per-(layer, KV head) linear predictor of its log KVzip score
+    /// from the layer's normalised input hidden state (`file`: the
+    /// predictor, or `None` for the one kept for the model's fingerprint),
+    /// then keep recent + top heavy.
+    Kvzap { file: Option<&'static str> },
     /// ADAPTIVE_RKV-style: one chunk scored as `Full`; the top tokens
     /// holding `mass_permille`/1000 of the attention mass rank first, the
     /// rest of the budget goes to the most diverse keys.
@@ -333,6 +339,7 @@ impl Evict {
                 PrefillMode::Snap { window, pool } => Some(Observation::Window { window, pool }),
                 PrefillMode::Expect { future } => Some(Observation::Expected { future, skip: r(self.sinks) }),
                 PrefillMode::Kvzip { chunk } => Some(Observation::Repeat { chunk }),
+                PrefillMode::Kvzap { file } => Some(Observation::Kvzap { file }),
                 PrefillMode::Rkv { mass_permille } => Some(Observation::Diverse { mass_permille }),
                 _ => None,
             },
@@ -384,6 +391,8 @@ impl TokenPolicySpec {
                     PrefillMode::Expect { future } => shown.push(("prefill", format!("expect:{future}"))),
                     PrefillMode::Kvzip { chunk: KVZIP_CHUNK } => shown.push(("prefill", "kvzip".into())),
                     PrefillMode::Kvzip { chunk } => shown.push(("prefill", format!("kvzip:{chunk}"))),
+                    PrefillMode::Kvzap { file: None } => shown.push(("prefill", "kvzap".into())),
+                    PrefillMode::Kvzap { file: Some(f) } => shown.push(("prefill", format!("kvzap:{f}"))),
                     PrefillMode::Rkv { mass_permille } => {
                         shown.push(("prefill", format!("rkv:{}", mass_permille as f64 / 1000.0)))
                     }
@@ -561,6 +570,15 @@ fn parse_token_policy(text: &str, default_page: Option<usize>) -> Result<(TokenP
 }
 
 impl PolicySpec {
+    /// The predictor file `prefill=kvzap[:FILE]` names (`Some(None)`: the
+    /// one kept for the model's fingerprint); `None` for any other policy.
+    pub fn kvzap(&self) -> Option<Option<&'static str>> {
+        match self.token {
+            TokenPolicySpec::H2o { prefill: PrefillMode::Kvzap { file }, .. } => Some(file),
+            _ => None,
+        }
+    }
+
     /// The default: keep every token.
     pub fn full() -> Self {
         PolicySpec {

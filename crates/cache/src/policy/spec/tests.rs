@@ -20,6 +20,8 @@ fn parses_every_policy_and_round_trips() {
         "h2o:heavy=8,recent=8,prefill=kvzip,alloc=ada:0.2",
         "h2o:heavy=8,recent=8,prefill=kvzip,alloc=global",
         "h2o:heavy=8,recent=8,prefill=kvzip:512",
+        "h2o:heavy=8,recent=8,prefill=kvzap",
+        "h2o:heavy=8,recent=8,prefill=kvzap:calib/kvzap/m.kvzap,score=norm,alloc=global",
         "h2o:heavy=8,recent=8,prefill=rkv:0.9",
         "h2o:heavy=8,recent=8,prefill=rkv:0.75,score=norm",
         "full:page=16,kv_dtype=q8",
@@ -75,6 +77,8 @@ fn bad_specs_name_the_problem() {
         ("h2o:heavy=1,recent=1,prefill=kvzip,score=tova", "prefill=kvzip scores the prompt once"),
         ("h2o:heavy=1,recent=1,prefill=kvzip:0", "`kvzip[:C]`"),
         ("h2o:heavy=1,recent=1,recent_share=0.1", "recent_share splits a budget family's slots"),
+        ("h2o:heavy=1,recent=1,prefill=kvzap:", "names no file"),
+        ("h2o:heavy=1,recent=1,prefill=kvzap,score=vnorm", "prefill=kvzap scores the prompt once"),
         ("h2o:heavy=1,recent=1,prefill=rkv:0", "`rkv[:P]`"),
         ("h2o:heavy=1,recent=1,prefill=rkv:1.5", "`rkv[:P]`"),
         ("h2o:heavy=1,recent=1,prefill=rkv:0.9,score=tova", "prefill=rkv scores the prompt once"),
@@ -237,4 +241,20 @@ fn a_default_page_size_serves_compact_and_page_score_only() {
     assert_eq!(p.storage.page_size, Some(4), "an explicit page wins");
     assert_eq!(PolicySpec::parse_with_page("h2o:heavy=1,recent=1", Some(16)).unwrap().storage.page_size, None);
     assert!(PolicySpec::parse_with_page("h2o:heavy=1,recent=1,compact=8", None).is_err());
+}
+
+/// `prefill=kvzap[:FILE]`: the file is only named (parsing reads none),
+/// kept as written, and the eviction scores by the predictor.
+#[test]
+fn kvzap_names_its_predictor() {
+    let own = PolicySpec::parse("h2o:heavy=8,recent=8,prefill=kvzap").unwrap();
+    assert_eq!(own.kvzap(), Some(None));
+    let named = PolicySpec::parse("h2o:heavy=8,recent=8,prefill=kvzap:/no/such/file.kvzap").unwrap();
+    assert_eq!(named.kvzap(), Some(Some("/no/such/file.kvzap")));
+    assert_eq!(named.to_string(), "h2o:heavy=8,recent=8,prefill=kvzap:/no/such/file.kvzap");
+    assert_ne!(own, named);
+    assert_eq!(PolicySpec::parse("h2o:heavy=8,recent=8,prefill=kvzip").unwrap().kvzap(), None);
+    let Parts { name, evict, .. } = named.token.parts();
+    let c = evict.unwrap().resolve(name, 100);
+    assert_eq!(c.observation, Some(Observation::Kvzap { file: Some("/no/such/file.kvzap") }));
 }
