@@ -320,8 +320,13 @@ pub struct PrefillCandidates {
     value_norms: Vec<f32>,
     /// SnapKV: only the chunk's last queries score, their sums max-pooled.
     observation: Option<Observation>,
-    /// KVzip: the chunk's last rows are its repeat probe (they score by
-    /// their maximum attention, then leave).
+    /// KVzip: how many of the chunk's last rows are its repeat probe. Only
+    /// they score, each candidate by the most attention any repeat row of
+    /// its piece (any query head of the group) paid it: the model folds
+    /// their rows with [`repeat_attention_into`] and adds each piece's
+    /// maximum with [`PrefillCandidates::add_column_sums`]
+    /// ([`PrefillCandidates::observe_query`] ignores a KVzip chunk's rows);
+    /// then they leave. 0: not a KVzip chunk.
     repeat: usize,
     /// Pooling workspace: candidate indices by position, pooled sums.
     by_position: Vec<usize>,
@@ -373,17 +378,6 @@ impl PrefillCandidates {
             Some(Observation::Kvzap { file }) => Some(file),
             _ => None,
         }
-    }
-
-    /// KVzip: how many of the chunk's last rows are the repeat probe. Only
-    /// they score, each candidate by the most attention any repeat row of
-    /// its piece (any query head of the group) paid it: the model folds
-    /// their rows with [`repeat_attention_into`] and adds each piece's
-    /// maximum with [`PrefillCandidates::add_column_sums`]
-    /// ([`PrefillCandidates::observe_query`] ignores a KVzip chunk's rows).
-    /// 0: not a KVzip chunk.
-    pub fn repeat_rows(&self) -> usize {
-        self.repeat
     }
 
     /// Drops the repeat probe's candidates (the chunk's last rows) before
