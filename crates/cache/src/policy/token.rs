@@ -345,6 +345,67 @@ impl TokenEviction {
         (newest + 1).saturating_sub(self.recent as u32)
     }
 
+    /// Evicts one at a time among the survivors (`keep`: all of them):
+    /// the same rule as decode.
+    fn select_one_at_a_time(
+        &mut self,
+        head: HeadId,
+        positions: &[u32],
+        scores: &[f32],
+        newest: u32,
+        keep: &mut Vec<usize>,
+    ) {
+        let HeadId { layer, kv_head } = head;
+        let mut pos: Vec<u32> = positions.to_vec();
+        let mut sc: Vec<f32> = scores.to_vec();
+        while keep.len() > self.budget {
+            let Some(v) = self.victim(layer, kv_head, &pos, &sc, newest) else { break };
+            keep.remove(v);
+            pos.remove(v);
+            sc.remove(v);
+        }
+    }
+
+    /// [`TokenEviction::select_after_prefill`]'s choice without evicting one
+    /// at a time (each eviction a scan and a shift of every survivor, so
+    /// quadratic in the candidates: seconds per layer at 32K): the
+    /// eligible candidates ordered by the victim rule's key, then position,
+    /// then index (exactly the order in which [`TokenEviction::victim`]
+    /// would pick them, since neither eligibility nor keys change while it
+    /// evicts), the first `len − budget` of them dropped. False (nothing
+    /// done) for random eviction and for a NaN key, whose comparisons the
+    /// one-at-a-time scan resolves its own way.
+    fn select_lowest_at_once(&self, positions: &[u32], scores: &[f32], newest: u32, keep: &mut Vec<usize>) -> bool {
+        let from = self.recent_from(newest);
+        let key = |i: usize, p: u32| match self.rule {
+            VictimRule::LowestScore => Some(self.score.key(scores[i], p, newest)),
+            VictimRule::Oldest => Some(0.0),
+            VictimRule::Random { .. } => None,
+        };
+        let mut order = Vec::with_capacity(positions.len());
+        for (i, &p) in positions.iter().enumerate().filter(|(_, &p)| self.eligible(p, from)) {
+            match key(i, p) {
+                Some(k) if !k.is_nan() => order.push((k, p, i)),
+                _ => return false,
+            }
+        }
+        let evict = (positions.len() - self.budget).min(order.len());
+        if evict == 0 {
+            return true;
+        }
+        // `partial_cmp` as the scan's tuple comparison (−0 equals +0)
+        let by_rank = |a: &(f32, u32, usize), b: &(f32, u32, usize)| {
+            a.0.partial_cmp(&b.0).expect("no NaN").then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2))
+        };
+        if evict < order.len() {
+            order.select_nth_unstable_by(evict - 1, by_rank);
+        }
+        let mut dropped = vec![false; positions.len()];
+        order[..evict].iter().for_each(|&(_, _, i)| dropped[i] = true);
+        keep.retain(|&i| !dropped[i]);
+        true
+    }
+
     /// Picks one victim among `positions`/`scores` (None if nothing is eligible).
     fn victim(
         &mut self,
@@ -493,21 +554,14 @@ impl CachePolicy for TokenEviction {
     }
 
     fn select_after_prefill(&mut self, head: HeadId, positions: &[u32], scores: &[f32], keep: &mut Vec<usize>) {
-        let HeadId { layer, kv_head } = head;
         keep.clear();
         keep.extend(0..positions.len());
         if positions.len() <= self.budget {
             return;
         }
         let newest = positions.iter().copied().max().unwrap_or(0);
-        // evict one at a time among the survivors: the same rule as decode
-        let mut pos: Vec<u32> = positions.to_vec();
-        let mut sc: Vec<f32> = scores.to_vec();
-        while keep.len() > self.budget {
-            let Some(v) = self.victim(layer, kv_head, &pos, &sc, newest) else { break };
-            keep.remove(v);
-            pos.remove(v);
-            sc.remove(v);
+        if !self.select_lowest_at_once(positions, scores, newest, keep) {
+            self.select_one_at_a_time(head, positions, scores, newest, keep);
         }
     }
 
@@ -594,6 +648,61 @@ mod tests {
         assert_eq!((ev[0].victim_pos, ev[0].victim_age), (8, 3));
         assert!((ev[0].victim_score - 0.38).abs() < 1e-6);
         assert!((ev[0].margin - (1.22 - 0.38)).abs() < 1e-6);
+    }
+
+    /// The prefill's choice made at once equals evicting one at a time:
+    /// scores with ties (±0 among them), shuffled positions, both
+    /// deterministic rules, sinks and recent windows, several budgets.
+    #[test]
+    fn prefill_selection_at_once_matches_one_at_a_time() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |m: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % m
+        };
+        for case in 0..200 {
+            let n = 1 + next(300) as usize;
+            let mut positions: Vec<u32> = (0..n as u32).map(|p| p * 2 + (case % 3)).collect();
+            for i in (1..n).rev() {
+                positions.swap(i, next(i as u64 + 1) as usize);
+            }
+            let scores: Vec<f32> = (0..n)
+                .map(|_| match next(5) {
+                    0 => 0.0,
+                    1 => -0.0,
+                    _ => next(7) as f32 * 0.25,
+                })
+                .collect();
+            let budget = 1 + next(n as u64 + 2) as usize;
+            let recent = next(budget as u64 + 1) as usize;
+            let sinks = next(4) as usize;
+            let (rule, score) = match case % 3 {
+                0 => (VictimRule::LowestScore, ScoreRule::Sum),
+                1 => (VictimRule::LowestScore, ScoreRule::Norm),
+                _ => (VictimRule::Oldest, ScoreRule::Sum),
+            };
+            let config = EvictionConfig {
+                name: "h2o",
+                budget,
+                recent,
+                sinks,
+                rule,
+                agg: Some(ScoreAgg::Sum),
+                prefill_chunk: None,
+                observation: None,
+            };
+            let mut p = TokenEviction::new(config).with_score(score);
+            let (mut fast, mut slow) = (Vec::new(), Vec::new());
+            p.select_after_prefill(HeadId::new(0, 0), &positions, &scores, &mut fast);
+            let newest = positions.iter().copied().max().unwrap();
+            slow.extend(0..n);
+            if n > budget {
+                p.select_one_at_a_time(HeadId::new(0, 0), &positions, &scores, newest, &mut slow);
+            }
+            assert_eq!(fast, slow, "case {case}: n={n} budget={budget} recent={recent} sinks={sinks}");
+        }
     }
 
     #[test]

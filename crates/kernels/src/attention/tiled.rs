@@ -296,12 +296,18 @@ fn tiled_impl<const FMA: bool>(args: TiledArgs<'_, '_>) {
         kept.resize(nreps * nb * nq * TILE_KEYS, 0.0);
         tile_max.resize(nreps * nb * nq, 0.0);
     }
-    for (i, rep) in reps.iter().enumerate() {
-        let qi = &q[i * nqp * d..(i + 1) * nqp * d];
-        for b in (0..nb).filter(|&b| live[b]) {
-            let j0 = b * TILE_KEYS;
-            let kbv = TILE_KEYS.min(len - j0);
-            let pos = &positions[j0..j0 + kbv];
+    // tile by tile, every representative in turn: a tile's keys and values
+    // are read once per block of queries, not once per representative
+    // (representatives mostly share a KV head, and a long prompt's K and V,
+    // with the column pass's kept probabilities beside them, do not stay
+    // in cache from one representative to the next); each (rep, row)
+    // still sees the tiles in order, so every result is the same
+    for b in (0..nb).filter(|&b| live[b]) {
+        let j0 = b * TILE_KEYS;
+        let kbv = TILE_KEYS.min(len - j0);
+        let pos = &positions[j0..j0 + kbv];
+        for (i, rep) in reps.iter().enumerate() {
+            let qi = &q[i * nqp * d..(i + 1) * nqp * d];
             score_tile::<FMA>(qi, nqp, &rep.packed_keys[b * d * TILE_KEYS..], d, s);
             for r in 0..nq {
                 let vis = Visible::within(pos0 + r as u32, window);
