@@ -64,8 +64,11 @@ pub struct PolicyArgs {
     /// for this model at the nearest measured share among those costing one
     /// prefill (`kvslim info` shows what it resolves to); for a context
     /// compressed once and asked many questions, name the KVzip-style
-    /// prefill, e.g. `h2o:heavy=10%,recent=10%,prefill=kvzip` (one more
-    /// pass over the prompt). In `perplexity`, paged specs also report
+    /// prefill with KVzip's budget, e.g.
+    /// `h2o:heavy=21.875%,recent=3.125%,prefill=kvzip,alloc=global` (one
+    /// more pass over the prompt, in pieces), or the learned
+    /// `prefill=kvzap` (no extra pass; a predictor file from `kvslim
+    /// calibrate --kvzap`). In `perplexity`, paged specs also report
     /// pages, KV bytes, fragmentation and bytes moved per decode step.
     #[arg(long = "policy", value_name = "POLICY", default_value = "full", value_parser = PolicySpec::parse_and_load)]
     pub spec: PolicySpec,
