@@ -72,163 +72,200 @@ impl Metrics {
     }
 
     pub fn render(&self) -> String {
+        // (name, type, help, value), in the order they are rendered; one
+        // layout for every row (some help lines are too long for one line)
+        #[rustfmt::skip]
+        let rows = [
+            (
+                "kvslim_queue_length",
+                "gauge",
+                "Requests waiting for admission.",
+                self.queued.text(),
+            ),
+            (
+                "kvslim_running_requests",
+                "gauge",
+                "Sequences in the running batch.",
+                self.running.text(),
+            ),
+            (
+                "kvslim_kv_bytes_in_use",
+                "gauge",
+                "KV cache bytes reserved by running sequences.",
+                self.kv_bytes_in_use.text(),
+            ),
+            (
+                "kvslim_kv_bytes_limit",
+                "gauge",
+                "KV memory pool size.",
+                self.kv_bytes_limit.text(),
+            ),
+            (
+                "kvslim_requests_total",
+                "counter",
+                "Requests accepted.",
+                self.requests_total.text(),
+            ),
+            (
+                "kvslim_requests_rejected_total",
+                "counter",
+                "Requests refused (queue full).",
+                self.requests_rejected_total.text(),
+            ),
+            (
+                "kvslim_requests_cancelled_total",
+                "counter",
+                "Requests whose client went away.",
+                self.requests_cancelled_total.text(),
+            ),
+            (
+                "kvslim_requests_timed_out_total",
+                "counter",
+                "Requests stopped at their deadline (--request-timeout).",
+                self.requests_timed_out_total.text(),
+            ),
+            (
+                "kvslim_prompt_tokens_total",
+                "counter",
+                "Prompt tokens prefilled (prefix-cache reuse excluded).",
+                self.prompt_tokens_total.text(),
+            ),
+            (
+                "kvslim_generated_tokens_total",
+                "counter",
+                "Tokens generated.",
+                self.generated_tokens_total.text(),
+            ),
+            (
+                "kvslim_evicted_slots_total",
+                "counter",
+                "KV slots evicted by the cache policies (per layer and KV head).",
+                self.evicted_slots_total.text(),
+            ),
+            (
+                "kvslim_decode_steps_total",
+                "counter",
+                "Batched decode steps run.",
+                self.decode_steps_total.text(),
+            ),
+            (
+                "kvslim_decode_steps_during_prefill_total",
+                "counter",
+                "Decode steps run while a prompt's prefill was part-way (--prefill-chunk).",
+                self.decode_steps_during_prefill_total.text(),
+            ),
+            (
+                "kvslim_speculative_passes_total",
+                "counter",
+                "Speculative passes (drafts verified in one pass) run for greedy requests decoding alone.",
+                self.speculative_passes_total.text(),
+            ),
+            (
+                "kvslim_draft_tokens_total",
+                "counter",
+                "Draft tokens verified by speculative passes.",
+                self.draft_tokens_total.text(),
+            ),
+            (
+                "kvslim_draft_tokens_accepted_total",
+                "counter",
+                "Draft tokens accepted (each one a decode step saved).",
+                self.draft_tokens_accepted_total.text(),
+            ),
+            (
+                "kvslim_prefill_slices_total",
+                "counter",
+                "Slices the prompts' prefills ran in.",
+                self.prefill_slices_total.text(),
+            ),
+            (
+                "kvslim_prefilling_requests",
+                "gauge",
+                "Requests whose prompt is being prefilled.",
+                self.prefilling.text(),
+            ),
+            (
+                "kvslim_tokens_per_second",
+                "gauge",
+                "Generated tokens per second (last window of about a second).",
+                format!("{:.3}", f64::from_bits(self.tokens_per_second.load(Relaxed))),
+            ),
+            (
+                "kvslim_batch_size",
+                "gauge",
+                "Size of the last decode batch.",
+                self.last_batch_size.text(),
+            ),
+            (
+                "kvslim_prefix_hits_total",
+                "counter",
+                "Requests that reused a cached prompt prefix.",
+                self.prefix_hits_total.text(),
+            ),
+            (
+                "kvslim_prefix_tokens_reused_total",
+                "counter",
+                "Prompt tokens taken from the prefix cache instead of prefilled.",
+                self.prefix_tokens_reused_total.text(),
+            ),
+            (
+                "kvslim_kv_pages_in_use",
+                "gauge",
+                "KV pages held in the page pools (running requests and the prefix cache; K and V pages each count).",
+                self.kv_pages_in_use.text(),
+            ),
+            (
+                "kvslim_kv_cow_copies_total",
+                "counter",
+                "Shared KV pages copied on their first write (copy-on-write).",
+                self.kv_cow_copies_total.text(),
+            ),
+            (
+                "kvslim_contexts",
+                "gauge",
+                "Compressed contexts held in memory (/v1/contexts).",
+                self.contexts.text(),
+            ),
+            (
+                "kvslim_context_kv_bytes",
+                "gauge",
+                "KV bytes reserved for compressed contexts (part of kvslim_kv_bytes_in_use; their forks reserve only their tails).",
+                self.context_bytes.text(),
+            ),
+            (
+                "kvslim_contexts_evicted_total",
+                "counter",
+                "Unused contexts evicted from memory to make room.",
+                self.contexts_evicted_total.text(),
+            ),
+            (
+                "kvslim_context_requests_total",
+                "counter",
+                "Requests answered on a fork of a compressed context.",
+                self.context_requests_total.text(),
+            ),
+        ];
         let mut s = String::new();
-        let mut put = |name: &str, kind: &str, help: &str, value: String| {
+        for (name, kind, help, value) in rows {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
-        };
-        put("kvslim_queue_length", "gauge", "Requests waiting for admission.", self.queued.load(Relaxed).to_string());
-        put(
-            "kvslim_running_requests",
-            "gauge",
-            "Sequences in the running batch.",
-            self.running.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_kv_bytes_in_use",
-            "gauge",
-            "KV cache bytes reserved by running sequences.",
-            self.kv_bytes_in_use.load(Relaxed).to_string(),
-        );
-        put("kvslim_kv_bytes_limit", "gauge", "KV memory pool size.", self.kv_bytes_limit.load(Relaxed).to_string());
-        put("kvslim_requests_total", "counter", "Requests accepted.", self.requests_total.load(Relaxed).to_string());
-        put(
-            "kvslim_requests_rejected_total",
-            "counter",
-            "Requests refused (queue full).",
-            self.requests_rejected_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_requests_cancelled_total",
-            "counter",
-            "Requests whose client went away.",
-            self.requests_cancelled_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_requests_timed_out_total",
-            "counter",
-            "Requests stopped at their deadline (--request-timeout).",
-            self.requests_timed_out_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_prompt_tokens_total",
-            "counter",
-            "Prompt tokens prefilled (prefix-cache reuse excluded).",
-            self.prompt_tokens_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_generated_tokens_total",
-            "counter",
-            "Tokens generated.",
-            self.generated_tokens_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_evicted_slots_total",
-            "counter",
-            "KV slots evicted by the cache policies (per layer and KV head).",
-            self.evicted_slots_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_decode_steps_total",
-            "counter",
-            "Batched decode steps run.",
-            self.decode_steps_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_decode_steps_during_prefill_total",
-            "counter",
-            "Decode steps run while a prompt's prefill was part-way (--prefill-chunk).",
-            self.decode_steps_during_prefill_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_speculative_passes_total",
-            "counter",
-            "Speculative passes (drafts verified in one pass) run for greedy requests decoding alone.",
-            self.speculative_passes_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_draft_tokens_total",
-            "counter",
-            "Draft tokens verified by speculative passes.",
-            self.draft_tokens_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_draft_tokens_accepted_total",
-            "counter",
-            "Draft tokens accepted (each one a decode step saved).",
-            self.draft_tokens_accepted_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_prefill_slices_total",
-            "counter",
-            "Slices the prompts' prefills ran in.",
-            self.prefill_slices_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_prefilling_requests",
-            "gauge",
-            "Requests whose prompt is being prefilled.",
-            self.prefilling.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_tokens_per_second",
-            "gauge",
-            "Generated tokens per second (last window of about a second).",
-            format!("{:.3}", f64::from_bits(self.tokens_per_second.load(Relaxed))),
-        );
-        put(
-            "kvslim_batch_size",
-            "gauge",
-            "Size of the last decode batch.",
-            self.last_batch_size.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_prefix_hits_total",
-            "counter",
-            "Requests that reused a cached prompt prefix.",
-            self.prefix_hits_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_prefix_tokens_reused_total",
-            "counter",
-            "Prompt tokens taken from the prefix cache instead of prefilled.",
-            self.prefix_tokens_reused_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_kv_pages_in_use",
-            "gauge",
-            "KV pages held in the page pools (running requests and the prefix cache; K and V pages each count).",
-            self.kv_pages_in_use.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_kv_cow_copies_total",
-            "counter",
-            "Shared KV pages copied on their first write (copy-on-write).",
-            self.kv_cow_copies_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_contexts",
-            "gauge",
-            "Compressed contexts held in memory (/v1/contexts).",
-            self.contexts.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_context_kv_bytes",
-            "gauge",
-            "KV bytes reserved for compressed contexts (part of kvslim_kv_bytes_in_use; their forks reserve only their tails).",
-            self.context_bytes.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_contexts_evicted_total",
-            "counter",
-            "Unused contexts evicted from memory to make room.",
-            self.contexts_evicted_total.load(Relaxed).to_string(),
-        );
-        put(
-            "kvslim_context_requests_total",
-            "counter",
-            "Requests answered on a fork of a compressed context.",
-            self.context_requests_total.load(Relaxed).to_string(),
-        );
+        }
         s
+    }
+}
+
+/// A counter or gauge read for `/metrics`.
+trait Text {
+    fn text(&self) -> String;
+}
+
+impl Text for AtomicUsize {
+    fn text(&self) -> String {
+        self.load(Relaxed).to_string()
+    }
+}
+
+impl Text for AtomicU64 {
+    fn text(&self) -> String {
+        self.load(Relaxed).to_string()
     }
 }
