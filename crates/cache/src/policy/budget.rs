@@ -179,74 +179,51 @@ mod tests {
 
     #[test]
     fn each_family_spends_slot_and_percentage_budgets_as_documented() {
-        /// A budget, the base length it resolves against, the spec it gets.
-        type At = (&'static str, usize, &'static str);
-        let cases: &[(&str, &[At])] = &[
-            ("full", &[("64", 1000, "full"), ("20%", 1000, "full")]),
-            ("full:page=16,kv_dtype=q8", &[("20%", 1000, "full:page=16,kv_dtype=q8")]),
-            ("window", &[("64", 1000, "window:recent=64"), ("20%", 1000, "window:recent=200")]),
-            ("local", &[("20%", 1000, "window:recent=200")]),
-            (
-                "sink",
-                &[
-                    ("64", 1000, "sink:sink=4,recent=60"),
-                    ("20%", 1000, "sink:sink=4,recent=196"),
-                    ("3", 1000, "sink:sink=2,recent=1"),
-                    ("1", 1000, "sink:sink=0,recent=1"),
-                ],
-            ),
-            ("sink:sink=8", &[("20%", 1000, "sink:sink=8,recent=192")]),
-            ("heavy", &[("64", 1000, "heavy:heavy=64"), ("10%", 1000, "heavy:heavy=100")]),
-            (
-                "random",
-                &[
-                    ("64", 1000, "random:budget=64,recent=32,seed=0"),
-                    ("20%", 1000, "random:budget=200,recent=100,seed=0"),
-                ],
-            ),
-            ("random:seed=3", &[("1", 1000, "random:budget=1,recent=0,seed=3")]),
-            (
-                "h2o",
-                &[
-                    ("21", 1000, "h2o:heavy=11,recent=10"),
-                    ("20%", 1000, "h2o:heavy=100,recent=100"),
-                    ("100%", 37, "h2o:heavy=19,recent=18"),
-                ],
-            ),
-            ("h2o:agg=max,prefill=stream:16", &[("10%", 100, "h2o:heavy=5,recent=5,agg=max,prefill=stream:16")]),
-            ("h2o:score=tova", &[("20%", 1000, "h2o:heavy=100,recent=100,score=tova")]),
-            (
-                "h2o:recent_share=0.125,prefill=kvzip",
-                &[
-                    ("64", 1000, "h2o:heavy=56,recent=8,prefill=kvzip"),
-                    ("25%", 1000, "h2o:heavy=219,recent=31,prefill=kvzip"),
-                ],
-            ),
-            ("h2o:recent_share=0", &[("10", 1000, "h2o:heavy=10,recent=0")]),
-            ("h2o:agg=max,score=decay:0.9", &[("64", 1000, "h2o:heavy=32,recent=32,agg=max,score=decay:0.9")]),
-            ("heavy:score=persist:16", &[("10%", 1000, "heavy:heavy=100,score=persist:16")]),
-            (
-                "h2o:sink=4,score=norm",
-                &[
-                    ("64", 1000, "h2o:heavy=30,recent=30,sink=4,score=norm"),
-                    ("3", 1000, "h2o:heavy=1,recent=0,sink=2,score=norm"),
-                ],
-            ),
-            ("window:sink=4", &[("64", 1000, "window:recent=60,sink=4")]),
-            ("h2o:alloc=pyramid:0.5", &[("20%", 1000, "h2o:heavy=100,recent=100,alloc=pyramid:0.5")]),
-            ("h2o:score=norm,alloc=ada:0.2", &[("64", 1000, "h2o:heavy=32,recent=32,score=norm,alloc=ada:0.2")]),
-            ("random:sink=4", &[("64", 1000, "random:budget=60,recent=30,seed=0,sink=4")]),
+        // (family, budget, the base length it resolves against, the spec it gets)
+        let cases = [
+            ("full", "64", 1000, "full"),
+            ("full", "20%", 1000, "full"),
+            ("full:page=16,kv_dtype=q8", "20%", 1000, "full:page=16,kv_dtype=q8"),
+            ("window", "64", 1000, "window:recent=64"),
+            ("window", "20%", 1000, "window:recent=200"),
+            ("local", "20%", 1000, "window:recent=200"),
+            ("sink", "64", 1000, "sink:sink=4,recent=60"),
+            ("sink", "20%", 1000, "sink:sink=4,recent=196"),
+            ("sink", "3", 1000, "sink:sink=2,recent=1"),
+            ("sink", "1", 1000, "sink:sink=0,recent=1"),
+            ("sink:sink=8", "20%", 1000, "sink:sink=8,recent=192"),
+            ("heavy", "64", 1000, "heavy:heavy=64"),
+            ("heavy", "10%", 1000, "heavy:heavy=100"),
+            ("random", "64", 1000, "random:budget=64,recent=32,seed=0"),
+            ("random", "20%", 1000, "random:budget=200,recent=100,seed=0"),
+            ("random:seed=3", "1", 1000, "random:budget=1,recent=0,seed=3"),
+            ("h2o", "21", 1000, "h2o:heavy=11,recent=10"),
+            ("h2o", "20%", 1000, "h2o:heavy=100,recent=100"),
+            ("h2o", "100%", 37, "h2o:heavy=19,recent=18"),
+            ("h2o:agg=max,prefill=stream:16", "10%", 100, "h2o:heavy=5,recent=5,agg=max,prefill=stream:16"),
+            ("h2o:score=tova", "20%", 1000, "h2o:heavy=100,recent=100,score=tova"),
+            ("h2o:recent_share=0.125,prefill=kvzip", "64", 1000, "h2o:heavy=56,recent=8,prefill=kvzip"),
+            ("h2o:recent_share=0.125,prefill=kvzip", "25%", 1000, "h2o:heavy=219,recent=31,prefill=kvzip"),
+            ("h2o:recent_share=0", "10", 1000, "h2o:heavy=10,recent=0"),
+            ("h2o:agg=max,score=decay:0.9", "64", 1000, "h2o:heavy=32,recent=32,agg=max,score=decay:0.9"),
+            ("heavy:score=persist:16", "10%", 1000, "heavy:heavy=100,score=persist:16"),
+            ("h2o:sink=4,score=norm", "64", 1000, "h2o:heavy=30,recent=30,sink=4,score=norm"),
+            ("h2o:sink=4,score=norm", "3", 1000, "h2o:heavy=1,recent=0,sink=2,score=norm"),
+            ("window:sink=4", "64", 1000, "window:recent=60,sink=4"),
+            ("h2o:alloc=pyramid:0.5", "20%", 1000, "h2o:heavy=100,recent=100,alloc=pyramid:0.5"),
+            ("h2o:score=norm,alloc=ada:0.2", "64", 1000, "h2o:heavy=32,recent=32,score=norm,alloc=ada:0.2"),
+            ("random:sink=4", "64", 1000, "random:budget=60,recent=30,seed=0,sink=4"),
             (
                 "h2o:page=16,compact=64,kv_dtype=q8",
-                &[("20%", 1000, "h2o:heavy=100,recent=100,page=16,compact=64,kv_dtype=q8")],
+                "20%",
+                1000,
+                "h2o:heavy=100,recent=100,page=16,compact=64,kv_dtype=q8",
             ),
         ];
-        for (family, at) in cases {
+        for (family, budget, n, want) in cases {
             let f = PolicyFamily::parse(family).unwrap_or_else(|e| panic!("{family}: {e}"));
-            for (budget, n, want) in *at {
-                let b = f.budget(budget).unwrap().map_or(1, |b| b.resolve(*n));
-                assert_eq!(f.at(b).unwrap().to_string(), *want, "{family} at {budget} of {n}");
-            }
+            let b = f.budget(budget).unwrap().map_or(1, |b| b.resolve(n));
+            assert_eq!(f.at(b).unwrap().to_string(), want, "{family} at {budget} of {n}");
         }
     }
 
@@ -275,14 +252,17 @@ mod tests {
 
     #[test]
     fn labels_keep_what_was_written() {
-        let label = |f: &str| PolicyFamily::parse(f).unwrap().to_string();
-        assert_eq!(label("h2o:agg=max"), "h2o:agg=max");
-        assert_eq!(label("local"), "window");
-        assert_eq!(label("sink:sink=4"), "sink");
-        assert_eq!(label("sink:page=8,sink=2"), "sink:sink=2,page=8");
-        assert_eq!(label("full:page=16,kv_dtype=q8"), "full:page=16,kv_dtype=q8");
-        assert_eq!(label("h2o + chai:plan=p.json"), "h2o+chai:plan=p.json");
-        assert_eq!(label("chai:plan=p.json"), "chai:plan=p.json");
+        for (written, label) in [
+            ("h2o:agg=max", "h2o:agg=max"),
+            ("local", "window"),
+            ("sink:sink=4", "sink"),
+            ("sink:page=8,sink=2", "sink:sink=2,page=8"),
+            ("full:page=16,kv_dtype=q8", "full:page=16,kv_dtype=q8"),
+            ("h2o + chai:plan=p.json", "h2o+chai:plan=p.json"),
+            ("chai:plan=p.json", "chai:plan=p.json"),
+        ] {
+            assert_eq!(PolicyFamily::parse(written).unwrap().to_string(), label, "{written}");
+        }
     }
 
     #[test]

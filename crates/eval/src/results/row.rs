@@ -150,4 +150,11 @@ impl ResultRow {
         self.metrics.insert(name.into(), value);
         self
     }
+
+    /// Records a per-item metric and, as the metric of that name, its mean
+    /// (0 with no items).
+    pub fn per_item_mean(&mut self, name: &str, values: Vec<f64>) {
+        self.metrics.insert(name.into(), values.iter().sum::<f64>() / values.len().max(1) as f64);
+        self.per_item.insert(name.into(), values);
+    }
 }

@@ -188,12 +188,8 @@ impl Prepared for Completions {
             exact.push(f64::from(u8::from(*hit)));
             sim.push(*s);
         }
-        let n = self.items.len().max(1) as f64;
-        let row = &mut *cell.row;
-        row.metrics.insert("exact".into(), exact.iter().sum::<f64>() / n);
-        row.metrics.insert("edit_sim".into(), sim.iter().sum::<f64>() / n);
-        row.per_item.insert("exact".into(), exact);
-        row.per_item.insert("edit_sim".into(), sim);
+        cell.row.per_item_mean("exact", exact);
+        cell.row.per_item_mean("edit_sim", sim);
         Ok(peak)
     }
 }

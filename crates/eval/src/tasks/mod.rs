@@ -190,11 +190,14 @@ mod tests {
 
     #[test]
     fn kind_from_extension() {
-        let k = |s: &str| TaskSpec::parse(s).unwrap().kind_name();
-        assert_eq!(k("../shared/data/copa/copa.jsonl"), "mc");
-        assert_eq!(k("../shared/data/hellaswag/hellaswag_val_full.txt.bz2"), "hellaswag");
-        assert_eq!(k("../shared/data/wikitext2/wiki.test.raw"), "ppl");
-        assert_eq!(k("story.txt,limit=2"), "ppl");
+        for (spec, kind) in [
+            ("../shared/data/copa/copa.jsonl", "mc"),
+            ("../shared/data/hellaswag/hellaswag_val_full.txt.bz2", "hellaswag"),
+            ("../shared/data/wikitext2/wiki.test.raw", "ppl"),
+            ("story.txt,limit=2", "ppl"),
+        ] {
+            assert_eq!(TaskSpec::parse(spec).unwrap().kind_name(), kind, "{spec}");
+        }
     }
 
     #[test]

@@ -71,8 +71,7 @@ impl Prepared for Openings {
             peak.see(g.kv_bytes.kv, g.kv_bytes.metadata);
             words.push(cell.tok.decode(&g.token_ids)?.split_whitespace().count() as f64);
         }
-        cell.row.metrics.insert("words".into(), words.iter().sum::<f64>() / words.len().max(1) as f64);
-        cell.row.per_item.insert("words".into(), words);
+        cell.row.per_item_mean("words", words);
         Ok(peak)
     }
 }
