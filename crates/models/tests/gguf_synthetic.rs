@@ -16,21 +16,24 @@ use kvslim_models::tokenizer::TokenizerKind;
 #[test]
 fn metadata_of_every_value_type_parses() {
     let mut g = tiny_file(DType::F32, true);
-    g.kv("t.u8", V::U8(200))
-        .kv("t.i8", V::I8(-100))
-        .kv("t.u16", V::U16(60000))
-        .kv("t.i16", V::I16(-30000))
-        .kv("t.u32", V::U32(4_000_000_000))
-        .kv("t.i32", V::I32(-2_000_000_000))
-        .kv("t.f32", V::F32(1.5))
-        .kv("t.bool", V::Bool(true))
+    g.kv("t.u8", Value::U8(200))
+        .kv("t.i8", Value::I8(-100))
+        .kv("t.u16", Value::U16(60000))
+        .kv("t.i16", Value::I16(-30000))
+        .kv("t.u32", Value::U32(4_000_000_000))
+        .kv("t.i32", Value::I32(-2_000_000_000))
+        .kv("t.f32", Value::F32(1.5))
+        .kv("t.bool", Value::Bool(true))
         .kv("t.str", V::s("héllo"))
-        .kv("t.u64", V::U64(u64::MAX))
-        .kv("t.i64", V::I64(i64::MIN))
-        .kv("t.f64", V::F64(-2.25))
+        .kv("t.u64", Value::U64(u64::MAX))
+        .kv("t.i64", Value::I64(i64::MIN))
+        .kv("t.f64", Value::F64(-2.25))
         .kv("t.empty", V::Arr(4, vec![]))
-        .kv("t.nested", V::Arr(9, vec![V::Arr(0, vec![V::U8(1), V::U8(2)]), V::Arr(8, vec![V::s("x")])]))
-        .kv("general.alignment", V::U32(64));
+        .kv(
+            "t.nested",
+            V::Arr(9, vec![V::Arr(0, vec![Value::U8(1).into(), Value::U8(2).into()]), V::Arr(8, vec![V::s("x")])]),
+        )
+        .kv("general.alignment", Value::U32(64));
     g.alignment = 64;
     let (bytes, _) = g.bytes();
     let f = TempFile::new("meta", &bytes);
@@ -93,7 +96,7 @@ fn sentencepiece_vocab_round_trip_and_bos() {
 
     for (flag, want_bos) in [(true, true), (false, false)] {
         let mut g = tiny_file(DType::F32, true);
-        g.kv("tokenizer.ggml.add_bos_token", V::Bool(flag));
+        g.kv("tokenizer.ggml.add_bos_token", Value::Bool(flag));
         let t = load_bytes("bos", &g.bytes().0).unwrap().tokenizer.unwrap();
         let ids = t.encode("hello").unwrap();
         assert_eq!(ids[0] == 1, want_bos, "add_bos_token={flag}: {ids:?}");
@@ -101,7 +104,7 @@ fn sentencepiece_vocab_round_trip_and_bos() {
     }
     // add_space_prefix = false: no dummy leading space
     let mut g = tiny_file(DType::F32, true);
-    g.kv("tokenizer.ggml.add_space_prefix", V::Bool(false));
+    g.kv("tokenizer.ggml.add_space_prefix", Value::Bool(false));
     let t = load_bytes("prefix", &g.bytes().0).unwrap().tokenizer.unwrap();
     let ids = t.encode("hello").unwrap();
     assert!(!ids.contains(&id("▁hello")), "{ids:?}");
@@ -133,8 +136,8 @@ fn byte_level_bpe_vocab_with_special_tokens() {
             .kv("tokenizer.ggml.tokens", V::strs(&tokens))
             .kv("tokenizer.ggml.token_type", V::i32s(&types))
             .kv("tokenizer.ggml.merges", V::strs(&merges))
-            .kv("tokenizer.ggml.bos_token_id", V::U32(1))
-            .kv("tokenizer.ggml.eos_token_id", V::U32(0));
+            .kv("tokenizer.ggml.bos_token_id", Value::U32(1))
+            .kv("tokenizer.ggml.eos_token_id", Value::U32(0));
         add_tensors(&mut g, &raw_model(vocab, true, 3), DType::F32);
         let t = load_bytes("bpe", &g.bytes().0).unwrap().tokenizer.unwrap();
         assert!(matches!(t.kind, TokenizerKind::Hf(_)));

@@ -5,6 +5,7 @@ mod common;
 
 use common::gguf::*;
 use kvslim_kernels::DType;
+use kvslim_models::loader::gguf::Value;
 use kvslim_models::Error;
 
 #[test]
@@ -108,7 +109,7 @@ fn lying_headers_are_errors() {
 
     // bad alignment
     let mut g = tiny_file(DType::F32, true);
-    g.kv("general.alignment", V::U32(48));
+    g.kv("general.alignment", Value::U32(48));
     g.alignment = 48;
     let e = msg(&g.bytes().0);
     assert!(e.contains("alignment"), "{e}");
@@ -157,7 +158,7 @@ fn model_level_problems_are_named() {
     refused(&|g| g.remove("llama.block_count"), "llama.block_count");
     refused(&|g| g.kv("llama.embedding_length", V::s("sixty-four")), "llama.embedding_length");
     let mut g = tiny_file(DType::F32, true);
-    g.kv("llama.attention.head_count_kv", V::U32(3));
+    g.kv("llama.attention.head_count_kv", Value::U32(3));
     assert!(load_bytes("meta", &g.bytes().0).is_err());
     // quantized rows must hold whole blocks
     refused(&|g| g.tensor_raw("blk.0.attn_norm.weight", &[40], 8, vec![0; 34]), "multiple of the q8_0 block size");
@@ -166,7 +167,7 @@ fn model_level_problems_are_named() {
     // scores of the wrong length
     refused(&|g| g.kv("tokenizer.ggml.scores", V::f32s(&[0.0; 3])), "tokenizer.ggml.scores");
     // a BOS id outside the vocabulary
-    refused(&|g| g.kv("tokenizer.ggml.bos_token_id", V::U32(100_000)), "bos_token_id");
+    refused(&|g| g.kv("tokenizer.ggml.bos_token_id", Value::U32(100_000)), "bos_token_id");
 }
 
 #[test]

@@ -96,16 +96,12 @@ impl Alloc {
 
 impl fmt::Display for Alloc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut parts = Vec::new();
-        if let Some(r) = self.pyramid {
-            parts.push(format!("pyramid:{r}"));
-        }
-        if let Some(a) = self.ada {
-            parts.push(format!("ada:{a}"));
-        }
-        if self.global {
-            parts.push("global".into());
-        }
+        let parts = [
+            self.pyramid.map(|r| format!("pyramid:{r}")),
+            self.ada.map(|a| format!("ada:{a}")),
+            self.global.then(|| "global".to_string()),
+        ];
+        let parts: Vec<_> = parts.into_iter().flatten().collect();
         f.write_str(&if parts.is_empty() { "uniform".to_string() } else { parts.join("/") })
     }
 }

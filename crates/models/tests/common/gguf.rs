@@ -8,6 +8,7 @@ use kvslim_kernels::quant::quantize;
 use kvslim_kernels::rope::RopeLayout;
 use kvslim_kernels::{DType, Matrix};
 use kvslim_models::config::{Architecture, ModelConfig, NormKind, RopeConfig, SourceFormat};
+use kvslim_models::loader::gguf::Value;
 use kvslim_models::weights::{LayerWeights, Linear, NormWeights, Weights};
 use kvslim_models::{load_model, Error, LoadedModel, Logits, Model, Scratch};
 use std::collections::HashMap;
@@ -15,53 +16,39 @@ use std::path::PathBuf;
 
 // ---------------------------------------------------------------- writer
 
-/// A metadata value to write.
+/// A metadata value to write: one of the loader's own scalar [`Value`]s,
+/// or an array whose element type tag is written as given (an empty array
+/// has no element to take it from).
 #[derive(Clone)]
 pub enum V {
-    U8(u8),
-    I8(i8),
-    U16(u16),
-    I16(i16),
-    U32(u32),
-    I32(i32),
-    F32(f32),
-    Bool(bool),
-    Str(String),
-    U64(u64),
-    I64(i64),
-    F64(f64),
+    Scalar(Value),
     Arr(u32, Vec<V>),
+}
+
+impl From<Value> for V {
+    fn from(v: Value) -> V {
+        V::Scalar(v)
+    }
 }
 
 impl V {
     pub fn tag(&self) -> u32 {
         match self {
-            V::U8(_) => 0,
-            V::I8(_) => 1,
-            V::U16(_) => 2,
-            V::I16(_) => 3,
-            V::U32(_) => 4,
-            V::I32(_) => 5,
-            V::F32(_) => 6,
-            V::Bool(_) => 7,
-            V::Str(_) => 8,
-            V::Arr(..) => 9,
-            V::U64(_) => 10,
-            V::I64(_) => 11,
-            V::F64(_) => 12,
+            V::Scalar(v) => v.tag(),
+            V::Arr(..) => Value::Array(vec![]).tag(),
         }
     }
     pub fn s(x: &str) -> V {
-        V::Str(x.to_string())
+        Value::Str(x.to_string()).into()
     }
     pub fn strs<S: AsRef<str>>(xs: &[S]) -> V {
         V::Arr(8, xs.iter().map(|x| V::s(x.as_ref())).collect())
     }
     pub fn f32s(xs: &[f32]) -> V {
-        V::Arr(6, xs.iter().map(|&x| V::F32(x)).collect())
+        V::Arr(6, xs.iter().map(|&x| Value::F32(x).into()).collect())
     }
     pub fn i32s(xs: &[i32]) -> V {
-        V::Arr(5, xs.iter().map(|&x| V::I32(x)).collect())
+        V::Arr(5, xs.iter().map(|&x| Value::I32(x).into()).collect())
     }
 }
 
@@ -71,26 +58,31 @@ pub fn put_str(out: &mut Vec<u8>, s: &str) {
 }
 
 pub fn put_value(out: &mut Vec<u8>, v: &V) {
-    match v {
-        V::U8(x) => out.push(*x),
-        V::I8(x) => out.push(*x as u8),
-        V::U16(x) => out.extend(x.to_le_bytes()),
-        V::I16(x) => out.extend(x.to_le_bytes()),
-        V::U32(x) => out.extend(x.to_le_bytes()),
-        V::I32(x) => out.extend(x.to_le_bytes()),
-        V::F32(x) => out.extend(x.to_le_bytes()),
-        V::Bool(x) => out.push(*x as u8),
-        V::Str(x) => put_str(out, x),
-        V::U64(x) => out.extend(x.to_le_bytes()),
-        V::I64(x) => out.extend(x.to_le_bytes()),
-        V::F64(x) => out.extend(x.to_le_bytes()),
+    let x = match v {
+        V::Scalar(x) => x,
         V::Arr(t, items) => {
             out.extend(t.to_le_bytes());
             out.extend((items.len() as u64).to_le_bytes());
             for i in items {
                 put_value(out, i);
             }
+            return;
         }
+    };
+    match x {
+        Value::U8(x) => out.push(*x),
+        Value::I8(x) => out.push(*x as u8),
+        Value::U16(x) => out.extend(x.to_le_bytes()),
+        Value::I16(x) => out.extend(x.to_le_bytes()),
+        Value::U32(x) => out.extend(x.to_le_bytes()),
+        Value::I32(x) => out.extend(x.to_le_bytes()),
+        Value::F32(x) => out.extend(x.to_le_bytes()),
+        Value::Bool(x) => out.push(*x as u8),
+        Value::Str(x) => put_str(out, x),
+        Value::U64(x) => out.extend(x.to_le_bytes()),
+        Value::I64(x) => out.extend(x.to_le_bytes()),
+        Value::F64(x) => out.extend(x.to_le_bytes()),
+        Value::Array(_) => panic!("arrays are written as V::Arr (with their element type)"),
     }
 }
 
@@ -124,9 +116,9 @@ impl Gguf {
         Gguf { version: 3, alignment: 32, kvs: Vec::new(), tensors: Vec::new() }
     }
 
-    pub fn kv(&mut self, k: &str, v: V) -> &mut Self {
+    pub fn kv(&mut self, k: &str, v: impl Into<V>) -> &mut Self {
         self.kvs.retain(|(key, _)| key != k);
-        self.kvs.push((k.to_string(), v));
+        self.kvs.push((k.to_string(), v.into()));
         self
     }
 
@@ -334,15 +326,15 @@ pub fn raw_model(vocab: usize, tied: bool, seed: u64) -> Raw {
 pub fn base_meta(g: &mut Gguf) {
     g.kv("general.architecture", V::s("llama"))
         .kv("general.name", V::s("tiny test model"))
-        .kv("llama.block_count", V::U32(LAYERS as u32))
-        .kv("llama.context_length", V::U32(CONTEXT as u32))
-        .kv("llama.embedding_length", V::U32(HIDDEN as u32))
-        .kv("llama.feed_forward_length", V::U32(FFN as u32))
-        .kv("llama.attention.head_count", V::U32(HEADS as u32))
-        .kv("llama.attention.head_count_kv", V::U32(KV_HEADS as u32))
-        .kv("llama.rope.freq_base", V::F32(10000.0))
-        .kv("llama.attention.layer_norm_rms_epsilon", V::F32(1e-5))
-        .kv("llama.rope.dimension_count", V::U32(HEAD_DIM as u32));
+        .kv("llama.block_count", Value::U32(LAYERS as u32))
+        .kv("llama.context_length", Value::U32(CONTEXT as u32))
+        .kv("llama.embedding_length", Value::U32(HIDDEN as u32))
+        .kv("llama.feed_forward_length", Value::U32(FFN as u32))
+        .kv("llama.attention.head_count", Value::U32(HEADS as u32))
+        .kv("llama.attention.head_count_kv", Value::U32(KV_HEADS as u32))
+        .kv("llama.rope.freq_base", Value::F32(10000.0))
+        .kv("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5))
+        .kv("llama.rope.dimension_count", Value::U32(HEAD_DIM as u32));
 }
 
 pub fn sp_tokenizer_meta(g: &mut Gguf) {
@@ -351,9 +343,9 @@ pub fn sp_tokenizer_meta(g: &mut Gguf) {
         .kv("tokenizer.ggml.tokens", V::strs(&tokens))
         .kv("tokenizer.ggml.scores", V::f32s(&scores))
         .kv("tokenizer.ggml.token_type", V::i32s(&types))
-        .kv("tokenizer.ggml.bos_token_id", V::U32(1))
-        .kv("tokenizer.ggml.eos_token_id", V::U32(2))
-        .kv("tokenizer.ggml.unknown_token_id", V::U32(0));
+        .kv("tokenizer.ggml.bos_token_id", Value::U32(1))
+        .kv("tokenizer.ggml.eos_token_id", Value::U32(2))
+        .kv("tokenizer.ggml.unknown_token_id", Value::U32(0));
 }
 
 /// Matrices in `dt`, norms f32.

@@ -220,20 +220,13 @@ impl StorageSpec {
 
 impl fmt::Display for StorageSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut parts = Vec::new();
-        if let Some(p) = self.page_size {
-            parts.push(format!("page={p}"));
-        }
-        if let Some(n) = self.compact_every {
-            parts.push(format!("compact={n}"));
-        }
-        if let Some(s) = self.page_score {
-            parts.push(format!("page_score={s}"));
-        }
-        if self.kv_dtype != KvDtype::F32 {
-            parts.push(format!("kv_dtype={}", self.kv_dtype));
-        }
-        f.write_str(&parts.join(","))
+        let parts = [
+            self.page_size.map(|p| format!("page={p}")),
+            self.compact_every.map(|n| format!("compact={n}")),
+            self.page_score.map(|s| format!("page_score={s}")),
+            (self.kv_dtype != KvDtype::F32).then(|| format!("kv_dtype={}", self.kv_dtype)),
+        ];
+        f.write_str(&parts.into_iter().flatten().collect::<Vec<_>>().join(","))
     }
 }
 

@@ -82,23 +82,32 @@ pub enum Value {
 }
 
 impl Value {
+    /// The value type's tag in the file.
+    pub fn tag(&self) -> u32 {
+        match self {
+            Value::U8(_) => vt::U8,
+            Value::I8(_) => vt::I8,
+            Value::U16(_) => vt::U16,
+            Value::I16(_) => vt::I16,
+            Value::U32(_) => vt::U32,
+            Value::I32(_) => vt::I32,
+            Value::F32(_) => vt::F32,
+            Value::Bool(_) => vt::BOOL,
+            Value::Str(_) => vt::STRING,
+            Value::Array(_) => vt::ARRAY,
+            Value::U64(_) => vt::U64,
+            Value::I64(_) => vt::I64,
+            Value::F64(_) => vt::F64,
+        }
+    }
+
     /// GGUF's name of the value type.
     pub fn type_name(&self) -> &'static str {
-        match self {
-            Value::U8(_) => "uint8",
-            Value::I8(_) => "int8",
-            Value::U16(_) => "uint16",
-            Value::I16(_) => "int16",
-            Value::U32(_) => "uint32",
-            Value::I32(_) => "int32",
-            Value::F32(_) => "float32",
-            Value::Bool(_) => "bool",
-            Value::Str(_) => "string",
-            Value::Array(_) => "array",
-            Value::U64(_) => "uint64",
-            Value::I64(_) => "int64",
-            Value::F64(_) => "float64",
-        }
+        const NAMES: [&str; 13] = [
+            "uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "bool", "string", "array", "uint64",
+            "int64", "float64",
+        ];
+        NAMES[self.tag() as usize]
     }
 
     /// Any integer value as i64 (u64 above i64::MAX is `None`).
