@@ -8,6 +8,7 @@
 //! ([`kvslim_loadtest::prompts`]) in both modes.
 
 use crate::common::CliResult;
+use kvslim_loadtest::clients::Clients;
 use kvslim_loadtest::{http_client, load};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -98,6 +99,20 @@ fn parse_policies(s: &str) -> Result<PolicyList, String> {
     kvslim_loadtest::soak::parse_policy_list(s).map(PolicyList)
 }
 
+/// The server at `addr` and the clients of `a` (the key from `--api-key`
+/// or `KVSLIM_API_KEY`).
+fn clients(a: &Args, addr: String) -> Clients {
+    Clients {
+        addr,
+        api_key: a.api_key.clone().or_else(|| std::env::var("KVSLIM_API_KEY").ok()).filter(|k| !k.is_empty()),
+        server_pid: a.server_pid,
+        count: a.clients,
+        max_tokens: a.max_tokens,
+        prompt_file: a.prompt_file.clone(),
+        prompt_tokens: a.prompt_tokens,
+    }
+}
+
 /// `--soak`: runs [`kvslim_loadtest::soak::run`] and prints its report.
 fn soak(a: &Args, secs: f64) -> CliResult {
     let (addr, prefix) = http_client::split_url(&a.url)?;
@@ -105,17 +120,11 @@ fn soak(a: &Args, secs: f64) -> CliResult {
         return Err("--soak needs a server URL without a path".into());
     }
     let cfg = kvslim_loadtest::soak::SoakConfig {
-        addr,
-        clients: a.clients,
+        clients: clients(a, addr),
         duration: Duration::from_secs_f64(secs),
-        api_key: a.api_key.clone().or_else(|| std::env::var("KVSLIM_API_KEY").ok()).filter(|k| !k.is_empty()),
-        server_pid: a.server_pid,
         oversize_bytes: a.oversize_bytes,
         stalled: a.stalled,
-        max_tokens: a.max_tokens,
         seed: a.seed,
-        prompt_file: a.prompt_file.clone(),
-        prompt_tokens: a.prompt_tokens,
         policies: a
             .kv_policies
             .clone()
@@ -152,12 +161,6 @@ pub fn run(a: Args) -> CliResult {
         return soak(&a, secs);
     }
     let (addr, prefix) = http_client::split_url(&a.url)?;
-    let auth = a
-        .api_key
-        .clone()
-        .or_else(|| std::env::var("KVSLIM_API_KEY").ok())
-        .filter(|k| !k.is_empty())
-        .map(|k| format!("Bearer {k}"));
     if a.watch_metrics && !prefix.is_empty() {
         return Err("--watch-metrics needs a server URL without a path (it reads /metrics)".into());
     }
@@ -165,19 +168,13 @@ pub fn run(a: Args) -> CliResult {
         return Err("--prompt-file needs a server URL without a path (it calls /tokenize)".into());
     }
     let report = load::run(&load::LoadConfig {
-        addr,
+        clients: clients(&a, addr),
         prefix,
-        auth,
-        clients: a.clients,
         requests: a.requests,
-        max_tokens: a.max_tokens,
         prompt: a.prompt,
-        prompt_file: a.prompt_file,
-        prompt_tokens: a.prompt_tokens,
         kv_policy: a.kv_policy,
         watch_metrics: a.watch_metrics,
         timeout: Duration::from_secs_f64(a.timeout),
-        server_pid: a.server_pid,
     })?;
     if a.json {
         println!("{}", report.json);

@@ -1,6 +1,7 @@
 //! Clients of `kvslim serve`, kept out of the server library: the server
 //! only answers HTTP, these send it.
 //!
+//! * [`clients`]: the server and the clients, as both runs describe them.
 //! * [`http_client`]: blocking HTTP helpers over `ureq` for the server's
 //!   integration tests and `kvslim loadtest`.
 //! * [`load`]: the load generator (`kvslim loadtest`): concurrent
@@ -11,6 +12,7 @@
 //!   clients mixing normal, cancelled, malformed, oversized and stalled
 //!   requests, checked against solo runs, KV and peak memory reported.
 
+pub mod clients;
 pub mod http_client;
 pub mod load;
 pub mod prompts;

@@ -3,41 +3,32 @@
 //! time to first token and stall percentiles, and what a watcher saw on the
 //! server's `/metrics` and resident memory meanwhile.
 
+use crate::clients::Clients;
 use crate::http_client;
 use crate::soak::{pct, peak_rss, rss};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What a load run sends, and where.
 pub struct LoadConfig {
-    /// `host:port` of the server.
-    pub addr: String,
+    /// The server, the clients and their prompt file; without one, every
+    /// request sends `prompt`.
+    pub clients: Clients,
     /// The path before `/v1/completions` (a balancer's prefix, or empty).
     pub prefix: String,
-    /// The `Authorization` header's value, if any.
-    pub auth: Option<String>,
-    pub clients: usize,
     /// Total requests over all clients.
     pub requests: usize,
-    pub max_tokens: usize,
     /// The prompt text, unless `prompt_file` is given.
     pub prompt: String,
-    /// Cut one prompt per request from this text, each `prompt_tokens`
-    /// tokens long by the server's tokenizer ([`crate::prompts`]).
-    pub prompt_file: Option<PathBuf>,
-    pub prompt_tokens: Option<usize>,
     /// `kv_policy` sent with each request (default: the server's).
     pub kv_policy: Option<String>,
     /// Poll `/metrics` every 100 ms for the peaks of the report.
     pub watch_metrics: bool,
     /// How long a client waits for each read.
     pub timeout: Duration,
-    /// The server's process, for its resident memory.
-    pub server_pid: Option<u32>,
 }
 
 /// The outcome of [`run`].
@@ -171,8 +162,9 @@ struct Peaks {
 /// The request bodies: one per prompt window cut from the prompt file, or
 /// the one prompt text.
 fn bodies(cfg: &LoadConfig, headers: &[(&str, &str)]) -> Result<Vec<String>, String> {
-    let prompts: Vec<Value> = match (&cfg.prompt_file, cfg.prompt_tokens) {
-        (Some(file), Some(n)) => crate::prompts::from_file_on(&cfg.addr, headers, file, cfg.requests, n)?
+    let c = &cfg.clients;
+    let prompts: Vec<Value> = match (&c.prompt_file, c.prompt_tokens) {
+        (Some(file), Some(n)) => crate::prompts::from_file_on(&c.addr, headers, file, cfg.requests, n)?
             .into_iter()
             .map(|ids| json!(ids))
             .collect(),
@@ -182,7 +174,7 @@ fn bodies(cfg: &LoadConfig, headers: &[(&str, &str)]) -> Result<Vec<String>, Str
         .iter()
         .map(|p| {
             let mut body =
-                json!({"prompt": p, "max_tokens": cfg.max_tokens, "temperature": 0.8, "seed": 1, "stream": true});
+                json!({"prompt": p, "max_tokens": c.max_tokens, "temperature": 0.8, "seed": 1, "stream": true});
             if let Some(p) = &cfg.kv_policy {
                 body["kv_policy"] = json!(p);
             }
@@ -191,11 +183,11 @@ fn bodies(cfg: &LoadConfig, headers: &[(&str, &str)]) -> Result<Vec<String>, Str
         .collect())
 }
 
-/// Sends `cfg.requests` requests from `cfg.clients` clients and measures
+/// Sends `cfg.requests` requests from `cfg.clients.count` clients and measures
 /// them. Failed requests are in the report; only preparing the prompts
 /// fails the run.
 pub fn run(cfg: &LoadConfig) -> Result<LoadReport, String> {
-    let (addr, auth) = (&cfg.addr, &cfg.auth);
+    let (addr, auth) = (&cfg.clients.addr, cfg.clients.auth());
     let path = format!("{}/v1/completions", cfg.prefix);
     let headers: Vec<(&str, &str)> = auth.as_deref().map(|a| ("Authorization", a)).into_iter().collect();
     let bodies = Arc::new(bodies(cfg, &headers)?);
@@ -206,7 +198,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadReport, String> {
     let done = Arc::new(AtomicBool::new(false));
     let watcher = {
         let (addr, auth, done) = (addr.clone(), auth.clone(), done.clone());
-        let (watch, pid) = (cfg.watch_metrics, cfg.server_pid);
+        let (watch, pid) = (cfg.watch_metrics, cfg.clients.server_pid);
         std::thread::spawn(move || {
             let headers: Vec<(&str, &str)> = auth.as_deref().map(|a| ("Authorization", a)).into_iter().collect();
             let mut p = Peaks::default();
@@ -229,7 +221,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadReport, String> {
         })
     };
     let start = Instant::now();
-    let threads: Vec<_> = (0..cfg.clients.min(cfg.requests))
+    let threads: Vec<_> = (0..cfg.clients.count.min(cfg.requests))
         .map(|_| {
             let (next, samples, errors) = (next.clone(), samples.clone(), errors.clone());
             let (addr, path, bodies, total) = (addr.clone(), path.clone(), bodies.clone(), cfg.requests);
@@ -270,7 +262,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadReport, String> {
     }
     let watched = cfg.watch_metrics;
     let json = json!({
-        "clients": cfg.clients,
+        "clients": cfg.clients.count,
         "requests": cfg.requests,
         "ok": samples.len(),
         "errors": errors.len(),
@@ -283,7 +275,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadReport, String> {
         "prompt_tokens_reused": prompt_reused,
         "prompt_tokens_per_s": prefilled as f64 / wall,
         "total_tokens_per_s": (prefilled + tokens) as f64 / wall,
-        "prompt_tokens_each": cfg.prompt_tokens,
+        "prompt_tokens_each": cfg.clients.prompt_tokens,
         "kv_policy": cfg.kv_policy,
         "latency_p50_s": pct(&lat, 50.0),
         "latency_p99_s": pct(&lat, 99.0),
@@ -295,7 +287,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadReport, String> {
         "peak_kv_bytes_in_use": watched.then_some(peaks.kv_bytes),
         "peak_running_requests": watched.then_some(peaks.running),
         "peak_batch_size": watched.then_some(peaks.batch),
-        "peak_rss_bytes": cfg.server_pid.and_then(peak_rss),
+        "peak_rss_bytes": cfg.clients.server_pid.and_then(peak_rss),
         "rss_max_sampled_bytes": peaks.rss,
     });
     let mut summary = String::new();
@@ -303,7 +295,7 @@ pub fn run(cfg: &LoadConfig) -> Result<LoadReport, String> {
     let _ = writeln!(
         summary,
         "{} clients, {} requests: {} ok, {} errors in {:.2} s — {:.1} req/s, {:.0} tok/s; latency p50 {:.0} ms p99 {:.0} ms; TTFT p50 {:.0} ms p99 {:.0} ms",
-        cfg.clients,
+        cfg.clients.count,
         cfg.requests,
         samples.len(),
         errors.len(),

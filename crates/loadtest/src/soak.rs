@@ -10,49 +10,37 @@
 //! server's PID, its peak resident memory (`VmHWM`).
 //!
 //! The prompts are four short stories260K-sized texts unless
-//! [`SoakConfig::prompt_file`] names a text: then four windows of it, each
-//! cut to exactly [`SoakConfig::prompt_tokens`] tokens by the server's
+//! [`Clients::prompt_file`] names a text: then four windows of it, each
+//! cut to exactly [`Clients::prompt_tokens`] tokens by the server's
 //! tokenizer and sent as token ids ([`crate::prompts`]). Greedy and
 //! sampled requests draw their `kv_policy` from [`SoakConfig::policies`].
 //!
 //! Used by `kvslim loadtest --soak SECONDS` and by the short soak test in
 //! `crates/server/tests/soak.rs`.
 
+use crate::clients::Clients;
 use crate::http_client;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What the soak run does.
 #[derive(Clone, Debug)]
 pub struct SoakConfig {
-    /// `host:port` of the server.
-    pub addr: String,
-    pub clients: usize,
+    /// The server and the clients; without a prompt file, the four
+    /// built-in short prompts.
+    pub clients: Clients,
     pub duration: Duration,
-    /// Sent as `Authorization: Bearer …` when the server wants one.
-    pub api_key: Option<String>,
-    /// The server's process, for its peak resident memory (Linux
-    /// `/proc/PID/status`); `None`: not reported.
-    pub server_pid: Option<u32>,
     /// Size declared by oversized requests (must exceed the server's
     /// `--max-body-bytes`).
     pub oversize_bytes: usize,
     /// Include clients that stall inside their headers (each waits for the
     /// server's header timeout, so keep that short).
     pub stalled: bool,
-    /// Tokens per well-formed request.
-    pub max_tokens: usize,
     pub seed: u64,
-    /// A text to cut the prompts from (with `prompt_tokens`); `None`: the
-    /// four built-in short prompts.
-    pub prompt_file: Option<PathBuf>,
-    /// Tokens per prompt cut from `prompt_file`.
-    pub prompt_tokens: Option<usize>,
     /// `kv_policy` of greedy and sampled requests, one drawn per request
     /// (each greedy one checked against its solo run under that policy);
     /// [`DEFAULT_POLICIES`] unless given.
@@ -65,17 +53,19 @@ impl SoakConfig {
     /// no key, PID, stalled clients; oversized bodies declare 2 MiB.
     pub fn new(addr: impl Into<String>, duration: Duration) -> SoakConfig {
         SoakConfig {
-            addr: addr.into(),
-            clients: 8,
+            clients: Clients {
+                addr: addr.into(),
+                api_key: None,
+                server_pid: None,
+                count: 8,
+                max_tokens: 48,
+                prompt_file: None,
+                prompt_tokens: None,
+            },
             duration,
-            api_key: None,
-            server_pid: None,
             oversize_bytes: 2 << 20,
             stalled: false,
-            max_tokens: 48,
             seed: 1,
-            prompt_file: None,
-            prompt_tokens: None,
             policies: DEFAULT_POLICIES.iter().map(|p| p.to_string()).collect(),
         }
     }
@@ -242,21 +232,19 @@ struct Shared {
 
 impl Shared {
     fn headers(&self) -> Vec<(&str, String)> {
-        self.cfg.api_key.iter().map(|k| ("Authorization", format!("Bearer {k}"))).collect()
+        self.cfg.clients.auth().into_iter().map(|a| ("Authorization", a)).collect()
+    }
+
+    /// Sends `body` to `/v1/completions`; the answer is read from the stream.
+    fn open(&self, body: &Value) -> std::io::Result<http_client::Streaming> {
+        let h = self.headers();
+        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let addr = &self.cfg.clients.addr;
+        http_client::open_with(addr, "POST", "/v1/completions", Some(&body.to_string()), CLIENT_TIMEOUT, &h)
     }
 
     fn post(&self, body: &Value) -> Result<http_client::Response, String> {
-        let h = self.headers();
-        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let mut s = http_client::open_with(
-            &self.cfg.addr,
-            "POST",
-            "/v1/completions",
-            Some(&body.to_string()),
-            CLIENT_TIMEOUT,
-            &h,
-        )
-        .map_err(|e| e.to_string())?;
+        let mut s = self.open(body).map_err(|e| e.to_string())?;
         let mut buf = Vec::new();
         s.body.read_to_end(&mut buf).map_err(|e| e.to_string())?;
         Ok(http_client::Response { status: s.status, headers: s.headers, body: buf })
@@ -265,16 +253,16 @@ impl Shared {
     fn get(&self, path: &str) -> Result<http_client::Response, String> {
         let h = self.headers();
         let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        http_client::request_with(&self.cfg.addr, "GET", path, None, &h).map_err(|e| e.to_string())
+        http_client::request_with(&self.cfg.clients.addr, "GET", path, None, &h).map_err(|e| e.to_string())
     }
 
     fn greedy_body(&self, p: usize, pol: usize) -> Value {
-        json!({"prompt": self.prompts[p].json(), "max_tokens": self.cfg.max_tokens, "temperature": 0,
+        json!({"prompt": self.prompts[p].json(), "max_tokens": self.cfg.clients.max_tokens, "temperature": 0,
             "kv_policy": self.cfg.policies[pol]})
     }
 
     fn beam_body(&self, p: usize) -> Value {
-        json!({"prompt": self.prompts[p].json(), "max_tokens": self.cfg.max_tokens.min(24), "beams": BEAMS})
+        json!({"prompt": self.prompts[p].json(), "max_tokens": self.cfg.clients.max_tokens.min(24), "beams": BEAMS})
     }
 }
 
@@ -293,7 +281,7 @@ fn prepare(cfg: &SoakConfig) -> Result<Shared, String> {
     if cfg.policies.is_empty() {
         return Err("no KV policy to draw from: the policy list is empty".into());
     }
-    if cfg.prompt_file.is_some() != cfg.prompt_tokens.is_some() {
+    if cfg.clients.prompt_file.is_some() != cfg.clients.prompt_tokens.is_some() {
         return Err("a prompt file and a prompt length (--prompt-file, --prompt-tokens) go together".into());
     }
     let mut sh = Shared {
@@ -303,19 +291,19 @@ fn prepare(cfg: &SoakConfig) -> Result<Shared, String> {
         beams: Vec::new(),
         too_long: Vec::new(),
     };
-    let auth = cfg.api_key.as_ref().map(|k| format!("Bearer {k}"));
+    let auth = cfg.clients.auth();
     let h: Vec<(&str, &str)> = auth.iter().map(|v| ("Authorization", v.as_str())).collect();
     for p in &cfg.policies {
-        check_policy(&cfg.addr, &h, p)?;
+        check_policy(&cfg.clients.addr, &h, p)?;
     }
-    let ctx = crate::prompts::context_on(&cfg.addr, &h)?;
-    if let (Some(path), Some(n)) = (&cfg.prompt_file, cfg.prompt_tokens) {
-        let w = crate::prompts::from_file_on(&cfg.addr, &h, path, FILE_PROMPTS, n)?;
+    let ctx = crate::prompts::context_on(&cfg.clients.addr, &h)?;
+    if let (Some(path), Some(n)) = (&cfg.clients.prompt_file, cfg.clients.prompt_tokens) {
+        let w = crate::prompts::from_file_on(&cfg.clients.addr, &h, path, FILE_PROMPTS, n)?;
         sh.prompts = w.into_iter().enumerate().map(|(index, ids)| Prompt::Ids { index, ids }).collect();
     }
     let first_ids = match &sh.prompts[0] {
         Prompt::Ids { ids, .. } => ids.clone(),
-        Prompt::Text(t) => crate::prompts::tokenize_on(&cfg.addr, &h, t)?,
+        Prompt::Text(t) => crate::prompts::tokenize_on(&cfg.clients.addr, &h, t)?,
     };
     sh.too_long = first_ids.iter().copied().cycle().take(ctx + 1).collect();
     for p in 0..sh.prompts.len() {
@@ -389,11 +377,7 @@ fn draw(rng: &mut Draws, stalled: bool) -> Kind {
 /// is not a complete, error-free stream; `stop_after` drops it after that
 /// many chunks instead (cancellation).
 fn read_stream(sh: &Shared, body: &Value, stop_after: Option<usize>) -> (u16, Result<String, String>) {
-    let h = sh.headers();
-    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let open =
-        http_client::open_with(&sh.cfg.addr, "POST", "/v1/completions", Some(&body.to_string()), CLIENT_TIMEOUT, &h);
-    let mut s = match open {
+    let mut s = match sh.open(body) {
         Ok(s) => s,
         Err(e) => return (0, Err(format!("no response: {e}"))),
     };
@@ -436,7 +420,7 @@ fn read_stream(sh: &Shared, body: &Value, stop_after: Option<usize>) -> (u16, Re
 /// Sends raw bytes on a fresh connection and reads the status line of the
 /// answer (0 when none came).
 fn raw_status(sh: &Shared, head: &str, body: &[u8]) -> u16 {
-    let Ok(mut s) = TcpStream::connect(&sh.cfg.addr) else {
+    let Ok(mut s) = TcpStream::connect(&sh.cfg.clients.addr) else {
         return 0;
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
@@ -449,7 +433,7 @@ fn raw_status(sh: &Shared, head: &str, body: &[u8]) -> u16 {
 }
 
 fn auth_line(sh: &Shared) -> String {
-    sh.cfg.api_key.as_ref().map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default()
+    sh.cfg.clients.auth().map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default()
 }
 
 /// Runs one request of `kind` and checks its outcome.
@@ -477,7 +461,7 @@ fn one(sh: &Shared, kind: Kind, rng: &mut Draws) -> Outcome {
         }
         Kind::Sampled => {
             let (p, pol) = (rng.below(sh.prompts.len()), rng.below(sh.cfg.policies.len()));
-            let body = json!({"prompt": sh.prompts[p].json(), "max_tokens": sh.cfg.max_tokens,
+            let body = json!({"prompt": sh.prompts[p].json(), "max_tokens": sh.cfg.clients.max_tokens,
                 "temperature": 0.8, "seed": rng.below(1 << 20), "stream": true, "kv_policy": sh.cfg.policies[pol]});
             let (s, r) = read_stream(sh, &body, None);
             (s, r.err())
@@ -581,7 +565,7 @@ fn metric(sh: &Shared, name: &str) -> Option<f64> {
 pub fn run(cfg: &SoakConfig) -> Result<SoakReport, String> {
     let sh = Arc::new(prepare(cfg)?);
     let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));
-    let rss_start = cfg.server_pid.and_then(rss);
+    let rss_start = cfg.clients.server_pid.and_then(rss);
     let start = Instant::now();
     let end = start + cfg.duration;
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -590,7 +574,7 @@ pub fn run(cfg: &SoakConfig) -> Result<SoakReport, String> {
         std::thread::spawn(move || {
             let mut w = Watch::default();
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Some(r) = sh.cfg.server_pid.and_then(rss) {
+                if let Some(r) = sh.cfg.clients.server_pid.and_then(rss) {
                     w.rss_max = Some(w.rss_max.unwrap_or(0).max(r));
                 }
                 w.kv_max = w.kv_max.max(metric(&sh, "kvslim_kv_bytes_in_use").unwrap_or(0.0));
@@ -600,7 +584,7 @@ pub fn run(cfg: &SoakConfig) -> Result<SoakReport, String> {
             w
         })
     };
-    let threads: Vec<_> = (0..cfg.clients.max(1))
+    let threads: Vec<_> = (0..cfg.clients.count.max(1))
         .map(|c| {
             let (sh, outcomes) = (sh.clone(), outcomes.clone());
             std::thread::spawn(move || {
@@ -657,7 +641,7 @@ pub fn run(cfg: &SoakConfig) -> Result<SoakReport, String> {
         .collect();
     let failed = outcomes.iter().filter(|o| o.failure.is_some()).count() + panicked;
     let json = json!({
-        "clients": cfg.clients,
+        "clients": cfg.clients.count,
         "duration_s": wall,
         "requests": outcomes.len(),
         "requests_by_kind": by_kind,
@@ -668,15 +652,15 @@ pub fn run(cfg: &SoakConfig) -> Result<SoakReport, String> {
         "latency_p99_s": pct(&lat, 99.0),
         "latency_by_kind": per_kind,
         "kv_bytes_at_end": kv_end,
-        "peak_rss_bytes": cfg.server_pid.and_then(peak_rss),
+        "peak_rss_bytes": cfg.clients.server_pid.and_then(peak_rss),
         "rss_at_start_bytes": rss_start,
-        "rss_at_end_bytes": cfg.server_pid.and_then(rss),
+        "rss_at_end_bytes": cfg.clients.server_pid.and_then(rss),
         "rss_max_sampled_bytes": watch.rss_max,
         "kv_bytes_in_use_max_sampled": watch.kv_max,
         "running_requests_max_sampled": watch.running_max,
         "prompts": sh.prompts.iter().map(Prompt::label).collect::<Vec<_>>(),
         "policies": cfg.policies,
-        "max_tokens": cfg.max_tokens,
+        "max_tokens": cfg.clients.max_tokens,
         "requests_timed_out_total": metric(&sh, "kvslim_requests_timed_out_total"),
         "requests_cancelled_total": metric(&sh, "kvslim_requests_cancelled_total"),
     });
@@ -685,7 +669,7 @@ pub fn run(cfg: &SoakConfig) -> Result<SoakReport, String> {
         .map(|(p, pol)| GreedyReference {
             prompt: sh.prompts[p].clone(),
             policy: cfg.policies[pol].clone(),
-            max_tokens: cfg.max_tokens,
+            max_tokens: cfg.clients.max_tokens,
             text: sh.greedy[p][pol].clone(),
         })
         .collect();
@@ -727,7 +711,7 @@ mod tests {
         let e = run(&cfg).unwrap_err();
         assert!(e.contains("policy list is empty"), "{e}");
         let mut cfg = SoakConfig::new("127.0.0.1:9", Duration::from_secs(1));
-        cfg.prompt_tokens = Some(64);
+        cfg.clients.prompt_tokens = Some(64);
         let e = run(&cfg).unwrap_err();
         assert!(e.contains("go together"), "{e}");
         assert_eq!(Prompt::Ids { index: 2, ids: vec![1, 2, 3] }.json(), json!([1, 2, 3]));

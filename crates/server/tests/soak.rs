@@ -28,19 +28,13 @@ fn short_soak_answers_everything_and_returns_the_kv() {
     let limits = Limits { kv_memory: 64 << 20, max_batch: 16, queue_limit: 64, ..Limits::default() };
     let (addr, _, _) =
         common::start_with(limits, Duration::from_secs(5), |s| s.with_http_limits(http).with_api_key(Some(key.into())));
-    let cfg = SoakConfig {
-        addr,
-        clients: 8,
-        duration: Duration::from_secs(secs),
-        api_key: Some(key.into()),
-        // in-process: the test's own peak includes the server's
-        server_pid: Some(std::process::id()),
-        oversize_bytes: 1 << 20,
-        stalled: true,
-        max_tokens: 48,
-        seed: 17,
-        ..SoakConfig::new("", Duration::ZERO)
-    };
+    let mut cfg = SoakConfig::new(addr, Duration::from_secs(secs));
+    cfg.clients.api_key = Some(key.into());
+    // in-process: the test's own peak includes the server's
+    cfg.clients.server_pid = Some(std::process::id());
+    cfg.oversize_bytes = 1 << 20;
+    cfg.stalled = true;
+    cfg.seed = 17;
     let report = soak::run(&cfg).expect("solo references");
     println!("{}", serde_json::to_string_pretty(&report.json).unwrap());
     assert!(report.failures.is_empty(), "unexpected outcomes: {:#?}", report.failures);
@@ -86,15 +80,13 @@ fn soak_with_prompt_file_and_policy_mix() {
     let (addr, _, _) = common::start_with(limits, Duration::from_secs(5), |s| s);
     let text = common::shared().join("data/tinystories/tinystories_val.txt");
     let policies = ["full", "h2o:heavy=10%,recent=10%,kv_dtype=q8", "window:recent=32"];
-    let cfg = SoakConfig {
-        clients: 4,
-        max_tokens: 16,
-        seed: 5,
-        prompt_file: Some(text.clone()),
-        prompt_tokens: Some(96),
-        policies: policies.iter().map(|p| p.to_string()).collect(),
-        ..SoakConfig::new(addr.clone(), Duration::from_secs(4))
-    };
+    let mut cfg = SoakConfig::new(addr.clone(), Duration::from_secs(4));
+    cfg.clients.count = 4;
+    cfg.clients.max_tokens = 16;
+    cfg.seed = 5;
+    cfg.clients.prompt_file = Some(text.clone());
+    cfg.clients.prompt_tokens = Some(96);
+    cfg.policies = policies.iter().map(|p| p.to_string()).collect();
     let report = soak::run(&cfg).expect("solo references");
     println!("{}", serde_json::to_string_pretty(&report.json).unwrap());
     assert!(report.passed(), "{:#?} {}", report.failures, report.json);
@@ -118,9 +110,9 @@ fn soak_with_prompt_file_and_policy_mix() {
         change(&mut c);
         soak::run(&c).expect_err("must be refused")
     };
-    let e = refused(&|c| c.prompt_tokens = Some(512));
+    let e = refused(&|c| c.clients.prompt_tokens = Some(512));
     assert!(e.contains("does not fit the server's context of 512"), "{e}");
-    let e = refused(&|c| c.prompt_file = Some(text.with_file_name("no-such-file.txt")));
+    let e = refused(&|c| c.clients.prompt_file = Some(text.with_file_name("no-such-file.txt")));
     assert!(e.contains("cannot read prompt file") && e.contains("no-such-file.txt"), "{e}");
     let e = refused(&|c| c.policies = vec!["full".into(), "h2o:heavy=8,nope=1".into()]);
     assert!(e.contains("refuses the KV policy `h2o:heavy=8,nope=1`") && e.contains("nope"), "{e}");

@@ -163,13 +163,13 @@ pub const MC: Kind = Kind {
     new: |_, path| Box::new(Mc { path, delimiter: None }),
 };
 
+/// Multiple choice from HellaSwag's own file format: [`MC`]'s metrics.
 pub const HELLASWAG: Kind = Kind {
     names: &["hellaswag"],
-    file: true,
     extensions: &[".bz2"],
     options: "limit",
-    headline: &["acc", "acc_norm"],
     new: |_, path| Box::new(HellaSwag { path }),
+    ..MC
 };
 
 /// `mc:FILE[,delim=TEXT]`: `{"query","choices","gold"}` jsonl.
