@@ -13,7 +13,14 @@ costs at most MAX_PREFILL_COST (1.3) times the full cache's:
   `h2o:prefill=M` in the Qwen matrix (scripts/qwen_tables.py's groups) that the winner's
   score can carry;
 * `agree` sources (the default for unknown models): the shares where the named models'
-  rows agree (score, sinks, heavy fraction, prefill), with those values.
+  rows agree (score, sinks, heavy fraction, prefill), with those values;
+* `contexts` sources (rows of use "context", for compressed contexts): per share of the
+  file, the most compress-once questions answered (niah_multiquery, asked after
+  compression) among H2O variants within the prefill bound, which may name alloc=global,
+  recent_share= and a KVzap predictor (prefill=kvzap: a model without its file falls back
+  to the default context rows);
+* `contexts-default` (the default context rows): per share, the best mean recall over the
+  named models' context files among the candidates that need no per-model file.
 
 A row's heavy fraction is the winner's heavy / (heavy + recent) slots, kept as the two
 integers so the Rust side divides exactly as before; H2O without heavy=/recent= splits the
@@ -39,7 +46,11 @@ MAX_PREFILL_COST = 1.3
 # (3,742 prompt tokens: full 35.4 s, snap:32 39.1 s, kvzip 114.4 s). The result files carry no
 # per-policy prefill time (the matrix's timings are per shared cell); expect and rkv score the
 # prompt in its one pass (crates/cache/src/policy/token.rs, Observation) and were not timed.
-PREFILL_COST = {None: 1.0, "snap": 39.1 / 35.4, "kvzip": 114.4 / 35.4, "expect": 1.0, "rkv": 1.0}
+PREFILL_COST = {None: 1.0, "snap": 39.1 / 35.4, "kvzip": 114.4 / 35.4, "expect": 1.0, "rkv": 1.0,
+                # docs/contexts.md "KVzap-style scoring", What it costs: medians 45.0 s / 40.6 s
+                "kvzap": 45.0 / 40.6}
+# The keys a context row can say (a reply's rows: parse's default).
+CONTEXT_KEYS = ("heavy", "recent", "recent_share", "sink", "score", "prefill", "alloc")
 # The scores each prefill mode can rank by (the grammar's refusals, crates/cache/src/policy/spec/family.rs).
 PREFILL_SCORES = {"snap": {"sum", "norm", "vnorm"}, "expect": {"sum", "norm"}, "kvzip": {"sum", "norm"}, "rkv": {"sum", "norm"}}
 # Which results each model's rows come from, its key (crates/cache/src/policy/auto.rs, model_key) and name.
@@ -50,18 +61,30 @@ SOURCES = [
     {"model": "qwen2:28x1536", "name": "Qwen2.5-Coder-1.5B", "rule": "kl+needles", "files": "docs/qwen/auto-kl/results.jsonl"},
     {"model": "*", "name": "any other model", "rule": "agree", "of": ["llama:30x576", "gemma3:18x640"],
      "evidence": "docs/results/tuning.md"},
+    # compressed contexts: questions asked after compression (docs/contexts.md, "auto for contexts")
+    {"model": "qwen2:24x896", "name": "Qwen2.5-Coder-0.5B", "use": "context", "rule": "contexts",
+     "files": "docs/contexts/reuse-q05/results.jsonl"},
+    {"model": "qwen2:28x1536", "name": "Qwen2.5-Coder-1.5B", "use": "context", "rule": "contexts",
+     "files": "docs/contexts/reuse-q15/results.jsonl"},
+    {"model": "*", "name": "any other model", "use": "context", "rule": "contexts-default",
+     "of": ["qwen2:24x896", "qwen2:28x1536"]},
 ]
 
 
-def parse(policy):
-    """A plain H2O variant's (score, sinks, heavy fraction as (n, d), prefill), else None."""
+def parse(policy, keys_allowed=("heavy", "recent", "sink", "score", "prefill")):
+    """A plain H2O variant's (score, sinks, heavy fraction as (n, d), prefill, alloc), else None."""
     family, _, rest = policy.partition(":")
     if family != "h2o":
         return None
     keys = dict(kv.split("=", 1) for kv in rest.split(",") if kv)
-    if set(keys) - {"heavy", "recent", "sink", "score", "prefill"}:
-        return None  # agg=, alloc=: a table row cannot say them
-    if "heavy" in keys and "recent" in keys:
+    if set(keys) - set(keys_allowed):
+        return None  # agg=, alloc=: a reply's row cannot say them
+    if "recent_share" in keys:
+        if "heavy" in keys or "recent" in keys:
+            return None
+        split = Fraction(1) - Fraction(keys["recent_share"])
+        split = (split.numerator, split.denominator)
+    elif "heavy" in keys and "recent" in keys:
         heavy, recent = (Fraction(keys[k].rstrip("%")) for k in ("heavy", "recent"))
         share = heavy / (heavy + recent)  # slots are kept as such, shares (P%) reduced
         whole = heavy.denominator == recent.denominator == 1 and "%" not in keys["heavy"]
@@ -71,7 +94,8 @@ def parse(policy):
     else:
         split = (1, 2)  # the family's own split: half heavy, half recent
     prefill = keys.get("prefill")
-    return keys.get("score", "sum"), int(keys.get("sink", 0)), split, None if prefill == "full" else prefill
+    prefill = None if prefill == "full" else prefill
+    return keys.get("score", "sum"), int(keys.get("sink", 0)), split, prefill, keys.get("alloc")
 
 
 def cost(prefill):
@@ -79,9 +103,10 @@ def cost(prefill):
 
 
 def row(src, share, variant, evidence, why):
-    score, sinks, heavy, prefill = variant
-    return {"model": src["model"], "model_name": src["name"], "share": share, "score": score, "sinks": sinks,
-            "heavy": list(heavy), "prefill": prefill, "evidence": evidence, "why": why}
+    score, sinks, heavy, prefill, alloc = variant
+    return {"model": src["model"], "model_name": src["name"], "use": src.get("use", "reply"), "share": share,
+            "score": score, "sinks": sinks, "heavy": list(heavy), "prefill": prefill, "alloc": alloc,
+            "evidence": evidence, "why": why}
 
 
 def percent(budget):
@@ -95,7 +120,7 @@ def tuned(root, src):
     for path in sorted(root.glob(src["files"])):
         d = json.loads(path.read_text(encoding="utf-8"))
         variant = parse(d["spec"]) if d.get("kind") == "kvslim-tune" else None
-        if variant is None or cost(variant[3]) > MAX_PREFILL_COST:
+        if variant is None or cost(variant[3]) > MAX_PREFILL_COST or needs_predictor(variant[3]):
             raise ValueError(f"{path}: not a kvslim-tune file with a plain H2O spec within the prefill bound")
         rows.append(row(src, percent(d["budget"]), variant, path.relative_to(root).as_posix(), f"tune's winner {d['spec']}"))
     return sorted(rows, key=lambda r: -r["share"])
@@ -132,17 +157,17 @@ def kl_and_needles(root, src):
         r = json.loads(line)
         v = parse(r["policy"]) if r["policy"] != "auto" else None
         kl = r.get("metrics", {}).get("kl")
-        if v is None or not isinstance(kl, (int, float)) or cost(v[3]) > MAX_PREFILL_COST:
+        if v is None or not isinstance(kl, (int, float)) or cost(v[3]) > MAX_PREFILL_COST or needs_predictor(v[3]):
             continue
         by_share.setdefault(percent(r["budget"]), []).append((kl, r["metrics"].get("nll", 0.0), r["policy"], v))
     rows = []
     for share, cands in sorted(by_share.items(), reverse=True):
-        kl, _, policy, (score, sinks, heavy, prefill) = min(cands)
+        kl, _, policy, (score, sinks, heavy, prefill, alloc) = min(cands)
         why = f"lowest KL {kl:.4f} at {share:g}%: {policy}"
         if prefill is None:
             prefill, pct = best_prefill(root, score)
             why += f"; prefill={prefill}: RULER-4K {pct:.1f}% of full (docs/qwen/ matrix)"
-        rows.append(row(src, share, (score, sinks, heavy, prefill), path.relative_to(root).as_posix(), why))
+        rows.append(row(src, share, (score, sinks, heavy, prefill, alloc), path.relative_to(root).as_posix(), why))
     return rows
 
 
@@ -151,21 +176,81 @@ def agree(rows, src):
     out = []
     for first in of[0]:
         same = [next((r for r in rs if r["share"] == first["share"]), None) for rs in of[1:]]
-        values = lambda r: (r["score"], r["sinks"], Fraction(*r["heavy"]), r["prefill"])  # noqa: E731
+        values = lambda r: (r["score"], r["sinks"], Fraction(*r["heavy"]), r["prefill"], r["alloc"])  # noqa: E731
         if all(r is not None and values(r) == values(first) for r in same):
-            v = (first["score"], first["sinks"], tuple(first["heavy"]), first["prefill"])
+            v = (first["score"], first["sinks"], tuple(first["heavy"]), first["prefill"], first["alloc"])
             out.append(row(src, first["share"], v, src["evidence"], f"{' and '.join(src['of'])} agree"))
     return out
+
+
+def needs_predictor(prefill):
+    """Whether a prefill mode needs a per-model file (KVzap's predictor): a reply's rows and the
+    default rows never pick one; a model's context row may, and falls back without the file."""
+    return prefill is not None and prefill.split(":")[0] == "kvzap"
+
+
+def recalls(root, path):
+    """{(share, policy): (recall, questions)} of the compress-once task's rows of one result file
+    that a context row can say (plain H2O with recent_share=, alloc=) within the prefill bound."""
+    out = {}
+    for line in (root / path).read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        if not r["task"].startswith("niah_multiquery"):
+            continue
+        v = parse(r["policy"], CONTEXT_KEYS)
+        if v is None or cost(v[3]) > MAX_PREFILL_COST:
+            continue
+        out[(percent(r["budget"]), r["policy"])] = (r["metrics"]["recall"], 4 * r["items"], v)
+    return out
+
+
+def contexts(root, src):
+    """Per share, the most questions answered after compression (ties: the cheaper prefill, then
+    the shorter spec), among the candidates of the source's file."""
+    found = recalls(root, src["files"])
+    rows = []
+    for share in sorted({s for s, _ in found}, reverse=True):
+        cands = [(rec, -cost(v[3]), policy, n, v) for (s, policy), (rec, n, v) in found.items() if s == share]
+        rec, _, policy, n, v = max(cands, key=lambda c: (c[0], c[1], -len(c[2]), c[2]))
+        why = f"compress-once recall {100 * rec:.1f}% of {n} questions at {share:g}%: {policy}"
+        rows.append(row(src, share, v, src["files"], why))
+    return rows
+
+
+def contexts_default(root, src):
+    """Per share, the best mean recall over the named models' files among candidates that need
+    no per-model file."""
+    files = [next(s["files"] for s in SOURCES if s["model"] == m and s.get("use") == "context") for m in src["of"]]
+    each = [recalls(root, f) for f in files]
+    rows = []
+    for share in sorted({s for s, _ in each[0]}, reverse=True):
+        cands = []
+        for (s, policy), (_, _, v) in each[0].items():
+            if s != share or needs_predictor(v[3]) or not all((s, policy) in e for e in each):
+                continue
+            mean = sum(e[(s, policy)][0] for e in each) / len(each)
+            cands.append((mean, -cost(v[3]), policy, v))
+        if cands:
+            mean, _, policy, v = max(cands, key=lambda c: (c[0], c[1], -len(c[2]), c[2]))
+            why = f"mean compress-once recall {100 * mean:.1f}% over {' and '.join(src['of'])} at {share:g}%: {policy}"
+            rows.append(row(src, share, v, " + ".join(files), why))
+    return rows
 
 
 def table(root):
     rows = []
     for src in SOURCES:
-        rule = {"tuned": lambda s: tuned(root, s), "kl+needles": lambda s: kl_and_needles(root, s), "agree": lambda s: agree(rows, s)}
+        rule = {
+            "tuned": lambda s: tuned(root, s),
+            "kl+needles": lambda s: kl_and_needles(root, s),
+            "agree": lambda s: agree(rows, s),
+            "contexts": lambda s: contexts(root, s),
+            "contexts-default": lambda s: contexts_default(root, s),
+        }
         rows += rule[src["rule"]](src)
     head = {
         "generated": f"by `{COMMAND}` from the result files each row's evidence names; do not edit, rerun it",
-        "rule": f"per model and kept share, the best measured H2O variant whose prefill costs at most {MAX_PREFILL_COST}x the full cache's (docs/policies.md, auto)",
+        "rule": f"per model, use and kept share, the best measured H2O variant whose prefill costs at most {MAX_PREFILL_COST}x the full cache's (docs/policies.md, auto)",
     }
     lines = ["{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}" for k, v in head.items()) + ', "rows": [']
     lines += [" " + json.dumps(r, ensure_ascii=False) + ("," if i + 1 < len(rows) else "") for i, r in enumerate(rows)]

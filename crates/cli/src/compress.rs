@@ -62,7 +62,7 @@ pub fn run(a: Args) -> CliResult {
         let v = serde_json::json!({
             "context": a.output,
             "tokens": ctx.tokens().len(),
-            "policy": a.policy.spec.to_string(),
+            "policy": ctx.policy().to_string(),
             "kv_bytes": kv,
             "kv_bytes_full": full,
             "file_bytes": file_bytes,
@@ -73,7 +73,7 @@ pub fn run(a: Args) -> CliResult {
         eprintln!(
             "[{} tokens compressed in {seconds:.1} s under {}: K/V {:.2} MiB kept of {:.2} MiB full ({:.1}%); {} ({:.2} MiB)]",
             ctx.tokens().len(),
-            a.policy.spec,
+            ctx.policy(),
             kv as f64 / 1048576.0,
             full as f64 / 1048576.0,
             100.0 * kv as f64 / full.max(1) as f64,

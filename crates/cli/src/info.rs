@@ -1,6 +1,8 @@
 //! `kvslim info`: what a checkpoint is.
 
 use crate::common::{CliResult, ModelArgs};
+use kvslim_cache::policy::auto::{self, AutoUse};
+use kvslim_cache::policy::Budget;
 use std::collections::BTreeMap;
 
 #[derive(clap::Args)]
@@ -107,15 +109,12 @@ pub fn run(a: Args) -> CliResult {
         (
             "auto policy",
             // what `auto:budget=P%` resolves to for this model at 1,024 tokens
-            {
-                let key = m.auto_key();
-                let at = |p: f64| {
-                    let (spec, row) =
-                        kvslim_cache::policy::auto::resolve(kvslim_cache::policy::Budget::Percent(p), Some(&key), 1024);
-                    format!("{p}% → {spec} ({}, {})", row.model_name, row.evidence)
-                };
-                format!("key {key}; at 1,024 tokens: {}", [40.0, 20.0, 10.0, 5.0].map(at).join("; "))
-            },
+            auto_row(m, AutoUse::Reply, 1024, &[40.0, 20.0, 10.0, 5.0]),
+        ),
+        (
+            "auto, contexts",
+            // the same when a context is compressed once for many questions
+            auto_row(m, AutoUse::Context, 4096, &[25.0, 12.5]),
         ),
         (
             "tokenizer",
@@ -129,6 +128,23 @@ pub fn run(a: Args) -> CliResult {
         println!("{k:>18}  {v}");
     }
     Ok(())
+}
+
+/// What `auto:budget=P%` becomes for `m` used as `usage` at `len` tokens,
+/// per share, with the row it comes from.
+fn auto_row(m: &kvslim_models::Model, usage: AutoUse, len: usize, shares: &[f64]) -> String {
+    let key = m.auto_key();
+    let kvzap = usage == AutoUse::Context && m.kvzap_predictor(None).is_ok();
+    let at = |&p: &f64| {
+        let (spec, row) = auto::resolve(Budget::Percent(p), Some(&key), len, usage, kvzap);
+        format!("{p}% → {spec} ({}, {})", row.model_name, row.evidence)
+    };
+    let predictor = match usage {
+        AutoUse::Context if kvzap => ", KVzap predictor found",
+        AutoUse::Context => ", no KVzap predictor",
+        AutoUse::Reply => "",
+    };
+    format!("key {key}{predictor}; at {len} tokens: {}", shares.iter().map(at).collect::<Vec<_>>().join("; "))
 }
 
 /// Layers grouped by kind: `global × 3 (5, 11, 17)`, `local window 512,

@@ -201,7 +201,9 @@ impl Context {
 
     /// Prefills `tokens` under `policy` into an empty cache: the policy's
     /// prefill rule chooses what stays (percentage budgets resolve against
-    /// the context's length), before any question is known.
+    /// the context's length), before any question is known. `auto`
+    /// becomes the context rows' choice ([`Model::context_policy`]), and
+    /// the context keeps that spec.
     pub fn compress(model: &Model, policy: &PolicySpec, tokens: &[u32]) -> Result<Context> {
         Ok(Self::compress_each(model, std::slice::from_ref(policy), tokens)?.pop().expect("one policy, one context"))
     }
@@ -214,6 +216,7 @@ impl Context {
             return Err(EngineError::Request("the context is empty".into()));
         }
         check_fits(model, tokens.len(), "context")?;
+        let policies: Vec<PolicySpec> = policies.iter().map(|p| model.context_policy(p, tokens.len())).collect();
         let mut sessions = policies
             .iter()
             .map(|p| Session::new(model, p, tokens.len(), tokens.len()))
@@ -224,9 +227,9 @@ impl Context {
         Ok(sessions
             .into_iter()
             .zip(policies)
-            .map(|(s, p)| Context {
+            .map(|(s, policy)| Context {
                 tokens: tokens.to_vec(),
-                policy: p.clone(),
+                policy,
                 cache: s.cache,
                 fingerprint: fingerprint.clone(),
                 meta: serde_json::Value::Null,

@@ -160,3 +160,28 @@ fn chai_contexts_work_in_memory_but_refuse_to_save() {
     let e = ctx.to_bytes().expect_err("CHAI cannot be saved yet").to_string();
     assert!(e.contains("CHAI"), "{e}");
 }
+
+/// `auto` compressing a context becomes the context rows' choice for the
+/// model (here: no rows of its own and no KVzap predictor, so the default
+/// context rows), the context keeps and saves that spec, and the cache is
+/// the one that spec builds.
+#[test]
+fn auto_compresses_a_context_under_the_context_rows_choice() {
+    use kvslim_cache::policy::auto::{choose, AutoUse};
+    let m = model(7);
+    let c = tokens(64, 3);
+    let auto = PolicySpec::parse("auto:budget=25%").unwrap();
+    let ctx = Context::compress(&m, &auto, &c).unwrap();
+    let want = auto.for_context(Some(&m.auto_key()), c.len(), false);
+    assert_eq!(ctx.policy(), &want);
+    assert!(ctx.policy().auto.is_none() && ctx.policy().budget(c.len()) == Some(16));
+    let row = choose(Some(&m.auto_key()), 25.0, AutoUse::Context, false);
+    assert_eq!((row.model, row.usage), ("*", AutoUse::Context));
+    if let Some(a) = row.alloc {
+        assert!(ctx.policy().to_string().contains(&format!("alloc={a}")), "{}", ctx.policy());
+    }
+    let direct = Context::compress(&m, &want, &c).unwrap();
+    assert_eq!(ctx.to_bytes().unwrap(), direct.to_bytes().unwrap(), "the same cache as the resolved spec's");
+    let loaded = Context::from_bytes(&m, &ctx.to_bytes().unwrap()).unwrap();
+    assert_eq!(loaded.policy(), &want);
+}

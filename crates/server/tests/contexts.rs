@@ -130,3 +130,19 @@ fn contexts_dir_keeps_them_across_restarts_and_refuses_bad_files() {
     assert!(bad.text().contains("ctx-00000000000000ba"), "{}", bad.text());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `auto` in `POST /v1/contexts` becomes the context rows' choice for the
+/// model, as the engine resolves it (`Model::context_policy`), paged as the
+/// server's contexts are; the context reports that spec, not `auto`.
+#[test]
+fn auto_makes_a_context_under_the_context_rows_choice() {
+    let addr = start(Limits::default());
+    let made = post(&addr, "/v1/contexts", &json!({"text": document(), "kv_policy": "auto:budget=25%"})).json();
+    let m = stories();
+    let n = m.tokenizer.unwrap().encode(&document()).unwrap().len();
+    let mut auto = PolicySpec::parse("auto:budget=25%").unwrap();
+    auto.storage.page_size = Some(16);
+    let want = m.model.context_policy(&auto, n);
+    assert!(want.auto.is_none());
+    assert_eq!(made["policy"].as_str().unwrap(), want.to_string(), "{made}");
+}

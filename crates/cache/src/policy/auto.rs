@@ -13,16 +13,37 @@
 //! it is built ([`crate::effective_policy`]), where the model is known; until
 //! then the spec stands for paper H2O at B, so everything that looks at a
 //! spec before that (does it evict, its budget) sees an evicting policy.
+//!
+//! A cache compressed once and asked many questions later (a compressed
+//! context) has its own rows ([`AutoUse::Context`]): there the prompt is
+//! chosen before any question exists, so the table's rule ranks the
+//! query-agnostic policies by the questions answered after compression.
+//! A context resolves `auto` when it is compressed
+//! ([`PolicySpec::for_context`]), and keeps the resolved spec.
 
 use super::spec::{Budget, PolicySpec};
 use serde::Deserialize;
 use std::sync::OnceLock;
+
+/// What a cache is for, which decides the rows `auto` picks from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutoUse {
+    /// A request's own prompt, its question at the end: the rows ranked by
+    /// held-out KL and needles found with the question in the prompt.
+    Reply,
+    /// A compressed context, its questions after compression: the rows
+    /// ranked by those questions' answers (docs/policies.md §4).
+    Context,
+}
 
 /// One measured choice.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AutoChoice {
     /// The model key ([`model_key`]); `*` for the default rows.
     pub model: &'static str,
+    /// The use it was measured for.
+    pub usage: AutoUse,
     /// The model as people call it.
     pub model_name: &'static str,
     /// The kept share (percent) it was measured at.
@@ -37,6 +58,13 @@ pub struct AutoChoice {
     /// when the winner compresses the prompt after its prefill; `None`:
     /// the prompt streams through the decode-time policy.
     pub prefill: Option<&'static str>,
+    /// `alloc=` of the winner (`global`: one ranking over every layer
+    /// and head), `None`: the same budget in every unit.
+    pub alloc: Option<&'static str>,
+    /// Whether the winner scores the prompt with the model's KVzap
+    /// predictor (`prefill=kvzap`), which a model may lack: then the
+    /// default rows of the use stand in.
+    pub needs_kvzap: bool,
     /// Where the measurement is: the file and the table.
     pub evidence: &'static str,
 }
@@ -52,6 +80,8 @@ fn table() -> &'static [AutoChoice] {
     struct Row<'a> {
         model: &'a str,
         model_name: &'a str,
+        #[serde(rename = "use")]
+        usage: AutoUse,
         share: f64,
         score: &'a str,
         sinks: usize,
@@ -60,6 +90,8 @@ fn table() -> &'static [AutoChoice] {
         heavy: (u32, u32),
         #[serde(borrow)]
         prefill: Option<&'a str>,
+        #[serde(borrow)]
+        alloc: Option<&'a str>,
         evidence: &'a str,
     }
     #[derive(Deserialize)]
@@ -75,11 +107,14 @@ fn table() -> &'static [AutoChoice] {
             .map(|r| AutoChoice {
                 model: r.model,
                 model_name: r.model_name,
+                usage: r.usage,
                 share: r.share,
                 score: r.score,
                 sinks: r.sinks,
                 heavy: f64::from(r.heavy.0) / f64::from(r.heavy.1),
                 prefill: r.prefill,
+                alloc: r.alloc,
+                needs_kvzap: r.prefill.is_some_and(|p| p.split(':').next() == Some("kvzap")),
                 evidence: r.evidence,
             })
             .collect()
@@ -119,13 +154,15 @@ pub fn model_key(architecture: &str, layers: usize, hidden: usize) -> String {
     format!("{}:{layers}x{hidden}", architecture.to_ascii_lowercase())
 }
 
-/// The row for `model` (its rows, else the default rows) whose share is
-/// nearest `share` percent (the larger share on a tie: more memory, never
-/// less quality).
-pub fn choose(model: Option<&str>, share: f64) -> &'static AutoChoice {
-    let own = |c: &&AutoChoice| model.is_some_and(|m| m == c.model);
+/// The row of `usage` for `model` (its rows, else the default rows) whose
+/// share is nearest `share` percent (the larger share on a tie: more
+/// memory, never less quality). Without a KVzap predictor
+/// (`kvzap = false`) the model's rows that need one do not count.
+pub fn choose(model: Option<&str>, share: f64, usage: AutoUse, kvzap: bool) -> &'static AutoChoice {
+    let usable = |c: &&AutoChoice| c.usage == usage && (kvzap || !c.needs_kvzap);
+    let own = |c: &&AutoChoice| model.is_some_and(|m| m == c.model) && usable(c);
     let rows: Vec<&AutoChoice> = match CHOICES.iter().filter(own).count() {
-        0 => CHOICES.iter().filter(|c| c.model == "*").collect(),
+        0 => CHOICES.iter().filter(|c| c.model == "*" && usable(c)).collect(),
         _ => CHOICES.iter().filter(own).collect(),
     };
     rows.into_iter()
@@ -133,26 +170,48 @@ pub fn choose(model: Option<&str>, share: f64) -> &'static AutoChoice {
             let (da, db) = ((a.share - share).abs(), (b.share - share).abs());
             da.total_cmp(&db).then(b.share.total_cmp(&a.share))
         })
-        .expect("the default rows exist")
+        .expect("each use has default rows that need no predictor")
 }
 
-/// `auto:budget=B` for a sequence of `base_len` tokens of `model`: the
-/// chosen row's H2O variant with exactly B slots, and the row.
-pub fn resolve(budget: Budget, model: Option<&str>, base_len: usize) -> (PolicySpec, &'static AutoChoice) {
+/// `auto:budget=B` for a sequence of `base_len` tokens of `model` used as
+/// `usage` (`kvzap`: whether the model has a KVzap predictor): the chosen
+/// row's H2O variant with exactly B slots, and the row.
+pub fn resolve(
+    budget: Budget,
+    model: Option<&str>,
+    base_len: usize,
+    usage: AutoUse,
+    kvzap: bool,
+) -> (PolicySpec, &'static AutoChoice) {
     let slots = budget.resolve(base_len).max(1);
     let share = match budget {
         Budget::Percent(p) => p,
         Budget::Slots(n) => 100.0 * n as f64 / base_len.max(1) as f64,
     };
-    let row = choose(model, share);
+    let row = choose(model, share, usage, kvzap);
     let sinks = row.sinks.min(slots - 1);
     let rest = slots - sinks;
     let heavy = ((rest as f64 * row.heavy).round() as usize).min(rest);
     let mut spec = format!("h2o:heavy={heavy},recent={},sink={sinks},score={}", rest - heavy, row.score);
-    if let Some(p) = row.prefill {
-        spec += &format!(",prefill={p}");
+    for (key, value) in [("prefill", row.prefill), ("alloc", row.alloc)] {
+        if let Some(v) = value {
+            spec += &format!(",{key}={v}");
+        }
     }
     (PolicySpec::parse(&spec).expect("the table's rows are valid specs"), row)
+}
+
+impl PolicySpec {
+    /// The spec a compressed context runs: `auto` resolved from the
+    /// context rows ([`AutoUse::Context`]) for `model` at the context's
+    /// `len` tokens, its storage keys kept; any other spec as it is.
+    /// `kvzap`: whether the model has a KVzap predictor.
+    pub fn for_context(&self, model: Option<&str>, len: usize, kvzap: bool) -> PolicySpec {
+        let Some(b) = self.auto else { return self.clone() };
+        let (mut spec, _) = resolve(b, model, len, AutoUse::Context, kvzap);
+        spec.storage = self.storage;
+        spec
+    }
 }
 
 #[cfg(test)]
@@ -164,7 +223,7 @@ mod tests {
         for c in CHOICES {
             assert!(c.heavy > 0.0 && c.heavy <= 1.0, "{c:?}");
             for (b, len) in [(Budget::Percent(c.share), 1024), (Budget::Percent(3.0), 100), (Budget::Slots(1), 50)] {
-                let (spec, row) = resolve(b, Some(c.model), len);
+                let (spec, row) = resolve(b, Some(c.model), len, c.usage, true);
                 assert_eq!(row.model, c.model);
                 assert_eq!(spec.budget(len), Some(b.resolve(len).max(1)), "{c:?} at {b}");
             }
@@ -174,13 +233,13 @@ mod tests {
     #[test]
     fn rows_are_the_measured_specs_at_their_budget() {
         // SmolLM2 at 20% of a 1,024-token window: tune's h2o:heavy=150,recent=50,sink=4,score=norm
-        let (spec, _) = resolve(Budget::Percent(20.0), Some("llama:30x576"), 1024);
+        let (spec, _) = resolve(Budget::Percent(20.0), Some("llama:30x576"), 1024, AutoUse::Reply, false);
         assert_eq!(spec.to_string(), "h2o:heavy=150,recent=50,sink=4,score=norm");
-        let (spec, _) = resolve(Budget::Percent(5.0), Some("gemma3:18x640"), 1024);
+        let (spec, _) = resolve(Budget::Percent(5.0), Some("gemma3:18x640"), 1024, AutoUse::Reply, false);
         assert_eq!(spec.to_string(), "h2o:heavy=38,recent=13,score=norm");
         // Qwen2.5-Coder-1.5B: one row, with SnapKV's prompt compression, at any share
         for p in [12.5, 20.0, 50.0] {
-            let (spec, row) = resolve(Budget::Percent(p), Some("qwen2:28x1536"), 4096);
+            let (spec, row) = resolve(Budget::Percent(p), Some("qwen2:28x1536"), 4096, AutoUse::Reply, false);
             let b = Budget::Percent(p).resolve(4096);
             let heavy = ((b - 4) as f64 * 0.5).round() as usize;
             let want = format!("h2o:heavy={heavy},recent={},sink=4,score=vnorm,prefill=snap:32", b - 4 - heavy);
@@ -221,12 +280,46 @@ mod tests {
     }
 
     #[test]
+    fn a_context_uses_its_own_rows_and_falls_back_without_a_predictor() {
+        for usage in [AutoUse::Reply, AutoUse::Context] {
+            let defaults = CHOICES.iter().filter(|c| c.model == "*" && c.usage == usage);
+            assert!(defaults.clone().count() > 0 && defaults.clone().all(|c| !c.needs_kvzap), "{usage:?}");
+        }
+        assert!(CHOICES.iter().all(|c| c.usage == AutoUse::Context || !c.needs_kvzap), "a reply never needs one");
+        for c in CHOICES.iter().filter(|c| c.usage == AutoUse::Context && c.model != "*") {
+            let own = choose(Some(c.model), c.share, AutoUse::Context, true);
+            assert_eq!((own.model, own.usage), (c.model, AutoUse::Context));
+            let without = choose(Some(c.model), c.share, AutoUse::Context, false);
+            assert!(!without.needs_kvzap && without.usage == AutoUse::Context);
+            if c.needs_kvzap {
+                let (spec, _) = resolve(Budget::Percent(c.share), Some(c.model), 4096, AutoUse::Context, true);
+                assert!(spec.to_string().contains("prefill=kvzap"), "{spec}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_context_resolves_auto_and_keeps_its_storage_keys() {
+        let mut auto = PolicySpec::parse("auto:budget=25%").unwrap();
+        auto.storage.page_size = Some(16);
+        let row = choose(Some("qwen3:28x1024"), 25.0, AutoUse::Context, false);
+        let spec = auto.for_context(Some("qwen3:28x1024"), 4096, false);
+        assert_eq!((spec.auto, spec.storage.page_size, spec.budget(4096)), (None, Some(16), Some(1024)));
+        if let Some(a) = row.alloc {
+            assert!(spec.to_string().contains(&format!("alloc={a}")), "{spec}");
+        }
+        let plain = PolicySpec::parse("h2o:heavy=10,recent=10").unwrap();
+        assert_eq!(plain.for_context(Some("qwen3:28x1024"), 4096, true), plain);
+    }
+
+    #[test]
     fn nearest_share_of_the_models_rows_else_the_default() {
-        assert_eq!(choose(Some("llama:30x576"), 25.0).share, 20.0);
-        assert_eq!(choose(Some("llama:30x576"), 30.0).share, 40.0, "a tie takes the larger share");
-        let unknown = choose(Some("qwen3:28x1024"), 20.0);
+        let reply = |model, share| choose(model, share, AutoUse::Reply, false);
+        assert_eq!(reply(Some("llama:30x576"), 25.0).share, 20.0);
+        assert_eq!(reply(Some("llama:30x576"), 30.0).share, 40.0, "a tie takes the larger share");
+        let unknown = reply(Some("qwen3:28x1024"), 20.0);
         assert_eq!((unknown.model, unknown.share), ("*", 10.0));
-        assert_eq!(choose(None, 60.0).share, 40.0);
+        assert_eq!(reply(None, 60.0).share, 40.0);
         assert_eq!(model_key("Qwen2", 28, 1536), "qwen2:28x1536");
     }
 }

@@ -19,6 +19,7 @@ mod step;
 pub use step::{repeat_attention_into, AttentionScores, PrefillCandidates, ScoringKey};
 
 use crate::error::CacheError;
+use crate::policy::auto::AutoUse;
 use crate::policy::chai::{HeadSharing, LayerHeads};
 use crate::policy::{self, CachePolicy, EvictionEvent, PolicySpec, ScoreAgg, SharedKeptSets};
 use crate::store::{HeadSlots, KvStore, PagePool};
@@ -134,7 +135,9 @@ pub fn effective_policy(
         )));
     }
     if let Some(b) = spec.auto {
-        let (resolved, _) = policy::auto::resolve(b, shape.model.as_deref(), base_len);
+        // a reply's rows need no KVzap predictor (scripts/auto_table.py
+        // never picks one for them); a context resolves its own first
+        let (resolved, _) = policy::auto::resolve(b, shape.model.as_deref(), base_len, AutoUse::Reply, false);
         return effective_policy(&resolved, shape, base_len);
     }
     let policy = spec.build_for(base_len, shape.layers, shape.kv_heads);

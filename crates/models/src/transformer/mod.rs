@@ -201,4 +201,15 @@ impl Model {
         let c = &self.config;
         kvslim_cache::policy::auto::model_key(&format!("{:?}", c.architecture), c.n_layers, c.hidden_size)
     }
+
+    /// The spec a compressed context of `len` tokens runs when asked for
+    /// `spec`: `auto` resolved from the context rows
+    /// ([`kvslim_cache::PolicySpec::for_context`]), with this model's
+    /// KVzap predictor when one is found and fits; any other spec as it is.
+    pub fn context_policy(&self, spec: &kvslim_cache::PolicySpec, len: usize) -> kvslim_cache::PolicySpec {
+        if spec.auto.is_none() {
+            return spec.clone();
+        }
+        spec.for_context(Some(&self.auto_key()), len, self.kvzap_predictor(None).is_ok())
+    }
 }

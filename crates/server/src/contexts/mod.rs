@@ -124,6 +124,7 @@ fn plan_create(st: &AppState, body: &[u8]) -> Result<(Request, tokio::sync::mpsc
         )
         .code("context_length_exceeded"));
     }
+    let policy = st.model.context_policy(&policy, tokens.len());
     let kv_bytes = kv_bytes_for(&st.model, &policy, tokens.len(), 0)
         .map_err(|e| ApiError::bad(format!("kv_policy `{policy}`: {e}"), Some("kv_policy")))?;
     if kv_bytes > st.scheduler.limits.kv_memory {
