@@ -43,12 +43,12 @@ TABLE = "crates/cache/src/policy/auto_table.json"
 COMMAND = "python3 scripts/auto_table.py"
 MAX_PREFILL_COST = 1.3
 # Time to the first token, × the full cache's, per prefill mode: docs/qwen.md "What it costs"
-# (3,742 prompt tokens: full 35.4 s, snap:32 39.1 s, kvzip 114.4 s). The result files carry no
-# per-policy prefill time (the matrix's timings are per shared cell); expect and rkv score the
-# prompt in its one pass (crates/cache/src/policy/token.rs, Observation) and were not timed.
-PREFILL_COST = {None: 1.0, "snap": 39.1 / 35.4, "kvzip": 114.4 / 35.4, "expect": 1.0, "rkv": 1.0,
-                # docs/contexts.md "KVzap-style scoring", What it costs: medians 45.0 s / 40.6 s
-                "kvzap": 45.0 / 40.6}
+# (3,742 prompt tokens: full 35.4 s, snap:32 39.1 s); kvzip (the probe in pieces) and kvzap from
+# docs/contexts.md "At 16K, and on the 1.5B" (3,354 tokens on the 1.5B: full 19.4 s, kvzip 41.2 s,
+# kvzap 20.1 s). The result files carry no per-policy prefill time (the matrix's timings are per
+# shared cell); expect and rkv score the prompt in its one pass (crates/cache/src/policy/token.rs,
+# Observation) and were not timed.
+PREFILL_COST = {None: 1.0, "snap": 39.1 / 35.4, "kvzip": 41.2 / 19.4, "expect": 1.0, "rkv": 1.0, "kvzap": 20.1 / 19.4}
 # The keys a context row can say (a reply's rows: parse's default).
 CONTEXT_KEYS = ("heavy", "recent", "recent_share", "sink", "score", "prefill", "alloc")
 # The scores each prefill mode can rank by (the grammar's refusals, crates/cache/src/policy/spec/family.rs).

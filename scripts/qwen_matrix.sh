@@ -52,6 +52,14 @@
 #   at a third of the 1.5B's cost), so about 9 hours per lane over several
 #   sessions (`run` resumes); the journals record the measured seconds. KVzip-style cells join once its probe is faithful
 #   (issue #50).
+# Group q05-zap (issue #50, on Qwen2.5-Coder-0.5B): the q05-r4k items under
+#   the KVzap-style prefill against the KVzip-style probe it learns, both
+#   as `auto` runs them for a context (`recent_share=0.125`, `alloc=global`;
+#   the probe in pieces, the refitted predictor), with the full cache again
+#   for the paired intervals: 7 cells per task, 91 in all. Estimated before
+#   starting: per item and lane one tiled prefill (full), one KVzap prefill
+#   and one probe (~2.5 prefills), about 80 s on one thread, so about 7
+#   hours per lane; run it after q05-r4k.
 #
 #   bash scripts/qwen_matrix.sh build GROUP      the group's pinned binary only
 #   bash scripts/qwen_matrix.sh run GROUP        both shards of GROUP (resumes a cut-off run)
@@ -102,7 +110,11 @@ group() {
              POLICIES="full;window;sink;h2o;h2o:agg=max,score=tova;h2o:prefill=snap:32;h2o:prefill=expect;auto"
              TASKS=$RULER4K50
              pin 4065e2ee3eb915e04048118f591f7cbffd324680 ;;
-    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k)" >&2; exit 2 ;;
+    q05-zap) MODEL=qwen2.5-coder-0.5b
+             POLICIES="full;h2o:recent_share=0.125,prefill=kvzap,alloc=global;h2o:recent_share=0.125,prefill=kvzip,alloc=global"
+             TASKS=$RULER4K50
+             pin d03327432c861d957cfdbd867e10bdff37854ec1 ;;
+    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap)" >&2; exit 2 ;;
   esac
 }
 
