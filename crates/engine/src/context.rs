@@ -186,10 +186,7 @@ impl Context {
             (None, Question::Messages(m)) => {
                 let text = chat.render_messages(m).map_err(|e| request(e.to_string()))?;
                 let mut ids = chat.encode(tok, &text)?;
-                // the context has the sequence's BOS already
-                if tok.prepended_bos().is_some_and(|b| ids.first() == Some(&b)) {
-                    ids.remove(0);
-                }
+                tok.strip_bos(&mut ids); // the context has the sequence's BOS already
                 ids
             }
         };

@@ -501,9 +501,9 @@ fn tokenized(st: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     let mut ids = encode(st, &text)?;
     let tok = &st.tokenizer;
     let bos_text = tok.bos.and_then(|b| tok.token_text(b));
-    let added_bos = tok.prepended_bos().is_some_and(|b| ids.first() == Some(&b));
-    if b.add_special_tokens == Some(false) && added_bos && !bos_text.is_some_and(|t| text.starts_with(&t)) {
-        ids.remove(0);
+    // without special tokens, unless the text itself starts with BOS's text
+    if b.add_special_tokens == Some(false) && !bos_text.is_some_and(|t| text.starts_with(&t)) {
+        tok.strip_bos(&mut ids);
     }
     Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": st.model.config.context_len}))
 }

@@ -60,10 +60,19 @@ impl Tokenizer {
     /// [`Tokenizer::encode`] without the BOS it prepends.
     pub fn encode_after(&self, text: &str) -> Result<Vec<u32>> {
         let mut ids = self.encode(text)?;
-        if self.prepended_bos().is_some_and(|b| ids.first() == Some(&b)) {
+        self.strip_bos(&mut ids);
+        Ok(ids)
+    }
+
+    /// Removes the BOS this tokenizer prepends from the front of `ids`, if
+    /// it is there (the one place that decides what "a leading BOS" is);
+    /// whether it removed one.
+    pub fn strip_bos(&self, ids: &mut Vec<u32>) -> bool {
+        let leading = self.prepended_bos().is_some_and(|b| ids.first() == Some(&b));
+        if leading {
             ids.remove(0);
         }
-        Ok(ids)
+        leading
     }
 
     /// Encodes a rendered chat template. Special tokens written as text
