@@ -24,7 +24,7 @@ auto_table, check_docs = module("auto_table"), module("check_docs")
 
 def copy(tmp):
     """The results auto_table.py reads and the committed table, under tmp."""
-    for d in ("docs/tuned", "docs/qwen"):
+    for d in ("docs/tuned", "docs/qwen", "docs/contexts"):
         shutil.copytree(ROOT / d, tmp / d)
     (tmp / auto_table.TABLE).parent.mkdir(parents=True)
     shutil.copy(ROOT / auto_table.TABLE, tmp / auto_table.TABLE)
@@ -43,9 +43,15 @@ def rows(root):
 
 def test_the_committed_table_is_current():
     assert auto_table.check(ROOT) is None
-    got = {(r["model"], r["share"]): (r["score"], r["sinks"], r["heavy"], r["prefill"]) for r in rows(ROOT)}
-    assert got[("qwen2:28x1536", 20.0)] == ("vnorm", 4, [1, 2], "snap:32")
-    assert sorted(s for m, s in got if m == "*") == [5.0, 10.0, 40.0], "the shares where SmolLM2 and Gemma 3 agree"
+    got = {(r["model"], r["use"], r["share"]): (r["score"], r["sinks"], r["heavy"], r["prefill"], r["alloc"])
+           for r in rows(ROOT)}
+    assert got[("qwen2:28x1536", "reply", 20.0)] == ("vnorm", 4, [1, 2], "snap:32", None)
+    default = sorted(s for m, u, s in got if m == "*" and u == "reply")
+    assert default == [5.0, 10.0, 40.0], "the shares where SmolLM2 and Gemma 3 agree"
+    # contexts: KVzap with KVzip's small recent window on both Qwen models; no predictor-needing default
+    for model in ("qwen2:24x896", "qwen2:28x1536"):
+        assert got[(model, "context", 12.5)] == ("sum", 0, [7, 8], "kvzap", "global")
+    assert all(got[k][3] != "kvzap" for k in got if k[0] == "*" or k[1] == "reply")
 
 
 def test_editing_a_result_without_regenerating_fails_the_check(tmp_path):
@@ -65,8 +71,24 @@ def test_editing_a_result_without_regenerating_fails_the_check(tmp_path):
     # regenerating makes it pass again, with the new winner
     subprocess.run(cli, check=True, capture_output=True)
     assert problems(root) == []
-    qwen = [r for r in rows(root) if r["model"] == "qwen2:28x1536"]
+    qwen = [r for r in rows(root) if r["model"] == "qwen2:28x1536" and r["use"] == "reply"]
     assert [(r["score"], r["prefill"]) for r in qwen] == [("norm", "snap:32")]
+
+
+def test_a_compress_once_result_moves_the_context_rows(tmp_path):
+    root = copy(tmp_path)
+    # plain H2O now answers every question after compression on the 0.5B
+    f = root / "docs/contexts/reuse-q05/results.jsonl"
+    lines = [json.loads(l) for l in f.read_text(encoding="utf-8").splitlines()]
+    for r in lines:
+        if r["policy"] == "h2o":
+            r["metrics"]["recall"] = 1.0
+    f.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    assert problems(root)
+    subprocess.run([sys.executable, str(SCRIPTS / "auto_table.py"), "--root", str(root)], check=True, capture_output=True)
+    ctx = {(r["model"], r["share"]): (r["heavy"], r["prefill"], r["alloc"]) for r in rows(root) if r["use"] == "context"}
+    assert ctx[("qwen2:24x896", 12.5)] == ([1, 2], None, None)
+    assert ctx[("qwen2:28x1536", 12.5)] == ([7, 8], "kvzap", "global"), "the other model's rows stay"
 
 
 def test_a_tuned_winner_moves_the_default_rows(tmp_path):
@@ -77,13 +99,18 @@ def test_a_tuned_winner_moves_the_default_rows(tmp_path):
     tuned.write_text(json.dumps(d), encoding="utf-8")
     assert problems(root)
     subprocess.run([sys.executable, str(SCRIPTS / "auto_table.py"), "--root", str(root)], check=True, capture_output=True)
-    assert sorted(r["share"] for r in rows(root) if r["model"] == "*") == [10.0, 40.0]
+    assert sorted(r["share"] for r in rows(root) if r["model"] == "*" and r["use"] == "reply") == [10.0, 40.0]
 
 
 def test_specs_parse_to_row_values():
-    assert auto_table.parse("h2o:heavy=150,recent=50,sink=4,score=norm") == ("norm", 4, (150, 200), None)
-    assert auto_table.parse("h2o:score=vnorm,sink=4") == ("vnorm", 4, (1, 2), None)
-    assert auto_table.parse("h2o:heavy=15%,recent=5%") == ("sum", 0, (3, 4), None)
-    assert auto_table.parse("h2o:prefill=snap:32") == ("sum", 0, (1, 2), "snap:32")
+    assert auto_table.parse("h2o:heavy=150,recent=50,sink=4,score=norm") == ("norm", 4, (150, 200), None, None)
+    assert auto_table.parse("h2o:score=vnorm,sink=4") == ("vnorm", 4, (1, 2), None, None)
+    assert auto_table.parse("h2o:heavy=15%,recent=5%") == ("sum", 0, (3, 4), None, None)
+    assert auto_table.parse("h2o:prefill=snap:32") == ("sum", 0, (1, 2), "snap:32", None)
     for unexpressible in ("window", "h2o:agg=max,score=tova", "h2o:alloc=ada:0.2", "h2o:heavy=3"):
         assert auto_table.parse(unexpressible) is None
+    # a context's rows may say more
+    keys = auto_table.CONTEXT_KEYS
+    got = auto_table.parse("h2o:recent_share=0.125,prefill=kvzap,alloc=global", keys)
+    assert got == ("sum", 0, (7, 8), "kvzap", "global")
+    assert auto_table.parse("h2o:recent_share=0.125,heavy=3", keys) is None
