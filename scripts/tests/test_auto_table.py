@@ -37,6 +37,15 @@ def problems(root):
     return report.problems
 
 
+def edit(path, policy, metric, value):
+    """Sets `metric` of every row of `policy` in a result file (as a hand edit would)."""
+    lines = [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines()]
+    for r in lines:
+        if r["policy"] == policy:
+            r["metrics"][metric] = value
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+
+
 def rows(root):
     return json.loads((root / auto_table.TABLE).read_text(encoding="utf-8"))["rows"]
 
@@ -58,12 +67,7 @@ def test_editing_a_result_without_regenerating_fails_the_check(tmp_path):
     root = copy(tmp_path)
     assert problems(root) == []
     # norm with 4 sinks now has Qwen's lowest KL
-    kl = root / "docs/qwen/auto-kl/results.jsonl"
-    lines = [json.loads(l) for l in kl.read_text(encoding="utf-8").splitlines()]
-    for r in lines:
-        if r["policy"] == "h2o:score=norm,sink=4":
-            r["metrics"]["kl"] = 0.01
-    kl.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    edit(root / "docs/qwen/auto-kl/results.jsonl", "h2o:score=norm,sink=4", "kl", 0.01)
     found = problems(root)
     assert len(found) == 1 and auto_table.TABLE in found[0] and "python3 scripts/auto_table.py" in found[0]
     cli = [sys.executable, str(SCRIPTS / "auto_table.py"), "--root", str(root)]
@@ -78,12 +82,7 @@ def test_editing_a_result_without_regenerating_fails_the_check(tmp_path):
 def test_a_compress_once_result_moves_the_context_rows(tmp_path):
     root = copy(tmp_path)
     # plain H2O now answers every question after compression on the 0.5B
-    f = root / "docs/contexts/reuse-q05/results.jsonl"
-    lines = [json.loads(l) for l in f.read_text(encoding="utf-8").splitlines()]
-    for r in lines:
-        if r["policy"] == "h2o":
-            r["metrics"]["recall"] = 1.0
-    f.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    edit(root / "docs/contexts/reuse-q05/results.jsonl", "h2o", "recall", 1.0)
     assert problems(root)
     subprocess.run([sys.executable, str(SCRIPTS / "auto_table.py"), "--root", str(root)], check=True, capture_output=True)
     ctx = {(r["model"], r["share"]): (r["heavy"], r["prefill"], r["alloc"]) for r in rows(root) if r["use"] == "context"}
