@@ -204,14 +204,20 @@ def recalls(root, path):
     return out
 
 
+def best(cands):
+    """The candidate (recall, -cost, policy, …) with the most recall; ties: the cheaper prefill,
+    then the shorter spec, then the spec's text."""
+    return max(cands, key=lambda c: (c[0], c[1], -len(c[2]), c[2]))
+
+
 def contexts(root, src):
-    """Per share, the most questions answered after compression (ties: the cheaper prefill, then
-    the shorter spec), among the candidates of the source's file."""
+    """Per share, the most questions answered after compression ([best]), among the candidates
+    of the source's file."""
     found = recalls(root, src["files"])
     rows = []
     for share in sorted({s for s, _ in found}, reverse=True):
         cands = [(rec, -cost(v[3]), policy, n, v) for (s, policy), (rec, n, v) in found.items() if s == share]
-        rec, _, policy, n, v = max(cands, key=lambda c: (c[0], c[1], -len(c[2]), c[2]))
+        rec, _, policy, n, v = best(cands)
         why = f"compress-once recall {100 * rec:.1f}% of {n} questions at {share:g}%: {policy}"
         rows.append(row(src, share, v, src["files"], why))
     return rows
@@ -231,7 +237,7 @@ def contexts_default(root, src):
             mean = sum(e[(s, policy)][0] for e in each) / len(each)
             cands.append((mean, -cost(v[3]), policy, v))
         if cands:
-            mean, _, policy, v = max(cands, key=lambda c: (c[0], c[1], -len(c[2]), c[2]))
+            mean, _, policy, v = best(cands)
             why = f"mean compress-once recall {100 * mean:.1f}% over {' and '.join(src['of'])} at {share:g}%: {policy}"
             rows.append(row(src, share, v, " + ".join(files), why))
     return rows

@@ -134,7 +134,7 @@ pub fn run(a: Args) -> CliResult {
 /// per share, with the row it comes from.
 fn auto_row(m: &kvslim_models::Model, usage: AutoUse, len: usize, shares: &[f64]) -> String {
     let key = m.auto_key();
-    let kvzap = usage == AutoUse::Context && m.kvzap_predictor(None).is_ok();
+    let kvzap = usage == AutoUse::Context && m.has_kvzap();
     let at = |&p: &f64| {
         let (spec, row) = auto::resolve(Budget::Percent(p), Some(&key), len, usage, kvzap);
         format!("{p}% → {spec} ({}, {})", row.model_name, row.evidence)

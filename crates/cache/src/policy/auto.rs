@@ -61,12 +61,17 @@ pub struct AutoChoice {
     /// `alloc=` of the winner (`global`: one ranking over every layer
     /// and head), `None`: the same budget in every unit.
     pub alloc: Option<&'static str>,
+    /// Where the measurement is: the file and the table.
+    pub evidence: &'static str,
+}
+
+impl AutoChoice {
     /// Whether the winner scores the prompt with the model's KVzap
     /// predictor (`prefill=kvzap`), which a model may lack: then the
     /// default rows of the use stand in.
-    pub needs_kvzap: bool,
-    /// Where the measurement is: the file and the table.
-    pub evidence: &'static str,
+    pub fn needs_kvzap(&self) -> bool {
+        self.prefill.is_some_and(|p| p.split(':').next() == Some("kvzap"))
+    }
 }
 
 /// The generated table: `python3 scripts/auto_table.py` writes it from the
@@ -114,7 +119,6 @@ fn table() -> &'static [AutoChoice] {
                 heavy: f64::from(r.heavy.0) / f64::from(r.heavy.1),
                 prefill: r.prefill,
                 alloc: r.alloc,
-                needs_kvzap: r.prefill.is_some_and(|p| p.split(':').next() == Some("kvzap")),
                 evidence: r.evidence,
             })
             .collect()
@@ -159,7 +163,7 @@ pub fn model_key(architecture: &str, layers: usize, hidden: usize) -> String {
 /// memory, never less quality). Without a KVzap predictor
 /// (`kvzap = false`) the model's rows that need one do not count.
 pub fn choose(model: Option<&str>, share: f64, usage: AutoUse, kvzap: bool) -> &'static AutoChoice {
-    let usable = |c: &&AutoChoice| c.usage == usage && (kvzap || !c.needs_kvzap);
+    let usable = |c: &&AutoChoice| c.usage == usage && (kvzap || !c.needs_kvzap());
     let own = |c: &&AutoChoice| model.is_some_and(|m| m == c.model) && usable(c);
     let rows: Vec<&AutoChoice> = match CHOICES.iter().filter(own).count() {
         0 => CHOICES.iter().filter(|c| c.model == "*" && usable(c)).collect(),
@@ -283,15 +287,15 @@ mod tests {
     fn a_context_uses_its_own_rows_and_falls_back_without_a_predictor() {
         for usage in [AutoUse::Reply, AutoUse::Context] {
             let defaults = CHOICES.iter().filter(|c| c.model == "*" && c.usage == usage);
-            assert!(defaults.clone().count() > 0 && defaults.clone().all(|c| !c.needs_kvzap), "{usage:?}");
+            assert!(defaults.clone().count() > 0 && defaults.clone().all(|c| !c.needs_kvzap()), "{usage:?}");
         }
-        assert!(CHOICES.iter().all(|c| c.usage == AutoUse::Context || !c.needs_kvzap), "a reply never needs one");
+        assert!(CHOICES.iter().all(|c| c.usage == AutoUse::Context || !c.needs_kvzap()), "a reply never needs one");
         for c in CHOICES.iter().filter(|c| c.usage == AutoUse::Context && c.model != "*") {
             let own = choose(Some(c.model), c.share, AutoUse::Context, true);
             assert_eq!((own.model, own.usage), (c.model, AutoUse::Context));
             let without = choose(Some(c.model), c.share, AutoUse::Context, false);
-            assert!(!without.needs_kvzap && without.usage == AutoUse::Context);
-            if c.needs_kvzap {
+            assert!(!without.needs_kvzap() && without.usage == AutoUse::Context);
+            if c.needs_kvzap() {
                 let (spec, _) = resolve(Budget::Percent(c.share), Some(c.model), 4096, AutoUse::Context, true);
                 assert!(spec.to_string().contains("prefill=kvzap"), "{spec}");
             }

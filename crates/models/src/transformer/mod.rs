@@ -210,6 +210,12 @@ impl Model {
         if spec.auto.is_none() {
             return spec.clone();
         }
-        spec.for_context(Some(&self.auto_key()), len, self.kvzap_predictor(None).is_ok())
+        spec.for_context(Some(&self.auto_key()), len, self.has_kvzap())
+    }
+
+    /// Whether this model's own KVzap predictor (`prefill=kvzap`, no file)
+    /// is found and fits it.
+    pub fn has_kvzap(&self) -> bool {
+        self.kvzap_predictor(None).is_ok()
     }
 }
