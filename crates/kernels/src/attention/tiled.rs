@@ -83,8 +83,10 @@ pub struct TiledScratch {
 
 /// Most bytes [`TiledScratch`] keeps of first-pass probabilities for the
 /// column pass (per worker); above it the column pass recomputes its score
-/// tiles. 16 queries × 12 heads × 16K keys fit.
-const KEPT_MAX_BYTES: usize = 16 << 20;
+/// tiles, which costs a third more attention at 64K keys (`dotbench
+/// --tiled`). 16 queries × 6 heads (one Qwen2.5-Coder-1.5B KV head) × 170K
+/// keys fit; a long prompt's own K and V are far larger.
+const KEPT_MAX_BYTES: usize = 64 << 20;
 
 /// Tiled causal attention of a block of consecutive queries (prefill):
 /// for every representative, score tiles `Q·Kᵀ` (query block ×
@@ -406,7 +408,10 @@ fn tiled_impl<const FMA: bool>(args: TiledArgs<'_, '_>) {
 
 /// The column pass's probabilities of key tile `b` (keys `j0 .. j0 + kbv`)
 /// computed again from the scores and the final per-row max and sum, when
-/// the first pass's were too many to keep.
+/// the first pass's were too many to keep. Inlined into the caller, like
+/// every generic helper of the kernel, so that it is compiled for the
+/// caller's instruction set: out of line, `mul_add` would be a libm call.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn recompute_probs<const FMA: bool>(
     reps: &[TiledRep],
