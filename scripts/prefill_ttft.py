@@ -10,16 +10,27 @@ seconds). The prompt is the first --chars characters of --text from
 
   python3 scripts/prefill_ttft.py --model qwen2.5-coder-0.5b --chars 15500 \\
       --policy full --policy 'h2o:heavy=12.5%,recent=12.5%,prefill=kvzip' --rounds 2
+
+With --llama-server PATH, llama.cpp's server on the same GGUF joins as one
+more engine per --llama-fa setting (flash attention on/off/auto): started
+per run like kvslim (one slot, the same threads), it gets the same text as
+one /completion of one token, and its own prompt timing (`timings.prompt_ms`,
+which leaves out the HTTP request and tokenizing) is its time to first
+token. The engines take turns going first, round by round.
 """
 
 import argparse
+import http.client
 import json
 import os
+import socket
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,6 +46,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "kvslim"))
     ap.add_argument("--out", help="append every run as a JSON line")
+    ap.add_argument("--llama-server", help="llama.cpp's llama-server binary: adds it as an engine")
+    ap.add_argument("--llama-fa", action="append", choices=["on", "off", "auto"],
+                    help="llama-server's --flash-attn, one engine each (default: auto)")
     a = ap.parse_args()
 
     with open(a.text, encoding="utf-8") as f:
@@ -46,34 +60,82 @@ def main():
     prompt.write(text)
     prompt.close()
 
-    runs = {p: [] for p in a.policy}
+    engines = list(a.policy)
+    if a.llama_server:
+        engines += [f"llama-server -fa {fa}" for fa in a.llama_fa or ["auto"]]
+        gguf = subprocess.run([a.bin, "fetch", a.model], capture_output=True, text=True, check=True).stdout.split()[-1]
+    runs = {e: [] for e in engines}
     for r in range(a.rounds):
-        for policy in a.policy:
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            out = subprocess.run(
-                [a.bin, "generate", "-m", a.model, "--prompt-file", prompt.name, "--max-tokens", "1",
-                 "--threads", str(a.threads), "--policy", policy, "--json"],
-                capture_output=True, text=True)
-            if out.returncode != 0:
-                sys.exit(f"error: {policy}: {out.stderr.strip()}")
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            d = json.loads(out.stdout)
-            row = {"model": a.model, "policy": policy, "round": r, "threads": a.threads,
-                   "prompt_tokens": d["prompt_tokens"], "ttft_s": d["time_to_first_token_s"],
-                   "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)}
-            runs[policy].append(row)
-            print(f"round {r}: {policy}: {row['ttft_s']:.1f} s ({row['prompt_tokens']} tokens)", file=sys.stderr)
+        for engine in engines[r % len(engines):] + engines[:r % len(engines)]:
+            if engine.startswith("llama-server"):
+                row = llama_server(a, gguf, engine.split()[-1], text)
+            else:
+                row = kvslim(a, engine, prompt.name)
+            row.update({"model": a.model, "policy": engine, "round": r, "threads": a.threads})
+            runs[engine].append(row)
+            print(f"round {r}: {engine}: {row['ttft_s']:.1f} s ({row['prompt_tokens']} tokens)", file=sys.stderr)
             if a.out:
                 with open(a.out, "a") as f:
                     f.write(json.dumps(row) + "\n")
     os.unlink(prompt.name)
 
-    base = statistics.median(r["ttft_s"] for r in runs[a.policy[0]])
-    print(f"| policy | time to first token, median of {a.rounds} (s) | × {a.policy[0]} |")
-    print("|---|---:|---:|")
-    for policy, rows in runs.items():
+    base = statistics.median(r["ttft_s"] for r in runs[engines[0]])
+    print(f"| engine | prompt tokens | time to first token, median of {a.rounds} (s) | prefill tok/s | × {engines[0]} |")
+    print("|---|---:|---:|---:|---:|")
+    for engine, rows in runs.items():
         m = statistics.median(r["ttft_s"] for r in rows)
-        print(f"| `{policy}` | {m:.1f} | {m / base:.2f} |")
+        n = rows[0]["prompt_tokens"]
+        print(f"| `{engine}` | {n} | {m:.1f} | {n / m:.1f} | {m / base:.2f} |")
+
+
+def kvslim(a, policy, prompt_file):
+    """One `kvslim generate --max-tokens 1`: its time to first token."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(
+        [a.bin, "generate", "-m", a.model, "--prompt-file", prompt_file, "--max-tokens", "1",
+         "--threads", str(a.threads), "--policy", policy, "--json"],
+        capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"error: {policy}: {out.stderr.strip()}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    d = json.loads(out.stdout)
+    return {"prompt_tokens": d["prompt_tokens"], "ttft_s": d["time_to_first_token_s"],
+            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)}
+
+
+def llama_server(a, gguf, fa, text):
+    """One llama-server started for this run (one slot, room for the text):
+    its own prompt timing of a one-token /completion."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [a.llama_server, "-m", gguf, "-c", str(len(text) // 2 + 64), "-np", "1", "-t", str(a.threads),
+           "-tb", str(a.threads), "-fa", fa, "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        t0 = time.time()
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() - t0 > 600:
+                sys.exit(f"error: llama-server did not start: {' '.join(cmd)}")
+            time.sleep(0.5)
+        body = {"prompt": text, "n_predict": 1, "temperature": 0, "cache_prompt": False}
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=7200)
+        conn.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        d = json.loads(resp.read())
+        if resp.status != 200:
+            sys.exit(f"error: llama-server: HTTP {resp.status}: {d}")
+        t = d["timings"]
+        return {"prompt_tokens": t["prompt_n"], "ttft_s": t["prompt_ms"] / 1e3}
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
 if __name__ == "__main__":
