@@ -54,12 +54,29 @@ def free_port():
         return s.getsockname()[1]
 
 
+def pieces(files, chars, n):
+    """`n` pieces of `chars` characters that share no text: the LCC set
+    holds several items of one file (each context a prefix of the longest),
+    so files are told apart by their start and each is cut into
+    consecutive pieces, taken file by file in turn."""
+    longest = {}
+    for f in files:
+        key = f[:500]
+        if len(f) > len(longest.get(key, "")):
+            longest[key] = f
+    cuts = [[f[i:i + chars] for i in range(0, len(f) - chars + 1, chars)] for f in longest.values()]
+    out = [c[k] for k in range(max(map(len, cuts), default=0)) for c in cuts if k < len(c)]
+    if len(out) < n:
+        sys.exit(f"error: the LCC files hold only {len(out)} distinct pieces of {chars} characters, not {n}")
+    return out[:n]
+
+
 def prompts(load, n):
-    """`n` distinct prompts of the load: pieces of different stdlib files."""
+    """`n` prompts of the load over distinct pieces of stdlib files, so no
+    request can reuse another's prefix beyond the template's first line."""
     chars, _, template = LOADS[load]
     files = [json.loads(line)["context"] for line in open(LCC)]
-    files = [f for f in files if len(f) >= chars]
-    return [template.format(code=files[i % len(files)][:chars]) for i in range(n)]
+    return [template.format(code=c) for c in pieces(files, chars, n)]
 
 
 class Engine:

@@ -1,4 +1,4 @@
-"""Tests of the analysis scripts: whole_tables.py and choice_bias.py on the committed whole-set merge, ruler_tables.py on a small results file."""
+"""Tests of the analysis scripts: whole_tables.py and choice_bias.py on the committed whole-set merge, ruler_tables.py on a small results file, bench_serving.py's prompts."""
 import importlib.util
 import json
 import pathlib
@@ -17,6 +17,7 @@ def load(name):
 whole_tables = load("whole_tables")
 choice_bias = load("choice_bias")
 ruler_tables = load("ruler_tables")
+bench_serving = load("bench_serving")
 
 
 def test_points_converts_a_difference_and_keeps_the_significance_mark():
@@ -82,3 +83,13 @@ def test_ruler_tables_put_each_length_and_depth_in_order_and_full_first(tmp_path
     depth = ruler_tables.table(rows, "acc_depth", "depth").splitlines()
     assert depth[2] == "| policy | budget | vt (0.1 / 0.9) |" and depth[6] == "| h2o | 10% | 0.5 / 0 |"
     assert ruler_tables.overall(rows).splitlines()[4] == "| full | — | 1.00 (1.00) | 1.00 |"
+
+
+def test_serving_prompts_share_no_text_even_when_items_repeat_a_file():
+    # two items of one file (one context a prefix of the other) and a second file
+    a, b = "".join(f"line {i}\n" for i in range(400)), "".join(f"row {i}\n" for i in range(300))
+    got = bench_serving.pieces([a[:1500], a, b], 1000, 5)
+    assert len(got) == 5 and len(set(got)) == 5
+    assert got[:2] == [a[:1000], b[:1000]]  # file by file in turn
+    assert all(len(p) == 1000 for p in got)
+    assert not any(p in q or q in p for i, p in enumerate(got) for q in got[:i])
