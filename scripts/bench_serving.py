@@ -103,10 +103,8 @@ class Engine:
         chunk, completion tokens, prompt tokens)."""
         body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
                 "stream": True, "stream_options": {"include_usage": True}}
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
         start = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
+        conn, resp = self.post("/v1/chat/completions", body)
         if resp.status != 200:
             sys.exit(f"{self.name}: HTTP {resp.status}: {resp.read()[:300]!r}")
         first = last = None
@@ -124,6 +122,12 @@ class Engine:
         if usage is None or first is None:
             sys.exit(f"{self.name}: an answer without usage or content")
         return first - start, last - first, usage["completion_tokens"], usage["prompt_tokens"]
+
+    def post(self, path, body):
+        """Sends one JSON POST: the connection and its response, unread."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=7200)
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        return conn, conn.getresponse()
 
     def peak_rss(self):
         with open(f"/proc/{self.proc.pid}/status") as f:

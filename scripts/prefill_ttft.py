@@ -16,21 +16,19 @@ more engine per --llama-fa setting (flash attention on/off/auto): started
 per run like kvslim (one slot, the same threads), it gets the same text as
 one /completion of one token, and its own prompt timing (`timings.prompt_ms`,
 which leaves out the HTTP request and tokenizing) is its time to first
-token. The engines take turns going first, round by round.
+token; a short warm-up chat comes first, as in bench_serving.py. The engines take turns going first, round by round.
 """
 
 import argparse
-import http.client
 import json
 import os
-import socket
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
+
+from bench_serving import Engine, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -106,36 +104,21 @@ def kvslim(a, policy, prompt_file):
 def llama_server(a, gguf, fa, text):
     """One llama-server started for this run (one slot, room for the text):
     its own prompt timing of a one-token /completion."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [a.llama_server, "-m", gguf, "-c", str(len(text) // 2 + 64), "-np", "1", "-t", str(a.threads),
            "-tb", str(a.threads), "-fa", fa, "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = Engine(f"llama-server -fa {fa}", cmd, port)
     try:
-        t0 = time.time()
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() - t0 > 600:
-                sys.exit(f"error: llama-server did not start: {' '.join(cmd)}")
-            time.sleep(0.5)
-        body = {"prompt": text, "n_predict": 1, "temperature": 0, "cache_prompt": False}
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=7200)
-        conn.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
+        conn, resp = server.post("/completion", {"prompt": text, "n_predict": 1, "temperature": 0,
+                                                 "cache_prompt": False})
         d = json.loads(resp.read())
+        conn.close()
         if resp.status != 200:
             sys.exit(f"error: llama-server: HTTP {resp.status}: {d}")
         t = d["timings"]
         return {"prompt_tokens": t["prompt_n"], "ttft_s": t["prompt_ms"] / 1e3}
     finally:
-        proc.terminate()
-        proc.wait()
+        server.stop()
 
 
 if __name__ == "__main__":
