@@ -16,7 +16,8 @@ more engine per --llama-fa setting (flash attention on/off/auto): started
 per run like kvslim (one slot, the same threads), it gets the same text as
 one /completion of one token, and its own prompt timing (`timings.prompt_ms`,
 which leaves out the HTTP request and tokenizing) is its time to first
-token; a short warm-up chat comes first, as in bench_serving.py. The engines take turns going first, round by round.
+token; a short warm-up chat comes first, as in bench_serving.py. The
+engines take turns going first, round by round.
 """
 
 import argparse

@@ -419,31 +419,21 @@ fn tiled(secs: f64) {
     };
     const D: usize = 128;
     const HEADS: usize = 6;
-    const KV_HEADS: usize = 1;
     const BLOCK: usize = 16;
-    let group = HEADS / KV_HEADS;
-    println!("tiled prefill attention, {BLOCK} queries at the prompt's end, {HEADS} heads / {KV_HEADS} KV heads of {D}, 1 thread");
+    println!("tiled prefill attention, {BLOCK} queries at the prompt's end, {HEADS} heads over one KV head of {D}, 1 thread");
     println!("| prompt | outputs ms | + column sums ms | ratio | column sums only ms |");
     println!("|---:|---:|---:|---:|---:|");
     let mut lcg = Lcg(11);
     for len in [4096usize, 16_384, 32_768, 65_536] {
-        let keys: Vec<Vec<f32>> = (0..KV_HEADS).map(|_| lcg.vec(len * D)).collect();
-        let values: Vec<Vec<f32>> = (0..KV_HEADS).map(|_| lcg.vec(len * D)).collect();
-        let packed: Vec<Vec<f32>> = keys
-            .iter()
-            .map(|k| {
-                let mut p = Vec::new();
-                pack_keys_tiled(k, D, &mut p);
-                p
-            })
-            .collect();
+        let (keys, values) = (lcg.vec(len * D), lcg.vec(len * D));
+        let mut packed = Vec::new();
+        pack_keys_tiled(&keys, D, &mut packed);
         let q = lcg.vec(BLOCK * HEADS * D).iter().map(|x| x * 8.0).collect::<Vec<_>>();
         let positions: Vec<u32> = (0..len as u32).collect();
-        let reps: Vec<TiledRep> = (0..HEADS)
-            .map(|h| TiledRep { queries: &q[h * D..], q_stride: HEADS * D, packed_keys: &packed[h / group] })
-            .collect();
+        let reps: Vec<TiledRep> =
+            (0..HEADS).map(|h| TiledRep { queries: &q[h * D..], q_stride: HEADS * D, packed_keys: &packed }).collect();
         let targets: Vec<TiledTarget> =
-            (0..HEADS).map(|h| TiledTarget { rep: h, values: &values[h / group], out_offset: h * D }).collect();
+            (0..HEADS).map(|h| TiledTarget { rep: h, values: &values, out_offset: h * D }).collect();
         let queries = TiledQueries { pos0: (len - BLOCK) as u32, n: BLOCK, window: None };
         let mut out = vec![0f32; BLOCK * HEADS * D];
         let mut columns = vec![0f32; len];

@@ -71,7 +71,6 @@ pub struct TiledScratch {
     probs: Vec<f32>,
     /// Per key tile, its lowest and highest position.
     spans: Vec<(u32, u32)>,
-    live: Vec<bool>,
     /// First-pass probabilities kept for the column pass: per (rep, key
     /// tile, query row) the tile's `exp(s − m)` under the running max `m`
     /// of that moment (`tile_max`), so the column pass rescales them
@@ -294,7 +293,7 @@ fn tiled_impl<const FMA: bool, const W: usize>(args: TiledArgs<'_, '_>) {
     let recompute = scratch.recompute;
     #[cfg(not(test))]
     let recompute = false;
-    let TiledScratch { q, s, m, l, alpha, probs, spans, live, kept, tile_max, .. } = scratch;
+    let TiledScratch { q, s, m, l, alpha, probs, spans, kept, tile_max, .. } = scratch;
     q.clear();
     q.resize(nreps * nqp * d, 0.0);
     for (rep, qb) in reps.iter().zip(q.chunks_exact_mut(nqp * d)) {
@@ -313,8 +312,7 @@ fn tiled_impl<const FMA: bool, const W: usize>(args: TiledArgs<'_, '_>) {
     let last = pos0 + nq as u32 - 1;
     spans.clear();
     spans.extend(positions.chunks(TILE_KEYS).map(position_range));
-    live.clear();
-    live.extend(spans.iter().map(|&(lo, hi)| lo <= last && hi >= first));
+    let live = |b: usize| spans[b].0 <= last && spans[b].1 >= first;
     for t in targets {
         for r in 0..nq {
             out[t.out_offset + r * out_stride..][..d].fill(0.0);
@@ -332,7 +330,7 @@ fn tiled_impl<const FMA: bool, const W: usize>(args: TiledArgs<'_, '_>) {
     // with the column pass's kept probabilities beside them, do not stay
     // in cache from one representative to the next); each (rep, row)
     // still sees the tiles in order, so every result is the same
-    for b in (0..nb).filter(|&b| live[b]) {
+    for b in (0..nb).filter(|&b| live(b)) {
         let j0 = b * TILE_KEYS;
         let kbv = TILE_KEYS.min(len - j0);
         let pos = &positions[j0..j0 + kbv];
@@ -403,7 +401,7 @@ fn tiled_impl<const FMA: bool, const W: usize>(args: TiledArgs<'_, '_>) {
     }
     let Some((scores, agg)) = columns else { return };
     assert_eq!(scores.len(), len);
-    for b in (0..nb).filter(|&b| live[b]) {
+    for b in (0..nb).filter(|&b| live(b)) {
         let j0 = b * TILE_KEYS;
         let kbv = TILE_KEYS.min(len - j0);
         probs.resize(nq * nreps * kbv, 0.0);
