@@ -420,7 +420,9 @@ fn tiled(secs: f64) {
     const D: usize = 128;
     const HEADS: usize = 6;
     const BLOCK: usize = 16;
-    println!("tiled prefill attention, {BLOCK} queries at the prompt's end, {HEADS} heads over one KV head of {D}, 1 thread");
+    println!(
+        "tiled prefill attention, {BLOCK} queries at the prompt's end, {HEADS} heads over one KV head of {D}, 1 thread"
+    );
     println!("| prompt | outputs ms | + column sums ms | ratio | column sums only ms |");
     println!("|---:|---:|---:|---:|---:|");
     let mut lcg = Lcg(11);
