@@ -35,7 +35,7 @@ pub struct KvReservation {
 
 impl KvReservation {
     pub fn total(&self) -> usize {
-        self.kv + self.metadata
+        self.kv.saturating_add(self.metadata)
     }
 }
 
@@ -54,12 +54,15 @@ pub fn reservation(
     let mut out = KvReservation::default();
     for layer in 0..shape.layers {
         let capacity = policy.layer_capacity(layer, max_len);
+        // saturating: an absurd budget (`heavy=2^63`) reserves "too much",
+        // which admission refuses, instead of wrapping to a small number
+        let bytes = |rows: usize, per_row: usize| rows.saturating_mul(per_row).saturating_mul(shape.kv_heads);
         let (kv, metadata) = match worst_case_pages(spec, capacity, max_len) {
-            Some(pages) => (2 * pages * spec.storage.page_size.unwrap_or(1) * row, 0),
-            None => (2 * capacity * row, capacity * SLOT_METADATA_BYTES),
+            Some(pages) => (bytes(2 * pages, spec.storage.page_size.unwrap_or(1).saturating_mul(row)), 0),
+            None => (bytes(capacity.saturating_mul(2), row), bytes(capacity, SLOT_METADATA_BYTES)),
         };
-        out.kv += shape.kv_heads * kv;
-        out.metadata += shape.kv_heads * metadata;
+        out.kv = out.kv.saturating_add(kv);
+        out.metadata = out.metadata.saturating_add(metadata);
     }
     Ok(out)
 }
@@ -85,7 +88,7 @@ pub fn worst_case_pages(policy: &PolicySpec, capacity: usize, max_len: usize) ->
     } else {
         let cap = page_cap(capacity, p);
         match policy.storage.compact_every {
-            Some(n) => cap.min((capacity + n).div_ceil(p) + 1),
+            Some(n) => cap.min(capacity.saturating_add(n).div_ceil(p) + 1),
             None => cap,
         }
     };

@@ -46,12 +46,13 @@ pub struct Args {
     #[arg(long, default_value_t = 16)]
     prefix_cache: usize,
     /// Prompt tokens prefilled per decode step while other requests are
-    /// generating. A long prompt's prefill runs a few layers at a time
-    /// between decode steps, so running requests keep streaming (a 4K-token
-    /// prompt on a 1.5B model otherwise stalls them for its whole prefill);
-    /// the result is the same as one prefill. Smaller: smoother streams,
-    /// later first tokens for new requests. With nothing generating a
-    /// prefill runs to its end.
+    /// generating, for prompts not in mixed batches (--mixed-chunk). A long
+    /// prompt's prefill runs a few layers at a time between decode steps,
+    /// so running requests keep streaming (a 4K-token prompt on a 1.5B
+    /// model otherwise stalls them for its whole prefill); the result is
+    /// the same as one prefill. Smaller: smoother streams, later first
+    /// tokens for new requests. With nothing generating a prefill runs to
+    /// its end.
     #[arg(long, default_value_t = 512, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     prefill_chunk: usize,
     /// Most of the time prompts' prefills may take while other requests are
@@ -61,6 +62,19 @@ pub struct Args {
     /// running ones. 1 = one decode step per slice.
     #[arg(long, default_value_t = 0.5, value_parser = parse_share)]
     prefill_share: f64,
+    /// Mixed batches: while other requests are generating, a prompt whose
+    /// policy keeps every token (`full`, any kv_dtype) is prefilled in
+    /// chunks of this many tokens, each in the same forward pass as the
+    /// running requests' next tokens, so their decode steps ride on the
+    /// chunk's weight reads (vLLM's chunked prefill). More throughput and
+    /// earlier first tokens; a running request's next token waits for a
+    /// whole chunk (about 0.5 s for 128 tokens of a 1.5B model on 2 cores).
+    /// The chunks change the prompt's numbers by rounding only. 0 = off:
+    /// every prompt is prefilled in layer slices between decode steps
+    /// (--prefill-chunk, --prefill-share), as are prompts under policies
+    /// that choose what to keep at prefill.
+    #[arg(long, default_value_t = 128)]
+    mixed_chunk: usize,
     /// Turn off speculative decoding. By default a greedy request decoding
     /// alone (no other request running, no log-probs) verifies n-gram
     /// drafts copied from its prompt and output in one pass — the same
@@ -193,6 +207,7 @@ pub fn run(a: Args) -> CliResult {
             prefix_cache: a.prefix_cache,
             prefill_chunk: a.prefill_chunk,
             prefill_share: a.prefill_share,
+            mixed_chunk: a.mixed_chunk,
             speculative: !a.no_speculative,
             contexts_dir: a.contexts_dir.clone(),
             draft: draft.map(|d| kvslim_server::DraftModel { model: Arc::new(d.model), policy: d.policy }),
@@ -219,7 +234,7 @@ pub fn run(a: Args) -> CliResult {
         );
     }
     eprintln!(
-        "kvslim serve: http://{} (policy {}, KV pool {} bytes, page size {}, prefix cache {}, prefill chunk {} (share {}), max batch {}, queue limit {})",
+        "kvslim serve: http://{} (policy {}, KV pool {} bytes, page size {}, prefix cache {}, prefill chunk {} (share {}), mixed chunk {}, max batch {}, queue limit {})",
         local,
         a.policy.spec,
         a.kv_memory,
@@ -227,6 +242,7 @@ pub fn run(a: Args) -> CliResult {
         a.prefix_cache,
         a.prefill_chunk,
         a.prefill_share,
+        a.mixed_chunk,
         a.max_batch,
         a.queue_limit
     );

@@ -1,7 +1,7 @@
 //! One sequence being run: the model, its KV cache and scratch buffers.
 
 use kvslim_cache::{KvBytes, PagePool, PolicySpec, SequenceCache};
-use kvslim_models::transformer::PrefillRun;
+use kvslim_models::transformer::{BatchItem, BatchScratch, PrefillRun};
 use kvslim_models::{Logits, Model, Scratch};
 use std::ops::Range;
 
@@ -105,6 +105,55 @@ impl<'m> Session<'m> {
         let parts = self.feed_parts(tokens.len());
         self.chunked_logits.clear();
         Feed { tokens, parts, part: 0, run: None, want }
+    }
+
+    /// As [`Session::begin_feed`], every chunk cut to about `chunk`
+    /// tokens, so that [`Session::feed_mixed`] can run it a chunk per pass.
+    /// A last piece of one token joins the one before (one token would run
+    /// the decode step's arithmetic, slightly different from a chunk's).
+    /// Only for a cache that [`SequenceCache::prefill_chunkable`]: under
+    /// any other policy more chunks would change what the policy keeps.
+    pub fn begin_feed_chunked(&mut self, tokens: Vec<u32>, want: Logits, chunk: usize) -> Feed {
+        let chunk = chunk.max(1);
+        let mut parts = Vec::new();
+        for r in self.feed_parts(tokens.len()) {
+            let first = parts.len();
+            parts.extend((r.start..r.end).step_by(chunk).map(|a| a..(a + chunk).min(r.end)));
+            if chunk > 1 && parts.len() > first + 1 && parts.last().is_some_and(|p| p.len() == 1) {
+                let end = parts.pop().expect("checked").end;
+                parts.last_mut().expect("checked").end = end;
+            }
+        }
+        self.chunked_logits.clear();
+        Feed { tokens, parts, part: 0, run: None, want }
+    }
+
+    /// Runs the next chunk of `feed` whole and, in the same pass, one
+    /// decode step for each of `items` ([`Model::forward_mixed`]: their
+    /// logits in `batch.logits(i)`); returns whether the feed is done. The
+    /// feed must be between chunks (not inside a [`Session::feed_some`]
+    /// slice).
+    pub fn feed_mixed(
+        &mut self,
+        feed: &mut Feed,
+        items: &mut [BatchItem<'_>],
+        batch: &mut BatchScratch,
+    ) -> kvslim_models::Result<bool> {
+        if feed.run.is_some() {
+            return Err(kvslim_models::Error::Unsupported(
+                "a chunk already started layer by layer cannot share its pass with decode steps".into(),
+            ));
+        }
+        let Some(range) = feed.parts.get(feed.part).cloned() else {
+            return self.model.forward_batch(items, batch).map(|()| true);
+        };
+        let want = part_logits(feed.want, feed.part + 1 == feed.parts.len());
+        self.model.forward_mixed((&feed.tokens[range], &mut self.cache, &mut self.scratch, want), items, batch)?;
+        feed.part += 1;
+        if feed.want == Logits::All && feed.parts.len() > 1 {
+            self.chunked_logits.extend_from_slice(self.scratch.logits());
+        }
+        Ok(feed.part == feed.parts.len())
     }
 
     /// Runs about `budget` token-layers of `feed` (whole layers of a chunk,

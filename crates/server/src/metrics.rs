@@ -33,6 +33,8 @@ pub struct Metrics {
     pub draft_tokens_accepted_total: AtomicU64,
     /// Slices prefills ran in (one per step a prefill ran in).
     pub prefill_slices_total: AtomicU64,
+    /// Passes that ran a prompt chunk with the running sequences' decode steps.
+    pub mixed_passes_total: AtomicU64,
     /// Requests whose prompt is being prefilled (0 or 1).
     pub prefilling: AtomicUsize,
     /// Generated tokens per second over the last measurement window (f64 bits).
@@ -177,6 +179,12 @@ impl Metrics {
                 "counter",
                 "Slices the prompts' prefills ran in.",
                 self.prefill_slices_total.text(),
+            ),
+            (
+                "kvslim_mixed_passes_total",
+                "counter",
+                "Passes that ran a prompt chunk together with the running requests' decode steps (--mixed-chunk).",
+                self.mixed_passes_total.text(),
             ),
             (
                 "kvslim_prefilling_requests",

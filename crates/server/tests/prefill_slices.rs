@@ -1,8 +1,9 @@
 //! A long prompt arriving while another request generates is prefilled a
-//! few layers per decode step (`Limits::prefill_chunk`): the running
-//! request keeps decoding meanwhile, and both give exactly their solo
-//! greedy outputs, the long one under `full`, H2O and SnapKV; a client
-//! leaving mid-prefill frees its KV.
+//! few layers per decode step (`Limits::prefill_chunk`), or under `full` a
+//! chunk per pass together with the running request's decode steps
+//! (`Limits::mixed_chunk`): the running request keeps decoding meanwhile,
+//! and both give exactly their solo greedy outputs, the long one under
+//! `full`, H2O and SnapKV; a client leaving mid-prefill frees its KV.
 
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{generate, GenerateOptions};
@@ -51,8 +52,9 @@ fn a_long_prompt_is_prefilled_between_decode_steps_with_the_same_outputs() {
     assert_eq!(running.len(), 150);
     for spec in ["full", "h2o:heavy=16,recent=16", "h2o:heavy=16,recent=16,prefill=snap:8"] {
         let policy = PolicySpec::parse(spec).unwrap();
-        // one prompt token per step: each slice is one layer of the long prompt
-        let limits = Limits { prefix_cache: 0, prefill_chunk: 1, ..Limits::default() };
+        // one prompt token per step: each slice is one layer of the long
+        // prompt (no mixed batches, which would take `full` in chunks)
+        let limits = Limits { prefix_cache: 0, prefill_chunk: 1, mixed_chunk: 0, ..Limits::default() };
         let handle = scheduler::spawn(model.clone(), tok.clone(), limits);
         let (a, rx_a) = request(short.clone(), 150, &full);
         let (b, rx_b) = request(long.clone(), 24, &policy);
@@ -85,7 +87,7 @@ fn a_request_cancelled_mid_prefill_frees_its_kv() {
     let full = PolicySpec::full();
     let opts = GenerateOptions { max_tokens: 150, sampling: greedy(), policy: full.clone(), eos: tok.eos.clone() };
     let running = generate(&model, &short, &opts, |_| true).unwrap().token_ids;
-    let limits = Limits { prefix_cache: 0, prefill_chunk: 1, ..Limits::default() };
+    let limits = Limits { prefix_cache: 0, prefill_chunk: 1, mixed_chunk: 0, ..Limits::default() };
     let handle = scheduler::spawn(model.clone(), tok.clone(), limits);
     let (a, rx_a) = request(short, 150, &full);
     let (b, rx_b) = request(long, 8, &full);
@@ -104,4 +106,61 @@ fn a_request_cancelled_mid_prefill_frees_its_kv() {
     assert!(mt.prefill_slices_total.load(Relaxed) < 1 + layers, "the cancelled prefill ran to its end");
     assert_eq!(mt.kv_bytes_in_use.load(Relaxed), 0, "KV back to 0");
     assert_eq!(mt.prefilling.load(Relaxed), 0);
+}
+
+/// Mixed batches: under `full` the long prompt runs a chunk per pass with
+/// the running request's decode step, and both give their solo greedy
+/// outputs; H2O's prompt (its prefill chooses what stays) still runs in
+/// layer slices. A client leaving part-way frees its KV.
+#[test]
+fn a_long_prompt_in_mixed_batches_gives_the_solo_outputs() {
+    let m = smollm2();
+    let tok = Arc::new(m.tokenizer.expect("tokenizer"));
+    let short = tok.encode("Count from 1 to 100: 1, 2, 3,").unwrap();
+    let long = tok.encode(&"Tom had a red ball. He liked to play with it in the park. ".repeat(12)).unwrap();
+    let model = Arc::new(m.model);
+    let full = PolicySpec::full();
+    let solo = |prompt: &[u32], max_tokens, policy: &PolicySpec| {
+        let opts = GenerateOptions { max_tokens, sampling: greedy(), policy: policy.clone(), eos: tok.eos.clone() };
+        generate(&model, prompt, &opts, |_| true).unwrap().token_ids
+    };
+    let running = solo(&short, 150, &full);
+    let chunk = 32;
+    // (a quantized cache's chunks read the earlier ones back quantized, so
+    // its outputs may differ from one prefill's: crates/engine/tests/mixed_batch.rs)
+    for (spec, mixed) in [("full", true), ("h2o:heavy=16,recent=16", false)] {
+        let policy = PolicySpec::parse(spec).unwrap();
+        let limits = Limits { prefix_cache: 0, mixed_chunk: chunk, ..Limits::default() };
+        let handle = scheduler::spawn(model.clone(), tok.clone(), limits);
+        let (a, rx_a) = request(short.clone(), 150, &full);
+        let (b, rx_b) = request(long.clone(), 24, &policy);
+        handle.submit(a).unwrap();
+        handle.submit(b).unwrap();
+        assert_eq!(ids(rx_b), solo(&long, 24, &policy), "{spec}: the long request changed");
+        assert_eq!(ids(rx_a), running, "{spec}: the running request changed");
+        let passes = handle.metrics.mixed_passes_total.load(Relaxed);
+        // chunks of 32, a last one of a single token joined to the one before
+        let chunks = long.len().div_ceil(chunk) - usize::from(long.len() % chunk == 1);
+        let want = if mixed { chunks as u64 } else { 0 };
+        assert_eq!(passes, want, "{spec}: mixed passes");
+        assert_eq!(handle.metrics.kv_bytes_in_use.load(Relaxed), 0, "{spec}: KV back to 0");
+    }
+    // a client leaving part-way through a mixed prefill
+    let limits = Limits { prefix_cache: 0, mixed_chunk: 1, ..Limits::default() };
+    let handle = scheduler::spawn(model.clone(), tok.clone(), limits);
+    let (a, rx_a) = request(short, 150, &full);
+    let (b, rx_b) = request(long.clone(), 8, &full);
+    handle.submit(a).unwrap();
+    handle.submit(b).unwrap();
+    let mt = &handle.metrics;
+    let t0 = std::time::Instant::now();
+    while mt.mixed_passes_total.load(Relaxed) == 0 {
+        assert!(t0.elapsed().as_secs() < 60, "no mixed pass ran");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    drop(rx_b);
+    assert_eq!(ids(rx_a), running, "the running request changed");
+    assert_eq!(mt.requests_cancelled_total.load(Relaxed), 1);
+    assert!(mt.mixed_passes_total.load(Relaxed) < long.len() as u64, "the cancelled prefill ran to its end");
+    assert_eq!(mt.kv_bytes_in_use.load(Relaxed), 0, "KV back to 0");
 }

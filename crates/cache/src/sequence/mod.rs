@@ -274,6 +274,18 @@ impl SequenceCache {
         self.policy.prefill_chunk()
     }
 
+    /// Whether a prompt may be prefilled in chunks of any size at only a
+    /// rounding's cost: the policy keeps every token, scores nothing and
+    /// probes nothing, so more chunks change no choice (a server then runs
+    /// the chunks in the same passes as other sequences' decode steps).
+    pub fn prefill_chunkable(&self) -> bool {
+        !self.bounded()
+            && self.sharing.is_none()
+            && self.policy.score_aggregation().is_none()
+            && self.policy.observation().is_none()
+            && self.policy.prefill_chunk().is_none()
+    }
+
     /// Whether this cache can share a prompt's prefill with others (the
     /// kvpress protocol: one prefill, then each policy compresses its own
     /// copy), and with which kernel. A prompt fed to an empty cache as one

@@ -506,7 +506,7 @@ impl Model {
     /// `qkv`; RoPE at its position, the decode attention and the policy, as
     /// a solo step; attention outputs into `out` (`n` rows of `q_dim`).
     #[allow(clippy::too_many_arguments)]
-    fn attend_steps(
+    pub(super) fn attend_steps(
         &self,
         li: usize,
         cache: &mut SequenceCache,

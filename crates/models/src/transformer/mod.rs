@@ -10,6 +10,7 @@
 //!
 //! * [`forward`]: the entry points;
 //! * [`block`]: the steps they share (checks, embedding, RoPE, Q/K/V, W_O + MLP, logits);
+//! * [`mixed`]: a prefill chunk and a batch of decode steps in one pass;
 //! * [`decode`] and [`prefill`]: attention of one layer for one token or a chunk;
 //! * [`probe`]: KVzip's repeat probe after a chunk (its rows and pieces);
 //! * [`scratch`] and [`trace`]: buffers and the optional record of a call.
@@ -18,6 +19,7 @@ mod block;
 mod decode;
 mod expected;
 mod forward;
+mod mixed;
 mod prefill;
 mod probe;
 mod scratch;

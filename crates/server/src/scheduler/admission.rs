@@ -137,9 +137,14 @@ pub(super) fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Admitted<'m> {
             // the prompt's prefill gets the lent buffers until it is done
             std::mem::swap(&mut r.session.scratch, &mut cx.prefill);
             let want = if r.req.prompt_logprobs.is_some() { Logits::All } else { Logits::Last };
-            let feed = r.session.begin_feed(prompt[reused..].to_vec(), want);
+            let rest = prompt[reused..].to_vec();
+            let mixed = cx.limits.mixed_chunk > 0 && r.session.cache.prefill_chunkable();
+            let feed = match mixed {
+                true => r.session.begin_feed_chunked(rest, want, cx.limits.mixed_chunk),
+                false => r.session.begin_feed(rest, want),
+            };
             r.req.prompt = prompt;
-            Admitted::Prefill(Prefilling { r, feed, caching, spec })
+            Admitted::Prefill(Prefilling { r, feed, caching, spec, mixed })
         }
     }
 }

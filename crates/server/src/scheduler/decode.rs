@@ -23,13 +23,19 @@ pub(super) fn batched_step(
         running.iter_mut().map(|r| BatchItem { token: r.next, cache: &mut r.session.cache }).collect();
     model.forward_batch(&mut items, scratch).map_err(|e| e.to_string())?;
     drop(items);
+    sample_batch(tok, m, running, scratch);
+    Ok(())
+}
+
+/// Each of `running` samples its next token from its row of a batch's
+/// logits, with its own sampler.
+pub(super) fn sample_batch(tok: &Tokenizer, m: &Metrics, running: &mut [Running<'_>], scratch: &BatchScratch) {
     for (i, r) in running.iter_mut().enumerate() {
         let row = scratch.logits(i);
         let id = r.sampler.sample(row);
         let lp = r.req.logprobs.map(|k| token_logprob(row, id, k));
         r.on_token(tok, m, id, lp);
     }
-    Ok(())
 }
 
 /// One speculative pass for `r` ([`Speculator::step`]): its committed

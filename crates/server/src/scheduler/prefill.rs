@@ -1,15 +1,20 @@
-//! Prefills in slices: a prompt is fed a few layers at a time while other
-//! sequences decode, paced so that prefills take at most
-//! [`Limits::prefill_share`] of the time; a finished prompt goes into the
-//! prefix cache (or becomes a stored context) and samples its first token.
+//! Prefills while other sequences decode: a prompt whose policy keeps
+//! every token runs a chunk per pass together with their decode steps
+//! ([`mixed_step`], [`Limits::mixed_chunk`]); any other is fed a few layers
+//! at a time between them ([`prefill_slice`]), paced so that prefills take
+//! at most [`Limits::prefill_share`] of the time. A finished prompt goes
+//! into the prefix cache (or becomes a stored context) and samples its
+//! first token.
 
 use super::ctx::Ctx;
+use super::decode::{batched_step, sample_batch};
 use super::events::Event;
 use super::events::{token_logprob, TokenLogprob};
 use super::request::Limits;
 use super::sequence::Running;
 use crate::contexts::store::CompressJob;
 use kvslim_engine::{Context, Feed};
+use kvslim_models::transformer::{BatchItem, BatchScratch};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
@@ -20,6 +25,8 @@ pub(super) struct Prefilling<'m> {
     /// Whether the prefilled prompt goes into the prefix cache.
     pub caching: bool,
     pub spec: String,
+    /// Fed in chunks that share their passes with decode steps ([`mixed_step`]).
+    pub mixed: bool,
 }
 
 /// What one slice of a prefill did.
@@ -35,31 +42,77 @@ pub(super) enum Slice {
 /// Runs about `budget` token-layers of a request's prefill (whole layers,
 /// at least one), unless its client left or its deadline passed.
 pub(super) fn prefill_slice(cx: &mut Ctx<'_>, p: &mut Prefilling<'_>, budget: usize) -> Slice {
-    let m = cx.m;
-    let stop = if p.r.req.events.is_closed() {
-        p.r.cancelled = true;
-        true
-    } else if p.r.req.deadline.is_some_and(|d| Instant::now() >= d) {
-        let _ = p.r.req.events.send(Event::TimedOut(0));
-        m.requests_timed_out_total.fetch_add(1, Relaxed);
-        true
-    } else {
-        false
-    };
-    let ran = if stop { None } else { Some(p.r.session.feed_some(&mut p.feed, budget)) };
+    let ran = if leaving(p, cx.m) { None } else { Some(p.r.session.feed_some(&mut p.feed, budget)) };
     match ran {
         Some(Ok((done, used))) => {
-            m.prefill_slices_total.fetch_add(1, Relaxed);
-            return if done { Slice::Done(used) } else { Slice::Ran(used) };
+            cx.m.prefill_slices_total.fetch_add(1, Relaxed);
+            if done {
+                Slice::Done(used)
+            } else {
+                Slice::Ran(used)
+            }
         }
-        Some(Err(e)) => {
-            let _ = p.r.req.events.send(Event::Error(format!("prefill failed: {e}")));
-            p.r.cancelled = true;
-        }
-        None => {}
+        Some(Err(e)) => failed(cx, p, e),
+        None => stop(cx, p),
     }
+}
+
+/// One pass of a mixed batch: the next chunk of `p`'s prompt and a decode
+/// step for each of `running`, sampled as [`batched_step`] samples. A
+/// request whose prefill leaves or fails stops, and the others still take
+/// their step. The slice's token-layers are not counted (nothing paces a
+/// mixed batch: its decode steps advance with every chunk).
+pub(super) fn mixed_step(
+    cx: &mut Ctx<'_>,
+    p: &mut Prefilling<'_>,
+    running: &mut [Running<'_>],
+    batch: &mut BatchScratch,
+) -> (Slice, Result<(), String>) {
+    let (model, tok, m) = (cx.model, cx.tok, cx.m);
+    if leaving(p, m) {
+        return (stop(cx, p), batched_step(model, tok, m, running, batch));
+    }
+    let mut items: Vec<BatchItem<'_>> =
+        running.iter_mut().map(|r| BatchItem { token: r.next, cache: &mut r.session.cache }).collect();
+    let ran = p.r.session.feed_mixed(&mut p.feed, &mut items, batch);
+    drop(items);
+    match ran {
+        Ok(done) => {
+            m.prefill_slices_total.fetch_add(1, Relaxed);
+            m.mixed_passes_total.fetch_add(1, Relaxed);
+            sample_batch(tok, m, running, batch);
+            (if done { Slice::Done(0) } else { Slice::Ran(0) }, Ok(()))
+        }
+        // every input is checked before anything runs: the others step alone
+        Err(e) => (failed(cx, p, e), batched_step(model, tok, m, running, batch)),
+    }
+}
+
+/// Whether the request's client left or its deadline passed (reported).
+fn leaving(p: &mut Prefilling<'_>, m: &crate::metrics::Metrics) -> bool {
+    if p.r.req.events.is_closed() {
+        p.r.cancelled = true;
+        return true;
+    }
+    if p.r.req.deadline.is_some_and(|d| Instant::now() >= d) {
+        let _ = p.r.req.events.send(Event::TimedOut(0));
+        m.requests_timed_out_total.fetch_add(1, Relaxed);
+        return true;
+    }
+    false
+}
+
+/// A prefill that failed: the client is told, the request stops.
+fn failed(cx: &mut Ctx<'_>, p: &mut Prefilling<'_>, e: impl std::fmt::Display) -> Slice {
+    let _ = p.r.req.events.send(Event::Error(format!("prefill failed: {e}")));
+    p.r.cancelled = true;
+    stop(cx, p)
+}
+
+/// A stopped prefill gives the lent buffers back and frees its KV.
+fn stop(cx: &mut Ctx<'_>, p: &mut Prefilling<'_>) -> Slice {
     std::mem::swap(&mut p.r.session.scratch, &mut cx.prefill);
-    p.r.release(m);
+    p.r.release(cx.m);
     Slice::Stopped
 }
 
@@ -67,7 +120,7 @@ pub(super) fn prefill_slice(cx: &mut Ctx<'_>, p: &mut Prefilling<'_>, budget: us
 /// prefix cache, its log-probs (when asked for) to the client, and the
 /// first token is sampled.
 pub(super) fn finish_prefill<'m>(cx: &mut Ctx<'m>, p: Prefilling<'m>) -> Option<Running<'m>> {
-    let Prefilling { mut r, feed, caching, spec } = p;
+    let Prefilling { mut r, feed, caching, spec, .. } = p;
     let logits = r.session.fed_logits(&feed);
     let v = cx.model.config.vocab_size;
     let last = logits[logits.len() - v..].to_vec();

@@ -61,6 +61,13 @@ pub struct Limits {
     /// (0–1]: after a slice the batch decodes until prefills are back
     /// within this share. 1: a prefill slice after every decode step.
     pub prefill_share: f64,
+    /// Prompt tokens a pass prefills together with the running sequences'
+    /// decode steps (mixed batches: one weight read for both), for prompts
+    /// whose policy keeps every token ([`kvslim_cache::SequenceCache::prefill_chunkable`]);
+    /// other prompts, or all with 0, run in layer slices between decode
+    /// steps (`prefill_chunk`, `prefill_share`). The chunks change the
+    /// prompt's numbers by rounding only.
+    pub mixed_chunk: usize,
     /// A greedy request decoding alone (no other sequence running, no
     /// log-probs asked) runs n-gram speculative decoding: drafts copied
     /// from its prompt and output, verified in one pass, the same tokens
@@ -100,6 +107,7 @@ impl Default for Limits {
             prefix_cache: 16,
             prefill_chunk: 512,
             prefill_share: 0.5,
+            mixed_chunk: 128,
             speculative: true,
             contexts_dir: None,
             draft: None,
@@ -114,7 +122,7 @@ mod tests {
     #[test]
     fn default_limits_page_cache_and_pace_prefills() {
         let l = Limits::default();
-        assert_eq!((l.kv_page_size, l.prefix_cache, l.prefill_chunk), (16, 16, 512));
+        assert_eq!((l.kv_page_size, l.prefix_cache, l.prefill_chunk, l.mixed_chunk), (16, 16, 512, 128));
         assert!(l.prefill_share > 0.0 && l.prefill_share <= 1.0);
         assert!(l.queue_limit >= l.max_batch && l.speculative && l.contexts_dir.is_none());
     }

@@ -6,7 +6,7 @@ use super::ctx::Ctx;
 use super::decode::{batched_step, speculative_step};
 use super::events::Event;
 use super::pools::Pools;
-use super::prefill::{finish_prefill, prefill_slice, Pacing, Prefilling, Slice};
+use super::prefill::{finish_prefill, mixed_step, prefill_slice, Pacing, Prefilling, Slice};
 use super::request::{Limits, Request};
 use super::sequence::Running;
 use super::speculation::speculates;
@@ -103,7 +103,11 @@ impl<'m> Scheduler<'m> {
     fn admit_and_prefill(&mut self) {
         self.pacing.begin(!self.running.is_empty());
         while let Some(budget) = self.pacing.budget(!self.running.is_empty()) {
-            if self.prefilling.is_some() {
+            if let Some(p) = &self.prefilling {
+                if p.mixed && !self.running.is_empty() {
+                    // its next chunk rides on the decode step
+                    break;
+                }
                 self.prefill_step(budget);
                 continue;
             }
@@ -142,6 +146,22 @@ impl<'m> Scheduler<'m> {
         }
     }
 
+    /// A chunk of the mixed prefill and the batch's decode step in one
+    /// pass; a finished prompt joins the batch after it.
+    fn mixed_step(&mut self) -> Result<(), String> {
+        let p = self.prefilling.as_mut().expect("checked by the caller");
+        let (slice, result) = mixed_step(&mut self.cx, p, &mut self.running, &mut self.batch);
+        match slice {
+            Slice::Ran(_) => {}
+            Slice::Done(_) => {
+                let p = self.prefilling.take().expect("checked by the caller");
+                self.running.extend(finish_prefill(&mut self.cx, p));
+            }
+            Slice::Stopped => self.prefilling = None,
+        }
+        result
+    }
+
     /// Clients that left free their KV before the step.
     fn drop_disconnected(&mut self) {
         let m = self.cx.m;
@@ -156,8 +176,9 @@ impl<'m> Scheduler<'m> {
         m.running.store(self.running.len(), Relaxed);
     }
 
-    /// One batched decode step over every live sequence, or a speculative
-    /// pass for a greedy sequence decoding alone.
+    /// One batched decode step over every live sequence — in the same
+    /// pass as the next chunk of a mixed prefill, if one is waiting — or a
+    /// speculative pass for a greedy sequence decoding alone.
     fn decode(&mut self) {
         if self.running.is_empty() {
             return;
@@ -165,8 +186,9 @@ impl<'m> Scheduler<'m> {
         let (model, tok, m) = (self.cx.model, self.cx.tok, self.cx.m);
         let started = Instant::now();
         let alone = self.running.len() == 1;
-        let result = match self.running.first_mut() {
-            Some(r) if alone && self.speculate && speculates(&r.req, r.out.generated().len()) => {
+        let result = match (self.prefilling.as_mut(), self.running.first_mut()) {
+            (Some(p), _) if p.mixed => self.mixed_step(),
+            (None, Some(r)) if alone && self.speculate && speculates(&r.req, r.out.generated().len()) => {
                 speculative_step((model, self.cx.limits.draft.as_ref()), tok, m, r, &mut self.spec_scratch)
             }
             _ => batched_step(model, tok, m, &mut self.running, &mut self.batch),
@@ -272,7 +294,7 @@ mod tests {
         let long: Vec<u32> = (0..40).map(|i| 10 + i % 6).collect();
         let (short, mut short_rx) = request(vec![1, 11], 12);
         let (long_req, mut long_rx) = request(long.clone(), 4);
-        let limits = Limits { prefill_chunk: 1, speculative: false, ..Limits::default() };
+        let limits = Limits { prefill_chunk: 1, mixed_chunk: 0, speculative: false, ..Limits::default() };
         let m = serve(limits, vec![short, long_req]);
         assert!(m.prefill_slices_total.load(Relaxed) > 2);
         assert!(m.decode_steps_during_prefill_total.load(Relaxed) > 0);
