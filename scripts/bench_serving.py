@@ -18,8 +18,9 @@ KV memory: `--kv-seqs` full sequences of the load's prompt + answer, in f16
 (the model's KV bytes per token from `kvslim info --json`): llama-server gets
 `-c` of that many tokens and `-np` = kv-seqs slots; kvslim gets
 `--kv-memory` of the same bytes and `--max-batch N`, so a compressed policy
-fits more sequences into the same bytes. Every kvslim policy is sent as the
-server's `--policy`.
+fits more sequences into the same bytes. Every kvslim engine is a policy,
+sent as the server's `--policy`, optionally followed by more `kvslim serve`
+flags (`--kvslim "full:kv_dtype=f16 --mixed-chunk 0"`).
 
 Per engine and run: aggregate completion tokens/s (all completion tokens over
 the wall time from the first request to the last answer), TTFT p50/p95,
@@ -32,6 +33,7 @@ import argparse
 import http.client
 import json
 import os
+import shlex
 import socket
 import statistics
 import subprocess
@@ -169,6 +171,12 @@ def summarize(results, wall, rss):
             "peak_rss_bytes": rss}
 
 
+def kvslim_engine(spec):
+    """A `--kvslim` engine: its policy and any further `kvslim serve` flags."""
+    policy, *extra = shlex.split(spec)
+    return policy, extra
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -214,9 +222,10 @@ def main():
                         cmd = [a.llama_server, "-m", path, "-c", str(ctx), "-np", str(a.kv_seqs), "-t", str(a.threads),
                                "-tb", str(a.threads), "--port", str(port)]
                     else:
-                        cmd = [KVSLIM, "serve", "--model", path, "--policy", e, "--kv-memory", f"{kv_bytes}B",
+                        policy, extra = kvslim_engine(e)
+                        cmd = [KVSLIM, "serve", "--model", path, "--policy", policy, "--kv-memory", f"{kv_bytes}B",
                                "--max-batch", str(max(n, 1)), "--queue-limit", str(max(64, n)), "--threads",
-                               str(a.threads), "--port", str(port)]
+                               str(a.threads), "--port", str(port)] + extra
                     eng = Engine(e, cmd, port)
                     try:
                         results, wall = run_load(eng, texts, answer)

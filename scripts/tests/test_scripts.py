@@ -93,3 +93,8 @@ def test_serving_prompts_share_no_text_even_when_items_repeat_a_file():
     assert got[:2] == [a[:1000], b[:1000]]  # file by file in turn
     assert all(len(p) == 1000 for p in got)
     assert not any(p in q or q in p for i, p in enumerate(got) for q in got[:i])
+
+
+def test_bench_serving_engine_flags():
+    assert bench_serving.kvslim_engine("full:kv_dtype=f16") == ("full:kv_dtype=f16", [])
+    assert bench_serving.kvslim_engine("full --mixed-chunk 0") == ("full", ["--mixed-chunk", "0"])

@@ -69,10 +69,12 @@ pub struct Args {
     /// chunk's weight reads (vLLM's chunked prefill). More throughput and
     /// earlier first tokens; a running request's next token waits for a
     /// whole chunk (about 0.5 s for 128 tokens of a 1.5B model on 2 cores).
-    /// The chunks change the prompt's numbers by rounding only. 0 = off:
-    /// every prompt is prefilled in layer slices between decode steps
-    /// (--prefill-chunk, --prefill-share), as are prompts under policies
-    /// that choose what to keep at prefill.
+    /// The chunks change the prompt's numbers by rounding only. A prompt
+    /// under a policy that chooses what to keep at prefill (H2O, SnapKV)
+    /// must be seen whole: it joins a pass whole when it has at most 4×
+    /// this many tokens, else it is prefilled in layer slices between
+    /// decode steps (--prefill-chunk, --prefill-share), as every prompt is
+    /// with 0 (off).
     #[arg(long, default_value_t = 128)]
     mixed_chunk: usize,
     /// Turn off speculative decoding. By default a greedy request decoding

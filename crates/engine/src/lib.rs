@@ -31,7 +31,7 @@ pub use context::Context;
 pub use generate::{continue_generation, generate, generate_shared, prefill_shared, GenerateOptions, Generation};
 pub use perplexity::{perplexity, FullComparison, PerplexityOptions, PerplexityReport, Summary};
 pub use sampling::{Sampler, SamplingParams};
-pub use session::{Feed, Session};
+pub use session::{Feed, Session, WHOLE_CHUNKS};
 pub use speculative::{
     replay_drafts, speculative_run, CopyThenModel, DraftLength, Drafter, ModelDrafter, NgramDrafter, SpecStats,
     Speculator, Verification,

@@ -107,6 +107,32 @@ impl<'m> Session<'m> {
         Feed { tokens, parts, part: 0, run: None, want }
     }
 
+    /// Starts feeding `tokens` in chunks that can each share a pass with
+    /// other sequences' decode steps ([`Session::feed_mixed`]), or `None`
+    /// where they cannot: a cache that keeps every token is cut into chunks
+    /// of about `chunk` tokens ([`Session::begin_feed_chunked`]); under a
+    /// policy that must see its chunks whole (H2O's scores, SnapKV's
+    /// window) the prompt runs in that policy's own chunks when none is
+    /// longer than `WHOLE_CHUNKS` × `chunk` tokens (a pass stalls the
+    /// decoding sequences for about that long); a KVzip or CHAI probe never
+    /// mixes. The result is what [`Session::begin_feed`] with
+    /// [`Session::feed_some`] gives, up to the rounding of other chunk cuts
+    /// (a cache that keeps every token only).
+    pub fn begin_feed_mixed(&mut self, tokens: Vec<u32>, want: Logits, chunk: usize) -> Option<Feed> {
+        if self.cache.repeat_probe().is_some() || self.cache.probe_remaining() > 0 {
+            return None;
+        }
+        if self.cache.prefill_chunkable() {
+            return Some(self.begin_feed_chunked(tokens, want, chunk));
+        }
+        let parts = self.feed_parts(tokens.len());
+        if parts.iter().any(|p| p.len() > WHOLE_CHUNKS.saturating_mul(chunk)) {
+            return None;
+        }
+        self.chunked_logits.clear();
+        Some(Feed { tokens, parts, part: 0, run: None, want })
+    }
+
     /// As [`Session::begin_feed`], every chunk cut to about `chunk`
     /// tokens, so that [`Session::feed_mixed`] can run it a chunk per pass.
     /// A last piece of one token joins the one before (one token would run
@@ -212,6 +238,11 @@ impl<'m> Session<'m> {
         self.cache.store().bytes()
     }
 }
+
+/// How many mixed chunks' worth of tokens a prompt that cannot be cut may
+/// have and still share a pass with decode steps whole
+/// ([`Session::begin_feed_mixed`]).
+pub const WHOLE_CHUNKS: usize = 4;
 
 /// Which logits chunk `i` of a feed wanting `want` computes: all of them
 /// for [`Logits::All`], the last row of the last chunk for [`Logits::Last`].

@@ -1,13 +1,15 @@
 //! A prompt's chunks run in the same passes as other sequences' decode
-//! steps (`Session::feed_mixed`, the server's mixed batches) give every
-//! sequence the kept sets and, to rounding, the logits of the chunks fed
-//! alone and the steps batched without them (a GEMM of more rows may sum
-//! in another order, as a batch does against solo steps); a chunked
-//! prefill of a cache that keeps every token differs from one feed by
-//! rounding only.
+//! steps (`Session::begin_feed_mixed` / `feed_mixed`, the server's mixed
+//! batches) give every sequence the kept sets and, to rounding, the logits
+//! of the chunks fed alone and the steps batched without them (a GEMM of
+//! more rows may sum in another order, as a batch does against solo
+//! steps): a full cache's prompt cut into chunks, a choosing policy's
+//! whole (or in its streamed chunks); a chunked prefill of a cache that
+//! keeps every token differs from one feed by rounding only; a probe
+//! never mixes.
 
 use kvslim_cache::{PolicySpec, SequenceCache};
-use kvslim_engine::Session;
+use kvslim_engine::{Feed, Session};
 use kvslim_models::transformer::{BatchItem, BatchScratch};
 use kvslim_models::{LoadedModel, Logits};
 mod common;
@@ -44,71 +46,115 @@ fn kept(c: &SequenceCache) -> (Vec<Vec<u32>>, usize) {
     (heads.collect(), c.next_pos())
 }
 
-#[test]
-fn mixed_passes_equal_chunks_alone_and_batched_steps() {
-    let m = stories();
+/// Feeds `prompt` under `spec` through `begin` (a chunked or whole feed)
+/// and `Session::feed_mixed`, beside two sequences decoding (full and H2O),
+/// against the same feed run by `feed_some` one chunk of `part(step)`
+/// tokens at a time and the decode steps batched alone: the same passes,
+/// kept sets and (to rounding) logits.
+fn check_mixed(
+    m: &LoadedModel,
+    (spec, want, what): (&str, Logits, &str),
+    text: &[u32],
+    begin: impl Fn(&mut Session<'_>, Vec<u32>) -> Feed,
+    part: impl Fn(usize) -> usize,
+) {
     let n_layers = m.model.config.n_layers;
-    let text = tokens(&m, 200);
     let prompt = &text[..90];
-    // two sequences decoding beside the prefill, under full and H2O
     let decoding = [("full", &text[90..120]), ("h2o:heavy=6,recent=6", &text[120..150])];
+    let mut others: Vec<Session<'_>> = decoding
+        .iter()
+        .map(|(s, p)| {
+            let mut o = session(m, s, p.len());
+            o.feed(p, Logits::Last).unwrap();
+            o
+        })
+        .collect();
+    let mut alone: Vec<Session<'_>> = others.iter().map(|o| Session::with_cache(&m.model, o.cache.clone())).collect();
+    let mut mixed = session(m, spec, prompt.len());
+    let mut feed = begin(&mut mixed, prompt.to_vec());
+    let mut chunked = session(m, spec, prompt.len());
+    let mut reference = begin(&mut chunked, prompt.to_vec());
+    let (mut batch, mut batch_alone) = (BatchScratch::new(), BatchScratch::new());
+    let mut step = 0;
+    loop {
+        let next = |i: usize| text[150 + (step + 7 * i) % 50];
+        let mut items: Vec<BatchItem<'_>> =
+            others.iter_mut().enumerate().map(|(i, o)| BatchItem { token: next(i), cache: &mut o.cache }).collect();
+        let done = mixed.feed_mixed(&mut feed, &mut items, &mut batch).unwrap();
+        let (done_alone, _) = chunked.feed_some(&mut reference, part(step) * n_layers).unwrap();
+        assert_eq!(done, done_alone, "{what}: one chunk per pass");
+        let mut items: Vec<BatchItem<'_>> =
+            alone.iter_mut().enumerate().map(|(i, o)| BatchItem { token: next(i), cache: &mut o.cache }).collect();
+        m.model.forward_batch(&mut items, &mut batch_alone).unwrap();
+        for i in 0..decoding.len() {
+            let d = diff(batch.logits(i), batch_alone.logits(i));
+            assert!(d < ROUNDING, "{what}: step {step}, item {i}: {d}");
+        }
+        step += 1;
+        if done {
+            break;
+        }
+    }
+    let d = diff(mixed.fed_logits(&feed), chunked.fed_logits(&reference));
+    assert!(d < ROUNDING, "{what}: prompt logits {d}");
+    assert_eq!(kept(&mixed.cache), kept(&chunked.cache), "{what}");
+    for (o, a) in others.iter().zip(&alone) {
+        assert_eq!(kept(&o.cache), kept(&a.cache), "{what}: a decoding sequence");
+    }
+}
+
+#[test]
+fn mixed_chunks_of_a_full_cache_equal_the_chunks_alone_and_batched_steps() {
+    let m = stories();
+    let text = tokens(&m, 200);
     for spec in ["full", "full:kv_dtype=q8", "full:kv_dtype=f16,page=4"] {
         assert!(session(&m, spec, 8).cache.prefill_chunkable(), "{spec}");
         for want in [Logits::Last, Logits::All] {
             for chunk in [1, 7, 32, 89, 500] {
                 let what = format!("{spec}, {want:?}, chunk {chunk}");
-                let mut others: Vec<Session<'_>> = decoding
-                    .iter()
-                    .map(|(s, p)| {
-                        let mut o = session(&m, s, p.len());
-                        o.feed(p, Logits::Last).unwrap();
-                        o
-                    })
-                    .collect();
-                let mut alone: Vec<Session<'_>> =
-                    others.iter().map(|o| Session::with_cache(&m.model, o.cache.clone())).collect();
-                let mut mixed = session(&m, spec, prompt.len());
-                let mut feed = mixed.begin_feed_chunked(prompt.to_vec(), want, chunk);
-                let mut chunked = session(&m, spec, prompt.len());
-                let mut reference = chunked.begin_feed_chunked(prompt.to_vec(), want, chunk);
-                let (mut batch, mut batch_alone) = (BatchScratch::new(), BatchScratch::new());
-                let mut step = 0;
-                loop {
-                    let next = |i: usize| text[150 + (step + 7 * i) % 50];
-                    let mut items: Vec<BatchItem<'_>> = others
-                        .iter_mut()
-                        .enumerate()
-                        .map(|(i, o)| BatchItem { token: next(i), cache: &mut o.cache })
-                        .collect();
-                    let done = mixed.feed_mixed(&mut feed, &mut items, &mut batch).unwrap();
-                    let left = prompt.len() - chunk * step;
-                    let part = if passes(left, chunk) == 1 { left } else { chunk };
-                    let (done_alone, _) = chunked.feed_some(&mut reference, part * n_layers).unwrap();
-                    assert_eq!(done, done_alone, "{what}: one chunk per pass");
-                    let mut items: Vec<BatchItem<'_>> = alone
-                        .iter_mut()
-                        .enumerate()
-                        .map(|(i, o)| BatchItem { token: next(i), cache: &mut o.cache })
-                        .collect();
-                    m.model.forward_batch(&mut items, &mut batch_alone).unwrap();
-                    for i in 0..decoding.len() {
-                        let d = diff(batch.logits(i), batch_alone.logits(i));
-                        assert!(d < ROUNDING, "{what}: step {step}, item {i}: {d}");
+                let begin = |s: &mut Session<'_>, p: Vec<u32>| s.begin_feed_mixed(p, want, chunk).expect("mixes");
+                // the chunk left at this step: a last single token joins the one before
+                let part = |step: usize| {
+                    let left = 90 - chunk * step;
+                    if passes(left, chunk) == 1 {
+                        left
+                    } else {
+                        chunk
                     }
-                    step += 1;
-                    if done {
-                        break;
-                    }
+                };
+                check_mixed(&m, (spec, want, &what), &text, begin, part);
+                let mut s = session(&m, spec, 90);
+                let mut feed = s.begin_feed_chunked(text[..90].to_vec(), want, chunk);
+                let mut count = 0;
+                while !s.feed_mixed(&mut feed, &mut [], &mut BatchScratch::new()).unwrap() {
+                    count += 1;
                 }
-                assert_eq!(step, passes(prompt.len(), chunk), "{what}: passes");
-                let d = diff(mixed.fed_logits(&feed), chunked.fed_logits(&reference));
-                assert!(d < ROUNDING, "{what}: prompt logits {d}");
-                assert_eq!(kept(&mixed.cache), kept(&chunked.cache), "{what}");
-                for (o, a) in others.iter().zip(&alone) {
-                    assert_eq!(kept(&o.cache), kept(&a.cache), "{what}: a decoding sequence");
-                }
+                assert_eq!(count + 1, passes(90, chunk), "{what}: passes");
             }
         }
+    }
+}
+
+/// A policy that must see its chunks whole mixes them whole: one pass for
+/// the prompt, or one per streamed chunk.
+#[test]
+fn whole_prompts_under_choosing_policies_mix_as_fed_alone() {
+    let m = stories();
+    let text = tokens(&m, 200);
+    let cases = [
+        ("h2o:heavy=25%,recent=25%", 90),
+        ("h2o:heavy=25%,recent=25%,prefill=snap:8", 90),
+        ("h2o:heavy=25%,recent=25%,score=tova", 90),
+        ("h2o:heavy=8,recent=8,prefill=stream:16", 16),
+    ];
+    for (spec, chunk) in cases {
+        assert!(!session(&m, spec, 8).cache.prefill_chunkable(), "{spec}");
+        // whole when the prompt (or each streamed chunk) is at most 4 mixed chunks
+        let begin = |s: &mut Session<'_>, p: Vec<u32>| s.begin_feed_mixed(p, Logits::Last, 23).expect("mixes");
+        let part = |step: usize| chunk.min(90 - chunk * step);
+        check_mixed(&m, (spec, Logits::Last, spec), &text, begin, part);
+        let mut s = session(&m, spec, 90);
+        assert!(s.begin_feed_mixed(text[..90].to_vec(), Logits::Last, 22).is_none() == (chunk == 90), "{spec}");
     }
 }
 
@@ -127,12 +173,14 @@ fn a_chunked_prefill_of_a_full_cache_differs_from_one_feed_by_rounding() {
 }
 
 #[test]
-fn policies_that_choose_at_prefill_are_not_chunkable_and_a_probe_refuses_to_mix() {
+fn a_probe_never_mixes() {
     let m = stories();
-    for spec in ["h2o:heavy=8,recent=8", "window:recent=20", "h2o:heavy=25%,recent=25%,prefill=kvzip"] {
+    let prompt = tokens(&m, 40);
+    for spec in ["h2o:heavy=25%,recent=25%,prefill=kvzip", "window:recent=20"] {
         assert!(!session(&m, spec, 40).cache.prefill_chunkable(), "{spec}");
     }
-    let prompt = tokens(&m, 40);
+    let mut s = session(&m, "h2o:heavy=25%,recent=25%,prefill=kvzip", prompt.len());
+    assert!(s.begin_feed_mixed(prompt.clone(), Logits::Last, 1000).is_none());
     let mut s = session(&m, "h2o:heavy=25%,recent=25%,prefill=kvzip", prompt.len());
     let mut feed = s.begin_feed_chunked(prompt, Logits::Last, 20);
     let err = s.feed_mixed(&mut feed, &mut [], &mut BatchScratch::new()).unwrap_err();

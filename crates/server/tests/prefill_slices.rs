@@ -110,8 +110,9 @@ fn a_request_cancelled_mid_prefill_frees_its_kv() {
 
 /// Mixed batches: under `full` the long prompt runs a chunk per pass with
 /// the running request's decode step, and both give their solo greedy
-/// outputs; H2O's prompt (its prefill chooses what stays) still runs in
-/// layer slices. A client leaving part-way frees its KV.
+/// outputs; under H2O (its prefill chooses what stays) it joins one pass
+/// whole when it is at most 4 mixed chunks, else it runs in layer slices.
+/// A client leaving part-way frees its KV.
 #[test]
 fn a_long_prompt_in_mixed_batches_gives_the_solo_outputs() {
     let m = smollm2();
@@ -125,10 +126,14 @@ fn a_long_prompt_in_mixed_batches_gives_the_solo_outputs() {
         generate(&model, prompt, &opts, |_| true).unwrap().token_ids
     };
     let running = solo(&short, 150, &full);
-    let chunk = 32;
+    // chunks of 32, a last one of a single token joined to the one before
+    let chunks = (long.len().div_ceil(32) - usize::from(long.len() % 32 == 1)) as u64;
+    assert!(long.len() > 4 * 32 && long.len() <= 4 * 64, "{} tokens", long.len());
     // (a quantized cache's chunks read the earlier ones back quantized, so
     // its outputs may differ from one prefill's: crates/engine/tests/mixed_batch.rs)
-    for (spec, mixed) in [("full", true), ("h2o:heavy=16,recent=16", false)] {
+    for (spec, chunk, want) in
+        [("full", 32, chunks), ("h2o:heavy=16,recent=16", 32, 0), ("h2o:heavy=16,recent=16", 64, 1)]
+    {
         let policy = PolicySpec::parse(spec).unwrap();
         let limits = Limits { prefix_cache: 0, mixed_chunk: chunk, ..Limits::default() };
         let handle = scheduler::spawn(model.clone(), tok.clone(), limits);
@@ -139,10 +144,7 @@ fn a_long_prompt_in_mixed_batches_gives_the_solo_outputs() {
         assert_eq!(ids(rx_b), solo(&long, 24, &policy), "{spec}: the long request changed");
         assert_eq!(ids(rx_a), running, "{spec}: the running request changed");
         let passes = handle.metrics.mixed_passes_total.load(Relaxed);
-        // chunks of 32, a last one of a single token joined to the one before
-        let chunks = long.len().div_ceil(chunk) - usize::from(long.len() % chunk == 1);
-        let want = if mixed { chunks as u64 } else { 0 };
-        assert_eq!(passes, want, "{spec}: mixed passes");
+        assert_eq!(passes, want, "{spec}, mixed chunk {chunk}: mixed passes");
         assert_eq!(handle.metrics.kv_bytes_in_use.load(Relaxed), 0, "{spec}: KV back to 0");
     }
     // a client leaving part-way through a mixed prefill

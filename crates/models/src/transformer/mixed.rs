@@ -88,6 +88,9 @@ impl Model {
         // output projection for both, then each set of logits to its owner
         let first = n - chunk_logits;
         let rows = chunk_logits + b;
+        if rows == 0 {
+            return Ok(());
+        }
         let mut all = std::mem::take(&mut batch.logits);
         all.resize(rows * c.vocab_size, 0.0);
         self.project_logits(&s.a.x[first * d..(n + b) * d], &mut s.a.xn, rows, &mut all, Products::Gemm);

@@ -137,11 +137,12 @@ pub(super) fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Admitted<'m> {
             // the prompt's prefill gets the lent buffers until it is done
             std::mem::swap(&mut r.session.scratch, &mut cx.prefill);
             let want = if r.req.prompt_logprobs.is_some() { Logits::All } else { Logits::Last };
-            let rest = prompt[reused..].to_vec();
-            let mixed = cx.limits.mixed_chunk > 0 && r.session.cache.prefill_chunkable();
-            let feed = match mixed {
-                true => r.session.begin_feed_chunked(rest, want, cx.limits.mixed_chunk),
-                false => r.session.begin_feed(rest, want),
+            let rest = &prompt[reused..];
+            let chunk = cx.limits.mixed_chunk;
+            let mixed = if chunk > 0 { r.session.begin_feed_mixed(rest.to_vec(), want, chunk) } else { None };
+            let (feed, mixed) = match mixed {
+                Some(feed) => (feed, true),
+                None => (r.session.begin_feed(rest.to_vec(), want), false),
             };
             r.req.prompt = prompt;
             Admitted::Prefill(Prefilling { r, feed, caching, spec, mixed })

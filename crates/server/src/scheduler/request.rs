@@ -62,11 +62,14 @@ pub struct Limits {
     /// within this share. 1: a prefill slice after every decode step.
     pub prefill_share: f64,
     /// Prompt tokens a pass prefills together with the running sequences'
-    /// decode steps (mixed batches: one weight read for both), for prompts
-    /// whose policy keeps every token ([`kvslim_cache::SequenceCache::prefill_chunkable`]);
-    /// other prompts, or all with 0, run in layer slices between decode
-    /// steps (`prefill_chunk`, `prefill_share`). The chunks change the
-    /// prompt's numbers by rounding only.
+    /// decode steps (mixed batches: one weight read for both): a prompt
+    /// whose policy keeps every token is cut into chunks of this size
+    /// (which changes its numbers by rounding only), one under a policy
+    /// that must see it whole runs whole when it is at most
+    /// [`kvslim_engine::WHOLE_CHUNKS`] times this
+    /// ([`kvslim_engine::Session::begin_feed_mixed`]). Other prompts, or
+    /// all with 0, run in layer slices between decode steps
+    /// (`prefill_chunk`, `prefill_share`).
     pub mixed_chunk: usize,
     /// A greedy request decoding alone (no other sequence running, no
     /// log-probs asked) runs n-gram speculative decoding: drafts copied
