@@ -186,12 +186,15 @@ impl<'m> Scheduler<'m> {
         let (model, tok, m) = (self.cx.model, self.cx.tok, self.cx.m);
         let started = Instant::now();
         let alone = self.running.len() == 1;
-        let result = match (self.prefilling.as_mut(), self.running.first_mut()) {
-            (Some(p), _) if p.mixed => self.mixed_step(),
-            (None, Some(r)) if alone && self.speculate && speculates(&r.req, r.out.generated().len()) => {
-                speculative_step((model, self.cx.limits.draft.as_ref()), tok, m, r, &mut self.spec_scratch)
+        let result = if self.prefilling.as_ref().is_some_and(|p| p.mixed) {
+            self.mixed_step()
+        } else {
+            match self.running.first_mut() {
+                Some(r) if alone && self.speculate && speculates(&r.req, r.out.generated().len()) => {
+                    speculative_step((model, self.cx.limits.draft.as_ref()), tok, m, r, &mut self.spec_scratch)
+                }
+                _ => batched_step(model, tok, m, &mut self.running, &mut self.batch),
             }
-            _ => batched_step(model, tok, m, &mut self.running, &mut self.batch),
         };
         let prefill_waiting = self.prefilling.is_some() || !self.queue.is_empty();
         self.pacing.decoded(started.elapsed().as_secs_f64(), prefill_waiting);
