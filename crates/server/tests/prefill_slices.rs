@@ -7,6 +7,7 @@
 
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{generate, GenerateOptions};
+use kvslim_server::metrics::Metrics;
 use kvslim_server::scheduler::{self, Event, Request};
 use kvslim_server::Limits;
 use std::sync::atomic::Ordering::Relaxed;
@@ -89,23 +90,37 @@ fn a_request_cancelled_mid_prefill_frees_its_kv() {
     let running = generate(&model, &short, &opts, |_| true).unwrap().token_ids;
     let limits = Limits { prefix_cache: 0, prefill_chunk: 1, mixed_chunk: 0, ..Limits::default() };
     let handle = scheduler::spawn(model.clone(), tok.clone(), limits);
+    leave_mid_prefill(&handle, (short, long), &running, |mt| mt.prefilling.load(Relaxed) > 0);
+    let mt = &handle.metrics;
+    assert!(mt.prefill_slices_total.load(Relaxed) < 1 + layers, "the cancelled prefill ran to its end");
+    assert_eq!(mt.prefilling.load(Relaxed), 0);
+}
+
+/// Submits `short` (150 greedy tokens under `full`, `running` alone) and
+/// then `long`, whose client leaves once `started` sees its prefill
+/// part-way: the running request is not disturbed, the other is counted
+/// cancelled and the KV is back to 0.
+fn leave_mid_prefill(
+    handle: &scheduler::SchedulerHandle,
+    (short, long): (Vec<u32>, Vec<u32>),
+    running: &[u32],
+    started: impl Fn(&Metrics) -> bool,
+) {
+    let full = PolicySpec::full();
     let (a, rx_a) = request(short, 150, &full);
     let (b, rx_b) = request(long, 8, &full);
     handle.submit(a).unwrap();
     handle.submit(b).unwrap();
     let mt = &handle.metrics;
-    // the long prompt's prefill is part-way: its client leaves
     let t0 = std::time::Instant::now();
-    while mt.prefilling.load(Relaxed) == 0 {
+    while !started(mt) {
         assert!(t0.elapsed().as_secs() < 60, "the long prompt never started its prefill");
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     drop(rx_b);
     assert_eq!(ids(rx_a), running, "the running request changed");
     assert_eq!(mt.requests_cancelled_total.load(Relaxed), 1);
-    assert!(mt.prefill_slices_total.load(Relaxed) < 1 + layers, "the cancelled prefill ran to its end");
     assert_eq!(mt.kv_bytes_in_use.load(Relaxed), 0, "KV back to 0");
-    assert_eq!(mt.prefilling.load(Relaxed), 0);
 }
 
 /// Mixed batches: under `full` the long prompt runs a chunk per pass with
@@ -150,19 +165,7 @@ fn a_long_prompt_in_mixed_batches_gives_the_solo_outputs() {
     // a client leaving part-way through a mixed prefill
     let limits = Limits { prefix_cache: 0, mixed_chunk: 1, ..Limits::default() };
     let handle = scheduler::spawn(model.clone(), tok.clone(), limits);
-    let (a, rx_a) = request(short, 150, &full);
-    let (b, rx_b) = request(long.clone(), 8, &full);
-    handle.submit(a).unwrap();
-    handle.submit(b).unwrap();
-    let mt = &handle.metrics;
-    let t0 = std::time::Instant::now();
-    while mt.mixed_passes_total.load(Relaxed) == 0 {
-        assert!(t0.elapsed().as_secs() < 60, "no mixed pass ran");
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    drop(rx_b);
-    assert_eq!(ids(rx_a), running, "the running request changed");
-    assert_eq!(mt.requests_cancelled_total.load(Relaxed), 1);
-    assert!(mt.mixed_passes_total.load(Relaxed) < long.len() as u64, "the cancelled prefill ran to its end");
-    assert_eq!(mt.kv_bytes_in_use.load(Relaxed), 0, "KV back to 0");
+    let n = long.len() as u64;
+    leave_mid_prefill(&handle, (short, long), &running, |mt| mt.mixed_passes_total.load(Relaxed) > 0);
+    assert!(handle.metrics.mixed_passes_total.load(Relaxed) < n, "the cancelled prefill ran to its end");
 }

@@ -136,14 +136,7 @@ impl<'m> Scheduler<'m> {
             Slice::Stopped => None,
         };
         self.pacing.sliced(started.elapsed().as_secs_f64(), used, decoding);
-        match slice {
-            Slice::Ran(_) => {}
-            Slice::Done(_) => {
-                let p = self.prefilling.take().expect("checked by the caller");
-                self.running.extend(finish_prefill(&mut self.cx, p));
-            }
-            Slice::Stopped => self.prefilling = None,
-        }
+        self.settle(&slice);
     }
 
     /// A chunk of the mixed prefill and the batch's decode step in one
@@ -151,15 +144,20 @@ impl<'m> Scheduler<'m> {
     fn mixed_step(&mut self) -> Result<(), String> {
         let p = self.prefilling.as_mut().expect("checked by the caller");
         let (slice, result) = mixed_step(&mut self.cx, p, &mut self.running, &mut self.batch);
+        self.settle(&slice);
+        result
+    }
+
+    /// After a slice: a finished prompt joins the batch, a stopped one is gone.
+    fn settle(&mut self, slice: &Slice) {
         match slice {
             Slice::Ran(_) => {}
             Slice::Done(_) => {
-                let p = self.prefilling.take().expect("checked by the caller");
+                let p = self.prefilling.take().expect("a prefill was running");
                 self.running.extend(finish_prefill(&mut self.cx, p));
             }
             Slice::Stopped => self.prefilling = None,
         }
-        result
     }
 
     /// Clients that left free their KV before the step.
