@@ -53,7 +53,7 @@ fn kept(c: &SequenceCache) -> (Vec<Vec<u32>>, usize) {
 /// kept sets and (to rounding) logits.
 fn check_mixed(
     m: &LoadedModel,
-    (spec, want, what): (&str, Logits, &str),
+    (spec, what): (&str, &str),
     text: &[u32],
     begin: impl Fn(&mut Session<'_>, Vec<u32>) -> Feed,
     part: impl Fn(usize) -> usize,
@@ -122,7 +122,7 @@ fn mixed_chunks_of_a_full_cache_equal_the_chunks_alone_and_batched_steps() {
                         chunk
                     }
                 };
-                check_mixed(&m, (spec, want, &what), &text, begin, part);
+                check_mixed(&m, (spec, &what), &text, begin, part);
                 let mut s = session(&m, spec, 90);
                 let mut feed = s.begin_feed_chunked(text[..90].to_vec(), want, chunk);
                 let mut count = 0;
@@ -152,7 +152,7 @@ fn whole_prompts_under_choosing_policies_mix_as_fed_alone() {
         // whole when the prompt (or each streamed chunk) is at most 4 mixed chunks
         let begin = |s: &mut Session<'_>, p: Vec<u32>| s.begin_feed_mixed(p, Logits::Last, 23).expect("mixes");
         let part = |step: usize| chunk.min(90 - chunk * step);
-        check_mixed(&m, (spec, Logits::Last, spec), &text, begin, part);
+        check_mixed(&m, (spec, spec), &text, begin, part);
         let mut s = session(&m, spec, 90);
         assert!(s.begin_feed_mixed(text[..90].to_vec(), Logits::Last, 22).is_none() == (chunk == 90), "{spec}");
     }
