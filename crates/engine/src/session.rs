@@ -103,6 +103,11 @@ impl<'m> Session<'m> {
     /// done, nothing else may feed this session.
     pub fn begin_feed(&mut self, tokens: Vec<u32>, want: Logits) -> Feed {
         let parts = self.feed_parts(tokens.len());
+        self.start_feed(tokens, parts, want)
+    }
+
+    /// A feed of `tokens` in `parts`, nothing run yet.
+    fn start_feed(&mut self, tokens: Vec<u32>, parts: Vec<Range<usize>>, want: Logits) -> Feed {
         self.chunked_logits.clear();
         Feed { tokens, parts, part: 0, run: None, want }
     }
@@ -118,19 +123,20 @@ impl<'m> Session<'m> {
     /// mixes. The result is what [`Session::begin_feed`] with
     /// [`Session::feed_some`] gives, up to the rounding of other chunk cuts
     /// (a cache that keeps every token only).
-    pub fn begin_feed_mixed(&mut self, tokens: Vec<u32>, want: Logits, chunk: usize) -> Option<Feed> {
+    pub fn begin_feed_mixed(&mut self, tokens: &[u32], want: Logits, chunk: usize) -> Option<Feed> {
         if self.cache.repeat_probe().is_some() || self.cache.probe_remaining() > 0 {
             return None;
         }
-        if self.cache.prefill_chunkable() {
-            return Some(self.begin_feed_chunked(tokens, want, chunk));
-        }
-        let parts = self.feed_parts(tokens.len());
-        if parts.iter().any(|p| p.len() > WHOLE_CHUNKS.saturating_mul(chunk)) {
-            return None;
-        }
-        self.chunked_logits.clear();
-        Some(Feed { tokens, parts, part: 0, run: None, want })
+        let parts = if self.cache.prefill_chunkable() {
+            self.chunked_parts(tokens.len(), chunk)
+        } else {
+            let parts = self.feed_parts(tokens.len());
+            if parts.iter().any(|p| p.len() > WHOLE_CHUNKS.saturating_mul(chunk)) {
+                return None;
+            }
+            parts
+        };
+        Some(self.start_feed(tokens.to_vec(), parts, want))
     }
 
     /// As [`Session::begin_feed`], every chunk cut to about `chunk`
@@ -140,9 +146,16 @@ impl<'m> Session<'m> {
     /// Only for a cache that [`SequenceCache::prefill_chunkable`]: under
     /// any other policy more chunks would change what the policy keeps.
     pub fn begin_feed_chunked(&mut self, tokens: Vec<u32>, want: Logits, chunk: usize) -> Feed {
+        let parts = self.chunked_parts(tokens.len(), chunk);
+        self.start_feed(tokens, parts, want)
+    }
+
+    /// [`Session::feed_parts`] cut to `chunk` tokens, a last piece of one
+    /// token joined to the one before.
+    fn chunked_parts(&self, len: usize, chunk: usize) -> Vec<Range<usize>> {
         let chunk = chunk.max(1);
         let mut parts = Vec::new();
-        for r in self.feed_parts(tokens.len()) {
+        for r in self.feed_parts(len) {
             let first = parts.len();
             parts.extend((r.start..r.end).step_by(chunk).map(|a| a..(a + chunk).min(r.end)));
             if chunk > 1 && parts.len() > first + 1 && parts.last().is_some_and(|p| p.len() == 1) {
@@ -150,8 +163,7 @@ impl<'m> Session<'m> {
                 parts.last_mut().expect("checked").end = end;
             }
         }
-        self.chunked_logits.clear();
-        Feed { tokens, parts, part: 0, run: None, want }
+        parts
     }
 
     /// Runs the next chunk of `feed` whole and, in the same pass, one

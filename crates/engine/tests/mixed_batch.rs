@@ -112,7 +112,7 @@ fn mixed_chunks_of_a_full_cache_equal_the_chunks_alone_and_batched_steps() {
         for want in [Logits::Last, Logits::All] {
             for chunk in [1, 7, 32, 89, 500] {
                 let what = format!("{spec}, {want:?}, chunk {chunk}");
-                let begin = |s: &mut Session<'_>, p: Vec<u32>| s.begin_feed_mixed(p, want, chunk).expect("mixes");
+                let begin = |s: &mut Session<'_>, p: Vec<u32>| s.begin_feed_mixed(&p, want, chunk).expect("mixes");
                 // the chunk left at this step: a last single token joins the one before
                 let part = |step: usize| {
                     let left = 90 - chunk * step;
@@ -150,11 +150,11 @@ fn whole_prompts_under_choosing_policies_mix_as_fed_alone() {
     for (spec, chunk) in cases {
         assert!(!session(&m, spec, 8).cache.prefill_chunkable(), "{spec}");
         // whole when the prompt (or each streamed chunk) is at most 4 mixed chunks
-        let begin = |s: &mut Session<'_>, p: Vec<u32>| s.begin_feed_mixed(p, Logits::Last, 23).expect("mixes");
+        let begin = |s: &mut Session<'_>, p: Vec<u32>| s.begin_feed_mixed(&p, Logits::Last, 23).expect("mixes");
         let part = |step: usize| chunk.min(90 - chunk * step);
         check_mixed(&m, (spec, spec), &text, begin, part);
         let mut s = session(&m, spec, 90);
-        assert!(s.begin_feed_mixed(text[..90].to_vec(), Logits::Last, 22).is_none() == (chunk == 90), "{spec}");
+        assert!(s.begin_feed_mixed(&text[..90], Logits::Last, 22).is_none() == (chunk == 90), "{spec}");
     }
 }
 
@@ -180,7 +180,7 @@ fn a_probe_never_mixes() {
         assert!(!session(&m, spec, 40).cache.prefill_chunkable(), "{spec}");
     }
     let mut s = session(&m, "h2o:heavy=25%,recent=25%,prefill=kvzip", prompt.len());
-    assert!(s.begin_feed_mixed(prompt.clone(), Logits::Last, 1000).is_none());
+    assert!(s.begin_feed_mixed(&prompt, Logits::Last, 1000).is_none());
     let mut s = session(&m, "h2o:heavy=25%,recent=25%,prefill=kvzip", prompt.len());
     let mut feed = s.begin_feed_chunked(prompt, Logits::Last, 20);
     let err = s.feed_mixed(&mut feed, &mut [], &mut BatchScratch::new()).unwrap_err();

@@ -7,6 +7,7 @@
 
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{generate, GenerateOptions};
+use kvslim_models::{Model, Tokenizer};
 use kvslim_server::metrics::Metrics;
 use kvslim_server::scheduler::{self, Event, Request};
 use kvslim_server::Limits;
@@ -23,6 +24,12 @@ fn request(prompt: Vec<u32>, max_tokens: usize, policy: &PolicySpec) -> (Request
     let (mut req, rx) = scheduler_request(prompt, max_tokens, policy);
     req.logprobs = Some(0);
     (req, rx)
+}
+
+/// The greedy tokens of `prompt` run alone under `policy`.
+fn solo(model: &Model, tok: &Tokenizer, prompt: &[u32], max_tokens: usize, policy: &PolicySpec) -> Vec<u32> {
+    let opts = GenerateOptions { max_tokens, sampling: greedy(), policy: policy.clone(), eos: tok.eos.clone() };
+    generate(model, prompt, &opts, |_| true).unwrap().token_ids
 }
 
 /// The generated token ids a request reported, once it is done.
@@ -44,10 +51,7 @@ fn a_long_prompt_is_prefilled_between_decode_steps_with_the_same_outputs() {
     assert!(long.len() > 150, "{} tokens", long.len());
     let model = Arc::new(m.model);
     let full = PolicySpec::full();
-    let solo = |prompt: &[u32], max_tokens, policy: &PolicySpec| {
-        let opts = GenerateOptions { max_tokens, sampling: greedy(), policy: policy.clone(), eos: tok.eos.clone() };
-        generate(&model, prompt, &opts, |_| true).unwrap().token_ids
-    };
+    let solo = |prompt: &[u32], max_tokens, policy: &PolicySpec| solo(&model, &tok, prompt, max_tokens, policy);
     // the running request: under `full` it counts on for all 150 tokens (no EOS)
     let running = solo(&short, 150, &full);
     assert_eq!(running.len(), 150);
@@ -85,9 +89,7 @@ fn a_request_cancelled_mid_prefill_frees_its_kv() {
     let model = Arc::new(m.model);
     let short = tok.encode("Count from 1 to 100: 1, 2, 3,").unwrap();
     let long = tok.encode(&"Tom had a red ball. He liked to play with it in the park. ".repeat(80)).unwrap();
-    let full = PolicySpec::full();
-    let opts = GenerateOptions { max_tokens: 150, sampling: greedy(), policy: full.clone(), eos: tok.eos.clone() };
-    let running = generate(&model, &short, &opts, |_| true).unwrap().token_ids;
+    let running = solo(&model, &tok, &short, 150, &PolicySpec::full());
     let limits = Limits { prefix_cache: 0, prefill_chunk: 1, mixed_chunk: 0, ..Limits::default() };
     let handle = scheduler::spawn(model.clone(), tok.clone(), limits);
     leave_mid_prefill(&handle, (short, long), &running, |mt| mt.prefilling.load(Relaxed) > 0);
@@ -136,10 +138,7 @@ fn a_long_prompt_in_mixed_batches_gives_the_solo_outputs() {
     let long = tok.encode(&"Tom had a red ball. He liked to play with it in the park. ".repeat(12)).unwrap();
     let model = Arc::new(m.model);
     let full = PolicySpec::full();
-    let solo = |prompt: &[u32], max_tokens, policy: &PolicySpec| {
-        let opts = GenerateOptions { max_tokens, sampling: greedy(), policy: policy.clone(), eos: tok.eos.clone() };
-        generate(&model, prompt, &opts, |_| true).unwrap().token_ids
-    };
+    let solo = |prompt: &[u32], max_tokens, policy: &PolicySpec| solo(&model, &tok, prompt, max_tokens, policy);
     let running = solo(&short, 150, &full);
     // chunks of 32, a last one of a single token joined to the one before
     let chunks = (long.len().div_ceil(32) - usize::from(long.len() % 32 == 1)) as u64;

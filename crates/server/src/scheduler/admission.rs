@@ -139,7 +139,7 @@ pub(super) fn admit<'m>(cx: &mut Ctx<'m>, mut req: Request) -> Admitted<'m> {
             let want = if r.req.prompt_logprobs.is_some() { Logits::All } else { Logits::Last };
             let rest = &prompt[reused..];
             let chunk = cx.limits.mixed_chunk;
-            let mixed = if chunk > 0 { r.session.begin_feed_mixed(rest.to_vec(), want, chunk) } else { None };
+            let mixed = if chunk > 0 { r.session.begin_feed_mixed(rest, want, chunk) } else { None };
             let (feed, mixed) = match mixed {
                 Some(feed) => (feed, true),
                 None => (r.session.begin_feed(rest.to_vec(), want), false),
