@@ -181,6 +181,7 @@ const STORIES: [(usize, &[(&str, usize)]); 4] = [
             ("h2o:heavy=16,recent=16,score=tova,prefill=stream:7", 60),
             ("h2o:heavy=16,recent=16,agg=max,score=vnorm", 60),
             ("h2o:heavy=16,recent=16,score=persist:16", 60),
+            ("h2o:heavy=16,recent=16,score=decay:0", 60),
             ("heavy:heavy=24,sink=4,score=tova", 60),
         ],
     ),

@@ -60,6 +60,29 @@ impl ScoreRule {
         matches!(self, ScoreRule::Sum | ScoreRule::Norm | ScoreRule::ValueNorm)
     }
 
+    /// For a rule that depends on the order of the queries: how many of a
+    /// prefill chunk's last queries decide the scores the chunk leaves
+    /// (`tova` and `decay:0`: the last one overwrites; `persist:H`: the
+    /// last H, earlier hits shift out). A prefill then runs the tiled
+    /// kernel and replays only those queries, with the scores they would
+    /// leave query by query. `None`: every query counts (`decay:G`, G > 0;
+    /// the column sums need no replay).
+    pub fn deciding_queries(self) -> Option<usize> {
+        match self {
+            ScoreRule::Tova => Some(1),
+            ScoreRule::Decay(g) if g == 0.0 => Some(1),
+            ScoreRule::Persist { window, .. } => Some(window as usize),
+            _ => None,
+        }
+    }
+
+    /// True when a prefill chunk must attend query by query to score: the
+    /// rule depends on the order of every query
+    /// ([`ScoreRule::deciding_queries`]).
+    pub fn needs_every_query(self) -> bool {
+        !self.column_summable() && self.deciding_queries().is_none()
+    }
+
     /// True when the update reads the slots' value norms.
     pub fn needs_value_norms(self) -> bool {
         self == ScoreRule::ValueNorm

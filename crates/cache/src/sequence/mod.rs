@@ -47,9 +47,9 @@ impl CacheShape {
 }
 
 /// How a one-chunk prefill computes its attention output: the tiled kernel
-/// (column sums, SnapKV's window and no scores at all), or query by query
-/// with the decode kernel (a score rule that depends on the order of the
-/// queries). The two round differently, so only caches of the same kernel
+/// (column sums, SnapKV's window, TOVA's last query and no scores at all),
+/// or query by query with the decode kernel (a score rule that depends on
+/// the order of every query, [`crate::policy::ScoreRule::needs_every_query`]). The two round differently, so only caches of the same kernel
 /// can share a prefill's hidden states ([`SequenceCache::shared_prefill_kernel`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrefillKernel {
@@ -302,7 +302,7 @@ impl SequenceCache {
         if let Some(chunk) = self.repeat_probe() {
             return Some(PrefillKernel::Repeat { chunk });
         }
-        let every_query = self.policy.score_aggregation().is_some() && !self.policy.score_rule().column_summable();
+        let every_query = self.policy.score_aggregation().is_some() && self.policy.score_rule().needs_every_query();
         Some(if every_query { PrefillKernel::EveryQuery } else { PrefillKernel::Tiled })
     }
 

@@ -349,14 +349,37 @@ impl PrefillCandidates {
         self.scoring.filter(|_| every_query).map(|(a, _)| a)
     }
 
-    /// SnapKV: how many of the chunk's last queries score the candidates;
-    /// the model reports each of them with
-    /// [`PrefillCandidates::observe_query`] (`None`: not a SnapKV policy).
+    /// How many of the chunk's last queries score the candidates when not
+    /// every query does: SnapKV's window, or the last queries an
+    /// order-dependent rule's scores depend on
+    /// ([`ScoreRule::deciding_queries`]: TOVA's last query). The model
+    /// reports each of them with [`PrefillCandidates::observe_query`]
+    /// after the tiled kernel (`None`: every query or none).
     pub fn observation_queries(&self) -> Option<usize> {
+        let n = self.positions.len() - self.held;
         match self.observation {
-            Some(Observation::Window { window, .. }) => Some(window.min(self.positions.len() - self.held)),
-            _ => None,
+            Some(Observation::Window { window, .. }) => Some(window.min(n)),
+            _ => self.scoring_rule_replay().map(|w| w.min(n)),
         }
+    }
+
+    /// The deciding queries of an order-dependent score rule that scores
+    /// this chunk by its queries' attention (not by expected attention, a
+    /// predictor or a repeat probe).
+    fn scoring_rule_replay(&self) -> Option<usize> {
+        let (_, rule) = self.scoring?;
+        let by_queries = self.repeat == 0 && self.expected_attention().is_none() && self.kvzap().is_none();
+        if rule.column_summable() || !by_queries || self.score_aggregation().is_none() {
+            return None;
+        }
+        rule.deciding_queries()
+    }
+
+    /// The aggregation of column sums that every query of the chunk adds to
+    /// the candidates' scores, where the rule is a sum (the tiled kernel's
+    /// second pass; `None` for order-dependent rules, replayed instead).
+    pub fn column_sum_aggregation(&self) -> Option<ScoreAgg> {
+        self.score_aggregation().filter(|_| self.scoring.is_some_and(|(_, rule)| rule.column_summable()))
     }
 
     /// Expected attention: the future positions to average the rotation
@@ -462,14 +485,14 @@ impl PrefillCandidates {
         std::mem::swap(&mut self.columns, &mut self.pooled);
     }
 
-    /// True when the policy's score rule depends on the order of the
-    /// queries (TOVA, decay, value norms, persistence): the chunk must be
-    /// attended query by query and each query reported with
-    /// [`PrefillCandidates::observe_query`]. Otherwise the rule is a plain
-    /// column sum and may be added in any blocking
-    /// ([`PrefillCandidates::add_column_sums`]).
+    /// True when the policy's score rule depends on the order of every
+    /// query (`decay:G`, G > 0): the chunk must be attended query by query
+    /// and each query reported with [`PrefillCandidates::observe_query`].
+    /// Otherwise the rule is a plain column sum, added in any blocking
+    /// ([`PrefillCandidates::add_column_sums`]), or depends on the last
+    /// few queries only ([`PrefillCandidates::observation_queries`]).
     pub fn needs_every_query(&self) -> bool {
-        self.scoring.is_some_and(|(_, rule)| !rule.column_summable())
+        self.scoring.is_some_and(|(_, rule)| rule.needs_every_query())
     }
 
     /// Reports one chunk query's attention over the first `visible`

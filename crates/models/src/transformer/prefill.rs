@@ -85,13 +85,13 @@ impl Model {
                 }
             }
             // trace and CHAI's probe need every probability row, and so does
-            // a score rule that depends on the order of the queries
+            // a score rule that depends on the order of every query
             let observed = s.trace.is_some() || cache.probe_remaining() > 0 || s.cand.needs_every_query();
             if observed {
                 self.attend_observed(chunk, comp, cache, s);
             } else {
                 // a KVzip chunk's prompt rows do not score (its probe does)
-                if output || (s.cand.score_aggregation().is_some() && repeat == 0) {
+                if output || (s.cand.column_sum_aggregation().is_some() && repeat == 0) {
                     self.attend_tiled(chunk, comp, cache, s, output);
                 }
                 if let Some(w) = s.cand.observation_queries() {
@@ -226,7 +226,7 @@ impl Model {
     /// only the softmax statistics and the column sums are computed.
     fn attend_tiled(&self, chunk: Chunk, comp: &Component, cache: &SequenceCache, s: &mut Scratch, output: bool) {
         let lh = cache.layer_heads(chunk.li);
-        let fold = if chunk.probe.is_empty() { s.cand.score_aggregation().map(Fold::Sum) } else { None };
+        let fold = if chunk.probe.is_empty() { s.cand.column_sum_aggregation().map(Fold::Sum) } else { None };
         let mut packed = std::mem::take(&mut s.packed_keys);
         let parts = self.tiled_pass(
             chunk,
