@@ -6,6 +6,7 @@ use crate::sampling::{Sampler, SamplingParams};
 use crate::session::Session;
 use crate::{EngineError, Result};
 use kvslim_cache::{KvBytes, PolicySpec};
+use kvslim_models::transformer::{BatchItem, BatchScratch};
 use kvslim_models::{Logits, Model};
 use std::time::Instant;
 
@@ -104,10 +105,12 @@ pub fn generate(
 /// share a prefill ([`kvslim_cache::SequenceCache::shared_prefill_kernel`])
 /// run the prompt's matrix products once, each policy scoring and
 /// choosing on its own ([`Model::forward_shared`]); the rest prefill
-/// alone. Then each decodes alone, in order. Every generation is
-/// bit-identical to [`generate`] with its options; its
-/// `time_to_first_token_s` is the shared prefill's. `on_token(i, id)`
-/// sees option `i`'s ids and returns `false` to stop that one early.
+/// alone. Then they decode in lockstep, one token each per step, the
+/// weights read once per step for all ([`Model::forward_batch_exact`]).
+/// Every generation is bit-identical to [`generate`] with its options;
+/// its `time_to_first_token_s` is the shared prefill's, its `decode_s` the
+/// lockstep's time until it stopped. `on_token(i, id)` sees option `i`'s
+/// ids and returns `false` to stop that one early.
 pub fn generate_shared(
     model: &Model,
     prompt: &[u32],
@@ -121,16 +124,97 @@ pub fn generate_shared(
         runs.push((session, max_new, Sampler::new(o.sampling.clone())));
     }
     let mut sessions: Vec<&mut Session<'_>> = runs.iter_mut().map(|r| &mut r.0).collect();
-    let mut first = prefill_shared(model, prompt, &mut sessions)?;
-    let mut out = Vec::with_capacity(opts.len());
-    for (i, ((mut session, max_new, mut sampler), o)) in runs.into_iter().zip(opts).enumerate() {
-        let (logits, prefill_s) = std::mem::take(&mut first[i]);
+    let first = prefill_shared(model, prompt, &mut sessions)?;
+    let mut decodes = Vec::with_capacity(opts.len());
+    for ((session, max_new, mut sampler), (logits, prefill_s)) in runs.into_iter().zip(first) {
         let start = Instant::now();
         let next = sampler.sample(&logits);
         let ttft = prefill_s + start.elapsed().as_secs_f64();
-        out.push(decode(&mut session, &mut sampler, o, next, max_new, ttft, prompt.len(), |t| on_token(i, t))?);
+        decodes.push(Decoding { session, sampler, next, max_new, ttft, out: Vec::new(), stop: None, decode_s: 0.0 });
     }
-    Ok(out)
+    decode_lockstep(&mut decodes, opts, &mut on_token)?;
+    Ok(decodes
+        .into_iter()
+        .map(|d| Generation {
+            kv_bytes: d.session.kv_bytes(),
+            token_ids: d.out,
+            prompt_tokens: prompt.len(),
+            stop: d.stop.unwrap_or(StopReason::MaxTokens),
+            time_to_first_token_s: d.ttft,
+            decode_s: d.decode_s,
+        })
+        .collect())
+}
+
+/// One generation of [`generate_shared`] while it decodes.
+struct Decoding<'m> {
+    session: Session<'m>,
+    sampler: Sampler,
+    /// The sampled id not yet taken into `out` (nor fed).
+    next: u32,
+    max_new: usize,
+    ttft: f64,
+    out: Vec<u32>,
+    /// Set when it stopped.
+    stop: Option<StopReason>,
+    decode_s: f64,
+}
+
+/// Decodes every one of `runs` until each stops, as [`decode`] would each
+/// alone: per step, each running generation takes its sampled token (or
+/// stops) and the rest feed theirs together, one
+/// [`Model::forward_batch_exact`] (a lone one, and a cache still collecting
+/// a CHAI probe, which records every head, step alone).
+fn decode_lockstep(
+    runs: &mut [Decoding<'_>],
+    opts: &[GenerateOptions],
+    on_token: &mut impl FnMut(usize, u32) -> bool,
+) -> Result<()> {
+    let Some(model) = runs.first().map(|r| r.session.model) else { return Ok(()) };
+    let start = Instant::now();
+    let mut batch = BatchScratch::new();
+    loop {
+        let mut live = Vec::with_capacity(runs.len());
+        for (i, r) in runs.iter_mut().enumerate().filter(|(_, r)| r.stop.is_none()) {
+            if r.out.len() < r.max_new {
+                r.stop = take_token(r.next, &opts[i].eos, &mut r.out, &mut |t| on_token(i, t));
+            } else {
+                r.stop = Some(StopReason::MaxTokens);
+            }
+            if r.stop.is_none() && r.out.len() == r.max_new {
+                r.stop = Some(StopReason::MaxTokens);
+            }
+            match r.stop {
+                Some(_) => r.decode_s = start.elapsed().as_secs_f64(),
+                None => live.push(i),
+            }
+        }
+        if live.is_empty() {
+            return Ok(());
+        }
+        let lone = live.len() == 1;
+        let (solo, together): (Vec<usize>, Vec<usize>) =
+            live.into_iter().partition(|&i| lone || runs[i].session.cache.collecting_probe());
+        for i in solo {
+            let r = &mut runs[i];
+            r.next = r.sampler.sample(r.session.feed(&[r.next], Logits::Last)?);
+        }
+        if together.is_empty() {
+            continue;
+        }
+        let mut items: Vec<BatchItem<'_>> = runs
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| together.contains(i))
+            .map(|(_, r)| BatchItem { token: r.next, cache: &mut r.session.cache })
+            .collect();
+        model.forward_batch_exact(&mut items, &mut batch)?;
+        drop(items);
+        for (k, &i) in together.iter().enumerate() {
+            let r = &mut runs[i];
+            r.next = r.sampler.sample(batch.logits(k));
+        }
+    }
 }
 
 /// Continues `session` from `logits`, those of the last token it was fed:

@@ -50,8 +50,9 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Solo decode (prompt prefilled, then one token per step) against
-/// `forward_sequential` (bit for bit) and `forward_batch` (two sequences
-/// in lockstep; to rounding), and paged against fixed slots (bit for bit).
+/// `forward_sequential` (bit for bit), `forward_batch` (two sequences in
+/// lockstep; to rounding), `forward_batch_exact` (bit for bit) and paged
+/// against fixed slots (bit for bit).
 #[test]
 fn batch_and_sequential_paths_equal_solo_decode() {
     let tokens = ids();
@@ -63,6 +64,8 @@ fn batch_and_sequential_paths_equal_solo_decode() {
             solo.feed(&tokens[..PROMPT], Logits::Last).unwrap();
             let mut seq_cache = solo.cache.clone();
             let (mut b1, mut b2) = (solo.cache.clone(), solo.cache.clone());
+            let (mut e1, mut e2) = (solo.cache.clone(), solo.cache.clone());
+            let mut es = BatchScratch::new();
             let mut want = Vec::new();
             for &t in &tokens[PROMPT..] {
                 want.extend_from_slice(solo.feed(&[t], Logits::Last).unwrap());
@@ -86,7 +89,20 @@ fn batch_and_sequential_paths_equal_solo_decode() {
                     let d = max_abs_diff(bs.logits(j), &want[i * vocab..(i + 1) * vocab]);
                     assert!(d < tol, "{arch} {spec} step {i}: batch differs from solo by {d}");
                 }
+                // the exact batch: a second sequence a step behind, so the rows differ
+                let mut exact = vec![BatchItem { token: t, cache: &mut e1 }];
+                if i > 0 {
+                    exact.push(BatchItem { token: tokens[PROMPT + i - 1], cache: &mut e2 });
+                }
+                m.forward_batch_exact(&mut exact, &mut es).unwrap();
+                let row = &want[i * vocab..(i + 1) * vocab];
+                assert_eq!(bits(es.logits(0)), bits(row), "{arch} {spec} step {i}: exact batch");
+                if i > 0 {
+                    let behind = &want[(i - 1) * vocab..i * vocab];
+                    assert_eq!(bits(es.logits(1)), bits(behind), "{arch} {spec} step {i}: exact batch, second row");
+                }
             }
+            assert_eq!(held(&e1), held(&solo.cache), "{arch} {spec}: exact batch kept sets");
             assert_eq!(held(&b1), held(&solo.cache), "{arch} {spec}: batch kept sets");
             // paged storage changes nothing but where rows live
             let mut paged = policy.clone();

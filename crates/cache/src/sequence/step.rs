@@ -526,27 +526,27 @@ impl PrefillCandidates {
     }
 
     /// Adds column sums computed elsewhere (the tiled kernel's, one block
-    /// of queries at a time, in block order) to the candidates' scores,
-    /// times each candidate's ‖v‖ under `vnorm`.
+    /// of queries at a time, in block order; expected attention's; a
+    /// predictor's) to the chunk's column sums, which the commit weights by
+    /// each candidate's ‖v‖ under `vnorm` and adds to the scores (a rule
+    /// that is no sum takes them into its scores directly). So `sum`,
+    /// `norm` and `vnorm` share one tiled pass in a shared prefill.
     pub fn add_column_sums(&mut self, sums: &[f32]) {
-        if self.value_norms.is_empty() {
-            self.scores.iter_mut().zip(sums).for_each(|(sc, p)| *sc += p);
-        } else {
-            self.scores.iter_mut().zip(sums).zip(&self.value_norms).for_each(|((sc, p), n)| *sc += p * n);
-        }
+        let into = if self.columns.is_empty() { &mut self.scores } else { &mut self.columns };
+        into.iter_mut().zip(sums).for_each(|(c, p)| *c += p);
     }
     /// What decides the scores a chunk's attention adds to these
-    /// candidates: the aggregation, the rule (`sum` and `norm` add the same
-    /// column sums) and SnapKV's window. `None`: the policy
+    /// candidates: the aggregation, the rule (`sum`, `norm` and `vnorm`
+    /// add the same column sums, `vnorm` weights them at the commit) and
+    /// the observation (SnapKV's window, expected attention…). `None`: the policy
     /// does not score. Caches sharing a prefill whose candidates have equal
     /// keys get equal scores from it ([`PrefillCandidates::attention_scores`]).
     pub fn scoring_key(&self) -> Option<ScoringKey> {
         let (agg, rule) = self.scoring?;
         // ADAPTIVE_RKV re-ranks plain column sums when it commits
         let observation = self.observation.filter(|o| !matches!(o, Observation::Diverse { .. }));
-        // plain column sums are shared by `sum` and `norm`; `vnorm` weights them
-        let distinct = !rule.column_summable() || rule.needs_value_norms();
-        Some(ScoringKey { agg, rule: distinct.then_some(rule), observation })
+        // plain column sums are shared by `sum`, `norm` and `vnorm`
+        Some(ScoringKey { agg, rule: (!rule.column_summable()).then_some(rule), observation })
     }
 
     /// The scores and column sums the chunk's attention has added so far:
@@ -630,7 +630,7 @@ pub fn repeat_attention_into(probs: &[f32], group: usize, scores: &mut [f32]) {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ScoringKey {
     agg: ScoreAgg,
-    /// `None` for the rules that add plain column sums (`sum`, `norm`).
+    /// `None` for the rules that add plain column sums (`sum`, `norm`, `vnorm`).
     rule: Option<ScoreRule>,
     observation: Option<Observation>,
 }

@@ -366,6 +366,21 @@ impl Model {
     ///
     /// Every item is checked (position, token id) before any state changes.
     pub fn forward_batch(&self, items: &mut [BatchItem<'_>], s: &mut BatchScratch) -> Result<()> {
+        self.batch_step(items, s, Products::Gemm)
+    }
+
+    /// [`Model::forward_batch`] with every product in the single-row
+    /// arithmetic ([`Linear::forward_rows`](crate::weights::Linear::forward_rows)):
+    /// each weight row is still read once for the whole batch, and every
+    /// item's logits, slots and scores are bit-identical to its own solo
+    /// decode step on any machine (the GEMM sums in another order unless
+    /// the products are integer). For runs that must equal solo
+    /// generation, such as an evaluation's cells decoded in lockstep.
+    pub fn forward_batch_exact(&self, items: &mut [BatchItem<'_>], s: &mut BatchScratch) -> Result<()> {
+        self.batch_step(items, s, Products::PerRow)
+    }
+
+    fn batch_step(&self, items: &mut [BatchItem<'_>], s: &mut BatchScratch, products: Products) -> Result<()> {
         let c = &self.config;
         let n = items.len();
         if n == 0 {
@@ -385,7 +400,7 @@ impl Model {
         let scale = c.attention_scale();
         let parallel = n > 1 && rayon::current_num_threads() > 1;
         for li in 0..c.n_layers {
-            self.project_qkv(li, &mut s.a, n, Products::Gemm);
+            self.project_qkv(li, &mut s.a, n, products);
             let qkv = [&s.a.q[..], &s.a.k[..], &s.a.v[..]];
             // per sequence: RoPE at its position, then the solo decode attention
             let attend = |((i, it), (seq, out)): ((usize, &mut BatchItem<'_>), (&mut Scratch, &mut [f32]))| {
@@ -401,10 +416,10 @@ impl Model {
             } else {
                 items.iter_mut().enumerate().zip(seqs.iter_mut().zip(s.a.att.chunks_mut(qd))).try_for_each(attend)?;
             }
-            self.output_and_mlp(li, &mut s.a, None, n, Products::Gemm);
+            self.output_and_mlp(li, &mut s.a, None, n, products);
         }
         items.iter_mut().for_each(|it| it.cache.advance(1));
-        self.project_logits(&s.a.x, &mut s.a.xn, n, &mut s.logits, Products::Gemm);
+        self.project_logits(&s.a.x, &mut s.a.xn, n, &mut s.logits, products);
         Ok(())
     }
 
