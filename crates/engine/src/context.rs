@@ -24,7 +24,10 @@
 //! sequential pass (a 4.4 MiB context loaded in 0.02 s, `kvslim generate
 //! --context`).
 
-use crate::generate::{check_fits, continue_generation, prefill_shared, GenerateOptions, Generation};
+use crate::generate::{
+    check_fits, continue_generation, new_token_limit_at, prefill_shared, GenerateOptions, Generation,
+};
+use crate::lockstep::{self, Lockstep};
 use crate::session::Session;
 use crate::{EngineError, Result};
 use kvslim_cache::policy::TokenPolicySpec;
@@ -292,7 +295,25 @@ impl Context {
     /// (on a 17.5K-token context a 35-token question took 3.4–3.9 s as
     /// decode steps).
     pub fn ask<'m>(&self, model: &'m Model, question: &[u32], answer: usize) -> Result<(Session<'m>, Vec<f32>)> {
-        let (last, head) = question.split_last().ok_or_else(|| EngineError::Request("the question is empty".into()))?;
+        let mut s = self.fork_for(model, question, answer)?;
+        let (last, head) = question.split_last().expect("fork_for refuses an empty question");
+        if self.question_as_chunk() {
+            let logits = s.feed(question, Logits::Last)?.to_vec();
+            return Ok((s, logits));
+        }
+        for &t in head {
+            s.feed(&[t], Logits::None)?;
+        }
+        let logits = s.feed(&[*last], Logits::Last)?.to_vec();
+        Ok((s, logits))
+    }
+
+    /// A fork with room for `question` and `answer` more tokens, once the
+    /// question is known to fit.
+    fn fork_for<'m>(&self, model: &'m Model, question: &[u32], answer: usize) -> Result<Session<'m>> {
+        if question.is_empty() {
+            return Err(EngineError::Request("the question is empty".into()));
+        }
         let at = self.cache.next_pos() + question.len();
         if !self.cache.bounded() && at >= model.config.context_len {
             return Err(EngineError::Request(format!(
@@ -302,16 +323,13 @@ impl Context {
                 model.config.context_len
             )));
         }
-        let mut s = self.fork(model, question.len() + answer)?;
-        if matches!(self.policy.token, TokenPolicySpec::Full) && self.policy.head.is_none() {
-            let logits = s.feed(question, Logits::Last)?.to_vec();
-            return Ok((s, logits));
-        }
-        for &t in head {
-            s.feed(&[t], Logits::None)?;
-        }
-        let logits = s.feed(&[*last], Logits::Last)?.to_vec();
-        Ok((s, logits))
+        self.fork(model, question.len() + answer)
+    }
+
+    /// Under `full` (nothing scored or evicted) a question goes in as one
+    /// prefill chunk; under any other policy as decode steps.
+    fn question_as_chunk(&self) -> bool {
+        matches!(self.policy.token, TokenPolicySpec::Full) && self.policy.head.is_none()
     }
 
     /// Answers `question` (its tokens, chat template applied by the caller)
@@ -332,6 +350,35 @@ impl Context {
         let mut g = continue_generation(&mut s, &logits, opts, on_token)?;
         g.time_to_first_token_s += asked;
         Ok(g)
+    }
+
+    /// Answers every `(context, question, options)` of `asks` as
+    /// [`Context::generate`] does, each on its own fork, all decoded in
+    /// lockstep (one pass over the weights per step for all: a question's
+    /// tokens are that fork's first steps). Each answer equals its own
+    /// `generate`'s bit for bit; its `time_to_first_token_s` counts from the
+    /// start of the call.
+    pub fn answer_each(model: &Model, asks: &[(&Context, &[u32], &GenerateOptions)]) -> Result<Vec<Generation>> {
+        let start = Instant::now();
+        let mut runs = Vec::with_capacity(asks.len());
+        let mut prompt_tokens = Vec::with_capacity(asks.len());
+        for &(ctx, question, opts) in asks {
+            opts.sampling.validate().map_err(EngineError::Request)?;
+            let at = ctx.cache.next_pos() + question.len();
+            let (eos, sampling) = (opts.eos.clone(), opts.sampling.clone());
+            runs.push(if ctx.question_as_chunk() {
+                let (s, logits) = ctx.ask(model, question, opts.max_tokens)?;
+                let max_new = new_token_limit_at(&s, at, opts.max_tokens);
+                Lockstep::after_logits(s, sampling, eos, &logits, (max_new, start.elapsed().as_secs_f64()))
+            } else {
+                let s = ctx.fork_for(model, question, opts.max_tokens)?;
+                let max_new = new_token_limit_at(&s, at, opts.max_tokens);
+                Lockstep::after_tokens(s, sampling, eos, question.to_vec(), max_new)
+            });
+            prompt_tokens.push(at);
+        }
+        lockstep::run(&mut runs, |_, _| true)?;
+        Ok(runs.into_iter().zip(prompt_tokens).map(|(r, n)| r.into_generation(n)).collect())
     }
 
     fn check_model(&self, model: &Model) -> Result<()> {

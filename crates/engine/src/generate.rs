@@ -2,11 +2,11 @@
 //! decode step per token until EOS or the token limit; and the same for
 //! several policies at once over one shared prefill ([`generate_shared`]).
 
+use crate::lockstep::{self, Lockstep};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::session::Session;
 use crate::{EngineError, Result};
 use kvslim_cache::{KvBytes, PolicySpec};
-use kvslim_models::transformer::{BatchItem, BatchScratch};
 use kvslim_models::{Logits, Model};
 use std::time::Instant;
 
@@ -80,11 +80,16 @@ pub(crate) fn check_fits(model: &Model, n: usize, what: &str) -> Result<()> {
 /// under a bounded cache on a RoPE model (kept keys keep their positions),
 /// else as many as the model's context still holds.
 fn new_token_limit(session: &Session<'_>, max_tokens: usize) -> usize {
+    new_token_limit_at(session, session.position(), max_tokens)
+}
+
+/// [`new_token_limit`] once the session holds `at` tokens.
+pub(crate) fn new_token_limit_at(session: &Session<'_>, at: usize, max_tokens: usize) -> usize {
     let c = &session.model.config;
     if session.cache.policy().bounded() && c.learned_positions.is_none() {
         max_tokens
     } else {
-        max_tokens.min(c.context_len.saturating_sub(session.position()))
+        max_tokens.min(c.context_len.saturating_sub(at))
     }
 }
 
@@ -115,106 +120,25 @@ pub fn generate_shared(
     model: &Model,
     prompt: &[u32],
     opts: &[GenerateOptions],
-    mut on_token: impl FnMut(usize, u32) -> bool,
+    on_token: impl FnMut(usize, u32) -> bool,
 ) -> Result<Vec<Generation>> {
     let mut runs = Vec::with_capacity(opts.len());
     for o in opts {
         o.sampling.validate().map_err(EngineError::Request)?;
-        let (session, max_new) = start_session(model, prompt, &o.policy, o.max_tokens)?;
-        runs.push((session, max_new, Sampler::new(o.sampling.clone())));
+        runs.push(start_session(model, prompt, &o.policy, o.max_tokens)?);
     }
     let mut sessions: Vec<&mut Session<'_>> = runs.iter_mut().map(|r| &mut r.0).collect();
     let first = prefill_shared(model, prompt, &mut sessions)?;
-    let mut decodes = Vec::with_capacity(opts.len());
-    for ((session, max_new, mut sampler), (logits, prefill_s)) in runs.into_iter().zip(first) {
-        let start = Instant::now();
-        let next = sampler.sample(&logits);
-        let ttft = prefill_s + start.elapsed().as_secs_f64();
-        decodes.push(Decoding { session, sampler, next, max_new, ttft, out: Vec::new(), stop: None, decode_s: 0.0 });
-    }
-    decode_lockstep(&mut decodes, opts, &mut on_token)?;
-    Ok(decodes
+    let mut steps: Vec<Lockstep<'_>> = runs
         .into_iter()
-        .map(|d| Generation {
-            kv_bytes: d.session.kv_bytes(),
-            token_ids: d.out,
-            prompt_tokens: prompt.len(),
-            stop: d.stop.unwrap_or(StopReason::MaxTokens),
-            time_to_first_token_s: d.ttft,
-            decode_s: d.decode_s,
+        .zip(first)
+        .zip(opts)
+        .map(|(((session, max_new), (logits, prefill_s)), o)| {
+            Lockstep::after_logits(session, o.sampling.clone(), o.eos.clone(), &logits, (max_new, prefill_s))
         })
-        .collect())
-}
-
-/// One generation of [`generate_shared`] while it decodes.
-struct Decoding<'m> {
-    session: Session<'m>,
-    sampler: Sampler,
-    /// The sampled id not yet taken into `out` (nor fed).
-    next: u32,
-    max_new: usize,
-    ttft: f64,
-    out: Vec<u32>,
-    /// Set when it stopped.
-    stop: Option<StopReason>,
-    decode_s: f64,
-}
-
-/// Decodes every one of `runs` until each stops, as [`decode`] would each
-/// alone: per step, each running generation takes its sampled token (or
-/// stops) and the rest feed theirs together, one
-/// [`Model::forward_batch_exact`] (a lone one, and a cache still collecting
-/// a CHAI probe, which records every head, step alone).
-fn decode_lockstep(
-    runs: &mut [Decoding<'_>],
-    opts: &[GenerateOptions],
-    on_token: &mut impl FnMut(usize, u32) -> bool,
-) -> Result<()> {
-    let Some(model) = runs.first().map(|r| r.session.model) else { return Ok(()) };
-    let start = Instant::now();
-    let mut batch = BatchScratch::new();
-    loop {
-        let mut live = Vec::with_capacity(runs.len());
-        for (i, r) in runs.iter_mut().enumerate().filter(|(_, r)| r.stop.is_none()) {
-            if r.out.len() < r.max_new {
-                r.stop = take_token(r.next, &opts[i].eos, &mut r.out, &mut |t| on_token(i, t));
-            } else {
-                r.stop = Some(StopReason::MaxTokens);
-            }
-            if r.stop.is_none() && r.out.len() == r.max_new {
-                r.stop = Some(StopReason::MaxTokens);
-            }
-            match r.stop {
-                Some(_) => r.decode_s = start.elapsed().as_secs_f64(),
-                None => live.push(i),
-            }
-        }
-        if live.is_empty() {
-            return Ok(());
-        }
-        let lone = live.len() == 1;
-        let (solo, together): (Vec<usize>, Vec<usize>) =
-            live.into_iter().partition(|&i| lone || runs[i].session.cache.collecting_probe());
-        for i in solo {
-            let r = &mut runs[i];
-            r.next = r.sampler.sample(r.session.feed(&[r.next], Logits::Last)?);
-        }
-        if together.is_empty() {
-            continue;
-        }
-        let mut items: Vec<BatchItem<'_>> = runs
-            .iter_mut()
-            .enumerate()
-            .filter(|(i, _)| together.contains(i))
-            .map(|(_, r)| BatchItem { token: r.next, cache: &mut r.session.cache })
-            .collect();
-        model.forward_batch_exact(&mut items, &mut batch)?;
-        drop(items);
-        for (k, &i) in together.iter().enumerate() {
-            let r = &mut runs[i];
-            r.next = r.sampler.sample(batch.logits(k));
-        }
-    }
+        .collect();
+    lockstep::run(&mut steps, on_token)?;
+    Ok(steps.into_iter().map(|r| r.into_generation(prompt.len())).collect())
 }
 
 /// Continues `session` from `logits`, those of the last token it was fed:

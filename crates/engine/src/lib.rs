@@ -8,6 +8,7 @@ pub mod calibrate;
 pub mod context;
 pub mod generate;
 pub mod kvzap;
+mod lockstep;
 pub mod perplexity;
 pub mod sampling;
 pub mod session;

@@ -185,3 +185,45 @@ fn auto_compresses_a_context_under_the_context_rows_choice() {
     let loaded = Context::from_bytes(&m, &ctx.to_bytes().unwrap()).unwrap();
     assert_eq!(loaded.policy(), &want);
 }
+
+/// A context's questions under every policy, answered together in
+/// lockstep (`Context::answer_each`: one pass over the weights per step),
+/// equal each one answered alone, token for token, with the same stop and
+/// the same kept bytes: questions of different lengths, a sampled option,
+/// an option stopping at an EOS id, and a CHAI context (its probe runs
+/// token by token beside the batch).
+#[test]
+fn questions_answered_in_lockstep_equal_each_alone() {
+    let m = model(7);
+    let doc = tokens(96, 5);
+    let plan = common::chai_plan("lockstep", 4, &[2; 3]);
+    let mut specs: Vec<PolicySpec> = POLICIES.iter().map(|s| PolicySpec::parse_and_load(s).unwrap()).collect();
+    specs.push(PolicySpec::parse_and_load(&format!("h2o:heavy=10,recent=10+chai:plan={plan},probe=5")).unwrap());
+    let contexts = Context::compress_each(&m, &specs, &doc).unwrap();
+    let questions: Vec<Vec<u32>> = vec![vec![3], tokens(7, 1), tokens(12, 9)];
+    let mut sampled = greedy(10);
+    sampled.sampling = SamplingParams { temperature: 0.9, top_k: 20, top_p: 0.9, seed: 5 };
+    let mut stopping = greedy(12);
+    stopping.eos = vec![1, 2, 3];
+    let options = [greedy(12), sampled, stopping];
+    let mut asks = Vec::new();
+    for (c, ctx) in contexts.iter().enumerate() {
+        for (k, q) in questions.iter().enumerate() {
+            asks.push((ctx, &q[..], &options[(c + k) % options.len()]));
+        }
+    }
+    let together = Context::answer_each(&m, &asks).unwrap();
+    assert_eq!(together.len(), asks.len());
+    for ((ctx, q, o), g) in asks.iter().zip(&together) {
+        let alone = ctx.generate(&m, q, o, |_| true).unwrap();
+        let what = format!("{} question of {} tokens", ctx.policy(), q.len());
+        assert_eq!(g.token_ids, alone.token_ids, "{what}");
+        assert_eq!(g.stop, alone.stop, "{what}");
+        assert_eq!(g.kv_bytes.kv, alone.kv_bytes.kv, "{what}");
+        assert_eq!(g.prompt_tokens, alone.prompt_tokens, "{what}");
+    }
+    assert!(
+        together.iter().any(|g| g.stop == kvslim_engine::generate::StopReason::Eos),
+        "some answer stopped at an EOS id"
+    );
+}

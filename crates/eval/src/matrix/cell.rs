@@ -101,7 +101,9 @@ pub fn greedy(policy: kvslim_cache::PolicySpec, max_tokens: usize, tok: &Tokeniz
 /// compressed once (budgets resolve against it), then each question runs
 /// on a fork of it as decode steps (the policy scores and evicts as in any
 /// decode step, but chose what the context keeps before any question was
-/// known) and is answered greedily.
+/// known) and is answered greedily, every fork of every policy decoded in
+/// lockstep ([`Context::answer_each`]). Cells decode together and equal
+/// their solo runs bit for bit.
 fn item_generations(
     model: &Model,
     tok: &Tokenizer,
@@ -122,12 +124,11 @@ fn item_generations(
     }
     let specs: Vec<_> = opts.iter().map(|o| o.policy.clone()).collect();
     let contexts = Context::compress_each(model, &specs, ids)?;
-    let mut out = Vec::with_capacity(opts.len());
-    for (ctx, o) in contexts.iter().zip(&opts) {
-        let answers = questions.iter().map(|q| ctx.generate(model, q, o, |_| true)).collect::<Result<_, _>>()?;
-        out.push(answers);
-    }
-    Ok(out)
+    // every policy's every question on its own fork, decoded in lockstep
+    let asks: Vec<_> =
+        contexts.iter().zip(&opts).flat_map(|(ctx, o)| questions.iter().map(move |q| (ctx, &q[..], o))).collect();
+    let mut answers = Context::answer_each(model, &asks)?.into_iter();
+    Ok(opts.iter().map(|_| answers.by_ref().take(questions.len()).collect()).collect())
 }
 
 /// Every item of a generation task under each of `policies`, item by
