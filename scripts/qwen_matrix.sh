@@ -41,7 +41,7 @@
 #   per item and lane (pinned at r4k-auto's commit, which has `auto`).
 #
 # Group q05-r4k (issue #49, on Qwen2.5-Coder-0.5B, a third of the 1.5B's
-#   cost): the RULER-style needle tasks at 4,096 tokens with 50 items each
+#   cost; superseded by q05-ruler after 1.2 of its 13 tasks, journals kept): the RULER-style needle tasks at 4,096 tokens with 50 items each
 #   (depths 0.1/0.3/0.5/0.7/0.9, ten items per depth), every needle task in
 #   both haystacks (repeated noise sentences and real WikiText-2 text,
 #   `haystack=text`) plus cwe: 13 tasks, 650 items; full, window, sink,
@@ -60,6 +60,18 @@
 #   starting: per item and lane one tiled prefill (full), one KVzap prefill
 #   and one probe (~2.5 prefills), about 80 s on one thread, so about 7
 #   hours per lane; run it after q05-r4k.
+# Group q05-ruler (issues #49 and #50, on Qwen2.5-Coder-0.5B): q05-r4k's
+#   items and cells from a build whose cells cost less (TOVA from the
+#   tiled prefill, sum/norm/vnorm from one column pass, every cell's
+#   decode steps and every compress-once question in lockstep: one pass
+#   over the weights per step for all, bit-identical to each alone) plus
+#   the KVzap-style prefill as `auto` runs it for a context, which shares
+#   the tiled prefill: 25 cells per task, 325 in all. Measured before
+#   starting, one lane of one item with the other lane paused: 62 s for
+#   niah_multiquery (245 s at q05-r4k's commit, the same answers); the
+#   tiled prefill is ~25 s of every item. About 45 s per item and lane,
+#   so about 8 hours per lane. The KVzip-style cells (its probe costs ~55 s
+#   more per item and lane) are left to their own group.
 #
 #   bash scripts/qwen_matrix.sh build GROUP      the group's pinned binary only
 #   bash scripts/qwen_matrix.sh run GROUP        both shards of GROUP (resumes a cut-off run)
@@ -114,7 +126,11 @@ group() {
              POLICIES="full;h2o:recent_share=0.125,prefill=kvzap,alloc=global;h2o:recent_share=0.125,prefill=kvzip,alloc=global"
              TASKS=$RULER4K50
              pin d03327432c861d957cfdbd867e10bdff37854ec1 ;;
-    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap)" >&2; exit 2 ;;
+    q05-ruler) MODEL=qwen2.5-coder-0.5b
+             POLICIES="full;window;sink;h2o;h2o:agg=max,score=tova;h2o:prefill=snap:32;h2o:prefill=expect;auto;h2o:recent_share=0.125,prefill=kvzap,alloc=global"
+             TASKS=$RULER4K50
+             pin ad487289f741f4399f40b4bb6e464ab9fa5b076c ;;
+    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler)" >&2; exit 2 ;;
   esac
 }
 
