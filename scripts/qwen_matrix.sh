@@ -72,6 +72,17 @@
 #   tiled prefill is ~25 s of every item. About 45 s per item and lane,
 #   so about 8 hours per lane. The KVzip-style cells (its probe costs ~55 s
 #   more per item and lane) are left to their own group.
+# Queued after it, pinned at the same build, estimated from its costs:
+#   q05-zip   the KVzip-style cells as `auto` runs them for a context, in
+#             ONE lane (the probe is paid per item, so two lanes would pay
+#             it twice): 3 cells per task, ~65 s per item, ~12 hours;
+#             paired with q05-ruler's full and KVzap cells by task and item.
+#   q05-lcc   all 117 LCC items (~2K, ~4K and ~8K tokens), q05-ruler's
+#             cells: about 1.5 hours per lane.
+#   q05-r8k   the same tasks at 8,192 tokens, ten items per task: about
+#             4 hours per lane.
+#   q15-ruler q05-ruler on Qwen2.5-Coder-1.5B (~3x the 0.5B per item):
+#             about 23 hours per lane.
 #
 #   bash scripts/qwen_matrix.sh build GROUP      the group's pinned binary only
 #   bash scripts/qwen_matrix.sh run GROUP        both shards of GROUP (resumes a cut-off run)
@@ -94,7 +105,17 @@ for t in passkey niah_single niah_multikey niah_multivalue vt niah_multiquery; d
   RULER4K50="$RULER4K50$t:$AT4K50;$t:haystack=text,$AT4K50;"
 done
 RULER4K50="${RULER4K50}cwe:$AT4K50"
+# at 8K: ten items per task (two per depth)
+AT8K="lengths=8192,depths=0.1,0.3,0.5,0.7,0.9,per_cell=2"
+RULER8K=""
+for t in passkey niah_single niah_multikey niah_multivalue vt niah_multiquery; do
+  RULER8K="$RULER8K$t:$AT8K;$t:haystack=text,$AT8K;"
+done
+RULER8K="${RULER8K}cwe:$AT8K"
 BUDGETS=50%,25%,12.5%
+# lanes (one-thread shards) per group; a group whose cost is per item
+# rather than per cell (the KVzip probe) runs in one
+LANES=2
 
 # the binary of commit $1, built once in its own worktree
 pin() {
@@ -104,6 +125,7 @@ pin() {
 }
 
 group() {
+  Q05="full;window;sink;h2o;h2o:agg=max,score=tova;h2o:prefill=snap:32;h2o:prefill=expect;auto;h2o:recent_share=0.125,prefill=kvzap,alloc=global"
   A="full;h2o;h2o:prefill=snap:32;window;sink"
   B="h2o:agg=max,score=tova;h2o:score=norm;h2o:score=vnorm;h2o:alloc=pyramid:0.5;h2o:alloc=ada:0.2"
   case "$1" in
@@ -127,10 +149,25 @@ group() {
              TASKS=$RULER4K50
              pin d03327432c861d957cfdbd867e10bdff37854ec1 ;;
     q05-ruler) MODEL=qwen2.5-coder-0.5b
-             POLICIES="full;window;sink;h2o;h2o:agg=max,score=tova;h2o:prefill=snap:32;h2o:prefill=expect;auto;h2o:recent_share=0.125,prefill=kvzap,alloc=global"
+             POLICIES=$Q05
              TASKS=$RULER4K50
              pin ad487289f741f4399f40b4bb6e464ab9fa5b076c ;;
-    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler)" >&2; exit 2 ;;
+    q05-zip) MODEL=qwen2.5-coder-0.5b LANES=1
+             POLICIES="h2o:recent_share=0.125,prefill=kvzip,alloc=global"
+             TASKS=$RULER4K50
+             pin ad487289f741f4399f40b4bb6e464ab9fa5b076c ;;
+    q05-lcc) MODEL=qwen2.5-coder-0.5b
+             POLICIES=$Q05
+             TASKS="lcc:$S/data/code_completion/stdlib_lcc.jsonl"
+             pin ad487289f741f4399f40b4bb6e464ab9fa5b076c ;;
+    q05-r8k) MODEL=qwen2.5-coder-0.5b
+             POLICIES=$Q05
+             TASKS=$RULER8K
+             pin ad487289f741f4399f40b4bb6e464ab9fa5b076c ;;
+    q15-ruler) POLICIES=$Q05
+             TASKS=$RULER4K50
+             pin ad487289f741f4399f40b4bb6e464ab9fa5b076c ;;
+    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-zip, q05-lcc, q05-r8k, q15-ruler)" >&2; exit 2 ;;
   esac
 }
 
@@ -164,11 +201,11 @@ case "${1:-}" in
     build
     "$BIN" fetch "$MODEL" > /dev/null
     mkdir -p "$OUT/$2"
-    for i in 0 1; do
+    for i in $(seq 0 $((LANES - 1))); do
       # from inside the pinned tree: results record the commit `git rev-parse` finds there
       (cd "$TREE" && RAYON_NUM_THREADS=1 nice -n 19 "$BIN" eval --model "$MODEL" --threads 1 \
         --policies "$POLICIES" --budgets "$BUDGETS" --tasks "$TASKS" \
-        --shard "$i/2" --resume --out "$OUT/$2/shard-$i" > "$OUT/$2/shard-$i.log" 2>&1) &
+        --shard "$i/$LANES" --resume --out "$OUT/$2/shard-$i" > "$OUT/$2/shard-$i.log" 2>&1) &
     done
     wait
     ;;
@@ -180,7 +217,7 @@ case "${1:-}" in
   merge)
     group "${2:-}"
     rm -rf "$OUT/$2/merged"
-    "$BIN" eval merge --out "$OUT/$2/merged" "$OUT/$2/shard-0" "$OUT/$2/shard-1"
+    "$BIN" eval merge --out "$OUT/$2/merged" $(for i in $(seq 0 $((LANES - 1))); do echo "$OUT/$2/shard-$i"; done)
     ;;
   *)
     sed -n '2,/^# Results go/p' "$0" | sed 's/^# \{0,1\}//'
