@@ -98,20 +98,17 @@ S=${KVSLIM_SHARED:-$ROOT/../shared}
 MODEL=qwen2.5-coder-1.5b
 AT4K="lengths=4096,depths=0.5,per_cell=2"
 RULER4K="passkey:$AT4K;niah_single:$AT4K;niah_multikey:$AT4K;niah_multivalue:$AT4K;vt:$AT4K;cwe:$AT4K"
-# 50 items per task, each needle task in both haystacks (noise, then text)
-AT4K50="lengths=4096,depths=0.1,0.3,0.5,0.7,0.9,per_cell=10"
-RULER4K50=""
-for t in passkey niah_single niah_multikey niah_multivalue vt niah_multiquery; do
-  RULER4K50="$RULER4K50$t:$AT4K50;$t:haystack=text,$AT4K50;"
-done
-RULER4K50="${RULER4K50}cwe:$AT4K50"
-# at 8K: ten items per task (two per depth)
-AT8K="lengths=8192,depths=0.1,0.3,0.5,0.7,0.9,per_cell=2"
-RULER8K=""
-for t in passkey niah_single niah_multikey niah_multivalue vt niah_multiquery; do
-  RULER8K="$RULER8K$t:$AT8K;$t:haystack=text,$AT8K;"
-done
-RULER8K="${RULER8K}cwe:$AT8K"
+# every needle task in both haystacks (noise, then text), then cwe, at OPTIONS
+both_haystacks() {
+  local t out=""
+  for t in passkey niah_single niah_multikey niah_multivalue vt niah_multiquery; do
+    out="$out$t:$1;$t:haystack=text,$1;"
+  done
+  echo "${out}cwe:$1"
+}
+# 50 items per task; at 8K ten (two per depth)
+RULER4K50=$(both_haystacks "lengths=4096,depths=0.1,0.3,0.5,0.7,0.9,per_cell=10")
+RULER8K=$(both_haystacks "lengths=8192,depths=0.1,0.3,0.5,0.7,0.9,per_cell=2")
 BUDGETS=50%,25%,12.5%
 # lanes (one-thread shards) per group; a group whose cost is per item
 # rather than per cell (the KVzip probe) runs in one

@@ -70,7 +70,7 @@ impl ScoreRule {
     pub fn deciding_queries(self) -> Option<usize> {
         match self {
             ScoreRule::Tova => Some(1),
-            ScoreRule::Decay(g) if g == 0.0 => Some(1),
+            ScoreRule::Decay(0.0) => Some(1),
             ScoreRule::Persist { window, .. } => Some(window as usize),
             _ => None,
         }
