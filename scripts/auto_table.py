@@ -12,6 +12,10 @@ costs at most MAX_PREFILL_COST (1.3) times the full cache's:
   average, in % of the full cache's and averaged over the kept shares, among `h2o` and
   `h2o:prefill=M` in the Qwen matrix (scripts/qwen_tables.py's groups) that the winner's
   score can carry;
+* `ruler` sources: per kept share of the model's groups in scripts/qwen_tables.py's "Rankings
+  that decide" (50 items per task, noise and real-text haystacks), the best mean accuracy over
+  every task of both kinds among the H2O variants within the prefill bound; no rows until
+  every candidate has every task at MIN_ITEMS items or more (the model keeps the defaults);
 * `agree` sources (the default for unknown models): the shares where the named models'
   rows agree (score, sinks, heavy fraction, prefill), with those values;
 * `contexts` sources (rows of use "context", for compressed contexts): per share of the
@@ -42,6 +46,8 @@ import qwen_tables  # noqa: E402  (the Qwen matrix's cells and RULER-4K averages
 TABLE = "crates/cache/src/policy/auto_table.json"
 COMMAND = "python3 scripts/auto_table.py"
 MAX_PREFILL_COST = 1.3
+# items per task a `ruler` source needs for every task and candidate before it makes rows
+MIN_ITEMS = 50
 # Time to the first token, × the full cache's, per prefill mode: docs/qwen.md "What it costs"
 # (3,742 prompt tokens: full 35.4 s, snap:32 39.1 s); kvzip (the probe in pieces) and kvzap from
 # docs/contexts.md "At 16K, and on the 1.5B" (3,354 tokens on the 1.5B: full 19.4 s, kvzip 41.2 s,
@@ -59,6 +65,8 @@ SOURCES = [
     {"model": "gemma3:18x640", "name": "Gemma 3 270M", "rule": "tuned", "files": "docs/tuned/gemma-*.json"},
     {"model": "llama:5x64", "name": "stories260K", "rule": "tuned", "files": "docs/tuned/stories260k-*.json"},
     {"model": "qwen2:28x1536", "name": "Qwen2.5-Coder-1.5B", "rule": "kl+needles", "files": "docs/qwen/auto-kl/results.jsonl"},
+    {"model": "qwen2:24x896", "name": "Qwen2.5-Coder-0.5B", "rule": "ruler", "decide": "Qwen2.5-Coder-0.5B",
+     "evidence": "docs/qwen/q05-ruler"},
     {"model": "*", "name": "any other model", "rule": "agree", "of": ["llama:30x576", "gemma3:18x640"],
      "evidence": "docs/results/tuning.md"},
     # compressed contexts: questions asked after compression (docs/contexts.md, "auto for contexts")
@@ -243,12 +251,37 @@ def contexts_default(root, src):
     return rows
 
 
+def ruler(root, src):
+    """Per kept share, the best mean RULER-4K accuracy over both haystack kinds ([best]: ties go
+    to the cheaper prefill) among the model's plain H2O variants within the prefill bound, once
+    every candidate has every task at MIN_ITEMS items or more; before that, no rows."""
+    groups = qwen_tables.DECIDE[src["decide"]]
+    cells, _ = qwen_tables.load(root, list(groups))
+    tasks = qwen_tables.KINDS["noise"] + qwen_tables.KINDS["text"]
+    rows = []
+    for share in qwen_tables.DECIDE_SHARES:
+        cands = []
+        for policy in dict.fromkeys(p for ps in groups.values() for p in ps):
+            v = parse(policy)
+            if v is None or cost(v[3]) > MAX_PREFILL_COST or needs_predictor(v[3]):
+                continue
+            items = [qwen_tables.decide_cells(cells, list(groups), t, policy, share) for t in tasks]
+            if any(not a or len(a) < MIN_ITEMS for a in items):
+                return []
+            cands.append((sum(sum(a) / len(a) for a in items) / len(items), -cost(v[3]), policy, v))
+        mean, _, policy, v = best(cands)
+        why = f"RULER-4K mean accuracy {100 * mean:.1f}% over {len(tasks)} tasks (noise and text) at {share}: {policy}"
+        rows.append(row(src, percent(share), v, src["evidence"], why))
+    return rows
+
+
 def table(root):
     rows = []
     for src in SOURCES:
         rule = {
             "tuned": lambda s: tuned(root, s),
             "kl+needles": lambda s: kl_and_needles(root, s),
+            "ruler": lambda s: ruler(root, s),
             "agree": lambda s: agree(rows, s),
             "contexts": lambda s: contexts(root, s),
             "contexts-default": lambda s: contexts_default(root, s),

@@ -56,6 +56,24 @@ NAMES = {
 BARS = {"50%": 95, "25%": 85}
 DASH = "–"
 
+# Rankings that decide (issue #49): 50 items per task, every needle task in both haystacks
+# (noise and real text), per model the groups that hold its cells, the first group with a
+# policy's cells of a task being the one shown; a group's cells pair with another group's by
+# task and item index (the same task specs make the same items)
+NEEDLES = ["passkey", "niah_single", "niah_multikey", "niah_multivalue", "vt", MQ]
+KINDS = {"noise": NEEDLES + ["cwe"], "text": [t + "+text" for t in NEEDLES]}
+DECIDE_SHARES = ["50%", "25%", "12.5%"]
+ZAP, ZIP = "h2o:recent_share=0.125,prefill=kvzap,alloc=global", "h2o:recent_share=0.125,prefill=kvzip,alloc=global"
+Q05 = ["full", "window", "sink", "h2o", "h2o:agg=max,score=tova", SNAP, "h2o:prefill=expect", "auto", ZAP]
+DECIDE = {
+    "Qwen2.5-Coder-0.5B": {"q05-ruler": Q05, "q05-zip": [ZIP]},
+    "Qwen2.5-Coder-1.5B": {"q15-ruler": Q05, "q15-zip": [ZIP]},
+}
+# prefill costs more than 1.3x the full cache's (docs/contexts.md: the probe ~2.5x at 4K)
+DEAR = {ZIP}
+NAMES.update({ZAP: "KVzap-style (contexts)", ZIP: "KVzip-style (contexts)"})
+BOOTSTRAP = 2000
+
 
 
 def task_name(label):
@@ -64,10 +82,10 @@ def task_name(label):
     name = label.split(":", 1)[0]
     return name + "+text" if "haystack=text" in label else name
 
-def load(root):
+def load(root, groups=None):
     """{(group, task, policy, share): row} (the full cache's share is "-") and notes on what was skipped."""
     cells, notes = {}, []
-    for group in GROUPS:
+    for group in groups or GROUPS:
         for path in sorted((Path(root) / "docs" / "qwen" / group).glob("shard-*/results.jsonl")):
             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 try:
@@ -279,6 +297,90 @@ def acceptance(cells):
     return "\n".join(out)
 
 
+def decide_cells(cells, groups, task, policy, share):
+    """The per-item accuracies of a policy's cell of a task from the first of `groups` that has it."""
+    for g in groups:
+        row = cells.get((g, task, policy, "-" if policy == "full" else share))
+        if row and acc(row):
+            return acc(row)
+    return None
+
+
+def stratified(pairs, seed):
+    """(mean, lo, hi) over tasks of the per-task mean of a − b, with its 95% paired bootstrap
+    interval: items resampled with replacement within each task, BOOTSTRAP times, percentiles
+    2.5 / 97.5; `pairs`: per task, (a items, b items) of equal length."""
+    import random
+    rng = random.Random(seed)
+    diffs = [[x - y for x, y in zip(a, b)] for a, b in pairs]
+    mean = sum(sum(d) / len(d) for d in diffs) / len(diffs)
+    draws = sorted(
+        sum(sum(d[rng.randrange(len(d))] for _ in d) / len(d) for d in diffs) / len(diffs) for _ in range(BOOTSTRAP)
+    )
+    return mean, draws[int(0.025 * BOOTSTRAP)], draws[int(0.975 * BOOTSTRAP) - 1]
+
+
+def decide_pairs(cells, groups, tasks, policy, ref, share):
+    """Per task measured for both, (policy items, reference items) paired by item index."""
+    out = []
+    for t in tasks:
+        a, b = decide_cells(cells, groups, t, policy, share), decide_cells(cells, groups, t, ref, share)
+        if a and b and len(a) == len(b):
+            out.append((a, b))
+    return out
+
+
+def decide_cell(cells, groups, tasks, policy, share):
+    """'0.84 · −0.06 [−0.09, −0.03] · 300': the mean accuracy over the tasks, the paired difference
+    from the full cache with its bootstrap interval, the items; [k/n]: k of the n tasks so far."""
+    pairs = decide_pairs(cells, groups, tasks, policy, "full", share)
+    if not pairs:
+        return DASH
+    mean = sum(sum(a) / len(a) for a, _ in pairs) / len(pairs)
+    items = sum(len(a) for a, _ in pairs)
+    mark = "" if len(pairs) == len(tasks) else f" [{len(pairs)}/{len(tasks)}]"
+    if policy == "full":
+        return f"{mean:.2f} · {items}{mark}"
+    d, lo, hi = stratified(pairs, seed=0)
+    return f"{mean:.2f} · {signed(d)} [{signed(lo)}, {signed(hi)}] · {items}{mark}"
+
+
+def decide_tables(cells):
+    """Per model and haystack kind: each policy's accuracy, its difference from the full cache and the
+    items behind it; then `auto` against every policy of equal prefill cost over both kinds."""
+    out = []
+    for model, groups in DECIDE.items():
+        policies = list(dict.fromkeys(p for ps in groups.values() for p in ps))
+        for kind, tasks in KINDS.items():
+            out.append(f"**{model}, {kind} haystacks** ({', '.join(tasks)}):\n")
+            out.append("| policy | " + " | ".join(f"{s} kept" for s in DECIDE_SHARES) + " |")
+            out.append("|---|" + "---:|" * len(DECIDE_SHARES))
+            for p in policies:
+                shares = DECIDE_SHARES[:1] if p == "full" else DECIDE_SHARES
+                vals = [decide_cell(cells, groups, tasks, p, s) for s in shares]
+                out.append(f"| {label(p)} | " + " | ".join(vals + [""] * (len(DECIDE_SHARES) - len(vals))) + " |")
+            out.append("")
+        out.append(f"**{model}, `auto` − each policy of equal prefill cost, both kinds:**\n")
+        out.append("| policy | " + " | ".join(f"{s} kept" for s in DECIDE_SHARES) + " |")
+        out.append("|---|" + "---:|" * len(DECIDE_SHARES))
+        every = KINDS["noise"] + KINDS["text"]
+        for p in policies:
+            if p in ("full", "auto") or p in DEAR:
+                continue
+            vals = []
+            for s in DECIDE_SHARES:
+                pairs = decide_pairs(cells, groups, every, "auto", p, s)
+                if not pairs:
+                    vals.append(DASH)
+                    continue
+                d, lo, hi = stratified(pairs, seed=0)
+                verdict = "better" if lo > 0 else "worse" if hi < 0 else "even"
+                vals.append(f"{signed(d)} [{signed(lo)}, {signed(hi)}] {verdict} · {sum(len(a) for a, _ in pairs)}")
+            out.append(f"| {label(p)} | " + " | ".join(vals) + " |")
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default=str(Path(__file__).resolve().parents[1]), help="the repository (docs/qwen/GROUP/shard-*/)")
@@ -286,7 +388,7 @@ def main(argv=None):
     ap.add_argument("--write", action="store_true",
                     help="rewrite the generated parts of docs/qwen/results.md and README.md in place instead of printing")
     args = ap.parse_args(argv)
-    cells, notes = load(args.root)
+    cells, notes = load(args.root, list(GROUPS) + [g for groups in DECIDE.values() for g in groups])
     if args.write:
         write_docs(Path(args.root), full_report(cells, notes), average_table(cells))
         return
@@ -322,6 +424,7 @@ def full_report(cells, notes):
         ("Compress once, ask many", f"{MQ}: the context is compressed before four questions are asked one at a time; share of the questions answered (% of full).", metric_table(cells, MQ, "recall", 2)),
         ("Code completion: edit similarity", "lcc (group lcc-a, 39 items of ~2K tokens): edit similarity of the first generated line (% of full).", metric_table(cells, LCC, "edit_sim", 3)),
         ("Code completion: exact match", "The same cells' exact match of the first line (% of full).", metric_table(cells, LCC, "exact", 3)),
+        ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler and q05-zip (0.5B), q15-ruler and q15-zip (1.5B), `scripts/qwen_matrix.sh`.", decide_tables(cells)),
         ("Acceptance (issue #34)", "Best: over the rows above, among those covering the most tasks; `auto` − H2O / SnapKV: all three from r4k-auto, and from lcc-a for code completion (one build, the same items), paired: mean per-item accuracy difference with its 95% t-interval (as crates/eval/src/paired.rs).", acceptance(cells)),
     ]
     if notes:

@@ -113,3 +113,34 @@ def test_specs_parse_to_row_values():
     got = auto_table.parse("h2o:recent_share=0.125,prefill=kvzap,alloc=global", keys)
     assert got == ("sum", 0, (7, 8), "kvzap", "global")
     assert auto_table.parse("h2o:recent_share=0.125,heavy=3", keys) is None
+
+
+def test_a_complete_ruler_group_makes_the_models_reply_rows(tmp_path):
+    """q05-ruler (synthetic shards): once every candidate has every task of both haystacks at 50
+    items, the 0.5B gets reply rows with the best mean accuracy (SnapKV here); one task short,
+    none (the model keeps the defaults)."""
+    root = copy(tmp_path)
+    qt = auto_table.qwen_tables
+    group = root / "docs" / "qwen" / "q05-ruler"
+    shutil.rmtree(group, ignore_errors=True)
+    accuracy = {"full": 1.0, "h2o": 0.2, "h2o:prefill=snap:32": 0.9, "h2o:prefill=expect": 0.4, "window": 1.0}
+
+    def write(tasks):
+        lines = []
+        for t in tasks:
+            spec = t.replace("+text", ":haystack=text,") + ("" if "+text" in t else ":") + "lengths=4096"
+            for policy, a in accuracy.items():
+                for share in ["-"] if policy == "full" else qt.DECIDE_SHARES:
+                    per = [1.0] * round(50 * a) + [0.0] * (50 - round(50 * a))
+                    lines.append({"policy": policy, "budget": share, "task": spec, "items": 50,
+                                  "metrics": {"acc": a}, "per_item": {"acc": per}, "git_commit": "ad48728"})
+        (group / "shard-0").mkdir(parents=True, exist_ok=True)
+        (group / "shard-0" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+    every = qt.KINDS["noise"] + qt.KINDS["text"]
+    write(every)
+    got = [r for r in json.loads(auto_table.table(root))["rows"] if r["model"] == "qwen2:24x896" and r["use"] == "reply"]
+    assert [(r["share"], r["prefill"], r["score"]) for r in got] == [(s, "snap:32", "sum") for s in (50.0, 25.0, 12.5)]
+    assert "90.0%" in got[0]["why"], "window is no H2O variant, so SnapKV's 90% wins"
+    write(every[:-1])
+    assert not [r for r in json.loads(auto_table.table(root))["rows"] if r["model"] == "qwen2:24x896" and r["use"] == "reply"]

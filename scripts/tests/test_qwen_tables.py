@@ -156,3 +156,28 @@ def test_write_rewrites_only_the_generated_parts(tmp_path):
     assert lines[:3] == ["top", "<!-- generated: python3 scripts/qwen_tables.py --summary -->", ""]
     assert lines[3].startswith("| policy | 75% kept") and "| old | table |" not in lines
     assert lines[-3:] == ["", "prose after", ""]
+
+
+def test_the_stratified_bootstrap_pairs_items_within_tasks():
+    # equal differences: the interval is the point
+    assert qt.stratified([([1.0, 1.0], [0.0, 0.0]), ([0.5, 0.5], [0.5, 0.5])], seed=0) == (0.5, 0.5, 0.5)
+    # a spread of differences: the mean of the task means, inside its interval, the same twice
+    pairs = [([1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]), ([0.0] * 4, [1.0, 0.0, 0.0, 0.0])]
+    mean, lo, hi = qt.stratified(pairs, seed=0)
+    assert math.isclose(mean, (0.5 - 0.25) / 2) and lo < mean < hi
+    assert qt.stratified(pairs, seed=0) == (mean, lo, hi)
+
+
+def test_decide_tables_pair_groups_by_task_and_item(tmp_path):
+    """A policy from a second group (q05-zip) pairs with the first group's full cache item by item."""
+    def task_row(task, policy, budget, acc):
+        r = row(task, policy, budget, acc)
+        r["task"] = task.replace("+text", "") + (":haystack=text," if "+text" in task else ":") + "lengths=4096"
+        return r
+    shard(tmp_path, "q05-ruler", 0, [task_row("passkey", "full", "-", [1.0, 1.0, 0.0, 1.0]),
+                                     task_row("passkey+text", "full", "-", [1.0] * 4)])
+    shard(tmp_path, "q05-zip", 0, [task_row("passkey", qt.ZIP, "25%", [1.0, 0.0, 0.0, 1.0])])
+    cells, _ = qt.load(tmp_path, ["q05-ruler", "q05-zip"])
+    text = qt.decide_tables(cells)
+    assert "| full cache `full` | 0.75 · 4 [1/7] |" in text
+    assert "0.50 · −0.25 [" in text and "· 4 [1/7] |" in text
