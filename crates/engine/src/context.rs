@@ -24,9 +24,7 @@
 //! sequential pass (a 4.4 MiB context loaded in 0.02 s, `kvslim generate
 //! --context`).
 
-use crate::generate::{
-    check_fits, continue_generation, new_token_limit_at, prefill_shared, GenerateOptions, Generation,
-};
+use crate::generate::{check_fits, new_token_limit_at, prefill_shared, GenerateOptions, Generation};
 use crate::lockstep::{self, Lockstep};
 use crate::session::Session;
 use crate::{EngineError, Result};
@@ -334,22 +332,19 @@ impl Context {
 
     /// Answers `question` (its tokens, chat template applied by the caller)
     /// on a fork: [`Context::ask`] then generation as `opts` says
-    /// (`opts.policy` is not read: the context's policy runs). The answer's
-    /// `time_to_first_token_s` is the question's feed plus the first
-    /// sample; `prompt_tokens` counts the context and the question.
+    /// (`opts.policy` is not read: the context's policy runs);
+    /// `on_token` sees each new id and returns `false` to stop. The
+    /// answer's `time_to_first_token_s` is the question's feed plus the
+    /// first sample; `prompt_tokens` counts the context and the question.
     pub fn generate(
         &self,
         model: &Model,
         question: &[u32],
         opts: &GenerateOptions,
-        on_token: impl FnMut(u32) -> bool,
+        mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<Generation> {
-        let start = Instant::now();
-        let (mut s, logits) = self.ask(model, question, opts.max_tokens)?;
-        let asked = start.elapsed().as_secs_f64();
-        let mut g = continue_generation(&mut s, &logits, opts, on_token)?;
-        g.time_to_first_token_s += asked;
-        Ok(g)
+        let mut g = Self::answer(model, &[(self, question, opts)], |_, t| on_token(t))?;
+        Ok(g.pop().expect("one answer per question"))
     }
 
     /// Answers every `(context, question, options)` of `asks` as
@@ -359,25 +354,43 @@ impl Context {
     /// `generate`'s bit for bit; its `time_to_first_token_s` counts from the
     /// start of the call.
     pub fn answer_each(model: &Model, asks: &[(&Context, &[u32], &GenerateOptions)]) -> Result<Vec<Generation>> {
+        Self::answer(model, asks, |_, _| true)
+    }
+
+    fn answer(
+        model: &Model,
+        asks: &[(&Context, &[u32], &GenerateOptions)],
+        on_token: impl FnMut(usize, u32) -> bool,
+    ) -> Result<Vec<Generation>> {
         let start = Instant::now();
-        let mut runs = Vec::with_capacity(asks.len());
-        let mut prompt_tokens = Vec::with_capacity(asks.len());
+        // per ask: its fork, the logits of its question when fed as a chunk, and its token limit
+        let mut forks = Vec::with_capacity(asks.len());
         for &(ctx, question, opts) in asks {
             opts.sampling.validate().map_err(EngineError::Request)?;
-            let at = ctx.cache.next_pos() + question.len();
-            let (eos, sampling) = (opts.eos.clone(), opts.sampling.clone());
-            runs.push(if ctx.question_as_chunk() {
+            let (s, logits) = if ctx.question_as_chunk() {
                 let (s, logits) = ctx.ask(model, question, opts.max_tokens)?;
-                let max_new = new_token_limit_at(&s, at, opts.max_tokens);
-                Lockstep::after_logits(s, sampling, eos, &logits, (max_new, start.elapsed().as_secs_f64()))
+                (s, Some(logits))
             } else {
-                let s = ctx.fork_for(model, question, opts.max_tokens)?;
-                let max_new = new_token_limit_at(&s, at, opts.max_tokens);
-                Lockstep::after_tokens(s, sampling, eos, question.to_vec(), max_new)
-            });
-            prompt_tokens.push(at);
+                (ctx.fork_for(model, question, opts.max_tokens)?, None)
+            };
+            let at = ctx.cache.next_pos() + question.len();
+            let max_new = new_token_limit_at(&s, at, opts.max_tokens);
+            forks.push((s, logits, max_new, at));
         }
-        lockstep::run(&mut runs, |_, _| true)?;
+        let asked = start.elapsed().as_secs_f64();
+        let prompt_tokens: Vec<usize> = forks.iter().map(|f| f.3).collect();
+        let mut runs: Vec<Lockstep<'_, '_>> = forks
+            .iter_mut()
+            .zip(asks)
+            .map(|((s, logits, max_new, _), &(_, question, o))| {
+                let (eos, sampling) = (o.eos.clone(), o.sampling.clone());
+                match logits {
+                    Some(l) => Lockstep::after_logits(s, sampling, eos, l, (*max_new, asked)),
+                    None => Lockstep::after_tokens(s, sampling, eos, question.to_vec(), *max_new),
+                }
+            })
+            .collect();
+        lockstep::run(&mut runs, on_token)?;
         Ok(runs.into_iter().zip(prompt_tokens).map(|(r, n)| r.into_generation(n)).collect())
     }
 

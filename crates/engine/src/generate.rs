@@ -3,7 +3,7 @@
 //! several policies at once over one shared prefill ([`generate_shared`]).
 
 use crate::lockstep::{self, Lockstep};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::SamplingParams;
 use crate::session::Session;
 use crate::{EngineError, Result};
 use kvslim_cache::{KvBytes, PolicySpec};
@@ -129,35 +129,16 @@ pub fn generate_shared(
     }
     let mut sessions: Vec<&mut Session<'_>> = runs.iter_mut().map(|r| &mut r.0).collect();
     let first = prefill_shared(model, prompt, &mut sessions)?;
-    let mut steps: Vec<Lockstep<'_>> = runs
-        .into_iter()
+    let mut steps: Vec<Lockstep<'_, '_>> = runs
+        .iter_mut()
         .zip(first)
         .zip(opts)
         .map(|(((session, max_new), (logits, prefill_s)), o)| {
-            Lockstep::after_logits(session, o.sampling.clone(), o.eos.clone(), &logits, (max_new, prefill_s))
+            Lockstep::after_logits(session, o.sampling.clone(), o.eos.clone(), &logits, (*max_new, prefill_s))
         })
         .collect();
     lockstep::run(&mut steps, on_token)?;
     Ok(steps.into_iter().map(|r| r.into_generation(prompt.len())).collect())
-}
-
-/// Continues `session` from `logits`, those of the last token it was fed:
-/// samples and decodes as [`generate`] does after its prefill, up to
-/// `opts.max_tokens` new tokens (fewer where the model's context ends and
-/// the cache is not bounded). The session's own policy runs; `opts.policy`
-/// is not read. For a context prefilled once and forked per question.
-pub fn continue_generation(
-    session: &mut Session<'_>,
-    logits: &[f32],
-    opts: &GenerateOptions,
-    on_token: impl FnMut(u32) -> bool,
-) -> Result<Generation> {
-    opts.sampling.validate().map_err(EngineError::Request)?;
-    let at = session.position();
-    let max_new = new_token_limit(session, opts.max_tokens);
-    let mut sampler = Sampler::new(opts.sampling.clone());
-    let next = sampler.sample(logits);
-    decode(session, &mut sampler, opts, next, max_new, 0.0, at, on_token)
 }
 
 /// Feeds `prompt` to every one of `sessions` (fresh), sharing prefills
@@ -199,41 +180,6 @@ pub fn prefill_shared(
         }
     }
     Ok(first.into_iter().map(|f| f.expect("every session prefilled")).collect())
-}
-
-/// Decode steps after the prompt: `next` is the first sampled id.
-#[allow(clippy::too_many_arguments)]
-fn decode(
-    session: &mut Session<'_>,
-    sampler: &mut Sampler,
-    opts: &GenerateOptions,
-    mut next: u32,
-    max_new: usize,
-    ttft: f64,
-    prompt_tokens: usize,
-    mut on_token: impl FnMut(u32) -> bool,
-) -> Result<Generation> {
-    let decode_start = Instant::now();
-    let mut out = Vec::with_capacity(max_new);
-    let mut stop = StopReason::MaxTokens;
-    while out.len() < max_new {
-        if let Some(reason) = take_token(next, &opts.eos, &mut out, &mut on_token) {
-            stop = reason;
-            break;
-        }
-        if out.len() == max_new {
-            break;
-        }
-        next = sampler.sample(session.feed(&[next], Logits::Last)?);
-    }
-    Ok(Generation {
-        token_ids: out,
-        prompt_tokens,
-        stop,
-        time_to_first_token_s: ttft,
-        decode_s: decode_start.elapsed().as_secs_f64(),
-        kv_bytes: session.kv_bytes(),
-    })
 }
 
 /// Takes `t` into the output (`out`, and the caller's `on_token`) unless it

@@ -14,9 +14,9 @@ use kvslim_models::transformer::{BatchItem, BatchScratch};
 use kvslim_models::Logits;
 use std::time::Instant;
 
-/// One generation in a lockstep run.
-pub(crate) struct Lockstep<'m> {
-    pub session: Session<'m>,
+/// One generation in a lockstep run, on a session it borrows.
+pub(crate) struct Lockstep<'a, 'm> {
+    session: &'a mut Session<'m>,
     sampler: Sampler,
     eos: Vec<u32>,
     /// Fed one decode step each before the first sample (a question).
@@ -33,12 +33,12 @@ pub(crate) struct Lockstep<'m> {
     decode_s: f64,
 }
 
-impl<'m> Lockstep<'m> {
+impl<'a, 'm> Lockstep<'a, 'm> {
     /// A generation whose first token is sampled from `logits` (its
     /// prefill's, which took `ttft` seconds so far); at most `max_new`
     /// tokens.
     pub fn after_logits(
-        session: Session<'m>,
+        session: &'a mut Session<'m>,
         sampling: SamplingParams,
         eos: Vec<u32>,
         logits: &[f32],
@@ -66,7 +66,7 @@ impl<'m> Lockstep<'m> {
     /// A generation that first feeds `forced` (non-empty), one decode step
     /// per token, and samples its first token from the last one's logits.
     pub fn after_tokens(
-        session: Session<'m>,
+        session: &'a mut Session<'m>,
         sampling: SamplingParams,
         eos: Vec<u32>,
         forced: Vec<u32>,
@@ -139,7 +139,7 @@ impl<'m> Lockstep<'m> {
 /// bit). `on_token(i, id)` sees run `i`'s ids and returns `false` to stop
 /// it. A lone running generation, and a cache still collecting a CHAI
 /// probe (it records every head), step alone.
-pub(crate) fn run(runs: &mut [Lockstep<'_>], mut on_token: impl FnMut(usize, u32) -> bool) -> Result<()> {
+pub(crate) fn run(runs: &mut [Lockstep<'_, '_>], mut on_token: impl FnMut(usize, u32) -> bool) -> Result<()> {
     let Some(model) = runs.first().map(|r| r.session.model) else { return Ok(()) };
     let start = Instant::now();
     let mut batch = BatchScratch::new();

@@ -49,8 +49,10 @@ impl CacheShape {
 /// How a one-chunk prefill computes its attention output: the tiled kernel
 /// (column sums, SnapKV's window, TOVA's last query and no scores at all),
 /// or query by query with the decode kernel (a score rule that depends on
-/// the order of every query, [`crate::policy::ScoreRule::needs_every_query`]). The two round differently, so only caches of the same kernel
-/// can share a prefill's hidden states ([`SequenceCache::shared_prefill_kernel`]).
+/// the order of every query,
+/// [`crate::policy::ScoreRule::needs_every_query`]). The two round
+/// differently, so only caches of the same kernel can share a prefill's
+/// hidden states ([`SequenceCache::shared_prefill_kernel`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrefillKernel {
     Tiled,
