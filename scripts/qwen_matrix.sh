@@ -86,6 +86,7 @@
 #
 #   bash scripts/qwen_matrix.sh build GROUP      the group's pinned binary only
 #   bash scripts/qwen_matrix.sh run GROUP        both shards of GROUP (resumes a cut-off run)
+#   bash scripts/qwen_matrix.sh queue GROUP...   run each group in turn (the next starts when one ends)
 #   bash scripts/qwen_matrix.sh status           finished cells per group and shard
 #   bash scripts/qwen_matrix.sh merge GROUP      → docs/qwen/GROUP/merged (tables, plots)
 #
@@ -205,6 +206,15 @@ case "${1:-}" in
         --shard "$i/$LANES" --resume --out "$OUT/$2/shard-$i" > "$OUT/$2/shard-$i.log" 2>&1) &
     done
     wait
+    ;;
+  queue)
+    shift
+    for g in "$@"; do
+      group "$g"  # every name checked before the first starts
+    done
+    for g in "$@"; do
+      bash "$0" run "$g"
+    done
     ;;
   status)
     for d in "$OUT"/*/shard-*; do
