@@ -388,14 +388,16 @@ def main(argv=None):
     ap.add_argument("--write", action="store_true",
                     help="rewrite the generated parts of docs/qwen/results.md and README.md in place instead of printing")
     args = ap.parse_args(argv)
-    cells, notes = load(args.root, list(GROUPS) + [g for groups in DECIDE.values() for g in groups])
+    # the 1.5B matrix's groups and the rankings' groups are read apart, so no table mixes models
+    cells, notes = load(args.root)
+    decided, more = load(args.root, [g for groups in DECIDE.values() for g in groups])
     if args.write:
-        write_docs(Path(args.root), full_report(cells, notes), average_table(cells))
+        write_docs(Path(args.root), full_report(cells, decided, notes + more), average_table(cells))
         return
     if args.summary:
         print(average_table(cells))
         return
-    print(full_report(cells, notes))
+    print(full_report(cells, decided, notes + more))
 
 
 def write_docs(root, report, summary):
@@ -414,7 +416,7 @@ def write_docs(root, report, summary):
     readme.write_text("\n".join(lines[:at] + summary.split("\n") + lines[end:]))
 
 
-def full_report(cells, notes):
+def full_report(cells, decided, notes):
     sections = [
         ("Coverage", "Finished / expected cells per group and task (empty: not in the group), and the commit the cells ran at.", coverage(cells)),
         ("RULER-4K average", f"Mean accuracy over the six RULER tasks at 4,096 tokens ({', '.join(RULER)}), in brackets % of the full cache's mean over the same tasks "
@@ -424,7 +426,7 @@ def full_report(cells, notes):
         ("Compress once, ask many", f"{MQ}: the context is compressed before four questions are asked one at a time; share of the questions answered (% of full).", metric_table(cells, MQ, "recall", 2)),
         ("Code completion: edit similarity", "lcc (group lcc-a, 39 items of ~2K tokens): edit similarity of the first generated line (% of full).", metric_table(cells, LCC, "edit_sim", 3)),
         ("Code completion: exact match", "The same cells' exact match of the first line (% of full).", metric_table(cells, LCC, "exact", 3)),
-        ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler and q05-zip (0.5B), q15-ruler and q15-zip (1.5B), `scripts/qwen_matrix.sh`.", decide_tables(cells)),
+        ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler and q05-zip (0.5B), q15-ruler and q15-zip (1.5B), `scripts/qwen_matrix.sh`.", decide_tables(decided)),
         ("Acceptance (issue #34)", "Best: over the rows above, among those covering the most tasks; `auto` − H2O / SnapKV: all three from r4k-auto, and from lcc-a for code completion (one build, the same items), paired: mean per-item accuracy difference with its 95% t-interval (as crates/eval/src/paired.rs).", acceptance(cells)),
     ]
     if notes:

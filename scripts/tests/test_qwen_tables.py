@@ -181,3 +181,15 @@ def test_decide_tables_pair_groups_by_task_and_item(tmp_path):
     text = qt.decide_tables(cells)
     assert "| full cache `full` | 0.75 · 4 [1/7] |" in text
     assert "0.50 · −0.25 [" in text and "· 4 [1/7] |" in text
+
+
+def test_the_rankings_groups_stay_out_of_the_15b_tables(tmp_path, capsys):
+    """A 0.5B cell (q05-ruler) shows in the rankings, never in the 1.5B matrix's tables."""
+    fixture(tmp_path)
+    shard(tmp_path, "q05-ruler", 0, [row("passkey", qt.ZAP, "25%", [1.0, 1.0, 1.0, 1.0]),
+                                     row("passkey", "full", "-", [1.0, 1.0, 1.0, 1.0])])
+    qt.main(["--root", str(tmp_path)])
+    out = capsys.readouterr().out
+    before, after = out.split("## Rankings that decide")
+    assert qt.ZAP not in before
+    assert qt.ZAP in after and "1.00 · +0.00" in after
