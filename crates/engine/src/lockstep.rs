@@ -121,17 +121,19 @@ impl<'a, 'm> Lockstep<'a, 'm> {
         self.stop.is_none().then_some(t)
     }
 
-    /// Takes the logits of the token just fed: samples from them once the
-    /// forced tokens are all in.
-    fn take_logits(&mut self, logits: &[f32], since: &Instant) {
-        if self.fed < self.forced.len() {
-            return;
-        }
-        let first = self.next.is_none() && self.out.is_empty();
-        self.next = Some(self.sampler.sample(logits));
-        if first && !self.forced.is_empty() {
+    /// Whether the token just fed gives the logits to sample from (the
+    /// forced tokens are all in).
+    fn samples(&self) -> bool {
+        self.fed >= self.forced.len()
+    }
+
+    /// Keeps `next`, sampled from the logits of the token just fed; the
+    /// first sample after forced tokens ends the time to the first token.
+    fn sampled(&mut self, next: u32, since: &Instant) {
+        if self.out.is_empty() && self.next.is_none() && !self.forced.is_empty() {
             self.ttft += since.elapsed().as_secs_f64();
         }
+        self.next = Some(next);
     }
 }
 
@@ -160,8 +162,13 @@ pub(crate) fn run(runs: &mut [Lockstep<'_, '_>], mut on_token: impl FnMut(usize,
         for &(i, t) in &fed {
             let r = &mut runs[i];
             if lone || r.session.cache.collecting_probe() {
-                let logits = r.session.feed(&[t], Logits::Last)?.to_vec();
-                r.take_logits(&logits, &start);
+                // a forced token that is not the last needs no logits
+                let samples = r.samples();
+                let logits = r.session.feed(&[t], if samples { Logits::Last } else { Logits::None })?;
+                let next = samples.then(|| r.sampler.sample(logits));
+                if let Some(next) = next {
+                    r.sampled(next, &start);
+                }
             } else {
                 together.push((i, t));
             }
@@ -169,18 +176,24 @@ pub(crate) fn run(runs: &mut [Lockstep<'_, '_>], mut on_token: impl FnMut(usize,
         if together.is_empty() {
             continue;
         }
+        // `together` is in run order: one pass pairs each with its run
+        let mut pending = together.iter().peekable();
         let mut items: Vec<BatchItem<'_>> = runs
             .iter_mut()
             .enumerate()
             .filter_map(|(i, r)| {
-                let &(_, token) = together.iter().find(|(j, _)| *j == i)?;
+                let &(_, token) = pending.next_if(|(j, _)| *j == i)?;
                 Some(BatchItem { token, cache: &mut r.session.cache })
             })
             .collect();
         model.forward_batch_exact(&mut items, &mut batch)?;
         drop(items);
         for (k, &(i, _)) in together.iter().enumerate() {
-            runs[i].take_logits(batch.logits(k), &start);
+            let r = &mut runs[i];
+            if r.samples() {
+                let next = r.sampler.sample(batch.logits(k));
+                r.sampled(next, &start);
+            }
         }
     }
 }
