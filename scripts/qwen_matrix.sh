@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # The fidelity matrix on Qwen2.5-Coder-1.5B (issue #34), run in groups of
-# policy families across sessions, two lanes (shards) of one thread each,
-# every cell of a group from the binary of the group's pinned commit built
+# policy families across sessions, in lanes (shards), every cell of a group from the binary of the group's pinned commit built
 # in its own worktree; a shard's fingerprint (shard.json) includes the
 # commit, so shards of different builds are never merged together.
 #
@@ -72,25 +71,34 @@
 #   tiled prefill is ~25 s of every item. About 45 s per item and lane,
 #   so about 8 hours per lane. The KVzip-style cells (its probe costs ~55 s
 #   more per item and lane) are left to their own group.
-# Queued after it, pinned at the same build, estimated from its costs:
-#   q05-zip   the KVzip-style cells as `auto` runs them for a context, in
-#             ONE lane (the probe is paid per item, so two lanes would pay
-#             it twice): 3 cells per task, ~65 s per item, ~12 hours;
-#             paired with q05-ruler's full and KVzap cells by task and item.
+#   Closed after its first three tasks (passkey in both haystacks,
+#   niah_single on noise): two one-thread lanes shard by cell, so each lane
+#   paid every item's prefill. One lane of two threads pays it once for
+#   all 25 cells: measured with the matrix paused, two passkey items of
+#   q05-ruler's 25 cells took 48 s that way against 87 s as two one-thread
+#   lanes side by side, the same results cell for cell (every kernel
+#   splits its work by output rows, so the thread count changes no sum).
+# Group q05-ruler-b: q05-ruler's other ten tasks, same build and cells, in
+#   one lane of two threads: about 23 s per item, about 4 hours.
+# Queued after it, pinned at the same build, one lane of two threads each:
+#   q05-zip   the KVzip-style cells as `auto` runs them for a context
+#             (the probe is paid per item): 3 cells per task, paired with
+#             q05-ruler's full and KVzap cells by task and item; ~35 s per
+#             item (its probe ~2.2 prefills), ~6.5 hours.
 #   q05-lcc   all 117 LCC items (~2K, ~4K and ~8K tokens), q05-ruler's
-#             cells: about 1.5 hours per lane.
+#             cells: about 1 hour.
 #   q05-r8k   the same tasks at 8,192 tokens, ten items per task: about
-#             4 hours per lane.
+#             2.5 hours.
 #   q15-ruler q05-ruler on Qwen2.5-Coder-1.5B (~3x the 0.5B per item):
-#             about 23 hours per lane.
+#             about 13 hours.
 #
 #   bash scripts/qwen_matrix.sh build GROUP      the group's pinned binary only
-#   bash scripts/qwen_matrix.sh run GROUP        both shards of GROUP (resumes a cut-off run)
+#   bash scripts/qwen_matrix.sh run GROUP        the lanes of GROUP (resumes a cut-off run)
 #   bash scripts/qwen_matrix.sh queue GROUP...   run each group in turn (the next starts when one ends)
 #   bash scripts/qwen_matrix.sh status           finished cells per group and shard
 #   bash scripts/qwen_matrix.sh merge GROUP      → docs/qwen/GROUP/merged (tables, plots)
 #
-# Results go to docs/qwen/GROUP/shard-{0,1} (commit them as they grow).
+# Results go to docs/qwen/GROUP/shard-I, one per lane (commit them as they grow).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -111,9 +119,13 @@ both_haystacks() {
 RULER4K50=$(both_haystacks "lengths=4096,depths=0.1,0.3,0.5,0.7,0.9,per_cell=10")
 RULER8K=$(both_haystacks "lengths=8192,depths=0.1,0.3,0.5,0.7,0.9,per_cell=2")
 BUDGETS=50%,25%,12.5%
-# lanes (one-thread shards) per group; a group whose cost is per item
-# rather than per cell (the KVzip probe) runs in one
+# lanes (shards by cell) per group and threads per lane; a group whose cells
+# share one prefill per item runs in one lane of two threads, which pays it
+# once (the thread count changes no result)
 LANES=2
+THREADS=1
+# set for a group that will not run again, saying why
+CLOSED=
 
 # the binary of commit $1, built once in its own worktree
 pin() {
@@ -141,31 +153,38 @@ group() {
     q05-r4k) MODEL=qwen2.5-coder-0.5b
              POLICIES="full;window;sink;h2o;h2o:agg=max,score=tova;h2o:prefill=snap:32;h2o:prefill=expect;auto"
              TASKS=$RULER4K50
+             CLOSED="superseded by q05-ruler after 1.2 of its 13 tasks"
              pin 4065e2ee3eb915e04048118f591f7cbffd324680 ;;
     q05-zap) MODEL=qwen2.5-coder-0.5b
              POLICIES="full;h2o:recent_share=0.125,prefill=kvzap,alloc=global;h2o:recent_share=0.125,prefill=kvzip,alloc=global"
              TASKS=$RULER4K50
+             CLOSED="replaced by q05-ruler's KVzap cells and q05-zip before it started"
              pin d03327432c861d957cfdbd867e10bdff37854ec1 ;;
     q05-ruler) MODEL=qwen2.5-coder-0.5b
              POLICIES=$Q05
              TASKS=$RULER4K50
+             CLOSED="closed after its first three tasks; the other ten run as q05-ruler-b"
              pin ad487289f741f4399f40b4bb6e464ab9fa5b076c ;;
-    q05-zip) MODEL=qwen2.5-coder-0.5b LANES=1
+    q05-ruler-b) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
+             POLICIES=$Q05
+             TASKS=$(echo "$RULER4K50" | cut -d';' -f4-)
+             pin ad487289f741f4399f40b4bb6e464ab9fa5b076c ;;
+    q05-zip) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
              POLICIES="h2o:recent_share=0.125,prefill=kvzip,alloc=global"
              TASKS=$RULER4K50
              pin ad487289f741f4399f40b4bb6e464ab9fa5b076c ;;
-    q05-lcc) MODEL=qwen2.5-coder-0.5b
+    q05-lcc) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
              POLICIES=$Q05
              TASKS="lcc:$S/data/code_completion/stdlib_lcc.jsonl"
              pin ad487289f741f4399f40b4bb6e464ab9fa5b076c ;;
-    q05-r8k) MODEL=qwen2.5-coder-0.5b
+    q05-r8k) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
              POLICIES=$Q05
              TASKS=$RULER8K
              pin ad487289f741f4399f40b4bb6e464ab9fa5b076c ;;
-    q15-ruler) POLICIES=$Q05
+    q15-ruler) LANES=1 THREADS=2 POLICIES=$Q05
              TASKS=$RULER4K50
              pin ad487289f741f4399f40b4bb6e464ab9fa5b076c ;;
-    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-zip, q05-lcc, q05-r8k, q15-ruler)" >&2; exit 2 ;;
+    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-zip, q05-lcc, q05-r8k, q15-ruler)" >&2; exit 2 ;;
   esac
 }
 
@@ -196,12 +215,16 @@ case "${1:-}" in
     ;;
   run)
     group "${2:-}"
+    if [ -n "$CLOSED" ]; then
+      echo "$2: $CLOSED"
+      exit 0
+    fi
     build
     "$BIN" fetch "$MODEL" > /dev/null
     mkdir -p "$OUT/$2"
     for i in $(seq 0 $((LANES - 1))); do
       # from inside the pinned tree: results record the commit `git rev-parse` finds there
-      (cd "$TREE" && RAYON_NUM_THREADS=1 nice -n 19 "$BIN" eval --model "$MODEL" --threads 1 \
+      (cd "$TREE" && RAYON_NUM_THREADS=$THREADS nice -n 19 "$BIN" eval --model "$MODEL" --threads "$THREADS" \
         --policies "$POLICIES" --budgets "$BUDGETS" --tasks "$TASKS" \
         --shard "$i/$LANES" --resume --out "$OUT/$2/shard-$i" > "$OUT/$2/shard-$i.log" 2>&1) &
     done
