@@ -5,6 +5,7 @@
 //! only in how rows map to positions and caches.
 
 use super::block::Products;
+use super::prefill::Output;
 use super::probe::{row_position, ProbeSegment};
 use super::scratch::{BatchScratch, Scratch};
 use super::{Logits, Model};
@@ -72,10 +73,12 @@ impl Model {
     /// ([`SequenceCache::shared_prefill_kernel`]), so every matrix product
     /// runs once; per layer each of `others` runs only its policy's side of
     /// the attention (scores, SnapKV's window, the choice of what stays),
-    /// then `cache` computes the output; caches whose policies score the
-    /// same way ([`kvslim_cache::PrefillCandidates::scoring_key`]: H2O at
-    /// every budget, its allocators, `score=norm`) attend once for all of
-    /// them. Each cache ends bit-identical to
+    /// and one cache computes the output too: the first whose tiled pass
+    /// sums columns anyway (it adds only the value products), else `cache`;
+    /// caches whose policies score the same way
+    /// ([`kvslim_cache::PrefillCandidates::scoring_key`]: H2O at every
+    /// budget, its allocators, `score=norm`) attend once for all of them.
+    /// Each cache ends bit-identical to
     /// its own [`Model::forward`] of `tokens`, and so do the logits. Fails
     /// unless every cache shares the same prefill kernel. With no `others`
     /// this is [`Model::forward`].
@@ -235,10 +238,17 @@ impl Model {
         } else {
             scored.clear();
             let chunk = (p0, n, &run.probe[..], scale);
+            // the first cache whose policy sums columns in the tiled kernel
+            // computes the output in the same pass (the output is the same
+            // for every cache), the rest load its scores where they score
+            // alike; `cache` computes it when none did
+            let mut done = false;
             for o in others.iter_mut() {
-                self.prefill_attention(li, o, s, chunk, false, Some(&mut *scored))?;
+                let output = if done { Output::No } else { Output::Offered };
+                done |= self.prefill_attention(li, o, s, chunk, output, Some(&mut *scored))?;
             }
-            self.prefill_attention(li, cache, s, chunk, true, None)?;
+            let output = if done { Output::No } else { Output::Yes };
+            self.prefill_attention(li, cache, s, chunk, output, Some(&mut *scored))?;
         }
         if let Some(t) = s.trace.as_mut() {
             t.att_out.push(s.a.att[..rows * qd].to_vec());

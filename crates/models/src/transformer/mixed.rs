@@ -6,6 +6,7 @@
 
 use super::block::Products;
 use super::forward::BatchItem;
+use super::prefill::Output;
 use super::scratch::{BatchScratch, Scratch};
 use super::{Logits, Model};
 use crate::{Error, Result};
@@ -72,7 +73,7 @@ impl Model {
             if n == 1 {
                 self.decode_attention(li, cache, s, p0, scale)?;
             } else {
-                self.prefill_attention(li, cache, s, (p0, n, &[], scale), true, None)?;
+                self.prefill_attention(li, cache, s, (p0, n, &[], scale), Output::Yes, None)?;
             }
             // the items' rows: RoPE at each one's position, its solo decode attention
             let qkv = [&s.a.q[..], &s.a.k[..], &s.a.v[..]];

@@ -38,6 +38,21 @@ struct Chunk<'a> {
     scale: f32,
 }
 
+/// Which cache of a shared prefill computes a layer's attention output
+/// (`s.a.att`): the others run only their policy's side, and leave `s.a.att`
+/// as it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Output {
+    /// This cache computes it.
+    Yes,
+    /// This cache computes it if its own pass runs the tiled kernel with
+    /// column sums anyway (the output then adds only the value products to
+    /// a pass that is paid already), else only its policy's side.
+    Offered,
+    /// Only the policy's side: another cache computes the output.
+    No,
+}
+
 /// How the tiled kernel folds a block of queries' attention into the
 /// candidates' columns.
 #[derive(Clone, Copy)]
@@ -51,11 +66,12 @@ enum Fold {
 impl Model {
     /// Layer `li`'s attention for `n` chunk tokens at `p0..` and the rows
     /// of a KVzip probe's pieces after them (Q, K, V positioned in `s.a`),
-    /// output in `s.a.att[..rows · q_dim]`. With
-    /// `output` false only the policy's side runs (scores and the choice of
+    /// output in `s.a.att[..rows · q_dim]`. Without the output (see
+    /// [`Output`]) only the policy's side runs (scores and the choice of
     /// what stays, for a cache sharing another's prefill, whose output is
     /// the same): the tiled kernel then skips its value products, or runs
-    /// not at all for a policy without scores; `s.a.att` is left undefined.
+    /// not at all for a policy without scores, and `s.a.att` is not
+    /// written. Returns whether this cache computed the output.
     /// `scored` (a shared prefill's, per layer): the scores each component's
     /// attention gave under each scoring key so far; a cache whose key is
     /// there loads them instead of attending.
@@ -65,18 +81,29 @@ impl Model {
         cache: &mut SequenceCache,
         s: &mut Scratch,
         (p0, n, probe, scale): (usize, usize, &[ProbeSegment], f32),
-        output: bool,
+        output: Output,
         mut scored: Option<&mut Vec<(usize, ScoringKey, AttentionScores)>>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let kvd = self.config.kv_dim();
         let repeat: usize = probe.iter().map(|p| p.rows).sum();
         let rows = n + repeat;
         let chunk = Chunk { li, p0, n: rows, prompt: n, probe, scale };
         let components = cache.layer_heads(li).components.clone();
+        // an offered output is taken or declined once, for every component
+        let mut takes = match output {
+            Output::Yes => Some(true),
+            Output::Offered => None,
+            Output::No => Some(false),
+        };
         for (ci, comp) in components.iter().enumerate() {
             let (k, v) = (&s.a.k[..rows * kvd], &s.a.v[..rows * kvd]);
             cache.gather_candidates(li, ci, p0, k, v, repeat, &mut s.cand)?;
             let key = s.cand.scoring_key();
+            // trace and CHAI's probe need every probability row, and so does
+            // a score rule that depends on the order of every query
+            let observed = s.trace.is_some() || cache.probe_remaining() > 0 || s.cand.needs_every_query();
+            let folds = s.cand.column_sum_aggregation().is_some() && repeat == 0;
+            let output = *takes.get_or_insert(!observed && folds);
             if let (Some(k), false, Some(done)) = (key, output, scored.as_deref()) {
                 if let Some((_, _, sc)) = done.iter().find(|(c, kk, _)| *c == ci && *kk == k) {
                     s.cand.load_attention_scores(sc);
@@ -84,14 +111,11 @@ impl Model {
                     continue;
                 }
             }
-            // trace and CHAI's probe need every probability row, and so does
-            // a score rule that depends on the order of every query
-            let observed = s.trace.is_some() || cache.probe_remaining() > 0 || s.cand.needs_every_query();
             if observed {
-                self.attend_observed(chunk, comp, cache, s);
+                self.attend_observed(chunk, comp, cache, s, output);
             } else {
                 // a KVzip chunk's prompt rows do not score (its probe does)
-                if output || (s.cand.column_sum_aggregation().is_some() && repeat == 0) {
+                if output || folds {
                     self.attend_tiled(chunk, comp, cache, s, output);
                 }
                 if let Some(w) = s.cand.observation_queries() {
@@ -112,7 +136,7 @@ impl Model {
             }
             cache.commit_candidates(li, ci, &mut s.cand)?;
         }
-        Ok(())
+        Ok(takes == Some(true))
     }
 
     /// KVzap: adds each of the chunk's `n` tokens' predicted score (from
@@ -141,8 +165,16 @@ impl Model {
 
     /// Token by token with the decode kernel, recording every head's
     /// probabilities into the trace and CHAI's probe, and each query's
-    /// attention into the candidates' scores.
-    fn attend_observed(&self, chunk: Chunk, comp: &Component, cache: &mut SequenceCache, s: &mut Scratch) {
+    /// attention into the candidates' scores; outputs into `s.a.att` with
+    /// `output`, else into a row that is dropped.
+    fn attend_observed(
+        &self,
+        chunk: Chunk,
+        comp: &Component,
+        cache: &mut SequenceCache,
+        s: &mut Scratch,
+        output: bool,
+    ) {
         let c = &self.config;
         let (hd, g, qd) = (c.head_dim, c.group_size(), c.q_dim());
         let Chunk { li, p0, n, prompt, .. } = chunk;
@@ -151,9 +183,10 @@ impl Model {
         let rep_index =
             |h: usize| comp.reps.iter().position(|&x| x == lh.representative_of[h]).expect("same component");
         let mut probs = Vec::new();
+        let mut dropped = if output { Vec::new() } else { vec![0f32; qd] };
         for t in 0..prompt {
             let visible = old + t + 1;
-            let row = &mut s.a.att[t * qd..(t + 1) * qd];
+            let row = if output { &mut s.a.att[t * qd..(t + 1) * qd] } else { &mut dropped[..] };
             self.attend_representatives(chunk, comp, &s.cand, &s.a.q, t, &mut probs, row);
             let cand = &s.cand;
             let positions = &cand.positions()[..visible];
@@ -246,8 +279,8 @@ impl Model {
     /// KVzip's probe, piece by piece ([`super::probe`]): each piece's rows
     /// attend over a view of the candidates (the first sinks, the piece,
     /// then the piece's own rows), through the tiled kernel or, `observed`,
-    /// token by token (recording the trace); outputs in `s.a.att` when
-    /// `output` or observed. Each candidate gains the most attention a
+    /// token by token (recording the trace); outputs in `s.a.att` with
+    /// `output`. Each candidate gains the most attention a
     /// scoring row of a piece that sees it paid it (any query head of the
     /// group): its own piece's, and every piece's for a sink.
     fn attend_probe(
@@ -276,8 +309,9 @@ impl Model {
             let mut columns = vec![0f32; view.held()];
             if observed {
                 let mut probs = Vec::new();
+                let mut dropped = if output { Vec::new() } else { vec![0f32; qd] };
                 for j in 0..seg.rows {
-                    let row = &mut att[j * qd..(j + 1) * qd];
+                    let row = if output { &mut att[j * qd..(j + 1) * qd] } else { &mut dropped[..] };
                     self.attend_representatives(piece, comp, &view, q, j, &mut probs, row);
                     let visible = view.held() + j + 1;
                     let positions = &view.positions()[..visible];
