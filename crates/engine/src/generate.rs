@@ -6,7 +6,7 @@ use crate::lockstep::{self, Lockstep};
 use crate::sampling::SamplingParams;
 use crate::session::Session;
 use crate::{EngineError, Result};
-use kvslim_cache::{KvBytes, PolicySpec};
+use kvslim_cache::{KvBytes, PolicySpec, PrefillKernel};
 use kvslim_models::{Logits, Model};
 use std::time::Instant;
 
@@ -142,8 +142,8 @@ pub fn generate_shared(
 }
 
 /// Feeds `prompt` to every one of `sessions` (fresh), sharing prefills
-/// where the caches can ([`Model::forward_shared`]: groups of the same
-/// prefill kernel; the rest alone). Returns each session's last logits
+/// where the caches can ([`Model::forward_shared`], groups from
+/// [`share_groups`]; the rest alone). Returns each session's last logits
 /// and the seconds its group's prefill took. Every session ends as its
 /// own `feed(prompt)` would leave it, bit for bit.
 pub fn prefill_shared(
@@ -151,24 +151,28 @@ pub fn prefill_shared(
     prompt: &[u32],
     sessions: &mut [&mut Session<'_>],
 ) -> Result<Vec<(Vec<f32>, f64)>> {
+    let kernels: Vec<Option<PrefillKernel>> = sessions.iter().map(|s| s.cache.shared_prefill_kernel()).collect();
+    let groups = match prompt.len() > 1 {
+        true => share_groups(&kernels, |lead, member| model.shares_prefill(lead, member)),
+        false => (0..sessions.len()).map(|i| vec![i]).collect(),
+    };
     let mut first: Vec<Option<(Vec<f32>, f64)>> = vec![None; sessions.len()];
-    for i in 0..sessions.len() {
-        if first[i].is_some() {
-            continue;
-        }
-        let kernel = sessions[i].cache.shared_prefill_kernel();
+    for members in groups {
         let start = Instant::now();
-        let members: Vec<usize> = match kernel {
-            Some(k) if prompt.len() > 1 => (i..sessions.len())
-                .filter(|&j| first[j].is_none() && sessions[j].cache.shared_prefill_kernel() == Some(k))
-                .collect(),
-            _ => vec![i],
-        };
         let logits = if members.len() == 1 {
-            sessions[i].feed(prompt, Logits::Last)?.to_vec()
+            sessions[members[0]].feed(prompt, Logits::Last)?.to_vec()
         } else {
-            let mut group: Vec<&mut Session<'_>> =
-                sessions.iter_mut().enumerate().filter(|(j, _)| members.contains(j)).map(|(_, s)| &mut **s).collect();
+            // the lead first: the run is its kernel's
+            let mut group: Vec<&mut Session<'_>> = Vec::with_capacity(members.len());
+            let mut rest: Vec<(usize, &mut Session<'_>)> = sessions
+                .iter_mut()
+                .enumerate()
+                .filter(|(j, _)| members.contains(j))
+                .map(|(j, s)| (j, &mut **s))
+                .collect();
+            let at = rest.iter().position(|(j, _)| *j == members[0]).expect("the lead is a member");
+            group.push(rest.remove(at).1);
+            group.extend(rest.into_iter().map(|(_, s)| s));
             let (lead, rest) = group.split_first_mut().expect("two or more members");
             let mut others: Vec<&mut kvslim_cache::SequenceCache> = rest.iter_mut().map(|s| &mut s.cache).collect();
             model.forward_shared(prompt, &mut lead.cache, &mut others, &mut lead.scratch, Logits::Last)?;
@@ -180,6 +184,43 @@ pub fn prefill_shared(
         }
     }
     Ok(first.into_iter().map(|f| f.expect("every session prefilled")).collect())
+}
+
+/// The groups of one prompt's shared prefills, given each session's
+/// prefill kernel (`None`: cannot share) and whether a member's kernel can
+/// join a lead's ([`Model::shares_prefill`]): each group's first index is
+/// its lead, whose kernel the run is. A KVzip lead takes every tiled
+/// session it can (their prefill then costs nothing but their scoring);
+/// the rest group by kernel in order; a session that shares with nobody
+/// is a group of its own.
+pub fn share_groups(
+    kernels: &[Option<PrefillKernel>],
+    joins: impl Fn(PrefillKernel, PrefillKernel) -> bool,
+) -> Vec<Vec<usize>> {
+    let mut taken = vec![false; kernels.len()];
+    let mut groups = Vec::new();
+    let repeat_first = kernels.iter().enumerate().filter(|(_, k)| matches!(k, Some(PrefillKernel::Repeat { .. })));
+    let leads: Vec<usize> = repeat_first.map(|(i, _)| i).chain(0..kernels.len()).collect();
+    for lead in leads {
+        if taken[lead] {
+            continue;
+        }
+        let Some(k) = kernels[lead] else {
+            taken[lead] = true;
+            groups.push(vec![lead]);
+            continue;
+        };
+        let mut members = vec![lead];
+        taken[lead] = true;
+        for j in 0..kernels.len() {
+            if !taken[j] && kernels[j].is_some_and(|m| joins(k, m)) {
+                taken[j] = true;
+                members.push(j);
+            }
+        }
+        groups.push(members);
+    }
+    groups
 }
 
 /// Takes `t` into the output (`out`, and the caller's `on_token`) unless it
@@ -199,4 +240,32 @@ pub(crate) fn take_token(
         return Some(StopReason::Cancelled);
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share_groups;
+    use kvslim_cache::PrefillKernel::{self, EveryQuery, Repeat, Tiled};
+
+    fn groups(kernels: &[Option<PrefillKernel>], mixed: bool) -> Vec<Vec<usize>> {
+        share_groups(kernels, |lead, member| {
+            lead == member || (mixed && matches!(lead, Repeat { .. }) && member == Tiled)
+        })
+    }
+
+    #[test]
+    fn sessions_group_by_kernel_with_the_first_as_lead() {
+        let k = [Some(Tiled), Some(EveryQuery), None, Some(Tiled), Some(EveryQuery)];
+        assert_eq!(groups(&k, true), vec![vec![0, 3], vec![1, 4], vec![2]]);
+    }
+
+    #[test]
+    fn a_kvzip_lead_takes_the_tiled_sessions_where_they_can_join_it() {
+        let k = [Some(Tiled), Some(Repeat { chunk: 32 }), Some(Tiled), Some(EveryQuery), Some(Repeat { chunk: 32 })];
+        assert_eq!(groups(&k, true), vec![vec![1, 0, 2, 4], vec![3]]);
+        assert_eq!(groups(&k, false), vec![vec![1, 4], vec![0, 2], vec![3]]);
+        // another probe's pieces: a run of its own, without the tiled ones
+        let k = [Some(Repeat { chunk: 32 }), Some(Tiled), Some(Repeat { chunk: 64 })];
+        assert_eq!(groups(&k, true), vec![vec![0, 1], vec![2]]);
+    }
 }

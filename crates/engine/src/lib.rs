@@ -29,7 +29,7 @@ pub fn on_workers<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     rayon::join(f, || ()).0
 }
 pub use context::Context;
-pub use generate::{generate, generate_shared, prefill_shared, GenerateOptions, Generation};
+pub use generate::{generate, generate_shared, prefill_shared, share_groups, GenerateOptions, Generation};
 pub use perplexity::{perplexity, FullComparison, PerplexityOptions, PerplexityReport, Summary};
 pub use sampling::{Sampler, SamplingParams};
 pub use session::{Feed, Session, WHOLE_CHUNKS};

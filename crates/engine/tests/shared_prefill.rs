@@ -6,7 +6,7 @@
 //! alone.
 
 use kvslim_cache::{PolicySpec, PrefillKernel, SequenceCache};
-use kvslim_engine::{generate, generate_shared, GenerateOptions, SamplingParams};
+use kvslim_engine::{generate, generate_shared, share_groups, GenerateOptions, SamplingParams};
 use kvslim_models::{load_model, Logits, Model, Scratch};
 mod common;
 
@@ -63,13 +63,15 @@ fn cache(model: &Model, spec: &str, n: usize) -> SequenceCache {
 }
 
 /// Each policy's cache and logits after `forward_shared` equal its own
-/// `forward` of the prompt, bit for bit.
+/// `forward` of the prompt, bit for bit; the first policy's prefill
+/// kernel is `kernel`, and every other's can join it.
 fn assert_shared_prefill_is_exact(model: &Model, prompt: &[u32], specs: &[&str], kernel: PrefillKernel) {
     let n = prompt.len();
     let mut alone = Vec::new();
-    for spec in specs {
+    for (i, spec) in specs.iter().enumerate() {
         let mut c = cache(model, spec, n);
-        assert_eq!(c.shared_prefill_kernel(), Some(kernel), "{spec}");
+        let own = c.shared_prefill_kernel().unwrap();
+        assert!(if i == 0 { own == kernel } else { model.shares_prefill(kernel, own) }, "{spec}: {own:?}");
         let mut s = Scratch::new();
         model.forward(prompt, &mut c, &mut s, Logits::Last).unwrap();
         alone.push((c, s.logits().to_vec()));
@@ -113,6 +115,54 @@ fn sliding_window_layers_share_too() {
     let prompt = tok.encode(&text).unwrap();
     assert!(prompt.len() > 64);
     assert_shared_prefill_is_exact(&l.model, &prompt, &TILED[..6], PrefillKernel::Tiled);
+    // Expected Attention reads the layer kind's RoPE tables of the whole
+    // run, the probe's rows included, beside a KVzip lead
+    if l.model.integer_products() {
+        let mixed = [REPEAT_PIECES[0], "full", "h2o:heavy=25%,recent=25%,prefill=expect", TILED[2]];
+        assert_shared_prefill_is_exact(&l.model, &prompt, &mixed, PrefillKernel::Repeat { chunk: 32 });
+    }
+}
+
+/// Tiled policies beside a KVzip lead (`Model::shares_prefill`): where
+/// every product is integer (the qwen2 Q8_0 fixture on a CPU with AVX-512
+/// VNNI) they share its run, the prompt's rows computed beside the probe's,
+/// and every cache, logit and token is still each policy's own; elsewhere
+/// `forward_shared` refuses the mix and `generate_shared` runs them apart.
+#[test]
+fn tiled_policies_share_a_kvzip_run_where_every_product_is_integer() {
+    let l = load_model(&shared().join("fixtures/gguf/qwen2/Q8_0.gguf")).unwrap();
+    let tok = l.tokenizer.as_ref().unwrap();
+    let prompt = tok.encode(&"The quick brown fox jumps over the lazy dog. ".repeat(8)).unwrap();
+    assert!(prompt.len() > 64);
+    let mixed = [
+        REPEAT_PIECES[0],
+        "full",
+        TILED[2],
+        TILED[3],
+        "h2o:heavy=25%,recent=25%,prefill=expect",
+        TILED[17],
+        TILED[15],
+        REPEAT_PIECES[1],
+    ];
+    let m = &l.model;
+    if m.integer_products() {
+        assert_shared_prefill_is_exact(m, &prompt, &mixed, PrefillKernel::Repeat { chunk: 32 });
+    } else {
+        let n = prompt.len();
+        let (mut a, mut b) = (cache(m, mixed[0], n), cache(m, mixed[1], n));
+        let err = m.forward_shared(&prompt, &mut a, &mut [&mut b], &mut Scratch::new(), Logits::Last).unwrap_err();
+        assert!(err.to_string().contains("cannot share"), "{err}");
+    }
+    let opts: Vec<GenerateOptions> = mixed.iter().map(|s| greedy(s, 12)).collect();
+    let gens = generate_shared(m, &prompt, &opts, |_, _| true).unwrap();
+    for (g, o) in gens.iter().zip(&opts) {
+        let alone = generate(m, &prompt, o, |_| true).unwrap();
+        assert_eq!(g.token_ids, alone.token_ids, "{}", o.policy);
+    }
+    // and `generate_shared` plans one run for all of them exactly then
+    let kernels: Vec<_> = mixed.iter().map(|s| cache(m, s, prompt.len()).shared_prefill_kernel()).collect();
+    let groups = share_groups(&kernels, |lead, member| m.shares_prefill(lead, member));
+    assert_eq!(groups.len() == 1, m.integer_products(), "{groups:?}");
 }
 
 #[test]

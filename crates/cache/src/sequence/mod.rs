@@ -52,7 +52,9 @@ impl CacheShape {
 /// the order of every query,
 /// [`crate::policy::ScoreRule::needs_every_query`]). The two round
 /// differently, so only caches of the same kernel can share a prefill's
-/// hidden states ([`SequenceCache::shared_prefill_kernel`]).
+/// hidden states ([`SequenceCache::shared_prefill_kernel`]); the model
+/// may also let tiled caches join a KVzip run, whose prompt rows are the
+/// tiled kernel's, where its products do not depend on the rows beside.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrefillKernel {
     Tiled,

@@ -64,7 +64,6 @@ use crate::sampling::argmax;
 use crate::session::Session;
 use crate::{EngineError, Result, Setting};
 use kvslim_cache::SequenceCache;
-use kvslim_kernels::Products;
 use kvslim_models::{Logits, Model};
 use std::time::Instant;
 
@@ -84,7 +83,7 @@ pub enum Verification {
     /// output and cache bit-identical to plain greedy decoding.
     Exact,
     /// `Fast` where it is the same arithmetic as a decode step — every
-    /// matrix with integer products ([`Products::Int8`]: a product over
+    /// matrix with integer products ([`kvslim_kernels::Products::Int8`]: a product over
     /// several tokens equals single-token products bit for bit), so the
     /// weights are read once per pass and the output is still plain greedy
     /// decoding's — else `Exact`.
@@ -96,9 +95,7 @@ impl Verification {
     /// What `Auto` means for `model`; the others are themselves.
     pub fn resolve(self, model: &Model) -> Verification {
         match self {
-            Verification::Auto if model.weights.matrices().iter().all(|m| m.products() == Products::Int8) => {
-                Verification::Fast
-            }
+            Verification::Auto if model.integer_products() => Verification::Fast,
             Verification::Auto => Verification::Exact,
             v => v,
         }

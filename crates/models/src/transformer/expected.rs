@@ -98,13 +98,14 @@ fn expected_logits(
 impl Model {
     /// Adds every candidate's expected attention to its scores, for
     /// component `comp` of layer `li` and the chunk of `n` queries at `p0`
-    /// (positioned in `s.a.q`, RoPE tables of the chunk in `s.cos`/`s.sin`).
+    /// (positioned in `s.a.q`, RoPE tables of the run's `rope_rows` rows,
+    /// the chunk's first, in `s.cos`/`s.sin`).
     pub(super) fn expected_scores(
         &self,
         li: usize,
         comp: &Component,
         s: &mut Scratch,
-        (p0, n, scale): (usize, usize, f32),
+        (p0, n, scale, rope_rows): (usize, usize, f32, usize),
         (future, skip): (usize, usize),
     ) {
         let c = &self.config;
@@ -142,7 +143,7 @@ impl Model {
                     x.iter_mut().zip(&q[t * qd + r * hd..t * qd + (r + 1) * hd]).for_each(|(a, &b)| *a = b as f64);
                     if let Some(rp) = rope {
                         // undo the rotation at p0 + t: rotate by its negative angle
-                        let at = (kind * n + t) * half;
+                        let at = (kind * rope_rows + t) * half;
                         cs.iter_mut().zip(&cos[at..at + half]).for_each(|(a, &b)| *a = b as f64);
                         sn.iter_mut().zip(&sin[at..at + half]).for_each(|(a, &b)| *a = -(b as f64));
                         rotate(rp, &mut x, &cs, &sn);

@@ -80,7 +80,9 @@ impl Model {
     /// budget, its allocators, `score=norm`) attend once for all of them.
     /// Each cache ends bit-identical to
     /// its own [`Model::forward`] of `tokens`, and so do the logits. Fails
-    /// unless every cache shares the same prefill kernel. With no `others`
+    /// unless every cache can share `cache`'s prefill
+    /// ([`Model::shares_prefill`]: the same kernel, or tiled caches in a
+    /// KVzip cache's run where the rows are independent). With no `others`
     /// this is [`Model::forward`].
     pub fn forward_shared(
         &self,
@@ -94,10 +96,11 @@ impl Model {
             let kernel = cache.shared_prefill_kernel();
             for (i, o) in others.iter().enumerate() {
                 let theirs = o.shared_prefill_kernel();
-                if kernel.is_none() || theirs != kernel {
+                if !matches!((kernel, theirs), (Some(k), Some(t)) if self.shares_prefill(k, t)) {
                     return Err(Error::Unsupported(format!(
                         "cache {} cannot share this prefill: every cache must be empty, take the prompt as one \
-                         chunk, have no head sharing and use the same prefill kernel (here {theirs:?} and {kernel:?})",
+                         chunk, have no head sharing and use the same prefill kernel, or be tiled beside a KVzip \
+                         lead on a model whose products are all integer (here {theirs:?} and {kernel:?})",
                         i + 1
                     )));
                 }
@@ -190,8 +193,8 @@ impl Model {
             Logits::All => n,
         };
         // KVzip (`prefill=kvzip`): the chunk's tokens again after it, rows
-        // that only score the chunk (every shared cache has the same kernel,
-        // so the same probe)
+        // that only score the chunk (every shared KVzip cache has the same
+        // kernel, so the same probe; a tiled one ignores the probe's rows)
         let (tokens, probe) = match self.repeat_probe(tokens, cache) {
             Some((all, probe)) => (std::borrow::Cow::Owned(all), probe),
             None => (std::borrow::Cow::Borrowed(tokens), Vec::new()),
@@ -237,18 +240,23 @@ impl Model {
             self.decode_attention(li, cache, s, p0, scale)?;
         } else {
             scored.clear();
-            let chunk = (p0, n, &run.probe[..], scale);
-            // the first cache whose policy sums columns in the tiled kernel
-            // computes the output in the same pass (the output is the same
-            // for every cache), the rest load its scores where they score
-            // alike; `cache` computes it when none did
-            let mut done = false;
+            // each cache's rows: a tiled cache in a KVzip lead's run attends
+            // over the prompt's rows only
+            let chunk = |c: &SequenceCache| {
+                let probe = if c.repeat_probe().is_some() { &run.probe[..] } else { &[] };
+                (p0, n, probe, scale, rows)
+            };
+            // without a probe, the first cache whose policy sums columns in
+            // the tiled kernel computes the output in the same pass (it is
+            // the same for every cache), the rest load its scores where they
+            // score alike; else `cache` computes it
+            let mut done = !run.probe.is_empty();
             for o in others.iter_mut() {
                 let output = if done { Output::No } else { Output::Offered };
-                done |= self.prefill_attention(li, o, s, chunk, output, Some(&mut *scored))?;
+                done |= self.prefill_attention(li, o, s, chunk(o), output, Some(&mut *scored))?;
             }
-            let output = if done { Output::No } else { Output::Yes };
-            self.prefill_attention(li, cache, s, chunk, output, Some(&mut *scored))?;
+            let output = if done && run.probe.is_empty() { Output::No } else { Output::Yes };
+            self.prefill_attention(li, cache, s, chunk(cache), output, Some(&mut *scored))?;
         }
         if let Some(t) = s.trace.as_mut() {
             t.att_out.push(s.a.att[..rows * qd].to_vec());

@@ -73,7 +73,7 @@ impl Model {
             if n == 1 {
                 self.decode_attention(li, cache, s, p0, scale)?;
             } else {
-                self.prefill_attention(li, cache, s, (p0, n, &[], scale), Output::Yes, None)?;
+                self.prefill_attention(li, cache, s, (p0, n, &[], scale, n), Output::Yes, None)?;
             }
             // the items' rows: RoPE at each one's position, its solo decode attention
             let qkv = [&s.a.q[..], &s.a.k[..], &s.a.v[..]];

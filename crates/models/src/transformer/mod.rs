@@ -34,7 +34,7 @@ use crate::config::ModelConfig;
 use crate::kvzap::{find_kvzap, KvzapPredictor};
 use crate::weights::Weights;
 use crate::{Error, Result};
-use kvslim_cache::{CacheShape, SequenceCache};
+use kvslim_cache::{CacheShape, PrefillKernel, SequenceCache};
 use kvslim_kernels::attention::MAX_HEAD_DIM;
 use kvslim_kernels::rope::Rope;
 
@@ -219,5 +219,26 @@ impl Model {
     /// is found and fits it.
     pub fn has_kvzap(&self) -> bool {
         self.kvzap_predictor(None).is_ok()
+    }
+
+    /// Whether every weight matrix multiplies in integers
+    /// ([`kvslim_kernels::Products::Int8`]): a product over many rows then
+    /// equals each row's alone bit for bit, so a row's result does not
+    /// depend on the rows beside it.
+    pub fn integer_products(&self) -> bool {
+        self.weights.matrices().iter().all(|m| m.products() == kvslim_kernels::Products::Int8)
+    }
+
+    /// Whether a cache whose one-chunk prefill kernel is `member` can share
+    /// the prefill of a lead whose kernel is `lead`
+    /// ([`Model::forward_shared`]): the same kernel, or a tiled member in a
+    /// KVzip lead's run where [`Model::integer_products`] holds (its
+    /// prompt rows are then the same beside the probe's rows; it attends
+    /// over the prompt rows only).
+    pub fn shares_prefill(&self, lead: PrefillKernel, member: PrefillKernel) -> bool {
+        lead == member
+            || (matches!(lead, PrefillKernel::Repeat { .. })
+                && member == PrefillKernel::Tiled
+                && self.integer_products())
     }
 }

@@ -80,7 +80,7 @@ impl Model {
         li: usize,
         cache: &mut SequenceCache,
         s: &mut Scratch,
-        (p0, n, probe, scale): (usize, usize, &[ProbeSegment], f32),
+        (p0, n, probe, scale, rope_rows): (usize, usize, &[ProbeSegment], f32, usize),
         output: Output,
         mut scored: Option<&mut Vec<(usize, ScoringKey, AttentionScores)>>,
     ) -> Result<bool> {
@@ -126,7 +126,7 @@ impl Model {
                 self.attend_probe(chunk, comp, cache, s, (output, observed));
             }
             if let Some(e) = s.cand.expected_attention() {
-                self.expected_scores(li, comp, s, (p0, n, scale), e);
+                self.expected_scores(li, comp, s, (p0, n, scale, rope_rows), e);
             }
             if let Some(file) = s.cand.kvzap() {
                 self.kvzap_scores(li, comp, s, n, file)?;
