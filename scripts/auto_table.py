@@ -66,7 +66,7 @@ SOURCES = [
     {"model": "llama:5x64", "name": "stories260K", "rule": "tuned", "files": "docs/tuned/stories260k-*.json"},
     {"model": "qwen2:28x1536", "name": "Qwen2.5-Coder-1.5B", "rule": "kl+needles", "files": "docs/qwen/auto-kl/results.jsonl"},
     {"model": "qwen2:24x896", "name": "Qwen2.5-Coder-0.5B", "rule": "ruler", "decide": "Qwen2.5-Coder-0.5B",
-     "evidence": "docs/qwen/q05-ruler, docs/qwen/q05-ruler-b"},
+     "evidence": "docs/qwen/q05-ruler, q05-ruler-b, q05-ruler-c"},
     {"model": "*", "name": "any other model", "rule": "agree", "of": ["llama:30x576", "gemma3:18x640"],
      "evidence": "docs/results/tuning.md"},
     # compressed contexts: questions asked after compression (docs/contexts.md, "auto for contexts")

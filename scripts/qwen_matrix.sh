@@ -79,21 +79,29 @@
 #   lanes side by side, the same results cell for cell (every kernel
 #   splits its work by output rows, so the thread count changes no sum).
 # Group q05-ruler-b: q05-ruler's other ten tasks, same build and cells, in
-#   one lane of two threads: about 23 s per item, about 4 hours.
-# Queued after it, one lane of two threads each, pinned at d95eec4: the
-#   same outputs as q05-ruler's build (every cell of five items of five
-#   tasks the same), 12% faster (the attention output from a
-#   column-summing policy's pass; Expected Attention's sums side by side):
-#   q05-zip   the KVzip-style cells as `auto` runs them for a context
-#             (the probe is paid per item): 3 cells per task, paired with
-#             q05-ruler's full and KVzap cells by task and item; ~35 s per
-#             item (its probe ~2.2 prefills), ~6.5 hours.
-#   q05-lcc   all 117 LCC items (~2K, ~4K and ~8K tokens), q05-ruler's
-#             cells: about 1 hour.
+#   one lane of two threads (about 23 s per item); closed after the first
+#   (niah_single on real text), when the KVzip-style cells could join
+#   the other cells' prefill (below).
+# Then one lane of two threads each, pinned at 22ec012: the same outputs
+#   as q05-ruler's build (every cell of five items of five tasks the
+#   same), the 25 cells 12% faster (the attention output from a
+#   column-summing policy's pass; Expected Attention's sums side by side),
+#   and the tiled cells inside the KVzip-style cell's run (the prompt and
+#   its repeat; every product is integer on these GGUF models, so the
+#   prompt's rows are the same beside the repeat's): full, KVzap and
+#   KVzip cells of two items 25% faster than apart.
+#   q05-ruler-c the other nine tasks, q05-ruler's cells plus the
+#             KVzip-style cells as `auto` runs them for a context: 28
+#             cells per task, ~45 s per item, ~5.5 hours.
+#   q05-zip   the KVzip-style cells for q05-ruler's four finished tasks,
+#             paired with their full and KVzap cells by task and item:
+#             ~35 s per item, ~2 hours.
+#   q05-lcc   all 117 LCC items (~2K, ~4K and ~8K tokens), q05-ruler-c's
+#             cells: about 1.5 hours.
 #   q05-r8k   the same tasks at 8,192 tokens, ten items per task: about
-#             2.5 hours.
-#   q15-ruler q05-ruler on Qwen2.5-Coder-1.5B (~3x the 0.5B per item):
-#             about 13 hours.
+#             4 hours.
+#   q15-ruler q05-ruler-c's cells and tasks on Qwen2.5-Coder-1.5B (~3x the
+#             0.5B per item): about 24 hours.
 #
 #   bash scripts/qwen_matrix.sh build GROUP      the group's pinned binary only
 #   bash scripts/qwen_matrix.sh run GROUP        the lanes of GROUP (resumes a cut-off run)
@@ -139,6 +147,7 @@ pin() {
 
 group() {
   Q05="full;window;sink;h2o;h2o:agg=max,score=tova;h2o:prefill=snap:32;h2o:prefill=expect;auto;h2o:recent_share=0.125,prefill=kvzap,alloc=global"
+  ZIP="h2o:recent_share=0.125,prefill=kvzip,alloc=global"
   A="full;h2o;h2o:prefill=snap:32;window;sink"
   B="h2o:agg=max,score=tova;h2o:score=norm;h2o:score=vnorm;h2o:alloc=pyramid:0.5;h2o:alloc=ada:0.2"
   case "$1" in
@@ -171,23 +180,28 @@ group() {
     q05-ruler-b) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
              POLICIES=$Q05
              TASKS=$(echo "$RULER4K50" | cut -d';' -f4-)
+             CLOSED="closed after its first task; the other nine run with the KVzip-style cells as q05-ruler-c"
              pin ad487289f741f4399f40b4bb6e464ab9fa5b076c ;;
+    q05-ruler-c) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
+             POLICIES="$Q05;$ZIP"
+             TASKS=$(echo "$RULER4K50" | cut -d';' -f5-)
+             pin 22ec0120576603d5bc4cfd804878269e71f6372f ;;
     q05-zip) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
-             POLICIES="h2o:recent_share=0.125,prefill=kvzip,alloc=global"
-             TASKS=$RULER4K50
-             pin d95eec4741c2d64ef4a41ea15373d77dd63752a2 ;;
+             POLICIES=$ZIP
+             TASKS=$(echo "$RULER4K50" | cut -d';' -f1-4)
+             pin 22ec0120576603d5bc4cfd804878269e71f6372f ;;
     q05-lcc) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
-             POLICIES=$Q05
+             POLICIES="$Q05;$ZIP"
              TASKS="lcc:$S/data/code_completion/stdlib_lcc.jsonl"
-             pin d95eec4741c2d64ef4a41ea15373d77dd63752a2 ;;
+             pin 22ec0120576603d5bc4cfd804878269e71f6372f ;;
     q05-r8k) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
-             POLICIES=$Q05
+             POLICIES="$Q05;$ZIP"
              TASKS=$RULER8K
-             pin d95eec4741c2d64ef4a41ea15373d77dd63752a2 ;;
-    q15-ruler) LANES=1 THREADS=2 POLICIES=$Q05
+             pin 22ec0120576603d5bc4cfd804878269e71f6372f ;;
+    q15-ruler) LANES=1 THREADS=2 POLICIES="$Q05;$ZIP"
              TASKS=$RULER4K50
-             pin d95eec4741c2d64ef4a41ea15373d77dd63752a2 ;;
-    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-zip, q05-lcc, q05-r8k, q15-ruler)" >&2; exit 2 ;;
+             pin 22ec0120576603d5bc4cfd804878269e71f6372f ;;
+    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-lcc, q05-r8k, q15-ruler)" >&2; exit 2 ;;
   esac
 }
 

@@ -66,8 +66,8 @@ DECIDE_SHARES = ["50%", "25%", "12.5%"]
 ZAP, ZIP = "h2o:recent_share=0.125,prefill=kvzap,alloc=global", "h2o:recent_share=0.125,prefill=kvzip,alloc=global"
 Q05 = ["full", "window", "sink", "h2o", "h2o:agg=max,score=tova", SNAP, "h2o:prefill=expect", "auto", ZAP]
 DECIDE = {
-    "Qwen2.5-Coder-0.5B": {"q05-ruler": Q05, "q05-ruler-b": Q05, "q05-zip": [ZIP]},
-    "Qwen2.5-Coder-1.5B": {"q15-ruler": Q05, "q15-zip": [ZIP]},
+    "Qwen2.5-Coder-0.5B": {"q05-ruler": Q05, "q05-ruler-b": Q05, "q05-ruler-c": Q05 + [ZIP], "q05-zip": [ZIP]},
+    "Qwen2.5-Coder-1.5B": {"q15-ruler": Q05 + [ZIP]},
 }
 # prefill costs more than 1.3x the full cache's (docs/contexts.md: the probe ~2.5x at 4K)
 DEAR = {ZIP}
@@ -426,7 +426,7 @@ def full_report(cells, decided, notes):
         ("Compress once, ask many", f"{MQ}: the context is compressed before four questions are asked one at a time; share of the questions answered (% of full).", metric_table(cells, MQ, "recall", 2)),
         ("Code completion: edit similarity", "lcc (group lcc-a, 39 items of ~2K tokens): edit similarity of the first generated line (% of full).", metric_table(cells, LCC, "edit_sim", 3)),
         ("Code completion: exact match", "The same cells' exact match of the first line (% of full).", metric_table(cells, LCC, "exact", 3)),
-        ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler, q05-ruler-b and q05-zip (0.5B), q15-ruler and q15-zip (1.5B), `scripts/qwen_matrix.sh`.", decide_tables(decided)),
+        ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler, q05-ruler-b, q05-ruler-c and q05-zip (0.5B), q15-ruler (1.5B), `scripts/qwen_matrix.sh`.", decide_tables(decided)),
         ("Acceptance (issue #34)", "Best: over the rows above, among those covering the most tasks; `auto` − H2O / SnapKV: all three from r4k-auto, and from lcc-a for code completion (one build, the same items), paired: mean per-item accuracy difference with its 95% t-interval (as crates/eval/src/paired.rs).", acceptance(cells)),
     ]
     if notes:

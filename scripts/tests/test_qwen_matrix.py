@@ -24,12 +24,21 @@ def test_an_unknown_group_is_refused_before_anything_starts():
     assert "unknown group `no-such-group`" in r.stderr
 
 
-def test_the_second_part_holds_the_ten_tasks_the_first_did_not_run():
-    text = SCRIPT.read_text()
-    assert "q05-ruler-b) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2" in text
-    # the part's tasks: the 13 of RULER4K50 after the first three (the `cut` in its definition)
+def tasks(fields):
+    """The task specs of RULER4K50 in `cut -f` range `fields`, as the groups' definitions take them."""
     r = subprocess.run(["bash", "-c", f'source <(sed -n "/^both_haystacks()/,/^}}/p;/^RULER4K50=/p" {SCRIPT}); '
-                       'echo "$RULER4K50" | cut -d";" -f4- | tr ";" "\\n"'], capture_output=True, text=True)
-    tasks = r.stdout.split()
-    assert len(tasks) == 10
-    assert tasks[0].startswith("niah_single:haystack=text,") and tasks[-1].startswith("cwe:")
+                       f'echo "$RULER4K50" | cut -d";" -f{fields} | tr ";" "\\n"'], capture_output=True, text=True)
+    return r.stdout.split()
+
+
+def test_the_parts_of_the_0_5b_matrix_cover_its_thirteen_tasks_once():
+    text = SCRIPT.read_text()
+    # q05-ruler ran the first three tasks, q05-ruler-b the fourth, q05-ruler-c runs the rest
+    assert "q05-ruler-b) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2" in text
+    assert "closed after its first task" in run("run", "q05-ruler-b").stdout
+    assert 'TASKS=$(echo "$RULER4K50" | cut -d\';\' -f5-)' in text
+    assert 'TASKS=$(echo "$RULER4K50" | cut -d\';\' -f1-4)' in text  # q05-zip: the KVzip cells the first four lack
+    everything, rest, zipped = tasks("1-"), tasks("5-"), tasks("1-4")
+    assert len(everything) == 13 and everything == zipped + rest
+    assert rest[0].startswith("niah_multikey:lengths=") and rest[-1].startswith("cwe:")
+    assert zipped[3].startswith("niah_single:haystack=text,")
