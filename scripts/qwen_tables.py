@@ -69,6 +69,14 @@ DECIDE = {
     "Qwen2.5-Coder-0.5B": {"q05-ruler": Q05, "q05-ruler-b": Q05, "q05-ruler-c": Q05 + [ZIP], "q05-zip": [ZIP]},
     "Qwen2.5-Coder-1.5B": {"q15-ruler": Q05 + [ZIP]},
 }
+# the other rankings (issue #49): title, groups, {kind: tasks}, the per-item metric
+DECIDE_MORE = [
+    ("Qwen2.5-Coder-0.5B at 8,192 tokens", {"q05-r8k": Q05 + [ZIP]}, KINDS, "acc"),
+    ("Qwen2.5-Coder-0.5B, code completion (LCC, all 117 items), edit similarity",
+     {"q05-lcc": Q05 + [ZIP]}, {"code": ["lcc"]}, "edit_sim"),
+    ("Qwen2.5-Coder-0.5B, code completion (LCC, all 117 items), exact match",
+     {"q05-lcc": Q05 + [ZIP]}, {"code": ["lcc"]}, "exact"),
+]
 # prefill costs more than 1.3x the full cache's (docs/contexts.md: the probe ~2.5x at 4K)
 DEAR = {ZIP}
 NAMES.update({ZAP: "KVzap-style (contexts)", ZIP: "KVzip-style (contexts)"})
@@ -297,12 +305,14 @@ def acceptance(cells):
     return "\n".join(out)
 
 
-def decide_cells(cells, groups, task, policy, share):
-    """The per-item accuracies of a policy's cell of a task from the first of `groups` that has it."""
+def decide_cells(cells, groups, task, policy, share, metric="acc"):
+    """The per-item values of `metric` (accuracy by default) of a policy's cell of a task from the
+    first of `groups` that has it."""
     for g in groups:
         row = cells.get((g, task, policy, "-" if policy == "full" else share))
-        if row and acc(row):
-            return acc(row)
+        values = row and row.get("per_item", {}).get(metric, [])
+        if values:
+            return values
     return None
 
 
@@ -320,20 +330,20 @@ def stratified(pairs, seed):
     return mean, draws[int(0.025 * BOOTSTRAP)], draws[int(0.975 * BOOTSTRAP) - 1]
 
 
-def decide_pairs(cells, groups, tasks, policy, ref, share):
+def decide_pairs(cells, groups, tasks, policy, ref, share, metric="acc"):
     """Per task measured for both, (policy items, reference items) paired by item index."""
     out = []
     for t in tasks:
-        a, b = decide_cells(cells, groups, t, policy, share), decide_cells(cells, groups, t, ref, share)
+        a, b = (decide_cells(cells, groups, t, p, share, metric) for p in (policy, ref))
         if a and b and len(a) == len(b):
             out.append((a, b))
     return out
 
 
-def decide_cell(cells, groups, tasks, policy, share):
-    """'0.84 · −0.06 [−0.09, −0.03] · 300': the mean accuracy over the tasks, the paired difference
+def decide_cell(cells, groups, tasks, policy, share, metric="acc"):
+    """'0.84 · −0.06 [−0.09, −0.03] · 300': the mean of `metric` over the tasks, the paired difference
     from the full cache with its bootstrap interval, the items; [k/n]: k of the n tasks so far."""
-    pairs = decide_pairs(cells, groups, tasks, policy, "full", share)
+    pairs = decide_pairs(cells, groups, tasks, policy, "full", share, metric)
     if not pairs:
         return DASH
     mean = sum(sum(a) / len(a) for a, _ in pairs) / len(pairs)
@@ -347,38 +357,43 @@ def decide_cell(cells, groups, tasks, policy, share):
 
 def decide_tables(cells):
     """Per model and haystack kind: each policy's accuracy, its difference from the full cache and the
-    items behind it; then `auto` against every policy of equal prefill cost over both kinds."""
+    items behind it; then `auto` against every policy of equal prefill cost over both kinds. Then
+    the same for the 8K and code-completion groups."""
+    sections = [(model, groups, KINDS, "acc") for model, groups in DECIDE.items()] + DECIDE_MORE
+    return "\n".join(line for section in sections for line in ranking(cells, *section)).rstrip()
+
+
+def ranking(cells, title, groups, kinds, metric):
     out = []
-    for model, groups in DECIDE.items():
-        policies = list(dict.fromkeys(p for ps in groups.values() for p in ps))
-        for kind, tasks in KINDS.items():
-            out.append(f"**{model}, {kind} haystacks** ({', '.join(tasks)}):\n")
-            out.append("| policy | " + " | ".join(f"{s} kept" for s in DECIDE_SHARES) + " |")
-            out.append("|---|" + "---:|" * len(DECIDE_SHARES))
-            for p in policies:
-                shares = DECIDE_SHARES[:1] if p == "full" else DECIDE_SHARES
-                vals = [decide_cell(cells, groups, tasks, p, s) for s in shares]
-                out.append(f"| {label(p)} | " + " | ".join(vals + [""] * (len(DECIDE_SHARES) - len(vals))) + " |")
-            out.append("")
-        out.append(f"**{model}, `auto` − each policy of equal prefill cost, both kinds:**\n")
-        out.append("| policy | " + " | ".join(f"{s} kept" for s in DECIDE_SHARES) + " |")
-        out.append("|---|" + "---:|" * len(DECIDE_SHARES))
-        every = KINDS["noise"] + KINDS["text"]
+    policies = list(dict.fromkeys(p for ps in groups.values() for p in ps))
+    header = ["| policy | " + " | ".join(f"{s} kept" for s in DECIDE_SHARES) + " |", "|---|" + "---:|" * len(DECIDE_SHARES)]
+    for kind, tasks in kinds.items():
+        out.append(f"**{title}, {kind} haystacks** ({', '.join(tasks)}):\n" if kinds is KINDS else f"**{title}:**\n")
+        out.extend(header)
         for p in policies:
-            if p in ("full", "auto") or p in DEAR:
-                continue
-            vals = []
-            for s in DECIDE_SHARES:
-                pairs = decide_pairs(cells, groups, every, "auto", p, s)
-                if not pairs:
-                    vals.append(DASH)
-                    continue
-                d, lo, hi = stratified(pairs, seed=0)
-                verdict = "better" if lo > 0 else "worse" if hi < 0 else "even"
-                vals.append(f"{signed(d)} [{signed(lo)}, {signed(hi)}] {verdict} · {sum(len(a) for a, _ in pairs)}")
-            out.append(f"| {label(p)} | " + " | ".join(vals) + " |")
+            shares = DECIDE_SHARES[:1] if p == "full" else DECIDE_SHARES
+            vals = [decide_cell(cells, groups, tasks, p, s, metric) for s in shares]
+            out.append(f"| {label(p)} | " + " | ".join(vals + [""] * (len(DECIDE_SHARES) - len(vals))) + " |")
         out.append("")
-    return "\n".join(out).rstrip()
+    both = " both kinds" if len(kinds) > 1 else ""
+    out.append(f"**{title}, `auto` − each policy of equal prefill cost,{both}:**\n")
+    out.extend(header)
+    every = [t for tasks in kinds.values() for t in tasks]
+    for p in policies:
+        if p in ("full", "auto") or p in DEAR:
+            continue
+        vals = []
+        for s in DECIDE_SHARES:
+            pairs = decide_pairs(cells, groups, every, "auto", p, s, metric)
+            if not pairs:
+                vals.append(DASH)
+                continue
+            d, lo, hi = stratified(pairs, seed=0)
+            verdict = "better" if lo > 0 else "worse" if hi < 0 else "even"
+            vals.append(f"{signed(d)} [{signed(lo)}, {signed(hi)}] {verdict} · {sum(len(a) for a, _ in pairs)}")
+        out.append(f"| {label(p)} | " + " | ".join(vals) + " |")
+    out.append("")
+    return out
 
 
 def main(argv=None):
@@ -390,7 +405,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     # the 1.5B matrix's groups and the rankings' groups are read apart, so no table mixes models
     cells, notes = load(args.root)
-    decided, more = load(args.root, [g for groups in DECIDE.values() for g in groups])
+    decided, more = load(args.root, [g for groups in DECIDE.values() for g in groups] + [g for _, groups, _, _ in DECIDE_MORE for g in groups])
     if args.write:
         write_docs(Path(args.root), full_report(cells, decided, notes + more), average_table(cells))
         return
@@ -426,7 +441,7 @@ def full_report(cells, decided, notes):
         ("Compress once, ask many", f"{MQ}: the context is compressed before four questions are asked one at a time; share of the questions answered (% of full).", metric_table(cells, MQ, "recall", 2)),
         ("Code completion: edit similarity", "lcc (group lcc-a, 39 items of ~2K tokens): edit similarity of the first generated line (% of full).", metric_table(cells, LCC, "edit_sim", 3)),
         ("Code completion: exact match", "The same cells' exact match of the first line (% of full).", metric_table(cells, LCC, "exact", 3)),
-        ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler, q05-ruler-b, q05-ruler-c and q05-zip (0.5B), q15-ruler (1.5B), `scripts/qwen_matrix.sh`.", decide_tables(decided)),
+        ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler, q05-ruler-b, q05-ruler-c and q05-zip (0.5B), q15-ruler (1.5B); at 8K q05-r8k (ten items per task); code completion q05-lcc (edit similarity and exact match of the first line); `scripts/qwen_matrix.sh`.", decide_tables(decided)),
         ("Acceptance (issue #34)", "Best: over the rows above, among those covering the most tasks; `auto` − H2O / SnapKV: all three from r4k-auto, and from lcc-a for code completion (one build, the same items), paired: mean per-item accuracy difference with its 95% t-interval (as crates/eval/src/paired.rs).", acceptance(cells)),
     ]
     if notes:

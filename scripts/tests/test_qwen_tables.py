@@ -193,3 +193,24 @@ def test_the_rankings_groups_stay_out_of_the_15b_tables(tmp_path, capsys):
     before, after = out.split("## Rankings that decide")
     assert qt.ZAP not in before
     assert qt.ZAP in after and "1.00 · +0.00" in after
+
+
+def test_code_completion_ranks_by_its_own_metric_and_8k_apart_from_4k(tmp_path):
+    """q05-lcc's cells rank by edit similarity and exact match item by item; a q05-r8k cell shows in
+    the 8K tables only, though its task's name is the 4K one's."""
+    shard(tmp_path, "q05-lcc", 0, [row("lcc", "full", "-", edit_sim=[0.5, 0.7], exact=[0.0, 1.0]),
+                                   row("lcc", "auto", "25%", edit_sim=[0.4, 0.7], exact=[0.0, 1.0]),
+                                   row("lcc", "h2o", "25%", edit_sim=[0.2, 0.5], exact=[0.0, 0.0])])
+    shard(tmp_path, "q05-r8k", 0, [row("passkey", "full", "-", [1.0, 0.0])])
+    cells, _ = qt.load(tmp_path, ["q05-lcc", "q05-r8k"])
+    text = qt.decide_tables(cells)
+    lcc = text.split("code completion (LCC, all 117 items), edit similarity:**")[1]
+    assert "| full cache `full` | 0.60 · 2 |" in lcc
+    assert "| auto `auto` | – | 0.55 · −0.05 [" in lcc
+    exact = text.split("exact match:**")[1]
+    assert "| H2O `h2o` | – | 0.00 · −0.50 [" in exact
+    # auto − h2o in edit similarity: +0.2 on both items
+    assert "+0.20 [+0.20, +0.20] better · 2" in lcc.split("`auto` − each policy")[1]
+    at8k = text.split("Qwen2.5-Coder-0.5B at 8,192 tokens, noise haystacks")[1]
+    assert "| full cache `full` | 0.50 · 2 [1/7] |" in at8k
+    assert "0.50 · 2" not in text.split("Qwen2.5-Coder-0.5B at 8,192 tokens")[0]
