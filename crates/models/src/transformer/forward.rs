@@ -246,16 +246,21 @@ impl Model {
                 let probe = if c.repeat_probe().is_some() { &run.probe[..] } else { &[] };
                 (p0, n, probe, scale, rows)
             };
-            // without a probe, the first cache whose policy sums columns in
-            // the tiled kernel computes the output in the same pass (it is
-            // the same for every cache), the rest load its scores where they
-            // score alike; else `cache` computes it
-            let mut done = !run.probe.is_empty();
+            // the first cache whose policy sums columns in the tiled kernel
+            // computes the prompt rows' output in the same pass (it is the
+            // same for every cache), the rest load its scores where they
+            // score alike; `cache` computes the rest of the output (a KVzip
+            // probe's rows) or all of it
+            let mut done = false;
             for o in others.iter_mut() {
                 let output = if done { Output::No } else { Output::Offered };
                 done |= self.prefill_attention(li, o, s, chunk(o), output, Some(&mut *scored))?;
             }
-            let output = if done && run.probe.is_empty() { Output::No } else { Output::Yes };
+            let output = match (done, run.probe.is_empty()) {
+                (false, _) => Output::Yes,
+                (true, true) => Output::No,
+                (true, false) => Output::ProbeRows,
+            };
             self.prefill_attention(li, cache, s, chunk(cache), output, Some(&mut *scored))?;
         }
         if let Some(t) = s.trace.as_mut() {

@@ -49,6 +49,9 @@ pub(super) enum Output {
     /// column sums anyway (the output then adds only the value products to
     /// a pass that is paid already), else only its policy's side.
     Offered,
+    /// The output of a KVzip probe's rows only: a tiled cache computed the
+    /// prompt's rows (the same there for every cache).
+    ProbeRows,
     /// Only the policy's side: another cache computes the output.
     No,
 }
@@ -93,8 +96,9 @@ impl Model {
         let mut takes = match output {
             Output::Yes => Some(true),
             Output::Offered => None,
-            Output::No => Some(false),
+            Output::ProbeRows | Output::No => Some(false),
         };
+        let probe_output = matches!(output, Output::Yes | Output::ProbeRows);
         for (ci, comp) in components.iter().enumerate() {
             let (k, v) = (&s.a.k[..rows * kvd], &s.a.v[..rows * kvd]);
             cache.gather_candidates(li, ci, p0, k, v, repeat, &mut s.cand)?;
@@ -104,7 +108,9 @@ impl Model {
             let observed = s.trace.is_some() || cache.probe_remaining() > 0 || s.cand.needs_every_query();
             let folds = s.cand.column_sum_aggregation().is_some() && repeat == 0;
             let output = *takes.get_or_insert(!observed && folds);
-            if let (Some(k), false, Some(done)) = (key, output, scored.as_deref()) {
+            // scores attended for another cache load instead, unless this
+            // cache still owes an output
+            if let (Some(k), false, false, Some(done)) = (key, output, probe_output, scored.as_deref()) {
                 if let Some((_, _, sc)) = done.iter().find(|(c, kk, _)| *c == ci && *kk == k) {
                     s.cand.load_attention_scores(sc);
                     cache.commit_candidates(li, ci, &mut s.cand)?;
@@ -123,7 +129,7 @@ impl Model {
                 }
             }
             if repeat > 0 {
-                self.attend_probe(chunk, comp, cache, s, (output, observed));
+                self.attend_probe(chunk, comp, cache, s, (probe_output, observed));
             }
             if let Some(e) = s.cand.expected_attention() {
                 self.expected_scores(li, comp, s, (p0, n, scale, rope_rows), e);
