@@ -89,7 +89,10 @@
 #   and the tiled cells inside the KVzip-style cell's run (the prompt and
 #   its repeat; every product is integer on these GGUF models, so the
 #   prompt's rows are the same beside the repeat's): full, KVzap and
-#   KVzip cells of two items 25% faster than apart.
+#   KVzip cells of two items 25% faster than apart. The groups queued
+#   after q05-ruler-c are pinned at 7c54789, where a column-summing
+#   tiled pass also gives a KVzip run's prompt rows their output: the 28
+#   cells of two items 9% faster, the same results.
 #   q05-ruler-c the other nine tasks, q05-ruler's cells plus the
 #             KVzip-style cells as `auto` runs them for a context: 28
 #             cells per task, ~45 s per item, ~5.5 hours.
@@ -189,18 +192,18 @@ group() {
     q05-zip) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
              POLICIES=$ZIP
              TASKS=$(echo "$RULER4K50" | cut -d';' -f1-4)
-             pin 22ec0120576603d5bc4cfd804878269e71f6372f ;;
+             pin 7c547895ce9e8e9cbab4f88b230fefb97830a9f2 ;;
     q05-lcc) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
              POLICIES="$Q05;$ZIP"
              TASKS="lcc:$S/data/code_completion/stdlib_lcc.jsonl"
-             pin 22ec0120576603d5bc4cfd804878269e71f6372f ;;
+             pin 7c547895ce9e8e9cbab4f88b230fefb97830a9f2 ;;
     q05-r8k) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
              POLICIES="$Q05;$ZIP"
              TASKS=$RULER8K
-             pin 22ec0120576603d5bc4cfd804878269e71f6372f ;;
+             pin 7c547895ce9e8e9cbab4f88b230fefb97830a9f2 ;;
     q15-ruler) LANES=1 THREADS=2 POLICIES="$Q05;$ZIP"
              TASKS=$RULER4K50
-             pin 22ec0120576603d5bc4cfd804878269e71f6372f ;;
+             pin 7c547895ce9e8e9cbab4f88b230fefb97830a9f2 ;;
     *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-lcc, q05-r8k, q15-ruler)" >&2; exit 2 ;;
   esac
 }
