@@ -162,19 +162,17 @@ pub fn prefill_shared(
         let logits = if members.len() == 1 {
             sessions[members[0]].feed(prompt, Logits::Last)?.to_vec()
         } else {
-            // the lead first: the run is its kernel's
-            let mut group: Vec<&mut Session<'_>> = Vec::with_capacity(members.len());
-            let mut rest: Vec<(usize, &mut Session<'_>)> = sessions
+            // the lead first (the run is its kernel's), the rest in order
+            let mut group: Vec<(usize, &mut Session<'_>)> = sessions
                 .iter_mut()
                 .enumerate()
                 .filter(|(j, _)| members.contains(j))
                 .map(|(j, s)| (j, &mut **s))
                 .collect();
-            let at = rest.iter().position(|(j, _)| *j == members[0]).expect("the lead is a member");
-            group.push(rest.remove(at).1);
-            group.extend(rest.into_iter().map(|(_, s)| s));
-            let (lead, rest) = group.split_first_mut().expect("two or more members");
-            let mut others: Vec<&mut kvslim_cache::SequenceCache> = rest.iter_mut().map(|s| &mut s.cache).collect();
+            group.sort_by_key(|(j, _)| *j != members[0]);
+            let ((_, lead), rest) = group.split_first_mut().expect("two or more members");
+            let mut others: Vec<&mut kvslim_cache::SequenceCache> =
+                rest.iter_mut().map(|(_, s)| &mut s.cache).collect();
             model.forward_shared(prompt, &mut lead.cache, &mut others, &mut lead.scratch, Logits::Last)?;
             lead.scratch.logits().to_vec()
         };
