@@ -405,7 +405,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     # the 1.5B matrix's groups and the rankings' groups are read apart, so no table mixes models
     cells, notes = load(args.root)
-    decided, more = load(args.root, [g for groups in DECIDE.values() for g in groups] + [g for _, groups, _, _ in DECIDE_MORE for g in groups])
+    ranked = [*DECIDE.values()] + [groups for _, groups, _, _ in DECIDE_MORE]
+    decided, more = load(args.root, list(dict.fromkeys(g for groups in ranked for g in groups)))
     if args.write:
         write_docs(Path(args.root), full_report(cells, decided, notes + more), average_table(cells))
         return
