@@ -135,11 +135,30 @@ def test_main_prints_every_section_with_no_results_at_all(tmp_path, capsys):
     assert "| full cache `full` | – | – | – | – |" in out and "not measured yet" in out
 
 
-def test_summary_prints_only_the_average_table(tmp_path, capsys):
+def test_summary_prints_only_the_headline(tmp_path, capsys):
     qt.main(["--root", str(tmp_path), "--summary"])
     out = capsys.readouterr().out
-    assert out.startswith("| policy | 75% kept (ratio 0.25) |") and "## " not in out
+    assert out.startswith("| policy | 0.5B noise | 0.5B real text | 1.5B noise | 1.5B real text |") and "## " not in out
     assert "| full cache `full` | – | – | – | – |" in out
+
+
+def test_the_headline_marks_significant_losses_and_counts_items_per_share(tmp_path):
+    def task_row(task, policy, budget, acc):
+        r = row(task, policy, budget, acc)
+        r["task"] = task + ":lengths=4096"
+        return r
+    shard(tmp_path, "q05-ruler", 0, [
+        task_row("passkey", "full", "-", [1.0] * 6),
+        task_row("passkey", "h2o", "50%", [1.0] * 6),          # even
+        task_row("passkey", "h2o", "25%", [1.0, 0.0] * 3),     # −0.5, interval below 0
+        task_row("passkey", "h2o", "12.5%", [0.0] * 6),        # −1
+        task_row("passkey", qt.SNAP, "50%", [1.0] * 6),       # only one share so far
+    ])
+    cells, _ = qt.load(tmp_path, ["q05-ruler"])
+    text = qt.headline(cells)
+    assert line(text, "| full cache").startswith("| full cache `full` | 1.00 · 6 [1/7] | – |")
+    assert "| 1.00 / 0.50↓ / 0.00↓ · 6 [1/7] | – |" in line(text, "| H2O `h2o`")
+    assert "| 1.00 / – / – · 6/0/0 [1/7] |" in line(text, "| SnapKV")
 
 
 def test_write_rewrites_only_the_generated_parts(tmp_path):
@@ -154,7 +173,7 @@ def test_write_rewrites_only_the_generated_parts(tmp_path):
     assert "old tables" not in text
     lines = readme.read_text().split("\n")
     assert lines[:3] == ["top", "<!-- generated: python3 scripts/qwen_tables.py --summary -->", ""]
-    assert lines[3].startswith("| policy | 75% kept") and "| old | table |" not in lines
+    assert lines[3].startswith("| policy | 0.5B noise") and "| old | table |" not in lines
     assert lines[-3:] == ["", "prose after", ""]
 
 
