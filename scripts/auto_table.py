@@ -14,8 +14,10 @@ costs at most MAX_PREFILL_COST (1.3) times the full cache's:
   score can carry;
 * `ruler` sources: per kept share of the model's groups in scripts/qwen_tables.py's "Rankings
   that decide" (50 items per task, noise and real-text haystacks), the best mean accuracy over
-  every task of both kinds among the H2O variants within the prefill bound; no rows until
-  every candidate has every task at MIN_ITEMS items or more (the model keeps the defaults);
+  every task of both kinds among the H2O variants within the prefill bound, which may name
+  alloc=global, recent_share= and a KVzap predictor (as a context row); no rows until every
+  candidate has every task at MIN_ITEMS items or more: until then the source's `until` rule
+  makes the model's rows, or, without one, the model keeps the defaults;
 * `agree` sources (the default for unknown models): the shares where the named models'
   rows agree (score, sinks, heavy fraction, prefill), with those values;
 * `contexts` sources (rows of use "context", for compressed contexts): per share of the
@@ -28,7 +30,10 @@ costs at most MAX_PREFILL_COST (1.3) times the full cache's:
 
 A row's heavy fraction is the winner's heavy / (heavy + recent) slots, kept as the two
 integers so the Rust side divides exactly as before; H2O without heavy=/recent= splits the
-non-sink slots in half. SOURCES and PREFILL_COST are the only hand-written inputs.
+non-sink slots in half. A row whose winner is an evaluation's budget family (`ruler`,
+`contexts`, `contexts-default`) also names it (`family`): `auto` then gives B slots exactly as
+the evaluation did, so its cells are the winner's. SOURCES and PREFILL_COST are the only
+hand-written inputs.
 
 Usage: python3 scripts/auto_table.py [--root DIR] [--check]
   (--check: exit 1 when the committed table is not what the results give; scripts/check_docs.py runs it)
@@ -64,7 +69,9 @@ SOURCES = [
     {"model": "llama:30x576", "name": "SmolLM2-135M", "rule": "tuned", "files": "docs/tuned/smollm2-*.json"},
     {"model": "gemma3:18x640", "name": "Gemma 3 270M", "rule": "tuned", "files": "docs/tuned/gemma-*.json"},
     {"model": "llama:5x64", "name": "stories260K", "rule": "tuned", "files": "docs/tuned/stories260k-*.json"},
-    {"model": "qwen2:28x1536", "name": "Qwen2.5-Coder-1.5B", "rule": "kl+needles", "files": "docs/qwen/auto-kl/results.jsonl"},
+    {"model": "qwen2:28x1536", "name": "Qwen2.5-Coder-1.5B", "rule": "ruler", "decide": "Qwen2.5-Coder-1.5B",
+     "evidence": "docs/qwen/q15-ruler",
+     "until": {"rule": "kl+needles", "files": "docs/qwen/auto-kl/results.jsonl"}},
     {"model": "qwen2:24x896", "name": "Qwen2.5-Coder-0.5B", "rule": "ruler", "decide": "Qwen2.5-Coder-0.5B",
      "evidence": "docs/qwen/q05-ruler, q05-ruler-b, q05-ruler-c"},
     {"model": "*", "name": "any other model", "rule": "agree", "of": ["llama:30x576", "gemma3:18x640"],
@@ -110,11 +117,11 @@ def cost(prefill):
     return PREFILL_COST[None if prefill is None else prefill.split(":")[0]]
 
 
-def row(src, share, variant, evidence, why):
+def row(src, share, variant, evidence, why, family=None):
     score, sinks, heavy, prefill, alloc = variant
     return {"model": src["model"], "model_name": src["name"], "use": src.get("use", "reply"), "share": share,
             "score": score, "sinks": sinks, "heavy": list(heavy), "prefill": prefill, "alloc": alloc,
-            "evidence": evidence, "why": why}
+            "family": family, "evidence": evidence, "why": why}
 
 
 def percent(budget):
@@ -192,8 +199,9 @@ def agree(rows, src):
 
 
 def needs_predictor(prefill):
-    """Whether a prefill mode needs a per-model file (KVzap's predictor): a reply's rows and the
-    default rows never pick one; a model's context row may, and falls back without the file."""
+    """Whether a prefill mode needs a per-model file (KVzap's predictor): the default rows and the
+    tuned and kl+needles rows never pick one; a model's context and ruler rows may, and fall back
+    to the default rows without the file."""
     return prefill is not None and prefill.split(":")[0] == "kvzap"
 
 
@@ -227,7 +235,7 @@ def contexts(root, src):
         cands = [(rec, -cost(v[3]), policy, n, v) for (s, policy), (rec, n, v) in found.items() if s == share]
         rec, _, policy, n, v = best(cands)
         why = f"compress-once recall {100 * rec:.1f}% of {n} questions at {share:g}%: {policy}"
-        rows.append(row(src, share, v, src["files"], why))
+        rows.append(row(src, share, v, src["files"], why, policy))
     return rows
 
 
@@ -247,14 +255,15 @@ def contexts_default(root, src):
         if cands:
             mean, _, policy, v = best(cands)
             why = f"mean compress-once recall {100 * mean:.1f}% over {' and '.join(src['of'])} at {share:g}%: {policy}"
-            rows.append(row(src, share, v, " + ".join(files), why))
+            rows.append(row(src, share, v, " + ".join(files), why, policy))
     return rows
 
 
 def ruler(root, src):
     """Per kept share, the best mean RULER-4K accuracy over both haystack kinds ([best]: ties go
-    to the cheaper prefill) among the model's plain H2O variants within the prefill bound, once
-    every candidate has every task at MIN_ITEMS items or more; before that, no rows."""
+    to the cheaper prefill) among the model's H2O variants within the prefill bound (a KVzap
+    predictor allowed), once every candidate has every task at MIN_ITEMS items or more; before
+    that, no rows."""
     groups = qwen_tables.DECIDE[src["decide"]]
     cells, _ = qwen_tables.load(root, list(groups))
     tasks = qwen_tables.KINDS["noise"] + qwen_tables.KINDS["text"]
@@ -262,8 +271,8 @@ def ruler(root, src):
     for share in qwen_tables.DECIDE_SHARES:
         cands = []
         for policy in dict.fromkeys(p for ps in groups.values() for p in ps):
-            v = parse(policy)
-            if v is None or cost(v[3]) > MAX_PREFILL_COST or needs_predictor(v[3]):
+            v = parse(policy, CONTEXT_KEYS)
+            if v is None or cost(v[3]) > MAX_PREFILL_COST:
                 continue
             items = [qwen_tables.decide_cells(cells, list(groups), t, policy, share) for t in tasks]
             if any(not a or len(a) < MIN_ITEMS for a in items):
@@ -271,7 +280,7 @@ def ruler(root, src):
             cands.append((sum(sum(a) / len(a) for a in items) / len(items), -cost(v[3]), policy, v))
         mean, _, policy, v = best(cands)
         why = f"RULER-4K mean accuracy {100 * mean:.1f}% over {len(tasks)} tasks (noise and text) at {share}: {policy}"
-        rows.append(row(src, percent(share), v, src["evidence"], why))
+        rows.append(row(src, percent(share), v, src["evidence"], why, policy))
     return rows
 
 
@@ -286,7 +295,10 @@ def table(root):
             "contexts": lambda s: contexts(root, s),
             "contexts-default": lambda s: contexts_default(root, s),
         }
-        rows += rule[src["rule"]](src)
+        made = rule[src["rule"]](src)
+        if not made and "until" in src:
+            made = rule[src["until"]["rule"]]({**src, **src["until"]})
+        rows += made
     head = {
         "generated": f"by `{COMMAND}` from the result files each row's evidence names; do not edit, rerun it",
         "rule": f"per model, use and kept share, the best measured H2O variant whose prefill costs at most {MAX_PREFILL_COST}x the full cache's (docs/policies.md, auto)",

@@ -305,15 +305,19 @@ def acceptance(cells):
     return "\n".join(out)
 
 
-def decide_cells(cells, groups, task, policy, share, metric="acc"):
-    """The per-item values of `metric` (accuracy by default) of a policy's cell of a task from the
-    first of `groups` that has it."""
+def decide_row(cells, groups, task, policy, share, metric="acc"):
+    """A policy's cell of a task from the first of `groups` that has it with per-item `metric`."""
     for g in groups:
         row = cells.get((g, task, policy, "-" if policy == "full" else share))
-        values = row and row.get("per_item", {}).get(metric, [])
-        if values:
-            return values
+        if row and row.get("per_item", {}).get(metric):
+            return row
     return None
+
+
+def decide_cells(cells, groups, task, policy, share, metric="acc"):
+    """The per-item values of `metric` (accuracy by default) of [decide_row]'s cell."""
+    row = decide_row(cells, groups, task, policy, share, metric)
+    return row["per_item"][metric] if row else None
 
 
 def stratified(pairs, seed):
@@ -396,6 +400,42 @@ def ranking(cells, title, groups, kinds, metric):
     return out
 
 
+def zap_versus_zip(cells):
+    """Issue #50's checks: per model, haystack and share (25%, 12.5%), the KVzap-style prefill's mean
+    accuracy against the KVzip-style probe's over the same items (the RULER tasks, and compress once
+    ask many), its share of it with the paired bootstrap interval of the difference; and the
+    KVzip-style probe's questions answered after compression on real text at 25% kept against the
+    full cache's."""
+    out = ["| model | haystack | measure | kept | KVzap-style | KVzip-style | KVzap − KVzip, paired | items | KVzap / KVzip (bar 95%) |",
+           "|---|---|---|---:|---:|---:|---|---:|---|"]
+    for model, groups in DECIDE.items():
+        for kind, tasks in KINDS.items():
+            for what, ts in (("RULER average", [t for t in tasks if not t.startswith(MQ)]),
+                             ("compress once, all four answered", [t for t in tasks if t.startswith(MQ)])):
+                for share in ("25%", "12.5%"):
+                    pairs = decide_pairs(cells, groups, ts, ZAP, ZIP, share)
+                    if not pairs:
+                        out.append(f"| {model} | {kind} | {what} | {share} | {DASH} | {DASH} | not measured yet | 0 | not measured yet |")
+                        continue
+                    zap = sum(sum(a) / len(a) for a, _ in pairs) / len(pairs)
+                    zip_ = sum(sum(b) / len(b) for _, b in pairs) / len(pairs)
+                    d, lo, hi = stratified(pairs, seed=0)
+                    partial = "" if len(pairs) == len(ts) else f" (provisional: {len(pairs)}/{len(ts)} tasks)"
+                    ratio = 100 * zap / zip_ if zip_ else None
+                    verdict = DASH if ratio is None else f"{ratio:.0f}%: {'met' if ratio >= 95 - 1e-9 else 'not met'}{partial}"
+                    items = sum(len(a) for a, _ in pairs)
+                    out.append(f"| {model} | {kind} | {what} | {share} | {zap:.2f} | {zip_:.2f} | {signed(d)} [{signed(lo)}, {signed(hi)}] | {items} | {verdict} |")
+    out += ["", "| model | KVzip-style questions answered, real text, 25% kept | full cache's | share of full (bar 90%) |", "|---|---:|---:|---|"]
+    for model, groups in DECIDE.items():
+        z, f = (decide_row(cells, groups, MQ + "+text", p, "25%") for p in (ZIP, "full"))
+        if not (z and f) or not f["metrics"].get("recall"):
+            out.append(f"| {model} | {DASH} | {DASH} | not measured yet |")
+            continue
+        zr, fr = z["metrics"]["recall"], f["metrics"]["recall"]
+        out.append(f"| {model} | {zr:.3f} ({z['items']} contexts) | {fr:.3f} | {100 * zr / fr:.0f}%: {'met' if zr >= 0.9 * fr - 1e-9 else 'not met'} |")
+    return "\n".join(out)
+
+
 def headline(cells):
     """README's table: per policy, model and haystack kind, the mean accuracy over the kind's tasks at
     50 / 25 / 12.5% kept, ↓ where the paired bootstrap interval against the full cache lies below 0,
@@ -476,6 +516,7 @@ def full_report(cells, decided, notes):
         ("Code completion: edit similarity", "lcc (group lcc-a, 39 items of ~2K tokens): edit similarity of the first generated line (% of full).", metric_table(cells, LCC, "edit_sim", 3)),
         ("Code completion: exact match", "The same cells' exact match of the first line (% of full).", metric_table(cells, LCC, "exact", 3)),
         ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler, q05-ruler-b, q05-ruler-c and q05-zip (0.5B), q15-ruler (1.5B); at 8K q05-r8k (ten items per task); code completion q05-lcc (edit similarity and exact match of the first line); `scripts/qwen_matrix.sh`.", decide_tables(decided)),
+        ("KVzap against KVzip (issue #50)", "The KVzap-style prefill (KVzip's scores learned, in the one prefill) against the KVzip-style probe, both as contexts run them (`recent_share=0.125`, `alloc=global`), over the items of the rankings above where both ran, paired by task and item (the bootstrap as above); the bar: KVzap keeps at least 95% of KVzip's mean. Below: the probe's share of the questions answered after compression (niah_multiquery on real text, four questions per context) against the full cache's; the bar 90%.", zap_versus_zip(decided)),
         ("Acceptance (issue #34)", "Best: over the rows above, among those covering the most tasks; `auto` − H2O / SnapKV: all three from r4k-auto, and from lcc-a for code completion (one build, the same items), paired: mean per-item accuracy difference with its 95% t-interval (as crates/eval/src/paired.rs).", acceptance(cells)),
     ]
     if notes:

@@ -117,13 +117,15 @@ def test_specs_parse_to_row_values():
 
 def test_a_complete_ruler_group_makes_the_models_reply_rows(tmp_path):
     """q05-ruler (synthetic shards): once every candidate has every task of both haystacks at 50
-    items, the 0.5B gets reply rows with the best mean accuracy (SnapKV here); one task short,
-    none (the model keeps the defaults)."""
+    items, the 0.5B gets reply rows with the best mean accuracy (KVzap-style with KVzip's budget
+    here, named as the family the evaluation ran); one task short, none (the model keeps the
+    defaults)."""
     root = copy(tmp_path)
     qt = auto_table.qwen_tables
     group = root / "docs" / "qwen" / "q05-ruler"
     shutil.rmtree(group, ignore_errors=True)
-    accuracy = {"full": 1.0, "h2o": 0.2, "h2o:prefill=snap:32": 0.9, "h2o:prefill=expect": 0.4, "window": 1.0}
+    accuracy = {"full": 1.0, "h2o": 0.2, "h2o:prefill=snap:32": 0.9, "h2o:prefill=expect": 0.4, "window": 1.0,
+                qt.ZAP: 0.94, qt.ZIP: 1.0}
 
     def write(tasks):
         lines = []
@@ -140,7 +142,30 @@ def test_a_complete_ruler_group_makes_the_models_reply_rows(tmp_path):
     every = qt.KINDS["noise"] + qt.KINDS["text"]
     write(every)
     got = [r for r in json.loads(auto_table.table(root))["rows"] if r["model"] == "qwen2:24x896" and r["use"] == "reply"]
-    assert [(r["share"], r["prefill"], r["score"]) for r in got] == [(s, "snap:32", "sum") for s in (50.0, 25.0, 12.5)]
-    assert "90.0%" in got[0]["why"], "window is no H2O variant, so SnapKV's 90% wins"
+    assert [(r["share"], r["prefill"], r["alloc"], r["family"]) for r in got] == [
+        (s, "kvzap", "global", qt.ZAP) for s in (50.0, 25.0, 12.5)]
+    assert got[0]["heavy"] == [7, 8] and "94.0%" in got[0]["why"], "window is no H2O variant and KVzip costs 2x"
     write(every[:-1])
     assert not [r for r in json.loads(auto_table.table(root))["rows"] if r["model"] == "qwen2:24x896" and r["use"] == "reply"]
+
+
+def test_the_15b_keeps_its_kl_row_until_its_ruler_group_is_complete(tmp_path):
+    root = copy(tmp_path)
+    qt = auto_table.qwen_tables
+    replies = lambda: [r for r in json.loads(auto_table.table(root))["rows"]  # noqa: E731
+                       if r["model"] == "qwen2:28x1536" and r["use"] == "reply"]
+    assert [r["evidence"] for r in replies()] == ["docs/qwen/auto-kl/results.jsonl"]
+    lines = []
+    for t in qt.KINDS["noise"] + qt.KINDS["text"]:
+        spec = t.replace("+text", ":haystack=text,") + ("" if "+text" in t else ":") + "lengths=4096"
+        for policy, a in {"full": 1.0, "h2o": 0.2, "h2o:prefill=snap:32": 0.9, "h2o:prefill=expect": 0.4, qt.ZAP: 0.8}.items():
+            for share in ["-"] if policy == "full" else qt.DECIDE_SHARES:
+                per = [1.0] * round(50 * a) + [0.0] * (50 - round(50 * a))
+                lines.append({"policy": policy, "budget": share, "task": spec, "items": 50,
+                              "metrics": {"acc": a}, "per_item": {"acc": per}, "git_commit": "7c54789"})
+    group = root / "docs" / "qwen" / "q15-ruler" / "shard-0"
+    group.mkdir(parents=True, exist_ok=True)
+    (group / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    got = replies()
+    assert [(r["share"], r["family"], r["evidence"]) for r in got] == [
+        (s, "h2o:prefill=snap:32", "docs/qwen/q15-ruler") for s in (50.0, 25.0, 12.5)]

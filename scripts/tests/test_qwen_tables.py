@@ -233,3 +233,27 @@ def test_code_completion_ranks_by_its_own_metric_and_8k_apart_from_4k(tmp_path):
     at8k = text.split("Qwen2.5-Coder-0.5B at 8,192 tokens, noise haystacks")[1]
     assert "| full cache `full` | 0.50 · 2 [1/7] |" in at8k
     assert "0.50 · 2" not in text.split("Qwen2.5-Coder-0.5B at 8,192 tokens")[0]
+
+
+def test_kvzap_against_kvzip_pairs_items_and_checks_both_bars(tmp_path):
+    """Issue #50's checks: KVzap's share of KVzip's mean over the items both ran (95% bar), and
+    the probe's questions answered after compression on real text against full's (90% bar)."""
+    def task_row(task, policy, budget, acc, recall=None):
+        r = row(task, policy, budget, acc)
+        r["task"] = task.replace("+text", "") + (":haystack=text," if "+text" in task else ":") + "lengths=4096"
+        if recall is not None:
+            r["metrics"]["recall"] = recall
+        return r
+    shard(tmp_path, "q05-ruler-c", 0, [
+        task_row("passkey", qt.ZAP, "25%", [1.0, 1.0, 0.0, 1.0]),
+        task_row("passkey", qt.ZIP, "25%", [1.0, 1.0, 1.0, 1.0]),
+        task_row("niah_multiquery+text", "full", "-", [1.0, 1.0], recall=1.0),
+        task_row("niah_multiquery+text", qt.ZIP, "25%", [1.0, 0.0], recall=0.875),
+    ])
+    cells, _ = qt.load(tmp_path, ["q05-ruler-c"])
+    text = qt.zap_versus_zip(cells)
+    got = line(text, "| Qwen2.5-Coder-0.5B | noise | RULER average | 25% |")
+    assert "| 0.75 | 1.00 | −0.25 [" in got and "| 4 | 75%: not met (provisional: 1/6 tasks) |" in got
+    assert line(text, "| Qwen2.5-Coder-0.5B | noise | RULER average | 12.5% |").endswith("| not measured yet |")
+    assert line(text, "| Qwen2.5-Coder-0.5B | 0.875") == "| Qwen2.5-Coder-0.5B | 0.875 (2 contexts) | 1.000 | 88%: not met |"
+    assert line(text, "| Qwen2.5-Coder-1.5B | –") == "| Qwen2.5-Coder-1.5B | – | – | not measured yet |"

@@ -134,16 +134,12 @@ pub fn run(a: Args) -> CliResult {
 /// per share, with the row it comes from.
 fn auto_row(m: &kvslim_models::Model, usage: AutoUse, len: usize, shares: &[f64]) -> String {
     let key = m.auto_key();
-    let kvzap = usage == AutoUse::Context && m.has_kvzap();
+    let kvzap = m.has_kvzap();
     let at = |&p: &f64| {
         let (spec, row) = auto::resolve(Budget::Percent(p), Some(&key), len, usage, kvzap);
         format!("{p}% → {spec} ({}, {})", row.model_name, row.evidence)
     };
-    let predictor = match usage {
-        AutoUse::Context if kvzap => ", KVzap predictor found",
-        AutoUse::Context => ", no KVzap predictor",
-        AutoUse::Reply => "",
-    };
+    let predictor = if kvzap { ", KVzap predictor found" } else { ", no KVzap predictor" };
     format!("key {key}{predictor}; at {len} tokens: {}", shares.iter().map(at).collect::<Vec<_>>().join("; "))
 }
 

@@ -6,7 +6,10 @@
 //! won there: score family, sinks and the heavy part of the non-sink slots.
 //! At budget B (resolved against the sequence, as every budget) the chosen
 //! row's variant gets exactly B slots: S = min(sinks, B − 1) sinks, the rest
-//! split heavy : recent by its fraction. The rows are generated from the
+//! split heavy : recent by its fraction. A row whose winner was measured as
+//! a budget family (an evaluation's cell) names that family, and B slots
+//! give exactly the spec the evaluation ran at B ([`PolicyFamily::at`]):
+//! `auto`'s cells are then the winner's, slot for slot. The rows are generated from the
 //! results they cite (`auto_table.json`, by scripts/auto_table.py); models
 //! without rows use the default rows, chosen where the small real models'
 //! measurements agree. The cache resolves `auto` when
@@ -21,6 +24,7 @@
 //! A context resolves `auto` when it is compressed
 //! ([`PolicySpec::for_context`]), and keeps the resolved spec.
 
+use super::budget::PolicyFamily;
 use super::spec::{Budget, PolicySpec};
 use serde::Deserialize;
 use std::sync::OnceLock;
@@ -61,6 +65,11 @@ pub struct AutoChoice {
     /// `alloc=` of the winner (`global`: one ranking over every layer
     /// and head), `None`: the same budget in every unit.
     pub alloc: Option<&'static str>,
+    /// The winner as the budget family the evaluation ran
+    /// (`h2o:recent_share=0.125,prefill=kvzap,alloc=global`), which then
+    /// decides the split of B slots; `None`: a spec measured at one budget
+    /// (a tune file's), split by the fields above.
+    pub family: Option<&'static str>,
     /// Where the measurement is: the file and the table.
     pub evidence: &'static str,
 }
@@ -97,6 +106,8 @@ fn table() -> &'static [AutoChoice] {
         prefill: Option<&'a str>,
         #[serde(borrow)]
         alloc: Option<&'a str>,
+        #[serde(borrow, default)]
+        family: Option<&'a str>,
         evidence: &'a str,
     }
     #[derive(Deserialize)]
@@ -119,6 +130,7 @@ fn table() -> &'static [AutoChoice] {
                 heavy: f64::from(r.heavy.0) / f64::from(r.heavy.1),
                 prefill: r.prefill,
                 alloc: r.alloc,
+                family: r.family,
                 evidence: r.evidence,
             })
             .collect()
@@ -193,6 +205,16 @@ pub fn resolve(
         Budget::Slots(n) => 100.0 * n as f64 / base_len.max(1) as f64,
     };
     let row = choose(model, share, usage, kvzap);
+    (resolve_row(slots, row), row)
+}
+
+/// `row`'s H2O variant with exactly `slots` (≥ 1) slots: its family's own
+/// split where it names one, else its sinks and heavy fraction.
+fn resolve_row(slots: usize, row: &AutoChoice) -> PolicySpec {
+    if let Some(family) = row.family {
+        let spec = PolicyFamily::parse(family).and_then(|f| f.at(slots));
+        return spec.expect("the table's families are valid budget families");
+    }
     let sinks = row.sinks.min(slots - 1);
     let rest = slots - sinks;
     let heavy = ((rest as f64 * row.heavy).round() as usize).min(rest);
@@ -202,7 +224,7 @@ pub fn resolve(
             spec += &format!(",{key}={v}");
         }
     }
-    (PolicySpec::parse(&spec).expect("the table's rows are valid specs"), row)
+    PolicySpec::parse(&spec).expect("the table's rows are valid specs")
 }
 
 impl PolicySpec {
@@ -271,6 +293,7 @@ mod tests {
             head_dim: 8,
             sliding_window: None,
             model: Some(model.into()),
+            kvzap: false,
         };
         let bytes = |spec: &str, model: &str| {
             let c = SequenceCache::new(&PolicySpec::parse(spec).unwrap(), shape(model), 2048, 1024).unwrap();
@@ -289,14 +312,13 @@ mod tests {
             let defaults = CHOICES.iter().filter(|c| c.model == "*" && c.usage == usage);
             assert!(defaults.clone().count() > 0 && defaults.clone().all(|c| !c.needs_kvzap()), "{usage:?}");
         }
-        assert!(CHOICES.iter().all(|c| c.usage == AutoUse::Context || !c.needs_kvzap()), "a reply never needs one");
-        for c in CHOICES.iter().filter(|c| c.usage == AutoUse::Context && c.model != "*") {
-            let own = choose(Some(c.model), c.share, AutoUse::Context, true);
-            assert_eq!((own.model, own.usage), (c.model, AutoUse::Context));
-            let without = choose(Some(c.model), c.share, AutoUse::Context, false);
-            assert!(!without.needs_kvzap() && without.usage == AutoUse::Context);
+        for c in CHOICES.iter().filter(|c| c.model != "*") {
+            let own = choose(Some(c.model), c.share, c.usage, true);
+            assert_eq!((own.model, own.usage), (c.model, c.usage));
+            let without = choose(Some(c.model), c.share, c.usage, false);
+            assert!(!without.needs_kvzap() && without.usage == c.usage);
             if c.needs_kvzap() {
-                let (spec, _) = resolve(Budget::Percent(c.share), Some(c.model), 4096, AutoUse::Context, true);
+                let (spec, _) = resolve(Budget::Percent(c.share), Some(c.model), 4096, c.usage, true);
                 assert!(spec.to_string().contains("prefill=kvzap"), "{spec}");
             }
         }
@@ -314,6 +336,37 @@ mod tests {
         }
         let plain = PolicySpec::parse("h2o:heavy=10,recent=10").unwrap();
         assert_eq!(plain.for_context(Some("qwen3:28x1024"), 4096, true), plain);
+    }
+
+    #[test]
+    fn a_row_with_a_family_resolves_as_the_evaluation_ran_it() {
+        // recent = round(F·B) for the family, whatever the heavy fraction's rounding would give
+        let row = AutoChoice {
+            model: "test:1x1",
+            usage: AutoUse::Reply,
+            model_name: "test",
+            share: 12.5,
+            score: "sum",
+            sinks: 0,
+            heavy: 7.0 / 8.0,
+            prefill: Some("snap:32"),
+            alloc: Some("global"),
+            family: Some("h2o:recent_share=0.125,prefill=snap:32,alloc=global"),
+            evidence: "-",
+        };
+        let family = PolicyFamily::parse(row.family.unwrap()).unwrap();
+        for b in [1usize, 4, 12, 100, 511, 512, 516] {
+            assert_eq!(resolve_row(b, &row).to_string(), family.at(b).unwrap().to_string(), "B = {b}");
+        }
+        // 12 · 1/8 = 1.5: the family rounds recent up, the heavy fraction would round heavy up
+        let want = PolicySpec::parse("h2o:heavy=10,recent=2,prefill=snap:32,alloc=global").unwrap();
+        assert_eq!(resolve_row(12, &row), want);
+        assert_eq!(resolve_row(12, &AutoChoice { family: None, ..row }).budget(12), Some(12));
+        assert_ne!(resolve_row(12, &AutoChoice { family: None, ..row }), want);
+        for c in CHOICES.iter().filter(|c| c.family.is_some()) {
+            let want = PolicyFamily::parse(c.family.unwrap()).unwrap().at(500).unwrap();
+            assert_eq!(resolve(Budget::Slots(500), Some(c.model), 4096, c.usage, true).0, want, "{c:?}");
+        }
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub struct CacheShape {
     /// The model's key ([`policy::auto::model_key`]), which `auto:budget=B`
     /// looks its measured choices up by (`None`: the default rows).
     pub model: Option<String>,
+    /// Whether the model's own KVzap predictor is found and fits it: the
+    /// model's `auto` rows that score with one count only then.
+    pub kvzap: bool,
 }
 
 impl CacheShape {
@@ -139,9 +142,8 @@ pub fn effective_policy(
         )));
     }
     if let Some(b) = spec.auto {
-        // a reply's rows need no KVzap predictor (scripts/auto_table.py
-        // never picks one for them); a context resolves its own first
-        let (resolved, _) = policy::auto::resolve(b, shape.model.as_deref(), base_len, AutoUse::Reply, false);
+        // a context resolves its own rows first
+        let (resolved, _) = policy::auto::resolve(b, shape.model.as_deref(), base_len, AutoUse::Reply, shape.kvzap);
         return effective_policy(&resolved, shape, base_len);
     }
     let policy = spec.build_for(base_len, shape.layers, shape.kv_heads);
@@ -575,7 +577,15 @@ mod tests {
     use super::*;
 
     pub(super) fn cache_of(spec: &str, n: u32) -> SequenceCache {
-        let shape = CacheShape { layers: 2, heads: 2, kv_heads: 1, head_dim: 4, sliding_window: None, model: None };
+        let shape = CacheShape {
+            layers: 2,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 4,
+            sliding_window: None,
+            model: None,
+            kvzap: false,
+        };
         let mut c = SequenceCache::new(&PolicySpec::parse(spec).unwrap(), shape, 64, 64).unwrap();
         for p in 0..n {
             for l in 0..2 {

@@ -72,6 +72,9 @@ pub struct Model {
     /// the spec names (`None`: the model's own, found by fingerprint):
     /// each file is read and checked once ([`Model::kvzap_predictor`]).
     kvzap: std::sync::Mutex<Vec<(Option<&'static str>, std::sync::Arc<KvzapPredictor>)>>,
+    /// Whether the model's own predictor is found and fits, looked up once
+    /// ([`Model::has_kvzap`]): every cache's shape asks.
+    own_kvzap: std::sync::OnceLock<bool>,
 }
 
 impl Model {
@@ -115,6 +118,7 @@ impl Model {
             repeat_prompt: Vec::new(),
             repeat_part_prompt: Vec::new(),
             kvzap: Default::default(),
+            own_kvzap: Default::default(),
         })
     }
 
@@ -194,6 +198,7 @@ impl Model {
             head_dim: c.head_dim,
             sliding_window: c.features.sliding_window.as_ref().map(|w| (w.window, w.local_layers.clone())),
             model: Some(self.auto_key()),
+            kvzap: self.has_kvzap(),
         }
     }
 
@@ -216,9 +221,9 @@ impl Model {
     }
 
     /// Whether this model's own KVzap predictor (`prefill=kvzap`, no file)
-    /// is found and fits it.
+    /// is found and fits it (looked up on the first call).
     pub fn has_kvzap(&self) -> bool {
-        self.kvzap_predictor(None).is_ok()
+        *self.own_kvzap.get_or_init(|| self.kvzap_predictor(None).is_ok())
     }
 
     /// Whether every weight matrix multiplies in integers
