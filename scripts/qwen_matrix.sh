@@ -104,7 +104,7 @@
 #   q05-r8k   the same tasks at 8,192 tokens, ten items per task: about
 #             4 hours.
 #   q15-ruler q05-ruler-c's cells and tasks on Qwen2.5-Coder-1.5B (~3x the
-#             0.5B per item): about 24 hours.
+#             0.5B per item): about 20 hours.
 #
 #   bash scripts/qwen_matrix.sh build GROUP      the group's pinned binary only
 #   bash scripts/qwen_matrix.sh run GROUP        the lanes of GROUP (resumes a cut-off run)
