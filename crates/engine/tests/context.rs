@@ -177,6 +177,9 @@ fn auto_compresses_a_context_under_the_context_rows_choice() {
     assert!(ctx.policy().auto.is_none() && ctx.policy().budget(c.len()) == Some(16));
     let row = choose(Some(&m.auto_key()), 25.0, AutoUse::Context, false);
     assert_eq!((row.model, row.usage), ("*", AutoUse::Context));
+    // the row's winner ran as a budget family: its 16 slots split as the evaluation split them
+    let family = kvslim_cache::policy::PolicyFamily::parse(row.family.expect("a measured family")).unwrap();
+    assert_eq!(want, family.at(16).unwrap());
     if let Some(a) = row.alloc {
         assert!(ctx.policy().to_string().contains(&format!("alloc={a}")), "{}", ctx.policy());
     }
