@@ -101,7 +101,7 @@ mod tests {
     use crate::SequenceCache;
 
     fn shape() -> CacheShape {
-        CacheShape { layers: 2, heads: 4, kv_heads: 2, head_dim: 64, sliding_window: None, model: None, kvzap: false }
+        CacheShape::plain(2, 4, 2, 64)
     }
 
     /// For fixed slots the reservation is exactly what the store allocates.

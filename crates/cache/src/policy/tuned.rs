@@ -73,15 +73,7 @@ mod tests {
         assert_eq!(p.to_string(), text, "prints as written until loaded");
         assert_eq!(PolicySpec::parse(&p.to_string()).unwrap(), p);
         // a cache refuses a spec nobody loaded, naming the file
-        let shape = CacheShape {
-            layers: 2,
-            heads: 2,
-            kv_heads: 1,
-            head_dim: 4,
-            sliding_window: None,
-            model: None,
-            kvzap: false,
-        };
+        let shape = CacheShape::plain(2, 2, 1, 4);
         let e = SequenceCache::new(&p, shape.clone(), 64, 64).err().unwrap();
         assert!(matches!(e, CacheError::NotLoaded(_)) && e.to_string().contains(&path), "{e}");
         p.load_plans().unwrap();

@@ -43,6 +43,12 @@ pub struct CacheShape {
 }
 
 impl CacheShape {
+    /// A shape with no sliding-window layers, no model key (`auto`'s
+    /// default rows) and no KVzap predictor.
+    pub fn plain(layers: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        CacheShape { layers, heads, kv_heads, head_dim, sliding_window: None, model: None, kvzap: false }
+    }
+
     /// Query heads per KV head.
     pub fn group(&self) -> usize {
         self.heads / self.kv_heads
@@ -577,15 +583,7 @@ mod tests {
     use super::*;
 
     pub(super) fn cache_of(spec: &str, n: u32) -> SequenceCache {
-        let shape = CacheShape {
-            layers: 2,
-            heads: 2,
-            kv_heads: 1,
-            head_dim: 4,
-            sliding_window: None,
-            model: None,
-            kvzap: false,
-        };
+        let shape = CacheShape::plain(2, 2, 1, 4);
         let mut c = SequenceCache::new(&PolicySpec::parse(spec).unwrap(), shape, 64, 64).unwrap();
         for p in 0..n {
             for l in 0..2 {

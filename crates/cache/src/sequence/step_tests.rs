@@ -9,15 +9,7 @@ mod tests {
 
     #[test]
     fn append_past_capacity_is_a_cache_full_error() {
-        let shape = CacheShape {
-            layers: 1,
-            heads: 2,
-            kv_heads: 1,
-            head_dim: 4,
-            sliding_window: None,
-            model: None,
-            kvzap: false,
-        };
+        let shape = CacheShape::plain(1, 2, 1, 4);
         let mut c = SequenceCache::new(&PolicySpec::parse("full").unwrap(), shape, 2, 2).unwrap();
         c.append(0, 0, &[0.0; 4], &[0.0; 4]).unwrap();
         c.append(0, 1, &[0.0; 4], &[0.0; 4]).unwrap();
@@ -73,15 +65,7 @@ mod alloc_tests {
     #[test]
     fn ada_splits_a_layer_at_its_first_overflow_and_the_loser_shrinks_at_once() {
         for layout in ["", ",page=2"] {
-            let shape = CacheShape {
-                layers: 1,
-                heads: 2,
-                kv_heads: 2,
-                head_dim: 4,
-                sliding_window: None,
-                model: None,
-                kvzap: false,
-            };
+            let shape = CacheShape::plain(1, 2, 2, 4);
             let spec = PolicySpec::parse(&format!("h2o:heavy=2,recent=1,alloc=ada:0{layout}")).unwrap();
             let mut c = SequenceCache::new(&spec, shape, 64, 64).unwrap();
             let stride = c.max_capacity();
@@ -156,15 +140,7 @@ mod journal_tests {
         for spec in
             ["h2o:heavy=3,recent=2", "random:budget=5,recent=1", "h2o:heavy=3,recent=2,kv_dtype=q8,score=persist:4"]
         {
-            let shape = CacheShape {
-                layers: 2,
-                heads: 4,
-                kv_heads: 2,
-                head_dim: 8,
-                sliding_window: None,
-                model: None,
-                kvzap: false,
-            };
+            let shape = CacheShape::plain(2, 4, 2, 8);
             let mut c = SequenceCache::new(&PolicySpec::parse(spec).unwrap(), shape.clone(), 64, 64).unwrap();
             (0..9).for_each(|p| step(&mut c, p));
             let copy = c.clone();
@@ -198,15 +174,7 @@ mod journal_tests {
     /// (`ada`'s first overflow), `rollback_to` declines and changes nothing.
     #[test]
     fn rollback_to_a_token_equals_feeding_only_the_tokens_before_it() {
-        let shape = CacheShape {
-            layers: 2,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 8,
-            sliding_window: None,
-            model: None,
-            kvzap: false,
-        };
+        let shape = CacheShape::plain(2, 4, 2, 8);
         for spec in [
             "h2o:heavy=3,recent=2",
             "h2o:heavy=3,recent=2,kv_dtype=q8,score=persist:4",

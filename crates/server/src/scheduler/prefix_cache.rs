@@ -120,7 +120,7 @@ mod tests {
     const PAGE: usize = 4;
 
     fn shape() -> CacheShape {
-        CacheShape { layers: 1, heads: 1, kv_heads: 1, head_dim: 4, sliding_window: None, model: None, kvzap: false }
+        CacheShape::plain(1, 1, 1, 4)
     }
 
     /// A paged cache of `policy` holding `tokens` positions 0.. in order, as
