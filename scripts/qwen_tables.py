@@ -65,10 +65,15 @@ KINDS = {"noise": NEEDLES + ["cwe"], "text": [t + "+text" for t in NEEDLES]}
 DECIDE_SHARES = ["50%", "25%", "12.5%"]
 ZAP, ZIP = "h2o:recent_share=0.125,prefill=kvzap,alloc=global", "h2o:recent_share=0.125,prefill=kvzip,alloc=global"
 Q05 = ["full", "window", "sink", "h2o", "h2o:agg=max,score=tova", SNAP, "h2o:prefill=expect", "auto", ZAP]
+# the auto groups (q05-auto, q15-auto) run `auto` again once the model's rows are made from the
+# others: their cells come first, the others' `auto` cells ran the rows of their pinned commit
 DECIDE = {
-    "Qwen2.5-Coder-0.5B": {"q05-ruler": Q05, "q05-ruler-b": Q05, "q05-ruler-c": Q05 + [ZIP], "q05-zip": [ZIP]},
-    "Qwen2.5-Coder-1.5B": {"q15-ruler": Q05 + [ZIP]},
+    "Qwen2.5-Coder-0.5B": {"q05-auto": ["auto"], "q05-ruler": Q05, "q05-ruler-b": Q05, "q05-ruler-c": Q05 + [ZIP],
+                           "q05-zip": [ZIP]},
+    "Qwen2.5-Coder-1.5B": {"q15-auto": ["auto"], "q15-ruler": Q05 + [ZIP]},
 }
+# each model's key in auto's table (crates/cache/src/policy/auto_table.json)
+AUTO_KEYS = {"Qwen2.5-Coder-0.5B": "qwen2:24x896", "Qwen2.5-Coder-1.5B": "qwen2:28x1536"}
 # the other rankings (issue #49): title, groups, {kind: tasks}, the per-item metric
 DECIDE_MORE = [
     ("Qwen2.5-Coder-0.5B at 8,192 tokens", {"q05-r8k": Q05 + [ZIP]}, KINDS, "acc"),
@@ -367,9 +372,15 @@ def decide_tables(cells):
     return "\n".join(line for section in sections for line in ranking(cells, *section)).rstrip()
 
 
+def ranked_policies(groups):
+    """The policies of `groups`: Q05's order, then the KVzip-style cells, then any others."""
+    found = {p for ps in groups.values() for p in ps}
+    return [p for p in Q05 + [ZIP] if p in found] + sorted(found - set(Q05 + [ZIP]))
+
+
 def ranking(cells, title, groups, kinds, metric):
     out = []
-    policies = list(dict.fromkeys(p for ps in groups.values() for p in ps))
+    policies = ranked_policies(groups)
     header = ["| policy | " + " | ".join(f"{s} kept" for s in DECIDE_SHARES) + " |", "|---|" + "---:|" * len(DECIDE_SHARES)]
     for kind, tasks in kinds.items():
         out.append(f"**{title}, {kind} haystacks** ({', '.join(tasks)}):\n" if kinds is KINDS else f"**{title}:**\n")
@@ -436,6 +447,38 @@ def zap_versus_zip(cells):
     return "\n".join(out)
 
 
+def auto_rows(root, model):
+    """The reply rows of `model` in auto's table: (share, family or None, why)."""
+    path = Path(root) / "crates" / "cache" / "src" / "policy" / "auto_table.json"
+    rows = json.loads(path.read_text(encoding="utf-8"))["rows"] if path.exists() else []
+    return [(r["share"], r.get("family"), r["why"]) for r in rows if r["model"] == AUTO_KEYS[model] and r["use"] == "reply"]
+
+
+def auto_as_its_rows(cells, root):
+    """Per model and share, the row `auto` resolves to (the nearest share, a tie to the larger, as
+    crates/cache/src/policy/auto.rs chooses) and how many of auto's items in the rankings have the
+    same result as that row's family's cells: all of them once auto's cells ran those rows."""
+    out = ["| model | kept | `auto`'s row | items with the family's result | verdict |", "|---|---:|---|---:|---|"]
+    tasks = KINDS["noise"] + KINDS["text"]
+    for model, groups in DECIDE.items():
+        rows = auto_rows(root, model)
+        for share in DECIDE_SHARES:
+            if not rows:
+                out.append(f"| {model} | {share} | none of its own yet: the default rows | {DASH} | {DASH} |")
+                continue
+            got, family, why = min(rows, key=lambda r: (abs(r[0] - float(share[:-1])), -r[0]))
+            if family is None:
+                out.append(f"| {model} | {share} | {got:g}%: {why} | {DASH} | not a measured family |")
+                continue
+            same = total = 0
+            for a, b in decide_pairs(cells, groups, tasks, "auto", family, share):
+                same, total = same + sum(x == y for x, y in zip(a, b)), total + len(a)
+            verdict = "not measured yet" if not total else "the same" if same == total else "differs: rerun auto's group"
+            count = f"{same} / {total}" if total else DASH
+            out.append(f"| {model} | {share} | {got:g}%: `{family}` | {count} | {verdict} |")
+    return "\n".join(out)
+
+
 def headline(cells):
     """README's table: per policy, model and haystack kind, the mean accuracy over the kind's tasks at
     50 / 25 / 12.5% kept, ↓ where the paired bootstrap interval against the full cache lies below 0,
@@ -443,7 +486,7 @@ def headline(cells):
     columns = [(model, groups, kind, tasks) for model, groups in DECIDE.items() for kind, tasks in KINDS.items()]
     heads = [f"{model.removeprefix('Qwen2.5-Coder-')} {'real text' if kind == 'text' else kind}" for model, _, kind, _ in columns]
     out = ["| policy | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(columns)]
-    policies = list(dict.fromkeys(p for _, groups in DECIDE.items() for ps in groups.values() for p in ps))
+    policies = list(dict.fromkeys(p for groups in DECIDE.values() for p in ranked_policies(groups)))
     for p in policies:
         vals = []
         for _, groups, _, tasks in columns:
@@ -481,12 +524,12 @@ def main(argv=None):
     ranked = [*DECIDE.values()] + [groups for _, groups, _, _ in DECIDE_MORE]
     decided, more = load(args.root, list(dict.fromkeys(g for groups in ranked for g in groups)))
     if args.write:
-        write_docs(Path(args.root), full_report(cells, decided, notes + more), headline(decided))
+        write_docs(Path(args.root), full_report(cells, decided, notes + more, args.root), headline(decided))
         return
     if args.summary:
         print(headline(decided))
         return
-    print(full_report(cells, decided, notes + more))
+    print(full_report(cells, decided, notes + more, args.root))
 
 
 def write_docs(root, report, summary):
@@ -505,7 +548,7 @@ def write_docs(root, report, summary):
     readme.write_text("\n".join(lines[:at] + summary.split("\n") + lines[end:]))
 
 
-def full_report(cells, decided, notes):
+def full_report(cells, decided, notes, root):
     sections = [
         ("Coverage", "Finished / expected cells per group and task (empty: not in the group), and the commit the cells ran at.", coverage(cells)),
         ("RULER-4K average", f"Mean accuracy over the six RULER tasks at 4,096 tokens ({', '.join(RULER)}), in brackets % of the full cache's mean over the same tasks "
@@ -517,6 +560,7 @@ def full_report(cells, decided, notes):
         ("Code completion: exact match", "The same cells' exact match of the first line (% of full).", metric_table(cells, LCC, "exact", 3)),
         ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler, q05-ruler-b, q05-ruler-c and q05-zip (0.5B), q15-ruler (1.5B); at 8K q05-r8k (ten items per task); code completion q05-lcc (edit similarity and exact match of the first line); `scripts/qwen_matrix.sh`.", decide_tables(decided)),
         ("KVzap against KVzip (issue #50)", "The KVzap-style prefill (KVzip's scores learned, in the one prefill) against the KVzip-style probe, both as contexts run them (`recent_share=0.125`, `alloc=global`), over the items of the rankings above where both ran, paired by task and item (the bootstrap as above); the bar: KVzap keeps at least 95% of KVzip's mean. Below: the probe's share of the questions answered after compression (niah_multiquery on real text, four questions per context) against the full cache's; the bar 90%.", zap_versus_zip(decided)),
+        ("`auto` as its rows", "The row of auto's table (`crates/cache/src/policy/auto_table.json`, made by `scripts/auto_table.py` from the rankings above) that `auto` resolves to per model and share; a row naming a budget family gives B slots exactly as the evaluation ran that family, so auto's cells, once run at a commit with these rows (groups q05-auto, q15-auto, first in the rankings), have the family's result item for item.", auto_as_its_rows(decided, root)),
         ("Acceptance (issue #34)", "Best: over the rows above, among those covering the most tasks; `auto` − H2O / SnapKV: all three from r4k-auto, and from lcc-a for code completion (one build, the same items), paired: mean per-item accuracy difference with its 95% t-interval (as crates/eval/src/paired.rs).", acceptance(cells)),
     ]
     if notes:

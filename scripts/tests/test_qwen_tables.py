@@ -257,3 +257,31 @@ def test_kvzap_against_kvzip_pairs_items_and_checks_both_bars(tmp_path):
     assert line(text, "| Qwen2.5-Coder-0.5B | noise | RULER average | 12.5% |").endswith("| not measured yet |")
     assert line(text, "| Qwen2.5-Coder-0.5B | 0.875") == "| Qwen2.5-Coder-0.5B | 0.875 (2 contexts) | 1.000 | 88%: not met |"
     assert line(text, "| Qwen2.5-Coder-1.5B | –") == "| Qwen2.5-Coder-1.5B | – | – | not measured yet |"
+
+
+def test_auto_is_checked_item_by_item_against_its_rows_family(tmp_path):
+    """`auto` at each share against the family its nearest row names (a tie to the larger share),
+    item by item over the rankings' cells; a model without rows of its own says so."""
+    table = tmp_path / "crates" / "cache" / "src" / "policy" / "auto_table.json"
+    table.parent.mkdir(parents=True)
+    rows = [{"model": "qwen2:24x896", "use": "reply", "share": 25.0, "family": qt.ZAP, "why": "-"},
+            {"model": "qwen2:24x896", "use": "reply", "share": 50.0, "family": qt.SNAP, "why": "-"},
+            {"model": "qwen2:24x896", "use": "context", "share": 12.5, "family": "h2o", "why": "-"}]
+    table.write_text(json.dumps({"rows": rows}))
+
+    def task_row(task, policy, budget, acc):
+        r = row(task, policy, budget, acc)
+        r["task"] = task + ":lengths=4096"
+        return r
+    shard(tmp_path, "q05-auto", 0, [task_row("passkey", "auto", "25%", [1.0, 0.0, 1.0]),
+                                    task_row("passkey", "auto", "12.5%", [1.0, 1.0, 1.0]),
+                                    task_row("passkey", "auto", "50%", [1.0, 1.0, 1.0])])
+    shard(tmp_path, "q05-ruler", 0, [task_row("passkey", qt.ZAP, "25%", [1.0, 0.0, 1.0]),
+                                     task_row("passkey", qt.ZAP, "12.5%", [1.0, 0.0, 1.0]),
+                                     task_row("passkey", "auto", "25%", [0.0, 0.0, 0.0])])
+    cells, _ = qt.load(tmp_path, ["q05-auto", "q05-ruler"])
+    text = qt.auto_as_its_rows(cells, tmp_path)
+    assert line(text, "| Qwen2.5-Coder-0.5B | 25% |").endswith(f"| 25%: `{qt.ZAP}` | 3 / 3 | the same |")
+    assert line(text, "| Qwen2.5-Coder-0.5B | 12.5% |").endswith("| 2 / 3 | differs: rerun auto's group |")
+    assert line(text, "| Qwen2.5-Coder-0.5B | 50% |").endswith("| – | not measured yet |")
+    assert "none of its own yet" in line(text, "| Qwen2.5-Coder-1.5B | 50% |")
