@@ -28,6 +28,11 @@ pub struct Args {
     /// Process the first N tokens as one prefill chunk (the rest one decode step at a time).
     #[arg(long, default_value_t = 0)]
     prefill: usize,
+    /// Count only the predictions after the --prefill chunk: the
+    /// continuation of a prompt the policy compressed (`prefill=snap`,
+    /// `kvzap`, `kvzip`), whose own predictions are the full cache's.
+    #[arg(long, requires = "prefill")]
+    after_prefill: bool,
     #[command(flatten)]
     policy: PolicyArgs,
     /// Mode (a) for a quantized KV policy: run the same policy with K/V in
@@ -77,6 +82,7 @@ pub fn run(a: Args) -> CliResult {
     }
     let opts = PerplexityOptions {
         prefill: a.prefill,
+        after_prefill: a.after_prefill,
         policy: a.policy.spec.clone(),
         compare_full: a.compare_full,
         trace_every: a.trace_out.as_ref().map(|_| a.trace_every.max(1)),

@@ -30,6 +30,12 @@ pub struct PerplexityOptions {
     /// The first `prefill` tokens go through one prefill chunk; the rest one
     /// decode step at a time (0 or 1 = all decode steps).
     pub prefill: usize,
+    /// Count only the predictions after the prefill chunk (NLL, the full
+    /// comparison, mode (a)'s): the continuation of a prompt the policy
+    /// compressed. The prefill's own predictions come from attention over
+    /// the whole chunk, the same for every policy that compresses only
+    /// after it. Needs `prefill` ≥ 2 and at least one decode step.
+    pub after_prefill: bool,
     pub policy: PolicySpec,
     /// Run the full cache alongside and report divergence.
     pub compare_full: bool,
@@ -72,6 +78,7 @@ impl PerplexityOptions {
     pub fn new(policy: PolicySpec) -> Self {
         PerplexityOptions {
             prefill: 0,
+            after_prefill: false,
             policy,
             compare_full: false,
             trace_every: None,
@@ -224,7 +231,10 @@ impl LayerKindBytes {
 pub struct PerplexityReport {
     /// Number of tokens in the sequence.
     pub tokens: usize,
-    /// Mean negative log-likelihood in nats over the `tokens - 1` predictions.
+    /// Predictions counted: `tokens - 1`, or those after the prefill chunk
+    /// ([`PerplexityOptions::after_prefill`]).
+    pub counted: usize,
+    /// Mean negative log-likelihood in nats over the counted predictions.
     pub nll: f64,
     pub ppl: f64,
     pub kv_bytes_allocated: usize,
@@ -336,6 +346,19 @@ pub fn perplexity(
             format!(" {} is longer than the {n} tokens", opts.prefill),
         ));
     }
+    if opts.after_prefill && (opts.prefill < 2 || opts.prefill >= n - 1) {
+        return Err(EngineError::setting(
+            Setting::Prefill,
+            "",
+            format!(
+                " {} leaves no prediction to count after it: counting only what follows the prefill needs a prefill of 2 to {} of the {n} tokens",
+                opts.prefill,
+                n.saturating_sub(2)
+            ),
+        ));
+    }
+    // the first prediction counted: the first decode step's
+    let counted_from = if opts.after_prefill { opts.prefill } else { 0 };
     let v = model.config.vocab_size;
     if let Some(&id) = ids.iter().find(|&&id| id as usize >= v) {
         return Err(kvslim_models::Error::TokenOutOfRange { id, vocab: v }.into());
@@ -424,6 +447,9 @@ pub fn perplexity(
             let target = ids[a + r + 1] as usize;
             let row = &logits[r * v..(r + 1) * v];
             logprobs.push(log_softmax_at(row, target));
+            if a + r < counted_from {
+                continue;
+            }
             if let Some(fl) = &full_logits {
                 cmp.logits(&fl[r * v..(r + 1) * v], row, target);
             }
@@ -464,7 +490,8 @@ pub fn perplexity(
         }
     }
     progress(n, n);
-    let nll = -logprobs.iter().sum::<f64>() / logprobs.len() as f64;
+    let counted = &logprobs[counted_from..];
+    let nll = -counted.iter().sum::<f64>() / counted.len() as f64;
     let bytes = s.kv_bytes();
     let decode_steps = step_ms.len();
     let decode_ms_median = (!step_ms.is_empty()).then(|| {
@@ -508,6 +535,7 @@ pub fn perplexity(
     });
     Ok(PerplexityReport {
         tokens: n,
+        counted: counted.len(),
         nll,
         ppl: nll.exp(),
         kv_bytes_allocated: bytes.kv,

@@ -73,3 +73,33 @@ fn tinystories_nll_in_published_range_and_prefill_equals_decode() {
     }
     eprintln!("stories260K mean NLL on 512 tokens: {:.4}", decode.nll);
 }
+
+/// With `after_prefill` only the continuation of the prefilled prompt
+/// counts: the same run, its NLL over the decode steps' predictions, and
+/// the prompt's own rows (attention over the whole chunk before SnapKV
+/// compresses it) add no KL against the full cache.
+#[test]
+fn after_prefill_counts_only_the_compressed_prompts_continuation() {
+    let m = stories();
+    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
+    let mut ids = m.tokenizer.as_ref().unwrap().encode(&text[..8_000]).unwrap();
+    ids.truncate(256);
+    let spec = PolicySpec::parse("h2o:heavy=24,recent=8,prefill=snap:8").unwrap();
+    let opts = |after_prefill| PerplexityOptions {
+        prefill: 192,
+        after_prefill,
+        compare_full: true,
+        ..PerplexityOptions::new(spec.clone())
+    };
+    let all = perplexity(&m.model, &ids, &opts(false), |_, _| {}).unwrap();
+    let cont = perplexity(&m.model, &ids, &opts(true), |_, _| {}).unwrap();
+    assert_eq!((all.counted, cont.counted), (255, 63));
+    assert_eq!(all.logprobs, cont.logprobs, "the same run, counted differently");
+    let mean = -cont.logprobs[192..].iter().sum::<f64>() / 63.0;
+    assert!((cont.nll - mean).abs() < 1e-12, "{} vs {mean}", cont.nll);
+    let (kl_all, kl_cont) = (all.compare_full.unwrap().kl_mean, cont.compare_full.unwrap().kl_mean);
+    assert!(kl_cont > 0.0, "32 of 192 prompt slots kept change the continuation");
+    assert!((kl_all * 255.0 - kl_cont * 63.0).abs() <= 1e-9 * kl_cont * 63.0, "{kl_all} · 255 vs {kl_cont} · 63");
+    let e = perplexity(&m.model, &ids, &PerplexityOptions { prefill: 255, ..opts(true) }, |_, _| {}).unwrap_err();
+    assert!(e.to_string().contains("leaves no prediction"), "{e}");
+}

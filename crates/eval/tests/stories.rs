@@ -200,6 +200,29 @@ fn matrix_end_to_end_and_resume() {
     assert!(run_matrix(&m.model, tok, &cfg, |_| {}).is_err());
 }
 
+/// `ppl:FILE,prompt=P`: each window's first P tokens are a prompt the
+/// policy compresses in its prefill; only the continuation's predictions
+/// count, so SnapKV's compression shows in KL, and a prompt too long for
+/// the windows is refused before anything runs.
+#[test]
+fn a_compressed_prompts_continuation_is_what_ppl_prompt_scores() {
+    let m = stories();
+    let tok = m.tokenizer.as_ref().unwrap();
+    let run = |prompt: usize| {
+        let task = task_on("ppl", "tinystories/tinystories_val.txt", &format!("seq_len=64,limit=2,prompt={prompt}"));
+        let mut cfg = MatrixConfig::new("stories260K", vec![TaskSpec::parse(&task).unwrap()]);
+        cfg.policies = ["full", "h2o:prefill=snap:8"].map(String::from).to_vec();
+        cfg.budgets = vec!["25%".into()];
+        run_matrix(&m.model, tok, &cfg, |_| {})
+    };
+    let rows = run(48).unwrap();
+    let (full, snap) = (&rows[0].metrics, &rows[1].metrics);
+    assert_eq!((full["tokens"], snap["tokens"]), (30.0, 30.0), "2 windows × (63 − 48) predictions");
+    assert!(full["kl"] == 0.0 && snap["kl"] > 0.0, "{full:?} {snap:?}");
+    let e = run(63).unwrap_err().to_string();
+    assert!(e.contains("prompt=63 leaves no continuation"), "{e}");
+}
+
 /// A missing task file stops the run before it writes anything, naming the
 /// file, even when other tasks come first.
 #[test]

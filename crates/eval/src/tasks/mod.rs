@@ -2,7 +2,9 @@
 //! implementing [`Task`] and [`Prepared`], listed once in [`KINDS`].
 //!
 //! ```text
-//! ppl:FILE[,seq_len=N]              text → BOS + N−1 token windows (default N = 512)
+//! ppl:FILE[,seq_len=N][,prompt=P]   text → BOS + N−1 token windows (default N = 512);
+//!                                   P: each window's first P tokens a compressed prompt,
+//!                                   its continuation alone scored
 //! mc:FILE[,delim=TEXT]              {"query","choices","gold"} jsonl
 //! hellaswag:FILE                    llama.cpp's 6-line HellaSwag, plain or .bz2
 //! gen:FILE[,max_tokens=N]           prompts, one per line or jsonl {"prompt"} (default N = 128)
@@ -107,7 +109,7 @@ mod tests {
     use super::*;
 
     fn ppl(path: &str, seq_len: usize, limit: Option<usize>) -> TaskSpec {
-        TaskSpec { kind: Box::new(ppl::Ppl { path: path.into(), seq_len }), limit }
+        TaskSpec { kind: Box::new(ppl::Ppl { path: path.into(), seq_len, prompt: 0 }), limit }
     }
 
     fn ruler_config(t: &TaskSpec) -> &RulerConfig {
@@ -132,6 +134,7 @@ mod tests {
         for s in [
             "ppl:../shared/data/wikitext2/wiki.test.raw",
             "ppl:data/t.txt,seq_len=128,limit=4",
+            "ppl:data/t.txt,seq_len=128,prompt=96",
             "mc:../shared/data/piqa/piqa_llmfoundry.jsonl",
             "mc:a.jsonl,delim=\\nAnswer:\\s",
             "hellaswag:../shared/data/hellaswag/hellaswag_val_full.txt.bz2,limit=100",
@@ -154,6 +157,8 @@ mod tests {
         let mc = mc::Mc { path: "a.jsonl".into(), delimiter: Some("\nAnswer: ".into()) };
         assert_eq!(t, TaskSpec { kind: Box::new(mc), limit: None });
         assert_eq!(TaskSpec::parse("ppl:/x/y/wiki.test.raw,limit=3").unwrap().label(), "ppl:wiki.test.raw,limit=3");
+        let t = TaskSpec::parse("ppl:t.txt,prompt=96").unwrap();
+        assert_eq!(t.kind.downcast::<ppl::Ppl>().map(|p| p.prompt), Some(96));
     }
 
     #[test]
@@ -209,7 +214,8 @@ mod tests {
             ("data.csv", "cannot tell the task kind"),
             ("ppl:a.txt,seq_len=x", "`seq_len=x` is not a valid number"),
             ("ppl:a.txt,seq_len=1", "seq_len must be ≥ 2"),
-            ("ppl:a.txt,delim=x", "unknown option `delim` for `ppl` (allowed: seq_len, limit)"),
+            ("ppl:a.txt,delim=x", "unknown option `delim` for `ppl` (allowed: seq_len, prompt, limit)"),
+            ("ppl:a.txt,prompt=1", "prompt must be ≥ 2 tokens"),
             ("mc:a.jsonl,limit=0", "limit must be ≥ 1"),
             ("mc:a.jsonl,limit=1,limit=2", "given twice"),
             ("passkey:depths=0,1.5", "depth 1.5 is outside [0, 1]"),

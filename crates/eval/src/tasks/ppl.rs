@@ -1,6 +1,9 @@
-//! `ppl:FILE[,seq_len=N]`: perplexity of a text cut into BOS-led windows
-//! ([`PplText::windows`]), every token a decode step (or one prefill in
-//! [`ScoreMode::Prefill`]).
+//! `ppl:FILE[,seq_len=N][,prompt=P]`: perplexity of a text cut into BOS-led
+//! windows ([`PplText::windows`]), every token a decode step (or one
+//! prefill in [`ScoreMode::Prefill`]). `prompt=P`: each window's first P
+//! tokens are one prefill chunk, a prompt the policy compresses (SnapKV's,
+//! KVzap's, KVzip's prefill), and the metrics count only the predictions
+//! after it, its teacher-forced continuation.
 //!
 //! Metrics: token-weighted `nll` and `ppl`; with `compare_full`, `kl` =
 //! mean KL(full‖policy), `top1` = top-1 agreement and `retained_mass` =
@@ -36,9 +39,9 @@ pub const KIND: Kind = Kind {
     names: &["ppl"],
     file: true,
     extensions: &[".raw", ".txt", ".tokens"],
-    options: "seq_len, limit",
+    options: "seq_len, prompt, limit",
     headline: &["ppl", "nll", "kl", "top1"],
-    new: |_, path| Box::new(Ppl { path, seq_len: DEFAULT_SEQ_LEN }),
+    new: |_, path| Box::new(Ppl { path, seq_len: DEFAULT_SEQ_LEN, prompt: 0 }),
 };
 
 /// Text → BOS + `seq_len` − 1 token windows; `limit` counts windows.
@@ -46,6 +49,9 @@ pub const KIND: Kind = Kind {
 pub struct Ppl {
     pub path: PathBuf,
     pub seq_len: usize,
+    /// Tokens of each window prefilled as a prompt, whose continuation alone
+    /// is scored (0: none).
+    pub prompt: usize,
 }
 
 impl Task for Ppl {
@@ -54,6 +60,12 @@ impl Task for Ppl {
     }
 
     fn set(&mut self, key: &str, vals: &[&str]) -> Result<bool, String> {
+        if set_option(&mut self.prompt, key, "prompt", vals, |k, v| match number(k, v)? {
+            n if n < 2 => Err("prompt must be ≥ 2 tokens (a prefill chunk)".into()),
+            n => Ok(n),
+        })? {
+            return Ok(true);
+        }
         set_option(&mut self.seq_len, key, "seq_len", vals, |k, v| match number(k, v)? {
             n if n < 2 => Err("seq_len must be ≥ 2".into()),
             n => Ok(n),
@@ -73,7 +85,12 @@ impl Task for Ppl {
     }
 
     fn render(&self, short: bool) -> String {
-        file_spec("ppl", &self.path, short, &[unless_default("seq_len", self.seq_len, DEFAULT_SEQ_LEN)])
+        file_spec(
+            "ppl",
+            &self.path,
+            short,
+            &[unless_default("seq_len", self.seq_len, DEFAULT_SEQ_LEN), unless_default("prompt", self.prompt, 0)],
+        )
     }
 
     /// `from` when the policy evicts (not `full`), has no head sharing,
@@ -88,7 +105,18 @@ impl Task for Ppl {
 
     fn prepare(&self, model: &Model, tok: &Tokenizer, limit: Option<usize>) -> Result<Box<dyn Prepared>> {
         let text: PplText = load_ppl_text(&self.path)?;
-        let windows = text.windows(tok, self.seq_len.min(model.config.context_len), limit)?;
+        let seq_len = self.seq_len.min(model.config.context_len);
+        if self.prompt > 0 && self.prompt + 2 > seq_len {
+            return Err(EvalError::File {
+                path: text.path.clone(),
+                reason: format!(
+                    "prompt={} leaves no continuation to score in windows of {seq_len} tokens; give it at most {}",
+                    self.prompt,
+                    seq_len.saturating_sub(2)
+                ),
+            });
+        }
+        let windows = text.windows(tok, seq_len, limit)?;
         if windows.is_empty() {
             return Err(EvalError::File { path: text.path.clone(), reason: "too short for one window".into() });
         }
@@ -111,7 +139,12 @@ impl Prepared for Windows {
         let mut peak = KvPeak::default();
         // the plain full cache (no storage keys, no CHAI) is its own reference
         let is_full = policy.sample_spec()? == PolicySpec::full();
-        let prefill = |n: usize| if cfg.mode == ScoreMode::Prefill { n } else { 0 };
+        let prompt = self.task.prompt;
+        let prefill = |n: usize| match (prompt, cfg.mode) {
+            (p, _) if p > 0 => p.min(n),
+            (_, ScoreMode::Prefill) => n,
+            _ => 0,
+        };
         let follows = self.task.decisions_from(policy, cfg.decisions_from)?;
         let row = &mut *cell.row;
         row.key.decisions_from = follows.map(|d| d.to_string());
@@ -121,6 +154,7 @@ impl Prepared for Windows {
                 let w = &windows[i];
                 let mut o = PerplexityOptions::new(policy.spec_for(w.len())?);
                 o.prefill = prefill(w.len());
+                o.after_prefill = prompt > 0;
                 o.compare_full = cfg.compare_full && !is_full;
                 o.decisions_from = follows;
                 Ok(perplexity(model, w, &o, |_, _| {})?)
@@ -143,7 +177,7 @@ impl Prepared for Windows {
                 steps += r.decode_steps;
             }
             if let Some(d) = &r.decisions {
-                let n = (r.tokens - 1) as f64;
+                let n = r.counted as f64;
                 ref_nll += d.reference_nll * n;
                 kl_ref += d.kl_vs_reference * n;
                 differing += d.kept_sets_differing;
@@ -161,7 +195,7 @@ impl Prepared for Windows {
             row.timings.insert("step_ms".into(), step_ms[step_ms.len() / 2]);
         }
         if follows.is_some() {
-            let toks: usize = reps.iter().map(|r| r.tokens - 1).sum();
+            let toks: usize = reps.iter().map(|r| r.counted).sum();
             let t = toks.max(1) as f64;
             m.insert("ref_ppl".into(), (ref_nll / t).exp());
             m.insert("kl_ref".into(), kl_ref / t);
@@ -170,7 +204,7 @@ impl Prepared for Windows {
         let (mut nll, mut toks, mut kl, mut top1, mut mass, mut cmp_toks) = (0.0, 0usize, 0.0, 0.0, 0.0, 0usize);
         let mut mass_samples: Vec<f64> = Vec::new();
         for r in &reps {
-            let n = r.tokens - 1;
+            let n = r.counted;
             nll += r.nll * n as f64;
             toks += n;
             peak.see(r.kv_bytes_allocated, r.kv_metadata_bytes);
