@@ -277,7 +277,7 @@ def ruler(root, src):
             items = [qwen_tables.decide_cells(cells, list(groups), t, policy, share) for t in tasks]
             if any(not a or len(a) < MIN_ITEMS for a in items):
                 return []
-            cands.append((sum(sum(a) / len(a) for a in items) / len(items), -cost(v[3]), policy, v))
+            cands.append((qwen_tables.task_mean(items), -cost(v[3]), policy, v))
         mean, _, policy, v = best(cands)
         why = f"RULER-4K mean accuracy {100 * mean:.1f}% over {len(tasks)} tasks (noise and text) at {share}: {policy}"
         rows.append(row(src, percent(share), v, src["evidence"], why, policy))

@@ -339,6 +339,11 @@ def stratified(pairs, seed):
     return mean, draws[int(0.025 * BOOTSTRAP)], draws[int(0.975 * BOOTSTRAP) - 1]
 
 
+def task_mean(items):
+    """The mean over tasks of each task's mean per-item value (`items`: per task, a list)."""
+    return sum(sum(a) / len(a) for a in items) / len(items)
+
+
 def decide_pairs(cells, groups, tasks, policy, ref, share, metric="acc"):
     """Per task measured for both, (policy items, reference items) paired by item index."""
     out = []
@@ -355,7 +360,7 @@ def decide_cell(cells, groups, tasks, policy, share, metric="acc"):
     pairs = decide_pairs(cells, groups, tasks, policy, "full", share, metric)
     if not pairs:
         return DASH
-    mean = sum(sum(a) / len(a) for a, _ in pairs) / len(pairs)
+    mean = task_mean([a for a, _ in pairs])
     items = sum(len(a) for a, _ in pairs)
     mark = "" if len(pairs) == len(tasks) else f" [{len(pairs)}/{len(tasks)}]"
     if policy == "full":
@@ -428,8 +433,7 @@ def zap_versus_zip(cells):
                     if not pairs:
                         out.append(f"| {model} | {kind} | {what} | {share} | {DASH} | {DASH} | not measured yet | 0 | not measured yet |")
                         continue
-                    zap = sum(sum(a) / len(a) for a, _ in pairs) / len(pairs)
-                    zip_ = sum(sum(b) / len(b) for _, b in pairs) / len(pairs)
+                    zap, zip_ = task_mean([a for a, _ in pairs]), task_mean([b for _, b in pairs])
                     d, lo, hi = stratified(pairs, seed=0)
                     partial = "" if len(pairs) == len(ts) else f" (provisional: {len(pairs)}/{len(ts)} tasks)"
                     ratio = 100 * zap / zip_ if zip_ else None
@@ -500,7 +504,7 @@ def headline(cells):
                 if not pairs:
                     figures.append(DASH)
                     continue
-                mean = sum(sum(a) / len(a) for a, _ in pairs) / len(pairs)
+                mean = task_mean([a for a, _ in pairs])
                 worse = p != "full" and stratified(pairs, seed=0)[2] < 0
                 figures.append(f"{mean:.2f}" + ("↓" if worse else ""))
             items = [sum(len(a) for a, _ in pairs) for pairs in got]
