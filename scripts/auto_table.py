@@ -18,8 +18,11 @@ costs at most MAX_PREFILL_COST (1.3) times the full cache's:
   alloc=global, recent_share= and a KVzap predictor (as a context row); no rows until every
   candidate has every task at MIN_ITEMS items or more: until then the source's `until` rule
   makes the model's rows, or, without one, the model keeps the defaults;
-* `agree` sources (the default for unknown models): the shares where the named models'
-  rows agree (score, sinks, heavy fraction, prefill), with those values;
+* `ruler-default` (the default reply rows, for unknown models): per share of the rankings that
+  decide, the best mean over the named models whose `ruler` candidates are complete, among the
+  candidates that need no per-model file; while none is complete, its `until` rule:
+* `agree` sources: the shares where the named models' rows agree (score, sinks, heavy
+  fraction, prefill), with those values;
 * `contexts` sources (rows of use "context", for compressed contexts): per share of the
   file, the most compress-once questions answered (niah_multiquery, asked after
   compression) among H2O variants within the prefill bound, which may name alloc=global,
@@ -31,8 +34,8 @@ costs at most MAX_PREFILL_COST (1.3) times the full cache's:
 A row's heavy fraction is the winner's heavy / (heavy + recent) slots, kept as the two
 integers so the Rust side divides exactly as before; H2O without heavy=/recent= splits the
 non-sink slots in half. A row whose winner is an evaluation's budget family (`ruler`,
-`contexts`, `contexts-default`) also names it (`family`): `auto` then gives B slots exactly as
-the evaluation did, so its cells are the winner's. SOURCES and PREFILL_COST are the only
+`ruler-default`, `contexts`, `contexts-default`) also names it (`family`): `auto` then gives B
+slots exactly as the evaluation did, so its cells are the winner's. SOURCES and PREFILL_COST are the only
 hand-written inputs.
 
 Usage: python3 scripts/auto_table.py [--root DIR] [--check]
@@ -74,8 +77,8 @@ SOURCES = [
      "until": {"rule": "kl+needles", "files": "docs/qwen/auto-kl/results.jsonl"}},
     {"model": "qwen2:24x896", "name": "Qwen2.5-Coder-0.5B", "rule": "ruler", "decide": "Qwen2.5-Coder-0.5B",
      "evidence": "docs/qwen/q05-ruler, q05-ruler-b, q05-ruler-c"},
-    {"model": "*", "name": "any other model", "rule": "agree", "of": ["llama:30x576", "gemma3:18x640"],
-     "evidence": "docs/results/tuning.md"},
+    {"model": "*", "name": "any other model", "rule": "ruler-default", "of": ["qwen2:24x896", "qwen2:28x1536"],
+     "until": {"rule": "agree", "of": ["llama:30x576", "gemma3:18x640"], "evidence": "docs/results/tuning.md"}},
     # compressed contexts: questions asked after compression (docs/contexts.md, "auto for contexts")
     {"model": "qwen2:24x896", "name": "Qwen2.5-Coder-0.5B", "use": "context", "rule": "contexts",
      "files": "docs/contexts/reuse-q05/results.jsonl"},
@@ -259,28 +262,62 @@ def contexts_default(root, src):
     return rows
 
 
-def ruler(root, src):
-    """Per kept share, the best mean RULER-4K accuracy over both haystack kinds ([best]: ties go
-    to the cheaper prefill) among the model's H2O variants within the prefill bound (a KVzap
-    predictor allowed), once every candidate has every task at MIN_ITEMS items or more; before
-    that, no rows."""
+def ruler_candidates(root, src):
+    """{share: [(mean, -cost, policy, variant)]}: per kept share of the model's groups, each H2O
+    variant within the prefill bound (a KVzap predictor allowed) with its mean RULER-4K accuracy
+    over every task of both haystack kinds; None until every candidate has every task at
+    MIN_ITEMS items or more."""
     groups = qwen_tables.DECIDE[src["decide"]]
     cells, _ = qwen_tables.load(root, list(groups))
     tasks = qwen_tables.KINDS["noise"] + qwen_tables.KINDS["text"]
-    rows = []
+    out = {}
     for share in qwen_tables.DECIDE_SHARES:
-        cands = []
+        out[share] = []
         for policy in dict.fromkeys(p for ps in groups.values() for p in ps):
             v = parse(policy, CONTEXT_KEYS)
             if v is None or cost(v[3]) > MAX_PREFILL_COST:
                 continue
             items = [qwen_tables.decide_cells(cells, list(groups), t, policy, share) for t in tasks]
             if any(not a or len(a) < MIN_ITEMS for a in items):
-                return []
-            cands.append((qwen_tables.task_mean(items), -cost(v[3]), policy, v))
+                return None
+            out[share].append((qwen_tables.task_mean(items), -cost(v[3]), policy, v))
+    return out
+
+
+def ruler_tasks():
+    return len(qwen_tables.KINDS["noise"] + qwen_tables.KINDS["text"])
+
+
+def ruler(root, src):
+    """Per kept share, the best of [ruler_candidates] ([best]: ties go to the cheaper prefill);
+    no rows until they are complete."""
+    found = ruler_candidates(root, src) or {}
+    rows = []
+    for share, cands in found.items():
         mean, _, policy, v = best(cands)
-        why = f"RULER-4K mean accuracy {100 * mean:.1f}% over {len(tasks)} tasks (noise and text) at {share}: {policy}"
+        why = f"RULER-4K mean accuracy {100 * mean:.1f}% over {ruler_tasks()} tasks (noise and text) at {share}: {policy}"
         rows.append(row(src, percent(share), v, src["evidence"], why, policy))
+    return rows
+
+
+def ruler_default(root, src):
+    """Per kept share, the best mean over the named models' [ruler_candidates] among the
+    candidates that need no per-model file, over the models whose candidates are complete; no
+    rows while none is."""
+    srcs = [next(s for s in SOURCES if s["model"] == m and s["rule"] == "ruler") for m in src["of"]]
+    found = [(s, f) for s in srcs if (f := ruler_candidates(root, s)) is not None]
+    rows = []
+    for share in qwen_tables.DECIDE_SHARES if found else []:
+        each = [{c[2]: c for c in f[share]} for _, f in found]
+        cands = []
+        for policy, (_, neg_cost, _, v) in each[0].items():
+            if needs_predictor(v[3]) or not all(policy in e for e in each):
+                continue
+            cands.append((sum(e[policy][0] for e in each) / len(each), neg_cost, policy, v))
+        mean, _, policy, v = best(cands)
+        names = " and ".join(s["model"] for s, _ in found)
+        why = f"mean RULER-4K accuracy {100 * mean:.1f}% over {names} at {share}: {policy}"
+        rows.append(row(src, percent(share), v, " + ".join(s["evidence"] for s, _ in found), why, policy))
     return rows
 
 
@@ -291,6 +328,7 @@ def table(root):
             "tuned": lambda s: tuned(root, s),
             "kl+needles": lambda s: kl_and_needles(root, s),
             "ruler": lambda s: ruler(root, s),
+            "ruler-default": lambda s: ruler_default(root, s),
             "agree": lambda s: agree(rows, s),
             "contexts": lambda s: contexts(root, s),
             "contexts-default": lambda s: contexts_default(root, s),

@@ -90,8 +90,10 @@ def test_a_compress_once_result_moves_the_context_rows(tmp_path):
     assert ctx[("qwen2:28x1536", 12.5)] == ([7, 8], "kvzap", "global"), "the other model's rows stay"
 
 
-def test_a_tuned_winner_moves_the_default_rows(tmp_path):
+def test_a_tuned_winner_moves_the_default_rows_until_a_ruler_group_is_complete(tmp_path):
     root = copy(tmp_path)
+    for group in auto_table.qwen_tables.DECIDE["Qwen2.5-Coder-0.5B"]:
+        shutil.rmtree(root / "docs" / "qwen" / group, ignore_errors=True)
     tuned = root / "docs/tuned/gemma-5.json"
     d = json.loads(tuned.read_text(encoding="utf-8"))
     d["spec"] = "h2o:heavy=13,recent=38,score=norm"
@@ -118,8 +120,9 @@ def test_specs_parse_to_row_values():
 def test_a_complete_ruler_group_makes_the_models_reply_rows(tmp_path):
     """q05-ruler (synthetic shards): once every candidate has every task of both haystacks at 50
     items, the 0.5B gets reply rows with the best mean accuracy (KVzap-style with KVzip's budget
-    here, named as the family the evaluation ran); one task short, none (the model keeps the
-    defaults)."""
+    here, named as the family the evaluation ran), and the default rows the best that needs no
+    predictor; one task short, neither (the model keeps the defaults, the defaults their
+    `until` rule)."""
     root = copy(tmp_path)
     qt = auto_table.qwen_tables
     group = root / "docs" / "qwen" / "q05-ruler"
@@ -140,13 +143,20 @@ def test_a_complete_ruler_group_makes_the_models_reply_rows(tmp_path):
         (group / "shard-0" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
 
     every = qt.KINDS["noise"] + qt.KINDS["text"]
+    replies = lambda model: [r for r in json.loads(auto_table.table(root))["rows"]  # noqa: E731
+                             if r["model"] == model and r["use"] == "reply"]
     write(every)
-    got = [r for r in json.loads(auto_table.table(root))["rows"] if r["model"] == "qwen2:24x896" and r["use"] == "reply"]
+    got = replies("qwen2:24x896")
     assert [(r["share"], r["prefill"], r["alloc"], r["family"]) for r in got] == [
         (s, "kvzap", "global", qt.ZAP) for s in (50.0, 25.0, 12.5)]
     assert got[0]["heavy"] == [7, 8] and "94.0%" in got[0]["why"], "window is no H2O variant and KVzip costs 2x"
+    default = replies("*")
+    assert [(r["share"], r["family"], r["evidence"]) for r in default] == [
+        (s, "h2o:prefill=snap:32", "docs/qwen/q05-ruler, q05-ruler-b, q05-ruler-c") for s in (50.0, 25.0, 12.5)]
+    assert "90.0% over qwen2:24x896 at" in default[0]["why"]
     write(every[:-1])
-    assert not [r for r in json.loads(auto_table.table(root))["rows"] if r["model"] == "qwen2:24x896" and r["use"] == "reply"]
+    assert not replies("qwen2:24x896")
+    assert {r["evidence"] for r in replies("*")} == {"docs/results/tuning.md"}
 
 
 def test_the_15b_keeps_its_kl_row_until_its_ruler_group_is_complete(tmp_path):
@@ -169,3 +179,7 @@ def test_the_15b_keeps_its_kl_row_until_its_ruler_group_is_complete(tmp_path):
     got = replies()
     assert [(r["share"], r["family"], r["evidence"]) for r in got] == [
         (s, "h2o:prefill=snap:32", "docs/qwen/q15-ruler") for s in (50.0, 25.0, 12.5)]
+    q05 = next(s for s in auto_table.SOURCES if s["model"] == "qwen2:24x896" and s["rule"] == "ruler")
+    if auto_table.ruler_candidates(root, q05) is None:  # the 0.5B's rankings still running: the 1.5B's alone
+        defaults = [r for r in json.loads(auto_table.table(root))["rows"] if r["model"] == "*" and r["use"] == "reply"]
+        assert {(r["family"], r["evidence"]) for r in defaults} == {("h2o:prefill=snap:32", "docs/qwen/q15-ruler")}

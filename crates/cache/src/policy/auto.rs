@@ -303,7 +303,10 @@ mod tests {
             bytes("auto:budget=20%", "llama:30x576"),
             bytes("h2o:heavy=150,recent=50,sink=4,score=norm", "llama:30x576")
         );
-        assert_eq!(bytes("auto:budget=20%", "qwen3:28x1024"), bytes("h2o:heavy=102,recent=102,score=norm", "x"));
+        // a model without rows: the default row nearest 20%, at 20% of the 1,024-token base
+        let (default, row) = resolve(Budget::Percent(20.0), Some("qwen3:28x1024"), 1024, AutoUse::Reply, false);
+        assert_eq!(row.model, "*");
+        assert_eq!(bytes("auto:budget=20%", "qwen3:28x1024"), bytes(&default.to_string(), "x"));
     }
 
     #[test]
@@ -374,9 +377,11 @@ mod tests {
         let reply = |model, share| choose(model, share, AutoUse::Reply, false);
         assert_eq!(reply(Some("llama:30x576"), 25.0).share, 20.0);
         assert_eq!(reply(Some("llama:30x576"), 30.0).share, 40.0, "a tie takes the larger share");
+        let defaults: Vec<f64> = CHOICES.iter().filter(|c| c.model == "*" && c.usage == AutoUse::Reply).map(|c| c.share).collect();
+        let nearest = |share: f64| defaults.iter().copied().min_by(|a, b| (a - share).abs().total_cmp(&(b - share).abs()));
         let unknown = reply(Some("qwen3:28x1024"), 20.0);
-        assert_eq!((unknown.model, unknown.share), ("*", 10.0));
-        assert_eq!(reply(None, 60.0).share, 40.0);
+        assert_eq!((unknown.model, Some(unknown.share)), ("*", nearest(20.0)));
+        assert_eq!(Some(reply(None, 60.0).share), nearest(60.0));
         assert_eq!(model_key("Qwen2", 28, 1536), "qwen2:28x1536");
     }
 }
