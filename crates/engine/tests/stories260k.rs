@@ -13,6 +13,14 @@ fn stories() -> LoadedModel {
     load_model(&shared().join("models/stories260K/stories260K.bin")).expect("load stories260K")
 }
 
+/// The first `n` tokens of the first `chars` bytes of TinyStories' validation text.
+fn tinystories_ids(m: &LoadedModel, chars: usize, n: usize) -> Vec<u32> {
+    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
+    let mut ids = m.tokenizer.as_ref().unwrap().encode(&text[..chars]).unwrap();
+    ids.truncate(n);
+    ids
+}
+
 #[test]
 fn encoding_matches_reference() {
     let m = stories();
@@ -55,9 +63,7 @@ fn greedy_and_position_zero_logits_match_reference() {
 #[test]
 fn tinystories_nll_in_published_range_and_prefill_equals_decode() {
     let m = stories();
-    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
-    let mut ids = m.tokenizer.as_ref().unwrap().encode(&text[..20_000]).unwrap();
-    ids.truncate(512);
+    let ids = tinystories_ids(&m, 20_000, 512);
     let decode = perplexity(&m.model, &ids, &PerplexityOptions::new(PolicySpec::full()), |_, _| {}).unwrap();
     assert!((1.2..=1.45).contains(&decode.nll), "mean NLL {} outside [1.2, 1.45]", decode.nll);
     let prefill = perplexity(
@@ -81,9 +87,7 @@ fn tinystories_nll_in_published_range_and_prefill_equals_decode() {
 #[test]
 fn after_prefill_counts_only_the_compressed_prompts_continuation() {
     let m = stories();
-    let text = std::fs::read_to_string(shared().join("data/tinystories/tinystories_val.txt")).unwrap();
-    let mut ids = m.tokenizer.as_ref().unwrap().encode(&text[..8_000]).unwrap();
-    ids.truncate(256);
+    let ids = tinystories_ids(&m, 8_000, 256);
     let spec = PolicySpec::parse("h2o:heavy=24,recent=8,prefill=snap:8").unwrap();
     let opts = |after_prefill| PerplexityOptions {
         prefill: 192,
