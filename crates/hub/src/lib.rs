@@ -39,6 +39,8 @@
 //! `KVSLIM_OFFLINE=1` forbids every download.
 
 mod alias;
+#[cfg(all(test, unix))]
+mod fetch_tests;
 mod hf;
 mod pip;
 mod process;
