@@ -2,11 +2,12 @@
 //! decode step per token until EOS or the token limit; and the same for
 //! several policies at once over one shared prefill ([`generate_shared`]).
 
+pub use crate::generation::{Generation, StopReason};
 use crate::lockstep::{self, Lockstep};
 use crate::sampling::SamplingParams;
 use crate::session::Session;
 use crate::{EngineError, Result};
-use kvslim_cache::{KvBytes, PolicySpec, PrefillKernel};
+use kvslim_cache::{PolicySpec, PrefillKernel};
 use kvslim_models::{Logits, Model};
 use std::time::Instant;
 
@@ -18,31 +19,6 @@ pub struct GenerateOptions {
     pub policy: PolicySpec,
     /// Token ids that end generation (not included in the output).
     pub eos: Vec<u32>,
-}
-
-/// Why generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StopReason {
-    Eos,
-    MaxTokens,
-    /// The callback asked to stop (client gone, stop string seen).
-    Cancelled,
-}
-
-/// The result of one generation (serializable: an interrupted evaluation
-/// keeps the generations it finished).
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct Generation {
-    /// Generated ids only (prompt excluded, EOS excluded).
-    pub token_ids: Vec<u32>,
-    pub prompt_tokens: usize,
-    pub stop: StopReason,
-    /// Prompt prefill time including the first sampled token.
-    pub time_to_first_token_s: f64,
-    /// Time of all decode steps after the first token.
-    pub decode_s: f64,
-    pub kv_bytes: KvBytes,
 }
 
 /// Checks the prompt against the context and opens its session; returns
@@ -219,25 +195,6 @@ pub fn share_groups(
         groups.push(members);
     }
     groups
-}
-
-/// Takes `t` into the output (`out`, and the caller's `on_token`) unless it
-/// ends the run: `Some(Eos)` for an end-of-sequence token (not taken),
-/// `Some(Cancelled)` when `on_token` says stop (taken).
-pub(crate) fn take_token(
-    t: u32,
-    eos: &[u32],
-    out: &mut Vec<u32>,
-    on_token: &mut impl FnMut(u32) -> bool,
-) -> Option<StopReason> {
-    if eos.contains(&t) {
-        return Some(StopReason::Eos);
-    }
-    out.push(t);
-    if !on_token(t) {
-        return Some(StopReason::Cancelled);
-    }
-    None
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod calibrate;
 pub mod context;
 pub mod generate;
+mod generation;
 pub mod kvzap;
 mod lockstep;
 pub mod perplexity;

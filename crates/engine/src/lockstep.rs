@@ -6,7 +6,7 @@
 //! an evaluation's cells, or a context's questions under several policies,
 //! cost one pass over the weights per step instead of one per generation.
 
-use crate::generate::{take_token, Generation, StopReason};
+use crate::generation::{take_token, Generation, StopReason};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::session::Session;
 use crate::Result;

@@ -58,8 +58,8 @@ pub use model_draft::{CopyThenModel, ModelDrafter};
 pub use ngram::NgramDrafter;
 use rollback::Rollback;
 
-use crate::generate::{start_session, take_token};
-use crate::generate::{GenerateOptions, Generation, StopReason};
+use crate::generate::{start_session, GenerateOptions};
+use crate::generation::{take_token, Generation, StopReason};
 use crate::sampling::argmax;
 use crate::session::Session;
 use crate::{EngineError, Result, Setting};

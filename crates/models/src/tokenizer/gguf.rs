@@ -22,7 +22,7 @@
 
 use super::scored::{ScoredVocab, SpaceStyle};
 use super::{Tokenizer, TokenizerKind};
-use crate::loader::gguf::Metadata;
+use crate::loader::gguf::metadata::Metadata;
 use crate::{Error, Result};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Merges, Vocab, BPE};

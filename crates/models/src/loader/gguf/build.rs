@@ -1,12 +1,11 @@
 //! GGUF metadata and tensors → [`ModelConfig`] and [`Weights`], shared by
 //! every architecture; what sets one apart is its [`Arch`] entry.
 
+use super::arch::Arch;
 use super::{gemma3, llama, phi3, qwen2, qwen3, GgufFile, TensorInfo, Value};
-use crate::config::{Architecture, BlockFeatures, ModelConfig, NormKind, RopeConfig, SlidingWindow, SourceFormat};
+use crate::config::{BlockFeatures, ModelConfig, NormKind, RopeConfig, SlidingWindow, SourceFormat};
 use crate::weights::{LayerWeights, Linear, NormWeights, Weights};
 use crate::{Error, Result};
-use kvslim_kernels::ops::Activation;
-use kvslim_kernels::rope::RopeLayout;
 use kvslim_kernels::Matrix;
 
 /// The GGUF architectures kvslim maps onto its forward pass, written once.
@@ -15,33 +14,6 @@ const ARCHITECTURES: &[&Arch] = &[&llama::ARCH, &qwen2::ARCH, &qwen3::ARCH, &gem
 /// The `general.architecture` names [`build`] reads (for error messages).
 pub fn supported_architectures() -> impl Iterator<Item = &'static str> {
     ARCHITECTURES.iter().map(|a| a.name)
-}
-
-/// What sets one GGUF architecture apart from `llama` (each has its file:
-/// `llama.rs`, `qwen2.rs`, …); the rest of the translation is shared.
-pub(super) struct Arch {
-    /// `general.architecture`, also the prefix of its metadata keys.
-    pub name: &'static str,
-    pub architecture: Architecture,
-    /// How RoPE pairs dimensions: `llama` converters permute q/k so pairs
-    /// are adjacent; the others keep the original order (rotate halves).
-    pub rope: RopeLayout,
-    /// Per-head RMS norm of q and k before RoPE.
-    pub qk_norm: bool,
-    /// Gemma's extras: norms after attention and MLP, embeddings × √d, and
-    /// sliding-window defaults.
-    pub gemma: Option<Gemma>,
-    /// q/k/v in one `attn_qkv` tensor and gate/up in one `ffn_up`.
-    pub fused: bool,
-    pub activation: Activation,
-}
-
-/// Gemma 3's defaults for sliding-window layers.
-pub(super) struct Gemma {
-    /// Without `attention.sliding_window_pattern`, every this-many-th layer is global.
-    pub global_every: usize,
-    /// The RoPE base of local layers without `rope.freq_base_swa`.
-    pub local_rope_base: f32,
 }
 
 /// Translates a parsed file's metadata and tensors into a config and

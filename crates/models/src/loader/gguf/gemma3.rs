@@ -2,7 +2,7 @@
 //! embeddings × √d, sliding-window layers with their own RoPE base, NEOX
 //! RoPE.
 
-use super::build::{Arch, Gemma};
+use super::arch::{Arch, Gemma};
 use crate::config::Architecture;
 use kvslim_kernels::ops::Activation;
 use kvslim_kernels::rope::RopeLayout;

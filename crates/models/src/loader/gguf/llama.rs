@@ -1,7 +1,7 @@
 //! `llama`: the reference the other GGUF architectures differ from. Its
 //! converter permutes the q/k tensors so RoPE rotates adjacent pairs.
 
-use super::build::Arch;
+use super::arch::Arch;
 use crate::config::Architecture;
 use kvslim_kernels::ops::Activation;
 use kvslim_kernels::rope::RopeLayout;

@@ -1,7 +1,7 @@
 //! `phi3`: fused `attn_qkv` and gate/up `ffn_up` tensors, NEOX RoPE, an
 //! optional sliding window.
 
-use super::build::Arch;
+use super::arch::Arch;
 use crate::config::Architecture;
 use kvslim_kernels::ops::Activation;
 use kvslim_kernels::rope::RopeLayout;

@@ -1,7 +1,7 @@
 //! `qwen2`: llama with q/k/v biases (read wherever the file has them) and
 //! NEOX RoPE (rotate halves).
 
-use super::build::Arch;
+use super::arch::Arch;
 use crate::config::Architecture;
 use kvslim_kernels::ops::Activation;
 use kvslim_kernels::rope::RopeLayout;

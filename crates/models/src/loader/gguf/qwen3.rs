@@ -1,6 +1,6 @@
 //! `qwen3`: per-head RMS norm of q and k before RoPE, NEOX RoPE.
 
-use super::build::Arch;
+use super::arch::Arch;
 use crate::config::Architecture;
 use kvslim_kernels::ops::Activation;
 use kvslim_kernels::rope::RopeLayout;
