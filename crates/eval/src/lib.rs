@@ -13,6 +13,8 @@
 //!   spec at equal slots ([`budget::BudgetedPolicy`]);
 //! * [`results`]: one JSON line per finished cell in `results.jsonl`,
 //!   resume, and `results.csv` / `results.md`;
+//! * [`cell`]: one cell in flight (a task under one policy at one budget)
+//!   and how its items run: parallel blocks, shared prefills;
 //! * [`matrix`]: [`matrix::run_matrix`], the models × policies × budgets ×
 //!   tasks loop with a progress callback, which only runs the cells;
 //! * [`plots`]: quality-vs-budget charts (PNG + SVG) from result rows, drawn
@@ -40,6 +42,7 @@ macro_rules! parse_names {
 }
 
 pub mod budget;
+pub mod cell;
 pub mod chart;
 pub mod forked;
 pub mod matrix;

@@ -2,7 +2,6 @@
 //! multiple-choice accuracy from it.
 
 use crate::budget::PolicySource;
-use crate::tasks::McItem;
 use crate::{EvalError, Result};
 use kvslim_engine::sampling::argmax;
 use kvslim_engine::Session;
@@ -165,6 +164,32 @@ fn score_one<P: PolicySource + ?Sized>(
         kv_bytes: bytes.kv,
         kv_metadata_bytes: bytes.metadata,
     })
+}
+
+/// One item ready to score: choice i's full text is
+/// `context + continuations[i]`; the model is scored on the continuation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct McItem {
+    pub context: String,
+    pub continuations: Vec<String>,
+    pub gold: usize,
+}
+
+impl McItem {
+    /// Joins `query + delimiter + choice` and moves the whitespace at the end
+    /// of `query + delimiter` to the front of every continuation (as
+    /// lm-evaluation-harness does), so a tokenizer sees `" word"` at the
+    /// boundary instead of a dangling space.
+    pub fn from_parts(query: &str, delimiter: &str, choices: &[String], gold: usize) -> Self {
+        let joined = format!("{query}{delimiter}");
+        let context = joined.trim_end_matches(|c: char| c.is_whitespace());
+        let moved = &joined[context.len()..];
+        McItem {
+            context: context.to_string(),
+            continuations: choices.iter().map(|c| format!("{moved}{c}")).collect(),
+            gold,
+        }
+    }
 }
 
 /// Tokenizes an item the way lm-evaluation-harness does: the whole text

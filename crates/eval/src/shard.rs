@@ -8,7 +8,7 @@
 //!   are disjoint and together cover every cell exactly once.
 //! * A shard writes its own out directory: `results.jsonl` whose rows carry
 //!   `shard` (`I/N`) and `run` (the config fingerprint,
-//!   [`config_fingerprint`]), the usual `results.csv` / `results.md` of
+//!   [`crate::MatrixConfig::fingerprint`]), the usual `results.csv` / `results.md` of
 //!   its own rows, and `shard.json` ([`ShardManifest`]): the fingerprint
 //!   and the cells the shard owns with their canonical numbers.
 //! * [`merge_shards`] reads `N` shard directories, refuses shards of
@@ -27,7 +27,6 @@
 //!
 //! [`run_matrix`]: crate::run_matrix
 
-use crate::matrix::MatrixConfig;
 use crate::results::{write_summaries_noted, CellKey, ResultRow, ResultsLog};
 use crate::{EvalError, Result, Setting};
 use serde::{Deserialize, Serialize};
@@ -75,42 +74,6 @@ impl FromStr for Shard {
     }
 }
 
-/// 64-bit FNV-1a: stable across platforms and Rust versions.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-/// Identifies a run's configuration: a hash of everything that decides its
-/// cells and their values (model label, policies, budgets, task specs,
-/// scoring mode and scoring, full-cache comparison, decisions-from dtype, kvslim version
-/// and commit) and of its cell list. Not the shard, out directory, resume or
-/// charts. Shards of one run share it; [`merge_shards`] refuses to mix others.
-pub fn config_fingerprint(cfg: &MatrixConfig, cells: &[CellKey]) -> String {
-    let mut s = format!(
-        "model={:?}\npolicies={:?}\nbudgets={:?}\ntasks={:?}\nmode={:?}\nscoring={:?}\ncompare_full={}\n\
-         decisions_from={:?}\nversion={}\ncommit={}\n",
-        cfg.model_label,
-        cfg.policies,
-        cfg.budgets,
-        cfg.tasks,
-        cfg.mode,
-        cfg.scoring,
-        cfg.compare_full,
-        cfg.decisions_from.map(|d| d.to_string()),
-        env!("CARGO_PKG_VERSION"),
-        crate::results::git_commit(),
-    );
-    for c in cells {
-        s.push_str(&format!("cell={c:?}\n"));
-    }
-    format!("{:016x}", fnv1a(s.as_bytes()))
-}
-
 /// A cell a shard owns, as `shard.json` lists it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ManifestCell {
@@ -125,7 +88,7 @@ pub struct ManifestCell {
 pub struct ShardManifest {
     /// `I/N`.
     pub shard: String,
-    /// [`config_fingerprint`] of the run.
+    /// [`crate::MatrixConfig::fingerprint`] of the run.
     pub run: String,
     /// Cells of the whole run.
     pub total_cells: usize,

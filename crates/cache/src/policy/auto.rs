@@ -377,8 +377,10 @@ mod tests {
         let reply = |model, share| choose(model, share, AutoUse::Reply, false);
         assert_eq!(reply(Some("llama:30x576"), 25.0).share, 20.0);
         assert_eq!(reply(Some("llama:30x576"), 30.0).share, 40.0, "a tie takes the larger share");
-        let defaults: Vec<f64> = CHOICES.iter().filter(|c| c.model == "*" && c.usage == AutoUse::Reply).map(|c| c.share).collect();
-        let nearest = |share: f64| defaults.iter().copied().min_by(|a, b| (a - share).abs().total_cmp(&(b - share).abs()));
+        let defaults: Vec<f64> =
+            CHOICES.iter().filter(|c| c.model == "*" && c.usage == AutoUse::Reply).map(|c| c.share).collect();
+        let nearest =
+            |share: f64| defaults.iter().copied().min_by(|a, b| (a - share).abs().total_cmp(&(b - share).abs()));
         let unknown = reply(Some("qwen3:28x1024"), 20.0);
         assert_eq!((unknown.model, Some(unknown.share)), ("*", nearest(20.0)));
         assert_eq!(Some(reply(None, 60.0).share), nearest(60.0));

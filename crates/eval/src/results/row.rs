@@ -65,7 +65,7 @@ pub struct ResultRow {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<String>,
     /// Sharded runs only: the run's configuration fingerprint
-    /// ([`crate::shard::config_fingerprint`]); merged results drop it.
+    /// ([`crate::MatrixConfig::fingerprint`]); merged results drop it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<String>,
 }

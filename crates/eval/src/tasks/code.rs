@@ -7,7 +7,7 @@
 //! as `file`, are kept for reference only).
 
 use super::kind::{file_spec, positive, unless_default, GenerationItems, Kind, KvPeak, Prepared, Task};
-use crate::matrix::Cell;
+use crate::cell::Cell;
 use crate::{EvalError, Result};
 use kvslim_models::{Model, Tokenizer};
 use std::path::{Path, PathBuf};
@@ -47,12 +47,6 @@ pub fn load_code_items(path: &Path) -> Result<Vec<CodeItem>> {
 pub fn first_line(generated: &str) -> &str {
     let rest = generated.trim_start_matches(['\n', '\r']);
     rest.split('\n').next().unwrap_or("").trim_end_matches('\r')
-}
-
-/// Whether a continuation already holds its whole first line (a newline
-/// after some text): generation can stop there.
-pub fn first_line_done(generated: &str) -> bool {
-    generated.trim_start_matches(['\n', '\r']).contains('\n')
 }
 
 /// Levenshtein distance in characters (two rows of the DP table).
@@ -212,8 +206,6 @@ mod tests {
         assert_eq!(first_line("\n\n    return x\n    y = 2"), "    return x");
         assert_eq!(first_line("return x"), "return x");
         assert_eq!(first_line("a\r\nb"), "a");
-        assert!(!first_line_done("\n  retu"));
-        assert!(first_line_done("\n  return x\n"));
         assert_eq!(score_line("    return x  ", "return x"), (true, 1.0));
         let (hit, sim) = score_line("return y", "return x");
         assert!(!hit);

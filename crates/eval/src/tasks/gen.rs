@@ -9,7 +9,7 @@
 
 use super::kind::{file_spec, positive, set_option, unless_default, Kind, KvPeak, Prepared, Task};
 use super::text::load_gen_prompts;
-use crate::matrix::{greedy, par_blocks, Cell};
+use crate::cell::{greedy, par_blocks, Cell};
 use crate::metrics::{first_divergence, identical_prefix_fraction, positional_agreement};
 use crate::{EvalError, PolicySource, Result};
 use kvslim_engine::generate;

@@ -2,7 +2,8 @@
 //! data file), its items tokenized once for all its cells, and one cell run
 //! and scored ([`Prepared`]). [`super::KINDS`] lists every kind.
 
-use crate::matrix::Cell;
+use crate::cell::Cell;
+pub use crate::cell::GenerationItems;
 use crate::{BudgetedPolicy, Result};
 use kvslim_models::{Model, Tokenizer};
 use std::any::Any;
@@ -28,7 +29,7 @@ pub struct Kind {
 
 /// A task's settings, parsed from its spec (`limit` aside, which
 /// [`super::TaskSpec`] keeps). `Debug` is part of the run's fingerprint
-/// ([`crate::shard::config_fingerprint`]): a kind's struct and field names
+/// ([`crate::MatrixConfig::fingerprint`]): a kind's struct and field names
 /// stay as they are.
 pub trait Task: fmt::Debug + Send + Sync + DynTask {
     /// The kind's name (`ppl`, `mc`, …, or the RULER task).
@@ -68,11 +69,6 @@ pub trait Task: fmt::Debug + Send + Sync + DynTask {
     /// most `limit` of them.
     fn prepare(&self, model: &Model, tok: &Tokenizer, limit: Option<usize>) -> Result<Box<dyn Prepared>>;
 }
-
-/// A generation task's prompts: each with the questions asked after it one
-/// at a time (none: the prompt asks), the token limit, and whether a
-/// generation ends with its first line.
-pub type GenerationItems<'a> = (Vec<(&'a [u32], &'a [Vec<u32>])>, usize, bool);
 
 /// A task's items, tokenized, and how a cell runs and scores them.
 pub trait Prepared: Send + Sync {

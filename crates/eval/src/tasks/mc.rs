@@ -5,8 +5,9 @@
 
 use super::kind::{file_spec, set_option, single, Kind, KvPeak, Prepared, Task};
 use super::read_text;
+use crate::cell::{block_size, Cell};
 use crate::forked::score_items;
-use crate::matrix::{block_size, Cell};
+pub use crate::score::McItem;
 use crate::score::{encode_item, predict, predict_norm, score_choices, Choice, McTally, Scoring};
 use crate::{EvalError, Result};
 use kvslim_models::{Model, Tokenizer};
@@ -14,32 +15,6 @@ use rayon::prelude::*;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-
-/// One item ready to score: choice i's full text is
-/// `context + continuations[i]`; the model is scored on the continuation.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct McItem {
-    pub context: String,
-    pub continuations: Vec<String>,
-    pub gold: usize,
-}
-
-impl McItem {
-    /// Joins `query + delimiter + choice` and moves the whitespace at the end
-    /// of `query + delimiter` to the front of every continuation (as
-    /// lm-evaluation-harness does), so a tokenizer sees `" word"` at the
-    /// boundary instead of a dangling space.
-    pub fn from_parts(query: &str, delimiter: &str, choices: &[String], gold: usize) -> Self {
-        let joined = format!("{query}{delimiter}");
-        let context = joined.trim_end_matches(|c: char| c.is_whitespace());
-        let moved = &joined[context.len()..];
-        McItem {
-            context: context.to_string(),
-            continuations: choices.iter().map(|c| format!("{moved}{c}")).collect(),
-            gold,
-        }
-    }
-}
 
 /// The text between query and choice when none is given, chosen from the
 /// query so each file in `../shared/data` reads naturally:
@@ -294,11 +269,11 @@ impl Prepared for Choices {
     /// against each choice's whole sequence). Each finished block of items
     /// goes to the cell's journal, and a resumed run continues from there.
     fn run(&mut self, cell: &mut Cell<'_>) -> Result<KvPeak> {
-        let (model, policy, cfg, items) = (cell.model, cell.policy, cell.cfg, &self.0);
+        let (model, policy, options, items) = (cell.model, cell.policy, cell.options, &self.0);
         let mut peak = KvPeak::default();
         // blocks of items: forked blocks share their batched decode steps,
         // per-choice blocks run their items in parallel
-        let block = match cfg.scoring {
+        let block = match options.scoring {
             Scoring::Forked => FORKED_BLOCK,
             Scoring::PerChoice => block_size(),
         };
@@ -309,14 +284,14 @@ impl Prepared for Choices {
         while scored.len() < items.len() {
             let block_start = Instant::now();
             let part = &items[scored.len()..(scored.len() + block).min(items.len())];
-            let scores = match cfg.scoring {
+            let scores = match options.scoring {
                 Scoring::PerChoice => part
                     .par_iter()
-                    .map(|(c, ch, _)| score_choices(model, policy, c, ch, cfg.mode))
+                    .map(|(c, ch, _)| score_choices(model, policy, c, ch, options.mode))
                     .collect::<Result<Vec<_>>>()?,
                 Scoring::Forked => {
                     let views: Vec<(&[u32], &[Choice])> = part.iter().map(|(c, ch, _)| (&c[..], &ch[..])).collect();
-                    score_items(model, policy, &views, cfg.mode)?
+                    score_items(model, policy, &views, options.mode)?
                 }
             };
             if let Some(p) = cell.partial.as_deref_mut() {

@@ -25,7 +25,7 @@
 
 use super::kind::{file_spec, number, set_option, unless_default, Kind, KvPeak, Prepared, Task};
 use super::text::{load_ppl_text, PplText};
-use crate::matrix::{par_blocks, Cell};
+use crate::cell::{par_blocks, Cell};
 use crate::score::ScoreMode;
 use crate::{BudgetedPolicy, EvalError, PolicySource, Result};
 use kvslim_cache::{KvDtype, PolicySpec};
@@ -135,17 +135,17 @@ impl Prepared for Windows {
     }
 
     fn run(&mut self, cell: &mut Cell<'_>) -> Result<KvPeak> {
-        let (model, policy, cfg, windows) = (cell.model, cell.policy, cell.cfg, &self.windows);
+        let (model, policy, options, windows) = (cell.model, cell.policy, cell.options, &self.windows);
         let mut peak = KvPeak::default();
         // the plain full cache (no storage keys, no CHAI) is its own reference
         let is_full = policy.sample_spec()? == PolicySpec::full();
         let prompt = self.task.prompt;
-        let prefill = |n: usize| match (prompt, cfg.mode) {
+        let prefill = |n: usize| match (prompt, options.mode) {
             (p, _) if p > 0 => p.min(n),
             (_, ScoreMode::Prefill) => n,
             _ => 0,
         };
-        let follows = self.task.decisions_from(policy, cfg.decisions_from)?;
+        let follows = self.task.decisions_from(policy, options.decisions_from)?;
         let row = &mut *cell.row;
         row.key.decisions_from = follows.map(|d| d.to_string());
         let reps = par_blocks(
@@ -155,7 +155,7 @@ impl Prepared for Windows {
                 let mut o = PerplexityOptions::new(policy.spec_for(w.len())?);
                 o.prefill = prefill(w.len());
                 o.after_prefill = prompt > 0;
-                o.compare_full = cfg.compare_full && !is_full;
+                o.compare_full = options.compare_full && !is_full;
                 o.decisions_from = follows;
                 Ok(perplexity(model, w, &o, |_, _| {})?)
             },
@@ -221,7 +221,7 @@ impl Prepared for Windows {
         row.per_item.insert("nll".into(), reps.iter().map(|r| r.nll).collect());
         m.insert("ppl".into(), nll.exp());
         m.insert("tokens".into(), toks as f64);
-        if is_full && cfg.compare_full {
+        if is_full && options.compare_full {
             m.insert("kl".into(), 0.0);
             m.insert("top1".into(), 1.0);
             m.insert("retained_mass".into(), 1.0);

@@ -5,7 +5,7 @@
 //! matrix on stories260K.
 
 use super::kind::{positive, set_option, GenerationItems, Kind, KvPeak, Prepared, Task};
-use crate::matrix::Cell;
+use crate::cell::Cell;
 use crate::Result;
 use kvslim_models::{Model, Tokenizer};
 

@@ -6,7 +6,7 @@
 //! breakdowns.
 
 use super::{answers_found, try_ruler_items, Haystack, RulerConfig, RulerTask};
-use crate::matrix::Cell;
+use crate::cell::Cell;
 use crate::tasks::kind::{number, positive, single, GenerationItems, Kind, KvPeak, Prepared, Task};
 use crate::{EvalError, Result};
 use kvslim_models::{Model, Tokenizer};

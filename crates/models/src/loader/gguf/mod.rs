@@ -23,16 +23,16 @@
 
 mod arch;
 mod build;
-pub mod metadata;
 mod gemma3;
 mod llama;
+pub mod metadata;
 mod phi3;
 mod qwen2;
 mod qwen3;
 
 pub use build::{build, supported_architectures};
-pub use metadata::{Metadata, Value};
 use metadata::vt;
+pub use metadata::{Metadata, Value};
 
 use super::LoadedModel;
 use crate::transformer::Model;
@@ -49,7 +49,6 @@ const MAX_DIMS: usize = 4;
 /// Arrays of arrays are legal; deeper nesting than this is refused so a
 /// hostile file cannot exhaust the stack.
 const MAX_ARRAY_DEPTH: usize = 4;
-
 
 /// The storage types kvslim reads from GGUF, named in the error for the rest.
 const SUPPORTED_GGML_TYPES: &str = "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k";

@@ -1,16 +1,38 @@
-//! One cell in flight, and the machinery tasks run their items with:
-//! parallel blocks of items, and greedy generations that share a prompt's
-//! prefill across the cells of a task.
+//! One cell in flight (a task's items under one policy at one budget), and
+//! the machinery tasks run their items with: parallel blocks of items, and
+//! greedy generations that share a prompt's prefill across the cells of a
+//! task. The matrix makes the cells ([`crate::matrix`]); each task kind
+//! runs and scores them ([`crate::tasks::Prepared::run`]).
 
-use super::MatrixConfig;
 use crate::budget::BudgetedPolicy;
 use crate::results::{PartialCell, PartialGroup, ResultRow, Resumed};
-use crate::tasks::{code, GenerationItems};
+use crate::score::{ScoreMode, Scoring};
 use crate::{PolicySource, Result};
+use kvslim_cache::KvDtype;
 use kvslim_engine::{generate_shared, Context, GenerateOptions, Generation, SamplingParams};
 use kvslim_models::{Model, Tokenizer};
 use rayon::prelude::*;
 use std::time::Instant;
+
+/// A generation task's prompts: each with the questions asked after it one
+/// at a time (none: the prompt asks), the token limit, and whether a
+/// generation ends with its first line.
+pub type GenerationItems<'a> = (Vec<(&'a [u32], &'a [Vec<u32>])>, usize, bool);
+
+/// What the run's configuration tells every cell's task
+/// ([`crate::MatrixConfig`] has the same fields).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CellOptions {
+    /// How multiple-choice and perplexity sequences go through the model.
+    pub mode: ScoreMode,
+    /// How a multiple-choice item's choices are run.
+    pub scoring: Scoring,
+    /// Perplexity cells also compare each policy with the full cache.
+    pub compare_full: bool,
+    /// Perplexity cells under a quantized KV follow the eviction decisions
+    /// of this dtype's run (mode (a)).
+    pub decisions_from: Option<KvDtype>,
+}
 
 /// What a task's [`crate::tasks::Prepared::run`] runs one cell with and
 /// fills.
@@ -18,7 +40,7 @@ pub struct Cell<'a> {
     pub model: &'a Model,
     pub tok: &'a Tokenizer,
     pub policy: &'a BudgetedPolicy,
-    pub cfg: &'a MatrixConfig,
+    pub options: CellOptions,
     pub row: &'a mut ResultRow,
     /// A journaled cell's store for its finished blocks.
     pub partial: Option<&'a mut PartialCell>,
@@ -28,7 +50,7 @@ pub struct Cell<'a> {
     pub report: &'a mut dyn FnMut(usize, usize),
     /// This cell's generations, run ahead with other cells sharing their
     /// prefills.
-    pub(super) shared: Option<Vec<Vec<Generation>>>,
+    pub(crate) shared: Option<Vec<Vec<Generation>>>,
 }
 
 impl Cell<'_> {
@@ -88,6 +110,12 @@ fn par_blocks_after<T: Send>(
     Ok(done)
 }
 
+/// Whether a continuation already holds its whole first line (a newline
+/// after some text): generation can stop there.
+pub fn first_line_done(generated: &str) -> bool {
+    generated.trim_start_matches(['\n', '\r']).contains('\n')
+}
+
 /// Greedy decoding under `policy`, at most `max_tokens` new tokens.
 pub fn greedy(policy: kvslim_cache::PolicySpec, max_tokens: usize, tok: &Tokenizer) -> GenerateOptions {
     GenerateOptions { max_tokens, sampling: SamplingParams::default(), policy, eos: tok.eos.clone() }
@@ -118,7 +146,7 @@ fn item_generations(
         let mut so_far = vec![Vec::new(); opts.len()];
         let gens = generate_shared(model, ids, &opts, |i, t| {
             so_far[i].push(t);
-            !(first_line && tok.decode(&so_far[i]).is_ok_and(|s| code::first_line_done(&s)))
+            !(first_line && tok.decode(&so_far[i]).is_ok_and(|s| first_line_done(&s)))
         })?;
         return Ok(gens.into_iter().map(|g| vec![g]).collect());
     }
@@ -135,7 +163,7 @@ fn item_generations(
 /// item with one shared prefill per item: per policy, its generations in
 /// item order, after the items `done` holds (from an interrupted run); each
 /// finished block of items is kept in `keeper`.
-pub(super) fn shared_generations(
+pub(crate) fn shared_generations(
     model: &Model,
     tok: &Tokenizer,
     policies: &[&BudgetedPolicy],
@@ -157,4 +185,16 @@ pub(super) fn shared_generations(
         }
     }
     Ok(per_policy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_line_done;
+
+    #[test]
+    fn a_first_line_is_done_at_a_newline_after_text() {
+        assert!(!first_line_done("\n  retu"));
+        assert!(first_line_done("\n  return x\n"));
+        assert!(!first_line_done("\n\r\n"));
+    }
 }

@@ -9,14 +9,11 @@
 //! `ttft` (prompt prefill and first token) and `tpot` (seconds per later
 //! token), means over prompts.
 
-mod cell;
-
-pub use cell::{block_size, greedy, par_blocks, Cell};
-
 use crate::budget::BudgetedPolicy;
+use crate::cell::{self, Cell, CellOptions};
 use crate::results::{write_summaries, CellKey, PartialCell, PartialGroup, ResultRow, ResultsLog, Resumed};
 use crate::score::{ScoreMode, Scoring};
-use crate::shard::{config_fingerprint, Shard, ShardManifest};
+use crate::shard::{Shard, ShardManifest};
 use crate::tasks::TaskSpec;
 use crate::{EvalError, Result};
 use kvslim_engine::Generation;
@@ -67,6 +64,42 @@ pub struct MatrixConfig {
 }
 
 impl MatrixConfig {
+    /// Identifies a run's configuration: a hash of everything that decides its
+    /// cells and their values (model label, policies, budgets, task specs,
+    /// scoring mode and scoring, full-cache comparison, decisions-from dtype, kvslim version
+    /// and commit) and of its cell list. Not the shard, out directory, resume or
+    /// charts. Shards of one run share it; [`crate::merge_shards`] refuses to mix others.
+    pub fn fingerprint(&self, cells: &[CellKey]) -> String {
+        let mut s = format!(
+            "model={:?}\npolicies={:?}\nbudgets={:?}\ntasks={:?}\nmode={:?}\nscoring={:?}\ncompare_full={}\n\
+             decisions_from={:?}\nversion={}\ncommit={}\n",
+            self.model_label,
+            self.policies,
+            self.budgets,
+            self.tasks,
+            self.mode,
+            self.scoring,
+            self.compare_full,
+            self.decisions_from.map(|d| d.to_string()),
+            env!("CARGO_PKG_VERSION"),
+            crate::results::git_commit(),
+        );
+        for c in cells {
+            s.push_str(&format!("cell={c:?}\n"));
+        }
+        format!("{:016x}", fnv1a(s.as_bytes()))
+    }
+
+    /// What every cell's task reads of this configuration.
+    pub fn cell_options(&self) -> CellOptions {
+        CellOptions {
+            mode: self.mode,
+            scoring: self.scoring,
+            compare_full: self.compare_full,
+            decisions_from: self.decisions_from,
+        }
+    }
+
     /// The paper's grid: all six families at 100/40/20/10/5 %.
     pub fn new(model_label: &str, tasks: Vec<TaskSpec>) -> Self {
         MatrixConfig {
@@ -100,6 +133,16 @@ pub enum MatrixEvent<'a> {
     Items { key: &'a CellKey, done: usize, total: usize },
     /// The cell's row, already written.
     CellDone { row: &'a ResultRow },
+}
+
+/// 64-bit FNV-1a: stable across platforms and Rust versions.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
 }
 
 /// Runs every cell of `cfg` on one model. Returns all rows, those of a
@@ -162,7 +205,7 @@ pub fn run_matrix(
         .collect::<Result<_>>()?;
     let run_id = cfg.shard.map(|shard| {
         let all: Vec<CellKey> = keys.iter().flatten().cloned().collect();
-        let run = config_fingerprint(cfg, &all);
+        let run = cfg.fingerprint(&all);
         (shard, ShardManifest::new(shard, &run, &all), run)
     });
     if let (Some((_, manifest, _)), Some(dir)) = (&run_id, &cfg.out_dir) {
@@ -243,7 +286,7 @@ pub fn run_matrix(
                 model,
                 tok,
                 policy: p,
-                cfg,
+                options: cfg.cell_options(),
                 row: &mut row,
                 partial: partial.as_mut(),
                 resumed,
