@@ -18,7 +18,7 @@
 //! budget would resolve to other slots (no silent comparison at unequal
 //! slots).
 
-use crate::{EvalError, Result, Setting};
+use crate::error::{EvalError, Result, Setting};
 use kvslim_cache::policy::{Budget, PolicyFamily};
 use kvslim_cache::PolicySpec;
 

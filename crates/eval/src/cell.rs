@@ -5,9 +5,10 @@
 //! runs and scores them ([`crate::tasks::Prepared::run`]).
 
 use crate::budget::BudgetedPolicy;
+use crate::budget::PolicySource;
+use crate::error::Result;
 use crate::results::{PartialCell, PartialGroup, ResultRow, Resumed};
 use crate::score::{ScoreMode, Scoring};
-use crate::{PolicySource, Result};
 use kvslim_cache::KvDtype;
 use kvslim_engine::{generate_shared, Context, GenerateOptions, Generation, SamplingParams};
 use kvslim_models::{Model, Tokenizer};

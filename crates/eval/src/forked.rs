@@ -28,8 +28,8 @@
 //! match the per-choice path to about 1e-5, not bitwise.
 
 use crate::budget::PolicySource;
+use crate::error::{EvalError, Result};
 use crate::score::{Choice, ChoiceScore, ScoreMode};
-use crate::{EvalError, Result};
 use kvslim_cache::{PolicySpec, SequenceCache};
 use kvslim_engine::sampling::argmax;
 use kvslim_engine::Session;

@@ -11,11 +11,11 @@
 
 use crate::budget::BudgetedPolicy;
 use crate::cell::{self, Cell, CellOptions};
+use crate::error::{EvalError, Result};
 use crate::results::{write_summaries, CellKey, PartialCell, PartialGroup, ResultRow, ResultsLog, Resumed};
 use crate::score::{ScoreMode, Scoring};
 use crate::shard::{Shard, ShardManifest};
 use crate::tasks::TaskSpec;
-use crate::{EvalError, Result};
 use kvslim_engine::Generation;
 use kvslim_models::{Model, Tokenizer};
 use std::collections::BTreeMap;

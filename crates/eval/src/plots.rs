@@ -3,8 +3,8 @@
 //! without a budget (`full`) is drawn flat across the budget range.
 
 use crate::chart::Chart;
+use crate::error::{EvalError, Result};
 use crate::results::ResultRow;
-use crate::{EvalError, Result};
 use std::path::{Path, PathBuf};
 
 /// A budget label as a number on the x axis: `20%` → 20 (percent axis),

@@ -2,7 +2,7 @@
 //! multiple-choice accuracy from it.
 
 use crate::budget::PolicySource;
-use crate::{EvalError, Result};
+use crate::error::{EvalError, Result};
 use kvslim_engine::sampling::argmax;
 use kvslim_engine::Session;
 use kvslim_kernels::ops::log_softmax_at;

@@ -27,8 +27,8 @@
 //!
 //! [`run_matrix`]: crate::run_matrix
 
+use crate::error::{EvalError, Result, Setting};
 use crate::results::{write_summaries_noted, CellKey, ResultRow, ResultsLog};
-use crate::{EvalError, Result, Setting};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;

@@ -5,7 +5,7 @@
 
 use crate::budget::{BudgetedPolicy, PolicySource};
 use crate::chart::Chart;
-use crate::{EvalError, Result};
+use crate::error::{EvalError, Result};
 use kvslim_engine::bench::step_time;
 use kvslim_models::Model;
 use serde::Serialize;

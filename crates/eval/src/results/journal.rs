@@ -2,8 +2,8 @@
 //! (`partial.jsonl`) and a shared-prefill group's (`partial-shared.jsonl`).
 
 use super::CellKey;
+use crate::error::{EvalError, Result};
 use crate::score::ChoiceScore;
-use crate::{EvalError, Result};
 use kvslim_engine::Generation;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};

@@ -2,7 +2,7 @@
 
 use super::journal::Journal;
 use super::{CellKey, ResultRow};
-use crate::{EvalError, Result};
+use crate::error::{EvalError, Result};
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io::Write;

@@ -1,7 +1,7 @@
 //! `results.csv` and `results.md`, rewritten from all rows after every cell.
 
 use super::{CellKey, ResultRow};
-use crate::{EvalError, Result};
+use crate::error::{EvalError, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 

@@ -8,7 +8,7 @@
 
 use super::kind::{file_spec, positive, unless_default, GenerationItems, Kind, KvPeak, Prepared, Task};
 use crate::cell::Cell;
-use crate::{EvalError, Result};
+use crate::error::{EvalError, Result};
 use kvslim_models::{Model, Tokenizer};
 use std::path::{Path, PathBuf};
 

@@ -9,9 +9,10 @@
 
 use super::kind::{file_spec, positive, set_option, unless_default, Kind, KvPeak, Prepared, Task};
 use super::text::load_gen_prompts;
+use crate::budget::PolicySource;
 use crate::cell::{greedy, par_blocks, Cell};
+use crate::error::{EvalError, Result};
 use crate::metrics::{first_divergence, identical_prefix_fraction, positional_agreement};
-use crate::{EvalError, PolicySource, Result};
 use kvslim_engine::generate;
 use kvslim_models::{Model, Tokenizer};
 use std::path::{Path, PathBuf};

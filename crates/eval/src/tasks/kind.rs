@@ -2,9 +2,10 @@
 //! data file), its items tokenized once for all its cells, and one cell run
 //! and scored ([`Prepared`]). [`super::KINDS`] lists every kind.
 
+use crate::budget::BudgetedPolicy;
 use crate::cell::Cell;
 pub use crate::cell::GenerationItems;
-use crate::{BudgetedPolicy, Result};
+use crate::error::Result;
 use kvslim_models::{Model, Tokenizer};
 use std::any::Any;
 use std::fmt;

@@ -6,10 +6,10 @@
 use super::kind::{file_spec, set_option, single, Kind, KvPeak, Prepared, Task};
 use super::read_text;
 use crate::cell::{block_size, Cell};
+use crate::error::{EvalError, Result};
 use crate::forked::score_items;
 pub use crate::score::McItem;
 use crate::score::{encode_item, predict, predict_norm, score_choices, Choice, McTally, Scoring};
-use crate::{EvalError, Result};
 use kvslim_models::{Model, Tokenizer};
 use rayon::prelude::*;
 use serde::Deserialize;

@@ -57,7 +57,7 @@ pub use ruler::{
 pub use spec::TaskSpec;
 pub use text::{load_gen_prompts, load_ppl_text, token_windows, GenPrompt, PplText};
 
-use crate::{EvalError, Result};
+use crate::error::{EvalError, Result};
 use std::io::Read;
 use std::path::Path;
 

@@ -25,9 +25,10 @@
 
 use super::kind::{file_spec, number, set_option, unless_default, Kind, KvPeak, Prepared, Task};
 use super::text::{load_ppl_text, PplText};
+use crate::budget::{BudgetedPolicy, PolicySource};
 use crate::cell::{par_blocks, Cell};
+use crate::error::{EvalError, Result};
 use crate::score::ScoreMode;
-use crate::{BudgetedPolicy, EvalError, PolicySource, Result};
 use kvslim_cache::{KvDtype, PolicySpec};
 use kvslim_engine::{perplexity, PerplexityOptions};
 use kvslim_models::{Model, Tokenizer};

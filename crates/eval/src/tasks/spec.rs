@@ -3,7 +3,7 @@
 
 use super::kind::{positive, Kind, Task};
 use super::KINDS;
-use crate::{EvalError, Result};
+use crate::error::{EvalError, Result};
 use std::fmt;
 use std::path::{Path, PathBuf};
 

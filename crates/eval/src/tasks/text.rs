@@ -2,7 +2,7 @@
 //! for free generation.
 
 use super::read_text;
-use crate::{EvalError, Result};
+use crate::error::{EvalError, Result};
 use kvslim_engine::calibrate::text_tokens;
 pub use kvslim_engine::calibrate::token_windows;
 use kvslim_models::Tokenizer;

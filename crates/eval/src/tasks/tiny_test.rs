@@ -6,7 +6,7 @@
 
 use super::kind::{positive, set_option, GenerationItems, Kind, KvPeak, Prepared, Task};
 use crate::cell::Cell;
-use crate::Result;
+use crate::error::Result;
 use kvslim_models::{Model, Tokenizer};
 
 pub const KIND: Kind = Kind {

@@ -1,7 +1,7 @@
 //! Successive halving over the candidates, window by window.
 
 use super::{WindowScore, WindowScorer};
-use crate::{EvalError, Result};
+use crate::error::{EvalError, Result};
 use kvslim_cache::PolicySpec;
 use serde::Serialize;
 

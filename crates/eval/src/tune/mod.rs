@@ -30,7 +30,7 @@
 //! as `ppl:FILE,seq_len=L,limit=K` takes them) lie entirely before that
 //! offset ([`check_disjoint`]).
 
-use crate::Result;
+use crate::error::Result;
 use kvslim_cache::policy::Budget;
 use kvslim_cache::PolicySpec;
 use kvslim_models::Model;

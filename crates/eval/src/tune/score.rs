@@ -1,8 +1,8 @@
 //! Scoring a candidate on one window: KL, NLL and top-1 agreement against
 //! the full cache, teacher forced.
 
+use crate::error::{EvalError, Result};
 use crate::metrics::{kl_divergence, top1_agree};
-use crate::{EvalError, Result};
 use kvslim_cache::PolicySpec;
 use kvslim_engine::{perplexity, PerplexityOptions, Session};
 use kvslim_kernels::ops::log_softmax_at;

@@ -1,8 +1,8 @@
 //! Tune and evaluation windows cut from a text, and the check that keeps
 //! them apart.
 
+use crate::error::{EvalError, Result, Setting};
 use crate::tasks::{load_ppl_text, token_windows};
-use crate::{EvalError, Result, Setting};
 use kvslim_engine::calibrate::{second_half_start, text_tokens};
 use kvslim_models::Tokenizer;
 use serde::Serialize;

@@ -2,7 +2,7 @@
 //! a real text (see [`super`]'s docs).
 
 use super::super::read_text;
-use crate::{EvalError, Result};
+use crate::error::{EvalError, Result};
 use std::path::{Path, PathBuf};
 
 /// What fills a needle task's context (see the module docs).

@@ -74,7 +74,7 @@ mod task;
 pub use haystack::{default_haystack_path, Haystack, HaystackText, HELD_OUT_PERCENT, WIKITEXT_TEST};
 pub use task::{Ruler, KIND};
 
-use crate::Result;
+use crate::error::Result;
 #[cfg(test)]
 use haystack::{has_digit_run, held_out_end};
 use kvslim_cache::rng::SplitMix64;

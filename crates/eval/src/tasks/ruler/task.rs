@@ -7,8 +7,8 @@
 
 use super::{answers_found, try_ruler_items, Haystack, RulerConfig, RulerTask};
 use crate::cell::Cell;
+use crate::error::{EvalError, Result};
 use crate::tasks::kind::{number, positive, single, GenerationItems, Kind, KvPeak, Prepared, Task};
-use crate::{EvalError, Result};
 use kvslim_models::{Model, Tokenizer};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
