@@ -5,7 +5,10 @@ The rule: per model and kept share, the best measured H2O variant among those wh
 costs at most MAX_PREFILL_COST (1.3) times the full cache's:
 
 * `tuned` sources: the spec each `kvslim tune` file chose (lowest held-out KL among tune's
-  grid, which has no prompt compression);
+  grid, which has no prompt compression); with `needles` (the model's own needle tasks, a
+  result file), the row carries the prompt prefill (`prefill=`, or none) with the best mean
+  accuracy there, in % of the full cache's over every task and share, among `h2o` and
+  `h2o:prefill=M` that the winner's score can carry;
 * `kl+needles` sources: per share of the KL file, the lowest mean KL(full||policy) among its
   rows that are plain H2O variants (keys heavy, recent, sink, score, prefill; not `auto`
   itself); the row then carries the prompt prefill (`prefill=`) with the best RULER-4K
@@ -69,8 +72,10 @@ CONTEXT_KEYS = ("heavy", "recent", "recent_share", "sink", "score", "prefill", "
 PREFILL_SCORES = {"snap": {"sum", "norm", "vnorm"}, "expect": {"sum", "norm"}, "kvzip": {"sum", "norm"}, "rkv": {"sum", "norm"}}
 # Which results each model's rows come from, its key (crates/cache/src/policy/auto.rs, model_key) and name.
 SOURCES = [
-    {"model": "llama:30x576", "name": "SmolLM2-135M", "rule": "tuned", "files": "docs/tuned/smollm2-*.json"},
-    {"model": "gemma3:18x640", "name": "Gemma 3 270M", "rule": "tuned", "files": "docs/tuned/gemma-*.json"},
+    {"model": "llama:30x576", "name": "SmolLM2-135M", "rule": "tuned", "files": "docs/tuned/smollm2-*.json",
+     "needles": "docs/results/default-rows/smollm2-2k/results.jsonl"},
+    {"model": "gemma3:18x640", "name": "Gemma 3 270M", "rule": "tuned", "files": "docs/tuned/gemma-*.json",
+     "needles": "docs/results/default-rows/gemma-2k/results.jsonl"},
     {"model": "llama:5x64", "name": "stories260K", "rule": "tuned", "files": "docs/tuned/stories260k-*.json"},
     {"model": "qwen2:28x1536", "name": "Qwen2.5-Coder-1.5B", "rule": "ruler", "decide": "Qwen2.5-Coder-1.5B",
      "evidence": "docs/qwen/q15-ruler",
@@ -140,21 +145,53 @@ def tuned(root, src):
         variant = parse(d["spec"]) if d.get("kind") == "kvslim-tune" else None
         if variant is None or cost(variant[3]) > MAX_PREFILL_COST or needs_predictor(variant[3]):
             raise ValueError(f"{path}: not a kvslim-tune file with a plain H2O spec within the prefill bound")
-        rows.append(row(src, percent(d["budget"]), variant, path.relative_to(root).as_posix(), f"tune's winner {d['spec']}"))
+        why = f"tune's winner {d['spec']}"
+        if "needles" in src and variant[3] is None:
+            mode, pct = needle_prefill(root, src["needles"], variant[0])
+            variant = (*variant[:3], mode, variant[4])
+            why += f"; prefill={mode}: needles {pct:.1f}% of full ({src['needles']})" if mode else ""
+        rows.append(row(src, percent(d["budget"]), variant, path.relative_to(root).as_posix(), why))
     return sorted(rows, key=lambda r: -r["share"])
+
+
+def prefill_candidates(score, policies):
+    """The policies that are plain H2O or H2O with one prefill= and nothing else, within the
+    prefill bound, whose prefill can carry `score`: {policy: mode (None: no prefill)}."""
+    out = {}
+    for policy in policies:
+        v = parse(policy)
+        mode = v and v[3]
+        if policy not in ("h2o", f"h2o:prefill={mode}"):
+            continue
+        if cost(mode) > MAX_PREFILL_COST or (mode and score not in PREFILL_SCORES[mode.split(":")[0]]):
+            continue
+        out[policy] = mode
+    return out
+
+
+def needle_prefill(root, path, score):
+    """(prefill mode or None, its mean % of full) with the best mean needle accuracy in one
+    evaluation's results (every task, every share) that `score` can carry; ties: the cheaper."""
+    rows = [json.loads(l) for l in (root / path).read_text(encoding="utf-8").splitlines()]
+    full = {r["task"]: r["metrics"]["acc"] for r in rows if r["policy"] == "full"}
+    cands = []
+    for policy, mode in prefill_candidates(score, {r["policy"] for r in rows}).items():
+        cells = [r for r in rows if r["policy"] == policy]
+        if not cells or any(not full.get(r["task"]) for r in cells):
+            continue
+        pct = sum(100 * r["metrics"]["acc"] / full[r["task"]] for r in cells) / len(cells)
+        cands.append((pct, -cost(mode), mode or ""))
+    if not cands:
+        raise ValueError(f"{path}: no H2O prefill candidate with the full cache beside it")
+    pct, _, mode = max(cands)
+    return mode or None, pct
 
 
 def best_prefill(root, score):
     """(prefill mode, its mean % of full) with the best RULER-4K average that `score` can carry."""
     cells, _ = qwen_tables.load(root)
     cands = []
-    for policy in sorted({k[2] for k in cells}):
-        v = parse(policy)
-        mode = v and v[3]
-        if policy not in ("h2o", f"h2o:prefill={mode}"):
-            continue  # plain H2O, or H2O with one prefill= and nothing else
-        if cost(mode) > MAX_PREFILL_COST or (mode and score not in PREFILL_SCORES[mode.split(":")[0]]):
-            continue
+    for policy, mode in sorted(prefill_candidates(score, {k[2] for k in cells}).items()):
         pct = []
         for share in qwen_tables.SHARES:
             mean, full, n = qwen_tables.ruler_average(cells, policy, share)

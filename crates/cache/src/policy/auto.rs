@@ -258,11 +258,16 @@ mod tests {
 
     #[test]
     fn rows_are_the_measured_specs_at_their_budget() {
-        // SmolLM2 at 20% of a 1,024-token window: tune's h2o:heavy=150,recent=50,sink=4,score=norm
-        let (spec, _) = resolve(Budget::Percent(20.0), Some("llama:30x576"), 1024, AutoUse::Reply, false);
-        assert_eq!(spec.to_string(), "h2o:heavy=150,recent=50,sink=4,score=norm");
-        let (spec, _) = resolve(Budget::Percent(5.0), Some("gemma3:18x640"), 1024, AutoUse::Reply, false);
-        assert_eq!(spec.to_string(), "h2o:heavy=38,recent=13,score=norm");
+        // SmolLM2 at 20% of a 1,024-token window: tune's h2o:heavy=150,recent=50,sink=4,score=norm,
+        // with the prompt prefill its needle tasks chose (if any)
+        let with_prefill = |tuned: &str, row: &AutoChoice| {
+            let prefill = row.prefill.map_or(String::new(), |p| format!(",prefill={p}"));
+            PolicySpec::parse(&format!("{tuned}{prefill}")).unwrap()
+        };
+        let (spec, row) = resolve(Budget::Percent(20.0), Some("llama:30x576"), 1024, AutoUse::Reply, false);
+        assert_eq!(spec, with_prefill("h2o:heavy=150,recent=50,sink=4,score=norm", row));
+        let (spec, row) = resolve(Budget::Percent(5.0), Some("gemma3:18x640"), 1024, AutoUse::Reply, false);
+        assert_eq!(spec, with_prefill("h2o:heavy=38,recent=13,score=norm", row));
         // Qwen2.5-Coder-1.5B: one row, with SnapKV's prompt compression, at any share
         for p in [12.5, 20.0, 50.0] {
             let (spec, row) = resolve(Budget::Percent(p), Some("qwen2:28x1536"), 4096, AutoUse::Reply, false);
@@ -299,10 +304,9 @@ mod tests {
             let c = SequenceCache::new(&PolicySpec::parse(spec).unwrap(), shape(model), 2048, 1024).unwrap();
             (c.policy().head_budget(0, 0), c.store().bytes())
         };
-        assert_eq!(
-            bytes("auto:budget=20%", "llama:30x576"),
-            bytes("h2o:heavy=150,recent=50,sink=4,score=norm", "llama:30x576")
-        );
+        let (smollm2, _) = resolve(Budget::Percent(20.0), Some("llama:30x576"), 1024, AutoUse::Reply, false);
+        assert_eq!(smollm2.budget(1024), Some(150 + 50 + 4), "{smollm2}");
+        assert_eq!(bytes("auto:budget=20%", "llama:30x576"), bytes(&smollm2.to_string(), "llama:30x576"));
         // a model without rows: the default row nearest 20%, at 20% of the 1,024-token base
         let (default, row) = resolve(Budget::Percent(20.0), Some("qwen3:28x1024"), 1024, AutoUse::Reply, false);
         assert_eq!(row.model, "*");
