@@ -183,3 +183,16 @@ def test_the_15b_keeps_its_kl_row_until_its_ruler_group_is_complete(tmp_path):
     if auto_table.ruler_candidates(root, q05) is None:  # the 0.5B's rankings still running: the 1.5B's alone
         defaults = [r for r in json.loads(auto_table.table(root))["rows"] if r["model"] == "*" and r["use"] == "reply"]
         assert {(r["family"], r["evidence"]) for r in defaults} == {("h2o:prefill=snap:32", "docs/qwen/q15-ruler")}
+
+
+def test_a_tuned_models_needle_results_choose_its_rows_prefill(tmp_path):
+    """Gemma 3's rows carry SnapKV's prefill because its needle results say so; when plain H2O
+    finds every needle there instead, the rows carry none and the committed table is stale."""
+    root = copy(tmp_path)
+    gemma = lambda: [r for r in json.loads(auto_table.table(root))["rows"]  # noqa: E731
+                     if r["model"] == "gemma3:18x640" and r["use"] == "reply"]
+    assert {r["prefill"] for r in gemma()} == {"snap:32"}
+    assert all("needles" in r["why"] for r in gemma())
+    edit(root / "docs/results/default-rows/gemma-2k/results.jsonl", "h2o", "acc", 1.0)
+    assert {r["prefill"] for r in gemma()} == {None}
+    assert problems(root)
