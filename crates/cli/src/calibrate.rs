@@ -6,7 +6,7 @@ use kvslim_cache::policy::chai::CalibrationConfig;
 use kvslim_engine::calibrate::{
     calibrate_quality, calibration_windows, probe_features, second_half_start, text_tokens, CalibrateOptions,
 };
-use kvslim_engine::kvzap::{collect_pairs, fit_kvzap, KvzapOptions};
+use kvslim_engine::kvzap::{collect_pairs, fit_kvzap, mixed_windows, KvzapOptions};
 use kvslim_models::kvzap::{kvzap_file_name, kvzap_user_dir};
 use std::path::PathBuf;
 
@@ -27,6 +27,11 @@ pub struct Args {
     /// where `prefill=kvzap` finds it.
     #[arg(long)]
     kvzap: bool,
+    /// More calibration text for --kvzap (repeatable), e.g. code beside
+    /// prose: the windows are shared out evenly over --text and these,
+    /// each drawn from its own text's second half, and interleaved.
+    #[arg(long, value_name = "TEXT", requires = "kvzap")]
+    also_text: Vec<PathBuf>,
     /// Held-out windows for --kvzap (ridge strength and fit quality).
     #[arg(long, default_value_t = 2)]
     held_out: usize,
@@ -178,9 +183,6 @@ fn run_kvzap(a: Args) -> CliResult {
     let loaded = a.model.load()?;
     let model = &loaded.model;
     let tok = require_tokenizer(&loaded.tokenizer)?;
-    let text =
-        std::fs::read_to_string(&a.text.path).map_err(|e| format!("cannot read {}: {e}", a.text.path.display()))?;
-    let ids = tok.encode(&text)?;
     let fits = model.config.context_len / 2;
     if seq_len > fits {
         return Err(format!(
@@ -188,17 +190,16 @@ fn run_kvzap(a: Args) -> CliResult {
         )
         .into());
     }
-    let second = &ids[second_half_start(ids.len())..];
     let total = samples + a.held_out;
-    let windows = calibration_windows(second, tok.prepended_bos(), total, seq_len)?;
-    if windows.len() < total {
-        return Err(format!(
-            "the text's second half holds only {} windows of {seq_len} tokens, fewer than --samples {samples} + --held-out {}",
-            windows.len(),
-            a.held_out
-        )
-        .into());
+    let texts: Vec<&PathBuf> = std::iter::once(&a.text.path).chain(&a.also_text).collect();
+    let mut encoded = Vec::with_capacity(texts.len());
+    for path in &texts {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        encoded.push((path.display().to_string(), tok.encode(&text)?));
     }
+    let windows = mixed_windows(&encoded, tok.prepended_bos(), total, seq_len).map_err(|e| {
+        format!("{e} (--samples {samples} + --held-out {} windows over {} texts)", a.held_out, texts.len())
+    })?;
     // every k-th window is held out, so both sets span the text
     let every = total.checked_div(a.held_out).unwrap_or(usize::MAX);
     let held = |i: usize| a.held_out > 0 && (i + 1).is_multiple_of(every) && (i + 1) / every <= a.held_out;
@@ -222,7 +223,8 @@ fn run_kvzap(a: Args) -> CliResult {
         }
         progress.update(i + 1, total);
     }
-    let opts = KvzapOptions { text: a.text.path.display().to_string(), seq_len };
+    let opts =
+        KvzapOptions { text: texts.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" + "), seq_len };
     let mut progress = Progress::new("fit", "layers");
     let (predictor, q) =
         kvslim_engine::on_workers(|| fit_kvzap(model, &train, &held_out, &opts, |d, t| progress.update(d, t)))?;

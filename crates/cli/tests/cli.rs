@@ -203,6 +203,43 @@ fn calibrate_then_chai_perplexity_reports_clusters_and_shrunk_k() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `calibrate --kvzap --also-text`: windows from both texts make one
+/// predictor whose header names both; a second text too short for its
+/// share of the windows is an error naming it.
+#[test]
+fn calibrate_kvzap_mixes_texts_and_names_a_short_one() {
+    let m = stories();
+    let dir = std::env::temp_dir().join(format!("kvslim-cli-kvzap-mix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = stories_text();
+    let other = dir.join("other.txt");
+    let story = std::fs::read_to_string(&text).unwrap();
+    std::fs::write(&other, &story[story.len() / 2..]).unwrap();
+    let out = dir.join("mixed.kvzap");
+    let args = |also: &str, out: &str| -> Vec<String> {
+        ["calibrate", "--kvzap", "--model", &m, "--text", &text, "--also-text", also]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(
+                ["--samples", "3", "--held-out", "1", "--seq-len", "64", "--threads", "1", "-o", out].map(String::from),
+            )
+            .collect()
+    };
+    let run = |a: Vec<String>| kvslim(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = run(args(other.to_str().unwrap(), out.to_str().unwrap()));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(&out).unwrap();
+    let header = String::from_utf8_lossy(&bytes[..bytes.len().min(4096)]).into_owned();
+    assert!(header.contains(&format!("{text} + {}", other.display())), "{header}");
+    let short = dir.join("short.txt");
+    std::fs::write(&short, "Once upon a time there was a cat.").unwrap();
+    let o = run(args(short.to_str().unwrap(), dir.join("x.kvzap").to_str().unwrap()));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("short.txt"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// `kvslim chat` with piped stdin: one reply per user line, `/reset` and
 /// `/quit` honoured, the template's source reported; SmolLM2's template
 /// puts its turn markers in the prompt (`--show-prompt`).

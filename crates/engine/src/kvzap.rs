@@ -6,6 +6,7 @@
 //! quality on them goes into the file. Deterministic: the same model and
 //! windows give the same bytes.
 
+use crate::calibrate::{calibration_windows, second_half_start};
 use crate::session::Session;
 use crate::{EngineError, Result};
 use kvslim_cache::policy::spec::KVZIP_CHUNK;
@@ -71,6 +72,43 @@ pub fn collect_pairs(model: &Model, window: &[u32]) -> Result<Pairs> {
         scores.push(per_head);
     }
     Ok(Pairs { n, hidden, scores })
+}
+
+/// The calibration windows of several texts (`(label, token ids)`, each as
+/// its tokenizer encoded it): `total` windows of `seq_len` tokens shared
+/// out evenly, text `t` giving every `texts.len()`-th one from `t` on, each
+/// text's own drawn from its second half (the first half stays free for
+/// evaluation) and spread over it. One text gives exactly
+/// [`calibration_windows`] of its second half. An error names a text too
+/// short for its share.
+pub fn mixed_windows(
+    texts: &[(String, Vec<u32>)],
+    bos: Option<u32>,
+    total: usize,
+    seq_len: usize,
+) -> Result<Vec<Vec<u32>>> {
+    let k = texts.len();
+    if k == 0 {
+        return Err(EngineError::Request("no calibration text".into()));
+    }
+    let mut per_text = Vec::with_capacity(k);
+    for (t, (label, ids)) in texts.iter().enumerate() {
+        let want = (total + k - 1 - t) / k;
+        if want == 0 {
+            per_text.push(Vec::new().into_iter());
+            continue;
+        }
+        let windows = calibration_windows(&ids[second_half_start(ids.len())..], bos, want, seq_len)
+            .map_err(|e| EngineError::Request(format!("{label}: {e}")))?;
+        if windows.len() < want {
+            return Err(EngineError::Request(format!(
+                "the second half of {label} holds only {} windows of {seq_len} tokens, fewer than the {want} it should give",
+                windows.len()
+            )));
+        }
+        per_text.push(windows.into_iter());
+    }
+    Ok((0..total).filter_map(|i| per_text[i % k].next()).collect())
 }
 
 /// The normal equations of one layer: Σ x̃x̃ᵀ (x̃ = [1, x̂], upper triangle)
@@ -407,6 +445,30 @@ mod tests {
         let w = cholesky_solve(&l, 2, &[2.0, 5.0]);
         assert!((w[0] + 0.5).abs() < 1e-12 && (w[1] - 2.0).abs() < 1e-12, "{w:?}");
         assert!(cholesky(&mut [0.0, 0.0, 0.0, 0.0], 2).is_none());
+    }
+
+    #[test]
+    fn mixed_windows_alternate_texts_from_their_second_halves() {
+        let a: Vec<u32> = (0..100).collect();
+        let b: Vec<u32> = (1000..1060).collect();
+        let texts = [("a".to_string(), a.clone()), ("b".to_string(), b.clone())];
+        let w = mixed_windows(&texts, None, 5, 10).unwrap();
+        assert_eq!(w.len(), 5);
+        for (i, win) in w.iter().enumerate() {
+            let (src, half) = if i % 2 == 0 { (&a, 50) } else { (&b, 1030) };
+            assert!(win.len() == 10 && win.iter().all(|t| src.contains(t) && *t >= half), "window {i}: {win:?}");
+        }
+        // three from a, two from b, none twice
+        let mut all: Vec<u32> = w.concat();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 50);
+        // one text: its second half's calibration windows
+        let one = mixed_windows(&texts[..1], None, 4, 10).unwrap();
+        assert_eq!(one, calibration_windows(&a[50..], None, 4, 10).unwrap());
+        // a text too short for its share is named
+        let e = mixed_windows(&texts, None, 9, 10).unwrap_err().to_string();
+        assert!(e.contains("second half of b") && e.contains("only 3 windows"), "{e}");
     }
 
     #[test]
