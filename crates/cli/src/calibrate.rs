@@ -223,8 +223,8 @@ fn run_kvzap(a: Args) -> CliResult {
         }
         progress.update(i + 1, total);
     }
-    let opts =
-        KvzapOptions { text: texts.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" + "), seq_len };
+    let labels: Vec<&str> = encoded.iter().map(|(label, _)| label.as_str()).collect();
+    let opts = KvzapOptions { text: labels.join(" + "), seq_len };
     let mut progress = Progress::new("fit", "layers");
     let (predictor, q) =
         kvslim_engine::on_workers(|| fit_kvzap(model, &train, &held_out, &opts, |d, t| progress.update(d, t)))?;
