@@ -212,9 +212,21 @@ async fn connection(
 ) {
     let _ = stream.set_nodelay(true);
     let sock = Arc::new(stream);
+    // whether a request has reached the service: a connection accepted just
+    // before the drain but whose first request is still on its way must not
+    // be closed unanswered, so it serves that request (a 503) instead
+    let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (seen, draining) = (started.clone(), close.clone());
     let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-        let mut app = app.clone();
-        async move { tower_service::Service::call(&mut app, req).await }
+        seen.store(true, SeqCst);
+        let (mut app, draining) = (app.clone(), draining.clone());
+        async move {
+            let mut r = tower_service::Service::call(&mut app, req).await?;
+            if *draining.borrow() {
+                r.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+            }
+            Ok::<_, std::convert::Infallible>(r)
+        }
     });
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(keep_alive);
@@ -227,7 +239,9 @@ async fn connection(
             r = conn.as_mut() => break r,
             c = close.changed(), if !closing => {
                 closing = true;
-                if c.is_ok() {
+                // idle or mid-request: finish and close; not started yet: the
+                // response to its first request says `Connection: close`
+                if c.is_ok() && started.load(SeqCst) {
                     conn.as_mut().graceful_shutdown();
                 }
             }
