@@ -105,6 +105,16 @@
 #             4 hours.
 #   q15-ruler q05-ruler-c's cells and tasks on Qwen2.5-Coder-1.5B (~3x the
 #             0.5B per item): about 20 hours.
+#   q05-zap2  the KVzap-style cells of all 13 tasks with the committed
+#             predictor (calibrated on prose and code): q05-ruler's ran the
+#             first one (WikiText-2 alone). Paired with their full and
+#             KVzip-style cells by task and item. Estimated before
+#             starting: the tiled prefill (~13 s on two threads) and three
+#             cells' decode steps per item, about 3 hours.
+#   q05-zap2, q15-ruler, q05-lcc and q05-r8k are pinned at 7c54789 with
+#   the committed predictors (v2) in calib/kvzap/: the same code as
+#   q05-zip's pin, so every cell but the KVzap-style ones is that build's
+#   (its commit merged into main's history, its tree not).
 #
 #   bash scripts/qwen_matrix.sh build GROUP      the group's pinned binary only
 #   bash scripts/qwen_matrix.sh run GROUP        the lanes of GROUP (resumes a cut-off run)
@@ -147,6 +157,9 @@ pin() {
   TREE=${QWEN_MATRIX_TREE:-$ROOT/../kvslim-qwen-matrix}-${COMMIT:0:7}
   BIN=$TREE/bin/kvslim
 }
+
+# 7c54789 with the predictors calibrated on prose and code (calib/kvzap/)
+PIN_V2=c41f3520760ca6b57aeb8acac01a40cb14ae44b8
 
 group() {
   Q05="full;window;sink;h2o;h2o:agg=max,score=tova;h2o:prefill=snap:32;h2o:prefill=expect;auto;h2o:recent_share=0.125,prefill=kvzap,alloc=global"
@@ -196,15 +209,19 @@ group() {
     q05-lcc) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
              POLICIES="$Q05;$ZIP"
              TASKS="lcc:$S/data/code_completion/stdlib_lcc.jsonl"
-             pin 7c547895ce9e8e9cbab4f88b230fefb97830a9f2 ;;
+             pin $PIN_V2 ;;
     q05-r8k) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
              POLICIES="$Q05;$ZIP"
              TASKS=$RULER8K
-             pin 7c547895ce9e8e9cbab4f88b230fefb97830a9f2 ;;
+             pin $PIN_V2 ;;
+    q05-zap2) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
+             POLICIES="h2o:recent_share=0.125,prefill=kvzap,alloc=global"
+             TASKS=$RULER4K50
+             pin $PIN_V2 ;;
     q15-ruler) LANES=1 THREADS=2 POLICIES="$Q05;$ZIP"
              TASKS=$RULER4K50
-             pin 7c547895ce9e8e9cbab4f88b230fefb97830a9f2 ;;
-    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-lcc, q05-r8k, q15-ruler)" >&2; exit 2 ;;
+             pin $PIN_V2 ;;
+    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2, q05-lcc, q05-r8k, q15-ruler)" >&2; exit 2 ;;
   esac
 }
 

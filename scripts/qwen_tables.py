@@ -65,11 +65,18 @@ KINDS = {"noise": NEEDLES + ["cwe"], "text": [t + "+text" for t in NEEDLES]}
 DECIDE_SHARES = ["50%", "25%", "12.5%"]
 ZAP, ZIP = "h2o:recent_share=0.125,prefill=kvzap,alloc=global", "h2o:recent_share=0.125,prefill=kvzip,alloc=global"
 Q05 = ["full", "window", "sink", "h2o", "h2o:agg=max,score=tova", SNAP, "h2o:prefill=expect", "auto", ZAP]
+# KVzap cells that ran an earlier predictor than the committed one (calib/kvzap/): the q05-ruler
+# groups ran the 0.5B's first predictor (WikiText-2 alone). Read under a name of their own, so
+# ZAP's rows are the committed predictor's alone (q05-zap2 on the 0.5B, q15-ruler on the 1.5B)
+# and `auto`'s rows are never made from a predictor it does not load
+ZAP_WIKI = "kvzap-wiki"
+EARLIER = {(g, ZAP): ZAP_WIKI for g in ("q05-ruler", "q05-ruler-b", "q05-ruler-c")}
+Q05_WIKI = [ZAP_WIKI if p == ZAP else p for p in Q05]
 # the auto groups (q05-auto, q15-auto) run `auto` again once the model's rows are made from the
 # others: their cells come first, the others' `auto` cells ran the rows of their pinned commit
 DECIDE = {
-    "Qwen2.5-Coder-0.5B": {"q05-auto": ["auto"], "q05-ruler": Q05, "q05-ruler-b": Q05, "q05-ruler-c": Q05 + [ZIP],
-                           "q05-zip": [ZIP]},
+    "Qwen2.5-Coder-0.5B": {"q05-auto": ["auto"], "q05-zap2": [ZAP], "q05-ruler": Q05_WIKI, "q05-ruler-b": Q05_WIKI,
+                           "q05-ruler-c": Q05_WIKI + [ZIP], "q05-zip": [ZIP]},
     "Qwen2.5-Coder-1.5B": {"q15-auto": ["auto"], "q15-ruler": Q05 + [ZIP]},
 }
 # each model's key in auto's table (crates/cache/src/policy/auto_table.json)
@@ -84,7 +91,10 @@ DECIDE_MORE = [
 ]
 # prefill costs more than 1.3x the full cache's (docs/contexts.md: the probe ~2.5x at 4K)
 DEAR = {ZIP}
-NAMES.update({ZAP: "KVzap-style (contexts)", ZIP: "KVzip-style (contexts)"})
+NAMES.update({ZAP: "KVzap-style (contexts)", ZIP: "KVzip-style (contexts)",
+              ZAP_WIKI: "KVzap-style (contexts), first predictor (WikiText-2 alone)"})
+# the policy string a relabelled row ran
+RAN = {ZAP_WIKI: ZAP}
 BOOTSTRAP = 2000
 
 
@@ -103,7 +113,7 @@ def load(root, groups=None):
             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 try:
                     row = json.loads(line)
-                    policy = row["policy"]
+                    policy = EARLIER.get((group, row["policy"]), row["policy"])
                     if not isinstance(row["metrics"], dict) or not isinstance(row.get("per_item", {}), dict):
                         raise ValueError("metrics and per_item are objects")
                     key = (group, task_name(row["task"]), policy, "-" if policy == "full" else row["budget"])
@@ -147,7 +157,8 @@ def value(cells, task, policy, share, name):
 
 
 def label(policy):
-    return f"{NAMES[policy]} `{policy}`" if policy in NAMES else f"`{policy}`"
+    ran = RAN.get(policy, policy)
+    return f"{NAMES[policy]} `{ran}`" if policy in NAMES else f"`{ran}`"
 
 
 def signed(x):
@@ -378,9 +389,11 @@ def decide_tables(cells):
 
 
 def ranked_policies(groups):
-    """The policies of `groups`: Q05's order, then the KVzip-style cells, then any others."""
+    """The policies of `groups`: Q05's order, the first predictor's KVzap cells, the KVzip-style
+    cells, then any others."""
     found = {p for ps in groups.values() for p in ps}
-    return [p for p in Q05 + [ZIP] if p in found] + sorted(found - set(Q05 + [ZIP]))
+    order = Q05 + [ZAP_WIKI, ZIP]
+    return [p for p in order if p in found] + sorted(found - set(order))
 
 
 def ranking(cells, title, groups, kinds, metric):
@@ -422,24 +435,28 @@ def zap_versus_zip(cells):
     ask many), its share of it with the paired bootstrap interval of the difference; and the
     KVzip-style probe's questions answered after compression on real text at 25% kept against the
     full cache's."""
-    out = ["| model | haystack | measure | kept | KVzap-style | KVzip-style | KVzap − KVzip, paired | items | KVzap / KVzip (bar 95%) |",
-           "|---|---|---|---:|---:|---:|---|---:|---|"]
+    out = ["| model | predictor | haystack | measure | kept | KVzap-style | KVzip-style | KVzap − KVzip, paired | items | KVzap / KVzip (bar 95%) |",
+           "|---|---|---|---|---:|---:|---:|---|---:|---|"]
     for model, groups in DECIDE.items():
-        for kind, tasks in KINDS.items():
+        # the committed predictor's rows, then an earlier one's where its cells are read
+        zaps = [ZAP] + [z for z in (ZAP_WIKI,) if any(z in ps for ps in groups.values())]
+        for zap, kind in ((z, k) for z in zaps for k in KINDS):
+            tasks = KINDS[kind]
+            who = "committed" if zap == ZAP else "first (WikiText-2)"
             for what, ts in (("RULER average", [t for t in tasks if not t.startswith(MQ)]),
                              ("compress once, all four answered", [t for t in tasks if t.startswith(MQ)])):
                 for share in ("25%", "12.5%"):
-                    pairs = decide_pairs(cells, groups, ts, ZAP, ZIP, share)
+                    pairs = decide_pairs(cells, groups, ts, zap, ZIP, share)
                     if not pairs:
-                        out.append(f"| {model} | {kind} | {what} | {share} | {DASH} | {DASH} | not measured yet | 0 | not measured yet |")
+                        out.append(f"| {model} | {who} | {kind} | {what} | {share} | {DASH} | {DASH} | not measured yet | 0 | not measured yet |")
                         continue
-                    zap, zip_ = task_mean([a for a, _ in pairs]), task_mean([b for _, b in pairs])
+                    zap_mean, zip_ = task_mean([a for a, _ in pairs]), task_mean([b for _, b in pairs])
                     d, lo, hi = stratified(pairs, seed=0)
                     partial = "" if len(pairs) == len(ts) else f" (provisional: {len(pairs)}/{len(ts)} tasks)"
-                    ratio = 100 * zap / zip_ if zip_ else None
+                    ratio = 100 * zap_mean / zip_ if zip_ else None
                     verdict = DASH if ratio is None else f"{ratio:.0f}%: {'met' if ratio >= 95 - 1e-9 else 'not met'}{partial}"
                     items = sum(len(a) for a, _ in pairs)
-                    out.append(f"| {model} | {kind} | {what} | {share} | {zap:.2f} | {zip_:.2f} | {signed(d)} [{signed(lo)}, {signed(hi)}] | {items} | {verdict} |")
+                    out.append(f"| {model} | {who} | {kind} | {what} | {share} | {zap_mean:.2f} | {zip_:.2f} | {signed(d)} [{signed(lo)}, {signed(hi)}] | {items} | {verdict} |")
     out += ["", "| model | KVzip-style questions answered, real text, 25% kept | full cache's | share of full (bar 90%) |", "|---|---:|---:|---|"]
     for model, groups in DECIDE.items():
         z, f = (decide_row(cells, groups, MQ + "+text", p, "25%") for p in (ZIP, "full"))

@@ -125,24 +125,27 @@ def test_a_complete_ruler_group_makes_the_models_reply_rows(tmp_path):
     `until` rule)."""
     root = copy(tmp_path)
     qt = auto_table.qwen_tables
-    group = root / "docs" / "qwen" / "q05-ruler"
+    groups = root / "docs" / "qwen"
     # the synthetic shards alone: the real parts of the group (q05-ruler-b, -c) fill in tasks as they land
-    for part in ["q05-ruler", "q05-ruler-b", "q05-ruler-c"]:
+    for part in ["q05-ruler", "q05-ruler-b", "q05-ruler-c", "q05-zap2"]:
         shutil.rmtree(root / "docs" / "qwen" / part, ignore_errors=True)
     accuracy = {"full": 1.0, "h2o": 0.2, "h2o:prefill=snap:32": 0.9, "h2o:prefill=expect": 0.4, "window": 1.0,
                 qt.ZAP: 0.94, qt.ZIP: 1.0}
 
     def write(tasks):
-        lines = []
+        # the committed predictor's KVzap cells are q05-zap2's (q05-ruler's ran the first predictor)
+        lines = {"q05-ruler": [], "q05-zap2": []}
         for t in tasks:
             spec = t.replace("+text", ":haystack=text,") + ("" if "+text" in t else ":") + "lengths=4096"
             for policy, a in accuracy.items():
                 for share in ["-"] if policy == "full" else qt.DECIDE_SHARES:
                     per = [1.0] * round(50 * a) + [0.0] * (50 - round(50 * a))
-                    lines.append({"policy": policy, "budget": share, "task": spec, "items": 50,
-                                  "metrics": {"acc": a}, "per_item": {"acc": per}, "git_commit": "ad48728"})
-        (group / "shard-0").mkdir(parents=True, exist_ok=True)
-        (group / "shard-0" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+                    lines["q05-zap2" if policy == qt.ZAP else "q05-ruler"].append(
+                        {"policy": policy, "budget": share, "task": spec, "items": 50,
+                         "metrics": {"acc": a}, "per_item": {"acc": per}, "git_commit": "ad48728"})
+        for group, rows in lines.items():
+            (groups / group / "shard-0").mkdir(parents=True, exist_ok=True)
+            (groups / group / "shard-0" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     every = qt.KINDS["noise"] + qt.KINDS["text"]
     replies = lambda model: [r for r in json.loads(auto_table.table(root))["rows"]  # noqa: E731
@@ -154,7 +157,7 @@ def test_a_complete_ruler_group_makes_the_models_reply_rows(tmp_path):
     assert got[0]["heavy"] == [7, 8] and "94.0%" in got[0]["why"], "window is no H2O variant and KVzip costs 2x"
     default = replies("*")
     assert [(r["share"], r["family"], r["evidence"]) for r in default] == [
-        (s, "h2o:prefill=snap:32", "docs/qwen/q05-ruler, q05-ruler-b, q05-ruler-c") for s in (50.0, 25.0, 12.5)]
+        (s, "h2o:prefill=snap:32", "docs/qwen/q05-ruler, q05-ruler-b, q05-ruler-c, q05-zap2") for s in (50.0, 25.0, 12.5)]
     assert "90.0% over qwen2:24x896 at" in default[0]["why"]
     write(every[:-1])
     assert not replies("qwen2:24x896")

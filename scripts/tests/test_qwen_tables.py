@@ -202,6 +202,17 @@ def test_decide_tables_pair_groups_by_task_and_item(tmp_path):
     assert "0.50 · −0.25 [" in text and "· 4 [1/7] |" in text
 
 
+def test_an_earlier_predictors_kvzap_cells_rank_apart_from_the_committed_ones(tmp_path):
+    """q05-ruler's KVzap cells (the first predictor) and q05-zap2's (the committed one) carry one
+    policy string; the rankings show them as two rows, each paired with the full cache."""
+    shard(tmp_path, "q05-ruler", 0, [row("passkey", "full", "-", [1.0] * 4), row("passkey", qt.ZAP, "25%", [0.0, 0.0, 1.0, 1.0])])
+    shard(tmp_path, "q05-zap2", 0, [row("passkey", qt.ZAP, "25%", [1.0, 1.0, 1.0, 0.0])])
+    cells, _ = qt.load(tmp_path, ["q05-zap2", "q05-ruler"])
+    noise = qt.decide_tables(cells).split("noise haystacks")[1]
+    assert line(noise, f"| KVzap-style (contexts) `{qt.ZAP}` |").startswith(f"| KVzap-style (contexts) `{qt.ZAP}` | – | 0.75 · −0.25 [")
+    assert "| – | 0.50 · −0.50 [" in line(noise, "| KVzap-style (contexts), first predictor (WikiText-2 alone)")
+
+
 def test_the_rankings_groups_stay_out_of_the_15b_tables(tmp_path, capsys):
     """A 0.5B cell (q05-ruler) shows in the rankings, never in the 1.5B matrix's tables."""
     fixture(tmp_path)
@@ -244,17 +255,22 @@ def test_kvzap_against_kvzip_pairs_items_and_checks_both_bars(tmp_path):
         if recall is not None:
             r["metrics"]["recall"] = recall
         return r
+    shard(tmp_path, "q05-zap2", 0, [task_row("passkey", qt.ZAP, "25%", [1.0, 1.0, 0.0, 1.0])])
+    # q05-ruler-c's KVzap cells ran the first predictor: rows of their own
     shard(tmp_path, "q05-ruler-c", 0, [
-        task_row("passkey", qt.ZAP, "25%", [1.0, 1.0, 0.0, 1.0]),
+        task_row("passkey", qt.ZAP, "25%", [0.0, 0.0, 0.0, 1.0]),
         task_row("passkey", qt.ZIP, "25%", [1.0, 1.0, 1.0, 1.0]),
         task_row("niah_multiquery+text", "full", "-", [1.0, 1.0], recall=1.0),
         task_row("niah_multiquery+text", qt.ZIP, "25%", [1.0, 0.0], recall=0.875),
     ])
-    cells, _ = qt.load(tmp_path, ["q05-ruler-c"])
+    cells, _ = qt.load(tmp_path, ["q05-zap2", "q05-ruler-c"])
     text = qt.zap_versus_zip(cells)
-    got = line(text, "| Qwen2.5-Coder-0.5B | noise | RULER average | 25% |")
+    got = line(text, "| Qwen2.5-Coder-0.5B | committed | noise | RULER average | 25% |")
     assert "| 0.75 | 1.00 | −0.25 [" in got and "| 4 | 75%: not met (provisional: 1/6 tasks) |" in got
-    assert line(text, "| Qwen2.5-Coder-0.5B | noise | RULER average | 12.5% |").endswith("| not measured yet |")
+    got = line(text, "| Qwen2.5-Coder-0.5B | first (WikiText-2) | noise | RULER average | 25% |")
+    assert "| 0.25 | 1.00 | −0.75 [" in got and "| 25%: not met" in got
+    assert line(text, "| Qwen2.5-Coder-0.5B | committed | noise | RULER average | 12.5% |").endswith("| not measured yet |")
+    assert "| Qwen2.5-Coder-1.5B | first" not in text, "the 1.5B has no earlier predictor's cells"
     assert line(text, "| Qwen2.5-Coder-0.5B | 0.875") == "| Qwen2.5-Coder-0.5B | 0.875 (2 contexts) | 1.000 | 88%: not met |"
     assert line(text, "| Qwen2.5-Coder-1.5B | –") == "| Qwen2.5-Coder-1.5B | – | – | not measured yet |"
 
@@ -276,10 +292,10 @@ def test_auto_is_checked_item_by_item_against_its_rows_family(tmp_path):
     shard(tmp_path, "q05-auto", 0, [task_row("passkey", "auto", "25%", [1.0, 0.0, 1.0]),
                                     task_row("passkey", "auto", "12.5%", [1.0, 1.0, 1.0]),
                                     task_row("passkey", "auto", "50%", [1.0, 1.0, 1.0])])
-    shard(tmp_path, "q05-ruler", 0, [task_row("passkey", qt.ZAP, "25%", [1.0, 0.0, 1.0]),
-                                     task_row("passkey", qt.ZAP, "12.5%", [1.0, 0.0, 1.0]),
-                                     task_row("passkey", "auto", "25%", [0.0, 0.0, 0.0])])
-    cells, _ = qt.load(tmp_path, ["q05-auto", "q05-ruler"])
+    shard(tmp_path, "q05-zap2", 0, [task_row("passkey", qt.ZAP, "25%", [1.0, 0.0, 1.0]),
+                                    task_row("passkey", qt.ZAP, "12.5%", [1.0, 0.0, 1.0])])
+    shard(tmp_path, "q05-ruler", 0, [task_row("passkey", "auto", "25%", [0.0, 0.0, 0.0])])
+    cells, _ = qt.load(tmp_path, ["q05-auto", "q05-zap2", "q05-ruler"])
     text = qt.auto_as_its_rows(cells, tmp_path)
     assert line(text, "| Qwen2.5-Coder-0.5B | 25% |").endswith(f"| 25%: `{qt.ZAP}` | 3 / 3 | the same |")
     assert line(text, "| Qwen2.5-Coder-0.5B | 12.5% |").endswith("| 2 / 3 | differs: rerun auto's group |")

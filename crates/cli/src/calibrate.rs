@@ -32,6 +32,13 @@ pub struct Args {
     /// each drawn from its own text's second half, and interleaved.
     #[arg(long, value_name = "TEXT", requires = "kvzap")]
     also_text: Vec<PathBuf>,
+    /// With --kvzap, also write every window's training pairs to this
+    /// folder (`manifest.json` and one raw little-endian f32 file per
+    /// window: per layer the normalised hidden states `[n, hidden]`, then
+    /// per layer and KV head the scores `[n]`), to fit other predictors
+    /// offline (`scripts/kvzap_mlp.py`).
+    #[arg(long, value_name = "DIR", requires = "kvzap")]
+    dump_pairs: Option<PathBuf>,
     /// Held-out windows for --kvzap (ridge strength and fit quality).
     #[arg(long, default_value_t = 2)]
     held_out: usize,
@@ -210,12 +217,28 @@ fn run_kvzap(a: Args) -> CliResult {
             .ok_or("no place for the predictor: set KVSLIM_KVZAP_DIR or HOME, or give --out FILE")?
             .join(kvzap_file_name(&fingerprint)),
     };
+    if let Some(dir) = &a.dump_pairs {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let mut dumped = Vec::new();
     let start = std::time::Instant::now();
     let (mut train, mut held_out) = (Vec::new(), Vec::new());
     let mut progress = Progress::new("kvzap", "windows");
     progress.update(0, total);
     for (i, w) in windows.iter().enumerate() {
         let pairs = kvslim_engine::on_workers(|| collect_pairs(model, w))?;
+        if let Some(dir) = &a.dump_pairs {
+            let file = format!("window-{i:03}.f32");
+            let path = dir.join(&file);
+            let mut out = std::io::BufWriter::new(
+                std::fs::File::create(&path).map_err(|e| format!("cannot write {}: {e}", path.display()))?,
+            );
+            pairs
+                .write_raw(&mut out)
+                .and_then(|_| std::io::Write::flush(&mut out))
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            dumped.push(serde_json::json!({"file": file, "tokens": pairs.n, "held_out": held(i)}));
+        }
         if held(i) {
             held_out.push(pairs);
         } else {
@@ -224,6 +247,16 @@ fn run_kvzap(a: Args) -> CliResult {
         progress.update(i + 1, total);
     }
     let labels: Vec<&str> = encoded.iter().map(|(label, _)| label.as_str()).collect();
+    if let Some(dir) = &a.dump_pairs {
+        let c = &model.config;
+        let manifest = serde_json::json!({
+            "model": fingerprint, "layers": c.n_layers, "kv_heads": c.n_kv_heads, "hidden": c.hidden_size,
+            "text": labels.join(" + "), "seq_len": seq_len, "windows": dumped,
+        });
+        let path = dir.join("manifest.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&manifest).unwrap_or_default())
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
     let opts = KvzapOptions { text: labels.join(" + "), seq_len };
     let mut progress = Progress::new("fit", "layers");
     let (predictor, q) =

@@ -240,6 +240,54 @@ fn calibrate_kvzap_mixes_texts_and_names_a_short_one() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `calibrate --kvzap --dump-pairs`: a manifest naming every window, the
+/// held-out ones marked, each file exactly its hidden states and scores.
+#[test]
+fn calibrate_kvzap_dumps_its_training_pairs() {
+    let m = stories();
+    let dir = std::env::temp_dir().join(format!("kvslim-cli-kvzap-dump-{}", std::process::id()));
+    let pairs = dir.join("pairs");
+    let out = dir.join("p.kvzap");
+    let text = stories_text();
+    let o = kvslim(&[
+        "calibrate",
+        "--kvzap",
+        "--model",
+        &m,
+        "--text",
+        &text,
+        "--samples",
+        "3",
+        "--held-out",
+        "1",
+        "--seq-len",
+        "64",
+        "--threads",
+        "1",
+        "--dump-pairs",
+        pairs.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(pairs.join("manifest.json")).unwrap()).unwrap();
+    let (layers, heads, hidden) = (
+        manifest["layers"].as_u64().unwrap(),
+        manifest["kv_heads"].as_u64().unwrap(),
+        manifest["hidden"].as_u64().unwrap(),
+    );
+    let windows = manifest["windows"].as_array().unwrap();
+    assert_eq!(windows.len(), 4);
+    assert_eq!(windows.iter().filter(|w| w["held_out"] == true).count(), 1);
+    for w in windows {
+        let n = w["tokens"].as_u64().unwrap();
+        let len = std::fs::metadata(pairs.join(w["file"].as_str().unwrap())).unwrap().len();
+        assert_eq!(len, 4 * (layers * n * hidden + layers * heads * n), "{w}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// `kvslim chat` with piped stdin: one reply per user line, `/reset` and
 /// `/quit` honoured, the template's source reported; SmolLM2's template
 /// puts its turn markers in the prompt (`--show-prompt`).

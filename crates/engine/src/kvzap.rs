@@ -35,6 +35,27 @@ pub struct Pairs {
     pub scores: Vec<Vec<Vec<f32>>>,
 }
 
+impl Pairs {
+    /// The pairs as raw little-endian f32, for fitting other predictors
+    /// offline (`calibrate --kvzap --dump-pairs`): per layer the hidden
+    /// states `[n, hidden]`, then per layer and KV head the scores `[n]`.
+    pub fn write_raw(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        let mut put = |v: &[f32]| -> std::io::Result<()> {
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            out.write_all(&bytes)
+        };
+        for h in &self.hidden {
+            put(h)?;
+        }
+        for layer in &self.scores {
+            for head in layer {
+                put(head)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Runs `window` under the KVzip-style prefill with room for every token
 /// (`h2o:heavy=n,recent=1,prefill=kvzip`: nothing is evicted, so every
 /// token keeps the score the repeat probe gave it) and records each layer's
@@ -469,6 +490,15 @@ mod tests {
         // a text too short for its share is named
         let e = mixed_windows(&texts, None, 9, 10).unwrap_err().to_string();
         assert!(e.contains("second half of b") && e.contains("only 3 windows"), "{e}");
+    }
+
+    #[test]
+    fn raw_pairs_are_hidden_states_then_scores_little_endian() {
+        let p = Pairs { n: 2, hidden: vec![vec![1.0, 2.0, 3.0, 4.0]], scores: vec![vec![vec![0.5, 0.25]]] };
+        let mut out = Vec::new();
+        p.write_raw(&mut out).unwrap();
+        let got: Vec<f32> = out.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        assert_eq!(got, [1.0, 2.0, 3.0, 4.0, 0.5, 0.25]);
     }
 
     #[test]
