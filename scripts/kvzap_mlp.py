@@ -201,7 +201,7 @@ def main(argv=None):
         fits["mlp"].append(fit_mlp(x, y, xh, yh, args.hidden, args.epochs, args.seed + l))
         print(f"layer {l + 1}/{L} fitted, {time.time() - start:.0f} s", file=sys.stderr)
     out = {"model": m["model"], "text": m["text"], "train_windows": len(train), "held_out_windows": len(held),
-           "mlp": {"hidden": args.hidden, "epochs": args.epochs, "decay_grid": DECAY_GRID, "seed": args.seed}}
+           "mlp_settings": {"hidden": args.hidden, "epochs": args.epochs, "decay_grid": DECAY_GRID, "seed": args.seed}}
     for name, preds in fits.items():
         out[name] = quality(preds, held)
     print("| predictor | Spearman, mean (lowest unit) | R² | global overlap 12.5% / 25% | per unit 12.5% / 25% |")
