@@ -78,10 +78,10 @@ SOURCES = [
      "needles": "docs/results/default-rows/gemma-2k/results.jsonl"},
     {"model": "llama:5x64", "name": "stories260K", "rule": "tuned", "files": "docs/tuned/stories260k-*.json"},
     {"model": "qwen2:28x1536", "name": "Qwen2.5-Coder-1.5B", "rule": "ruler", "decide": "Qwen2.5-Coder-1.5B",
-     "evidence": "docs/qwen/q15-ruler",
+     "evidence": "docs/qwen/q15-ruler, q15-cwe",
      "until": {"rule": "kl+needles", "files": "docs/qwen/auto-kl/results.jsonl"}},
     {"model": "qwen2:24x896", "name": "Qwen2.5-Coder-0.5B", "rule": "ruler", "decide": "Qwen2.5-Coder-0.5B",
-     "evidence": "docs/qwen/q05-ruler, q05-ruler-b, q05-ruler-c, q05-zap2"},
+     "evidence": "docs/qwen/q05-ruler, q05-ruler-b, q05-ruler-c, q05-zap2, q05-cwe"},
     {"model": "*", "name": "any other model", "rule": "ruler-default", "of": ["qwen2:24x896", "qwen2:28x1536"],
      "until": {"rule": "agree", "of": ["llama:30x576", "gemma3:18x640"], "evidence": "docs/results/tuning.md"}},
     # compressed contexts: questions asked after compression (docs/contexts.md, "auto for contexts")

@@ -113,7 +113,13 @@
 #             cells' decode steps per item, about 3 hours; measured 4.0 s
 #             per item for its three cells (passkey on real text, the
 #             machine to itself), so about an hour.
-#   q05-zap2, q15-ruler, q05-lcc and q05-r8k are pinned at 7c54789 with
+#   q05-cwe   cwe with 50 items (cwe has no depths, so RULER4K50's cwe holds
+#             ten): q05-ruler-c's cells and the committed KVzap predictor's,
+#             ~45 s per item, ~40 minutes; its first ten items are the ten
+#             of q05-ruler-c's cwe, so its cells check the pins' claim of
+#             the same outputs.
+#   q15-cwe   the same on the 1.5B, ~2 hours.
+#   q05-zap2, q05-cwe, q15-ruler, q15-cwe, q05-lcc and q05-r8k are pinned at 7c54789 with
 #   the committed predictors (v2) in calib/kvzap/: the same code as
 #   q05-zip's pin, so every cell but the KVzap-style ones is that build's
 #   (its commit merged into main's history, its tree not).
@@ -123,6 +129,7 @@
 #   bash scripts/qwen_matrix.sh queue GROUP...   run each group in turn (the next starts when one ends)
 #   bash scripts/qwen_matrix.sh status           finished cells per group and shard
 #   bash scripts/qwen_matrix.sh merge GROUP      → docs/qwen/GROUP/merged (tables, plots)
+#   bash scripts/qwen_matrix.sh record [MESSAGE] commit the journals, then the tables made from the committed ones
 #
 # Results go to docs/qwen/GROUP/shard-I, one per lane (commit them as they grow).
 set -euo pipefail
@@ -144,6 +151,10 @@ both_haystacks() {
 # 50 items per task; at 8K ten (two per depth)
 RULER4K50=$(both_haystacks "lengths=4096,depths=0.1,0.3,0.5,0.7,0.9,per_cell=10")
 RULER8K=$(both_haystacks "lengths=8192,depths=0.1,0.3,0.5,0.7,0.9,per_cell=2")
+# cwe has no depths: RULER4K50's cwe holds ten items, this one 50 (its first ten the same)
+CWE50="cwe:lengths=4096,per_cell=50"
+# the tasks that decide: RULER4K50 with CWE50 for its cwe
+DECIDE4K="${RULER4K50%;cwe:*};$CWE50"
 BUDGETS=50%,25%,12.5%
 # lanes (shards by cell) per group and threads per lane; a group whose cells
 # share one prefill per item runs in one lane of two threads, which pays it
@@ -223,7 +234,14 @@ group() {
     q15-ruler) LANES=1 THREADS=2 POLICIES="$Q05;$ZIP"
              TASKS=$RULER4K50
              pin $PIN_V2 ;;
-    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2, q05-lcc, q05-r8k, q15-ruler)" >&2; exit 2 ;;
+    q05-cwe) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
+             POLICIES="$Q05;$ZIP"
+             TASKS=$CWE50
+             pin $PIN_V2 ;;
+    q15-cwe) LANES=1 THREADS=2 POLICIES="$Q05;$ZIP"
+             TASKS=$CWE50
+             pin $PIN_V2 ;;
+    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2, q05-cwe, q05-lcc, q05-r8k, q15-ruler, q15-cwe)" >&2; exit 2 ;;
   esac
 }
 
@@ -282,6 +300,19 @@ case "${1:-}" in
     for d in "$OUT"/*/shard-*; do
       [ -d "$d" ] && echo "$d: $(grep -c . "$d/results.jsonl" 2>/dev/null || echo 0) cells"
     done
+    ;;
+  record)
+    # commit the journals as they stand, then the tables made from exactly the committed
+    # journals (a lane appends rows while this runs: tables made from the working tree could
+    # hold a row the commit lacks, and scripts/check_docs.py would fail on a clean checkout)
+    git add "$OUT"
+    git commit -q -m "${2:-the matrix's journals}" -- "$OUT" || true
+    SNAP=$(mktemp -d)
+    git archive HEAD | tar -x -C "$SNAP"
+    python3 scripts/qwen_tables.py --write --results "$SNAP"
+    rm -rf "$SNAP"
+    git commit -q -m "tables regenerated from the committed journals" -- README.md docs/qwen/results.md || true
+    git log --oneline -2
     ;;
   merge)
     group "${2:-}"

@@ -127,7 +127,7 @@ def test_a_complete_ruler_group_makes_the_models_reply_rows(tmp_path):
     qt = auto_table.qwen_tables
     groups = root / "docs" / "qwen"
     # the synthetic shards alone: the real parts of the group (q05-ruler-b, -c) fill in tasks as they land
-    for part in ["q05-ruler", "q05-ruler-b", "q05-ruler-c", "q05-zap2"]:
+    for part in ["q05-ruler", "q05-ruler-b", "q05-ruler-c", "q05-zap2", "q05-cwe"]:
         shutil.rmtree(root / "docs" / "qwen" / part, ignore_errors=True)
     accuracy = {"full": 1.0, "h2o": 0.2, "h2o:prefill=snap:32": 0.9, "h2o:prefill=expect": 0.4, "window": 1.0,
                 qt.ZAP: 0.94, qt.ZIP: 1.0}
@@ -157,7 +157,7 @@ def test_a_complete_ruler_group_makes_the_models_reply_rows(tmp_path):
     assert got[0]["heavy"] == [7, 8] and "94.0%" in got[0]["why"], "window is no H2O variant and KVzip costs 2x"
     default = replies("*")
     assert [(r["share"], r["family"], r["evidence"]) for r in default] == [
-        (s, "h2o:prefill=snap:32", "docs/qwen/q05-ruler, q05-ruler-b, q05-ruler-c, q05-zap2") for s in (50.0, 25.0, 12.5)]
+        (s, "h2o:prefill=snap:32", "docs/qwen/q05-ruler, q05-ruler-b, q05-ruler-c, q05-zap2, q05-cwe") for s in (50.0, 25.0, 12.5)]
     assert "90.0% over qwen2:24x896 at" in default[0]["why"]
     write(every[:-1])
     assert not replies("qwen2:24x896")
@@ -183,11 +183,11 @@ def test_the_15b_keeps_its_kl_row_until_its_ruler_group_is_complete(tmp_path):
     (group / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     got = replies()
     assert [(r["share"], r["family"], r["evidence"]) for r in got] == [
-        (s, "h2o:prefill=snap:32", "docs/qwen/q15-ruler") for s in (50.0, 25.0, 12.5)]
+        (s, "h2o:prefill=snap:32", "docs/qwen/q15-ruler, q15-cwe") for s in (50.0, 25.0, 12.5)]
     q05 = next(s for s in auto_table.SOURCES if s["model"] == "qwen2:24x896" and s["rule"] == "ruler")
     if auto_table.ruler_candidates(root, q05) is None:  # the 0.5B's rankings still running: the 1.5B's alone
         defaults = [r for r in json.loads(auto_table.table(root))["rows"] if r["model"] == "*" and r["use"] == "reply"]
-        assert {(r["family"], r["evidence"]) for r in defaults} == {("h2o:prefill=snap:32", "docs/qwen/q15-ruler")}
+        assert {(r["family"], r["evidence"]) for r in defaults} == {("h2o:prefill=snap:32", "docs/qwen/q15-ruler, q15-cwe")}
 
 
 def test_a_tuned_models_needle_results_choose_its_rows_prefill(tmp_path):

@@ -42,3 +42,16 @@ def test_the_parts_of_the_0_5b_matrix_cover_its_thirteen_tasks_once():
     assert len(everything) == 13 and everything == zipped + rest
     assert rest[0].startswith("niah_multikey:lengths=") and rest[-1].startswith("cwe:")
     assert zipped[3].startswith("niah_single:haystack=text,")
+
+
+def test_the_deciding_tasks_give_cwe_its_50_items():
+    """cwe has no depths, so RULER4K50's cwe holds ten items; DECIDE4K (the auto groups') and the
+    cwe groups ask for 50, the first ten of which are RULER4K50's."""
+    r = subprocess.run(["bash", "-c", f'source <(sed -n "/^both_haystacks()/,/^}}/p;/^RULER4K50=/p;/^CWE50=/p;/^DECIDE4K=/p" {SCRIPT}); '
+                       'echo "$DECIDE4K" | tr ";" "\\n"'], capture_output=True, text=True)
+    decide = r.stdout.split()
+    assert decide[:-1] == tasks("1-12") and decide[-1] == "cwe:lengths=4096,per_cell=50"
+    text = SCRIPT.read_text()
+    for group in ("q05-cwe", "q15-cwe"):
+        block = text.split(f"    {group}) ")[1].split(";;")[0]
+        assert "TASKS=$CWE50" in block and 'POLICIES="$Q05;$ZIP"' in block and "pin $PIN_V2" in block

@@ -177,6 +177,22 @@ def test_write_rewrites_only_the_generated_parts(tmp_path):
     assert lines[-3:] == ["", "prose after", ""]
 
 
+def test_write_can_read_the_shards_from_another_copy(tmp_path):
+    """--results: the tables come from that copy's shards (the committed journals), the files
+    written are ROOT's; a row only the working tree has stays out."""
+    work, committed = tmp_path / "work", tmp_path / "committed"
+    (work / "docs" / "qwen").mkdir(parents=True)
+    (work / "docs" / "qwen" / "results.md").write_text("<!-- generated: python3 scripts/qwen_tables.py -->\n")
+    (work / "README.md").write_text("<!-- generated: python3 scripts/qwen_tables.py --summary -->\n\n| old |\n")
+    shard(committed, "q05-ruler", 0, [row("passkey", "full", "-", [1.0, 0.0])])
+    shard(work, "q05-ruler", 0, [row("passkey", "full", "-", [1.0, 0.0]), row("passkey", "h2o", "25%", [0.0, 0.0])])
+    qt.main(["--root", str(work), "--results", str(committed), "--write"])
+    readme = (work / "README.md").read_text()
+    assert "| full cache `full` | 0.50 · 2 [1/7] |" in readme
+    assert "| H2O `h2o` | – |" in readme, "the working tree's extra row is not in the committed journals"
+    assert not (committed / "README.md").exists()
+
+
 def test_the_stratified_bootstrap_pairs_items_within_tasks():
     # equal differences: the interval is the point
     assert qt.stratified([([1.0, 1.0], [0.0, 0.0]), ([0.5, 0.5], [0.5, 0.5])], seed=0) == (0.5, 0.5, 0.5)
@@ -200,6 +216,19 @@ def test_decide_tables_pair_groups_by_task_and_item(tmp_path):
     text = qt.decide_tables(cells)
     assert "| full cache `full` | 0.75 · 4 [1/7] |" in text
     assert "0.50 · −0.25 [" in text and "· 4 [1/7] |" in text
+
+
+def test_cwe_ranks_from_its_50_item_group(tmp_path):
+    """q05-cwe's cwe cells (50 items) come before q05-ruler-c's (ten, the same first ten): the
+    rankings pair them with q05-cwe's full cache, never the ten-item one."""
+    shard(tmp_path, "q05-ruler-c", 0, [row("cwe", "full", "-", [1.0] * 10), row("cwe", "h2o", "25%", [1.0] * 10)])
+    shard(tmp_path, "q05-cwe", 0, [row("cwe", "full", "-", [1.0] * 10 + [0.0] * 40),
+                                   row("cwe", "h2o", "25%", [1.0] * 5 + [0.0] * 45)])
+    cells, _ = qt.load(tmp_path, ["q05-cwe", "q05-ruler-c"])
+    groups = list(qt.DECIDE["Qwen2.5-Coder-0.5B"])
+    assert groups.index("q05-cwe") < groups.index("q05-ruler-c")
+    assert len(qt.decide_cells(cells, groups, "cwe", "h2o", "25%")) == 50
+    assert qt.decide_pairs(cells, groups, ["cwe"], "h2o", "full", "25%") == [([1.0] * 5 + [0.0] * 45, [1.0] * 10 + [0.0] * 40)]
 
 
 def test_an_earlier_predictors_kvzap_cells_rank_apart_from_the_committed_ones(tmp_path):
