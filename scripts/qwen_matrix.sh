@@ -306,7 +306,8 @@ case "${1:-}" in
     # journals (a lane appends rows while this runs: tables made from the working tree could
     # hold a row the commit lacks, and scripts/check_docs.py would fail on a clean checkout)
     git add "$OUT"
-    git commit -q -m "${2:-the matrix's journals}" -- "$OUT" || true
+    MESSAGE=${2:-"matrix journals"}
+    git commit -q -m "$MESSAGE" -- "$OUT" || true
     SNAP=$(mktemp -d)
     git archive HEAD | tar -x -C "$SNAP"
     python3 scripts/qwen_tables.py --write --results "$SNAP"
