@@ -108,13 +108,14 @@ pub fn run(a: Args) -> CliResult {
         ),
         (
             "auto policy",
-            // what `auto:budget=P%` resolves to for this model at 1,024 tokens
-            auto_row(m, AutoUse::Reply, 1024, &[40.0, 20.0, 10.0, 5.0]),
+            // what `auto:budget=P%` resolves to for this model at 1,024 tokens,
+            // at each share its rows were measured at
+            auto_row(m, AutoUse::Reply, 1024),
         ),
         (
             "auto, contexts",
             // the same when a context is compressed once for many questions
-            auto_row(m, AutoUse::Context, 4096, &[25.0, 12.5]),
+            auto_row(m, AutoUse::Context, 4096),
         ),
         (
             "tokenizer",
@@ -131,10 +132,11 @@ pub fn run(a: Args) -> CliResult {
 }
 
 /// What `auto:budget=P%` becomes for `m` used as `usage` at `len` tokens,
-/// per share, with the row it comes from.
-fn auto_row(m: &kvslim_models::Model, usage: AutoUse, len: usize, shares: &[f64]) -> String {
+/// at each share its rows were measured at, with the row it comes from.
+fn auto_row(m: &kvslim_models::Model, usage: AutoUse, len: usize) -> String {
     let key = m.auto_key();
     let kvzap = m.has_kvzap();
+    let shares = auto::measured_shares(Some(&key), usage, kvzap);
     let at = |&p: &f64| {
         let (spec, row) = auto::resolve(Budget::Percent(p), Some(&key), len, usage, kvzap);
         format!("{p}% → {spec} ({}, {})", row.model_name, row.evidence)

@@ -11,8 +11,8 @@
 //! give exactly the spec the evaluation ran at B ([`PolicyFamily::at`]):
 //! `auto`'s cells are then the winner's, slot for slot. The rows are generated from the
 //! results they cite (`auto_table.json`, by scripts/auto_table.py); models
-//! without rows use the default rows, chosen where the small real models'
-//! measurements agree. The cache resolves `auto` when
+//! without rows use the default rows, the best over the complete Qwen
+//! rankings among the variants that need no per-model file. The cache resolves `auto` when
 //! it is built ([`crate::effective_policy`]), where the model is known; until
 //! then the spec stands for paper H2O at B, so everything that looks at a
 //! spec before that (does it evict, its budget) sees an evicting policy.
@@ -140,8 +140,9 @@ fn table() -> &'static [AutoChoice] {
 /// The table as a slice (`CHOICES.iter()`, `for c in CHOICES`). The tuned
 /// rows are `kvslim tune`'s winners, which beat window, sink, heavy, random
 /// and paper H2O on held-out WikiText-2 KL at their budget
-/// (docs/results/tuning.md); the default rows (`*`) are the shares where
-/// SmolLM2's and Gemma 3's winners agree.
+/// (docs/results/tuning.md); the others, and the default rows (`*`),
+/// come from the Qwen rankings and compress-once results
+/// (scripts/auto_table.py says which files make which rows).
 #[derive(Clone, Copy, Debug)]
 pub struct Choices;
 
@@ -175,18 +176,36 @@ pub fn model_key(architecture: &str, layers: usize, hidden: usize) -> String {
 /// memory, never less quality). Without a KVzap predictor
 /// (`kvzap = false`) the model's rows that need one do not count.
 pub fn choose(model: Option<&str>, share: f64, usage: AutoUse, kvzap: bool) -> &'static AutoChoice {
-    let usable = |c: &&AutoChoice| c.usage == usage && (kvzap || !c.needs_kvzap());
-    let own = |c: &&AutoChoice| model.is_some_and(|m| m == c.model) && usable(c);
-    let rows: Vec<&AutoChoice> = match CHOICES.iter().filter(own).count() {
-        0 => CHOICES.iter().filter(|c| c.model == "*" && usable(c)).collect(),
-        _ => CHOICES.iter().filter(own).collect(),
-    };
-    rows.into_iter()
+    rows_for(model, usage, kvzap)
+        .into_iter()
         .min_by(|a, b| {
             let (da, db) = ((a.share - share).abs(), (b.share - share).abs());
             da.total_cmp(&db).then(b.share.total_cmp(&a.share))
         })
         .expect("each use has default rows that need no predictor")
+}
+
+/// The rows `auto` chooses among for `model` used as `usage`: its own,
+/// else the default rows (without a KVzap predictor, the rows that need
+/// none).
+fn rows_for(model: Option<&str>, usage: AutoUse, kvzap: bool) -> Vec<&'static AutoChoice> {
+    let usable = |c: &&AutoChoice| c.usage == usage && (kvzap || !c.needs_kvzap());
+    let own: Vec<_> = CHOICES.iter().filter(|c| model.is_some_and(|m| m == c.model) && usable(c)).collect();
+    if own.is_empty() {
+        CHOICES.iter().filter(|c| c.model == "*" && usable(c)).collect()
+    } else {
+        own
+    }
+}
+
+/// The kept shares (percent, largest first) that `model`'s rows for
+/// `usage` were measured at: where `auto` is evidence rather than the
+/// nearest row's.
+pub fn measured_shares(model: Option<&str>, usage: AutoUse, kvzap: bool) -> Vec<f64> {
+    let mut shares: Vec<f64> = rows_for(model, usage, kvzap).iter().map(|c| c.share).collect();
+    shares.sort_by(|a, b| b.total_cmp(a));
+    shares.dedup();
+    shares
 }
 
 /// `auto:budget=B` for a sequence of `base_len` tokens of `model` used as
@@ -389,5 +408,21 @@ mod tests {
         assert_eq!((unknown.model, Some(unknown.share)), ("*", nearest(20.0)));
         assert_eq!(Some(reply(None, 60.0).share), nearest(60.0));
         assert_eq!(model_key("Qwen2", 28, 1536), "qwen2:28x1536");
+    }
+
+    #[test]
+    fn measured_shares_are_the_rows_auto_chooses_among() {
+        let shares = |model, kvzap| measured_shares(model, AutoUse::Reply, kvzap);
+        assert_eq!(shares(Some("llama:30x576"), false), [40.0, 20.0, 10.0, 5.0]);
+        let defaults = shares(None, false);
+        assert!(!defaults.is_empty() && defaults.windows(2).all(|w| w[0] > w[1]), "{defaults:?}");
+        assert_eq!(shares(Some("qwen3:28x1024"), false), defaults, "an unknown model: the default rows");
+        for model in [Some("llama:30x576"), Some("qwen2:24x896"), None] {
+            for kvzap in [false, true] {
+                for &p in &shares(model, kvzap) {
+                    assert_eq!(choose(model, p, AutoUse::Reply, kvzap).share, p, "{model:?} at {p}%");
+                }
+            }
+        }
     }
 }
