@@ -123,6 +123,11 @@
 #   the committed predictors (v2) in calib/kvzap/: the same code as
 #   q05-zip's pin, so every cell but the KVzap-style ones is that build's
 #   (its commit merged into main's history, its tree not).
+#   q05-auto  `auto` alone on the 0.5B's tasks that decide, at the commit whose
+#             auto table has the 0.5B's rows (made from the groups above): each
+#             row names its winner's budget family, so its cells must equal that
+#             family's item by item (qwen/results.md, "`auto` as its rows");
+#             one policy, like q05-zap2's 39 cells (86 minutes), ~1.5 hours.
 #
 #   bash scripts/qwen_matrix.sh build GROUP      the group's pinned binary only
 #   bash scripts/qwen_matrix.sh run GROUP        the lanes of GROUP (resumes a cut-off run)
@@ -241,7 +246,10 @@ group() {
     q15-cwe) LANES=1 THREADS=2 POLICIES="$Q05;$ZIP"
              TASKS=$CWE50
              pin $PIN_V2 ;;
-    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2, q05-cwe, q05-lcc, q05-r8k, q15-ruler, q15-cwe)" >&2; exit 2 ;;
+    q05-auto) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2 POLICIES="auto"
+             TASKS=$DECIDE4K
+             pin 6990f73204dfcc946a8cddc11c5b516cbbe1f7e5 ;;
+    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2, q05-cwe, q05-auto, q05-lcc, q05-r8k, q15-ruler, q15-cwe)" >&2; exit 2 ;;
   esac
 }
 
