@@ -55,12 +55,16 @@ def test_the_committed_table_is_current():
     got = {(r["model"], r["use"], r["share"]): (r["score"], r["sinks"], r["heavy"], r["prefill"], r["alloc"])
            for r in rows(ROOT)}
     assert got[("qwen2:28x1536", "reply", 20.0)] == ("vnorm", 4, [1, 2], "snap:32", None)
-    default = sorted(s for m, u, s in got if m == "*" and u == "reply")
-    assert default == [5.0, 10.0, 40.0], "the shares where SmolLM2 and Gemma 3 agree"
-    # contexts: KVzap with KVzip's small recent window on both Qwen models; no predictor-needing default
+    # the 0.5B's rankings are complete: its reply rows and the default rows are theirs, per share
+    for model in ("qwen2:24x896", "*"):
+        assert sorted(s for m, u, s in got if m == model and u == "reply") == [12.5, 25.0, 50.0], model
+    table = {(r["model"], r["use"], r["share"]): r for r in rows(ROOT)}
+    assert all("q05-cwe" in table[("qwen2:24x896", "reply", s)]["evidence"] for s in (12.5, 25.0, 50.0))
+    # contexts: KVzap with KVzip's small recent window on both Qwen models
     for model in ("qwen2:24x896", "qwen2:28x1536"):
         assert got[(model, "context", 12.5)] == ("sum", 0, [7, 8], "kvzap", "global")
-    assert all(got[k][3] != "kvzap" for k in got if k[0] == "*" or k[1] == "reply")
+    # a default row needs no per-model file
+    assert all(got[k][3] != "kvzap" for k in got if k[0] == "*")
 
 
 def test_editing_a_result_without_regenerating_fails_the_check(tmp_path):
