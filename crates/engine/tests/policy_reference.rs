@@ -210,6 +210,7 @@ const STORIES: [(usize, &[(&str, usize)]); 4] = [
             ("h2o:heavy=16,recent=16,alloc=ada", 60),
             ("h2o:heavy=16,recent=16,alloc=ada:0.5", 10),
             ("h2o:heavy=16,recent=16,alloc=global", 60),
+            ("h2o:heavy=16,recent=16,alloc=global:0.5", 60),
             ("h2o:heavy=16,recent=16,score=tova,alloc=global", 60),
             ("h2o:heavy=12,recent=12,sink=2,score=norm,alloc=pyramid:0.5/ada", 60),
         ],
@@ -367,9 +368,10 @@ fn compare(model: &Model, spec: &PolicySpec, tokens: &[u32], prompt_len: usize, 
             check_layer(&session, l, layer_refs, &policy, &format!("{label}: call {step}"));
         }
         if global_pending {
-            // one ranking over every unit, no floor; then each unit commits
+            // one ranking over every unit, past each unit's floor (`global:F`; 0 by
+            // default); then each unit commits
             let units: Vec<Vec<reference::Slot>> = stashed.iter().flatten().cloned().collect();
-            let shares = ref_ada_shares(layer_heavy[0], 0.0, &policy, &units);
+            let shares = ref_ada_shares(layer_heavy[0], spec.alloc().global_floor, &policy, &units);
             for (l, cands) in std::mem::take(&mut stashed).into_iter().enumerate() {
                 for (kvh, cand) in cands.into_iter().enumerate() {
                     policies[l][kvh].budget = Some((fixed + shares[l * c.n_kv_heads + kvh]).max(1));
@@ -605,6 +607,7 @@ fn kvzap_prefill_equals_reference() {
         format!("h2o:heavy=16,recent=16,agg=max,score=norm,prefill=kvzap:{f}"),
         format!("h2o:heavy=16,recent=16,prefill=kvzap:{f},alloc=global"),
         format!("h2o:heavy=24,recent=4,sink=4,prefill=kvzap:{f},alloc=global"),
+        format!("h2o:heavy=24,recent=4,prefill=kvzap:{f},alloc=global:0.25"),
         format!("h2o:heavy=16,recent=16,prefill=kvzap:{f},alloc=ada:0.2"),
     ] {
         let spec = PolicySpec::parse(&spec).unwrap();

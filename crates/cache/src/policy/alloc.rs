@@ -30,7 +30,9 @@
 //!   it among the layer's heads.
 //! * `global` (KVzip's selection): every layer's and head's eligible
 //!   candidates are ranked together and the `layers · kv_heads · heavy`
-//!   heavy slots go to the best of them, wherever they are; no floor. Once,
+//!   heavy slots go to the best of them, wherever they are; no floor
+//!   (`global:F`: each unit first keeps its top ⌊F · heavy⌋, as ada's
+//!   floor, and the rest go to the best of everything else). Once,
 //!   after the first forward call (the whole prompt, unless `prefill=stream`
 //!   cuts it into chunks). KVzip-style scores need it: on real text most
 //!   tokens score high in the few layers that copy and low elsewhere, so a
@@ -76,6 +78,9 @@ pub struct Alloc {
     pub ada: Option<f64>,
     /// KVzip: one ranking over every layer and head.
     pub global: bool,
+    /// `global:F`: the part of its uniform heavy share every unit keeps
+    /// before the ranking over all units (0: KVzip's, no floor).
+    pub global_floor: f64,
 }
 
 impl Alloc {
@@ -99,7 +104,10 @@ impl fmt::Display for Alloc {
         let parts = [
             self.pyramid.map(|r| format!("pyramid:{r}")),
             self.ada.map(|a| format!("ada:{a}")),
-            self.global.then(|| "global".to_string()),
+            self.global.then(|| match self.global_floor {
+                f if f > 0.0 => format!("global:{f}"),
+                _ => "global".to_string(),
+            }),
         ];
         let parts: Vec<_> = parts.into_iter().flatten().collect();
         f.write_str(&if parts.is_empty() { "uniform".to_string() } else { parts.join("/") })
@@ -146,11 +154,23 @@ impl std::str::FromStr for Alloc {
                     }
                     a.ada = Some(f);
                 }
-                "global" if arg.is_none() => a.global = true,
+                "global" => {
+                    if a.global {
+                        return Err("`global` given twice".into());
+                    }
+                    let f = number("floor")?.unwrap_or(0.0);
+                    if !(0.0..=1.0).contains(&f) {
+                        return Err(format!(
+                            "global floor `{f}` must be in [0, 1] (a unit's guaranteed share of its heavy slots)"
+                        ));
+                    }
+                    a.global = true;
+                    a.global_floor = f;
+                }
                 _ => {
                     return Err(format!(
                         "unknown allocator `{part}` (known: uniform, pyramid[:R], ada[:F], pyramid[:R]/ada[:F], \
-                         global)"
+                         global[:F])"
                     ))
                 }
             }
@@ -271,6 +291,8 @@ pub struct Allocated {
     decided: Vec<bool>,
     /// `global`: whether every unit's share is set yet.
     global: Option<bool>,
+    /// `global:F`'s floor (0 without one).
+    global_floor: f64,
 }
 
 impl Allocated {
@@ -290,7 +312,16 @@ impl Allocated {
             })
             .collect();
         let global = alloc.global.then_some(false);
-        Allocated { kv_heads, units, layer_heavy, rank, ada: alloc.ada, decided: vec![false; layers], global }
+        Allocated {
+            kv_heads,
+            units,
+            layer_heavy,
+            rank,
+            ada: alloc.ada,
+            decided: vec![false; layers],
+            global,
+            global_floor: alloc.global_floor,
+        }
     }
 
     fn unit(&mut self, layer: usize, kv_head: usize) -> &mut TokenEviction {
@@ -389,7 +420,7 @@ impl CachePolicy for Allocated {
             return;
         }
         // uniform heavy per unit (pyramid does not combine with global)
-        let shares = ada_shares(self.layer_heavy[0], 0.0, self.rank, units);
+        let shares = ada_shares(self.layer_heavy[0], self.global_floor, self.rank, units);
         let fixed = self.rank.recent + self.rank.sinks;
         for (unit, share) in self.units.iter_mut().zip(shares) {
             unit.set_budget((fixed + share).max(1));
@@ -473,6 +504,29 @@ mod tests {
         assert!(!p.global_decision_pending());
     }
 
+    /// `global:F` keeps every unit's top ⌊F · heavy⌋ first: the cold units
+    /// hold their floor, the hot one wins what is left.
+    #[test]
+    fn a_global_floor_keeps_each_units_best_before_the_ranking() {
+        let pos: Vec<u32> = (0..8).collect();
+        let hot = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.0];
+        let cold = [0.01; 8];
+        let units: [(&[u32], &[f32]); 4] = [(&pos, &cold), (&pos, &cold), (&pos, &hot), (&pos, &cold)];
+        let budgets = |spec: &str| {
+            let mut p = crate::PolicySpec::parse(spec).unwrap().build_for(8, 2, 2);
+            p.decide_global(&units);
+            (0..4).map(|u| p.head_budget(u / 2, u % 2).unwrap()).collect::<Vec<_>>()
+        };
+        // heavy 4 per unit, recent 1: floor ⌊0.5·4⌋ = 2 each, the hot unit
+        // wins its other 5 eligible tokens, the 3 left go to the cold ties
+        let floored = budgets("h2o:heavy=4,recent=1,alloc=global:0.5");
+        assert_eq!(floored.iter().sum::<usize>(), 4 * 5);
+        assert_eq!(floored[2], 1 + 7, "{floored:?}");
+        assert!(floored.iter().all(|&b| b >= 1 + 2), "every unit keeps its floor: {floored:?}");
+        assert_eq!(budgets("h2o:heavy=4,recent=1,alloc=global:1"), vec![5; 4], "floor 1 is uniform");
+        assert_eq!(budgets("h2o:heavy=4,recent=1,alloc=global:0"), budgets("h2o:heavy=4,recent=1,alloc=global"));
+    }
+
     #[test]
     fn ada_gives_the_layers_heavy_slots_to_the_heads_that_need_them() {
         let rank = Ranking { recent: 1, sinks: 0, score: ScoreRule::Sum };
@@ -500,6 +554,9 @@ mod tests {
         assert_eq!(a, Alloc { pyramid: Some(DEFAULT_PYRAMID_RATIO), ..Alloc::default() });
         let g: Alloc = "global".parse().unwrap();
         assert!(g.global && !g.is_uniform() && g.to_string() == "global");
+        let g: Alloc = "global:0.25".parse().unwrap();
+        assert!(g.global && g.global_floor == 0.25 && g.to_string() == "global:0.25");
+        assert_eq!("global:0".parse::<Alloc>().unwrap().to_string(), "global");
         let a: Alloc = "pyramid:0.5/ada:0.1".parse().unwrap();
         assert_eq!(a.to_string(), "pyramid:0.5/ada:0.1");
         assert_eq!(a.to_string().parse::<Alloc>().unwrap(), a);
@@ -511,6 +568,8 @@ mod tests {
             ("ada:-0.1", "ada floor `-0.1` must be in [0, 1]"),
             ("fancy", "unknown allocator `fancy`"),
             ("ada/ada", "`ada` given twice"),
+            ("global:1.5", "global floor `1.5` must be in [0, 1]"),
+            ("global/global", "`global` given twice"),
             ("uniform/ada", "unknown allocator `uniform`"),
         ];
         assert_refused(str::parse::<Alloc>, &cases);

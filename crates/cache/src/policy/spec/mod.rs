@@ -14,8 +14,10 @@
 //! same total (see [`super::alloc`]): `pyramid[:R]` (PyramidKV: the top
 //! layer gets R times the bottom layer's heavy slots, an arithmetic series
 //! between), `ada[:F]` (AdaKV: a layer's heavy slots go to the heads whose
-//! prompt attention needs them, each keeping at least ⌊F · heavy⌋), or
-//! `pyramid[:R]/ada[:F]`.
+//! prompt attention needs them, each keeping at least ⌊F · heavy⌋),
+//! `pyramid[:R]/ada[:F]`, or `global[:F]` (KVzip's one ranking over every
+//! layer and head, each unit keeping at least ⌊F · heavy⌋; no floor by
+//! default).
 //!
 //! `score=R` picks the score family the heavy hitters are ranked by (see
 //! [`super::score`]): `sum` (H2O, the default), `norm`, `decay:G`, `tova`,

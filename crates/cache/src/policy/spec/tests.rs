@@ -114,7 +114,7 @@ fn bad_specs_name_the_problem() {
         ("h2o:heavy=1,recent=1,alloc=ada+chai:plan=p.json", "cannot compose with chai"),
         ("h2o:heavy=1,recent=1,alloc=global+chai:plan=p.json", "cannot compose with chai"),
         ("h2o:heavy=1,recent=1,alloc=global/ada", "does not combine with pyramid or ada"),
-        ("h2o:heavy=1,recent=1,alloc=global:2", "unknown allocator `global:2`"),
+        ("h2o:heavy=1,recent=1,alloc=global:2", "alloc: global floor `2` must be in [0, 1]"),
         ("h2o:heavy=1,recent=1,page=8,page_score=max,alloc=ada", "does not take page_score"),
         ("heavy:heavy=4,alloc=pyramid", "unknown parameter `alloc`"),
         ("window:recent=4,alloc=ada", "unknown parameter `alloc`"),
