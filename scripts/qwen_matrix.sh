@@ -128,6 +128,14 @@
 #             row names its winner's budget family, so its cells must equal that
 #             family's item by item (qwen/results.md, "`auto` as its rows");
 #             one policy, like q05-zap2's 39 cells (86 minutes), ~1.5 hours.
+#   q05-zapf  KVzap-style with a floor under its global ranking (`alloc=global:0.1`:
+#             every layer and head keeps its top tenth of the uniform share first;
+#             on ten niah_multiquery items it answered all on noise at 12.5%
+#             where the committed rows answered 7, and as many on real text,
+#             docs/contexts.md), the 0.5B's tasks that decide, ~1.5 hours. Not
+#             a candidate of the rankings (scripts/qwen_tables.py DECIDE) until
+#             all its cells are in: a candidate short of 50 items withholds the
+#             model's auto rows.
 #
 #   bash scripts/qwen_matrix.sh build GROUP      the group's pinned binary only
 #   bash scripts/qwen_matrix.sh run GROUP        the lanes of GROUP (resumes a cut-off run)
@@ -246,10 +254,14 @@ group() {
     q15-cwe) LANES=1 THREADS=2 POLICIES="$Q05;$ZIP"
              TASKS=$CWE50
              pin $PIN_V2 ;;
+    q05-zapf) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
+             POLICIES="h2o:recent_share=0.125,prefill=kvzap,alloc=global:0.1"
+             TASKS=$DECIDE4K
+             pin ef98df515ad35a46e704998ab9182830a0a479bb ;;
     q05-auto) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2 POLICIES="auto"
              TASKS=$DECIDE4K
              pin 6990f73204dfcc946a8cddc11c5b516cbbe1f7e5 ;;
-    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2, q05-cwe, q05-auto, q05-lcc, q05-r8k, q15-ruler, q15-cwe)" >&2; exit 2 ;;
+    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2, q05-cwe, q05-auto, q05-zapf, q05-lcc, q05-r8k, q15-ruler, q15-cwe)" >&2; exit 2 ;;
   esac
 }
 
