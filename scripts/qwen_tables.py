@@ -71,13 +71,20 @@ Q05 = ["full", "window", "sink", "h2o", "h2o:agg=max,score=tova", SNAP, "h2o:pre
 # and `auto`'s rows are never made from a predictor it does not load
 ZAP_WIKI = "kvzap-wiki"
 EARLIER = {(g, ZAP): ZAP_WIKI for g in ("q05-ruler", "q05-ruler-b", "q05-ruler-c")}
-Q05_WIKI = [ZAP_WIKI if p == ZAP else p for p in Q05]
+# `auto` in a group pinned before the model's rows were made ran other rows (on the 0.5B the
+# default rows of a model without its own): once the model has rows, those cells are a policy of
+# their own, and `auto`'s rows in the rankings are its auto group's alone (the 1.5B's groups ran
+# its current KL row, so theirs stay `auto` until the 1.5B's rows are made from its rankings)
+AUTO_PINNED = "auto-pinned"
+EARLIER.update({(g, "auto"): AUTO_PINNED for g in ("q05-ruler", "q05-ruler-b", "q05-ruler-c", "q05-cwe")})
+Q05_WIKI = [ZAP_WIKI if p == ZAP else AUTO_PINNED if p == "auto" else p for p in Q05]
+Q05_PINNED = [AUTO_PINNED if p == "auto" else p for p in Q05]
 # q05-cwe and q15-cwe hold cwe's 50 items (cwe has no depths: the other groups' cwe holds ten, the
 # first ten of the 50), so theirs come before the others'.
 # the auto groups (q05-auto, q15-auto) run `auto` again once the model's rows are made from the
 # others: their cells come first, the others' `auto` cells ran the rows of their pinned commit
 DECIDE = {
-    "Qwen2.5-Coder-0.5B": {"q05-auto": ["auto"], "q05-cwe": Q05 + [ZIP], "q05-zap2": [ZAP], "q05-ruler": Q05_WIKI,
+    "Qwen2.5-Coder-0.5B": {"q05-auto": ["auto"], "q05-cwe": Q05_PINNED + [ZIP], "q05-zap2": [ZAP], "q05-ruler": Q05_WIKI,
                            "q05-ruler-b": Q05_WIKI, "q05-ruler-c": Q05_WIKI + [ZIP], "q05-zip": [ZIP]},
     "Qwen2.5-Coder-1.5B": {"q15-auto": ["auto"], "q15-cwe": Q05 + [ZIP], "q15-ruler": Q05 + [ZIP]},
 }
@@ -94,9 +101,10 @@ DECIDE_MORE = [
 # prefill costs more than 1.3x the full cache's (docs/contexts.md: the probe ~2.5x at 4K)
 DEAR = {ZIP}
 NAMES.update({ZAP: "KVzap-style (contexts)", ZIP: "KVzip-style (contexts)",
-              ZAP_WIKI: "KVzap-style (contexts), first predictor (WikiText-2 alone)"})
+              ZAP_WIKI: "KVzap-style (contexts), first predictor (WikiText-2 alone)",
+              AUTO_PINNED: "auto, the default rows (pinned before the 0.5B's own)"})
 # the policy string a relabelled row ran
-RAN = {ZAP_WIKI: ZAP}
+RAN = {ZAP_WIKI: ZAP, AUTO_PINNED: "auto"}
 BOOTSTRAP = 2000
 
 
