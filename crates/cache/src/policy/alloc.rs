@@ -522,7 +522,8 @@ mod tests {
         let floored = budgets("h2o:heavy=4,recent=1,alloc=global:0.5");
         assert_eq!(floored.iter().sum::<usize>(), 4 * 5);
         assert_eq!(floored[2], 1 + 7, "{floored:?}");
-        assert!(floored.iter().all(|&b| b >= 1 + 2), "every unit keeps its floor: {floored:?}");
+        let (recent, floor) = (1, 2);
+        assert!(floored.iter().all(|&b| b >= recent + floor), "every unit keeps its floor: {floored:?}");
         assert_eq!(budgets("h2o:heavy=4,recent=1,alloc=global:1"), vec![5; 4], "floor 1 is uniform");
         assert_eq!(budgets("h2o:heavy=4,recent=1,alloc=global:0"), budgets("h2o:heavy=4,recent=1,alloc=global"));
     }
