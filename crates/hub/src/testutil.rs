@@ -58,10 +58,20 @@ pub fn write(path: &Path, bytes: &[u8]) {
 
 /// Writes an executable shell script (a stand-in for python3).
 #[cfg(unix)]
+/// Writes an executable script. A child process writes it: a file this
+/// process held open for writing could be inherited by a child that
+/// another test thread forks at that moment, and executing the script
+/// while that child lives fails with ETXTBSY ("Text file busy").
 pub fn write_script(path: &Path, text: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    write(path, text.as_bytes());
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    use std::process::{Command, Stdio};
+    let mut sh = Command::new("sh")
+        .args(["-c", "cat > \"$0\" && chmod 755 \"$0\""])
+        .arg(path)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    sh.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    assert!(sh.wait().unwrap().success(), "writing {}", path.display());
     path.to_path_buf()
 }
 
