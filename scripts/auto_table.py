@@ -78,7 +78,7 @@ SOURCES = [
      "needles": "docs/results/default-rows/gemma-2k/results.jsonl"},
     {"model": "llama:5x64", "name": "stories260K", "rule": "tuned", "files": "docs/tuned/stories260k-*.json"},
     {"model": "qwen2:28x1536", "name": "Qwen2.5-Coder-1.5B", "rule": "ruler", "decide": "Qwen2.5-Coder-1.5B",
-     "evidence": "docs/qwen/q15-ruler, q15-cwe",
+     "evidence": "docs/qwen/q15-ruler, q15-ruler-b",
      "until": {"rule": "kl+needles", "files": "docs/qwen/auto-kl/results.jsonl"}},
     {"model": "qwen2:24x896", "name": "Qwen2.5-Coder-0.5B", "rule": "ruler", "decide": "Qwen2.5-Coder-0.5B",
      "evidence": "docs/qwen/q05-ruler, q05-ruler-b, q05-ruler-c, q05-zap2, q05-cwe"},

@@ -119,6 +119,14 @@
 #             of q05-ruler-c's cwe, so its cells check the pins' claim of
 #             the same outputs.
 #   q15-cwe   the same on the 1.5B, ~2 hours.
+#   q15-ruler-b q15-ruler's eleven other tasks with cwe's 50 items (q15-cwe's),
+#             and KVzap with its floor (q05-zapf's policy) beside the others: it
+#             shares the tiled prefill, so it costs three cells' decode steps per
+#             item, where a group of its own would pay a 1.5B prefill per item
+#             again. Its passkey cells measured 47 s per item (the machine to
+#             itself), so about 7.5 hours. Pinned at PIN_ROWS, the first commit
+#             with `global:F`; the 1.5B's auto rows are the same there as at
+#             PIN_V2.
 #   q05-lcc and q05-r8k (not started) were re-pinned on 2026-12-07 at PIN_ROWS, with the 0.5B's
 #   auto rows.
 #   q05-zap2, q05-cwe, q15-ruler and q15-cwe are pinned at 7c54789 with
@@ -195,6 +203,7 @@ PIN_ROWS=ef98df515ad35a46e704998ab9182830a0a479bb
 group() {
   Q05="full;window;sink;h2o;h2o:agg=max,score=tova;h2o:prefill=snap:32;h2o:prefill=expect;auto;h2o:recent_share=0.125,prefill=kvzap,alloc=global"
   ZIP="h2o:recent_share=0.125,prefill=kvzip,alloc=global"
+  ZAPF="h2o:recent_share=0.125,prefill=kvzap,alloc=global:0.1"
   A="full;h2o;h2o:prefill=snap:32;window;sink"
   B="h2o:agg=max,score=tova;h2o:score=norm;h2o:score=vnorm;h2o:alloc=pyramid:0.5;h2o:alloc=ada:0.2"
   case "$1" in
@@ -251,22 +260,27 @@ group() {
              pin $PIN_V2 ;;
     q15-ruler) LANES=1 THREADS=2 POLICIES="$Q05;$ZIP"
              TASKS=$RULER4K50
+             CLOSED="closed after its first two tasks (passkey in both haystacks); the rest run with KVzap's floor as q15-ruler-b"
              pin $PIN_V2 ;;
+    q15-ruler-b) LANES=1 THREADS=2 POLICIES="$Q05;$ZIP;$ZAPF"
+             TASKS=$(echo "$DECIDE4K" | cut -d';' -f3-)
+             pin $PIN_ROWS ;;
     q05-cwe) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
              POLICIES="$Q05;$ZIP"
              TASKS=$CWE50
              pin $PIN_V2 ;;
     q15-cwe) LANES=1 THREADS=2 POLICIES="$Q05;$ZIP"
              TASKS=$CWE50
+             CLOSED="not started: its 50 cwe items run in q15-ruler-b"
              pin $PIN_V2 ;;
     q05-zapf) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
-             POLICIES="h2o:recent_share=0.125,prefill=kvzap,alloc=global:0.1"
+             POLICIES=$ZAPF
              TASKS=$DECIDE4K
              pin $PIN_ROWS ;;
     q05-auto) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2 POLICIES="auto"
              TASKS=$DECIDE4K
              pin 6990f73204dfcc946a8cddc11c5b516cbbe1f7e5 ;;
-    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2, q05-cwe, q05-auto, q05-zapf, q05-lcc, q05-r8k, q15-ruler, q15-cwe)" >&2; exit 2 ;;
+    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2, q05-cwe, q05-auto, q05-zapf, q05-lcc, q05-r8k, q15-ruler, q15-ruler-b, q15-cwe)" >&2; exit 2 ;;
   esac
 }
 

@@ -64,6 +64,8 @@ NEEDLES = ["passkey", "niah_single", "niah_multikey", "niah_multivalue", "vt", M
 KINDS = {"noise": NEEDLES + ["cwe"], "text": [t + "+text" for t in NEEDLES]}
 DECIDE_SHARES = ["50%", "25%", "12.5%"]
 ZAP, ZIP = "h2o:recent_share=0.125,prefill=kvzap,alloc=global", "h2o:recent_share=0.125,prefill=kvzip,alloc=global"
+# KVzap with a floor under its global ranking (q05-zapf, q15-ruler-b): a candidate once its cells are all in
+ZAPF = "h2o:recent_share=0.125,prefill=kvzap,alloc=global:0.1"
 Q05 = ["full", "window", "sink", "h2o", "h2o:agg=max,score=tova", SNAP, "h2o:prefill=expect", "auto", ZAP]
 # KVzap cells that ran an earlier predictor than the committed one (calib/kvzap/): the q05-ruler
 # groups ran the 0.5B's first predictor (WikiText-2 alone). Read under a name of their own, so
@@ -79,14 +81,14 @@ AUTO_PINNED = "auto-pinned"
 EARLIER.update({(g, "auto"): AUTO_PINNED for g in ("q05-ruler", "q05-ruler-b", "q05-ruler-c", "q05-cwe")})
 Q05_WIKI = [ZAP_WIKI if p == ZAP else AUTO_PINNED if p == "auto" else p for p in Q05]
 Q05_PINNED = [AUTO_PINNED if p == "auto" else p for p in Q05]
-# q05-cwe and q15-cwe hold cwe's 50 items (cwe has no depths: the other groups' cwe holds ten, the
-# first ten of the 50), so theirs come before the others'.
+# q05-cwe and q15-ruler-b hold cwe's 50 items (cwe has no depths: the other groups' cwe holds ten,
+# the first ten of the 50), so theirs come before the others'.
 # the auto groups (q05-auto, q15-auto) run `auto` again once the model's rows are made from the
 # others: their cells come first, the others' `auto` cells ran the rows of their pinned commit
 DECIDE = {
     "Qwen2.5-Coder-0.5B": {"q05-auto": ["auto"], "q05-cwe": Q05_PINNED + [ZIP], "q05-zap2": [ZAP], "q05-ruler": Q05_WIKI,
                            "q05-ruler-b": Q05_WIKI, "q05-ruler-c": Q05_WIKI + [ZIP], "q05-zip": [ZIP]},
-    "Qwen2.5-Coder-1.5B": {"q15-auto": ["auto"], "q15-cwe": Q05 + [ZIP], "q15-ruler": Q05 + [ZIP]},
+    "Qwen2.5-Coder-1.5B": {"q15-auto": ["auto"], "q15-ruler": Q05 + [ZIP], "q15-ruler-b": Q05 + [ZIP]},
 }
 # each model's key in auto's table (crates/cache/src/policy/auto_table.json)
 AUTO_KEYS = {"Qwen2.5-Coder-0.5B": "qwen2:24x896", "Qwen2.5-Coder-1.5B": "qwen2:28x1536"}
@@ -100,7 +102,7 @@ DECIDE_MORE = [
 ]
 # prefill costs more than 1.3x the full cache's (docs/contexts.md: the probe ~2.5x at 4K)
 DEAR = {ZIP}
-NAMES.update({ZAP: "KVzap-style (contexts)", ZIP: "KVzip-style (contexts)",
+NAMES.update({ZAP: "KVzap-style (contexts)", ZIP: "KVzip-style (contexts)", ZAPF: "KVzap-style, floor 0.1",
               ZAP_WIKI: "KVzap-style (contexts), first predictor (WikiText-2 alone)",
               AUTO_PINNED: "auto, the default rows (pinned before the 0.5B's own)"})
 # the policy string a relabelled row ran
@@ -592,7 +594,7 @@ def full_report(cells, decided, notes, root):
         ("Compress once, ask many", f"{MQ}: the context is compressed before four questions are asked one at a time; share of the questions answered (% of full).", metric_table(cells, MQ, "recall", 2)),
         ("Code completion: edit similarity", "lcc (group lcc-a, 39 items of ~2K tokens): edit similarity of the first generated line (% of full).", metric_table(cells, LCC, "edit_sim", 3)),
         ("Code completion: exact match", "The same cells' exact match of the first line (% of full).", metric_table(cells, LCC, "exact", 3)),
-        ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2 and q05-cwe (0.5B; q05-ruler's KVzap cells ran the first predictor; cwe's 50 items from q05-cwe), q15-ruler and q15-cwe (1.5B); at 8K q05-r8k (ten items per task); code completion q05-lcc (edit similarity and exact match of the first line); `scripts/qwen_matrix.sh`.", decide_tables(decided)),
+        ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2 and q05-cwe (0.5B; q05-ruler's KVzap cells ran the first predictor; cwe's 50 items from q05-cwe), q15-ruler and q15-ruler-b (1.5B; cwe's 50 items in q15-ruler-b); at 8K q05-r8k (ten items per task); code completion q05-lcc (edit similarity and exact match of the first line); `scripts/qwen_matrix.sh`.", decide_tables(decided)),
         ("KVzap against KVzip (issue #50)", "The KVzap-style prefill (KVzip's scores learned, in the one prefill) against the KVzip-style probe, both as contexts run them (`recent_share=0.125`, `alloc=global`), over the items of the rankings above where both ran, paired by task and item (the bootstrap as above); the bar: KVzap keeps at least 95% of KVzip's mean. Below: the probe's share of the questions answered after compression (niah_multiquery on real text, four questions per context) against the full cache's; the bar 90%.", zap_versus_zip(decided)),
         ("`auto` as its rows", "The row of auto's table (`crates/cache/src/policy/auto_table.json`, made by `scripts/auto_table.py` from the rankings above) that `auto` resolves to per model and share; a row naming a budget family gives B slots exactly as the evaluation ran that family, so auto's cells, once run at a commit with these rows (groups q05-auto, q15-auto, first in the rankings), have the family's result item for item.", auto_as_its_rows(decided, root)),
         ("Acceptance (issue #34)", "Best: over the rows above, among those covering the most tasks; `auto` − H2O / SnapKV: all three from r4k-auto, and from lcc-a for code completion (one build, the same items), paired: mean per-item accuracy difference with its 95% t-interval (as crates/eval/src/paired.rs).", acceptance(cells)),

@@ -187,11 +187,11 @@ def test_the_15b_keeps_its_kl_row_until_its_ruler_group_is_complete(tmp_path):
     (group / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     got = replies()
     assert [(r["share"], r["family"], r["evidence"]) for r in got] == [
-        (s, "h2o:prefill=snap:32", "docs/qwen/q15-ruler, q15-cwe") for s in (50.0, 25.0, 12.5)]
+        (s, "h2o:prefill=snap:32", "docs/qwen/q15-ruler, q15-ruler-b") for s in (50.0, 25.0, 12.5)]
     q05 = next(s for s in auto_table.SOURCES if s["model"] == "qwen2:24x896" and s["rule"] == "ruler")
     if auto_table.ruler_candidates(root, q05) is None:  # the 0.5B's rankings still running: the 1.5B's alone
         defaults = [r for r in json.loads(auto_table.table(root))["rows"] if r["model"] == "*" and r["use"] == "reply"]
-        assert {(r["family"], r["evidence"]) for r in defaults} == {("h2o:prefill=snap:32", "docs/qwen/q15-ruler, q15-cwe")}
+        assert {(r["family"], r["evidence"]) for r in defaults} == {("h2o:prefill=snap:32", "docs/qwen/q15-ruler, q15-ruler-b")}
 
 
 def test_a_tuned_models_needle_results_choose_its_rows_prefill(tmp_path):
