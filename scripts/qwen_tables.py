@@ -90,6 +90,11 @@ DECIDE = {
                            "q05-ruler-b": Q05_WIKI, "q05-ruler-c": Q05_WIKI + [ZIP], "q05-zip": [ZIP]},
     "Qwen2.5-Coder-1.5B": {"q15-auto": ["auto"], "q15-ruler": Q05 + [ZIP], "q15-ruler-b": Q05 + [ZIP]},
 }
+# cells shown beside DECIDE's that are not (yet) candidates of auto's rows: KVzap with its floor
+# until its cells are all in (scripts/auto_table.py reads DECIDE alone)
+WATCH = {"Qwen2.5-Coder-0.5B": {"q05-zapf": [ZAPF]}, "Qwen2.5-Coder-1.5B": {"q15-ruler-b": [ZAPF]}}
+SHOWN = {model: {g: groups.get(g, []) + WATCH[model].get(g, []) for g in [*groups, *WATCH[model]]}
+         for model, groups in DECIDE.items()}
 # each model's key in auto's table (crates/cache/src/policy/auto_table.json)
 AUTO_KEYS = {"Qwen2.5-Coder-0.5B": "qwen2:24x896", "Qwen2.5-Coder-1.5B": "qwen2:28x1536"}
 # the other rankings (issue #49): title, groups, {kind: tasks}, the per-item metric
@@ -396,15 +401,15 @@ def decide_tables(cells):
     """Per model and haystack kind: each policy's accuracy, its difference from the full cache and the
     items behind it; then `auto` against every policy of equal prefill cost over both kinds. Then
     the same for the 8K and code-completion groups."""
-    sections = [(model, groups, KINDS, "acc") for model, groups in DECIDE.items()] + DECIDE_MORE
+    sections = [(model, groups, KINDS, "acc") for model, groups in SHOWN.items()] + DECIDE_MORE
     return "\n".join(line for section in sections for line in ranking(cells, *section)).rstrip()
 
 
 def ranked_policies(groups):
-    """The policies of `groups`: Q05's order, the first predictor's KVzap cells, the KVzip-style
-    cells, then any others."""
+    """The policies of `groups`: Q05's order, KVzap with its floor, the first predictor's KVzap cells,
+    the KVzip-style cells, then any others."""
     found = {p for ps in groups.values() for p in ps}
-    order = Q05 + [ZAP_WIKI, ZIP]
+    order = Q05 + [ZAPF, ZAP_WIKI, ZIP]
     return [p for p in order if p in found] + sorted(found - set(order))
 
 
@@ -449,12 +454,13 @@ def zap_versus_zip(cells):
     full cache's."""
     out = ["| model | predictor | haystack | measure | kept | KVzap-style | KVzip-style | KVzap − KVzip, paired | items | KVzap / KVzip (bar 95%) |",
            "|---|---|---|---|---:|---:|---:|---|---:|---|"]
-    for model, groups in DECIDE.items():
-        # the committed predictor's rows, then an earlier one's where its cells are read
-        zaps = [ZAP] + [z for z in (ZAP_WIKI,) if any(z in ps for ps in groups.values())]
+    whose = {ZAP: "committed", ZAPF: "committed, floor 0.1 (`global:0.1`)", ZAP_WIKI: "first (WikiText-2)"}
+    for model, groups in SHOWN.items():
+        # the committed predictor's rows, with its floor, then an earlier one's where their cells are read
+        zaps = [ZAP] + [z for z in (ZAPF, ZAP_WIKI) if any(z in ps for ps in groups.values())]
         for zap, kind in ((z, k) for z in zaps for k in KINDS):
             tasks = KINDS[kind]
-            who = "committed" if zap == ZAP else "first (WikiText-2)"
+            who = whose[zap]
             for what, ts in (("RULER average", [t for t in tasks if not t.startswith(MQ)]),
                              ("compress once, all four answered", [t for t in tasks if t.startswith(MQ)])):
                 for share in ("25%", "12.5%"):
@@ -516,10 +522,10 @@ def headline(cells):
     """README's table: per policy, model and haystack kind, the mean accuracy over the kind's tasks at
     50 / 25 / 12.5% kept, ↓ where the paired bootstrap interval against the full cache lies below 0,
     and the items behind each share ([k/n]: k of the n tasks so far)."""
-    columns = [(model, groups, kind, tasks) for model, groups in DECIDE.items() for kind, tasks in KINDS.items()]
+    columns = [(model, groups, kind, tasks) for model, groups in SHOWN.items() for kind, tasks in KINDS.items()]
     heads = [f"{model.removeprefix('Qwen2.5-Coder-')} {'real text' if kind == 'text' else kind}" for model, _, kind, _ in columns]
     out = ["| policy | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(columns)]
-    policies = list(dict.fromkeys(p for groups in DECIDE.values() for p in ranked_policies(groups)))
+    policies = list(dict.fromkeys(p for groups in SHOWN.values() for p in ranked_policies(groups)))
     for p in policies:
         vals = []
         for _, groups, _, tasks in columns:
@@ -557,7 +563,7 @@ def main(argv=None):
     journals = args.results or args.root
     # the 1.5B matrix's groups and the rankings' groups are read apart, so no table mixes models
     cells, notes = load(journals)
-    ranked = [*DECIDE.values()] + [groups for _, groups, _, _ in DECIDE_MORE]
+    ranked = [*SHOWN.values()] + [groups for _, groups, _, _ in DECIDE_MORE]
     decided, more = load(journals, list(dict.fromkeys(g for groups in ranked for g in groups)))
     if args.write:
         write_docs(Path(args.root), full_report(cells, decided, notes + more, args.root), headline(decided))
@@ -594,7 +600,7 @@ def full_report(cells, decided, notes, root):
         ("Compress once, ask many", f"{MQ}: the context is compressed before four questions are asked one at a time; share of the questions answered (% of full).", metric_table(cells, MQ, "recall", 2)),
         ("Code completion: edit similarity", "lcc (group lcc-a, 39 items of ~2K tokens): edit similarity of the first generated line (% of full).", metric_table(cells, LCC, "edit_sim", 3)),
         ("Code completion: exact match", "The same cells' exact match of the first line (% of full).", metric_table(cells, LCC, "exact", 3)),
-        ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2 and q05-cwe (0.5B; q05-ruler's KVzap cells ran the first predictor; cwe's 50 items from q05-cwe), q15-ruler and q15-ruler-b (1.5B; cwe's 50 items in q15-ruler-b); at 8K q05-r8k (ten items per task); code completion q05-lcc (edit similarity and exact match of the first line); `scripts/qwen_matrix.sh`.", decide_tables(decided)),
+        ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2 and q05-cwe (0.5B; q05-ruler's KVzap cells ran the first predictor; cwe's 50 items from q05-cwe), q05-zapf (KVzap with its floor, not yet a candidate of `auto`'s rows), q15-ruler and q15-ruler-b (1.5B; cwe's 50 items in q15-ruler-b); at 8K q05-r8k (ten items per task); code completion q05-lcc (edit similarity and exact match of the first line); `scripts/qwen_matrix.sh`.", decide_tables(decided)),
         ("KVzap against KVzip (issue #50)", "The KVzap-style prefill (KVzip's scores learned, in the one prefill) against the KVzip-style probe, both as contexts run them (`recent_share=0.125`, `alloc=global`), over the items of the rankings above where both ran, paired by task and item (the bootstrap as above); the bar: KVzap keeps at least 95% of KVzip's mean. Below: the probe's share of the questions answered after compression (niah_multiquery on real text, four questions per context) against the full cache's; the bar 90%.", zap_versus_zip(decided)),
         ("`auto` as its rows", "The row of auto's table (`crates/cache/src/policy/auto_table.json`, made by `scripts/auto_table.py` from the rankings above) that `auto` resolves to per model and share; a row naming a budget family gives B slots exactly as the evaluation ran that family, so auto's cells, once run at a commit with these rows (groups q05-auto, q15-auto, first in the rankings), have the family's result item for item.", auto_as_its_rows(decided, root)),
         ("Acceptance (issue #34)", "Best: over the rows above, among those covering the most tasks; `auto` − H2O / SnapKV: all three from r4k-auto, and from lcc-a for code completion (one build, the same items), paired: mean per-item accuracy difference with its 95% t-interval (as crates/eval/src/paired.rs).", acceptance(cells)),
