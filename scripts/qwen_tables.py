@@ -65,7 +65,7 @@ KINDS = {"noise": NEEDLES + ["cwe"], "text": [t + "+text" for t in NEEDLES]}
 DECIDE_SHARES = ["50%", "25%", "12.5%"]
 ZAP, ZIP = "h2o:recent_share=0.125,prefill=kvzap,alloc=global", "h2o:recent_share=0.125,prefill=kvzip,alloc=global"
 # KVzap with a floor under its global ranking (q05-zapf, q15-ruler-b): a candidate once its cells are all in
-ZAPF = "h2o:recent_share=0.125,prefill=kvzap,alloc=global:0.1"
+ZAPF = ZAP + ":0.1"
 Q05 = ["full", "window", "sink", "h2o", "h2o:agg=max,score=tova", SNAP, "h2o:prefill=expect", "auto", ZAP]
 # KVzap cells that ran an earlier predictor than the committed one (calib/kvzap/): the q05-ruler
 # groups ran the 0.5B's first predictor (WikiText-2 alone). Read under a name of their own, so

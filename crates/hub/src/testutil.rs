@@ -56,12 +56,12 @@ pub fn write(path: &Path, bytes: &[u8]) {
     std::fs::write(path, bytes).unwrap();
 }
 
-/// Writes an executable shell script (a stand-in for python3).
+/// Writes an executable shell script (a stand-in for python3). A child
+/// process writes it: a file this process held open for writing could be
+/// inherited by a child that another test thread forks at that moment, and
+/// executing the script while that child lives fails with ETXTBSY ("Text
+/// file busy").
 #[cfg(unix)]
-/// Writes an executable script. A child process writes it: a file this
-/// process held open for writing could be inherited by a child that
-/// another test thread forks at that moment, and executing the script
-/// while that child lives fails with ETXTBSY ("Text file busy").
 pub fn write_script(path: &Path, text: &str) -> PathBuf {
     use std::process::{Command, Stdio};
     let mut sh = Command::new("sh")
