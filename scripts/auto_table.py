@@ -78,10 +78,8 @@ SOURCES = [
      "needles": "docs/results/default-rows/gemma-2k/results.jsonl"},
     {"model": "llama:5x64", "name": "stories260K", "rule": "tuned", "files": "docs/tuned/stories260k-*.json"},
     {"model": "qwen2:28x1536", "name": "Qwen2.5-Coder-1.5B", "rule": "ruler", "decide": "Qwen2.5-Coder-1.5B",
-     "evidence": "docs/qwen/q15-ruler, q15-ruler-b",
      "until": {"rule": "kl+needles", "files": "docs/qwen/auto-kl/results.jsonl"}},
-    {"model": "qwen2:24x896", "name": "Qwen2.5-Coder-0.5B", "rule": "ruler", "decide": "Qwen2.5-Coder-0.5B",
-     "evidence": "docs/qwen/q05-ruler, q05-ruler-b, q05-ruler-c, q05-zap2, q05-cwe"},
+    {"model": "qwen2:24x896", "name": "Qwen2.5-Coder-0.5B", "rule": "ruler", "decide": "Qwen2.5-Coder-0.5B"},
     {"model": "*", "name": "any other model", "rule": "ruler-default", "of": ["qwen2:24x896", "qwen2:28x1536"],
      "until": {"rule": "agree", "of": ["llama:30x576", "gemma3:18x640"], "evidence": "docs/results/tuning.md"}},
     # compressed contexts: questions asked after compression (docs/contexts.md, "auto for contexts")
@@ -321,6 +319,12 @@ def ruler_candidates(root, src):
     return out
 
 
+def ruler_evidence(src):
+    """The groups of the model's rankings that decide holding a candidate (not `auto` alone)."""
+    groups = qwen_tables.DECIDE[src["decide"]]
+    return "docs/qwen/" + ", ".join(g for g, ps in groups.items() if any(p != "auto" for p in ps))
+
+
 def ruler_tasks():
     return len(qwen_tables.KINDS["noise"] + qwen_tables.KINDS["text"])
 
@@ -333,7 +337,7 @@ def ruler(root, src):
     for share, cands in found.items():
         mean, _, policy, v = best(cands)
         why = f"RULER-4K mean accuracy {100 * mean:.1f}% over {ruler_tasks()} tasks (noise and text) at {share}: {policy}"
-        rows.append(row(src, percent(share), v, src["evidence"], why, policy))
+        rows.append(row(src, percent(share), v, ruler_evidence(src), why, policy))
     return rows
 
 
@@ -354,7 +358,7 @@ def ruler_default(root, src):
         mean, _, policy, v = best(cands)
         names = " and ".join(s["model"] for s, _ in found)
         why = f"mean RULER-4K accuracy {100 * mean:.1f}% over {names} at {share}: {policy}"
-        rows.append(row(src, percent(share), v, " + ".join(s["evidence"] for s, _ in found), why, policy))
+        rows.append(row(src, percent(share), v, " + ".join(ruler_evidence(s) for s, _ in found), why, policy))
     return rows
 
 

@@ -319,10 +319,12 @@ case "${1:-}" in
     "$BIN" fetch "$MODEL" > /dev/null
     mkdir -p "$OUT/$2"
     for i in $(seq 0 $((LANES - 1))); do
+      # appended, so a resumed run keeps the earlier runs' timings
+      echo "== run started $(date -u +%FT%TZ)" >> "$OUT/$2/shard-$i.log"
       # from inside the pinned tree: results record the commit `git rev-parse` finds there
       (cd "$TREE" && RAYON_NUM_THREADS=$THREADS nice -n 19 "$BIN" eval --model "$MODEL" --threads "$THREADS" \
         --policies "$POLICIES" --budgets "$BUDGETS" --tasks "$TASKS" \
-        --shard "$i/$LANES" --resume --out "$OUT/$2/shard-$i" > "$OUT/$2/shard-$i.log" 2>&1) &
+        --shard "$i/$LANES" --resume --out "$OUT/$2/shard-$i" >> "$OUT/$2/shard-$i.log" 2>&1) &
     done
     wait
     ;;

@@ -86,13 +86,13 @@ Q05_PINNED = [AUTO_PINNED if p == "auto" else p for p in Q05]
 # the auto groups (q05-auto, q15-auto) run `auto` again once the model's rows are made from the
 # others: their cells come first, the others' `auto` cells ran the rows of their pinned commit
 DECIDE = {
-    "Qwen2.5-Coder-0.5B": {"q05-auto": ["auto"], "q05-cwe": Q05_PINNED + [ZIP], "q05-zap2": [ZAP], "q05-ruler": Q05_WIKI,
+    "Qwen2.5-Coder-0.5B": {"q05-auto": ["auto"], "q05-cwe": Q05_PINNED + [ZIP], "q05-zap2": [ZAP], "q05-zapf": [ZAPF], "q05-ruler": Q05_WIKI,
                            "q05-ruler-b": Q05_WIKI, "q05-ruler-c": Q05_WIKI + [ZIP], "q05-zip": [ZIP]},
     "Qwen2.5-Coder-1.5B": {"q15-auto": ["auto"], "q15-ruler": Q05 + [ZIP], "q15-ruler-b": Q05 + [ZIP]},
 }
 # cells shown beside DECIDE's that are not (yet) candidates of auto's rows: KVzap with its floor
 # until its cells are all in (scripts/auto_table.py reads DECIDE alone)
-WATCH = {"Qwen2.5-Coder-0.5B": {"q05-zapf": [ZAPF]}, "Qwen2.5-Coder-1.5B": {"q15-ruler-b": [ZAPF]}}
+WATCH = {"Qwen2.5-Coder-0.5B": {}, "Qwen2.5-Coder-1.5B": {"q15-ruler-b": [ZAPF]}}
 SHOWN = {model: {g: groups.get(g, []) + WATCH[model].get(g, []) for g in [*groups, *WATCH[model]]}
          for model, groups in DECIDE.items()}
 # each model's key in auto's table (crates/cache/src/policy/auto_table.json)

@@ -130,21 +130,22 @@ def test_a_complete_ruler_group_makes_the_models_reply_rows(tmp_path):
     root = copy(tmp_path)
     qt = auto_table.qwen_tables
     groups = root / "docs" / "qwen"
-    # the synthetic shards alone: the real parts of the group (q05-ruler-b, -c) fill in tasks as they land
-    for part in ["q05-ruler", "q05-ruler-b", "q05-ruler-c", "q05-zap2", "q05-cwe"]:
+    # the synthetic shards alone: the real groups fill in tasks as they land
+    for part in qt.DECIDE["Qwen2.5-Coder-0.5B"]:
         shutil.rmtree(root / "docs" / "qwen" / part, ignore_errors=True)
     accuracy = {"full": 1.0, "h2o": 0.2, "h2o:prefill=snap:32": 0.9, "h2o:prefill=expect": 0.4, "window": 1.0,
-                qt.ZAP: 0.94, qt.ZIP: 1.0}
+                qt.ZAP: 0.94, qt.ZAPF: 0.92, qt.ZIP: 1.0}
+    group_of = {qt.ZAP: "q05-zap2", qt.ZAPF: "q05-zapf"}
 
     def write(tasks):
         # the committed predictor's KVzap cells are q05-zap2's (q05-ruler's ran the first predictor)
-        lines = {"q05-ruler": [], "q05-zap2": []}
+        lines = {"q05-ruler": [], "q05-zap2": [], "q05-zapf": []}
         for t in tasks:
             spec = t.replace("+text", ":haystack=text,") + ("" if "+text" in t else ":") + "lengths=4096"
             for policy, a in accuracy.items():
                 for share in ["-"] if policy == "full" else qt.DECIDE_SHARES:
                     per = [1.0] * round(50 * a) + [0.0] * (50 - round(50 * a))
-                    lines["q05-zap2" if policy == qt.ZAP else "q05-ruler"].append(
+                    lines[group_of.get(policy, "q05-ruler")].append(
                         {"policy": policy, "budget": share, "task": spec, "items": 50,
                          "metrics": {"acc": a}, "per_item": {"acc": per}, "git_commit": "ad48728"})
         for group, rows in lines.items():
@@ -160,8 +161,10 @@ def test_a_complete_ruler_group_makes_the_models_reply_rows(tmp_path):
         (s, "kvzap", "global", qt.ZAP) for s in (50.0, 25.0, 12.5)]
     assert got[0]["heavy"] == [7, 8] and "94.0%" in got[0]["why"], "window is no H2O variant and KVzip costs 2x"
     default = replies("*")
+    # the evidence: every group of the 0.5B's rankings holding a candidate (q05-auto holds `auto` alone)
+    evidence = "docs/qwen/" + ", ".join(g for g in qt.DECIDE["Qwen2.5-Coder-0.5B"] if g != "q05-auto")
     assert [(r["share"], r["family"], r["evidence"]) for r in default] == [
-        (s, "h2o:prefill=snap:32", "docs/qwen/q05-ruler, q05-ruler-b, q05-ruler-c, q05-zap2, q05-cwe") for s in (50.0, 25.0, 12.5)]
+        (s, "h2o:prefill=snap:32", evidence) for s in (50.0, 25.0, 12.5)]
     assert "90.0% over qwen2:24x896 at" in default[0]["why"]
     write(every[:-1])
     assert not replies("qwen2:24x896")
