@@ -199,6 +199,8 @@ PIN_V2=c41f3520760ca6b57aeb8acac01a40cb14ae44b8
 # the 0.5B's auto rows (6990f73) and alloc=global:F: groups not started by 2026-12-07 run here, so
 # their `auto` cells are the rows of auto's table and not the pinned default rows
 PIN_ROWS=ef98df515ad35a46e704998ab9182830a0a479bb
+# the 0.5B's rows from q05-zapf (KVzap with the floor, alloc=global:0.1): auto's groups after it
+PIN_FLOOR=e2f71646e3ef569e80ec8cebb790782c3e94762e
 
 group() {
   Q05="full;window;sink;h2o;h2o:agg=max,score=tova;h2o:prefill=snap:32;h2o:prefill=expect;auto;h2o:recent_share=0.125,prefill=kvzap,alloc=global"
@@ -249,11 +251,11 @@ group() {
     q05-lcc) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
              POLICIES="$Q05;$ZIP"
              TASKS="lcc:$S/data/code_completion/stdlib_lcc.jsonl"
-             pin $PIN_ROWS ;;
+             pin $PIN_FLOOR ;;
     q05-r8k) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
              POLICIES="$Q05;$ZIP"
              TASKS=$RULER8K
-             pin $PIN_ROWS ;;
+             pin $PIN_FLOOR ;;
     q05-zap2) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
              POLICIES="h2o:recent_share=0.125,prefill=kvzap,alloc=global"
              TASKS=$RULER4K50
@@ -279,8 +281,12 @@ group() {
              pin $PIN_ROWS ;;
     q05-auto) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2 POLICIES="auto"
              TASKS=$DECIDE4K
+             CLOSED="closed after 30 of its 39 cells: q05-zapf's floor replaced the rows it ran; q05-auto2 runs the new ones"
              pin 6990f73204dfcc946a8cddc11c5b516cbbe1f7e5 ;;
-    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2, q05-cwe, q05-auto, q05-zapf, q05-lcc, q05-r8k, q15-ruler, q15-ruler-b, q15-cwe)" >&2; exit 2 ;;
+    q05-auto2) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2 POLICIES="auto"
+             TASKS=$DECIDE4K
+             pin $PIN_FLOOR ;;
+    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2, q05-cwe, q05-auto, q05-auto2, q05-zapf, q05-lcc, q05-r8k, q15-ruler, q15-ruler-b, q15-cwe)" >&2; exit 2 ;;
   esac
 }
 

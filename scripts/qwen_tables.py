@@ -83,10 +83,10 @@ Q05_WIKI = [ZAP_WIKI if p == ZAP else AUTO_PINNED if p == "auto" else p for p in
 Q05_PINNED = [AUTO_PINNED if p == "auto" else p for p in Q05]
 # q05-cwe and q15-ruler-b hold cwe's 50 items (cwe has no depths: the other groups' cwe holds ten,
 # the first ten of the 50), so theirs come before the others'.
-# the auto groups (q05-auto, q15-auto) run `auto` again once the model's rows are made from the
+# the auto groups (q05-auto2, q15-auto) run `auto` again once the model's rows are made from the
 # others: their cells come first, the others' `auto` cells ran the rows of their pinned commit
 DECIDE = {
-    "Qwen2.5-Coder-0.5B": {"q05-auto": ["auto"], "q05-cwe": Q05_PINNED + [ZIP], "q05-zap2": [ZAP], "q05-zapf": [ZAPF], "q05-ruler": Q05_WIKI,
+    "Qwen2.5-Coder-0.5B": {"q05-auto2": ["auto"], "q05-cwe": Q05_PINNED + [ZIP], "q05-zap2": [ZAP], "q05-zapf": [ZAPF], "q05-ruler": Q05_WIKI,
                            "q05-ruler-b": Q05_WIKI, "q05-ruler-c": Q05_WIKI + [ZIP], "q05-zip": [ZIP]},
     "Qwen2.5-Coder-1.5B": {"q15-auto": ["auto"], "q15-ruler": Q05 + [ZIP], "q15-ruler-b": Q05 + [ZIP]},
 }
@@ -602,7 +602,7 @@ def full_report(cells, decided, notes, root):
         ("Code completion: exact match", "The same cells' exact match of the first line (% of full).", metric_table(cells, LCC, "exact", 3)),
         ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2 and q05-cwe (0.5B; q05-ruler's KVzap cells ran the first predictor; cwe's 50 items from q05-cwe), q05-zapf (KVzap with its floor, not yet a candidate of `auto`'s rows), q15-ruler and q15-ruler-b (1.5B; cwe's 50 items in q15-ruler-b); at 8K q05-r8k (ten items per task); code completion q05-lcc (edit similarity and exact match of the first line); `scripts/qwen_matrix.sh`.", decide_tables(decided)),
         ("KVzap against KVzip (issue #50)", "The KVzap-style prefill (KVzip's scores learned, in the one prefill) against the KVzip-style probe, both as contexts run them (`recent_share=0.125`, `alloc=global`), over the items of the rankings above where both ran, paired by task and item (the bootstrap as above); the bar: KVzap keeps at least 95% of KVzip's mean. Below: the probe's share of the questions answered after compression (niah_multiquery on real text, four questions per context) against the full cache's; the bar 90%.", zap_versus_zip(decided)),
-        ("`auto` as its rows", "The row of auto's table (`crates/cache/src/policy/auto_table.json`, made by `scripts/auto_table.py` from the rankings above) that `auto` resolves to per model and share; a row naming a budget family gives B slots exactly as the evaluation ran that family, so auto's cells, once run at a commit with these rows (groups q05-auto, q15-auto, first in the rankings), have the family's result item for item.", auto_as_its_rows(decided, root)),
+        ("`auto` as its rows", "The row of auto's table (`crates/cache/src/policy/auto_table.json`, made by `scripts/auto_table.py` from the rankings above) that `auto` resolves to per model and share; a row naming a budget family gives B slots exactly as the evaluation ran that family, so auto's cells, once run at a commit with these rows (groups q05-auto2, q15-auto, first in the rankings), have the family's result item for item.", auto_as_its_rows(decided, root)),
         ("Acceptance (issue #34)", "Best: over the rows above, among those covering the most tasks; `auto` − H2O / SnapKV: all three from r4k-auto, and from lcc-a for code completion (one build, the same items), paired: mean per-item accuracy difference with its 95% t-interval (as crates/eval/src/paired.rs).", acceptance(cells)),
     ]
     if notes:

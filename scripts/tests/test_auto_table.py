@@ -161,8 +161,8 @@ def test_a_complete_ruler_group_makes_the_models_reply_rows(tmp_path):
         (s, "kvzap", "global", qt.ZAP) for s in (50.0, 25.0, 12.5)]
     assert got[0]["heavy"] == [7, 8] and "94.0%" in got[0]["why"], "window is no H2O variant and KVzip costs 2x"
     default = replies("*")
-    # the evidence: every group of the 0.5B's rankings holding a candidate (q05-auto holds `auto` alone)
-    evidence = "docs/qwen/" + ", ".join(g for g in qt.DECIDE["Qwen2.5-Coder-0.5B"] if g != "q05-auto")
+    # the evidence: every group of the 0.5B's rankings holding a candidate (not `auto` alone)
+    evidence = "docs/qwen/" + ", ".join(g for g, ps in qt.DECIDE["Qwen2.5-Coder-0.5B"].items() if ps != ["auto"])
     assert [(r["share"], r["family"], r["evidence"]) for r in default] == [
         (s, "h2o:prefill=snap:32", evidence) for s in (50.0, 25.0, 12.5)]
     assert "90.0% over qwen2:24x896 at" in default[0]["why"]

@@ -318,13 +318,13 @@ def test_auto_is_checked_item_by_item_against_its_rows_family(tmp_path):
         r = row(task, policy, budget, acc)
         r["task"] = task + ":lengths=4096"
         return r
-    shard(tmp_path, "q05-auto", 0, [task_row("passkey", "auto", "25%", [1.0, 0.0, 1.0]),
-                                    task_row("passkey", "auto", "12.5%", [1.0, 1.0, 1.0]),
-                                    task_row("passkey", "auto", "50%", [1.0, 1.0, 1.0])])
+    shard(tmp_path, "q05-auto2", 0, [task_row("passkey", "auto", "25%", [1.0, 0.0, 1.0]),
+                                     task_row("passkey", "auto", "12.5%", [1.0, 1.0, 1.0]),
+                                     task_row("passkey", "auto", "50%", [1.0, 1.0, 1.0])])
     shard(tmp_path, "q05-zap2", 0, [task_row("passkey", qt.ZAP, "25%", [1.0, 0.0, 1.0]),
                                     task_row("passkey", qt.ZAP, "12.5%", [1.0, 0.0, 1.0])])
     shard(tmp_path, "q05-ruler", 0, [task_row("passkey", "auto", "25%", [0.0, 0.0, 0.0])])
-    cells, _ = qt.load(tmp_path, ["q05-auto", "q05-zap2", "q05-ruler"])
+    cells, _ = qt.load(tmp_path, ["q05-auto2", "q05-zap2", "q05-ruler"])
     text = qt.auto_as_its_rows(cells, tmp_path)
     assert line(text, "| Qwen2.5-Coder-0.5B | 25% |").endswith(f"| 25%: `{qt.ZAP}` | 3 / 3 | the same |")
     assert line(text, "| Qwen2.5-Coder-0.5B | 12.5% |").endswith("| 2 / 3 | differs: rerun auto's group |")
