@@ -26,18 +26,21 @@ costs at most MAX_PREFILL_COST (1.3) times the full cache's:
   candidates that need no per-model file; while none is complete, its `until` rule:
 * `agree` sources: the shares where the named models' rows agree (score, sinks, heavy
   fraction, prefill), with those values;
-* `contexts` sources (rows of use "context", for compressed contexts): per share of the
-  file, the most compress-once questions answered (niah_multiquery, asked after
-  compression) among H2O variants within the prefill bound, which may name alloc=global,
-  recent_share= and a KVzap predictor (prefill=kvzap: a model without its file falls back
-  to the default context rows);
+* `ruler-contexts` sources (rows of use "context", for compressed contexts): per kept share of
+  the model's rankings that decide, the most compress-once questions answered (niah_multiquery:
+  four questions asked after compression; its recall, the mean of the noise and the real-text
+  cell) among the same candidates as `ruler`'s; no rows until every candidate has both cells at
+  MIN_ITEMS contexts or more: until then the `contexts` rule over the source's file;
+* `contexts`: per share of the file, the most compress-once questions answered among H2O
+  variants within the prefill bound, which may name alloc=global, recent_share= and a KVzap
+  predictor (prefill=kvzap: a model without its file falls back to the default context rows);
 * `contexts-default` (the default context rows): per share, the best mean recall over the
   named models' context files among the candidates that need no per-model file.
 
 A row's heavy fraction is the winner's heavy / (heavy + recent) slots, kept as the two
 integers so the Rust side divides exactly as before; H2O without heavy=/recent= splits the
 non-sink slots in half. A row whose winner is an evaluation's budget family (`ruler`,
-`ruler-default`, `contexts`, `contexts-default`) also names it (`family`): `auto` then gives B
+`ruler-default`, `ruler-contexts`, `contexts`, `contexts-default`) also names it (`family`): `auto` then gives B
 slots exactly as the evaluation did, so its cells are the winner's. SOURCES and PREFILL_COST are the only
 hand-written inputs.
 
@@ -83,10 +86,10 @@ SOURCES = [
     {"model": "*", "name": "any other model", "rule": "ruler-default", "of": ["qwen2:24x896", "qwen2:28x1536"],
      "until": {"rule": "agree", "of": ["llama:30x576", "gemma3:18x640"], "evidence": "docs/results/tuning.md"}},
     # compressed contexts: questions asked after compression (docs/contexts.md, "auto for contexts")
-    {"model": "qwen2:24x896", "name": "Qwen2.5-Coder-0.5B", "use": "context", "rule": "contexts",
-     "files": "docs/contexts/reuse-q05/results.jsonl"},
-    {"model": "qwen2:28x1536", "name": "Qwen2.5-Coder-1.5B", "use": "context", "rule": "contexts",
-     "files": "docs/contexts/reuse-q15/results.jsonl"},
+    {"model": "qwen2:24x896", "name": "Qwen2.5-Coder-0.5B", "use": "context", "rule": "ruler-contexts",
+     "decide": "Qwen2.5-Coder-0.5B", "files": "docs/contexts/reuse-q05/results.jsonl", "until": {"rule": "contexts"}},
+    {"model": "qwen2:28x1536", "name": "Qwen2.5-Coder-1.5B", "use": "context", "rule": "ruler-contexts",
+     "decide": "Qwen2.5-Coder-1.5B", "files": "docs/contexts/reuse-q15/results.jsonl", "until": {"rule": "contexts"}},
     {"model": "*", "name": "any other model", "use": "context", "rule": "contexts-default",
      "of": ["qwen2:24x896", "qwen2:28x1536"]},
 ]
@@ -319,6 +322,33 @@ def ruler_candidates(root, src):
     return out
 
 
+def ruler_contexts(root, src):
+    """Per kept share of the model's groups, the candidate of [ruler_candidates]'s kind with the most
+    compress-once questions answered (niah_multiquery's recall, the mean of its noise and real-text
+    cells; [best]); no rows until every candidate has both cells at MIN_ITEMS contexts or more."""
+    groups = qwen_tables.DECIDE[src["decide"]]
+    cells, _ = qwen_tables.load(root, list(groups))
+    tasks = [qwen_tables.MQ, qwen_tables.MQ + "+text"]
+    found = {}
+    for share in qwen_tables.DECIDE_SHARES:
+        found[share] = []
+        for policy in dict.fromkeys(p for ps in groups.values() for p in ps):
+            v = parse(policy, CONTEXT_KEYS)
+            if v is None or cost(v[3]) > MAX_PREFILL_COST:
+                continue
+            got = [qwen_tables.decide_row(cells, groups, t, policy, share) for t in tasks]
+            if any(r is None or r["items"] < MIN_ITEMS or "recall" not in r["metrics"] for r in got):
+                return []
+            recall = sum(r["metrics"]["recall"] for r in got) / len(got)
+            found[share].append((recall, -cost(v[3]), policy, sum(4 * r["items"] for r in got), v))
+    rows = []
+    for share, cands in found.items():
+        recall, _, policy, n, v = best(cands)
+        why = f"compress-once recall {100 * recall:.1f}% of {n} questions (noise and text) at {share}: {policy}"
+        rows.append(row(src, percent(share), v, ruler_evidence(src), why, policy))
+    return rows
+
+
 def ruler_evidence(src):
     """The groups of the model's rankings that decide holding a candidate (not `auto` alone)."""
     groups = qwen_tables.DECIDE[src["decide"]]
@@ -371,6 +401,7 @@ def table(root):
             "ruler": lambda s: ruler(root, s),
             "ruler-default": lambda s: ruler_default(root, s),
             "agree": lambda s: agree(rows, s),
+            "ruler-contexts": lambda s: ruler_contexts(root, s),
             "contexts": lambda s: contexts(root, s),
             "contexts-default": lambda s: contexts_default(root, s),
         }

@@ -84,9 +84,10 @@ Q05_PINNED = [AUTO_PINNED if p == "auto" else p for p in Q05]
 # q05-cwe and q15-ruler-b hold cwe's 50 items (cwe has no depths: the other groups' cwe holds ten,
 # the first ten of the 50), so theirs come before the others'.
 # the auto groups (q05-auto2, q15-auto) run `auto` again once the model's rows are made from the
-# others: their cells come first, the others' `auto` cells ran the rows of their pinned commit
+# others: their cells come first, the others' `auto` cells ran the rows of their pinned commit;
+# q05-auto3 runs niah_multiquery again once the 0.5B's context rows came from its rankings
 DECIDE = {
-    "Qwen2.5-Coder-0.5B": {"q05-auto2": ["auto"], "q05-cwe": Q05_PINNED + [ZIP], "q05-zap2": [ZAP], "q05-zapf": [ZAPF], "q05-ruler": Q05_WIKI,
+    "Qwen2.5-Coder-0.5B": {"q05-auto3": ["auto"], "q05-auto2": ["auto"], "q05-cwe": Q05_PINNED + [ZIP], "q05-zap2": [ZAP], "q05-zapf": [ZAPF], "q05-ruler": Q05_WIKI,
                            "q05-ruler-b": Q05_WIKI, "q05-ruler-c": Q05_WIKI + [ZIP], "q05-zip": [ZIP]},
     "Qwen2.5-Coder-1.5B": {"q15-auto": ["auto"], "q15-ruler": Q05 + [ZIP], "q15-ruler-b": Q05 + [ZIP]},
 }
@@ -486,35 +487,51 @@ def zap_versus_zip(cells):
     return "\n".join(out)
 
 
-def auto_rows(root, model):
-    """The reply rows of `model` in auto's table: (share, family or None, why)."""
+def auto_rows(root, model, use="reply"):
+    """The rows of `model` of one use ("reply", or "context": a compressed context's) in auto's
+    table: (share, family or None, why)."""
     path = Path(root) / "crates" / "cache" / "src" / "policy" / "auto_table.json"
     rows = json.loads(path.read_text(encoding="utf-8"))["rows"] if path.exists() else []
-    return [(r["share"], r.get("family"), r["why"]) for r in rows if r["model"] == AUTO_KEYS[model] and r["use"] == "reply"]
+    return [(r["share"], r.get("family"), r["why"]) for r in rows if r["model"] == AUTO_KEYS[model] and r["use"] == use]
+
+
+def nearest_row(rows, share):
+    """The row `auto` resolves to at `share` (the nearest share, a tie to the larger, as
+    crates/cache/src/policy/auto.rs chooses)."""
+    return min(rows, key=lambda r: (abs(r[0] - float(share[:-1])), -r[0]))
 
 
 def auto_as_its_rows(cells, root):
-    """Per model and share, the row `auto` resolves to (the nearest share, a tie to the larger, as
-    crates/cache/src/policy/auto.rs chooses) and how many of auto's items in the rankings have the
-    same result as that row's family's cells: all of them once auto's cells ran those rows."""
+    """Per model and share, the rows `auto` resolves to (a reply's; niah_multiquery compresses
+    once and asks after, so there a context's) and how many of auto's items in the rankings have
+    the same result as those rows' families' cells: all of them once auto's cells ran those rows."""
     out = ["| model | kept | `auto`'s row | items with the family's result | verdict |", "|---|---:|---|---:|---|"]
-    tasks = KINDS["noise"] + KINDS["text"]
+    once = [MQ, MQ + "+text"]
+    tasks = [t for t in KINDS["noise"] + KINDS["text"] if t not in once]
     for model, groups in DECIDE.items():
-        rows = auto_rows(root, model)
+        rows, context = auto_rows(root, model), auto_rows(root, model, "context")
         for share in DECIDE_SHARES:
             if not rows:
                 out.append(f"| {model} | {share} | none of its own yet: the default rows | {DASH} | {DASH} |")
                 continue
-            got, family, why = min(rows, key=lambda r: (abs(r[0] - float(share[:-1])), -r[0]))
+            got, family, why = nearest_row(rows, share)
             if family is None:
                 out.append(f"| {model} | {share} | {got:g}%: {why} | {DASH} | not a measured family |")
                 continue
+            said = f"{got:g}%: `{family}`"
+            uses = [(tasks, family)]
+            if context:
+                c_got, c_family, _ = nearest_row(context, share)
+                if c_family:
+                    uses.append((once, c_family))
+                    said += f"; compressed once ({MQ}): {c_got:g}%: `{c_family}`"
             same = total = 0
-            for a, b in decide_pairs(cells, groups, tasks, "auto", family, share):
-                same, total = same + sum(x == y for x, y in zip(a, b)), total + len(a)
+            for ts, fam in uses:
+                for a, b in decide_pairs(cells, groups, ts, "auto", fam, share):
+                    same, total = same + sum(x == y for x, y in zip(a, b)), total + len(a)
             verdict = "not measured yet" if not total else "the same" if same == total else "differs: rerun auto's group"
             count = f"{same} / {total}" if total else DASH
-            out.append(f"| {model} | {share} | {got:g}%: `{family}` | {count} | {verdict} |")
+            out.append(f"| {model} | {share} | {said} | {count} | {verdict} |")
     return "\n".join(out)
 
 
@@ -600,9 +617,9 @@ def full_report(cells, decided, notes, root):
         ("Compress once, ask many", f"{MQ}: the context is compressed before four questions are asked one at a time; share of the questions answered (% of full).", metric_table(cells, MQ, "recall", 2)),
         ("Code completion: edit similarity", "lcc (group lcc-a, 39 items of ~2K tokens): edit similarity of the first generated line (% of full).", metric_table(cells, LCC, "edit_sim", 3)),
         ("Code completion: exact match", "The same cells' exact match of the first line (% of full).", metric_table(cells, LCC, "exact", 3)),
-        ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2 and q05-cwe (0.5B; q05-ruler's KVzap cells ran the first predictor; cwe's 50 items from q05-cwe), q05-zapf (KVzap with its floor, not yet a candidate of `auto`'s rows), q15-ruler and q15-ruler-b (1.5B; cwe's 50 items in q15-ruler-b); at 8K q05-r8k (ten items per task); code completion q05-lcc (edit similarity and exact match of the first line); `scripts/qwen_matrix.sh`.", decide_tables(decided)),
+        ("Rankings that decide (issue #49)", "50 items per task at 4,096 tokens, every needle task in the noise and the real-text haystack; each cell: mean accuracy over the kind's tasks (an item counts when every expected answer is in the output; niah_multiquery's four questions all answered) · its difference from the full cache, paired by task and item, with the 95% bootstrap interval (items resampled within each task, 2,000 draws, seed 0) · the items; [k/n]: k of the n tasks measured so far; –: not measured yet. Groups: q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2 and q05-cwe (0.5B; q05-ruler's KVzap cells ran the first predictor; cwe's 50 items from q05-cwe), q05-zapf (KVzap with its floor), q05-auto2 and q05-auto3 (`auto` alone, at the commits of the 0.5B's rows), q15-ruler and q15-ruler-b (1.5B; cwe's 50 items in q15-ruler-b); at 8K q05-r8k (ten items per task); code completion q05-lcc (edit similarity and exact match of the first line); `scripts/qwen_matrix.sh`.", decide_tables(decided)),
         ("KVzap against KVzip (issue #50)", "The KVzap-style prefill (KVzip's scores learned, in the one prefill) against the KVzip-style probe, both as contexts run them (`recent_share=0.125`, `alloc=global`), over the items of the rankings above where both ran, paired by task and item (the bootstrap as above); the bar: KVzap keeps at least 95% of KVzip's mean. Below: the probe's share of the questions answered after compression (niah_multiquery on real text, four questions per context) against the full cache's; the bar 90%.", zap_versus_zip(decided)),
-        ("`auto` as its rows", "The row of auto's table (`crates/cache/src/policy/auto_table.json`, made by `scripts/auto_table.py` from the rankings above) that `auto` resolves to per model and share; a row naming a budget family gives B slots exactly as the evaluation ran that family, so auto's cells, once run at a commit with these rows (groups q05-auto2, q15-auto, first in the rankings), have the family's result item for item.", auto_as_its_rows(decided, root)),
+        ("`auto` as its rows", "The rows of auto's table (`crates/cache/src/policy/auto_table.json`, made by `scripts/auto_table.py` from the rankings above) that `auto` resolves to per model and share (a reply's rows; on niah_multiquery, compressed once and asked after, a context's); a row naming a budget family gives B slots exactly as the evaluation ran that family, so auto's cells, once run at a commit with these rows (groups q05-auto3, q05-auto2, q15-auto, first in the rankings), have the family's result item for item.", auto_as_its_rows(decided, root)),
         ("Acceptance (issue #34)", "Best: over the rows above, among those covering the most tasks; `auto` − H2O / SnapKV: all three from r4k-auto, and from lcc-a for code completion (one build, the same items), paired: mean per-item accuracy difference with its 95% t-interval (as crates/eval/src/paired.rs).", acceptance(cells)),
     ]
     if notes:

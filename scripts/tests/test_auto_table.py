@@ -60,9 +60,14 @@ def test_the_committed_table_is_current():
         assert sorted(s for m, u, s in got if m == model and u == "reply") == [12.5, 25.0, 50.0], model
     table = {(r["model"], r["use"], r["share"]): r for r in rows(ROOT)}
     assert all("q05-cwe" in table[("qwen2:24x896", "reply", s)]["evidence"] for s in (12.5, 25.0, 50.0))
-    # contexts: KVzap with KVzip's small recent window on both Qwen models
-    for model in ("qwen2:24x896", "qwen2:28x1536"):
-        assert got[(model, "context", 12.5)] == ("sum", 0, [7, 8], "kvzap", "global")
+    # contexts: KVzap with KVzip's small recent window on both Qwen models; the 0.5B's from its
+    # rankings' compress-once cells (the floor answers more at 25 and 12.5%), the 1.5B's from its
+    # ten contexts until its rankings are complete
+    assert got[("qwen2:24x896", "context", 12.5)] == ("sum", 0, [7, 8], "kvzap", "global:0.1")
+    assert "q05-zapf" in table[("qwen2:24x896", "context", 12.5)]["evidence"]
+    assert sorted(s for m, u, s in got if m == "qwen2:24x896" and u == "context") == [12.5, 25.0, 50.0]
+    assert got[("qwen2:28x1536", "context", 12.5)] == ("sum", 0, [7, 8], "kvzap", "global")
+    assert table[("qwen2:28x1536", "context", 12.5)]["evidence"] == "docs/contexts/reuse-q15/results.jsonl"
     # a default row needs no per-model file
     assert all(got[k][3] != "kvzap" for k in got if k[0] == "*")
 
@@ -85,13 +90,44 @@ def test_editing_a_result_without_regenerating_fails_the_check(tmp_path):
 
 def test_a_compress_once_result_moves_the_context_rows(tmp_path):
     root = copy(tmp_path)
-    # plain H2O now answers every question after compression on the 0.5B
-    edit(root / "docs/contexts/reuse-q05/results.jsonl", "h2o", "recall", 1.0)
+    # plain H2O now answers every question after compression on the 1.5B's ten contexts
+    edit(root / "docs/contexts/reuse-q15/results.jsonl", "h2o", "recall", 1.0)
     assert problems(root)
     subprocess.run([sys.executable, str(SCRIPTS / "auto_table.py"), "--root", str(root)], check=True, capture_output=True)
     ctx = {(r["model"], r["share"]): (r["heavy"], r["prefill"], r["alloc"]) for r in rows(root) if r["use"] == "context"}
-    assert ctx[("qwen2:24x896", 12.5)] == ([1, 2], None, None)
-    assert ctx[("qwen2:28x1536", 12.5)] == ([7, 8], "kvzap", "global"), "the other model's rows stay"
+    assert ctx[("qwen2:28x1536", 12.5)] == ([1, 2], None, None)
+    assert ctx[("qwen2:24x896", 12.5)] == ([7, 8], "kvzap", "global:0.1"), "the other model's rows stay"
+
+
+def test_the_rankings_compress_once_cells_move_a_models_context_rows(tmp_path):
+    """The 0.5B's rankings hold niah_multiquery at 50 contexts in both haystacks: its context rows
+    are the most questions answered there (the recall of both cells), not its ten-context file's;
+    a candidate short of 50 contexts, and its file's rows come back."""
+    root = copy(tmp_path)
+    qt = auto_table.qwen_tables
+    groups = [root / "docs" / "qwen" / g for g in qt.DECIDE["Qwen2.5-Coder-0.5B"]]
+    for g in groups:
+        for f in g.glob("shard-*/results.jsonl"):
+            edit(f, "h2o", "recall", 1.0)
+    # the ruler rule reads per-item accuracy, so only the context rows move
+    subprocess.run([sys.executable, str(SCRIPTS / "auto_table.py"), "--root", str(root)], check=True, capture_output=True)
+    ctx = {r["share"]: r for r in rows(root) if r["model"] == "qwen2:24x896" and r["use"] == "context"}
+    assert sorted(ctx) == [12.5, 25.0, 50.0]
+    assert all((r["family"], r["prefill"]) == ("h2o", None) for r in ctx.values())
+    assert all("100.0% of 400 questions (noise and text)" in r["why"] for r in ctx.values())
+    reply = [r for r in rows(root) if r["model"] == "qwen2:24x896" and r["use"] == "reply"]
+    assert {r["family"] for r in reply} == {qt.ZAPF}
+    # H2O's real-text cell with ten contexts: the candidates are incomplete, the file decides
+    for g in groups:
+        for f in g.glob("shard-*/results.jsonl"):
+            lines = [json.loads(l) for l in f.read_text(encoding="utf-8").splitlines()]
+            for r in lines:
+                if r["policy"] == "h2o" and r["task"].startswith("niah_multiquery:haystack=text"):
+                    r["items"] = 10
+            f.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    subprocess.run([sys.executable, str(SCRIPTS / "auto_table.py"), "--root", str(root)], check=True, capture_output=True)
+    ctx = [r for r in rows(root) if r["model"] == "qwen2:24x896" and r["use"] == "context"]
+    assert {r["evidence"] for r in ctx} == {"docs/contexts/reuse-q05/results.jsonl"}
 
 
 def test_a_tuned_winner_moves_the_default_rows_until_a_ruler_group_is_complete(tmp_path):

@@ -306,7 +306,8 @@ def test_kvzap_against_kvzip_pairs_items_and_checks_both_bars(tmp_path):
 
 def test_auto_is_checked_item_by_item_against_its_rows_family(tmp_path):
     """`auto` at each share against the family its nearest row names (a tie to the larger share),
-    item by item over the rankings' cells; a model without rows of its own says so."""
+    item by item over the rankings' cells; on niah_multiquery (compressed once, asked after) the
+    nearest context row's family; a model without rows of its own says so."""
     table = tmp_path / "crates" / "cache" / "src" / "policy" / "auto_table.json"
     table.parent.mkdir(parents=True)
     rows = [{"model": "qwen2:24x896", "use": "reply", "share": 25.0, "family": qt.ZAP, "why": "-"},
@@ -323,10 +324,15 @@ def test_auto_is_checked_item_by_item_against_its_rows_family(tmp_path):
                                      task_row("passkey", "auto", "50%", [1.0, 1.0, 1.0])])
     shard(tmp_path, "q05-zap2", 0, [task_row("passkey", qt.ZAP, "25%", [1.0, 0.0, 1.0]),
                                     task_row("passkey", qt.ZAP, "12.5%", [1.0, 0.0, 1.0])])
-    shard(tmp_path, "q05-ruler", 0, [task_row("passkey", "auto", "25%", [0.0, 0.0, 0.0])])
-    cells, _ = qt.load(tmp_path, ["q05-auto2", "q05-zap2", "q05-ruler"])
+    shard(tmp_path, "q05-ruler", 0, [task_row("passkey", "auto", "25%", [0.0, 0.0, 0.0]),
+                                     task_row(qt.MQ, "h2o", "25%", [0.0, 1.0]),
+                                     task_row(qt.MQ, qt.ZAP, "25%", [1.0, 1.0])])
+    shard(tmp_path, "q05-auto3", 0, [task_row(qt.MQ, "auto", "25%", [0.0, 1.0])])
+    cells, _ = qt.load(tmp_path, ["q05-auto3", "q05-auto2", "q05-zap2", "q05-ruler"])
     text = qt.auto_as_its_rows(cells, tmp_path)
-    assert line(text, "| Qwen2.5-Coder-0.5B | 25% |").endswith(f"| 25%: `{qt.ZAP}` | 3 / 3 | the same |")
+    # niah_multiquery's auto cell equals the context row's H2O, not the reply row's KVzap
+    context = f"; compressed once ({qt.MQ}): 12.5%: `h2o`"
+    assert line(text, "| Qwen2.5-Coder-0.5B | 25% |").endswith(f"| 25%: `{qt.ZAP}`{context} | 5 / 5 | the same |")
     assert line(text, "| Qwen2.5-Coder-0.5B | 12.5% |").endswith("| 2 / 3 | differs: rerun auto's group |")
     assert line(text, "| Qwen2.5-Coder-0.5B | 50% |").endswith("| – | not measured yet |")
     assert "none of its own yet" in line(text, "| Qwen2.5-Coder-1.5B | 50% |")

@@ -389,9 +389,11 @@ mod tests {
         assert_eq!(resolve_row(12, &row), want);
         assert_eq!(resolve_row(12, &AutoChoice { family: None, ..row }).budget(12), Some(12));
         assert_ne!(resolve_row(12, &AutoChoice { family: None, ..row }), want);
+        // each row at its own share (a model's rows may name different families)
         for c in CHOICES.iter().filter(|c| c.family.is_some()) {
-            let want = PolicyFamily::parse(c.family.unwrap()).unwrap().at(500).unwrap();
-            assert_eq!(resolve(Budget::Slots(500), Some(c.model), 4096, c.usage, true).0, want, "{c:?}");
+            let budget = Budget::Percent(c.share);
+            let want = PolicyFamily::parse(c.family.unwrap()).unwrap().at(budget.resolve(4096)).unwrap();
+            assert_eq!(resolve(budget, Some(c.model), 4096, c.usage, true).0, want, "{c:?}");
         }
     }
 
