@@ -128,7 +128,7 @@
 #             with `global:F`; the 1.5B's auto rows are the same there as at
 #             PIN_V2.
 #   q05-lcc and q05-r8k (not started) were re-pinned on 2026-12-07 at PIN_ROWS, with the 0.5B's
-#   auto rows.
+#   auto rows, then at PIN_FLOOR; q05-r8k (its niah_multiquery runs the context rows) at PIN_CONTEXTS.
 #   q05-zap2, q05-cwe, q15-ruler and q15-cwe are pinned at 7c54789 with
 #   the committed predictors (v2) in calib/kvzap/: the same code as
 #   q05-zip's pin, so every cell but the KVzap-style ones is that build's
@@ -138,6 +138,14 @@
 #             row names its winner's budget family, so its cells must equal that
 #             family's item by item (qwen/results.md, "`auto` as its rows");
 #             one policy, like q05-zap2's 39 cells (86 minutes), ~1.5 hours.
+#   q05-auto2 q05-auto's tasks at PIN_FLOOR, the rows with the floor: 39 cells, about
+#             ten minutes per task (its log's progress lines, three cells sharing
+#             each prefill); its niah_multiquery cells ran the context rows of
+#             then (KVzap without the floor, from ten contexts).
+#   q05-auto3 niah_multiquery in both haystacks again at PIN_CONTEXTS, where the
+#             0.5B's context rows come from the rankings' 50-context cells: 6
+#             cells; in q05-auto2 the text task alone took about 26 minutes
+#             beside a CI run, so about 40 minutes.
 #   q05-zapf  KVzap-style with a floor under its global ranking (`alloc=global:0.1`:
 #             every layer and head keeps its top tenth of the uniform share first;
 #             on ten niah_multiquery items it answered all on noise at 12.5%
@@ -201,6 +209,8 @@ PIN_V2=c41f3520760ca6b57aeb8acac01a40cb14ae44b8
 PIN_ROWS=ef98df515ad35a46e704998ab9182830a0a479bb
 # the 0.5B's rows from q05-zapf (KVzap with the floor, alloc=global:0.1): auto's groups after it
 PIN_FLOOR=e2f71646e3ef569e80ec8cebb790782c3e94762e
+# the 0.5B's context rows from its rankings' niah_multiquery cells (the floor at 25 and 12.5%)
+PIN_CONTEXTS=08ebaff04d3c202367c9580a48244a9a908b2687
 
 group() {
   Q05="full;window;sink;h2o;h2o:agg=max,score=tova;h2o:prefill=snap:32;h2o:prefill=expect;auto;h2o:recent_share=0.125,prefill=kvzap,alloc=global"
@@ -255,7 +265,7 @@ group() {
     q05-r8k) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
              POLICIES="$Q05;$ZIP"
              TASKS=$RULER8K
-             pin $PIN_FLOOR ;;
+             pin $PIN_CONTEXTS ;;
     q05-zap2) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2
              POLICIES="h2o:recent_share=0.125,prefill=kvzap,alloc=global"
              TASKS=$RULER4K50
@@ -286,7 +296,10 @@ group() {
     q05-auto2) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2 POLICIES="auto"
              TASKS=$DECIDE4K
              pin $PIN_FLOOR ;;
-    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2, q05-cwe, q05-auto, q05-auto2, q05-zapf, q05-lcc, q05-r8k, q15-ruler, q15-ruler-b, q15-cwe)" >&2; exit 2 ;;
+    q05-auto3) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2 POLICIES="auto"
+             TASKS=$(echo "$DECIDE4K" | cut -d';' -f11-12)
+             pin $PIN_CONTEXTS ;;
+    *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2, q05-cwe, q05-auto, q05-auto2, q05-auto3, q05-zapf, q05-lcc, q05-r8k, q15-ruler, q15-ruler-b, q15-cwe)" >&2; exit 2 ;;
   esac
 }
 
