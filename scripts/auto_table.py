@@ -300,6 +300,15 @@ def contexts_default(root, src):
     return rows
 
 
+def ruler_policies(groups):
+    """(policy, row values) of each H2O variant in the rankings' groups within the prefill bound
+    (a KVzap predictor allowed), in the groups' order."""
+    for policy in dict.fromkeys(p for ps in groups.values() for p in ps):
+        v = parse(policy, CONTEXT_KEYS)
+        if v is not None and cost(v[3]) <= MAX_PREFILL_COST:
+            yield policy, v
+
+
 def ruler_candidates(root, src):
     """{share: [(mean, -cost, policy, variant)]}: per kept share of the model's groups, each H2O
     variant within the prefill bound (a KVzap predictor allowed) with its mean RULER-4K accuracy
@@ -311,10 +320,7 @@ def ruler_candidates(root, src):
     out = {}
     for share in qwen_tables.DECIDE_SHARES:
         out[share] = []
-        for policy in dict.fromkeys(p for ps in groups.values() for p in ps):
-            v = parse(policy, CONTEXT_KEYS)
-            if v is None or cost(v[3]) > MAX_PREFILL_COST:
-                continue
+        for policy, v in ruler_policies(groups):
             items = [qwen_tables.decide_cells(cells, list(groups), t, policy, share) for t in tasks]
             if any(not a or len(a) < MIN_ITEMS for a in items):
                 return None
@@ -323,7 +329,7 @@ def ruler_candidates(root, src):
 
 
 def ruler_contexts(root, src):
-    """Per kept share of the model's groups, the candidate of [ruler_candidates]'s kind with the most
+    """Per kept share of the model's groups, the candidate ([ruler_policies]) with the most
     compress-once questions answered (niah_multiquery's recall, the mean of its noise and real-text
     cells; [best]); no rows until every candidate has both cells at MIN_ITEMS contexts or more."""
     groups = qwen_tables.DECIDE[src["decide"]]
@@ -332,10 +338,7 @@ def ruler_contexts(root, src):
     found = {}
     for share in qwen_tables.DECIDE_SHARES:
         found[share] = []
-        for policy in dict.fromkeys(p for ps in groups.values() for p in ps):
-            v = parse(policy, CONTEXT_KEYS)
-            if v is None or cost(v[3]) > MAX_PREFILL_COST:
-                continue
+        for policy, v in ruler_policies(groups):
             got = [qwen_tables.decide_row(cells, groups, t, policy, share) for t in tasks]
             if any(r is None or r["items"] < MIN_ITEMS or "recall" not in r["metrics"] for r in got):
                 return []
