@@ -334,12 +334,11 @@ def ruler_contexts(root, src):
     cells; [best]); no rows until every candidate has both cells at MIN_ITEMS contexts or more."""
     groups = qwen_tables.DECIDE[src["decide"]]
     cells, _ = qwen_tables.load(root, list(groups))
-    tasks = [qwen_tables.MQ, qwen_tables.MQ + "+text"]
     found = {}
     for share in qwen_tables.DECIDE_SHARES:
         found[share] = []
         for policy, v in ruler_policies(groups):
-            got = [qwen_tables.decide_row(cells, groups, t, policy, share) for t in tasks]
+            got = [qwen_tables.decide_row(cells, groups, t, policy, share) for t in qwen_tables.COMPRESS_ONCE]
             if any(r is None or r["items"] < MIN_ITEMS or "recall" not in r["metrics"] for r in got):
                 return []
             recall = sum(r["metrics"]["recall"] for r in got) / len(got)

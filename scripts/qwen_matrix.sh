@@ -297,7 +297,7 @@ group() {
              TASKS=$DECIDE4K
              pin $PIN_FLOOR ;;
     q05-auto3) MODEL=qwen2.5-coder-0.5b LANES=1 THREADS=2 POLICIES="auto"
-             TASKS=$(echo "$DECIDE4K" | cut -d';' -f11-12)
+             TASKS=$(echo "$DECIDE4K" | tr ';' '\n' | grep '^niah_multiquery:' | paste -sd';')
              pin $PIN_CONTEXTS ;;
     *) echo "error: unknown group \`$1\` (r4k, r4k-z, r4k-auto, r4k-a, r4k-b, lcc-a, q05-r4k, q05-zap, q05-ruler, q05-ruler-b, q05-ruler-c, q05-zip, q05-zap2, q05-cwe, q05-auto, q05-auto2, q05-auto3, q05-zapf, q05-lcc, q05-r8k, q15-ruler, q15-ruler-b, q15-cwe)" >&2; exit 2 ;;
   esac

@@ -62,6 +62,8 @@ DASH = "–"
 # task and item index (the same task specs make the same items)
 NEEDLES = ["passkey", "niah_single", "niah_multikey", "niah_multivalue", "vt", MQ]
 KINDS = {"noise": NEEDLES + ["cwe"], "text": [t + "+text" for t in NEEDLES]}
+# niah_multiquery in both haystacks: compressed once, asked after (`auto` runs its context rows there)
+COMPRESS_ONCE = [MQ, MQ + "+text"]
 DECIDE_SHARES = ["50%", "25%", "12.5%"]
 ZAP, ZIP = "h2o:recent_share=0.125,prefill=kvzap,alloc=global", "h2o:recent_share=0.125,prefill=kvzip,alloc=global"
 # KVzap with a floor under its global ranking (q05-zapf, q15-ruler-b): a candidate once its cells are all in
@@ -506,8 +508,7 @@ def auto_as_its_rows(cells, root):
     once and asks after, so there a context's) and how many of auto's items in the rankings have
     the same result as those rows' families' cells: all of them once auto's cells ran those rows."""
     out = ["| model | kept | `auto`'s row | items with the family's result | verdict |", "|---|---:|---|---:|---|"]
-    once = [MQ, MQ + "+text"]
-    tasks = [t for t in KINDS["noise"] + KINDS["text"] if t not in once]
+    tasks = [t for t in KINDS["noise"] + KINDS["text"] if t not in COMPRESS_ONCE]
     for model, groups in DECIDE.items():
         rows, context = auto_rows(root, model), auto_rows(root, model, "context")
         for share in DECIDE_SHARES:
@@ -523,7 +524,7 @@ def auto_as_its_rows(cells, root):
             if context:
                 c_got, c_family, _ = nearest_row(context, share)
                 if c_family:
-                    uses.append((once, c_family))
+                    uses.append((COMPRESS_ONCE, c_family))
                     said += f"; compressed once ({MQ}): {c_got:g}%: `{c_family}`"
             same = total = 0
             for ts, fam in uses:
